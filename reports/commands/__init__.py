@@ -1,0 +1,1 @@
+"""One module per ``verigrad`` subcommand (``add_arguments`` + ``run``)."""
