@@ -1,0 +1,48 @@
+"""fastlib: the fast Numba engine (CPU, and CUDA through numba.cuda).
+
+Public names are resolved lazily from the module that defines them, so ``import fastlib`` is
+cheap and never imports SymPy or ``spec`` (a test checks ``sys.modules``).
+"""
+from __future__ import annotations
+
+import importlib
+
+# public name -> module that defines it (one table; ``__all__`` is derived from it)
+_EXPORTS = {
+    # ops: the name-keyed kernel table and the engine protocol
+    "OPS": "fastlib.ops", "forward": "fastlib.ops", "vjp": "fastlib.ops",
+    "UnknownOpError": "fastlib.ops",
+    # the fast tape
+    "Tape": "fastlib.tape", "AutogradError": "fastlib.tape",
+    # layers and containers
+    "Layer": "fastlib.layers", "Dense": "fastlib.layers", "RNN": "fastlib.layers",
+    "LSTM": "fastlib.layers", "MultiHeadAttention": "fastlib.layers", "SwiGLU": "fastlib.layers",
+    "LayerNorm": "fastlib.layers", "RMSNorm": "fastlib.layers", "Embedding": "fastlib.layers",
+    "Softmax": "fastlib.layers", "Sequential": "fastlib.layers", "Parallel": "fastlib.layers",
+    "value_and_grad": "fastlib.grad",
+    # losses
+    "onehot": "fastlib.losses",
+    # training
+    "train": "fastlib.train", "train_sh": "fastlib.train", "TrainingResult": "fastlib.train",
+    "TrainingHistorySH": "fastlib.train", "register_algorithm": "fastlib.train",
+    # saving
+    "load": "fastlib.io",
+}
+_SUBMODULES = ("ops", "tape", "layers", "grad", "losses", "optim", "train", "datasets", "io",
+               "kernels", "config", "cuda", "targetprop", "rbm")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"fastlib.{name}")
+    raise AttributeError(f"module 'fastlib' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))

@@ -1,0 +1,36 @@
+"""reflib: the referee. Slow, small, obviously correct; float64 or exact (mpmath) on demand.
+
+Public names are resolved lazily from the module that defines them.
+"""
+from __future__ import annotations
+
+import importlib
+
+# public name -> module that defines it (one table; ``__all__`` is derived from it)
+_EXPORTS = {
+    "forward": "reflib.ops", "vjp": "reflib.ops",
+    "Tape": "reflib.tape", "AutogradError": "reflib.tape",
+    "Dense": "reflib.models", "RNN": "reflib.models", "LSTM": "reflib.models",
+    "MultiHeadAttention": "reflib.models", "SwiGLU": "reflib.models",
+    "LayerNorm": "reflib.models", "RMSNorm": "reflib.models", "Embedding": "reflib.models",
+    "Softmax": "reflib.models", "Sequential": "reflib.models", "Parallel": "reflib.models",
+    "from_config": "reflib.models",
+    "value_and_grad": "reflib.train", "train_step": "reflib.train",
+}
+_SUBMODULES = ("ops", "tape", "program", "models", "losses", "optim", "train", "targetprop", "rbm")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"reflib.{name}")
+    raise AttributeError(f"module 'reflib' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
