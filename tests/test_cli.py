@@ -8,7 +8,7 @@ from reports.cli import SUBCOMMANDS, build_parser
 def test_every_subcommand_is_wired():
     parser = build_parser()
     for name, _ in SUBCOMMANDS:
-        args = parser.parse_args([name])
+        args = parser.parse_args([name] + (["ops"] if name == "bench" else []))
         assert args.command == name
 
 

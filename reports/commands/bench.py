@@ -1,15 +1,24 @@
-"""`verigrad bench`: not built yet."""
+"""`verigrad bench ops|train`: dispatch to the benchmark suite in ``reports/bench/<suite>.py``."""
 from __future__ import annotations
 
-import sys
+import importlib
+
+from reports.bench import SUITES
 
 
 def add_arguments(parser):
-    """No options until the subcommand is built."""
-    parser.add_argument("rest", nargs="*", help="(not available yet)")
+    """One sub-parser per suite, each filled in by its own module."""
+    sub = parser.add_subparsers(dest="suite", metavar="SUITE", required=True)
+    for name in SUITES:
+        p = sub.add_parser(name, help=f"benchmark suite '{name}'")
+        p.set_defaults(_suite=name)
+        _suite_module(name).add_arguments(p)
+
+
+def _suite_module(name):
+    return importlib.import_module(f"reports.bench.{name}")
 
 
 def run(args) -> int:
-    """Say in one line that the subcommand is not built yet; exit code 2."""
-    print("verigrad bench: not implemented yet (see the open issues)", file=sys.stderr)
-    return 2
+    """Run the chosen suite and return its exit code."""
+    return int(_suite_module(args._suite).run(args) or 0)
