@@ -1,0 +1,171 @@
+"""Reference losses: DataCode's target formats, checked strictly, then one registry loss op.
+
+``add_loss(tape, pred, target, loss_type)`` puts the target on the tape as a constant leaf and
+adds the loss op; ``loss_and_grad`` does the same on a fresh tape for plain arrays. The loss's
+value and its gradient come from the registry op and its VJP (``reflib.ops``).
+
+Targets (DataCode's formats; the errors say what to pass instead):
+
+=================================  ===========================================================
+loss_type                          target
+=================================  ===========================================================
+mse                                same shape as the prediction
+cross_entropy                      class indices ``(N, 1)`` or ``(N,)``, ints (or whole floats)
+categorical_cross_entropy          one-hot / distribution rows ``(N, C)`` like the logits
+binary_cross_entropy               values in [0, 1], same shape as ``p`` (``p`` in (0, 1))
+binary_cross_entropy_with_logits   values in [0, 1], same shape as the logits
+=================================  ===========================================================
+
+``sparse_cross_entropy`` is a deprecated alias of ``cross_entropy`` (DeprecationWarning).
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from reflib.models.base import close_matches
+from reflib.tape import Tape
+
+LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
+          "binary_cross_entropy_with_logits")
+DEPRECATED_ALIASES = {"sparse_cross_entropy": "cross_entropy"}
+
+# NOTE: rows of a categorical target must sum to 1; 1e-5 admits float32 label smoothing
+# (rounding ~1e-7 per entry) while rejecting class-index or unnormalised targets.
+_ROW_SUM_TOL = 1e-5
+
+
+def resolve_loss(loss_type):
+    """Canonical loss name for ``loss_type`` (warns for the deprecated alias).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, listing the close names and every valid one.
+    """
+    if not isinstance(loss_type, str):
+        raise TypeError(f"loss_type must be a name (str), got {loss_type!r}")
+    key = loss_type.lower()
+    if key in DEPRECATED_ALIASES:
+        new = DEPRECATED_ALIASES[key]
+        warnings.warn(f"loss_type {loss_type!r} is deprecated; use {new!r} (same class-index "
+                      "targets)", DeprecationWarning, stacklevel=3)
+        return new
+    if key not in LOSSES:
+        raise ValueError(f"unknown loss_type {loss_type!r}{close_matches(key, LOSSES)}; "
+                         f"choose one of {list(LOSSES)}")
+    return key
+
+
+def _values(arr):
+    """Float view of a target for range checks (object arrays of mpf included)."""
+    return np.array([float(v) for v in np.asarray(arr).reshape(-1)]).reshape(np.shape(arr))
+
+
+def check_target(loss_type, pred, target):
+    """Validate ``target`` against ``pred`` for ``loss_type``; return the target array.
+
+    Parameters
+    ----------
+    loss_type : str
+        A canonical name (see ``resolve_loss``).
+    pred : numpy.ndarray
+        The model output (logits, probabilities or regression values).
+    target : array_like
+
+    Raises
+    ------
+    ValueError, TypeError
+        With the expected format and the fix (e.g. one-hot vs class indices).
+    """
+    t = np.asarray(target)
+    if t.dtype.kind not in "biufO":
+        raise TypeError(f"{loss_type}: target has dtype {t.dtype}; expected a numeric array")
+    if t.dtype.kind == "b":
+        t = t.astype(np.float64)
+    ps = np.shape(pred)
+    vals = _values(t)
+    if not np.all(np.isfinite(vals)):
+        raise ValueError(f"{loss_type}: target contains NaN or Inf; clean the labels first")
+    if loss_type == "cross_entropy":
+        if len(ps) != 2:
+            raise ValueError(f"cross_entropy expects logits [batch, classes], got {list(ps)}")
+        n, c = ps
+        if not (t.shape in ((n, 1), (n,))):
+            hint = ("; for one-hot targets use categorical_cross_entropy"
+                    if t.shape == (n, c) and c > 1 else "")
+            raise ValueError(f"cross_entropy expects class indices [batch, 1] = [{n}, 1], got "
+                             f"{list(t.shape)}{hint}")
+        flat = vals.reshape(-1)
+        if not np.all(flat == np.round(flat)):
+            raise ValueError("cross_entropy expects whole-number class indices; got "
+                             f"{flat[flat != np.round(flat)][0]}")
+        if np.any((vals < 0) | (vals >= c)):
+            raise ValueError(f"cross_entropy: class index out of range [0, {c}); got "
+                             f"{vals.min():g}..{vals.max():g}")
+        return t
+    if loss_type == "categorical_cross_entropy":
+        if len(ps) != 2:
+            raise ValueError("categorical_cross_entropy expects logits [batch, classes], got "
+                             f"{list(ps)}")
+        if t.shape != ps:
+            hint = ("; for class indices use cross_entropy (or one-hot encode them)"
+                    if t.shape in ((ps[0], 1), (ps[0],)) else "")
+            raise ValueError(f"categorical_cross_entropy expects one-hot targets {list(ps)}, got "
+                             f"{list(t.shape)}{hint}")
+        if np.any(vals < 0) or np.any(np.abs(vals.sum(axis=1) - 1.0) > _ROW_SUM_TOL):
+            raise ValueError("categorical_cross_entropy expects one-hot (or probability) rows: "
+                             "non-negative and summing to 1")
+        return t
+    if t.shape != ps:
+        raise ValueError(f"{loss_type} expects a target of the prediction's shape {list(ps)}, "
+                         f"got {list(t.shape)}; reshape the target (e.g. y.reshape(-1, 1))")
+    if loss_type.startswith("binary_cross_entropy"):
+        if np.any((vals < 0) | (vals > 1)):
+            raise ValueError(f"{loss_type} expects target values in [0, 1]; got "
+                             f"{vals.min():g}..{vals.max():g}")
+        if loss_type == "binary_cross_entropy":
+            p = _values(pred)
+            if np.any((p <= 0) | (p >= 1)):
+                raise ValueError("binary_cross_entropy expects probabilities strictly inside "
+                                 "(0, 1); end the model with a sigmoid, or use "
+                                 "binary_cross_entropy_with_logits on raw logits")
+    return t
+
+
+def add_loss(tape, pred, target, loss_type):
+    """Add ``loss_type(pred, target)`` to ``tape``; the target is a constant leaf.
+
+    Parameters
+    ----------
+    tape : reflib.Tape
+    pred : int
+        Node id of the prediction.
+    target : array_like
+    loss_type : str
+
+    Returns
+    -------
+    int
+        Node id of the 0-d loss.
+    """
+    name = resolve_loss(loss_type)
+    t = check_target(name, tape.value(pred), target)
+    return tape.op(name, pred, tape.leaf(t, requires_grad=False))
+
+
+def loss_and_grad(loss_type, pred, target, dps=None):
+    """The loss value and its gradient with respect to ``pred`` (float64, or exact at ``dps``).
+
+    Returns
+    -------
+    loss : float or mpmath.mpf
+    grad : numpy.ndarray
+        Same shape as ``pred``.
+    """
+    tape = Tape(dps=dps)
+    p = tape.leaf(np.asarray(pred), requires_grad=True)
+    out = add_loss(tape, p, target, loss_type)
+    grads = tape.backward_scalar(out)
+    return tape.value(out)[()], grads[p]

@@ -1,0 +1,201 @@
+"""Reference optimizers: ``spec``'s update applied to every parameter of a dict, explicit state.
+
+The arithmetic is the spec's (``spec.engine_step`` / ``spec.step``: DataCode's equations
+evaluated with mpmath); names, defaults and state variables are ``spec.OPTIMIZERS``'. This
+module only validates, routes over the parameter dict and converts:
+
+- ``dps=None``: the spec runs at ``SPEC_DPS`` digits and the results are rounded to float64
+  (a correctly rounded reference for float64 engines);
+- ``dps=int``: the spec runs at that precision and the results stay object arrays of mpf.
+
+State layout (the same orientation as fastlib's ``OptState``)::
+
+    {"t": steps taken so far, "slots": {state variable: {param name: array}}}
+
+State variables: Momentum/NAG ``v``; Adagrad ``G``; RMSprop ``E``; Adam/AdamW ``m``, ``v``. A
+missing slot means zeros. Any object with ``.t`` and ``.slots`` attributes (fastlib's
+``OptState``) is accepted as input state.
+
+NOTE: NAG runs in the engine form ``spec.optimizers`` documents (``form="engine"``, the
+default): the parameters are the shifted variable w~ = w - beta v, the gradient is taken at
+them, and v' = beta v + lr g, w~' = w~ - lr g - beta v'. ``form="table"`` applies DataCode's
+table literally (``spec.step``; for NAG the caller must pass the gradient at w - beta v). For
+every other optimizer the two forms are the same.
+"""
+from __future__ import annotations
+
+import numbers
+
+import mpmath
+import numpy as np
+
+from reflib.models.base import close_matches
+from reflib.numeric import numeric_for
+
+# NOTE: float64 results are rounded from a 50-digit evaluation, far beyond float64's 16 digits.
+SPEC_DPS = 50
+FORMS = ("engine", "table")
+
+
+def _spec():
+    # imported on first use: spec pulls in SymPy, which value_and_grad does not need
+    import spec
+    return spec
+
+
+def optimizer_spec(name):
+    """The ``spec.OptimizerSpec`` for ``name`` (case-insensitive).
+
+    Raises
+    ------
+    spec.UnknownOptimizerError
+        (a KeyError) naming the close matches, for an unknown name.
+    """
+    from spec.optimizers import lookup_optimizer
+    return lookup_optimizer(name)
+
+
+def state_variables(optimizer):
+    """The names of ``optimizer``'s state arrays (``()`` for SGD)."""
+    return tuple(optimizer_spec(optimizer).state)
+
+
+def hyperparameters(optimizer, lr=None, **hyper):
+    """The full hyperparameter dict of ``optimizer``: spec's defaults overridden by the given.
+
+    Raises
+    ------
+    ValueError
+        For a name the optimizer does not have (with close matches), or a value that is not a
+        finite real number. Ranges (lr > 0, 0 <= beta <= 1, ...) are checked by the spec.
+    """
+    opt = optimizer_spec(optimizer)
+    given = dict(hyper)
+    if lr is not None:
+        given["lr"] = lr
+    out = dict(opt.hyper)
+    for key, value in given.items():
+        if key not in opt.hyper:
+            raise ValueError(f"{opt.name} has no hyperparameter {key!r}"
+                             f"{close_matches(key, opt.hyper)}; its hyperparameters are "
+                             f"{list(opt.hyper)}")
+        if isinstance(value, bool) or not _is_real(value) or not _finite(value):
+            raise ValueError(f"{opt.name}: {key} must be a finite real number, got {value!r}")
+        out[key] = value
+    return out
+
+
+def init_state(optimizer, params, dps=None):
+    """A fresh state: ``t = 0`` and zero slots shaped like each parameter."""
+    zeros = _zeros_for(dps)
+    return {"t": 0, "slots": {var: {k: zeros(np.shape(v)) for k, v in params.items()}
+                              for var in state_variables(optimizer)}}
+
+
+def step(optimizer, params, grads, state=None, t=None, lr=None, dps=None, form="engine",
+         **hyper):
+    """One update of every parameter through the spec.
+
+    Parameters
+    ----------
+    optimizer : str
+        ``SGD Momentum NAG Adagrad RMSprop Adam AdamW`` (case-insensitive).
+    params, grads : dict[str, numpy.ndarray]
+        Same keys and shapes (``grads`` from ``reflib.value_and_grad``).
+    state : dict, OptState-like or None
+        See the module docstring; None is a fresh state.
+    t : int or None
+        Step number (>= 1); None means ``state["t"] + 1``.
+    lr : float or None
+        Learning rate (None: the optimizer's default).
+    dps : int or None
+        None: float64 results; an int: exact results at that many digits.
+    form : {"engine", "table"}
+        ``spec.engine_step`` (default) or ``spec.step``; they differ for NAG only.
+    **hyper :
+        Other hyperparameters by name.
+
+    Returns
+    -------
+    new_params : dict[str, numpy.ndarray]
+    new_state : dict
+        ``{"t": t, "slots": {...}}``; the inputs are not modified.
+    """
+    opt = optimizer_spec(optimizer)
+    if form not in FORMS:
+        raise ValueError(f"form must be 'engine' or 'table', got {form!r}")
+    hp = hyperparameters(opt.name, lr=lr, **hyper)
+    _check_grads(params, grads)
+    t0, slots = _read_state(opt, state)
+    t = t0 + 1 if t is None else _check_step(t)
+    update = _spec().engine_step if form == "engine" else _spec().step
+    work_dps = SPEC_DPS if dps is None else dps
+    new_params, new_slots = {}, {var: {} for var in opt.state}
+    for key, w in params.items():
+        slot = {var: slots[var][key] for var in opt.state if key in slots.get(var, {})}
+        w_new, s_new = update(opt.name, np.asarray(w), np.asarray(grads[key]), slot, t,
+                              dps=work_dps, **hp)
+        new_params[key] = _convert(w_new, dps)
+        for var in opt.state:
+            new_slots[var][key] = _convert(s_new[var], dps)
+    return new_params, {"t": t, "slots": new_slots}
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def _read_state(opt, state):
+    if state is None:
+        return 0, {}
+    if hasattr(state, "slots") and hasattr(state, "t"):
+        t, slots = state.t, state.slots
+    elif isinstance(state, dict) and set(state) <= {"t", "slots"}:
+        t, slots = state.get("t", 0), state.get("slots", {})
+    else:
+        raise TypeError("optimizer state must be {'t': int, 'slots': {variable: {param: array}}} "
+                        "(from reflib.optim.init_state or a previous step), or None")
+    allowed = opt.state
+    for var in slots:
+        if var not in allowed:
+            raise ValueError(f"{opt.name} has no state variable {var!r}; its state is "
+                             f"{list(allowed) or 'empty'} (was the state made for another "
+                             "optimizer?)")
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+        raise ValueError(f"state t must be an int >= 0 (steps taken), got {t!r}")
+    return int(t), slots
+
+
+def _check_step(t):
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 1:
+        raise ValueError(f"step t must be an int >= 1 (1 for the first update), got {t!r}")
+    return int(t)
+
+
+def _check_grads(params, grads):
+    if set(params) != set(grads):
+        missing = sorted(set(params) - set(grads))
+        extra = sorted(set(grads) - set(params))
+        raise ValueError(f"grads must have the parameters' names; missing {missing}, "
+                         f"unexpected {extra}")
+    for key in params:
+        if np.shape(params[key]) != np.shape(grads[key]):
+            raise ValueError(f"gradient of {key!r} has shape {np.shape(grads[key])}, the "
+                             f"parameter {np.shape(params[key])}")
+
+
+def _convert(arr, dps):
+    arr = np.asarray(arr)
+    if dps is None:
+        return np.array([float(v) for v in arr.reshape(-1)], dtype=np.float64).reshape(arr.shape)
+    return arr
+
+
+def _zeros_for(dps):
+    return numeric_for(dps).zeros
+
+
+def _is_real(v):
+    return isinstance(v, (numbers.Real, mpmath.mpf))
+
+
+def _finite(v):
+    return bool(mpmath.isfinite(v))
