@@ -1,0 +1,101 @@
+"""fastlib.cuda: the CUDA engine (numba.cuda), on a GPU or under numba's CUDA simulator.
+
+The same engine protocol as every other engine, for every registry op, float32 and float64::
+
+    fastlib.cuda.forward(name, inputs, **params) -> ndarray
+    fastlib.cuda.vjp(name, inputs, grad, **params) -> tuple[ndarray | None, ...]
+
+plus what training needs on the device: ``dense_forward`` / ``dense_backward`` (GEMM + bias +
+activation epilogue), ``optimizer_init`` / ``optimizer_update`` (one fused kernel for the seven
+optimizers) and ``to_device`` / ``to_host`` to keep arrays resident.
+
+Where there is no GPU, ``is_available()`` is False, ``unavailable_reason()`` says why in one
+line, and every entry point raises :class:`CudaUnavailableError` (a RuntimeError) with that
+reason. To run the kernels without a GPU, start the process with ``NUMBA_ENABLE_CUDASIM=1`` in
+its environment (it must be set before numba is first imported); the simulator is slow, so keep
+arrays tiny there.
+
+Importing this package compiles nothing and needs no GPU: kernel modules load on first use and
+each kernel compiles at its first launch.
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from .device import CudaUnavailableError, is_available, unavailable_reason, require_device
+
+__all__ = ["is_available", "unavailable_reason", "CudaUnavailableError", "UnknownOpError",
+           "forward", "vjp",
+           "dense_forward", "dense_backward", "optimizer_init", "optimizer_update",
+           "to_device", "to_host", "OPS"]
+
+# public name -> module that defines it (loaded on first use, like fastlib's own table)
+_LAZY = {"OPS": "fastlib.cuda.ops", "UnknownOpError": "fastlib.cuda.ops",
+         "dense_forward": "fastlib.cuda.dense", "dense_backward": "fastlib.cuda.dense",
+         "optimizer_init": "fastlib.cuda.optim", "optimizer_update": "fastlib.cuda.optim"}
+
+
+def forward(name, inputs, **params):
+    """Evaluate registry op ``name`` on the device; see :func:`fastlib.cuda.ops.forward`.
+
+    The call is validated first (bad input gets its ValueError / TypeError anywhere); a valid
+    call raises :class:`CudaUnavailableError` (with the reason) where no GPU or simulator exists.
+    """
+    from . import ops
+    return ops.forward(name, inputs, **params)
+
+
+def vjp(name, inputs, grad, **params):
+    """One cotangent per input of op ``name``; see :func:`fastlib.cuda.ops.vjp`.
+
+    Validated first, like :func:`forward`; then :class:`CudaUnavailableError` where no GPU or
+    simulator exists.
+    """
+    from . import ops
+    return ops.vjp(name, inputs, grad, **params)
+
+
+def to_device(array):
+    """Copy a NumPy array to the device, for the device-resident training entry points.
+
+    Parameters
+    ----------
+    array : array_like
+
+    Returns
+    -------
+    numba device array
+        Same shape and dtype, C-contiguous.
+    """
+    require_device()
+    from numba import cuda
+    return cuda.to_device(np.asarray(array, order="C"))
+
+
+def to_host(d_array):
+    """Copy a device array back to the host.
+
+    Parameters
+    ----------
+    d_array : numba device array
+
+    Returns
+    -------
+    numpy.ndarray
+        Same shape and dtype.
+    """
+    return d_array.copy_to_host()
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fastlib.cuda' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,209 @@
+"""Elementwise ops on the device: the fifteen unary activations and the five broadcasting binary
+ops, forward and VJP.
+
+Unary kernels are made per op by closing over the device-function twins of :mod:`.scalar`
+(``<name>_f`` / ``<name>_df``), so each op gets a kernel specialised to its math. Binary ops
+broadcast by index math: each operand is read through strides that are 0 on its broadcast axes.
+Their VJPs write the local cotangents at the output's shape and sum them back to each input's
+shape with the reduction kernel (:func:`.reduce.sum_to_shape_device`).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, float64
+
+from . import device
+from .device import kernel, signatures, strided_offset
+from .reduce import sum_to_shape_device
+from .scalar import ACTIVATIONS, WITH_PARAM
+
+
+# ---------------------------------------------------------------------------------------------
+# unary
+
+@functools.lru_cache(maxsize=None)
+def unary_kernels(name):
+    """``(forward, vjp)`` kernels of the activation ``name``, compiled at first launch.
+
+    forward(x, out, param): out = f(x);  vjp(x, g, out, param): out = g * f'(x).
+    ``param`` is leaky_relu's slope and ignored by the others.
+    """
+    f, df = ACTIVATIONS[name]
+    if name in WITH_PARAM:
+        def fwd(x, out, param):
+            i = cuda.grid(1)
+            step = cuda.gridsize(1)
+            while i < x.shape[0]:
+                out[i] = f(float64(x[i]), param)
+                i += step
+
+        def vjp(x, g, out, param):
+            i = cuda.grid(1)
+            step = cuda.gridsize(1)
+            while i < x.shape[0]:
+                out[i] = g[i] * df(float64(x[i]), param)
+                i += step
+    else:
+        def fwd(x, out, param):
+            i = cuda.grid(1)
+            step = cuda.gridsize(1)
+            while i < x.shape[0]:
+                out[i] = f(float64(x[i]))
+                i += step
+
+        def vjp(x, g, out, param):
+            i = cuda.grid(1)
+            step = cuda.gridsize(1)
+            while i < x.shape[0]:
+                out[i] = g[i] * df(float64(x[i]))
+                i += step
+
+    return (kernel(*signatures("void({t}[::1], {t}[::1], float64)"))(fwd),
+            kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], float64)"))(vjp))
+
+
+def unary_forward_device(name, d_x, param=0.0):
+    """Apply activation ``name`` to a flat device array; a new flat device array."""
+    d_out = device.empty(d_x.shape[0], d_x.dtype)
+    unary_kernels(name)[0][device.grid_1d(d_x.shape[0])](d_x, d_out, float(param))
+    return d_out
+
+
+def unary_vjp_device(name, d_x, d_g, param=0.0):
+    """``g * f'(x)`` for activation ``name`` on flat device arrays; a new flat device array."""
+    d_out = device.empty(d_x.shape[0], d_x.dtype)
+    unary_kernels(name)[1][device.grid_1d(d_x.shape[0])](d_x, d_g, d_out, float(param))
+    return d_out
+
+
+def unary_forward(name, x, param=0.0):
+    """Host function: activation ``name`` of the host array ``x``, computed on the device."""
+    return device.get(unary_forward_device(name, device.put(x), param), x.shape)
+
+
+def unary_vjp(name, x, grad, param=0.0):
+    """Host function: the VJP of activation ``name`` at ``x`` for cotangent ``grad``."""
+    d_out = unary_vjp_device(name, device.put(x), device.put(grad), param)
+    return (device.get(d_out, x.shape),)
+
+
+# ---------------------------------------------------------------------------------------------
+# binary
+
+ADD, SUB, MUL, DIV, MAXIMUM = range(5)
+BINARY = {"add": ADD, "sub": SUB, "mul": MUL, "div": DIV, "maximum": MAXIMUM}
+
+
+@cuda.jit(device=True)
+def binary_f(op, a, b):
+    """The value of binary op ``op`` (a code of :data:`BINARY`)."""
+    if op == ADD:
+        return a + b
+    if op == SUB:
+        return a - b
+    if op == MUL:
+        return a * b
+    if op == DIV:
+        return a / b
+    return a if a >= b else b
+
+
+@cuda.jit(device=True)
+def binary_da(op, a, b):
+    """d op / d a."""
+    if op == MUL:
+        return b
+    if op == DIV:
+        return 1.0 / b
+    if op == MAXIMUM:
+        # NOTE: a tie sends the whole gradient to the first argument (a >= b).
+        return 1.0 if a >= b else 0.0
+    return 1.0  # add, sub
+
+
+@cuda.jit(device=True)
+def binary_db(op, a, b):
+    """d op / d b."""
+    if op == SUB:
+        return -1.0
+    if op == MUL:
+        return a
+    if op == DIV:
+        # -a / b^2 written as -(a / b) / b: b * b could overflow where the quotient does not.
+        return -(a / b) / b
+    if op == MAXIMUM:
+        return 0.0 if a >= b else 1.0
+    return 1.0  # add
+
+
+def _binary_forward_body(a, b, out, shape, a_strides, b_strides, op):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < out.shape[0]:
+        out[i] = binary_f(op, a[strided_offset(i, shape, a_strides)],
+                          b[strided_offset(i, shape, b_strides)])
+        i += step
+
+
+def _binary_vjp_body(a, b, g, ga, gb, shape, a_strides, b_strides, op):
+    # Local cotangents at the output's shape; the host sums them back to each input's shape.
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < g.shape[0]:
+        x = a[strided_offset(i, shape, a_strides)]
+        y = b[strided_offset(i, shape, b_strides)]
+        ga[i] = g[i] * binary_da(op, x, y)
+        gb[i] = g[i] * binary_db(op, x, y)
+        i += step
+
+
+_binary_forward = kernel(*signatures(
+    "void({t}[::1], {t}[::1], {t}[::1], int64[::1], int64[::1], int64[::1], int64)"
+))(_binary_forward_body)
+_binary_vjp = kernel(*signatures(
+    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64[::1], int64[::1], int64[::1], "
+    "int64)"))(_binary_vjp_body)
+
+
+def _operand_vectors(a_shape, b_shape, out_shape):
+    d_shape, d_as = device.index_vectors(out_shape, device.broadcast_strides(a_shape, out_shape))
+    _, d_bs = device.index_vectors(out_shape, device.broadcast_strides(b_shape, out_shape))
+    return d_shape, d_as, d_bs
+
+
+def binary_forward_device(name, d_a, a_shape, d_b, b_shape):
+    """``name(a, b)`` with broadcasting on flat device arrays; (flat result, result shape)."""
+    out_shape = np.broadcast_shapes(tuple(a_shape), tuple(b_shape))
+    n = int(np.prod(out_shape, dtype=np.int64))
+    d_out = device.empty(n, d_a.dtype)
+    d_shape, d_as, d_bs = _operand_vectors(a_shape, b_shape, out_shape)
+    _binary_forward[device.grid_1d(n)](d_a, d_b, d_out, d_shape, d_as, d_bs, BINARY[name])
+    return d_out, out_shape
+
+
+def binary_forward(name, a, b):
+    """Host function: ``name(a, b)`` with NumPy broadcasting, computed on the device."""
+    d_out, out_shape = binary_forward_device(name, device.put(a), a.shape,
+                                             device.put(b), b.shape)
+    return device.get(d_out, out_shape)
+
+
+def binary_vjp(name, a, b, grad):
+    """Host function: the two cotangents of ``name(a, b)``, each summed to its input's shape."""
+    out_shape = np.broadcast_shapes(a.shape, b.shape)
+    n = int(np.prod(out_shape, dtype=np.int64))
+    d_ga, d_gb = device.empty(n, a.dtype), device.empty(n, a.dtype)
+    d_shape, d_as, d_bs = _operand_vectors(a.shape, b.shape, out_shape)
+    _binary_vjp[device.grid_1d(n)](device.put(a), device.put(b),
+                                   device.put(grad), d_ga, d_gb, d_shape, d_as, d_bs,
+                                   BINARY[name])
+    grads = []
+    for d_full, shape in ((d_ga, a.shape), (d_gb, b.shape)):
+        if tuple(shape) == tuple(out_shape):
+            grads.append(device.get(d_full, shape))
+        else:
+            d_sum = sum_to_shape_device(d_full, out_shape, shape)
+            grads.append(device.get(d_sum, shape).astype(a.dtype))
+    return tuple(grads)

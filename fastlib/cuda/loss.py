@@ -1,0 +1,221 @@
+"""The five losses on the device: forward (a 0-d array) and VJP.
+
+Forward: a kernel writes one float64 term per element (mse, the two binary cross-entropies) or
+per row (cross_entropy, categorical_cross_entropy, through the row log-sum-exp), then the block
+tree reduction of :mod:`.reduce` sums the terms in float64 and scales by 1/N. VJP: one kernel
+writes each input's cotangent, ``grad / N`` times the local derivative.
+
+=================================  ============================================================
+loss                               term; cotangents (s = grad / N)
+=================================  ============================================================
+mse                                (p - t)^2;  gp = 2 s (p - t), gt = -gp
+cross_entropy                      lse(z) - z[t];  gz = s (softmax(z) - onehot(t)), t not diff.
+categorical_cross_entropy          -sum_c t_c (z_c - lse);  gz = s (softmax(z) sum_c t_c - t),
+                                   gt = -s (z - lse)
+binary_cross_entropy               -(t log p + (1-t) log(1-p));  gp = s (p - t) / (p (1-p)),
+                                   gt = s (log(1-p) - log p)
+binary_cross_entropy_with_logits   max(z,0) - z t + log1p(exp(-|z|));  gz = s (sigmoid(z) - t),
+                                   gt = -s z
+=================================  ============================================================
+
+NOTE: log(1 - p) is evaluated as log1p(-p), exact near p = 0; the logits form never calls exp on
+a positive argument. N is the number of rows for the two categorical losses and the number of
+elements for the others (docs/CONTRACTS.md).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float64
+
+from . import config, device
+from .device import kernel, signatures
+from .norm import row_lse
+from .reduce import block_sum, reduce_device
+from .scalar import sigmoid_f
+
+_RB = config.REDUCE_BLOCK
+
+MSE, BCE, BCE_LOGITS = range(3)
+ELEMENTWISE = {"mse": MSE, "binary_cross_entropy": BCE,
+               "binary_cross_entropy_with_logits": BCE_LOGITS}
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise losses
+
+def _terms_body(p, t, out, mode):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < p.shape[0]:
+        x = float64(p[i])
+        y = float64(t[i])
+        if mode == MSE:
+            out[i] = (x - y) * (x - y)
+        elif mode == BCE:
+            out[i] = -(y * math.log(x) + (1.0 - y) * math.log1p(-x))
+        else:
+            out[i] = max(x, 0.0) - x * y + math.log1p(math.exp(-abs(x)))
+        i += step
+
+
+def _terms_vjp_body(p, t, gp, gt, mode, s):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < p.shape[0]:
+        x = float64(p[i])
+        y = float64(t[i])
+        if mode == MSE:
+            d = 2.0 * s * (x - y)
+            gp[i] = d
+            gt[i] = -d
+        elif mode == BCE:
+            gp[i] = s * (x - y) / (x * (1.0 - x))
+            gt[i] = s * (math.log1p(-x) - math.log(x))
+        else:
+            gp[i] = s * (sigmoid_f(x) - y)
+            gt[i] = -s * x
+        i += step
+
+
+_terms = kernel(*signatures("void({t}[::1], {t}[::1], float64[::1], int64)"))(_terms_body)
+_terms_vjp = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, float64)"))(
+    _terms_vjp_body)
+
+
+def _mean_of(d_terms, count, dtype):
+    """0-d host array: the float64 sum of the terms times 1/count, rounded once to ``dtype``."""
+    d_total = reduce_device(d_terms, (d_terms.shape[0],), (0,), scale=1.0 / count)
+    return device.get(d_total, ()).astype(dtype)
+
+
+def elementwise_loss_forward(name, p, t):
+    """Host function: mse / binary_cross_entropy / ..._with_logits of equal-shape ``p``, ``t``."""
+    d_terms = device.empty(p.size, np.float64)
+    _terms[device.grid_1d(p.size)](device.put(p), device.put(t), d_terms,
+                                   ELEMENTWISE[name])
+    return _mean_of(d_terms, p.size, p.dtype)
+
+
+def elementwise_loss_vjp(name, p, t, grad):
+    """Host function: (cotangent of p, cotangent of t) for the 0-d cotangent ``grad``."""
+    d_gp, d_gt = device.empty(p.size, p.dtype), device.empty(p.size, p.dtype)
+    s = float(grad) / p.size
+    _terms_vjp[device.grid_1d(p.size)](device.put(p), device.put(t), d_gp, d_gt,
+                                       ELEMENTWISE[name], s)
+    return device.get(d_gp, p.shape), device.get(d_gt, p.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# row losses: cross_entropy (class indices) and categorical_cross_entropy (distributions)
+
+def _ce_body(z, target, out, rows, c):
+    shared = cuda.shared.array(_RB, float64)
+    row = cuda.blockIdx.x
+    while row < rows:
+        lse = row_lse(shared, z, row * c, c, 1)
+        if cuda.threadIdx.x == 0:
+            out[row] = lse - float64(z[row * c + target[row]])
+        row += cuda.gridDim.x
+
+
+def _ce_vjp_body(z, target, gz, rows, c, s):
+    shared = cuda.shared.array(_RB, float64)
+    row = cuda.blockIdx.x
+    while row < rows:
+        base = row * c
+        lse = row_lse(shared, z, base, c, 1)
+        r = cuda.threadIdx.x
+        while r < c:
+            y = math.exp(float64(z[base + r]) - lse)
+            if r == target[row]:
+                y -= 1.0
+            gz[base + r] = s * y
+            r += cuda.blockDim.x
+        row += cuda.gridDim.x
+
+
+def _cce_body(z, t, out, rows, c):
+    shared = cuda.shared.array(_RB, float64)
+    row = cuda.blockIdx.x
+    while row < rows:
+        base = row * c
+        lse = row_lse(shared, z, base, c, 1)
+        acc = 0.0
+        r = cuda.threadIdx.x
+        while r < c:
+            acc += float64(t[base + r]) * (lse - float64(z[base + r]))
+            r += cuda.blockDim.x
+        total = block_sum(shared, acc)
+        if cuda.threadIdx.x == 0:
+            out[row] = total
+        row += cuda.gridDim.x
+
+
+def _cce_vjp_body(z, t, gz, gt, rows, c, s):
+    shared = cuda.shared.array(_RB, float64)
+    row = cuda.blockIdx.x
+    while row < rows:
+        base = row * c
+        lse = row_lse(shared, z, base, c, 1)
+        acc = 0.0
+        r = cuda.threadIdx.x
+        while r < c:
+            acc += float64(t[base + r])
+            r += cuda.blockDim.x
+        mass = block_sum(shared, acc)  # sum_c t_c: 1 for a distribution, kept general
+        r = cuda.threadIdx.x
+        while r < c:
+            log_p = float64(z[base + r]) - lse
+            gz[base + r] = s * (math.exp(log_p) * mass - float64(t[base + r]))
+            gt[base + r] = -s * log_p
+            r += cuda.blockDim.x
+        row += cuda.gridDim.x
+
+
+_ce = kernel(*signatures("void({t}[::1], int64[::1], float64[::1], int64, int64)"))(_ce_body)
+_ce_vjp = kernel(*signatures("void({t}[::1], int64[::1], {t}[::1], int64, int64, float64)"))(
+    _ce_vjp_body)
+_cce = kernel(*signatures("void({t}[::1], {t}[::1], float64[::1], int64, int64)"))(_cce_body)
+_cce_vjp = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, float64)"))(
+    _cce_vjp_body)
+
+
+def _row_launch(rows, c):
+    return max(1, min(config.MAX_GRID, rows)), device.reduce_block(c)
+
+
+def cross_entropy_forward(logits, index):
+    """Host function: mean over rows of -log_softmax(logits)[n, index[n]] (``index`` int64)."""
+    rows, c = logits.shape
+    d_terms = device.empty(rows, np.float64)
+    _ce[_row_launch(rows, c)](device.put(logits), device.put(index), d_terms, rows, c)
+    return _mean_of(d_terms, rows, logits.dtype)
+
+
+def cross_entropy_vjp(logits, index, grad):
+    """Host function: ((softmax - onehot) * grad / N, None): the indices are not differentiable."""
+    rows, c = logits.shape
+    d_gz = device.empty(logits.size, logits.dtype)
+    _ce_vjp[_row_launch(rows, c)](device.put(logits), device.put(index), d_gz, rows,
+                                  c, float(grad) / rows)
+    return device.get(d_gz, logits.shape), None
+
+
+def categorical_cross_entropy_forward(logits, target):
+    """Host function: -(1/N) sum target * log_softmax(logits), N the number of rows."""
+    rows, c = logits.shape
+    d_terms = device.empty(rows, np.float64)
+    _cce[_row_launch(rows, c)](device.put(logits), device.put(target), d_terms,
+                               rows, c)
+    return _mean_of(d_terms, rows, logits.dtype)
+
+
+def categorical_cross_entropy_vjp(logits, target, grad):
+    """Host function: cotangents of the logits and of the (differentiable) target."""
+    rows, c = logits.shape
+    d_gz, d_gt = device.empty(logits.size, logits.dtype), device.empty(logits.size, logits.dtype)
+    _cce_vjp[_row_launch(rows, c)](device.put(logits), device.put(target), d_gz,
+                                   d_gt, rows, c, float(grad) / rows)
+    return device.get(d_gz, logits.shape), device.get(d_gt, target.shape)

@@ -1,0 +1,552 @@
+"""The CUDA engine's op table and its boundary: names, inputs, params, shapes and domains.
+
+``OPS`` maps every registry name (docs/CONTRACTS.md) to a :class:`CudaOp`: its input names,
+params with defaults, a ``check`` that validates shapes / params / domains and returns the
+output shape with the normalised params, and the host functions of the kernel modules that do
+the work. :func:`forward` and :func:`vjp` look the name up, check everything on the host (so a
+bad call gets a ValueError / TypeError that says what to change, never an error from inside a
+kernel) and only then touch the device.
+
+NOTE (domains): every input must be finite and inside its op's real domain -- log x > 0,
+sqrt x >= 0 (> 0 for the VJP), div b != 0, binary_cross_entropy p in (0, 1), the binary
+targets in [0, 1], layer_norm / rms_norm rows with a nonzero normaliser -- as reflib requires.
+The inputs are on the host anyway, so the check is one pass next to the copy to the device; it
+also keeps the simulator from failing inside a kernel, where Python's math raises on log(0)
+and overflow instead of returning IEEE infinities. (fastlib's CPU engine lets the cheap
+elementwise ops follow IEEE instead; the two agree wherever both accept an input.)
+"""
+from __future__ import annotations
+
+import difflib
+import numbers
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from . import device, elementwise, linalg, loss, norm, reduce, structure
+
+try:  # one exception class for both engines, so `except fastlib.UnknownOpError` catches ours
+    from fastlib.ops import UnknownOpError
+except ImportError:  # fastlib.ops not importable: keep the same contract with a local class
+    class UnknownOpError(KeyError):
+        """An op name that is not in the table; the message lists the closest names."""
+
+        def __str__(self):
+            return str(self.args[0])
+
+REQUIRED = object()  # marks a param without a default (reshape's ``shape``)
+
+
+@dataclass(frozen=True)
+class CudaOp:
+    """One op of the CUDA engine.
+
+    ``check(arrays, params) -> (out_shape, params)`` validates and normalises;
+    ``forward(arrays, params) -> ndarray`` and ``vjp(arrays, grad, params) -> tuple`` run it.
+    """
+
+    inputs: tuple
+    check: Callable
+    forward: Callable
+    vjp: Callable
+    params: dict = field(default_factory=dict)
+    class_index: frozenset = frozenset()   # inputs holding class indices (not differentiable)
+    allow_empty: bool = False              # structure ops move empty arrays fine
+    check_vjp: Callable | None = None      # extra domain of the VJP (sqrt's derivative at 0)
+
+
+def fail(op, message):
+    """The ValueError every bad shape / param / domain gets: ``op: what to fix``."""
+    raise ValueError(f"{op}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# param and shape helpers
+
+def _int(op, pname, value, minimum=None):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(op, f"param {pname} must be an int; got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        fail(op, f"param {pname} must be >= {minimum}; got {value}")
+    return value
+
+
+def _real(op, pname, value, minimum=None):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not np.isfinite(float(value)):
+        fail(op, f"param {pname} must be a finite real number; got {value!r}")
+    if minimum is not None and value < minimum:
+        fail(op, f"param {pname} must be >= {minimum}; got {value!r}")
+    return float(value)
+
+
+def _axis(op, axis, ndim, pname="axis"):
+    axis = _int(op, pname, axis)
+    if not -ndim <= axis < ndim:
+        fail(op, f"{pname}={axis} is out of range for an input with {ndim} dimension(s); use "
+                 f"-{ndim} <= {pname} < {ndim}")
+    return axis % ndim
+
+
+def _reduce_axes(op, axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (list, tuple)):
+        axes = tuple(_axis(op, a, ndim) for a in axis)
+    else:
+        axes = (_axis(op, axis, ndim),)
+    if len(set(axes)) != len(axes):
+        fail(op, f"axis={axis!r} repeats an axis; name each axis once")
+    return tuple(sorted(axes))
+
+
+def _domain(op, name, x, ok, what):
+    ok = np.asarray(ok, dtype=bool)
+    if not ok.all():
+        idx = tuple(int(i) for i in np.argwhere(~ok)[0])
+        fail(op, f"{name} must be {what}; {name}[{idx}] = {x[idx]}" if idx else
+                 f"{name} must be {what}; got {x[()]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# unary and binary
+
+def _unary(name):
+    def check(arrays, params):
+        (x,) = arrays
+        out = dict(params)
+        if name == "leaky_relu":
+            out["negative_slope"] = _real(name, "negative_slope", params["negative_slope"])
+        if name == "log":
+            _domain(name, "x", x, x > 0, "> 0 (log is real only on positive numbers)")
+        if name == "sqrt":
+            _domain(name, "x", x, x >= 0, ">= 0 (sqrt is real only on non-negative numbers)")
+        return x.shape, out
+
+    def forward(arrays, params):
+        return elementwise.unary_forward(name, arrays[0], params.get("negative_slope", 0.0))
+
+    def vjp(arrays, grad, params):
+        return elementwise.unary_vjp(name, arrays[0], grad, params.get("negative_slope", 0.0))
+
+    def check_vjp(arrays):
+        _domain(name, "x", arrays[0], arrays[0] > 0,
+                "> 0 for the VJP (the derivative 1/(2 sqrt x) is infinite at 0)")
+
+    return CudaOp(("x",), check, forward, vjp,
+                  {"negative_slope": 0.01} if name == "leaky_relu" else {},
+                  check_vjp=check_vjp if name == "sqrt" else None)
+
+
+def _binary(name):
+    def check(arrays, params):
+        a, b = arrays
+        try:
+            shape = np.broadcast_shapes(a.shape, b.shape)
+        except ValueError:
+            fail(name, f"shapes {a.shape} and {b.shape} do not broadcast (NumPy rules); make "
+                       f"trailing dimensions equal or 1")
+        if name == "div":
+            _domain(name, "b", b, b != 0, "nonzero (the divisor)")
+        return shape, params
+
+    return CudaOp(("a", "b"), check,
+                  lambda arrays, params: elementwise.binary_forward(name, *arrays),
+                  lambda arrays, grad, params: elementwise.binary_vjp(name, *arrays, grad))
+
+
+# ---------------------------------------------------------------------------------------------
+# reductions
+
+def _reduction(name, fwd, bwd):
+    def check(arrays, params):
+        (x,) = arrays
+        keepdims = params["keepdims"]
+        if not isinstance(keepdims, (bool, np.bool_)):
+            fail(name, f"param keepdims must be True or False; got {keepdims!r}")
+        axes = _reduce_axes(name, params["axis"], x.ndim)
+        shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape)) if keepdims else \
+            tuple(d for k, d in enumerate(x.shape) if k not in axes)
+        return shape, {"axes": axes, "keepdims": bool(keepdims)}
+
+    return CudaOp(("x",), check,
+                  lambda arrays, p: fwd(arrays[0], p["axes"], p["keepdims"]),
+                  lambda arrays, grad, p: bwd(arrays[0], grad, p["axes"]),
+                  {"axis": None, "keepdims": False})
+
+
+# ---------------------------------------------------------------------------------------------
+# structure
+
+def _check_matmul(arrays, params):
+    a, b = arrays
+    if a.ndim < 2 or b.ndim < 2 or (b.ndim != 2 and b.ndim != a.ndim):
+        fail("matmul", f"inputs must be 2-D or batched (..., m, k) @ (..., k, n) or "
+                       f"(..., m, k) @ (k, n); got shapes {a.shape} and {b.shape}")
+    if a.shape[-1] != b.shape[-2]:
+        fail("matmul", f"inner dimensions differ: a {a.shape} has k={a.shape[-1]} columns but b "
+                       f"{b.shape} has {b.shape[-2]} rows")
+    if b.ndim > 2 and a.shape[:-2] != b.shape[:-2]:
+        fail("matmul", f"batch shapes differ: a {a.shape} has batch {a.shape[:-2]}, b {b.shape} "
+                       f"has {b.shape[:-2]}; use equal batch shapes or a 2-D b shared by the batch")
+    return a.shape[:-1] + (b.shape[-1],), params
+
+
+def _check_transpose(arrays, params):
+    (x,) = arrays
+    axes = params["axes"]
+    if axes is None:
+        axes = tuple(range(x.ndim))[::-1]
+    else:
+        if not isinstance(axes, (list, tuple)):
+            fail("transpose", f"param axes must be None or a sequence of ints; got {axes!r}")
+        axes = tuple(_axis("transpose", a, x.ndim, "axes") for a in axes) if x.ndim else ()
+        if sorted(axes) != list(range(x.ndim)):
+            fail("transpose", f"axes={tuple(params['axes'])!r} is not a permutation of the "
+                              f"{x.ndim} axes of an input of shape {x.shape}")
+    return tuple(x.shape[k] for k in axes), {"axes": axes}
+
+
+def _check_reshape(arrays, params):
+    (x,) = arrays
+    shape = params["shape"]
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, (list, tuple)):
+        fail("reshape", f"param shape must be a tuple of ints (one may be -1); got {shape!r}")
+    shape = tuple(_int("reshape", "shape", d, minimum=-1) for d in shape)
+    if shape.count(-1) > 1:
+        fail("reshape", f"shape={shape} holds more than one -1; at most one dimension can be "
+                        f"inferred")
+    known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+    if -1 in shape:
+        if known == 0 or x.size % known:
+            fail("reshape", f"cannot reshape an input of shape {x.shape} ({x.size} elements) "
+                            f"to {shape}")
+        shape = tuple(x.size // known if d == -1 else d for d in shape)
+    elif known != x.size:
+        fail("reshape", f"cannot reshape an input of shape {x.shape} ({x.size} elements) to "
+                        f"{shape}")
+    return shape, {"shape": shape}
+
+
+def _check_concat(arrays, params):
+    a, b = arrays
+    if a.ndim != b.ndim or a.ndim == 0:
+        fail("concat", f"inputs need the same number (>= 1) of dimensions; got shapes {a.shape} "
+                       f"and {b.shape}")
+    axis = _axis("concat", params["axis"], a.ndim)
+    if any(da != db for k, (da, db) in enumerate(zip(a.shape, b.shape)) if k != axis):
+        fail("concat", f"shapes {a.shape} and {b.shape} differ off axis {axis}; all other "
+                       f"dimensions must match")
+    shape = list(a.shape)
+    shape[axis] += b.shape[axis]
+    return tuple(shape), {"axis": axis}
+
+
+def _check_slice(arrays, params):
+    (x,) = arrays
+    if x.ndim == 0:
+        fail("slice", "cannot slice a 0-d input; it has no axis")
+    axis = _axis("slice", params["axis"], x.ndim)
+    start = None if params["start"] is None else _int("slice", "start", params["start"])
+    stop = None if params["stop"] is None else _int("slice", "stop", params["stop"])
+    step = _int("slice", "step", params["step"], minimum=1)
+    shape = list(x.shape)
+    shape[axis] = len(range(*slice(start, stop, step).indices(x.shape[axis])))
+    return tuple(shape), {"axis": axis, "start": start, "stop": stop, "step": step}
+
+
+# ---------------------------------------------------------------------------------------------
+# normalisation
+
+def _check_softmax(name):
+    def check(arrays, params):
+        (x,) = arrays
+        if x.ndim == 0:
+            fail(name, "needs an input with at least one axis; got a 0-d input")
+        return x.shape, {"axis": _axis(name, params["axis"], x.ndim)}
+    return check
+
+
+def _check_last_axis(name):
+    def check(arrays, params):
+        (x,) = arrays
+        if x.ndim == 0:
+            fail(name, "needs an input with at least one axis; got a 0-d input")
+        eps = _real(name, "eps", params["eps"], minimum=0.0)
+        if eps == 0.0:
+            rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
+            spread = rows - rows.mean(axis=1, keepdims=True) if name == "layer_norm" else rows
+            if not (np.abs(spread).max(axis=1) > 0).all():
+                fail(name, f"the normaliser is 0 (a row of x is constant"
+                           f"{' zero' if name == 'rms_norm' else ''} and eps = 0); pass eps > 0")
+        return x.shape, {"axis": x.ndim - 1, "eps": eps}
+    return check
+
+
+def _norm(name, check, params):
+    return CudaOp(("x",), check,
+                  lambda arrays, p: norm.norm_forward(name, arrays[0], p["axis"], p.get("eps", 0)),
+                  lambda arrays, grad, p: norm.norm_vjp(name, arrays[0], grad, p["axis"],
+                                                        p.get("eps", 0)),
+                  params)
+
+
+# ---------------------------------------------------------------------------------------------
+# losses
+
+def _check_same_shape(name, names):
+    def check(arrays, params):
+        a, b = arrays
+        if a.shape != b.shape:
+            fail(name, f"{names[0]} and {names[1]} need the same shape; got {a.shape} and "
+                       f"{b.shape}")
+        if name == "binary_cross_entropy":
+            _domain(name, "p", a, (a > 0) & (a < 1), "strictly inside (0, 1) (probabilities; "
+                    "for logits use binary_cross_entropy_with_logits)")
+        if name.startswith("binary_cross_entropy"):
+            _domain(name, "target", b, (b >= 0) & (b <= 1), "in [0, 1] (binary targets)")
+        return (), params
+    return check
+
+
+def _check_logits(name, z):
+    if z.ndim != 2 or z.shape[0] == 0 or z.shape[1] == 0:
+        fail(name, f"logits must be a non-empty 2-D array (N, C); got shape {z.shape}")
+
+
+def class_indices(name, target, n, c):
+    """Class indices as int64 (N,): (N, 1) or (N,), integer dtype or floats holding integers."""
+    t = np.asarray(target)
+    if t.ndim == 2 and t.shape[1] == 1:
+        t = t[:, 0]
+    if t.ndim != 1 or t.shape[0] != n:
+        fail(name, f"target must hold {n} class indices, shape ({n},) or ({n}, 1); got shape "
+                   f"{np.shape(target)} (for one-hot targets use categorical_cross_entropy)")
+    if t.dtype.kind == "b":
+        fail(name, "target must hold class indices (int), not booleans")
+    if t.dtype.kind == "f" and not (np.isfinite(t).all() and (t == np.round(t)).all()):
+        fail(name, f"target must hold whole-number class indices; got {t.tolist()}")
+    idx = t.astype(np.int64)
+    bad = (idx < 0) | (idx >= c)
+    if bad.any():
+        fail(name, f"target index {idx[bad][0]} is out of range for {c} classes; use "
+                   f"0 <= target < {c}")
+    return np.ascontiguousarray(idx)
+
+
+def _check_cross_entropy(arrays, params):
+    z, t = arrays
+    _check_logits("cross_entropy", z)
+    class_indices("cross_entropy", t, *z.shape)
+    return (), params
+
+
+def _check_categorical(arrays, params):
+    z, t = arrays
+    _check_logits("categorical_cross_entropy", z)
+    if t.shape != z.shape:
+        fail("categorical_cross_entropy", f"target must be one-hot or a distribution of the "
+                                          f"logits' shape {z.shape}; got shape {t.shape} (for "
+                                          f"class indices use cross_entropy)")
+    return (), params
+
+
+def _elementwise_loss(name, names):
+    return CudaOp(names, _check_same_shape(name, names),
+                  lambda arrays, p: loss.elementwise_loss_forward(name, *arrays),
+                  lambda arrays, grad, p: loss.elementwise_loss_vjp(name, *arrays, grad))
+
+
+def _ce_forward(arrays, p):
+    z, t = arrays
+    return loss.cross_entropy_forward(z, class_indices("cross_entropy", t, *z.shape))
+
+
+def _ce_vjp(arrays, grad, p):
+    z, t = arrays
+    return loss.cross_entropy_vjp(z, class_indices("cross_entropy", t, *z.shape), grad)
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+UNARY = ("neg", "exp", "log", "sqrt", "square", "abs", "relu", "leaky_relu", "silu", "gelu",
+         "gelu_tanh", "tanh", "sigmoid", "softplus", "identity")
+
+OPS: dict[str, CudaOp] = {name: _unary(name) for name in UNARY}
+OPS.update({name: _binary(name) for name in elementwise.BINARY})
+OPS.update({
+    "sum": _reduction("sum", reduce.sum_forward, reduce.sum_vjp),
+    "mean": _reduction("mean", reduce.mean_forward, reduce.mean_vjp),
+    "logsumexp": _reduction("logsumexp", reduce.logsumexp_forward, reduce.logsumexp_vjp),
+    "matmul": CudaOp(("a", "b"), _check_matmul,
+                     lambda arrays, p: linalg.matmul_forward(*arrays),
+                     lambda arrays, grad, p: linalg.matmul_vjp(*arrays, grad)),
+    "transpose": CudaOp(("x",), _check_transpose,
+                        lambda arrays, p: structure.transpose_forward(arrays[0], p["axes"]),
+                        lambda arrays, grad, p: structure.transpose_vjp(arrays[0], grad,
+                                                                        p["axes"]),
+                        {"axes": None}, allow_empty=True),
+    "reshape": CudaOp(("x",), _check_reshape,
+                      lambda arrays, p: structure.reshape_forward(arrays[0], p["shape"]),
+                      lambda arrays, grad, p: structure.reshape_vjp(arrays[0], grad, p["shape"]),
+                      {"shape": REQUIRED}, allow_empty=True),
+    "concat": CudaOp(("a", "b"), _check_concat,
+                     lambda arrays, p: structure.concat_forward(*arrays, p["axis"]),
+                     lambda arrays, grad, p: structure.concat_vjp(*arrays, grad, p["axis"]),
+                     {"axis": -1}, allow_empty=True),
+    "slice": CudaOp(("x",), _check_slice,
+                    lambda arrays, p: structure.slice_forward(arrays[0], p["axis"], p["start"],
+                                                              p["stop"], p["step"]),
+                    lambda arrays, grad, p: structure.slice_vjp(arrays[0], grad, p["axis"],
+                                                                p["start"], p["stop"],
+                                                                p["step"]),
+                    {"axis": 0, "start": 0, "stop": None, "step": 1}, allow_empty=True),
+    "softmax": _norm("softmax", _check_softmax("softmax"), {"axis": -1}),
+    "log_softmax": _norm("log_softmax", _check_softmax("log_softmax"), {"axis": -1}),
+    "layer_norm": _norm("layer_norm", _check_last_axis("layer_norm"), {"eps": 1e-5}),
+    "rms_norm": _norm("rms_norm", _check_last_axis("rms_norm"), {"eps": 1e-6}),
+    "mse": _elementwise_loss("mse", ("pred", "target")),
+    "cross_entropy": CudaOp(("logits", "target"), _check_cross_entropy, _ce_forward, _ce_vjp,
+                            class_index=frozenset({"target"})),
+    "categorical_cross_entropy": CudaOp(
+        ("logits", "target"), _check_categorical,
+        lambda arrays, p: loss.categorical_cross_entropy_forward(*arrays),
+        lambda arrays, grad, p: loss.categorical_cross_entropy_vjp(*arrays, grad)),
+    "binary_cross_entropy": _elementwise_loss("binary_cross_entropy", ("p", "target")),
+    "binary_cross_entropy_with_logits": _elementwise_loss("binary_cross_entropy_with_logits",
+                                                          ("logits", "target")),
+})
+
+
+# ---------------------------------------------------------------------------------------------
+# the boundary
+
+def lookup(name) -> CudaOp:
+    """The table entry of ``name``, or :class:`UnknownOpError` listing the closest names."""
+    op = OPS.get(name) if isinstance(name, str) else None
+    if op is None:
+        close = difflib.get_close_matches(str(name), OPS, n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+        raise UnknownOpError(f"unknown op {name!r}; {hint}known ops: {', '.join(sorted(OPS))}")
+    return op
+
+
+def _params(name, op, params):
+    unknown = [k for k in params if k not in op.params]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], op.params, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        allowed = ", ".join(op.params) if op.params else "none"
+        raise ValueError(f"{name}: unknown param {unknown[0]!r}; {hint}its params are: {allowed}")
+    merged = {**op.params, **params}
+    missing = [k for k, v in merged.items() if v is REQUIRED]
+    if missing:
+        raise ValueError(f"{name}: param {missing[0]!r} is required (e.g. {missing[0]}=(2, 3))")
+    return merged
+
+
+def _float_array(what, value):
+    arr = np.asarray(value)
+    if arr.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{what} has dtype {arr.dtype}; the CUDA engine computes in float32 or "
+                        f"float64: cast it, e.g. x.astype(np.float32)")
+    if not np.isfinite(arr).all():
+        idx = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+        raise ValueError(f"{what} holds a non-finite value {arr[idx]} at index {idx}; the CUDA "
+                         f"engine takes finite numbers")
+    return np.asarray(arr, order="C")  # (ascontiguousarray would turn a 0-d array into 1-d)
+
+
+def _inputs(name, op, inputs):
+    if isinstance(inputs, np.ndarray) or not hasattr(inputs, "__len__"):
+        raise TypeError(f"{name}: inputs must be a sequence of arrays in the order {op.inputs}, "
+                        f"e.g. [x]; got {type(inputs).__name__}")
+    if len(inputs) != len(op.inputs):
+        raise ValueError(f"{name}: takes {len(op.inputs)} input(s) {op.inputs}; got {len(inputs)}")
+    arrays, dtype = [], None
+    for iname, value in zip(op.inputs, inputs):
+        what = f"{name}: input {iname}"
+        if iname in op.class_index:
+            arr = np.asarray(value)
+            if arr.dtype.kind not in "biuf":
+                raise TypeError(f"{what} has dtype {arr.dtype}; pass integer class indices")
+            arrays.append(arr)
+            continue
+        arr = _float_array(what, value)
+        if dtype is not None and arr.dtype != dtype:
+            raise TypeError(f"{name}: inputs mix {dtype} and {arr.dtype}; cast them to one dtype")
+        dtype = arr.dtype
+        if arr.size == 0 and not op.allow_empty:
+            fail(name, f"input {iname} is empty (shape {arr.shape}); pass at least one element")
+        arrays.append(arr)
+    return arrays, dtype
+
+
+def forward(name, inputs, **params):
+    """Evaluate registry op ``name`` on the CUDA device (a GPU, or numba's simulator).
+
+    Parameters
+    ----------
+    name : str
+        An op of docs/CONTRACTS.md's table.
+    inputs : sequence of array_like
+        The op's inputs in the table's order, float32 or float64 (one dtype); class indices for
+        cross_entropy's target.
+    **params
+        The op's params; omitted ones take the table's defaults.
+
+    Returns
+    -------
+    numpy.ndarray
+        Of the inputs' dtype; losses give shape ``()``.
+
+    Raises
+    ------
+    UnknownOpError, ValueError, TypeError
+        For an unknown name; bad shapes, params, domains or non-finite values; bad dtypes.
+    fastlib.cuda.CudaUnavailableError
+        A RuntimeError, when neither a GPU nor the simulator is available.
+    """
+    op = lookup(name)
+    merged = _params(name, op, params)
+    arrays, _ = _inputs(name, op, inputs)
+    _, normalised = op.check(arrays, merged)
+    device.require_device()
+    return op.forward(arrays, normalised)
+
+
+def vjp(name, inputs, grad, **params):
+    """Vector-Jacobian product of registry op ``name`` on the CUDA device.
+
+    Parameters
+    ----------
+    name, inputs, **params
+        As for :func:`forward`.
+    grad : array_like
+        The cotangent, shaped like the output (``()`` for losses), of the inputs' dtype.
+
+    Returns
+    -------
+    tuple of (numpy.ndarray or None)
+        One cotangent per input, of that input's shape and dtype; None for class indices.
+    """
+    op = lookup(name)
+    merged = _params(name, op, params)
+    arrays, dtype = _inputs(name, op, inputs)
+    out_shape, normalised = op.check(arrays, merged)
+    g = _float_array(f"{name}: grad", grad)
+    if g.dtype != dtype:
+        raise TypeError(f"{name}: grad is {g.dtype} but the inputs are {dtype}; cast the "
+                        f"cotangent to {dtype}")
+    if g.shape != tuple(out_shape):
+        raise ValueError(f"{name}: grad has shape {g.shape} but the output has shape "
+                         f"{tuple(out_shape)}; pass a cotangent shaped like the output")
+    if op.check_vjp is not None:
+        op.check_vjp(arrays)
+    device.require_device()
+    return tuple(op.vjp(arrays, g, normalised))
