@@ -1,15 +1,116 @@
-"""`verigrad spec`: not built yet."""
+"""`verigrad spec --list | --prove [NAME ...]`: show the registry, or prove its derivatives.
+
+``--list`` prints every op (inputs with domains, params with defaults, kinks) and every
+optimizer (hyperparameters, state, equations). ``--prove`` proves the named ops and optimizers
+(default: all) and prints per item the method, the shapes tried, the seconds and the result;
+exit code 1 when any proof fails, 2 for an unknown name.
+"""
 from __future__ import annotations
 
 import sys
+import time
+
+from reports.commands.conform import PROOF_HEADERS, ProgressLine, format_table, proof_rows
 
 
 def add_arguments(parser):
-    """No options until the subcommand is built."""
-    parser.add_argument("rest", nargs="*", help="(not available yet)")
+    """Options of ``verigrad spec``."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--list", action="store_true",
+                       help="list the ops (inputs, params, domains, kinks) and the optimizers")
+    group.add_argument("--prove", nargs="*", metavar="NAME",
+                       help="prove these ops / optimizers (default: all of them)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="do not show the one-line progress display")
+
+
+def _op_rows(ops):
+    rows = []
+    for op in ops.values():
+        inputs = ", ".join(f"{n}: {op.domains[n]}" + ("" if op.vjp.get(n) else " (nd)")
+                           for n in op.inputs)
+        params = ", ".join(f"{p.name}={p.default!r}" for p in op.params) or "-"
+        kinks = "; ".join(k.convention for k in op.kinks) or "-"
+        rows.append((op.name, op.category, inputs, params, op.math, kinks))
+    return rows
+
+
+def _optimizer_rows(optimizers):
+    rows = []
+    for opt in optimizers.values():
+        hyper = ", ".join(f"{k}={v!r}" for k, v in opt.hyper.items())
+        state = ", ".join(opt.state) or "-"
+        rows.append((opt.name, hyper, state, opt.equations))
+    return rows
+
+
+def list_registry(out=None):
+    """Print the op and optimizer tables."""
+    import spec
+
+    out = out or sys.stdout
+    print(f"{len(spec.OPS)} ops ((nd) = not differentiable)\n", file=out)
+    print(format_table(("op", "family", "inputs: domain", "params", "forward", "kinks"),
+                       _op_rows(spec.OPS)), file=out)
+    print(f"\n{len(spec.OPTIMIZERS)} optimizers (names are case-insensitive; t starts at 1; "
+          f"state starts at 0)\n", file=out)
+    print(format_table(("optimizer", "hyperparameters", "state", "update"),
+                       _optimizer_rows(spec.OPTIMIZERS)), file=out)
+    print("\nNAG engine form: store w̃ = w − β·v, g = ∇f(w̃); "
+          "v_new = β·v + η·g; w̃ ← w̃ − η·g − β·v_new (see spec.optimizers)", file=out)
+
+
+def _split_names(names):
+    """Sort requested names into ops and optimizers; (ops, optimizers, error message or None)."""
+    import spec
+    from spec.errors import did_you_mean
+
+    if not names:
+        return list(spec.OPS), list(spec.OPTIMIZERS), None
+    opt_by_lower = {n.lower(): n for n in spec.OPTIMIZERS}
+    ops, optimizers = [], []
+    for name in names:
+        if name in spec.OPS:
+            ops.append(name)
+        elif name.lower() in opt_by_lower:
+            optimizers.append(opt_by_lower[name.lower()])
+        else:
+            choices = list(spec.OPS) + list(spec.OPTIMIZERS)
+            return None, None, (f"verigrad spec: unknown op or optimizer {name!r}"
+                                f"{did_you_mean(name, choices)} (see `verigrad spec --list`)")
+    return ops, optimizers, None
 
 
 def run(args) -> int:
-    """Say in one line that the subcommand is not built yet; exit code 2."""
-    print("verigrad spec: not implemented yet (see the open issues)", file=sys.stderr)
-    return 2
+    """List or prove; see the module docstring for exit codes."""
+    if args.list:
+        list_registry()
+        return 0
+    if args.prove is None:
+        print("verigrad spec: give --list or --prove [NAME ...] (see verigrad spec --help)",
+              file=sys.stderr)
+        return 2
+    from reports.commands.conform import run_spec_proofs
+
+    ops, optimizers, error = _split_names(args.prove)
+    if error:
+        print(error, file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    progress = ProgressLine(enabled=not args.no_progress)
+    op_results, opt_results = run_spec_proofs(progress, ops, optimizers)
+    results = op_results + opt_results
+    failed = [r for r in results if not r.ok]
+    elapsed = time.perf_counter() - start
+    progress.finish(f"proved {len(results) - len(failed)}/{len(results)} in {elapsed:.1f} s")
+    rows = proof_rows(op_results, "op", full_shapes=True)
+    rows += proof_rows(opt_results, "optimizer", full_shapes=True)
+    print(format_table(PROOF_HEADERS, rows))
+    for r in results:
+        if r.ok and r.method == "sampling":
+            print(f"  {r.op}: {r.detail}")
+    if failed:
+        print(f"\nFAILED: {', '.join(r.op for r in failed)}")
+        return 1
+    print(f"\nall {len(results)} proven in {elapsed:.1f} s")
+    return 0

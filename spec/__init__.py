@@ -1,0 +1,47 @@
+"""spec: the truth. Every op declared once (forward, one VJP per input, domains, shapes, kinks),
+proven with SymPy and evaluated to any precision with mpmath; the optimizers as equations.
+
+>>> import spec
+>>> spec.OPS["tanh"].inputs
+('x',)
+
+Public names:
+
+- ``OPS`` (name -> ``OpSpec``), ``OpSpec``, ``Param``, ``Example``, ``Kink``
+- ``evaluate(name, inputs, grad, params=None, dps=50)``, ``evaluate_forward``
+- ``prove(name)``, ``prove_all()``, ``ProofResult``
+- ``sample_inputs(name, rng, shapes=None, params=None)``, ``sample_case``, ``domains``
+- ``OPTIMIZERS``, ``step``, ``engine_step``, ``prove_optimizers``
+- ``TARGETPROP_RULES``, ``TARGETPROP_DEFAULTS``, ``prove_targetprop`` (``spec.targetprop``);
+  ``RBM_RULES``, ``prove_rbm`` (``spec.rbm``: contrastive divergence)
+- ``validate_op``, ``validate_registry``; errors ``UnknownOpError``, ``UnknownOptimizerError``,
+  ``RegistryError``
+"""
+from __future__ import annotations
+
+from spec import domains
+from spec.errors import RegistryError, UnknownOpError, UnknownOptimizerError
+from spec.opspec import REQUIRED, Example, Kink, OpSpec, Param
+from spec.registry import validate_op, validate_registry
+from spec.ops import ALL as _ALL_OPS
+
+# The registry, validated at import: a broken entry fails here with a message saying what to fix.
+OPS = validate_registry(_ALL_OPS)
+
+from spec.evaluate import evaluate, evaluate_forward  # noqa: E402
+from spec.samples import sample_case, sample_inputs  # noqa: E402
+from spec.prove import ProofResult, prove, prove_all  # noqa: E402
+from spec.optimizers import (  # noqa: E402
+    OPTIMIZERS, OptimizerSpec, engine_step, prove_optimizers, step,
+)
+from spec.targetprop import TARGETPROP_DEFAULTS, TARGETPROP_RULES, prove_targetprop  # noqa: E402
+from spec.rbm import RBM_RULES, prove_rbm  # noqa: E402
+
+__all__ = [
+    "OPS", "OpSpec", "Param", "Example", "Kink", "REQUIRED", "domains",
+    "evaluate", "evaluate_forward", "sample_inputs", "sample_case",
+    "prove", "prove_all", "ProofResult",
+    "OPTIMIZERS", "OptimizerSpec", "step", "engine_step", "prove_optimizers",
+    "TARGETPROP_RULES", "TARGETPROP_DEFAULTS", "prove_targetprop", "RBM_RULES", "prove_rbm",
+    "validate_op", "validate_registry", "UnknownOpError", "UnknownOptimizerError", "RegistryError",
+]

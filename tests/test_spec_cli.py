@@ -1,0 +1,106 @@
+"""`verigrad spec` and `verigrad conform` (the spec part): output and exit codes."""
+import io
+
+import pytest
+
+import spec
+from reports.cli import main
+from reports.commands.conform import ProgressLine, format_table
+
+
+def test_spec_list_shows_every_op_and_optimizer(capsys):
+    assert main(["spec", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in list(spec.OPS) + list(spec.OPTIMIZERS):
+        assert f"| {name} " in out
+    assert "ties go to the first argument" in out       # kinks
+    assert "axis=None, keepdims=False" in out              # params with defaults
+    assert "target: class_index (nd)" in out               # domains, non-differentiable marked
+    assert "NAG engine form" in out
+
+
+def test_spec_prove_named_ops_and_optimizers(capsys):
+    assert main(["spec", "--prove", "tanh", "maximum", "adam", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "| op        | tanh    | symbolic |" in out
+    assert "| op        | maximum | sampling |" in out
+    assert "| optimizer | Adam    | symbolic |" in out
+    assert "x(3,); x(2, 2); x()" in out                     # shapes tried
+    assert "all 3 proven" in out
+
+
+def test_spec_prove_fails_with_exit_1(monkeypatch, capsys):
+    failing = spec.ProofResult(op="tanh", ok=False, method="sampling", shapes=("x(3,)",),
+                               seconds=0.1, detail="VJP for 'x' differs")
+    monkeypatch.setattr(spec, "prove", lambda name: failing)
+    assert main(["spec", "--prove", "tanh", "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: VJP for 'x' differs" in out and "FAILED: tanh" in out
+
+
+def test_spec_unknown_name_and_missing_option_exit_2(capsys):
+    assert main(["spec", "--prove", "tahn"]) == 2
+    assert "did you mean 'tanh'" in capsys.readouterr().err
+    assert main(["spec"]) == 2
+    assert "--list or --prove" in capsys.readouterr().err
+
+
+def _stub(ok_ops=True):
+    def prove(name):
+        return spec.ProofResult(op=name, ok=ok_ops or name != "relu", method="symbolic",
+                                shapes=("x(3,)", "x(2, 2)"), seconds=0.01, detail="planted")
+
+    def prove_optimizers(names):
+        return [spec.ProofResult(op=n, ok=True, method="symbolic", shapes=("3 steps",),
+                                 seconds=0.01, detail="equal") for n in names]
+    return prove, prove_optimizers
+
+
+def test_conform_runs_every_proof_and_prints_a_table(monkeypatch, capsys):
+    prove, prove_optimizers = _stub()
+    monkeypatch.setattr(spec, "prove", prove)
+    monkeypatch.setattr(spec, "prove_optimizers", prove_optimizers)
+    assert main(["conform"]) == 0
+    captured = capsys.readouterr()
+    rows = [line for line in captured.out.splitlines() if line.startswith("| op ")
+            or line.startswith("| optimizer ")]
+    assert len(rows) == len(spec.OPS) + len(spec.OPTIMIZERS)
+    assert f"all {len(rows)} proven" in captured.out
+    # Off a terminal the progress display is one final line on stderr.
+    assert captured.err.strip().splitlines()[-1].startswith(f"proved {len(rows)}/{len(rows)}")
+
+
+def test_conform_exits_1_on_a_failed_proof(monkeypatch, capsys):
+    prove, prove_optimizers = _stub(ok_ops=False)
+    monkeypatch.setattr(spec, "prove", prove)
+    monkeypatch.setattr(spec, "prove_optimizers", prove_optimizers)
+    assert main(["conform", "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    assert "FAILED: 1 of" in captured.out and "(relu)" in captured.out
+    assert captured.err == ""
+
+
+def test_format_table_aligns_and_escapes():
+    table = format_table(("a", "bb"), [("x|y", 1), ("long cell", 22)])
+    lines = table.splitlines()
+    assert len({len(line) for line in lines}) == 1
+    assert "x\\|y" in lines[2]
+
+
+def test_progress_line_rewrites_in_place_on_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    stream = Tty()
+    p = ProgressLine(stream)
+    p.update("[1/2] long name ...")
+    p.update("[2/2] b")
+    p.finish("done")
+    text = stream.getvalue()
+    assert text.count("\r") == 3 and text.endswith("done" + " " * (len("[2/2] b") - 4) + "\n")
+
+
+@pytest.mark.slow
+def test_conform_end_to_end_proves_everything(capsys):
+    assert main(["conform", "--no-progress"]) == 0
+    assert "proven" in capsys.readouterr().out
