@@ -1,0 +1,366 @@
+"""The fast layer protocol: parameters by name, initialisation, history capture, backward.
+
+Every fastlib layer is a ``Layer``. It owns a dict of named parameter arrays of one float dtype
+(float32 by default, float64 on request) and implements
+
+- ``forward(x)``: the unchecked forward. It records the layer's history, the input it received
+  and its pre-activation (Loom's ``histIn`` / ``histPre``), plus whatever else the backward
+  needs, so that backward needs no tape;
+- ``backward(grad_out, need_input_grad=True) -> (grad_in, grads)``: gradients from the history
+  of the last forward; ``grads`` is keyed like ``parameters()``;
+- ``infer_shape(shape) -> shape``: the output shape for an input shape, raising a clear
+  ``ValueError`` naming the layer and both shapes when the input does not fit.
+
+``model(x)`` is the public entry: it validates ``x`` once (dtype, finiteness, every layer's
+shape through ``infer_shape``) and then runs the unchecked ``forward``, so nested calls never
+re-validate. A training loop that validated its whole dataset up front may call
+``model.forward(x)`` on its batches directly.
+
+Outputs are the layers' own history arrays (no copy per call): modify them in place only after
+``backward``, or copy them first.
+
+Parameter layouts and config dicts are those of ``reflib.models`` (DESIGN.md,
+docs/CONTRACTS.md), and so are the initial draws: the same seed gives the same values (drawn in
+float64, then rounded to the layer's dtype).
+"""
+from __future__ import annotations
+
+import difflib
+import numbers
+
+import numpy as np
+
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+# NOTE: "relu-family" for He initialisation is exactly relu and leaky_relu, as in reflib.models,
+# so that one seed gives both engines the same initial parameters.
+RELU_FAMILY = frozenset({"relu", "leaky_relu"})
+
+
+def close_matches(name, options):
+    """A ``"; did you mean ...?"`` suffix for an unknown ``name`` among ``options``."""
+    found = difflib.get_close_matches(str(name), [str(o) for o in options], n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(repr(f) for f in found)}?" if found else ""
+
+
+def check_dtype(dtype, owner):
+    """The layer dtype as a numpy dtype: float32 or float64, else a TypeError."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"{owner}: dtype must be float32 or float64, got {dtype!r}") from exc
+    if resolved not in _FLOAT_DTYPES:
+        raise TypeError(f"{owner}: dtype must be float32 or float64, got {resolved}; pass "
+                        "dtype=np.float32 (fast default) or dtype=np.float64")
+    return resolved
+
+
+def make_rng(seed=None, rng=None):
+    """The generator to draw from.
+
+    Parameters
+    ----------
+    seed : int, numpy.random.Generator or None
+        An int seeds ``numpy.random.default_rng``; a Generator is used as is (and advanced);
+        None means seed 0, so initialisation is reproducible unless a generator is passed.
+    rng : numpy.random.Generator or None
+        Same as passing the generator as ``seed`` (reflib's spelling); not both.
+    """
+    if rng is not None:
+        if seed is not None:
+            raise ValueError("pass either seed= or rng=, not both")
+        seed = rng
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None:
+        return np.random.default_rng(0)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int or a numpy.random.Generator, got "
+                        f"{type(seed).__name__}; use seed=0 or numpy.random.default_rng(0)")
+    return np.random.default_rng(int(seed))
+
+
+def he_normal(rng, shape):
+    """He (Kaiming) normal: N(0, 2 / fan_in) with fan_in = shape[0] (``y = x @ W``)."""
+    return rng.standard_normal(shape) * np.sqrt(2.0 / shape[0])
+
+
+def xavier_uniform(rng, shape):
+    """Xavier (Glorot) uniform: U(-a, a) with a = sqrt(6 / (shape[0] + shape[1]))."""
+    limit = np.sqrt(6.0 / (shape[0] + shape[1]))
+    return rng.uniform(-limit, limit, size=shape)
+
+
+def check_positive_int(value, what, owner):
+    """A size argument of a layer constructor as an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner}: {what} must be a positive int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{owner}: {what} must be >= 1, got {value}")
+    return int(value)
+
+
+def check_bool(value, what, owner):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{owner}: {what} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_eps(value, owner):
+    """A normalisation epsilon: a positive finite float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: eps must be a positive float, got {value!r}")
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{owner}: eps must be positive and finite, got {value!r}")
+    return float(value)
+
+
+def require_last(shape, last, owner, what="features", ndim=None):
+    """Check an input shape's rank and last axis; raise a ValueError naming both shapes."""
+    if ndim is not None and len(shape) != ndim:
+        expected = {3: "(batch, seq, features)", 2: "(batch, features)"}.get(ndim, f"{ndim}-D")
+        raise ValueError(f"{owner}: expected a {ndim}-D input {expected} with {last} {what}, "
+                         f"got shape {tuple(shape)}")
+    if len(shape) == 0 or shape[-1] != last:
+        raise ValueError(f"{owner}: input's last axis must have {last} {what}, got shape "
+                         f"{tuple(shape)} (expected (..., {last}))")
+
+
+class Layer:
+    """Base of every fastlib layer and container.
+
+    Subclasses set ``_params`` (local name -> array, in declaration order) or ``_children``, and
+    implement ``forward``, ``backward``, ``infer_shape`` and ``get_config``.
+
+    Attributes
+    ----------
+    dtype : numpy.dtype
+        float32 or float64; parameters, activations and gradients are of this dtype.
+    hist_in, hist_pre : ndarray or None
+        The input of the last forward and its pre-activation (None before the first forward,
+        and ``hist_pre`` None for layers without one).
+    """
+
+    _children: tuple = ()
+    #: True for layers whose input is integer indices (Embedding).
+    takes_indices = False
+
+    def __init__(self, dtype=np.float32):
+        self.dtype = check_dtype(dtype, type(self).__name__)
+        self._params = {}
+        self.hist_in = None
+        self.hist_pre = None
+        self._out_shape = None  # shape of the last forward's output, checked by backward
+
+    # -- parameters ---------------------------------------------------------------------------
+    def parameters(self):
+        """Every parameter keyed by dotted name, depth first, in declaration order.
+
+        Returns
+        -------
+        dict[str, numpy.ndarray]
+            The model's own arrays (writing into them changes the model).
+        """
+        out = dict(self._params)
+        for i, child in enumerate(self._children):
+            for name, value in child.parameters().items():
+                out[f"{i}.{name}"] = value
+        return out
+
+    def reset_parameters(self, seed=None, rng=None):
+        """Re-draw every parameter from one generator, this layer first, then children in order.
+
+        The arrays are refilled in place, so views from ``parameters()`` stay valid.
+        """
+        gen = make_rng(seed, rng)
+        fresh = {name: np.asarray(v, dtype=self.dtype) for name, v in
+                 self._init_parameters(gen).items()}
+        if self._params and self._params.keys() == fresh.keys():
+            for name, value in fresh.items():
+                np.copyto(self._params[name], value)
+        else:
+            self._params = {name: np.ascontiguousarray(v) for name, v in fresh.items()}
+        for child in self._children:
+            child.reset_parameters(rng=gen)
+
+    def _init_parameters(self, rng):
+        """Return ``{name: float64 array}`` drawn from ``rng`` in declaration order."""
+        return {}
+
+    def _set_dtype(self, dtype):
+        """Convert every parameter (and every child) to ``dtype``; used by containers."""
+        self.dtype = check_dtype(dtype, type(self).__name__)
+        self._params = {k: np.ascontiguousarray(v, dtype=self.dtype)
+                        for k, v in self._params.items()}
+        for child in self._children:
+            child._set_dtype(self.dtype)
+
+    def load_parameters(self, params, strict=True):
+        """Copy values into the parameters (in place: existing views see the new values).
+
+        Parameters
+        ----------
+        params : Mapping[str, array_like]
+            Keyed like ``parameters()``; values are converted to the model's dtype.
+        strict : bool
+            When True (default) every parameter must be given; unknown names are always an error.
+        """
+        if not hasattr(params, "items"):
+            raise TypeError(f"load_parameters expects a dict of arrays, got "
+                            f"{type(params).__name__}")
+        current = self.parameters()
+        owner = type(self).__name__
+        for name in params:
+            if name not in current:
+                raise ValueError(f"{owner}.load_parameters: unknown parameter name {name!r}"
+                                 f"{close_matches(name, current)}; expected names: "
+                                 f"{sorted(current)}")
+        missing = [k for k in current if k not in params]
+        if strict and missing:
+            raise ValueError(f"{owner}.load_parameters: missing parameters {missing}; pass every "
+                             "name of parameters() or use strict=False")
+        staged = {}
+        for name, value in params.items():
+            arr = np.asarray(value)
+            if arr.dtype.kind not in "fiu":
+                raise TypeError(f"{owner}.load_parameters: parameter {name!r} has dtype "
+                                f"{arr.dtype}; expected a real array")
+            if arr.shape != current[name].shape:
+                raise ValueError(f"{owner}.load_parameters: parameter {name!r} has shape "
+                                 f"{arr.shape}, expected {current[name].shape}; check the layer "
+                                 "sizes in the config")
+            if not np.all(np.isfinite(arr)):
+                raise ValueError(f"{owner}.load_parameters: parameter {name!r} contains NaN or "
+                                 "Inf")
+            staged[name] = arr
+        for name, arr in staged.items():  # all checked first: a failed load changes nothing
+            np.copyto(current[name], arr, casting="unsafe")
+
+    def num_parameters(self):
+        """Total number of scalar parameters."""
+        return int(sum(v.size for v in self.parameters().values()))
+
+    # -- the public forward -------------------------------------------------------------------
+    def __call__(self, x):
+        """Validate ``x`` once, then run the forward (recording history for ``backward``).
+
+        Parameters
+        ----------
+        x : array_like
+            The input batch, of this layer's dtype (a float input of the other precision is
+            converted); integer indices for a model that starts with ``Embedding``.
+
+        Returns
+        -------
+        ndarray
+        """
+        return self.forward(self.check_input(x))
+
+    def check_input(self, x):
+        """Return ``x`` as the array ``forward`` expects, or raise a clear error.
+
+        Checks the dtype (TypeError), NaN/Inf (ValueError), and every layer's shape
+        (``infer_shape``, ValueError naming the layer and both shapes).
+        """
+        owner = type(self).__name__
+        arr = np.asarray(x)
+        if self.takes_indices:
+            if arr.dtype.kind == "b" or arr.dtype.kind not in "fiu":
+                raise TypeError(f"{owner}: expects integer indices, got dtype {arr.dtype}")
+        else:
+            if arr.dtype.kind not in "f":
+                hint = f"x.astype(np.{self.dtype.name})"
+                raise TypeError(f"{owner}: expects a floating-point input of dtype {self.dtype}, "
+                                f"got {arr.dtype} with shape {arr.shape}; cast it with {hint}")
+            if arr.dtype != self.dtype:
+                # NOTE: a float input of the other precision is converted to the model's dtype
+                # (what Keras does); the kernels then run in one dtype throughout.
+                arr = arr.astype(self.dtype)
+            if not np.isfinite(arr).all():
+                bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+                raise ValueError(f"{owner}: input contains NaN or Inf (first at index {bad}, "
+                                 f"value {arr[bad]}); clean or rescale the data first")
+        if arr.ndim == 0 or arr.size == 0:
+            raise ValueError(f"{owner}: input of shape {arr.shape} is empty or a scalar; pass a "
+                             "batch with at least one example")
+        self.infer_shape(arr.shape)
+        return np.ascontiguousarray(arr)  # the kernels are compiled for C-contiguous arrays
+
+    # -- the protocol -------------------------------------------------------------------------
+    def forward(self, x):
+        """Unchecked forward on an array that ``check_input`` accepted; records history."""
+        raise NotImplementedError(f"{type(self).__name__} must implement forward")
+
+    def backward(self, grad_out, need_input_grad=True):
+        """Gradients from the history of the last forward.
+
+        Parameters
+        ----------
+        grad_out : ndarray
+            Cotangent of the output, of the output's shape and the layer's dtype.
+        need_input_grad : bool
+            False skips the input gradient (the first layer of a model) and returns None.
+
+        Returns
+        -------
+        grad_in : ndarray or None
+        grads : dict[str, ndarray]
+            Keyed like ``parameters()``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement backward")
+
+    def infer_shape(self, shape):
+        """Output shape for input ``shape``; ValueError when the input does not fit."""
+        raise NotImplementedError(f"{type(self).__name__} must implement infer_shape")
+
+    def get_config(self):
+        """Architecture as a plain dict with a ``"type"`` key (``fastlib.layers.from_config``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement get_config")
+
+    # -- widths known without an input, for container checks at construction ------------------
+    @property
+    def in_width(self):
+        """Size of the input's last axis this layer requires, or None when any size fits."""
+        return None
+
+    def out_width(self, in_width):
+        """Size of the output's last axis for an input last axis ``in_width`` (None: unknown)."""
+        return in_width
+
+    # -- misc ---------------------------------------------------------------------------------
+    def _cotangent(self, grad_out):
+        """``grad_out`` as a C-contiguous array of the layer's dtype, of the output's shape.
+
+        A shape check is one tuple comparison; without it a wrong cotangent would be read out
+        of bounds by a kernel.
+        """
+        if self._out_shape is None:
+            self._history("hist_in")
+        g = np.ascontiguousarray(grad_out, dtype=self.dtype)
+        if g.shape != self._out_shape:
+            raise ValueError(f"{type(self).__name__}.backward: grad_out has shape {g.shape} but "
+                             f"the last forward's output has shape {self._out_shape}; pass the "
+                             "cotangent of that output")
+        return g
+
+    def _history(self, attr_name):
+        value = getattr(self, attr_name)
+        if value is None:
+            raise RuntimeError(f"{type(self).__name__}.backward called before forward: run "
+                               "model(x) (or forward) first, backward uses its history")
+        return value
+
+    def save(self, path):
+        """Save architecture and weights to ``path`` (``fastlib.io.save_model``)."""
+        from fastlib.io import save_model
+
+        return save_model(self, path)
+
+    def __repr__(self):
+        cfg = {k: v for k, v in self.get_config().items() if k not in ("type", "layers")}
+        args = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
+        if self._children:
+            inner = ", ".join(repr(c) for c in self._children)
+            return f"{type(self).__name__}([{inner}]{', ' if args else ''}{args})"
+        return f"{type(self).__name__}({args})"
+

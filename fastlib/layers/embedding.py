@@ -1,0 +1,77 @@
+"""Embedding: a lookup table from integer indices of any shape to ``indices.shape + (dim,)``."""
+from __future__ import annotations
+
+import numpy as np
+
+from fastlib.kernels import dense as kernels
+from fastlib.layers.base import Layer, check_positive_int, xavier_uniform
+
+
+class Embedding(Layer):
+    """``y = weight[indices]``; the weight gradient scatter-adds the output rows (repeats sum).
+
+    Parameters
+    ----------
+    num, dim : int
+        ``weight (num, dim)``, Xavier-uniform with fan_in = num, fan_out = dim (as reflib).
+    dtype, seed, rng :
+        As for ``Dense``.
+
+    Input: integer indices (or floats holding whole numbers) in ``[0, num)``, any shape; it has
+    no gradient, so ``backward`` returns None for it.
+    """
+
+    takes_indices = True
+
+    def __init__(self, num, dim, *, dtype=np.float32, seed=None, rng=None):
+        super().__init__(dtype)
+        self.num = check_positive_int(num, "num", "Embedding")
+        self.dim = check_positive_int(dim, "dim", "Embedding")
+        self.reset_parameters(seed, rng)
+
+    def _init_parameters(self, rng):
+        return {"weight": xavier_uniform(rng, (self.num, self.dim))}
+
+    def out_width(self, in_width):
+        return self.dim
+
+    def infer_shape(self, shape):
+        return tuple(shape) + (self.dim,)
+
+    def indices(self, values):
+        """``values`` as int64 indices, checked: whole numbers in ``[0, num)``.
+
+        NOTE: checked on every forward (a min/max, cheap next to the gather), since an
+        out-of-range negative index would otherwise wrap around silently.
+        """
+        arr = np.asarray(values)
+        if arr.dtype.kind == "b" or arr.dtype.kind not in "iuf":
+            raise TypeError(f"Embedding: indices must be integers, got dtype {arr.dtype}")
+        if arr.dtype.kind == "f":
+            whole = np.isfinite(arr) & (arr == np.round(arr))
+            if not whole.all():
+                at = tuple(int(i) for i in np.argwhere(~whole)[0])
+                raise ValueError(f"Embedding: indices must be whole numbers, got {arr[at]} at "
+                                 f"{at} (pass integer token ids, not embeddings)")
+        idx = arr.astype(np.int64, copy=False)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num):
+            bad = idx[(idx < 0) | (idx >= self.num)].reshape(-1)[0]
+            raise ValueError(f"Embedding: index {bad} out of range [0, {self.num}); check the "
+                             "vocabulary size (num)")
+        return idx
+
+    def forward(self, x):
+        idx = self.indices(x)
+        self.hist_in, self.hist_pre = idx, None
+        self._out_shape = idx.shape + (self.dim,)
+        return self._params["weight"][idx]
+
+    def backward(self, grad_out, need_input_grad=True):
+        g = self._cotangent(grad_out).reshape(-1, self.dim)
+        idx = self.hist_in
+        dw = np.empty_like(self._params["weight"])
+        kernels.embedding_backward(idx.reshape(-1), g, dw)
+        return None, {"weight": dw}
+
+    def get_config(self):
+        return {"type": "Embedding", "num": self.num, "dim": self.dim}

@@ -1,0 +1,170 @@
+"""Normalisation layers over the last axis: LayerNorm, RMSNorm, and the Softmax layer."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from fastlib.kernels import dense as kernels
+from fastlib.layers.base import Layer, check_eps, check_positive_int, make_rng, require_last
+from fastlib.layers.dense import as_matrix
+
+
+class LayerNorm(Layer):
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis (biased variance).
+
+    Parameters
+    ----------
+    d : int
+        Size of the last axis; ``weight (d,)`` starts at ones, ``bias (d,)`` at zeros.
+    eps : float, default 1e-5
+    dtype, seed, rng :
+        As for ``Dense`` (nothing is drawn; accepted for a uniform signature).
+    """
+
+    def __init__(self, d, eps=1e-5, *, dtype=np.float32, seed=None, rng=None):
+        super().__init__(dtype)
+        self.d = check_positive_int(d, "d", "LayerNorm")
+        self.eps = check_eps(eps, "LayerNorm")
+        self.reset_parameters(seed, rng)
+
+    def _init_parameters(self, rng):
+        return {"weight": np.ones(self.d), "bias": np.zeros(self.d)}
+
+    @property
+    def in_width(self):
+        return self.d
+
+    def out_width(self, in_width):
+        return self.d
+
+    def infer_shape(self, shape):
+        require_last(shape, self.d, f"LayerNorm({self.d})")
+        return tuple(shape)
+
+    def forward(self, x):
+        x2 = as_matrix(x, self.d)
+        xhat, y = np.empty_like(x2), np.empty_like(x2)
+        rstd = np.empty(x2.shape[0], dtype=self.dtype)
+        kernels.layer_norm_forward(x2, self._params["weight"], self._params["bias"], self.eps,
+                                   xhat, rstd, y)
+        self.hist_in, self.hist_pre = x, xhat
+        self._rstd = rstd
+        self._out_shape = x.shape
+        return y.reshape(x.shape)
+
+    def backward(self, grad_out, need_input_grad=True):
+        g = as_matrix(self._cotangent(grad_out), self.d)
+        x = self.hist_in
+        dx = np.empty_like(g)
+        dw = np.empty(self.d, dtype=self.dtype)
+        db = np.empty(self.d, dtype=self.dtype)
+        kernels.layer_norm_backward(g, self.hist_pre, self._rstd, self._params["weight"], dx,
+                                    dw, db)
+        return (dx.reshape(x.shape) if need_input_grad else None), {"weight": dw, "bias": db}
+
+    def get_config(self):
+        return {"type": "LayerNorm", "d": self.d, "eps": self.eps}
+
+
+class RMSNorm(Layer):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis; ``weight (d,)`` starts at 1.
+
+    Parameters
+    ----------
+    d : int
+    eps : float, default 1e-6
+    dtype, seed, rng :
+        As for ``LayerNorm``.
+    """
+
+    def __init__(self, d, eps=1e-6, *, dtype=np.float32, seed=None, rng=None):
+        super().__init__(dtype)
+        self.d = check_positive_int(d, "d", "RMSNorm")
+        self.eps = check_eps(eps, "RMSNorm")
+        self.reset_parameters(seed, rng)
+
+    def _init_parameters(self, rng):
+        return {"weight": np.ones(self.d)}
+
+    @property
+    def in_width(self):
+        return self.d
+
+    def out_width(self, in_width):
+        return self.d
+
+    def infer_shape(self, shape):
+        require_last(shape, self.d, f"RMSNorm({self.d})")
+        return tuple(shape)
+
+    def forward(self, x):
+        x2 = as_matrix(x, self.d)
+        y = np.empty_like(x2)
+        rinv = np.empty(x2.shape[0], dtype=self.dtype)
+        kernels.rms_norm_forward(x2, self._params["weight"], self.eps, rinv, y)
+        self.hist_in, self.hist_pre = x, rinv
+        self._out_shape = x.shape
+        return y.reshape(x.shape)
+
+    def backward(self, grad_out, need_input_grad=True):
+        g = as_matrix(self._cotangent(grad_out), self.d)
+        x = self.hist_in
+        dx = np.empty_like(g)
+        dw = np.empty(self.d, dtype=self.dtype)
+        kernels.rms_norm_backward(g, as_matrix(x, self.d), self.hist_pre, self._params["weight"],
+                                  dx, dw)
+        return (dx.reshape(x.shape) if need_input_grad else None), {"weight": dw}
+
+    def get_config(self):
+        return {"type": "RMSNorm", "d": self.d, "eps": self.eps}
+
+
+class Softmax(Layer):
+    """``softmax(x, axis)`` through the maximum along ``axis``; no parameters.
+
+    Parameters
+    ----------
+    axis : int, default -1
+    dtype, seed, rng :
+        As for ``Dense`` (nothing is drawn).
+    """
+
+    def __init__(self, axis=-1, *, dtype=np.float32, seed=None, rng=None):
+        super().__init__(dtype)
+        if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+            raise TypeError(f"Softmax: axis must be an int, got {axis!r}")
+        self.axis = int(axis)
+        make_rng(seed, rng)  # validated for a uniform signature; nothing to draw
+
+    def infer_shape(self, shape):
+        if not -len(shape) <= self.axis < len(shape):
+            raise ValueError(f"Softmax: axis {self.axis} out of range for input of "
+                             f"{len(shape)} dimensions (shape {tuple(shape)})")
+        return tuple(shape)
+
+    def forward(self, x):
+        if self.axis in (-1, x.ndim - 1):
+            x2 = as_matrix(np.ascontiguousarray(x), x.shape[-1])
+            y = np.empty_like(x2)
+            kernels.softmax_rows(x2, y)
+            y = y.reshape(x.shape)
+        else:
+            shifted = x - x.max(axis=self.axis, keepdims=True)
+            e = np.exp(shifted)
+            y = e / e.sum(axis=self.axis, keepdims=True)
+        self.hist_in, self.hist_pre = x, None
+        self._out = y
+        self._out_shape = y.shape
+        return y
+
+    def backward(self, grad_out, need_input_grad=True):
+        g = self._cotangent(grad_out)
+        y = self._out
+        if not need_input_grad:
+            return None, {}
+        # NOTE: the softmax Jacobian-vector product y * (g - sum(g * y)) along the axis
+        return y * (g - (g * y).sum(axis=self.axis, keepdims=True)), {}
+
+    def get_config(self):
+        return {"type": "Softmax", "axis": self.axis}

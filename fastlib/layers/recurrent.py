@@ -1,0 +1,170 @@
+"""RNN (tanh) and LSTM (gates i, f, g, o) over ``(batch, seq, features)``; h0 = c0 = 0.
+
+Each layer does its input projection for all steps as one GEMM, runs the recurrence in a fused
+Numba kernel (``fastlib.kernels.recurrent``), and forms every weight gradient with one GEMM over
+the whole sequence. Internally the sequence is time-major ``(T, B, ...)`` so each step is a
+contiguous block.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fastlib.kernels import recurrent as kernels
+from fastlib.layers.base import Layer, check_bool, check_positive_int, xavier_uniform
+
+
+class _Recurrent(Layer):
+    """Shared shell of RNN and LSTM: sizes, shapes, layout changes and the GEMMs."""
+
+    _gates = 1  # columns of w_ih per hidden unit (LSTM: 4)
+
+    def __init__(self, input_size, hidden_size, return_sequences=False, *, dtype=np.float32,
+                 seed=None, rng=None):
+        super().__init__(dtype)
+        owner = type(self).__name__
+        self.input_size = check_positive_int(input_size, "input_size", owner)
+        self.hidden_size = check_positive_int(hidden_size, "hidden_size", owner)
+        self.return_sequences = check_bool(return_sequences, "return_sequences", owner)
+        self.reset_parameters(seed, rng)
+
+    def _init_parameters(self, rng):
+        i, h, k = self.input_size, self.hidden_size, self._gates
+        return {"w_ih": xavier_uniform(rng, (i, k * h)), "w_hh": xavier_uniform(rng, (h, k * h)),
+                "b": np.zeros(k * h)}
+
+    @property
+    def in_width(self):
+        return self.input_size
+
+    def out_width(self, in_width):
+        return self.hidden_size
+
+    def infer_shape(self, shape):
+        owner = f"{type(self).__name__}({self.input_size}, {self.hidden_size})"
+        if len(shape) != 3 or shape[-1] != self.input_size:
+            raise ValueError(f"{owner}: expected input (batch, seq, features) = (batch, seq, "
+                             f"{self.input_size}), got shape {tuple(shape)}")
+        if shape[1] < 1:
+            raise ValueError(f"{owner}: the sequence is empty (shape {tuple(shape)}); pass at "
+                             "least one time step")
+        if self.return_sequences:
+            return (shape[0], shape[1], self.hidden_size)
+        return (shape[0], self.hidden_size)
+
+    def get_config(self):
+        return {"type": type(self).__name__, "input_size": self.input_size,
+                "hidden_size": self.hidden_size, "return_sequences": self.return_sequences}
+
+    # -- shared pieces ------------------------------------------------------------------------
+    def _project(self, x):
+        """Time-major input ``(T*B, I)`` and its projections ``(T, B, k*H)`` (bias added)."""
+        batch, steps, _ = x.shape
+        xt = np.ascontiguousarray(x.transpose(1, 0, 2)).reshape(steps * batch, self.input_size)
+        xw = np.dot(xt, self._params["w_ih"])
+        xw += self._params["b"]
+        return xt, xw.reshape(steps, batch, -1)
+
+    def _output(self, hs):
+        """(T, B, H) states -> the layer output (last state, or batch-major sequence)."""
+        out = np.ascontiguousarray(hs.transpose(1, 0, 2)) if self.return_sequences \
+            else hs[-1].copy()
+        self._out_shape = out.shape
+        return out
+
+    def _output_cotangent(self, grad_out, steps, batch):
+        """The layer's output cotangent as time-major per-step cotangents ``(T, B, H)``."""
+        g = self._cotangent(grad_out)
+        if self.return_sequences:
+            return np.ascontiguousarray(g.transpose(1, 0, 2))
+        dhs = np.zeros((steps, batch, self.hidden_size), dtype=self.dtype)
+        dhs[-1] = g
+        return dhs
+
+    def _weight_grads(self, xt, hs, dz, need_input_grad, batch):
+        """Gradients of w_ih, w_hh, b and x from the pre-activation cotangents ``dz``."""
+        steps = hs.shape[0]
+        width = dz.shape[2]
+        dz2 = dz.reshape(steps * batch, width)
+        h_prev = hs[:-1].reshape((steps - 1) * batch, self.hidden_size)
+        grads = {"w_ih": np.dot(xt.T, dz2),
+                 "w_hh": np.dot(h_prev.T, dz2[batch:]),
+                 "b": dz2.sum(axis=0, dtype=np.float64).astype(self.dtype)}
+        if not need_input_grad:
+            return None, grads
+        dx = np.dot(dz2, self._params["w_ih"].T).reshape(steps, batch, self.input_size)
+        return np.ascontiguousarray(dx.transpose(1, 0, 2)), grads
+
+
+class RNN(_Recurrent):
+    """Elman RNN: ``h_t = tanh(x_t @ w_ih + h_{t-1} @ w_hh + b)``, ``h_0 = 0``.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        ``w_ih (input_size, hidden_size)``, ``w_hh (hidden_size, hidden_size)`` (Xavier-uniform,
+        in that order), ``b (hidden_size,)`` zeros.
+    return_sequences : bool, default False
+        False: the last state ``(batch, hidden)``; True: every state ``(batch, seq, hidden)``.
+    dtype, seed, rng :
+        As for ``Dense``.
+    """
+
+    _gates = 1
+
+    def forward(self, x):
+        xt, xw = self._project(x)
+        hs = np.empty_like(xw)
+        kernels.rnn_forward(xw, self._params["w_hh"], hs)
+        self.hist_in, self.hist_pre = x, xw
+        self._cache = (xt, hs)
+        return self._output(hs)
+
+    def backward(self, grad_out, need_input_grad=True):
+        x = self._history("hist_in")
+        xt, hs = self._cache
+        steps, batch = hs.shape[0], hs.shape[1]
+        dhs = self._output_cotangent(grad_out, steps, batch)
+        dpre = np.empty_like(hs)
+        kernels.rnn_backward(dhs, hs, np.ascontiguousarray(self._params["w_hh"].T), dpre)
+        return self._weight_grads(xt, hs, dpre, need_input_grad, x.shape[0])
+
+
+class LSTM(_Recurrent):
+    """LSTM: gates ``x_t @ w_ih + h_{t-1} @ w_hh + b`` split i, f, g, o (H columns each).
+
+    ``i, f, o = sigmoid``, ``g = tanh``, ``c_t = f c_{t-1} + i g``, ``h_t = o tanh(c_t)``,
+    ``h_0 = c_0 = 0``.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        ``w_ih (input_size, 4H)``, ``w_hh (H, 4H)`` (Xavier-uniform, in that order), ``b (4H,)``
+        zeros (no forget-gate offset, as reflib).
+    return_sequences : bool, default False
+    dtype, seed, rng :
+        As for ``Dense``.
+    """
+
+    _gates = 4
+
+    def forward(self, x):
+        xt, xw = self._project(x)
+        steps, batch, _ = xw.shape
+        gates = np.empty_like(xw)
+        cs = np.empty((steps, batch, self.hidden_size), dtype=self.dtype)
+        tcs = np.empty_like(cs)
+        hs = np.empty_like(cs)
+        kernels.lstm_forward(xw, self._params["w_hh"], gates, cs, tcs, hs)
+        self.hist_in, self.hist_pre = x, xw
+        self._cache = (xt, gates, cs, tcs, hs)
+        return self._output(hs)
+
+    def backward(self, grad_out, need_input_grad=True):
+        x = self._history("hist_in")
+        xt, gates, cs, tcs, hs = self._cache
+        steps, batch = hs.shape[0], hs.shape[1]
+        dhs = self._output_cotangent(grad_out, steps, batch)
+        dz = np.empty_like(gates)
+        kernels.lstm_backward(dhs, gates, cs, tcs, np.ascontiguousarray(self._params["w_hh"].T),
+                              dz)
+        return self._weight_grads(xt, hs, dz, need_input_grad, x.shape[0])
