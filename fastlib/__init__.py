@@ -27,6 +27,11 @@ _EXPORTS = {
     "TrainingHistorySH": "fastlib.train", "register_algorithm": "fastlib.train",
     # saving
     "load": "fastlib.io",
+    # Target Propagation and contrastive divergence
+    "TargetPropConfig": "fastlib.targetprop", "TargetPropState": "fastlib.targetprop",
+    "targetprop_forward": "fastlib.targetprop", "targetprop_backward": "fastlib.targetprop",
+    "apply_targetprop_gaps": "fastlib.targetprop",
+    "RBM": "fastlib.rbm", "cd_gradients": "fastlib.rbm",
 }
 _SUBMODULES = ("ops", "tape", "layers", "grad", "losses", "optim", "train", "datasets", "io",
                "kernels", "config", "cuda", "targetprop", "rbm")

@@ -16,6 +16,10 @@ _EXPORTS = {
     "Softmax": "reflib.models", "Sequential": "reflib.models", "Parallel": "reflib.models",
     "from_config": "reflib.models",
     "value_and_grad": "reflib.train", "train_step": "reflib.train",
+    "TargetPropConfig": "reflib.targetprop", "TargetPropState": "reflib.targetprop",
+    "targetprop_forward": "reflib.targetprop", "targetprop_backward": "reflib.targetprop",
+    "apply_targetprop_gaps": "reflib.targetprop",
+    "RBM": "reflib.rbm", "cd_step": "reflib.rbm",
 }
 _SUBMODULES = ("ops", "tape", "program", "models", "losses", "optim", "train", "targetprop", "rbm")
 
