@@ -313,3 +313,21 @@ def test_bad_input_gets_clear_errors():
         rr.cd_step(rbm, np.zeros((2, 3)), np.zeros((1, 2, 2)), k=2)
     with pytest.raises(ValueError, match="missing"):
         rr.cd_step({"weight": np.zeros((3, 2))}, np.zeros((2, 3)), np.zeros((1, 2, 2)))
+
+
+def test_saved_rbm_loads_in_a_fresh_process(tmp_path):
+    """fastlib.load must rebuild an RBM without the caller importing fastlib.rbm first."""
+    import subprocess
+    import sys
+
+    import fastlib.rbm
+    model = fastlib.rbm.RBM(6, 3, dtype=np.float64, seed=1)
+    path = tmp_path / "rbm.npz"
+    model.save(path)
+    code = ("import sys, numpy as np, fastlib; m = fastlib.load(sys.argv[1]); "
+            "print(type(m).__name__, float(np.sum(m.parameters()['weight'])))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    name, total = out.stdout.split()
+    assert name == "RBM"
+    assert float(total) == float(np.sum(model.parameters()["weight"]))

@@ -21,6 +21,7 @@ argument of ``from_config``), as in reflib.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 
 import numpy as np
@@ -37,6 +38,9 @@ from fastlib.layers.swiglu import SwiGLU
 LAYER_TYPES = {cls.__name__: cls for cls in (Dense, RNN, LSTM, MultiHeadAttention, SwiGLU,
                                              LayerNorm, RMSNorm, Embedding, Softmax,
                                              Sequential, Parallel)}
+# Layer types defined outside fastlib.layers register themselves in LAYER_TYPES when their
+# module is imported; this names the module so that a saved model loads in a fresh process.
+_TYPES_ELSEWHERE = {"RBM": "fastlib.rbm"}
 IGNORED_KEYS = frozenset({"dtype"})
 _NOT_CONFIG = ("self", "dtype", "seed", "rng")
 
@@ -75,6 +79,8 @@ def _build(config, where, dtype):
         raise ValueError(f"{where}: config has no 'type' key; expected one of "
                          f"{sorted(LAYER_TYPES)}")
     name = config["type"]
+    if name in _TYPES_ELSEWHERE and name not in LAYER_TYPES:
+        importlib.import_module(_TYPES_ELSEWHERE[name])
     cls = LAYER_TYPES.get(name)
     if cls is None:
         lowered = {k.lower(): k for k in LAYER_TYPES}
