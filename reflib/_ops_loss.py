@@ -1,0 +1,123 @@
+"""Losses: scalar (0-d) outputs, mean reductions, cotangent ``g`` 0-d. Targets follow the
+contracts' formats; the cross-entropies go through log-sum-exp so finite logits never overflow."""
+from __future__ import annotations
+
+import numpy as np
+
+from reflib._ops_common import OpDef, fail, require_domain
+from reflib._ops_reduce import shifted_exp
+
+
+def _same_shape(op, a, b, names):
+    if a.shape != b.shape:
+        fail(op, f"{names[0]} and {names[1]} need the same shape; got {a.shape} and {b.shape}")
+    if a.size == 0:
+        fail(op, f"needs at least one element; got shape {a.shape}")
+
+
+def _logits_2d(op, z):
+    if z.ndim != 2 or z.shape[0] == 0 or z.shape[1] == 0:
+        fail(op, f"logits must be a non-empty 2-D array (N, C); got shape {z.shape}")
+
+
+def mse(F, pred, target):
+    _same_shape("mse", pred, target, ("pred", "target"))
+    d = pred - target
+    return np.sum(d * d) / pred.size
+
+
+def mse_vjp(F, pred, target, out, g):
+    gp = g * 2 * (pred - target) / pred.size
+    return gp, -gp
+
+
+def class_indices(op, target, n, c):
+    """Class indices as an int array (N,): accepts (N, 1) or (N,), int dtype or floats holding ints."""
+    t = np.asarray(target)
+    if t.ndim == 2 and t.shape[1] == 1:
+        t = t[:, 0]
+    if t.ndim != 1 or t.shape[0] != n:
+        fail(op, f"target must hold {n} class indices, shape ({n},) or ({n}, 1); got shape "
+                 f"{np.shape(target)} (for one-hot targets use categorical_cross_entropy)")
+    vals = [float(v) for v in t.flat] if t.dtype.kind in "fO" else None
+    if vals is not None and not all(np.isfinite(v) and v == int(v) for v in vals):
+        fail(op, f"target must hold whole-number class indices; got {t.tolist()}")
+    idx = np.array([int(v) for v in t.flat], dtype=np.int64).reshape(t.shape)
+    bad = (idx < 0) | (idx >= c)
+    if bad.any():
+        fail(op, f"target index {idx[bad][0]} is out of range for {c} classes; use 0 <= target < {c}")
+    return idx
+
+
+def _log_softmax_rows(F, z):
+    zm, _, s = shifted_exp(F, z, (1,))
+    return zm - F.log(s)
+
+
+def cross_entropy(F, logits, target):
+    _logits_2d("cross_entropy", logits)
+    n, c = logits.shape
+    t = class_indices("cross_entropy", target, n, c)
+    return -np.sum(_log_softmax_rows(F, logits)[np.arange(n), t]) / n
+
+
+def cross_entropy_vjp(F, logits, target, out, g):
+    n, c = logits.shape
+    t = class_indices("cross_entropy", target, n, c)
+    p = F.exp(_log_softmax_rows(F, logits))
+    p[np.arange(n), t] = p[np.arange(n), t] - 1  # softmax - onehot
+    return g * p / n, None
+
+
+def categorical_cross_entropy(F, logits, target):
+    _logits_2d("categorical_cross_entropy", logits)
+    _same_shape("categorical_cross_entropy", logits, target, ("logits", "target"))
+    return -np.sum(target * _log_softmax_rows(F, logits)) / logits.shape[0]
+
+
+def categorical_cross_entropy_vjp(F, logits, target, out, g):
+    # d/dz of -(1/N) sum t (z - lse(z)) = (softmax(z) * rowsum(t) - t) / N; holds for any target,
+    # not only rows summing to 1, so the VJP stays exact under perturbation of the target.
+    n = logits.shape[0]
+    ls = _log_softmax_rows(F, logits)
+    gz = g * (F.exp(ls) * np.sum(target, axis=1, keepdims=True) - target) / n
+    return gz, -g * ls / n
+
+
+def binary_cross_entropy(F, p, target):
+    _same_shape("binary_cross_entropy", p, target, ("p", "target"))
+    require_domain(F, "binary_cross_entropy", "p", p, (p > 0) & (p < 1),
+                   "strictly inside (0, 1) (probabilities; for logits use "
+                   "binary_cross_entropy_with_logits)")
+    return -np.sum(target * F.log(p) + (1 - target) * F.log1p(-p)) / p.size
+
+
+def binary_cross_entropy_vjp(F, p, target, out, g):
+    n = p.size
+    gp = g * (p - target) / (p * (1 - p)) / n
+    gt = g * (F.log1p(-p) - F.log(p)) / n
+    return gp, gt
+
+
+def binary_cross_entropy_with_logits(F, logits, target):
+    _same_shape("binary_cross_entropy_with_logits", logits, target, ("logits", "target"))
+    z = logits
+    az = np.where(z < 0, -z, z)
+    return np.sum(np.where(z > 0, z, 0.0) - z * target + F.log1p(F.exp(-az))) / z.size
+
+
+def binary_cross_entropy_with_logits_vjp(F, logits, target, out, g):
+    n = logits.size
+    return g * (F.sigmoid(logits) - target) / n, -g * logits / n
+
+
+OPS = {
+    "mse": OpDef(("pred", "target"), mse, mse_vjp),
+    "cross_entropy": OpDef(("logits", "target"), cross_entropy, cross_entropy_vjp,
+                           class_index=frozenset({"target"})),
+    "categorical_cross_entropy": OpDef(("logits", "target"), categorical_cross_entropy,
+                                       categorical_cross_entropy_vjp),
+    "binary_cross_entropy": OpDef(("p", "target"), binary_cross_entropy, binary_cross_entropy_vjp),
+    "binary_cross_entropy_with_logits": OpDef(("logits", "target"), binary_cross_entropy_with_logits,
+                                              binary_cross_entropy_with_logits_vjp),
+}

@@ -1,0 +1,194 @@
+"""Array arithmetic for the reference engine: float64 NumPy, or object arrays of ``mpmath.mpf``.
+
+The reference ops are written once against a small *numeric* object ``F`` that supplies the
+transcendental functions and constants; ordinary arithmetic (``+ - * /``, comparisons,
+``np.sum``, ``np.matmul``, ``np.where``) works on both float64 arrays and object arrays of mpf,
+so the op code reads the same in both precisions.
+
+``numeric_for(dps)`` returns ``FLOAT64`` for ``dps=None`` and an ``Exact(dps)`` otherwise.
+Exact work must run inside ``F.context()`` (``mpmath.workdps``), because mpf arithmetic rounds to
+the precision of the global mpmath context; ``F.result(value)`` rounds a finished result.
+"""
+from __future__ import annotations
+
+import contextlib
+import numbers
+
+import mpmath
+import numpy as np
+
+__all__ = ["Float64", "Exact", "FLOAT64", "numeric_for", "check_dps", "is_real_scalar"]
+
+
+def check_dps(dps):
+    """Validate a ``dps`` argument: None (float64) or a positive int (decimal digits)."""
+    if dps is None:
+        return None
+    if isinstance(dps, bool) or not isinstance(dps, numbers.Integral) or dps < 1:
+        raise ValueError(f"dps must be None (float64) or a positive int of decimal digits; got {dps!r}")
+    return int(dps)
+
+
+def is_real_scalar(v):
+    """True for the Python / NumPy / mpmath scalars that stand for one real number."""
+    return isinstance(v, (numbers.Real, mpmath.mpf)) and not isinstance(v, bool)
+
+
+def _check_dtype(arr, what):
+    # NOTE: complex, string, boolean and other non-number dtypes are refused here, at the
+    # boundary, so that no kernel ever sees them (as spec.evaluate does); ints are widened.
+    if arr.dtype.kind in "iuf":
+        return
+    if arr.dtype.kind == "O":
+        for v in arr.flat:
+            if not is_real_scalar(v) or isinstance(v, np.bool_):
+                raise TypeError(f"{what} holds {type(v).__name__} {v!r}; pass real numbers "
+                                f"(float, int or mpmath.mpf)")
+        return
+    if arr.dtype.kind == "b":
+        raise TypeError(f"{what} is a boolean array; booleans are not numbers here, pass "
+                        f"x.astype(np.float64)")
+    raise TypeError(f"{what} has dtype {arr.dtype}; pass a real array (float or int dtype, "
+                    f"or an object array of mpmath.mpf)")
+
+
+def _to_mpf(v):
+    if isinstance(v, np.integer):
+        return mpmath.mpf(int(v))
+    if isinstance(v, np.floating):
+        return mpmath.mpf(float(v))
+    return mpmath.mpf(v)
+
+
+class Float64:
+    """float64 NumPy arithmetic (``dps=None``)."""
+
+    dps = None
+    dtype = np.dtype(np.float64)
+
+    def context(self):
+        """No precision context is needed for float64."""
+        return contextlib.nullcontext()
+
+    def asarray(self, value, what="input"):
+        """Convert ``value`` to a float64 array (a copy), refusing non-real dtypes."""
+        arr = np.asarray(value)
+        _check_dtype(arr, what)
+        return np.array(arr, dtype=np.float64)
+
+    def result(self, value, what="result"):
+        """A finished result as a new float64 array."""
+        return self.asarray(value, what)
+
+    def const(self, value):
+        """A constant: a Python float or int as is, a decimal string parsed to the nearest float."""
+        return float(value)
+
+    def zeros(self, shape):
+        return np.zeros(shape, dtype=np.float64)
+
+    def isfinite(self, arr):
+        return np.isfinite(arr)
+
+    exp = staticmethod(np.exp)
+    log = staticmethod(np.log)
+    log1p = staticmethod(np.log1p)
+    sqrt = staticmethod(np.sqrt)
+    tanh = staticmethod(np.tanh)
+
+    @staticmethod
+    def erf(x):
+        import scipy.special
+        return scipy.special.erf(x)
+
+    def pi(self):
+        return np.pi
+
+    def sigmoid(self, x):
+        """1 / (1 + exp(-x)) without overflow: exp is only taken of -|x|."""
+        e = np.exp(-np.abs(x))
+        return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+# NOTE: exact work runs GUARD_DIGITS beyond dps and results are rounded to dps, so that the
+# roundings inside one op (a few dozen, or a cancellation such as x - mean(x)) cannot reach the
+# digits handed back; spec.evaluate does the same.
+GUARD_DIGITS = 10
+
+
+class Exact:
+    """Object arrays of ``mpmath.mpf``: every operation carried out at ``dps`` decimal digits
+    (plus ``GUARD_DIGITS``), results rounded to ``dps``."""
+
+    dtype = np.dtype(object)
+
+    def __init__(self, dps):
+        self.dps = check_dps(dps)
+
+    def context(self):
+        """The mpmath precision every exact computation must run inside."""
+        return mpmath.workdps(self.dps + GUARD_DIGITS)
+
+    def result(self, value, what="result"):
+        """A finished result as a new object array of mpf rounded to ``dps`` digits."""
+        with mpmath.workdps(self.dps):
+            return self.asarray(value, what)
+
+    def asarray(self, value, what="input"):
+        """Convert ``value`` to a new object array of mpf at the current mpmath precision."""
+        arr = np.asarray(value)
+        _check_dtype(arr, what)
+        out = np.empty(arr.shape, dtype=object)
+        for idx, v in np.ndenumerate(arr):
+            out[idx] = _to_mpf(v)
+        return out
+
+    def const(self, value):
+        """A constant at working precision: a float exactly, a string as the decimal it spells."""
+        return mpmath.mpf(value)
+
+    def zeros(self, shape):
+        out = np.empty(shape, dtype=object)
+        out.fill(mpmath.mpf(0))
+        return out
+
+    def isfinite(self, arr):
+        return np.asarray(np.frompyfunc(mpmath.isfinite, 1, 1)(arr), dtype=bool)
+
+    @staticmethod
+    def _map(fn, x):
+        return np.asarray(np.frompyfunc(fn, 1, 1)(x), dtype=object)
+
+    def exp(self, x):
+        return self._map(mpmath.exp, x)
+
+    def log(self, x):
+        return self._map(mpmath.log, x)
+
+    def log1p(self, x):
+        return self._map(mpmath.log1p, x)
+
+    def sqrt(self, x):
+        return self._map(mpmath.sqrt, x)
+
+    def tanh(self, x):
+        return self._map(mpmath.tanh, x)
+
+    def erf(self, x):
+        return self._map(mpmath.erf, x)
+
+    def pi(self):
+        return +mpmath.pi
+
+    def sigmoid(self, x):
+        # mpf has an unbounded exponent range, so the textbook form cannot overflow.
+        return 1 / (1 + self.exp(-x))
+
+
+FLOAT64 = Float64()
+
+
+def numeric_for(dps):
+    """The numeric object for ``dps``: ``FLOAT64`` when None, else ``Exact(dps)``."""
+    dps = check_dps(dps)
+    return FLOAT64 if dps is None else Exact(dps)

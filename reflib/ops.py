@@ -1,0 +1,191 @@
+"""The reference engine protocol: ``forward(name, inputs, ...)`` and ``vjp(name, inputs, grad, ...)``.
+
+Every registry op has one hand-written forward and one hand-written VJP in the ``reflib._ops_*``
+modules (elementwise, binary, reduce, structure, norm, loss). This module holds the name table
+and does what every op needs at the boundary: look the name up, check the inputs (count, dtype,
+finiteness), the params (names, defaults) and the cotangent's shape, pick the precision, and
+hand back fresh arrays: float64 for ``dps=None``, object arrays of ``mpmath.mpf`` otherwise.
+"""
+from __future__ import annotations
+
+import difflib
+
+import numpy as np
+
+from reflib import _ops_binary, _ops_elementwise, _ops_loss, _ops_norm, _ops_reduce, _ops_structure
+from reflib._ops_common import REQUIRED, OpDef
+from reflib.numeric import numeric_for
+
+__all__ = ["forward", "vjp", "vjp_from_output", "OPS", "UnknownOpError", "op_names"]
+
+OPS: dict[str, OpDef] = {}
+for _module in (_ops_elementwise, _ops_binary, _ops_reduce, _ops_structure, _ops_norm, _ops_loss):
+    OPS.update(_module.OPS)
+
+
+class UnknownOpError(KeyError):
+    """An op name that is not in the table; the message lists the closest names."""
+
+    def __str__(self):  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def op_names():
+    """The names of every reference op, sorted."""
+    return sorted(OPS)
+
+
+def _lookup(name):
+    op = OPS.get(name) if isinstance(name, str) else None
+    if op is None:
+        close = difflib.get_close_matches(str(name), OPS, n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+        raise UnknownOpError(f"unknown op {name!r}; {hint}known ops: {', '.join(sorted(OPS))}")
+    return op
+
+
+def _params(name, op, params):
+    unknown = [k for k in params if k not in op.params]
+    if unknown:
+        k = unknown[0]
+        close = difflib.get_close_matches(k, op.params, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        allowed = ", ".join(op.params) if op.params else "none"
+        raise ValueError(f"{name}: unknown param {k!r}; {hint}its params are: {allowed}")
+    merged = {**op.params, **params}
+    missing = [k for k, v in merged.items() if v is REQUIRED]
+    if missing:
+        raise ValueError(f"{name}: param {missing[0]!r} is required (e.g. {missing[0]}=(2, 3))")
+    return merged
+
+
+def _inputs(name, op, inputs, F):
+    if isinstance(inputs, np.ndarray) or not hasattr(inputs, "__len__"):
+        raise TypeError(f"{name}: inputs must be a sequence of arrays in the order "
+                        f"{op.inputs}, e.g. [x]; got {type(inputs).__name__}")
+    if len(inputs) != len(op.inputs):
+        raise ValueError(f"{name}: takes {len(op.inputs)} input(s) {op.inputs}; got {len(inputs)}")
+    arrays = []
+    for iname, value in zip(op.inputs, inputs):
+        what = f"{name}: input {iname}"
+        if iname in op.class_index:
+            arr = np.asarray(value)  # kept as given; the op validates the indices
+            if arr.dtype.kind not in "iufO":
+                raise TypeError(f"{what} has dtype {arr.dtype}; pass integer class indices "
+                                f"(an int array, or floats holding whole numbers)")
+        else:
+            arr = F.asarray(value, what)
+            finite = F.isfinite(arr)
+            if not finite.all():
+                idx = tuple(int(i) for i in np.argwhere(~finite)[0])
+                raise ValueError(f"{what} holds a non-finite value {arr[idx]} at index {idx}; "
+                                 f"the reference ops take finite numbers")
+        arrays.append(arr)
+    return arrays
+
+
+def _result(F, value, what):
+    """A fresh array of the engine's dtype (object arrays hold only mpf, rounded to dps)."""
+    return F.result(value, what)
+
+
+def forward(name, inputs, dps=None, **params):
+    """Evaluate registry op ``name`` on ``inputs``.
+
+    Parameters
+    ----------
+    name : str
+        An op of docs/CONTRACTS.md's table (``"tanh"``, ``"matmul"``, ``"cross_entropy"``, ...).
+    inputs : sequence of array_like
+        The op's inputs in the table's order (``[x]``, ``[a, b]``, ``[logits, target]``).
+    dps : int or None
+        None computes in float64; an int computes with ``mpmath.mpf`` at that many decimal digits.
+    **params
+        The op's params (``axis=``, ``keepdims=``, ``eps=``, ...); omitted ones take the defaults.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, or an object array of mpf when ``dps`` is an int. Losses give shape ``()``.
+
+    Raises
+    ------
+    UnknownOpError
+        For a name not in the table (a KeyError; the message lists close names).
+    ValueError
+        For a wrong input count, shapes that do not fit, an unknown or bad param, a non-finite
+        input or an input outside the op's domain.
+    TypeError
+        For inputs of a non-real dtype.
+    """
+    op = _lookup(name)
+    F = numeric_for(dps)
+    merged = _params(name, op, params)
+    with F.context():
+        arrays = _inputs(name, op, inputs, F)
+        return _result(F, op.forward(F, *arrays, **merged), f"{name}: output")
+
+
+def vjp(name, inputs, grad, dps=None, **params):
+    """Vector-Jacobian product of registry op ``name``: one cotangent per input.
+
+    Parameters
+    ----------
+    name, inputs, dps, **params
+        As for :func:`forward`.
+    grad : array_like
+        The cotangent of the output; its shape must equal the output's (``()`` for losses).
+
+    Returns
+    -------
+    tuple of (numpy.ndarray or None)
+        One array per input, of that input's shape; None for a class-index input
+        (``cross_entropy``'s target), which is not differentiable.
+
+    Raises
+    ------
+    UnknownOpError, ValueError, TypeError
+        As for :func:`forward`; a ValueError also when ``grad``'s shape differs from the output's.
+    """
+    return _vjp(name, inputs, None, grad, dps, params)
+
+
+def vjp_from_output(name, inputs, output, grad, dps=None, **params):
+    """:func:`vjp` given the forward's ``output`` (as ``forward`` returned it), not recomputed.
+
+    For tapes, which keep every node's value: the backward pass then costs one VJP, not a
+    forward and a VJP. The caller vouches that ``output == forward(name, inputs, dps, **params)``.
+    """
+    return _vjp(name, inputs, output, grad, dps, params)
+
+
+def _vjp(name, inputs, output, grad, dps, params):
+    op = _lookup(name)
+    F = numeric_for(dps)
+    merged = _params(name, op, params)
+    with F.context():
+        arrays = _inputs(name, op, inputs, F)
+        if output is None:
+            out = _result(F, op.forward(F, *arrays, **merged), f"{name}: output")
+        else:
+            out = F.asarray(output, f"{name}: output")
+        g = F.asarray(grad, f"{name}: grad")
+        if g.shape != out.shape:
+            raise ValueError(f"{name}: grad has shape {g.shape} but the output has shape "
+                             f"{out.shape}; pass a cotangent shaped like the output")
+        finite = F.isfinite(g)
+        if not finite.all():
+            idx = tuple(int(i) for i in np.argwhere(~finite)[0])
+            raise ValueError(f"{name}: grad holds a non-finite value {g[idx]} at index {idx}; "
+                             f"pass finite cotangents")
+        grads = op.vjp(F, *arrays, out, g, **merged)
+        result = []
+        for iname, arr, gi in zip(op.inputs, arrays, grads):
+            if iname in op.class_index:
+                result.append(None)
+                continue
+            gi = _result(F, gi, f"{name}: VJP for {iname}")
+            if gi.shape != arr.shape:  # an internal invariant: every VJP is shaped like its input
+                raise AssertionError(f"{name}: VJP for {iname} has shape {gi.shape}, input {arr.shape}")
+            result.append(gi)
+        return tuple(result)
