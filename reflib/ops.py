@@ -14,7 +14,8 @@ import numpy as np
 
 from reflib import _ops_binary, _ops_elementwise, _ops_loss, _ops_norm, _ops_reduce, _ops_structure
 from reflib._ops_common import REQUIRED, OpDef
-from reflib.numeric import numeric_for
+from reflib.numeric import FLOAT64, GUARD_DIGITS, numeric_for
+from spec.precision import converge
 
 __all__ = ["forward", "vjp", "vjp_from_output", "OPS", "UnknownOpError", "op_names"]
 
@@ -121,9 +122,23 @@ def forward(name, inputs, dps=None, **params):
     op = _lookup(name)
     F = numeric_for(dps)
     merged = _params(name, op, params)
-    with F.context():
+
+    def compute():
         arrays = _inputs(name, op, inputs, F)
-        return _result(F, op.forward(F, *arrays, **merged), f"{name}: output")
+        return (op.forward(F, *arrays, **merged),)
+
+    (out,) = _at_converged_precision(F, compute)
+    return _result(F, out, f"{name}: output")
+
+
+def _at_converged_precision(F, compute):
+    """Run ``compute`` once in float64, or, exactly, at a working precision that grows until
+    its results stop moving (spec.precision: saturated tails such as 1 - tanh(80)^2 cancel at
+    any fixed number of guard digits)."""
+    if F is FLOAT64:
+        with F.context():
+            return compute()
+    return converge(compute, F.dps, GUARD_DIGITS)
 
 
 def vjp(name, inputs, grad, dps=None, **params):
@@ -163,12 +178,16 @@ def _vjp(name, inputs, output, grad, dps, params):
     op = _lookup(name)
     F = numeric_for(dps)
     merged = _params(name, op, params)
-    with F.context():
+    # NOTE: exactly, a given output is not used: it was rounded to dps digits, and formulas such
+    # as tanh's 1 - result^2 would cancel in it; the forward is recomputed at working precision.
+    use_output = output is not None and F is FLOAT64
+
+    def compute():
         arrays = _inputs(name, op, inputs, F)
-        if output is None:
-            out = _result(F, op.forward(F, *arrays, **merged), f"{name}: output")
-        else:
+        if use_output:
             out = F.asarray(output, f"{name}: output")
+        else:
+            out = np.asarray(op.forward(F, *arrays, **merged), dtype=F.dtype)
         g = F.asarray(grad, f"{name}: grad")
         if g.shape != out.shape:
             raise ValueError(f"{name}: grad has shape {g.shape} but the output has shape "
@@ -179,13 +198,20 @@ def _vjp(name, inputs, output, grad, dps, params):
             raise ValueError(f"{name}: grad holds a non-finite value {g[idx]} at index {idx}; "
                              f"pass finite cotangents")
         grads = op.vjp(F, *arrays, out, g, **merged)
-        result = []
-        for iname, arr, gi in zip(op.inputs, arrays, grads):
-            if iname in op.class_index:
-                result.append(None)
-                continue
-            gi = _result(F, gi, f"{name}: VJP for {iname}")
-            if gi.shape != arr.shape:  # an internal invariant: every VJP is shaped like its input
-                raise AssertionError(f"{name}: VJP for {iname} has shape {gi.shape}, input {arr.shape}")
-            result.append(gi)
-        return tuple(result)
+        return tuple(None if iname in op.class_index else gi
+                     for iname, gi in zip(op.inputs, grads))
+
+    result = []
+    for iname, arr_shape, gi in zip(op.inputs, _input_shapes(inputs), _at_converged_precision(F, compute)):
+        if gi is None:
+            result.append(None)
+            continue
+        gi = _result(F, gi, f"{name}: VJP for {iname}")
+        if gi.shape != arr_shape:  # an internal invariant: every VJP is shaped like its input
+            raise AssertionError(f"{name}: VJP for {iname} has shape {gi.shape}, input {arr_shape}")
+        result.append(gi)
+    return tuple(result)
+
+
+def _input_shapes(inputs):
+    return [np.shape(x) for x in inputs]

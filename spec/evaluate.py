@@ -16,6 +16,7 @@ from spec import domains as _domains
 from spec.backends import MPMATH
 from spec.errors import UnknownOpError, did_you_mean
 from spec.opspec import OpSpec
+from spec.precision import converge
 
 # NOTE: inputs are exact (binary floats); 20 guard digits absorb the rounding of up to ~1e20-fold
 # cancellation (e.g. layer_norm of a nearly constant row) before the result is rounded to dps.
@@ -163,16 +164,23 @@ def _run(op, inputs, grad, params, dps):
         bad = _first_bad(~_finite_mask(g))
         if bad is not None:
             raise ValueError(f"{op.name}: grad holds {g[bad]} at index {bad}; it must be finite")
-    with mpmath.workdps(dps + GUARD_DIGITS):
+    def compute():
         values = [a if op.domains[n] == "class_index" else _mpf_array(a)
                   for n, a in zip(op.inputs, arrays)]
         try:
             result = np.asarray(op.run_forward(MPMATH, values, resolved), dtype=object)
-            grads = None
+            grads = ()
             if grad is not None:
-                grads = op.run_vjp(MPMATH, values, resolved, result, _mpf_array(g))
+                grads = tuple(op.run_vjp(MPMATH, values, resolved, result, _mpf_array(g)))
         except ZeroDivisionError as exc:  # pragma: no cover - domains exclude the poles
             raise ValueError(f"{op.name}: division by zero at these inputs ({exc})") from None
+        return (result,) + grads
+
+    # NOTE: the working precision grows until the answer stops moving (spec.precision), so
+    # saturated tails such as 1 - tanh(80)^2 come back right, not as cancelled zeros.
+    result, *grads = converge(compute, dps, GUARD_DIGITS)
+    if grad is None:
+        grads = None
     with mpmath.workdps(dps):
         out = _rounded(result)
         if grads is None:
