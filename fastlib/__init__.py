@@ -23,8 +23,9 @@ _EXPORTS = {
     # losses
     "onehot": "fastlib.losses",
     # training
-    "train": "fastlib.train", "train_sh": "fastlib.train", "TrainingResult": "fastlib.train",
-    "TrainingHistorySH": "fastlib.train", "register_algorithm": "fastlib.train",
+    "train": "fastlib.training", "train_sh": "fastlib.training",
+    "TrainingResult": "fastlib.training",
+    "TrainingHistorySH": "fastlib.training", "register_algorithm": "fastlib.training",
     # saving
     "load": "fastlib.io",
     # Target Propagation and contrastive divergence
@@ -33,7 +34,7 @@ _EXPORTS = {
     "apply_targetprop_gaps": "fastlib.targetprop",
     "RBM": "fastlib.rbm", "cd_gradients": "fastlib.rbm",
 }
-_SUBMODULES = ("ops", "tape", "layers", "grad", "losses", "optim", "train", "datasets", "io",
+_SUBMODULES = ("ops", "tape", "layers", "grad", "losses", "optim", "training", "datasets", "io",
                "kernels", "config", "cuda", "targetprop", "rbm")
 
 __all__ = sorted(_EXPORTS)

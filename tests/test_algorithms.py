@@ -20,7 +20,7 @@ import fastlib.targetprop as ft
 import reflib.rbm as rr
 import reflib.targetprop as rt
 from fastlib.datasets import load_digits
-from fastlib.train import ALGORITHMS, Algorithm, BatchResult, get_algorithm, register_algorithm
+from fastlib.training import ALGORITHMS, Algorithm, BatchResult, get_algorithm, register_algorithm
 from reflib.models import twin
 
 F64_TOL = 1e-11

@@ -1,0 +1,246 @@
+"""Data sets: scikit-learn's bundled 8x8 digits (no download) and MNIST from IDX files.
+
+Both loaders return features as float arrays in [0, 1] of shape ``[N, D]`` and labels as
+int64 class indices of shape ``[N, 1]``, the format ``cross_entropy`` takes (DataCode's
+``dataset_features`` / ``dataset_targets``; use :func:`fastlib.onehot` for one-hot targets).
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import pathlib
+import struct
+import zlib
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["Split", "Splits", "load_digits", "load_mnist", "read_idx", "train_val_split",
+           "MNIST_FILES"]
+
+
+class Split(NamedTuple):
+    """One split of a data set: features ``x [N, D]`` and labels ``y [N, 1]``."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+
+class Splits(NamedTuple):
+    """A train and a test split."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+# Every DIGITS_TEST_EVERY-th sample of each class (in the bundled order) goes to the test split.
+DIGITS_TEST_EVERY = 5
+
+
+def load_digits(split: str | None = None, dtype=np.float32):
+    """scikit-learn's bundled 8x8 handwritten digits, scaled to [0, 1], fixed stratified split.
+
+    1797 images of 64 pixels (values 0..16 divided by 16), labels 0..9. The split is a pure
+    function of the bundled order: within each class, every fifth sample (positions 4, 9, ...
+    among that class's samples) is a test sample, so 20% of every class is held out and the split
+    never depends on a random generator or a library version.
+
+    Parameters
+    ----------
+    split : {"train", "test"} or None
+        None returns both splits as :class:`Splits`; a name returns that :class:`Split`.
+    dtype : numpy float dtype
+        dtype of the features (float32 by default, float64 for reference comparisons).
+
+    Returns
+    -------
+    Splits or Split
+    """
+    from sklearn.datasets import load_digits as _sk_load_digits  # bundled with scikit-learn
+
+    _check_split(split, allow_none=True)
+    bunch = _sk_load_digits()
+    x = (bunch.data / 16.0).astype(dtype)
+    labels = bunch.target.astype(np.int64)
+    test = np.zeros(labels.shape[0], bool)
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        test[idx[DIGITS_TEST_EVERY - 1::DIGITS_TEST_EVERY]] = True
+    y = labels.reshape(-1, 1)
+    out = Splits(x[~test], y[~test], x[test], y[test])
+    if split is None:
+        return out
+    return Split(out.x_train, out.y_train) if split == "train" else Split(out.x_test, out.y_test)
+
+
+def train_val_split(x: np.ndarray, y: np.ndarray, fraction: float = 0.1) -> tuple[Split, Split]:
+    """Hold out a stratified, deterministic validation part of a training split.
+
+    Within each class (``y`` as class indices ``[N, 1]`` or ``[N]``), the last
+    ``round(fraction * count)`` samples in the given order go to validation.
+
+    Returns
+    -------
+    (Split, Split)
+        The remaining training samples and the validation samples, in their original order.
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"validation fraction must be in [0, 1), got {fraction}")
+    labels = np.asarray(y).reshape(len(x), -1)
+    if labels.shape[1] != 1:
+        raise ValueError(f"train_val_split stratifies on class indices [N, 1], got labels of "
+                         f"shape {np.shape(y)}")
+    labels = labels[:, 0]
+    val = np.zeros(len(x), bool)
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        k = int(round(fraction * len(idx)))
+        if k:
+            val[idx[len(idx) - k:]] = True
+    return Split(x[~val], y[~val]), Split(x[val], y[val])
+
+
+# split -> (images file, labels file), the names LeCun's site publishes (".gz" optional).
+MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dimensions
+IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension
+MNIST_COUNTS = {"train": 60000, "test": 10000}
+
+
+def load_mnist(split: str | None = "train", path=None, dtype=np.float32):
+    """MNIST from the four IDX files in a folder (gzipped or raw).
+
+    Parameters
+    ----------
+    split : {"train", "test"} or None
+        Which split; None returns both as :class:`Splits`.
+    path : str or path-like
+        Folder holding ``train-images-idx3-ubyte[.gz]``, ``train-labels-idx1-ubyte[.gz]``,
+        ``t10k-images-idx3-ubyte[.gz]`` and ``t10k-labels-idx1-ubyte[.gz]``.
+    dtype : numpy float dtype
+        dtype of the images (float32 by default).
+
+    Returns
+    -------
+    Split or Splits
+        Images ``[N, 784]`` scaled to [0, 1] (pixel / 255), labels int64 ``[N, 1]``.
+
+    Raises
+    ------
+    FileNotFoundError
+        The folder or a file is missing (the message names what was looked for).
+    ValueError
+        A file is truncated, not gzip/IDX, has the wrong magic number, wrong sizes, labels out
+        of 0..9, or image and label counts that differ (the message names the file).
+    """
+    _check_split(split, allow_none=True)
+    if path is None:
+        raise ValueError("load_mnist needs path=, the folder with the four MNIST IDX files "
+                         "(train-images-idx3-ubyte.gz, ...; e.g. ../shared/data/mnist)")
+    folder = pathlib.Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"MNIST folder {str(folder)!r} does not exist or is not a folder; "
+                                "pass the folder that holds the four IDX files")
+    if split is None:
+        train, test = _load_mnist_split(folder, "train", dtype), _load_mnist_split(folder, "test",
+                                                                                    dtype)
+        return Splits(train.x, train.y, test.x, test.y)
+    return _load_mnist_split(folder, split, dtype)
+
+
+def _load_mnist_split(folder: pathlib.Path, split: str, dtype) -> Split:
+    images_name, labels_name = MNIST_FILES[split]
+    images_file, labels_file = _find(folder, images_name), _find(folder, labels_name)
+    images = read_idx(images_file, IDX_IMAGES_MAGIC)
+    labels = read_idx(labels_file, IDX_LABELS_MAGIC)
+    if images.shape[1:] != (28, 28):
+        raise ValueError(f"{images_file}: MNIST images are 28x28, this file holds "
+                         f"{images.shape[1]}x{images.shape[2]} images")
+    if images.shape[0] != labels.shape[0]:
+        raise ValueError(f"{images_file} holds {images.shape[0]} images but {labels_file} holds "
+                         f"{labels.shape[0]} labels: the two files do not belong together")
+    if labels.size and labels.max() > 9:
+        raise ValueError(f"{labels_file}: label {int(labels.max())} is outside 0..9; "
+                         "the file is corrupt or not MNIST")
+    # NOTE: integer pixels are exact in any float dtype and IEEE division is correctly
+    # rounded, so pixel / 255 in the target dtype is the correctly rounded value.
+    x = images.reshape(images.shape[0], 784).astype(dtype)
+    x /= np.dtype(dtype).type(255.0)
+    return Split(x, labels.astype(np.int64).reshape(-1, 1))
+
+
+def _find(folder: pathlib.Path, name: str) -> pathlib.Path:
+    for candidate in (folder / (name + ".gz"), folder / name):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"MNIST file {name}.gz (or {name}) not found in {str(folder)!r}; "
+                            f"the folder holds: {sorted(os.listdir(folder))}")
+
+
+def read_idx(file, magic: int) -> np.ndarray:
+    """Read one IDX file of unsigned bytes (gzipped or raw) and check it thoroughly.
+
+    Parameters
+    ----------
+    file : path-like
+        The file; gzip is recognised by its first two bytes, not by the name.
+    magic : int
+        The expected magic number (2051 for image files, 2049 for label files). Its low byte is
+        the number of dimensions.
+
+    Returns
+    -------
+    ndarray of uint8
+        Shaped by the header's dimensions.
+    """
+    file = pathlib.Path(file)
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"IDX file {str(file)!r} does not exist") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError:
+            raise ValueError(f"{file}: gzip stream is truncated (the download or copy was cut "
+                             "short); fetch the file again") from None
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise ValueError(f"{file}: corrupt gzip data ({exc}); fetch the file again") from None
+    ndim = magic & 0xFF
+    header = 4 + 4 * ndim
+    if len(raw) < 4:
+        raise ValueError(f"{file}: {len(raw)} bytes is too short for an IDX header "
+                         f"({header} bytes); the file is truncated or not an IDX file")
+    (found,) = struct.unpack(">i", raw[:4])
+    if found != magic:
+        kind = {IDX_IMAGES_MAGIC: "an image file (2051)", IDX_LABELS_MAGIC:
+                "a label file (2049)"}.get(found, "not an MNIST IDX file")
+        raise ValueError(f"{file}: magic number {found}, expected {magic}; this is {kind}")
+    if len(raw) < header:
+        raise ValueError(f"{file}: {len(raw)} bytes is too short for an IDX header "
+                         f"({header} bytes); the file is truncated or not an IDX file")
+    dims = struct.unpack(f">{ndim}i", raw[4:header])
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{file}: negative dimension in header {dims}; the file is corrupt")
+    expected = int(np.prod(dims, dtype=np.int64))
+    body = len(raw) - header
+    if body < expected:
+        raise ValueError(f"{file}: truncated: header promises {'x'.join(map(str, dims))} = "
+                         f"{expected} bytes of data, the file has {body}")
+    if body > expected:
+        raise ValueError(f"{file}: {body - expected} unexpected bytes after the "
+                         f"{'x'.join(map(str, dims))} data; the file is corrupt")
+    return np.frombuffer(raw, np.uint8, expected, header).reshape(dims)
+
+
+def _check_split(split, allow_none: bool) -> None:
+    if split is None and allow_none:
+        return
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test'{' or None' if allow_none else ''}, "
+                         f"got {split!r}")

@@ -1,0 +1,283 @@
+"""Training algorithms by name: the SINGA idea of registering a ``TrainOneBatch``.
+
+An algorithm is a function ``train_one_batch(ctx, x_batch, y_batch) -> BatchResult`` plus
+optional hooks, registered under a name with :func:`register_algorithm`. ``train`` looks the
+name up, builds one :class:`StepContext` per run and calls the function once per mini-batch.
+Back-propagation (``"bp"``) is registered below exactly the way any other algorithm is; Target
+Propagation and contrastive divergence register themselves from their own modules.
+
+The context gives an algorithm everything a step needs and nothing global:
+
+- ``model``, ``params`` (``model.parameters()``, writable views), ``loss_type``;
+- ``optimizer`` (a :class:`fastlib.optim.Optimizer`), ``opt_state`` (its explicit state; an
+  algorithm that updates parameters through the optimizer stores the returned state back),
+  ``lr`` (the current rate, which ``train_sh`` may lower);
+- ``config`` (the run's :class:`TrainConfig`: clipping, batch size, device, ...);
+- ``rng`` (the run's Generator, shared with shuffling and saved in checkpoints) and ``state``
+  (a dict for the algorithm's own arrays and numbers, also saved in checkpoints).
+
+Optional hooks: ``init(ctx)`` once before the first epoch (not on resume: the checkpoint restores
+``ctx.state``), ``evaluate(model, x, y, loss_type) -> (loss, acc or None)`` for validation
+(SINGA's ``TestOneBatch``; default: the model's loss and accuracy), and ``run_epoch(ctx, x, y,
+order) -> EpochStats or None`` for a whole-epoch fast path (None means "not applicable here",
+and the loop falls back to ``train_one_batch``).
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from fastlib.training.clipping import clip_gradients
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The options of one training run that stay fixed while it runs."""
+
+    loss_type: str | None
+    batch_size: int
+    gradient_clip: float = 0.0
+    clip_mode: str = "value"
+    shuffle: bool = True
+    seed: int = 0
+    device: str = "cpu"
+    algorithm: str = "bp"
+    extra: dict = field(default_factory=dict)  # algorithm-specific options (cd_k=..., ...)
+
+
+@dataclass
+class StepContext:
+    """Everything a ``train_one_batch`` receives besides the batch (see the module docstring)."""
+
+    model: Any
+    params: dict
+    loss_type: str | None
+    optimizer: Any
+    opt_state: Any
+    lr: float
+    config: TrainConfig
+    rng: np.random.Generator
+    state: dict = field(default_factory=dict)
+    step: int = 0  # mini-batches trained so far in this run (resumed runs continue the count)
+    scratch: dict = field(default_factory=dict)  # per-run caches, never checkpointed
+
+
+class BatchResult(NamedTuple):
+    """What one mini-batch step reports.
+
+    Attributes
+    ----------
+    loss : float
+        Mean loss over the batch before the update. A non-finite value stops training.
+    correct : float or None
+        Number of correctly predicted samples in the batch, None when the loss has no
+        accuracy (mse) or the algorithm has none.
+    skipped : bool
+        True when the update was skipped (non-finite gradient).
+    """
+
+    loss: float
+    correct: float | None = None
+    skipped: bool = False
+
+
+@dataclass
+class EpochStats:
+    """Sums over one epoch's batches, filled by the loop or by a ``run_epoch`` fast path."""
+
+    loss_sum: float = 0.0      # sum over batches of batch loss * batch size
+    correct: float | None = 0.0
+    count: int = 0             # samples trained on
+    skipped: int = 0           # steps skipped for non-finite gradients
+    diverged_batch: int = -1   # index of the batch whose loss was non-finite, or -1
+    diverged_loss: float = 0.0
+    fused: bool = False        # the epoch ran in a fused fast path
+
+    def add(self, result: BatchResult, n: int) -> None:
+        self.loss_sum += float(result.loss) * n
+        self.count += n
+        if result.correct is None or self.correct is None:
+            self.correct = None
+        else:
+            self.correct += float(result.correct)
+        self.skipped += int(result.skipped)
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.count if self.count else float("nan")
+
+    @property
+    def accuracy(self) -> float | None:
+        return None if self.correct is None or not self.count else self.correct / self.count
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A registered training algorithm (see :func:`register_algorithm`)."""
+
+    name: str
+    train_one_batch: Callable
+    needs_targets: bool = True
+    init: Callable | None = None
+    evaluate: Callable | None = None
+    run_epoch: Callable | None = None
+    options: tuple | None = None
+
+
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register_algorithm(name: str, train_one_batch: Callable, *, needs_targets: bool = True,
+                       init: Callable | None = None, evaluate: Callable | None = None,
+                       run_epoch: Callable | None = None, options: tuple | None = None,
+                       overwrite: bool = False) -> Algorithm:
+    """Register a training algorithm under ``name`` (case-insensitive) for ``train(algorithm=)``.
+
+    Parameters
+    ----------
+    name : str
+        The name ``train(..., algorithm=name)`` selects.
+    train_one_batch : callable
+        ``train_one_batch(ctx, x_batch, y_batch) -> BatchResult`` (``y_batch`` is None when the
+        algorithm does not need targets). It updates the model's parameters itself, normally
+        through ``ctx.optimizer.update(ctx.params, grads, ctx.opt_state, lr=ctx.lr)``, storing the
+        returned state in ``ctx.opt_state``.
+    needs_targets : bool
+        False for unsupervised algorithms (contrastive divergence): ``y`` may then be None.
+    init : callable, optional
+        ``init(ctx)`` before the first epoch, e.g. to put arrays into ``ctx.state``.
+    evaluate : callable, optional
+        ``evaluate(model, x, y, loss_type) -> (loss, accuracy or None)`` for validation data and
+        for ``train_sh``'s monitor; default :func:`evaluate_model`.
+    run_epoch : callable, optional
+        ``run_epoch(ctx, x, y, order) -> EpochStats or None``: a whole-epoch fast path that must
+        compute what the batches would (``order`` is the epoch's sample order, None when not
+        shuffled); None means not applicable.
+    options : tuple of str, optional
+        Names of the keyword options ``train(..., **options)`` may pass to this algorithm (they
+        arrive in ``ctx.config.extra``); None accepts any.
+    overwrite : bool
+        Replace an existing registration of ``name`` (otherwise a ValueError).
+
+    Returns
+    -------
+    Algorithm
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError(f"algorithm name must be a non-empty str, got {name!r}")
+    if not callable(train_one_batch):
+        raise TypeError(f"train_one_batch for {name!r} must be callable, got "
+                        f"{type(train_one_batch).__name__}")
+    key = name.strip().lower()
+    if key in ALGORITHMS and not overwrite:
+        raise ValueError(f"algorithm {key!r} is already registered; pass overwrite=True to "
+                         "replace it")
+    algo = Algorithm(key, train_one_batch, bool(needs_targets), init, evaluate, run_epoch,
+                     None if options is None else tuple(options))
+    ALGORITHMS[key] = algo
+    return algo
+
+
+# Algorithms registered by other modules on import (name -> module), so that
+# train(algorithm="targetprop") works without importing fastlib.targetprop first.
+_PROVIDERS = {"targetprop": "fastlib.targetprop", "cd": "fastlib.rbm"}
+
+
+def get_algorithm(name) -> Algorithm:
+    """The registered algorithm ``name`` (case-insensitive), or a ValueError naming close ones."""
+    if isinstance(name, Algorithm):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"algorithm must be a registered name, got {type(name).__name__}")
+    key = name.strip().lower()
+    if key not in ALGORITHMS and key in _PROVIDERS:
+        import importlib
+
+        try:
+            importlib.import_module(_PROVIDERS[key])
+        except ImportError as exc:
+            raise ValueError(f"algorithm {key!r} is provided by {_PROVIDERS[key]}, which could "
+                             f"not be imported ({exc})") from None
+    if key not in ALGORITHMS:
+        close = difflib.get_close_matches(key, list(ALGORITHMS) + list(_PROVIDERS), n=2)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        raise ValueError(f"unknown training algorithm {name!r}{hint}; registered: "
+                         f"{', '.join(sorted(ALGORITHMS))}; add one with register_algorithm()")
+    return ALGORITHMS[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# back-propagation
+
+def _losses():
+    from fastlib import losses
+
+    return losses
+
+
+def correct_count(loss_type: str, pred: np.ndarray, target: np.ndarray) -> float | None:
+    """Number of correct predictions in a batch (None when the loss has no accuracy)."""
+    acc = _losses().accuracy(loss_type, pred, target, check=False)
+    return None if acc is None else float(acc) * pred.shape[0]
+
+
+def bp_train_one_batch(ctx: StepContext, x: np.ndarray, y: np.ndarray) -> BatchResult:
+    """Back-propagation: forward, loss, backward, clip, optimizer step (SINGA's kBP).
+
+    A non-finite loss is returned without touching the parameters (the loop stops); a
+    non-finite gradient skips the update and reports ``skipped=True``.
+    """
+    pred = ctx.model.forward(x)
+    # Targets were validated and normalised once for the whole data set (train's setup).
+    loss, dpred = _losses().loss_value_and_grad(ctx.loss_type, pred, y, check=False)
+    loss = float(loss)
+    correct = correct_count(ctx.loss_type, pred, y)
+    if not np.isfinite(loss):
+        return BatchResult(loss, correct, False)
+    _, grads = ctx.model.backward(dpred, need_input_grad=False)
+    grads = {k: np.ascontiguousarray(grads[k]) for k in ctx.params}
+    info = clip_gradients(grads, ctx.config.gradient_clip, ctx.config.clip_mode)
+    if not info.finite:
+        return BatchResult(loss, correct, True)
+    ctx.opt_state = ctx.optimizer.update(ctx.params, grads, ctx.opt_state, lr=ctx.lr)
+    return BatchResult(loss, correct, False)
+
+
+# Rows per forward chunk when evaluating: bounds memory on large validation sets.
+EVAL_CHUNK = 4096
+
+
+def evaluate_model(model, x: np.ndarray, y: np.ndarray, loss_type: str,
+                   chunk: int = EVAL_CHUNK) -> tuple[float, float | None]:
+    """Mean loss and accuracy of ``model`` on ``(x, y)``, forward in chunks of ``chunk`` rows.
+
+    ``y`` must already be normalised by ``fastlib.losses.validate_targets`` (train does this
+    once for the validation set).
+
+    The loss is the sample-weighted mean of the chunk losses (every loss is a mean over its
+    rows, or over rows times a fixed width), so it equals the loss over the whole set.
+    """
+    losses = _losses()
+    n = x.shape[0]
+    total, correct = 0.0, 0.0
+    for start in range(0, n, chunk):
+        xb, yb = x[start:start + chunk], y[start:start + chunk]
+        pred = model.forward(xb)
+        total += losses.loss_value(loss_type, pred, yb, check=False) * xb.shape[0]
+        acc = losses.accuracy(loss_type, pred, yb, check=False)
+        correct = None if acc is None or correct is None else correct + float(acc) * xb.shape[0]
+    return total / n, (None if correct is None else correct / n)
+
+
+def _bp_run_epoch(ctx, x, y, order):
+    from fastlib.training import fused_mlp
+
+    return fused_mlp.run_epoch(ctx, x, y, order)
+
+
+# option: fused=False turns off the whole-epoch MLP path (fastlib.training.fused_mlp)
+register_algorithm("bp", bp_train_one_batch, evaluate=evaluate_model, run_epoch=_bp_run_epoch,
+                   options=("fused",))

@@ -1,0 +1,141 @@
+"""The policy of ``train_sh``: early stopping and learning-rate reduction on a plateau.
+
+A pure object: it sees one monitored value per epoch and answers what to do, so it is tested on
+constructed metric sequences without training anything.
+
+The policy (issue 5 §4, DataCode's ``train_sh``; epochs are numbered from 1):
+
+1. ``monitor`` is one of ``loss``, ``val_loss`` (lower is better) or ``acc``, ``val_acc``
+   (higher is better).
+2. The first epoch sets the best value. Later, epoch value ``x`` *improves* on the best ``b``
+   when it is strictly better and better by at least ``min_delta`` percent of ``|b|``:
+   ``b - x >= |b| * min_delta / 100`` for losses, ``x - b >= |b| * min_delta / 100`` for
+   accuracies. A non-finite value never improves. An improvement records the best value and
+   its epoch and resets both counters below.
+3. ``wait`` counts epochs without improvement since the last improvement *or* the last rate
+   reduction; ``since_best`` counts them since the last improvement only.
+4. When ``since_best`` reaches ``stop_patience`` (default ``2 * patience``), training stops.
+5. Otherwise, when ``wait`` reaches ``patience``, the learning rate is multiplied by
+   ``lr_factor`` (default 0.5), the reduction is counted and ``wait`` restarts from 0; if the new
+   rate is below ``min_lr`` (default 1e-6), training stops instead of continuing.
+6. At the end, ``restore_best=True`` puts back the weights of the best epoch (``train_sh`` keeps a
+   copy of them whenever the policy reports an improvement).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+MONITORS = {"loss": "min", "val_loss": "min", "acc": "max", "val_acc": "max"}
+
+
+@dataclass
+class Decision:
+    """The policy's answer for one epoch."""
+
+    improved: bool
+    lr: float           # the learning rate for the next epoch
+    reduced: bool       # the rate was reduced at this epoch
+    stop: bool
+    reason: str | None  # why training stops, or None
+
+
+@dataclass
+class PlateauPolicy:
+    """Early stopping with learning-rate reduction; see the module docstring for the rules.
+
+    Parameters
+    ----------
+    lr : float
+        The initial learning rate.
+    monitor : {"loss", "val_loss", "acc", "val_acc"}
+    patience : int
+        Epochs without improvement before the rate is reduced (>= 1).
+    min_delta : float
+        Minimum improvement, in percent of the best value's magnitude (>= 0; 1.0 means 1%).
+    lr_factor : float
+        Multiplier applied to the rate on a plateau, in (0, 1].
+    stop_patience : int or None
+        Epochs without improvement before stopping; None means ``2 * patience``.
+    min_lr : float
+        Training stops when a reduction takes the rate below this (>= 0).
+    """
+
+    lr: float
+    monitor: str = "val_loss"
+    patience: int = 10
+    min_delta: float = 1.0
+    lr_factor: float = 0.5
+    stop_patience: int | None = None
+    min_lr: float = 1e-6
+    # running state (saved in checkpoints through state_dict)
+    best: float | None = None
+    best_epoch: int = 0
+    wait: int = 0
+    since_best: int = 0
+    reductions: int = 0
+    epoch: int = 0
+
+    def __post_init__(self):
+        if self.monitor not in MONITORS:
+            raise ValueError(f"monitor must be one of {', '.join(MONITORS)}, got {self.monitor!r}")
+        for name in ("patience",) + (("stop_patience",) if self.stop_patience is not None else ()):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.stop_patience is None:
+            self.stop_patience = 2 * self.patience
+        if not (math.isfinite(self.min_delta) and self.min_delta >= 0):
+            raise ValueError(f"min_delta is a percentage >= 0 (1.0 means 1%), got {self.min_delta}")
+        if not 0 < self.lr_factor <= 1:
+            raise ValueError(f"lr_factor must be in (0, 1], got {self.lr_factor}")
+        if not (math.isfinite(self.min_lr) and self.min_lr >= 0):
+            raise ValueError(f"min_lr must be finite and >= 0, got {self.min_lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"the learning rate must be finite and > 0, got {self.lr}")
+
+    @property
+    def mode(self) -> str:
+        """``"min"`` for losses, ``"max"`` for accuracies."""
+        return MONITORS[self.monitor]
+
+    def is_improvement(self, value: float) -> bool:
+        """Whether ``value`` improves on the best so far (rule 2)."""
+        if value is None or not math.isfinite(value):
+            return False
+        if self.best is None:
+            return True
+        gain = (self.best - value) if self.mode == "min" else (value - self.best)
+        return gain > 0 and gain >= abs(self.best) * self.min_delta / 100.0
+
+    def step(self, value: float) -> Decision:
+        """Feed the monitored value of the next epoch; return what to do."""
+        self.epoch += 1
+        if self.is_improvement(value):
+            self.best, self.best_epoch = float(value), self.epoch
+            self.wait = self.since_best = 0
+            return Decision(True, self.lr, False, False, None)
+        self.wait += 1
+        self.since_best += 1
+        if self.since_best >= self.stop_patience:
+            return Decision(False, self.lr, False, True,
+                            f"no improvement of {self.monitor} by {self.min_delta}% for "
+                            f"{self.since_best} epochs (stop_patience={self.stop_patience})")
+        if self.wait >= self.patience:
+            self.lr *= self.lr_factor
+            self.reductions += 1
+            self.wait = 0
+            if self.lr < self.min_lr:
+                return Decision(False, self.lr, True, True,
+                                f"learning rate {self.lr:.3g} fell below min_lr={self.min_lr:g}")
+            return Decision(False, self.lr, True, False, None)
+        return Decision(False, self.lr, False, False, None)
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume the policy (JSON-able)."""
+        return asdict(self)
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> "PlateauPolicy":
+        """Rebuild a policy saved with :meth:`state_dict`."""
+        return cls(**state)

@@ -1,0 +1,577 @@
+"""``train`` and ``train_sh``: the epoch loop shared by both, and their results.
+
+One loop serves both entry points; ``train_sh`` adds the plateau policy of
+``fastlib.training.early_stopping``. Per epoch the loop draws the sample order from the run's
+Generator, hands the batches to the selected algorithm (or the algorithm's whole-epoch fast
+path), evaluates the validation data, calls the callbacks, applies the policy and writes the
+checkpoint.
+
+Explosions (Loom's "gradient explosion detection and damping"): a step whose gradient holds
+NaN/Inf is skipped (the parameters and the optimizer state stay as they were) and the epoch
+ends with one warning counting such steps; a batch whose loss is NaN/Inf stops training at
+once: the parameters and optimizer state are put back to the end of the last complete epoch
+(the start of the run when it happens in the first), a ``RuntimeWarning`` says so, and the
+result has ``diverged=True``, ``stop_reason`` and ``restored_epoch``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fastlib import optim
+from fastlib.training import checkpoint as ckpt_mod
+from fastlib.training.algorithms import (EpochStats, StepContext, TrainConfig, evaluate_model,
+                                         get_algorithm)
+from fastlib.training.clipping import check_clip
+from fastlib.training.early_stopping import PlateauPolicy
+
+__all__ = ["train", "train_sh", "TrainingResult", "TrainingHistorySH"]
+
+
+@dataclass
+class TrainingResult:
+    """What ``train`` returns (Loom's TrainingResult plus DataCode's histories).
+
+    Epochs are numbered from 1; every history has one entry per completed epoch.
+
+    Attributes
+    ----------
+    loss_history, accuracy_history : list
+        Training loss (sample-weighted mean of the batch losses, each taken before its update)
+        and accuracy (None entries when the loss has no accuracy, e.g. mse).
+    val_loss_history, val_accuracy_history : list
+        The same on the validation data after each epoch (empty without validation data).
+    final_loss : float
+        The last epoch's training loss (NaN when no epoch completed).
+    total_time : float
+        Seconds for the whole call; ``epoch_times`` seconds per epoch.
+    lr_history : list of float
+        The learning rate each epoch ran with.
+    epochs_run : int
+        Epochs completed, counting those done before a resume.
+    stopped, stop_reason :
+        Whether training ended before ``epochs`` and why (callback, policy, divergence).
+    diverged : bool
+        A non-finite loss stopped training; ``restored_epoch`` is the epoch whose end-of-epoch
+        weights were put back (0: the initial weights).
+    skipped_steps : int
+        Optimizer steps skipped because the gradient was not finite.
+    fused : bool
+        At least one epoch ran in a whole-epoch fast path (``fastlib.training.fused_mlp``).
+    """
+
+    loss_history: list = field(default_factory=list)
+    accuracy_history: list = field(default_factory=list)
+    val_loss_history: list = field(default_factory=list)
+    val_accuracy_history: list = field(default_factory=list)
+    final_loss: float = math.nan
+    total_time: float = 0.0
+    epoch_times: list = field(default_factory=list)
+    lr_history: list = field(default_factory=list)
+    epochs_run: int = 0
+    stopped: bool = False
+    stop_reason: str | None = None
+    diverged: bool = False
+    restored_epoch: int | None = None
+    skipped_steps: int = 0
+    fused: bool = False
+
+
+@dataclass
+class TrainingHistorySH:
+    """What ``train_sh`` returns (DataCode's TrainingHistorySH, epochs numbered from 1).
+
+    Attributes
+    ----------
+    loss, val_loss, acc, val_acc : list
+        Per-epoch training and validation loss and accuracy.
+    lr : list of float
+        The learning rate each epoch ran with.
+    best_metric : float or None
+        The best value of the monitored metric; ``best_epoch`` the epoch it came from.
+    stopped_epoch : int
+        The last epoch that ran.
+    lr_reductions : int
+        How many times the plateau policy reduced the rate.
+    stop_reason : str or None
+        Why training stopped before ``epochs`` (None when it ran them all).
+    restored_best : bool
+        The best epoch's weights were put back at the end.
+    result : TrainingResult
+        The full result of the underlying loop (times, divergence, skipped steps).
+    """
+
+    loss: list
+    val_loss: list
+    acc: list
+    val_acc: list
+    lr: list
+    best_metric: float | None
+    best_epoch: int
+    stopped_epoch: int
+    lr_reductions: int = 0
+    stop_reason: str | None = None
+    restored_best: bool = False
+    result: TrainingResult | None = None
+
+
+def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None, y_val=None,
+          optimizer="SGD", *, gradient_clip=0.0, clip_mode="value", shuffle=True, seed=0,
+          device="cpu", algorithm="bp", callbacks=(), verbose=True, checkpoint=None,
+          checkpoint_every=1, resume=None, **algorithm_options) -> TrainingResult:
+    """Train ``model`` on ``(x, y)`` with mini-batches (DataCode's order, Loom's result).
+
+    Parameters
+    ----------
+    model : fastlib.Layer
+        Trained in place (its ``parameters()`` are updated).
+    x : array_like
+        Inputs ``[N, ...]``; converted once to the model's dtype; NaN/Inf is an error.
+    y : array_like or None
+        Targets in the format ``loss_type`` requires (``cross_entropy``: class indices
+        ``[N, 1]`` or ``[N]``; ``categorical_cross_entropy``: one-hot ``[N, C]``;
+        ``binary_cross_entropy``: values in [0, 1]; ``mse``: the output's shape). None only for
+        algorithms that need no targets (``"cd"``).
+    epochs : int
+        Total number of epochs (with ``resume``, the total including those already done).
+    batch_size : int
+        1 to N; the last, incomplete batch is used; a size above N means one full batch.
+    learning_rate : float or None
+        The rate; None takes the optimizer object's ``lr`` (or the name's default).
+    loss_type : str
+        ``mse cross_entropy categorical_cross_entropy binary_cross_entropy
+        binary_cross_entropy_with_logits`` (case-insensitive; ``sparse_cross_entropy`` warns).
+    x_val, y_val : array_like, optional
+        Validation data, evaluated after every epoch.
+    optimizer : str or fastlib.optim.Optimizer
+        ``SGD Momentum NAG Adagrad RMSprop Adam AdamW`` or an instance with hyperparameters.
+    gradient_clip : float
+        0 (off) or the clipping threshold; ``clip_mode`` ``"value"`` (elementwise clamp) or
+        ``"norm"`` (global L2 norm).
+    shuffle : bool
+        Draw a new sample order every epoch from ``numpy.random.default_rng(seed)``.
+    seed : int
+        Seeds the run's Generator (shuffling and stochastic algorithms).
+    device : {"cpu", "cuda"}
+        ``"cuda"`` without a usable GPU raises ``RuntimeError`` with the reason; with a GPU,
+        training runs on the CPU kernels with a warning (the fused CUDA training path is a
+        separate piece of work).
+    algorithm : str
+        A registered algorithm (``"bp"``; see :func:`fastlib.register_algorithm`).
+    callbacks : iterable
+        Objects with ``on_epoch_end(epoch, logs)`` (or callables ``f(epoch, logs)``); ``logs``
+        has ``loss acc val_loss val_acc lr epoch_time``. Returning True stops training.
+        Optional ``on_train_begin(logs)`` and ``on_train_end(logs)``.
+    verbose : bool
+        A tqdm progress bar over epochs (on stderr) with the latest metrics.
+    checkpoint : path, optional
+        Write a checkpoint every ``checkpoint_every`` epochs and after the last one.
+    resume : path, optional
+        Continue from a checkpoint (model weights, optimizer state, RNG, epoch, histories).
+    **algorithm_options
+        Options for the algorithm, in ``ctx.config.extra`` (e.g. ``cd_k=1``). ``"bp"`` takes
+        ``fused`` (default True): False turns off the whole-epoch compiled path for
+        Sequential-of-Dense MLPs and trains batch by batch through the layers.
+
+    Returns
+    -------
+    TrainingResult
+    """
+    loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
+                 optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
+                 verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=None,
+                 restore_best=False)
+    return loop.run()
+
+
+def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimizer="SGD",
+             monitor="val_loss", patience=10, min_delta=1.0, restore_best=True, x_val=None,
+             y_val=None, *, lr_factor=0.5, stop_patience=None, min_lr=1e-6, gradient_clip=0.0,
+             clip_mode="value", shuffle=True, seed=0, device="cpu", algorithm="bp",
+             callbacks=(), verbose=True, checkpoint=None, checkpoint_every=1, resume=None,
+             **algorithm_options) -> TrainingHistorySH:
+    """Train with early stopping and learning-rate reduction on a plateau (DataCode's train_sh).
+
+    The policy (epochs numbered from 1):
+
+    - ``monitor``: ``loss`` or ``val_loss`` (lower is better), ``acc`` or ``val_acc`` (higher is
+      better); a ``val_`` monitor needs ``x_val`` and ``y_val``.
+    - An epoch *improves* when its value beats the best so far by at least ``min_delta``
+      percent of the best value's magnitude (``min_delta=1.0`` means 1%; 0 means any strict
+      improvement). The first epoch always sets the best.
+    - After ``patience`` epochs without improvement the learning rate is multiplied by
+      ``lr_factor`` (default 0.5) and the patience count restarts.
+    - Training stops after ``stop_patience`` epochs without improvement (default
+      ``2 * patience``), or when a reduction takes the rate below ``min_lr`` (default 1e-6).
+    - ``restore_best=True`` puts back the weights of the best epoch at the end.
+
+    Other parameters are those of :func:`train`. Returns :class:`TrainingHistorySH`.
+    """
+    policy = PlateauPolicy(lr=1.0, monitor=monitor, patience=patience, min_delta=min_delta,
+                           lr_factor=lr_factor, stop_patience=stop_patience, min_lr=min_lr)
+    if monitor.startswith("val_") and (x_val is None or y_val is None):
+        raise ValueError(f"monitor={monitor!r} needs validation data: pass x_val and y_val, or "
+                         f"monitor {monitor[4:]!r} on the training data")
+    loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
+                 optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
+                 verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=policy,
+                 restore_best=bool(restore_best))
+    result = loop.run()
+    policy = loop.policy
+    return TrainingHistorySH(
+        loss=result.loss_history, val_loss=result.val_loss_history,
+        acc=result.accuracy_history, val_acc=result.val_accuracy_history, lr=result.lr_history,
+        best_metric=policy.best, best_epoch=policy.best_epoch, stopped_epoch=result.epochs_run,
+        lr_reductions=policy.reductions, stop_reason=result.stop_reason,
+        restored_best=loop.restored_best, result=result)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _check_int(value, name, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_device(device):
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda":
+        from fastlib.cuda import device as cuda_device
+
+        reason = cuda_device.unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(f"device='cuda' is not available: {reason}; train with "
+                               "device='cpu'")
+        warnings.warn("device='cuda': fastlib's fused CUDA training path is not part of this "
+                      "build; training runs on the CPU kernels", RuntimeWarning, stacklevel=3)
+
+
+def _as_inputs(model, x, what):
+    if x is None:
+        raise ValueError(f"{what} is None; pass an array of inputs")
+    arr = model.check_input(x) if hasattr(model, "check_input") else np.asarray(x)
+    return np.ascontiguousarray(arr)
+
+
+def _check_targets(loss_type, model, x, y, what):
+    """Validate the whole target array once; batches then skip the per-call checks."""
+    from fastlib import losses
+
+    y = np.asarray(y)
+    if y.ndim == 0 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"{what}: {x.shape[0]} inputs but targets of shape {y.shape}; x and y "
+                         "need the same number of rows")
+    out_shape = tuple(model.infer_shape(x.shape))
+    # A zero "prediction" of the model's output shape (a broadcast view, no memory) lets the
+    # loss module check the target format, class ranges and batch size before training starts.
+    pred_like = np.broadcast_to(np.zeros((), dtype=x.dtype), out_shape)
+    return np.ascontiguousarray(losses.validate_targets(loss_type, pred_like, y))
+
+
+def _snapshot(params):
+    return {k: v.copy() for k, v in params.items()}
+
+
+def _restore(params, saved):
+    for k, v in params.items():
+        np.copyto(v, saved[k])
+
+
+class _Loop:
+    """One training run: validated inputs, the context, histories, and the epoch loop."""
+
+    def __init__(self, model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
+                 optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm,
+                 callbacks, verbose, checkpoint, checkpoint_every, resume, options, policy,
+                 restore_best):
+        self.t_start = time.perf_counter()
+        self.algo = get_algorithm(algorithm)
+        allowed = self.algo.options
+        unknown = [k for k in options if allowed is not None and k not in allowed]
+        if unknown:
+            raise TypeError(f"unexpected option(s) {unknown} for algorithm {self.algo.name!r}; "
+                            f"it takes {list(allowed) or 'no options'}")
+        _check_device(device)
+        self.epochs = _check_int(epochs, "epochs", 0)
+        batch_size = _check_int(batch_size, "batch_size", 1)
+        self.checkpoint_every = _check_int(checkpoint_every, "checkpoint_every", 1)
+        seed = _check_int(seed, "seed", 0)
+        clip, clip_mode = check_clip(gradient_clip, clip_mode)
+        self.model = model
+        self.opt = optim.get(optimizer)
+        lr = self.opt.lr if learning_rate is None else learning_rate
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (
+                math.isfinite(lr) and lr > 0):
+            raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
+        lr = float(lr)
+
+        if self.algo.needs_targets:
+            from fastlib import losses
+
+            loss_type = losses.resolve_loss(loss_type)
+        self.loss_type = loss_type
+        self.x = _as_inputs(model, x, "x")
+        if x_val is None and y_val is not None or x_val is not None and y_val is None:
+            raise ValueError("pass both x_val and y_val for validation, or neither")
+        self.x_val = None if x_val is None else _as_inputs(model, x_val, "x_val")
+        if self.algo.needs_targets:
+            if y is None:
+                raise ValueError(f"algorithm {self.algo.name!r} needs targets y")
+            self.y = _check_targets(loss_type, model, self.x, y, "y")
+            self.y_val = (None if y_val is None
+                          else _check_targets(loss_type, model, self.x_val, y_val, "y_val"))
+        else:
+            self.y = None if y is None else np.asarray(y)
+            self.y_val = None if y_val is None else np.asarray(y_val)
+        if self.x.shape[0] == 0:
+            raise ValueError("x has no samples")
+
+        self.config = TrainConfig(loss_type, min(batch_size, self.x.shape[0]), clip, clip_mode,
+                                  bool(shuffle), seed, device, self.algo.name, dict(options))
+        self.callbacks = tuple(callbacks or ())
+        self.verbose = bool(verbose)
+        self.checkpoint = checkpoint
+        self.policy = policy
+        if policy is not None:
+            policy.lr = lr
+        self.restore_best = restore_best
+        self.restored_best = False
+        self.best_params = None
+
+        params = model.parameters()
+        self.ctx = StepContext(model, params, loss_type, self.opt, self.opt.init(params), lr,
+                               self.config, np.random.default_rng(seed))
+        self.result = TrainingResult()
+        self.start_epoch = 0
+        if resume is not None:
+            self._resume(resume)
+        elif self.algo.init is not None:
+            self.algo.init(self.ctx)
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def _settings(self):
+        return {"loss_type": self.loss_type, "batch_size": self.config.batch_size,
+                "gradient_clip": self.config.gradient_clip, "clip_mode": self.config.clip_mode,
+                "shuffle": self.config.shuffle, "algorithm": self.algo.name,
+                "optimizer": self.opt.get_config()}
+
+    def _histories(self):
+        r = self.result
+        return {"loss": r.loss_history, "acc": r.accuracy_history, "val_loss":
+                r.val_loss_history, "val_acc": r.val_accuracy_history, "epoch_times":
+                r.epoch_times, "lr": r.lr_history, "skipped": r.skipped_steps,
+                "fused": r.fused, "stopped": r.stopped, "stop_reason": r.stop_reason}
+
+    def _save_checkpoint(self, epoch):
+        c = ckpt_mod.Checkpoint(
+            epoch=epoch, params={}, optimizer=self.opt.get_config(),
+            opt_state=self.ctx.opt_state, rng_state=self.ctx.rng.bit_generator.state,
+            history=self._histories(), lr=self.ctx.lr, step=self.ctx.step,
+            config=self._settings(), algo_state=self.ctx.state,
+            policy=None if self.policy is None else self.policy.state_dict(),
+            best_params=self.best_params)
+        ckpt_mod.save_checkpoint(self.checkpoint, self.model, c)
+
+    def _resume(self, path):
+        c = ckpt_mod.load_checkpoint(path)
+        if c.architecture != self.model.get_config() or c.dtype != np.dtype(self.model.dtype).name:
+            raise ValueError(f"resume: {path} holds a {c.dtype} model {c.architecture}, which is "
+                             f"not this {np.dtype(self.model.dtype).name} model "
+                             f"{self.model.get_config()}; build the same model to resume")
+        saved_opt = optim.from_config(c.optimizer)
+        if type(saved_opt) is not type(self.opt):
+            raise ValueError(f"resume: {path} was trained with {saved_opt.name}, but optimizer="
+                             f"{self.opt.name}; resume with the same optimizer")
+        changed = {k: (c.config.get(k), v) for k, v in self._settings().items()
+                   if c.config.get(k) != v}
+        if changed:
+            warnings.warn(f"resume: settings differ from the checkpoint's {changed} (saved, now); "
+                          "the run will not reproduce an uninterrupted one", RuntimeWarning,
+                          stacklevel=4)
+        self.model.load_parameters(c.params)
+        self.ctx.opt_state = optim.OptState(c.opt_state.t, {
+            s: {k: np.ascontiguousarray(v, dtype=self.model.dtype) for k, v in d.items()}
+            for s, d in c.opt_state.slots.items()})
+        self.ctx.rng = ckpt_mod.restore_generator(c.rng_state)
+        if self.policy is not None:
+            self.ctx.lr = c.lr  # train_sh: the rate its policy had reached
+        elif c.lr != self.ctx.lr:
+            # train: the rate passed now is used (e.g. fine-tuning at another rate)
+            warnings.warn(f"resume: learning_rate {self.ctx.lr} differs from the checkpoint's "
+                          f"{c.lr}; training continues at {self.ctx.lr}", RuntimeWarning,
+                          stacklevel=4)
+        self.ctx.step = c.step
+        self.ctx.state = dict(c.algo_state)
+        h = c.history
+        r = self.result
+        r.loss_history, r.accuracy_history = list(h["loss"]), list(h["acc"])
+        r.val_loss_history, r.val_accuracy_history = list(h["val_loss"]), list(h["val_acc"])
+        r.epoch_times, r.lr_history = list(h["epoch_times"]), list(h["lr"])
+        r.skipped_steps, r.fused = int(h["skipped"]), bool(h["fused"])
+        r.epochs_run = c.epoch
+        if h.get("stopped"):
+            # the saved run had already stopped (policy or callback): resuming adds nothing, so
+            # the result is that of the uninterrupted run
+            r.stopped, r.stop_reason = True, h.get("stop_reason")
+            self.epochs = c.epoch
+            warnings.warn(f"resume: the run in {path} already stopped after epoch {c.epoch} "
+                          f"({r.stop_reason}); nothing to train", RuntimeWarning, stacklevel=4)
+        if self.policy is not None and c.policy is not None:
+            self.policy = PlateauPolicy.from_state_dict(c.policy)
+        self.best_params = c.best_params
+        self.start_epoch = c.epoch
+        if c.epoch >= self.epochs and not r.stopped:
+            warnings.warn(f"resume: the checkpoint already has {c.epoch} epochs and epochs="
+                          f"{self.epochs}; nothing to train", RuntimeWarning, stacklevel=4)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _run_batches(self, order):
+        stats = EpochStats()
+        # NOTE: NaN/Inf are detected and reported by the loop (skipped steps, divergence); the
+        # raw NumPy overflow warnings on the way there would only repeat it less clearly.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            self._batches(order, stats)
+        return stats
+
+    def _batches(self, order, stats):
+        ctx, algo, x, y = self.ctx, self.algo, self.x, self.y
+        bs, n = self.config.batch_size, x.shape[0]
+        for b, start in enumerate(range(0, n, bs)):
+            if order is None:
+                xb = x[start:start + bs]
+                yb = None if y is None else y[start:start + bs]
+            else:
+                idx = order[start:start + bs]
+                xb = x[idx]
+                yb = None if y is None else y[idx]
+            res = algo.train_one_batch(ctx, xb, yb)
+            ctx.step += 1
+            if not math.isfinite(res.loss):
+                stats.diverged_batch, stats.diverged_loss = b, float(res.loss)
+                break
+            stats.add(res, xb.shape[0])
+
+    def _evaluate(self):
+        if self.x_val is None:
+            return None, None
+        evaluate = self.algo.evaluate or evaluate_model
+        return evaluate(self.model, self.x_val, self.y_val, self.loss_type)
+
+    def _call_callbacks(self, epoch, logs):
+        stop = None
+        for cb in self.callbacks:
+            fn = getattr(cb, "on_epoch_end", None)
+            if fn is None and callable(cb):
+                fn = cb
+            if fn is None:
+                raise TypeError(f"callback {cb!r} has no on_epoch_end(epoch, logs) method and is "
+                                "not callable")
+            if fn(epoch, logs) is True and stop is None:
+                stop = f"callback {getattr(cb, '__name__', type(cb).__name__)} asked to stop"
+        return stop
+
+    def _hook(self, name, logs):
+        for cb in self.callbacks:
+            fn = getattr(cb, name, None)
+            if fn is not None:
+                fn(logs)
+
+    def run(self) -> TrainingResult:
+        r, ctx = self.result, self.ctx
+        bar = None
+        if self.verbose and self.start_epoch < self.epochs:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.epochs, initial=self.start_epoch, unit="epoch",
+                       desc=f"train {self.algo.name}", leave=True)
+        self._hook("on_train_begin", {"epochs": self.epochs, "start_epoch": self.start_epoch})
+        last_good = (_snapshot(ctx.params), ctx.opt_state.copy(), self.start_epoch)
+        try:
+            for epoch in range(self.start_epoch + 1, self.epochs + 1):
+                t0 = time.perf_counter()
+                order = ctx.rng.permutation(self.x.shape[0]) if self.config.shuffle else None
+                stats = None
+                if self.algo.run_epoch is not None:
+                    stats = self.algo.run_epoch(ctx, self.x, self.y, order)
+                if stats is None:
+                    stats = self._run_batches(order)
+                if stats.skipped:
+                    r.skipped_steps += stats.skipped
+                    warnings.warn(f"epoch {epoch}: skipped {stats.skipped} optimizer step(s) "
+                                  "whose gradient held NaN/Inf; consider gradient_clip or a lower "
+                                  "learning rate", RuntimeWarning, stacklevel=3)
+                if stats.diverged_batch >= 0:
+                    self._diverged(epoch, stats, last_good)
+                    break
+                r.fused = r.fused or stats.fused
+                val_loss, val_acc = self._evaluate()
+                dt = time.perf_counter() - t0
+                r.loss_history.append(stats.loss)
+                r.accuracy_history.append(stats.accuracy)
+                if self.x_val is not None:
+                    r.val_loss_history.append(val_loss)
+                    r.val_accuracy_history.append(val_acc)
+                r.epoch_times.append(dt)
+                r.lr_history.append(ctx.lr)
+                r.epochs_run = epoch
+                logs = {"loss": stats.loss, "acc": stats.accuracy, "val_loss": val_loss,
+                        "val_acc": val_acc, "lr": ctx.lr, "epoch_time": dt}
+                stop = self._apply_policy(epoch, logs)
+                stop = self._call_callbacks(epoch, logs) or stop
+                last_good = (_snapshot(ctx.params), ctx.opt_state.copy(), epoch)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix({k: f"{v:.4g}" for k, v in logs.items()
+                                     if v is not None and k != "epoch_time"})
+                if stop:
+                    r.stopped, r.stop_reason = True, stop
+                if self.checkpoint is not None and (epoch % self.checkpoint_every == 0 or
+                                                    epoch == self.epochs or stop):
+                    self._save_checkpoint(epoch)
+                if stop:
+                    break
+        finally:
+            if bar is not None:
+                bar.close()
+        if self.restore_best and self.best_params is not None:
+            _restore(ctx.params, self.best_params)
+            self.restored_best = True
+        r.final_loss = r.loss_history[-1] if r.loss_history else math.nan
+        r.total_time = time.perf_counter() - self.t_start
+        self._hook("on_train_end", {"epochs_run": r.epochs_run, "stop_reason": r.stop_reason})
+        return r
+
+    def _apply_policy(self, epoch, logs):
+        if self.policy is None:
+            return None
+        value = logs[self.policy.monitor]
+        if value is None:
+            raise ValueError(f"monitor {self.policy.monitor!r} has no value: the loss "
+                             f"{self.loss_type!r} has no accuracy; monitor a loss instead")
+        decision = self.policy.step(value)
+        if decision.improved and self.restore_best:
+            self.best_params = _snapshot(self.ctx.params)
+        self.ctx.lr = decision.lr
+        return decision.reason if decision.stop else None
+
+    def _diverged(self, epoch, stats, last_good):
+        params, opt_state, good_epoch = last_good
+        _restore(self.ctx.params, params)
+        self.ctx.opt_state = opt_state
+        r = self.result
+        r.diverged = r.stopped = True
+        r.restored_epoch = good_epoch
+        where = "the initial weights" if good_epoch == 0 else f"the weights after epoch {good_epoch}"
+        r.stop_reason = (f"non-finite loss ({stats.diverged_loss}) at epoch {epoch}, batch "
+                         f"{stats.diverged_batch + 1}: training stopped and {where} were restored;"
+                         " lower the learning rate, clip gradients or check the data")
+        warnings.warn(r.stop_reason, RuntimeWarning, stacklevel=4)

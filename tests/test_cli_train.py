@@ -1,0 +1,123 @@
+"""`verigrad train` and `verigrad bench train`, run in-process through reports.cli.main."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import fastlib
+from reports.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def table_rows(out):
+    return [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+
+
+def test_default_run_trains_digits_and_reports_test_accuracy(capsys):
+    code, out, _ = run(capsys, "train")
+    assert code == 0
+    assert "digits (1299 train, 143 validation, 355 test)" in out
+    assert "MLP 64-128-10 relu" in out and "Adam" in out and "float32" in out
+    rows = table_rows(out)
+    assert [int(r[0]) for r in rows] == list(range(1, 21))  # 20 epochs by default
+    assert float(rows[-1][1]) < float(rows[0][1])  # the training loss went down
+    acc = float(out.split("test accuracy")[1].split()[0])
+    # a 64-128-10 MLP reaches ~97% on the digits test split; 0.93 catches a broken pipeline
+    assert acc > 0.93
+
+
+def test_options_shape_the_model_and_the_run(capsys):
+    code, out, _ = run(capsys, "train", "--hidden", "32,16", "--activation", "tanh",
+                       "--optimizer", "momentum", "--lr", "0.1", "--epochs", "2",
+                       "--batch-size", "16", "--dtype", "float64", "--loss",
+                       "categorical_cross_entropy", "--val-fraction", "0")
+    assert code == 0, out
+    assert "MLP 64-32-16-10 tanh" in out and "categorical_cross_entropy" in out
+    assert "0 validation" in out and "float64" in out and "batch 16" in out
+    rows = table_rows(out)
+    assert len(rows) == 2 and rows[0][3] == "-"  # no validation columns without validation
+
+
+def test_early_stopping_uses_train_sh(capsys):
+    code, out, _ = run(capsys, "train", "--early-stopping", "--epochs", "30", "--patience",
+                       "1", "--min-delta", "100", "--monitor", "loss")
+    # min_delta 100%: nothing improves on epoch 1, so it stops at 1 + 2 x patience = 3
+    assert code == 0
+    assert "best loss" in out and "at epoch 1" in out and "stopped:" in out
+    assert len(table_rows(out)) == 3
+
+
+def test_save_checkpoint_resume_reproduce_an_uninterrupted_run(capsys, tmp_path):
+    full, part, resumed = (tmp_path / n for n in ("full.npz", "part.npz", "resumed.npz"))
+    ck = tmp_path / "ck.npz"
+    common = ["--epochs", "4", "--dtype", "float64", "--hidden", "16"]
+    assert run(capsys, "train", *common, "--save", str(full))[0] == 0
+    assert run(capsys, "train", "--epochs", "2", "--dtype", "float64", "--hidden", "16",
+               "--checkpoint", str(ck))[0] == 0
+    code, out, _ = run(capsys, "train", *common, "--resume", str(ck), "--save", str(resumed))
+    assert code == 0
+    assert [int(r[0]) for r in table_rows(out)] == [3, 4]
+    a, b = fastlib.load(full).parameters(), fastlib.load(resumed).parameters()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+def test_plot_writes_a_png(capsys, tmp_path):
+    path = tmp_path / "curves.png"
+    code, out, _ = run(capsys, "train", "--epochs", "2", "--plot", str(path))
+    assert code == 0 and f"wrote {path}" in out
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--data", "mnist", "--data-dir", "/nonexistent/mnist"], "does not exist"),
+    (["--optimizer", "adamm"], "did you mean Adam"),
+    (["--loss", "crossentropy"], "cross_entropy"),
+    (["--activation", "relux"], "relu"),
+])
+def test_bad_options_are_clear_errors(capsys, argv, words):
+    code, _, err = run(capsys, "train", "--epochs", "1", *argv)
+    assert code == 1 and "verigrad train: error:" in err and words in err
+
+
+def test_malformed_hidden_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--hidden", "12,abc"])
+    assert info.value.code == 2 and "comma-separated" in capsys.readouterr().err
+
+
+def test_bench_train_json_and_table(capsys):
+    code, out, _ = run(capsys, "bench", "train", "--batch-sizes", "8,64", "--samples", "512",
+                       "--max-steps", "4", "--engines", "fastlib,numpy", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["engines"] == ["fastlib", "numpy"] and report["samples"] == 512
+    by_bs = {r["batch_size"]: r for r in report["results"]}
+    assert by_bs[8]["steps_per_epoch"] == 64 and by_bs[8]["fastlib_steps_measured"] == 4
+    for r in report["results"]:
+        assert r["fastlib"] > 0 and r["numpy_over_fastlib"] == pytest.approx(
+            r["numpy"] / r["fastlib"])
+    assert "meets_target" in by_bs[64]
+    code, out, _ = run(capsys, "bench", "train", "--batch-sizes", "16", "--samples", "64",
+                       "--engines", "numpy,fastlib")
+    assert code == 0 and "numpy/fastlib" in out and "s/epoch" in out
+    code, _, err = run(capsys, "bench", "train", "--engines", "jax")
+    assert code == 1 and "engines must be among" in err
+
+
+@pytest.mark.slow
+@pytest.mark.mnist
+def test_mnist_reaches_97_5_percent_in_5_epochs(capsys, mnist_dir):
+    """Issue 5 §8: `verigrad train --data mnist` (784-128-10 ReLU, Adam 1e-3, 5 epochs)."""
+    code, out, _ = run(capsys, "train", "--data", "mnist", "--data-dir", str(mnist_dir))
+    assert code == 0
+    assert "mnist (54000 train" in out or "mnist (54001 train" in out
+    assert len(table_rows(out)) == 5
+    assert float(out.split("test accuracy")[1].split()[0]) >= 0.975
