@@ -229,3 +229,18 @@ def test_cli_trains_with_targetprop_and_cd(tmp_path, capsys):
     assert "RBM 64-16, CD-2" in out and "test reconstruction error" in out
     assert plot.stat().st_size > 0
     assert main(["train", "--pure", "--epochs", "1"]) == 1     # --pure needs targetprop
+
+
+def test_cd_validates_on_x_val_alone_and_bp_still_needs_y_val():
+    """An algorithm without targets validates on images alone; bp refuses half a validation set."""
+    rng = np.random.default_rng(0)
+    x = (rng.random((40, 6)) < 0.5).astype(np.float64)
+    rbm = fastlib.RBM(6, 3, dtype=np.float64, seed=0)
+    result = fastlib.train(rbm, x[:30], None, 2, 10, 0.1, None, x[30:], None, "SGD",
+                           algorithm="cd", verbose=False)
+    assert len(result.val_loss_history) == 2
+    assert all(np.isfinite(result.val_loss_history))
+    model = fastlib.Sequential([fastlib.Dense(6, 2)], dtype=np.float64)
+    with pytest.raises(ValueError, match="x_val was given without y_val"):
+        fastlib.train(model, x, np.zeros((40, 1)), 1, 10, 0.1, "cross_entropy", x[30:], None,
+                      verbose=False)

@@ -320,8 +320,12 @@ class _Loop:
             loss_type = losses.resolve_loss(loss_type)
         self.loss_type = loss_type
         self.x = _as_inputs(model, x, "x")
-        if x_val is None and y_val is not None or x_val is not None and y_val is None:
-            raise ValueError("pass both x_val and y_val for validation, or neither")
+        if x_val is None and y_val is not None:
+            raise ValueError("y_val was given without x_val: pass both for validation, or neither")
+        if x_val is not None and y_val is None and self.algo.needs_targets:
+            raise ValueError("x_val was given without y_val: pass both for validation, or "
+                             f"neither (only an algorithm without targets, like 'cd', "
+                             f"validates on x_val alone)")
         self.x_val = None if x_val is None else _as_inputs(model, x_val, "x_val")
         if self.algo.needs_targets:
             if y is None:

@@ -239,7 +239,7 @@ def _run_cd(args, data, train, val, epochs, batch_size, dtype, t0) -> int:
           f"{dtype.name}; loss = reconstruction error of the chain, val_loss = mean-field",
           file=out)
     result = fastlib.train(rbm, train.x, None, epochs, batch_size, args.lr, None,
-                           None if val is None else val.x, None if val is None else val.y,
+                           None if val is None else val.x, None,
                            args.optimizer, gradient_clip=args.gradient_clip,
                            clip_mode=args.clip_mode, seed=args.seed, device=args.device,
                            algorithm="cd", callbacks=[_Table(out)], verbose=False,
