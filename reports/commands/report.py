@@ -1,15 +1,292 @@
-"""`verigrad report`: not built yet."""
+"""``verigrad report``: measure every op's VJP accuracy on every engine and write the report.
+
+Writes ``report.md``, ``report.html`` (self-contained), ``report.json`` (validated against
+``reports.schema``, which is written beside it as ``report_schema.json``) and one PNG per op
+plus ``overview.png`` into ``--out``. Exit codes: 0 done; 1 with ``--fail-on-regression`` when
+an op's error grew by more than 2× against ``--baseline``; 2 for a usage error (an unknown or
+unavailable engine, a bad dtype or op, an unreadable baseline).
+"""
 from __future__ import annotations
 
+import json
+import pathlib
 import sys
+import time
+
+DEFAULT_OUT = "accuracy-report"
 
 
 def add_arguments(parser):
-    """No options until the subcommand is built."""
-    parser.add_argument("rest", nargs="*", help="(not available yet)")
+    """Options of ``verigrad report``."""
+    from reports import accuracy
+
+    parser.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
+                        help=f"directory to write into (default: ./{DEFAULT_OUT})")
+    parser.add_argument("--engines", nargs="+", metavar="NAME",
+                        help="engines to measure: registered names (reflib fastlib "
+                             "fastlib-cuda torch jax) or 'module:Engine' plugins; default: "
+                             "every registered engine available here")
+    parser.add_argument("--dtypes", nargs="+", metavar="DTYPE", default=list(accuracy.DTYPES),
+                        help="float32 and/or float64 (default: both)")
+    parser.add_argument("--samples", type=int, metavar="N",
+                        help=f"random cases per source (uniform, log-uniform) and op "
+                             f"(default {accuracy.DEFAULT_SAMPLES}; "
+                             f"{accuracy.QUICK_SAMPLES} with --quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a fast report: few samples and three finite-difference steps")
+    parser.add_argument("--ops", nargs="+", metavar="OP",
+                        help="measure only these registry ops (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random cases")
+    parser.add_argument("--baseline", metavar="OLD.json",
+                        help="an earlier report.json: flag each op whose error grew by more "
+                             "than 2x")
+    parser.add_argument("--fail-on-regression", action="store_true",
+                        help="exit 1 when --baseline flags a regression (for CI)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _fail(message):
+    print(f"verigrad report: {message}", file=sys.stderr)
+    return 2
+
+
+def _engines(names):
+    """(engine objects, [(name, reason)] unavailable) for ``names`` (None: the defaults)."""
+    from reports.conformance import engines as registry
+
+    if names is None:
+        statuses = registry.available_engines()
+        chosen = [registry.get_engine(s.name) for s in statuses if s.available]
+        return chosen, [(s.name, s.reason) for s in statuses if not s.available]
+    chosen = []
+    for name in dict.fromkeys(names):            # each engine once, in the order given
+        engine = registry.get_engine(name)
+        if any(e.name == engine.name for e in chosen):
+            raise ValueError(f"two engines are named {engine.name!r} ({name!r} and another); "
+                             f"rows are keyed by engine name, so give each a distinct name")
+        chosen.append(engine)
+    return chosen, []
+
+
+def _load_baseline(path):
+    from reports import schema
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"cannot read baseline {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"baseline {path} is not JSON ({exc}); pass a report.json written "
+                         f"by verigrad report") from None
+    try:
+        schema.check(doc)
+    except ValueError as exc:
+        raise ValueError(f"baseline {path} is not a verigrad report: {exc}") from None
+    return doc
+
+
+class FigureWorker:
+    """Draws each op's figure in a second process while the main one measures the next op.
+
+    NOTE: matplotlib needs about a second per figure here, as long as measuring a quick op;
+    overlapping the two keeps ``--quick`` within its minute on two cores. Where a process
+    cannot be started (or dies), the figures are drawn in this process instead.
+    """
+
+    def __init__(self, engine_names, edges, parallel=True):
+        from reports.render import plots
+
+        self.colors = plots.engine_colors(engine_names)
+        self.edges = edges
+        self.pending = {}
+        self.pool = None
+        if parallel:
+            try:
+                import multiprocessing
+                from concurrent.futures import ProcessPoolExecutor
+
+                self.pool = ProcessPoolExecutor(
+                    max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            except (OSError, ValueError, ImportError):  # no processes here: draw inline
+                self.pool = None
+
+    def submit(self, name, result):
+        """Start drawing op ``name``'s figure."""
+        from reports.render import plots
+
+        if self.pool is not None:
+            try:
+                self.pending[name] = self.pool.submit(plots.op_figure, name, result,
+                                                      self.edges, self.colors)
+                return
+            except RuntimeError:  # the pool broke: fall back to drawing later, inline
+                self.pool = None
+        self.pending[name] = None
+
+    def collect(self, report, progress=None):
+        """Every op's figure (drawing here whatever the worker did not), then stop it."""
+        from reports.render import plots
+
+        figures = {}
+        for name, result in report["ops"].items():
+            future = self.pending.get(name)
+            png = None
+            if future is not None:
+                try:
+                    png = future.result()
+                except Exception:  # noqa: BLE001 - a dead worker: draw it here instead
+                    png = None
+            figures[name] = png or plots.op_figure(name, result, self.edges, self.colors)
+            if progress is not None:
+                progress(name)
+        self.close()
+        return figures
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+
+def write_outputs(report, out, figures=None, progress=None):
+    """Render ``report`` into directory ``out``: PNGs, report.md/.html/.json, the schema.
+
+    Parameters
+    ----------
+    report : dict
+        A measured report.
+    out : str or pathlib.Path
+        The directory (created if needed).
+    figures : dict, optional
+        Op name -> PNG bytes already drawn (a :class:`FigureWorker`'s); the rest are drawn here.
+    progress : callable, optional
+        Called with each op's name as its figure is ready.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files written.
+    """
+    from reports import schema
+    from reports.render import html, markdown, plots
+
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    figures = dict(figures or {})
+    colors = plots.engine_colors(plots.engine_names(report))
+    for name, result in report["ops"].items():
+        if not figures.get(name):
+            figures[name] = plots.op_figure(name, result, report["histogram_edges"], colors)
+        if progress is not None:
+            progress(name)
+    figures["overview"] = plots.overview_figure(report)
+    written = []
+    for name, png in figures.items():
+        path = out / f"{name}.png"
+        path.write_bytes(png)
+        written.append(path)
+    report["timing"]["render_seconds"] = round(time.perf_counter() - started, 3)
+    schema.check(report)
+    for filename, text in (("report.md", markdown.render(report)),
+                           ("report.html", html.render(report, figures)),
+                           ("report.json", json.dumps(report, indent=1)),
+                           ("report_schema.json", schema.dumps())):
+        path = out / filename
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def _bar_lines(report):
+    b = report["bar"]
+    lines = []
+    f64 = [e for e in b["float64"]]
+    if f64:
+        miss = [e["op"] for e in f64 if e["status"] == "fail"]
+        lines.append(f"  {b['engine']} float64 within {b['few_ulps']:g} ULPs (well-conditioned): "
+                     f"{len(f64) - len(miss)}/{len(f64)} ops" + (f"; misses: {', '.join(miss)}"
+                                                                if miss else ""))
+    f32 = [e for e in b["float32"] if e["status"] != "not measured"]
+    if f32:
+        miss = [e["op"] for e in f32 if e["status"] == "fail"]
+        lines.append(f"  {b['engine']} float32 median <= {b['rival']} float32: "
+                     f"{len(f32) - len(miss)}/{len(f32)} ops" + (f"; misses: {', '.join(miss)}"
+                                                                if miss else ""))
+    return lines
 
 
 def run(args) -> int:
-    """Say in one line that the subcommand is not built yet; exit code 2."""
-    print("verigrad report: not implemented yet (see the open issues)", file=sys.stderr)
-    return 2
+    """Measure, compare with the baseline, write every output; the exit code."""
+    from tqdm import tqdm
+
+    from reports import accuracy
+    from reports.conformance.engines import EngineUnavailableError, UnknownEngineError
+    from reports.render import fmt_num
+
+    if args.fail_on_regression and not args.baseline:
+        return _fail("--fail-on-regression needs --baseline OLD.json (the report to compare "
+                     "with)")
+    overrides = dict(dtypes=tuple(args.dtypes), seed=args.seed,
+                     ops=tuple(args.ops) if args.ops else None)
+    if args.samples is not None:
+        overrides["samples"] = args.samples
+    config = (accuracy.Config.quick_config(**overrides) if args.quick
+              else accuracy.Config(**overrides))
+    try:
+        config.validate()
+        baseline = _load_baseline(args.baseline) if args.baseline else None
+        engines, unavailable = _engines(args.engines)
+    except (ValueError, TypeError, UnknownEngineError, EngineUnavailableError) as exc:
+        return _fail(str(exc))
+    if not engines:
+        return _fail("no engine to measure (see `verigrad conform --help` for the engines)")
+    import spec
+
+    ops = list(config.ops or spec.OPS)
+    worker = FigureWorker([e.name for e in engines], [accuracy.json_number(e) for e in
+                                                      accuracy.HIST_EDGES])
+    try:
+        with tqdm(total=len(ops), desc="measuring", unit="op", file=sys.stderr,
+                  disable=args.no_progress) as bar:
+            def advance(name, result):
+                worker.submit(name, result)
+                bar.set_postfix_str(name)
+                bar.update(1)
+
+            report = accuracy.measure(config, engines, unavailable, on_op=advance)
+        if baseline is not None:
+            report["regressions"] = accuracy.compare(baseline, report, source=args.baseline)
+        with tqdm(total=len(ops), desc="plotting", unit="op", file=sys.stderr,
+                  disable=args.no_progress) as bar:
+            figures = worker.collect(report, progress=lambda name: bar.update(1))
+            written = write_outputs(report, args.out, figures)
+    finally:
+        worker.close()
+    out = pathlib.Path(args.out)
+    print(f"wrote {out / 'report.md'}, {out / 'report.html'}, {out / 'report.json'} and "
+          f"{sum(p.suffix == '.png' for p in written)} PNG plots "
+          f"({report['timing']['total_seconds']:.0f} s measuring, "
+          f"{report['timing']['render_seconds']:.0f} s rendering)")
+    worst = next((r for r in report["summary"] if r["status"] != "unsupported"), None)
+    if worst is not None:
+        print(f"  worst row: {worst['op']} on {worst['engine']} {worst['dtype']}: median "
+              f"{fmt_num(worst['median_ulp'])} ULP, max {fmt_num(worst['max_ulp'])} ULP")
+    for line in _bar_lines(report):
+        print(line)
+    reg = report["regressions"]
+    if reg is not None:
+        flagged = reg["flagged"]
+        print(f"  against {args.baseline}: {len(flagged)} regression(s) in {reg['compared']} "
+              f"rows (growth > {reg['factor']:g}x)")
+        for f in flagged:
+            print(f"    {f['op']} {f['engine']} {f['dtype']} {f['metric']}: "
+                  f"{fmt_num(f['baseline'])} -> {fmt_num(f['current'])} "
+                  f"({fmt_num(f['ratio'])}x)")
+        if reg["config_differs"]:
+            print(f"  note: configuration differs from the baseline in "
+                  f"{', '.join(reg['config_differs'])}")
+        if flagged and args.fail_on_regression:
+            return 1
+    return 0
