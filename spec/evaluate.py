@@ -77,7 +77,8 @@ def as_array(x, where):
 
 def _finite_mask(arr):
     if arr.dtype == object:
-        return np.frompyfunc(lambda v: bool(mpmath.isfinite(v)), 1, 1)(arr).astype(bool)
+        # np.asarray: frompyfunc hands back a plain bool, not an array, for a 0-d input
+        return np.asarray(np.frompyfunc(lambda v: bool(mpmath.isfinite(v)), 1, 1)(arr), dtype=bool)
     return np.isfinite(arr)
 
 

@@ -468,3 +468,13 @@ def test_evaluate_forward_matches_evaluate():
     out, _ = spec.evaluate("softmax", [x], np.ones((2, 2)))
     assert all(a == b for a, b in zip(out.reshape(-1), spec.evaluate_forward("softmax", [x])
                                        .reshape(-1)))
+
+
+def test_zero_dimensional_mpf_inputs_are_accepted():
+    """A 0-d object array of mpf (a loss value fed back in) evaluates like a float would."""
+    import mpmath
+    x = np.empty((), dtype=object)
+    x[()] = mpmath.mpf("0.25")
+    out, (g,) = spec.evaluate("square", [x], np.array(2.0))
+    assert out.shape == () and out[()] == mpmath.mpf("0.0625")
+    assert g[()] == 1  # 2 * x * grad = 2 * 0.25 * 2
