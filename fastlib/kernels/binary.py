@@ -1,0 +1,266 @@
+"""Binary ops with NumPy broadcasting: add, sub, mul, div, maximum (forward and VJP).
+
+Broadcasting is reduced to a 2-D problem: the output is viewed as (M, K) after merging
+adjacent axes, and each operand is addressed as ``base[row * row_stride + col * col_stride]``
+with strides of 0 along broadcast axes. Shape pairs that do not merge into two axes (such as
+``(n, 1, n)`` against ``(1, n, 1)``) are materialised with ``np.broadcast_to`` first. The VJP
+computes each operand's contribution at the output's shape and sums it back to the operand's
+shape with the pairwise reduction of ``fastlib.kernels.reduce``.
+
+NOTE (kink): ``maximum`` sends the whole cotangent to ``a`` where ``a >= b`` (ties go to the
+first argument) and to ``b`` elsewhere; a NaN in ``a`` counts as "a wins", so NaN propagates
+forward and backward as in ``np.maximum``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from fastlib import config
+from fastlib.kernels.reduce import sum_to_shape
+
+_FM = config.FASTMATH
+
+BINARY_OPS = ("add", "sub", "mul", "div", "maximum")
+CODES = {name: code for code, name in enumerate(BINARY_OPS)}
+_ADD, _SUB, _MUL, _DIV, _MAX = range(len(BINARY_OPS))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _binop(op, x, y):
+    if op == _ADD:
+        return x + y
+    if op == _SUB:
+        return x - y
+    if op == _MUL:
+        return x * y
+    if op == _DIV:
+        return x / y
+    return x if (x >= y or x != x) else y
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _forward_span(op, a, oa, ca, b, ob, cb, out):
+    """out[j] = op(a[oa + j ca], b[ob + j cb]); one loop per stride pattern (ca, cb in {0, 1})
+    over slice views (offset indexing would keep Numba's negative-index wraparound in the
+    loop and stop it vectorising); the op test is loop-invariant and hoisted."""
+    k = out.size
+    if ca == 1 and cb == 1:
+        av = a[oa:oa + k]
+        bv = b[ob:ob + k]
+        for j in range(k):
+            out[j] = _binop(op, av[j], bv[j])
+    elif ca == 0 and cb == 1:
+        x = a[oa]
+        bv = b[ob:ob + k]
+        for j in range(k):
+            out[j] = _binop(op, x, bv[j])
+    elif ca == 1 and cb == 0:
+        av = a[oa:oa + k]
+        y = b[ob]
+        for j in range(k):
+            out[j] = _binop(op, av[j], y)
+    else:
+        v = _binop(op, a[oa], b[ob])
+        for j in range(k):
+            out[j] = v
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _forward_tasks(op, a, sa, b, sb, out, parts, t0, t1):
+    """out = op(a, b) for tasks t0..t1 of the (M, K) output; sa/sb = (row, col) strides.
+
+    Task t covers row t // parts, columns of piece t % parts (parts > 1 splits long rows).
+    """
+    k = out.shape[1]
+    for t in range(t0, t1):
+        r = t // parts
+        j0 = k * (t % parts) // parts
+        j1 = k * (t % parts + 1) // parts
+        _forward_span(op, a, r * sa[0] + j0 * sa[1], sa[1], b, r * sb[0] + j0 * sb[1], sb[1],
+                      out[r, j0:j1])
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _vjp_pair(op, x, y, g):
+    """(g * d op/dx, g * d op/dy) in float64 (exact products for float32 operands)."""
+    xv = np.float64(x)
+    yv = np.float64(y)
+    gv = np.float64(g)
+    if op == _MUL:
+        return gv * yv, gv * xv
+    if op == _DIV:
+        q = gv / yv
+        return q, -q * (xv / yv)
+    win = x >= y or x != x          # NOTE: ties (and NaN in a) go to the first argument
+    return (gv, 0.0) if win else (0.0, gv)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _vjp_span(op, a, oa, ca, b, ob, cb, g, ga, gb):
+    """Contributions of one span of the output (see ``_forward_span``)."""
+    k = g.size
+    if ca == 1 and cb == 1:
+        av = a[oa:oa + k]
+        bv = b[ob:ob + k]
+        for j in range(k):
+            ga[j], gb[j] = _vjp_pair(op, av[j], bv[j], g[j])
+    elif ca == 0 and cb == 1:
+        x = a[oa]
+        bv = b[ob:ob + k]
+        for j in range(k):
+            ga[j], gb[j] = _vjp_pair(op, x, bv[j], g[j])
+    elif ca == 1 and cb == 0:
+        av = a[oa:oa + k]
+        y = b[ob]
+        for j in range(k):
+            ga[j], gb[j] = _vjp_pair(op, av[j], y, g[j])
+    else:
+        x = a[oa]
+        y = b[ob]
+        for j in range(k):
+            ga[j], gb[j] = _vjp_pair(op, x, y, g[j])
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _vjp_tasks(op, a, sa, b, sb, g, ga, gb, parts, t0, t1):
+    """Contributions at the output's shape: ga = g * d op/da, gb = g * d op/db (mul, div, max),
+    for tasks as in ``_forward_tasks``. Products and quotients are formed in float64."""
+    k = g.shape[1]
+    for t in range(t0, t1):
+        r = t // parts
+        j0 = k * (t % parts) // parts
+        j1 = k * (t % parts + 1) // parts
+        _vjp_span(op, a, r * sa[0] + j0 * sa[1], sa[1], b, r * sb[0] + j0 * sb[1], sb[1],
+                  g[r, j0:j1], ga[r, j0:j1], gb[r, j0:j1])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _forward(op, a, sa, b, sb, out, parts, nchunks):
+    tasks = out.shape[0] * parts
+    for c in prange(nchunks):
+        _forward_tasks(op, a, sa, b, sb, out, parts, tasks * c // nchunks,
+                       tasks * (c + 1) // nchunks)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _vjp(op, a, sa, b, sb, g, ga, gb, parts, nchunks):
+    tasks = g.shape[0] * parts
+    for c in prange(nchunks):
+        _vjp_tasks(op, a, sa, b, sb, g, ga, gb, parts, tasks * c // nchunks,
+                   tasks * (c + 1) // nchunks)
+
+
+def _split(m, size):
+    """(column pieces per row, prange chunks): split rows when there are fewer than chunks."""
+    nchunks = config.num_chunks(size)
+    parts = nchunks if m < nchunks else 1
+    return parts, nchunks
+
+
+def broadcast_shape(op, a_shape, b_shape):
+    """The broadcast output shape, or a ValueError naming both shapes."""
+    try:
+        return np.broadcast_shapes(a_shape, b_shape)
+    except ValueError:
+        raise ValueError(f"{op}: shapes {a_shape} and {b_shape} do not broadcast (NumPy rules: "
+                         f"trailing dimensions must be equal or 1)") from None
+
+
+def _plan(a, b, shape):
+    """Operands as flat arrays with (row, col) strides over an (M, K) view of the output."""
+    nd = len(shape)
+    dims = list(shape)
+    strides = []
+    for x in (a, b):
+        padded = (1,) * (nd - x.ndim) + x.shape
+        st = [0] * nd
+        step = 1
+        for i in range(nd - 1, -1, -1):
+            st[i] = 0 if padded[i] == 1 else step
+            step *= padded[i]
+        strides.append(st)
+    # merge adjacent axes that are contiguous for both operands (size-1 axes merge freely)
+    merged = []          # list of [size, stride_a, stride_b]
+    for i in range(nd):
+        size, s_a, s_b = dims[i], strides[0][i], strides[1][i]
+        if size == 1:
+            continue
+        if merged:
+            last = merged[-1]
+            if last[1] == s_a * size and last[2] == s_b * size:
+                merged[-1] = [last[0] * size, s_a, s_b]
+                continue
+        merged.append([size, s_a, s_b])
+    if not merged:
+        merged = [[1, 0, 0]]
+    if len(merged) == 1:
+        merged.insert(0, [1, 0, 0])
+    if len(merged) > 2:
+        return None
+    (m, ra, rb), (k, ca, cb) = merged
+    return (m, k, a.reshape(-1), np.array([ra, ca], np.int64),
+            b.reshape(-1), np.array([rb, cb], np.int64))
+
+
+def _planned(a, b, shape):
+    plan = _plan(a, b, shape)
+    if plan is None:
+        a = np.ascontiguousarray(np.broadcast_to(a, shape))
+        b = np.ascontiguousarray(np.broadcast_to(b, shape))
+        plan = _plan(a, b, shape)
+    return plan
+
+
+def binary_forward(name, a, b):
+    """``name(a, b)`` with NumPy broadcasting, for C-contiguous arrays of one float dtype.
+
+    Parameters
+    ----------
+    name : str
+        One of ``BINARY_OPS``.
+    a, b : ndarray
+        Operands (validated by ``fastlib.ops``; shapes must broadcast).
+
+    Returns
+    -------
+    ndarray
+        The broadcast result, a new C-contiguous array.
+    """
+    shape = broadcast_shape(name, a.shape, b.shape)
+    out = np.empty(shape, a.dtype)
+    if out.size == 0:
+        return out
+    m, k, fa, sa, fb, sb = _planned(a, b, shape)
+    parts, nchunks = _split(m, out.size)
+    if nchunks == 1:    # no parallel region: no thread hand-off for small arrays
+        _forward_tasks(CODES[name], fa, sa, fb, sb, out.reshape(m, k), 1, 0, m)
+    else:
+        _forward(CODES[name], fa, sa, fb, sb, out.reshape(m, k), parts, nchunks)
+    return out
+
+
+def binary_vjp(name, a, b, grad):
+    """(grad_a, grad_b): each operand's cotangent, summed back to the operand's shape."""
+    shape = broadcast_shape(name, a.shape, b.shape)
+    if name == "add":
+        return sum_to_shape(grad, a.shape).copy(), sum_to_shape(grad, b.shape).copy()
+    if name == "sub":
+        return sum_to_shape(grad, a.shape).copy(), -sum_to_shape(grad, b.shape)
+    # NOTE: when a contribution is summed back over broadcast axes, the contributions are
+    # formed in float64: a product of two float32 numbers is exact there, so the float32
+    # result is the exact sum rounded once, however much the terms cancel.
+    reduced = shape != a.shape or shape != b.shape
+    work = np.float64 if reduced else a.dtype
+    ga = np.empty(shape, work)
+    gb = np.empty(shape, work)
+    if ga.size:
+        m, k, fa, sa, fb, sb = _planned(a, b, shape)
+        parts, nchunks = _split(m, ga.size)
+        views = (grad.reshape(m, k), ga.reshape(m, k), gb.reshape(m, k))
+        if nchunks == 1:
+            _vjp_tasks(CODES[name], fa, sa, fb, sb, *views, 1, 0, m)
+        else:
+            _vjp(CODES[name], fa, sa, fb, sb, *views, parts, nchunks)
+    return (sum_to_shape(ga, a.shape).astype(a.dtype, copy=False),
+            sum_to_shape(gb, b.shape).astype(a.dtype, copy=False))

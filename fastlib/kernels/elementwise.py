@@ -1,0 +1,199 @@
+"""The unary ops over arrays: forward ``y = f(x)`` and VJP ``gx = g * f'(x)``.
+
+One chunk kernel per direction runs the op's scalar function (``fastlib.kernels.scalar``) over
+a contiguous 1-D slice; the op is chosen by an integer code *outside* the loop, so every loop is
+a plain vectorisable map. A ``prange`` driver splits the array into ``nchunks`` slices
+(``fastlib.config.num_chunks``); below the parallel threshold the launcher calls the chunk
+kernel directly, so small arrays never enter a parallel region. Inputs are flattened
+C-contiguous views; the launchers allocate the output.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from fastlib import config
+from fastlib.kernels import scalar as S
+
+_FM = config.FASTMATH
+
+# op name -> code (the order is fixed by this tuple)
+UNARY_OPS = ("neg", "exp", "log", "sqrt", "square", "abs", "relu", "leaky_relu", "silu",
+             "gelu", "gelu_tanh", "tanh", "sigmoid", "softplus", "identity")
+CODES = {name: code for code, name in enumerate(UNARY_OPS)}
+(_NEG, _EXP, _LOG, _SQRT, _SQUARE, _ABS, _RELU, _LEAKY, _SILU, _GELU, _GELU_TANH, _TANH,
+ _SIGMOID, _SOFTPLUS, _IDENTITY) = range(len(UNARY_OPS))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _forward_chunk(op, x, out, slope):
+    n = x.size
+    if op == _NEG:
+        for i in range(n):
+            out[i] = S.neg_f(x[i])
+    elif op == _EXP:
+        for i in range(n):
+            out[i] = S.exp_f(x[i])
+    elif op == _LOG:
+        for i in range(n):
+            out[i] = S.log_f(x[i])
+    elif op == _SQRT:
+        for i in range(n):
+            out[i] = S.sqrt_f(x[i])
+    elif op == _SQUARE:
+        for i in range(n):
+            out[i] = S.square_f(x[i])
+    elif op == _ABS:
+        for i in range(n):
+            out[i] = S.abs_f(x[i])
+    elif op == _RELU:
+        for i in range(n):
+            out[i] = S.relu_f(x[i])
+    elif op == _LEAKY:
+        for i in range(n):
+            out[i] = S.leaky_relu_f(x[i], slope)
+    elif op == _SILU:
+        for i in range(n):
+            out[i] = S.silu_f(x[i])
+    elif op == _GELU:
+        for i in range(n):
+            out[i] = S.gelu_f(x[i])
+    elif op == _GELU_TANH:
+        for i in range(n):
+            out[i] = S.gelu_tanh_f(x[i])
+    elif op == _TANH:
+        for i in range(n):
+            out[i] = S.tanh_f(x[i])
+    elif op == _SIGMOID:
+        for i in range(n):
+            out[i] = S.sigmoid_f(x[i])
+    elif op == _SOFTPLUS:
+        for i in range(n):
+            out[i] = S.softplus_f(x[i])
+    else:
+        for i in range(n):
+            out[i] = S.identity_f(x[i])
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _vjp_chunk(op, x, g, out, slope):
+    n = x.size
+    if op == _NEG:
+        for i in range(n):
+            out[i] = -g[i]
+    elif op == _EXP:
+        for i in range(n):
+            out[i] = g[i] * S.exp_df(x[i])
+    elif op == _LOG:
+        for i in range(n):
+            out[i] = g[i] / x[i]
+    elif op == _SQRT:
+        for i in range(n):
+            out[i] = g[i] * S.sqrt_df(x[i])
+    elif op == _SQUARE:
+        for i in range(n):
+            out[i] = g[i] * S.square_df(x[i])
+    elif op == _ABS:
+        for i in range(n):
+            out[i] = g[i] * S.abs_df(x[i])
+    elif op == _RELU:
+        for i in range(n):
+            out[i] = g[i] * S.relu_df(x[i])
+    elif op == _LEAKY:
+        for i in range(n):
+            out[i] = g[i] * S.leaky_relu_df(x[i], slope)
+    elif op == _SILU:
+        for i in range(n):
+            out[i] = g[i] * S.silu_df(x[i])
+    elif op == _GELU:
+        for i in range(n):
+            out[i] = g[i] * S.gelu_df(x[i])
+    elif op == _GELU_TANH:
+        for i in range(n):
+            out[i] = g[i] * S.gelu_tanh_df(x[i])
+    elif op == _TANH:
+        for i in range(n):
+            out[i] = g[i] * S.tanh_df(x[i])
+    elif op == _SIGMOID:
+        for i in range(n):
+            out[i] = g[i] * S.sigmoid_df(x[i])
+    elif op == _SOFTPLUS:
+        for i in range(n):
+            out[i] = g[i] * S.softplus_df(x[i])
+    else:
+        for i in range(n):
+            out[i] = g[i]
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _forward(op, x, out, slope, nchunks):
+    n = x.size
+    for c in prange(nchunks):
+        lo = n * c // nchunks
+        hi = n * (c + 1) // nchunks
+        _forward_chunk(op, x[lo:hi], out[lo:hi], slope)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _vjp(op, x, g, out, slope, nchunks):
+    n = x.size
+    for c in prange(nchunks):
+        lo = n * c // nchunks
+        hi = n * (c + 1) // nchunks
+        _vjp_chunk(op, x[lo:hi], g[lo:hi], out[lo:hi], slope)
+
+
+def unary_forward(name, x, negative_slope=0.01):
+    """``name(x)`` for a unary op on a C-contiguous float32/float64 array (new array).
+
+    Parameters
+    ----------
+    name : str
+        One of ``UNARY_OPS``.
+    x : ndarray
+        C-contiguous float32 or float64 input (validated by ``fastlib.ops``).
+    negative_slope : float
+        leaky_relu's slope (ignored by the other ops).
+
+    Returns
+    -------
+    ndarray
+        Same shape and dtype as ``x``.
+    """
+    out = np.empty_like(x)
+    flat = x.reshape(-1)
+    nchunks = config.num_chunks(flat.size)
+    slope = x.dtype.type(negative_slope)
+    if nchunks == 1:    # no parallel region at all: no thread hand-off on a busy machine
+        _forward_chunk(CODES[name], flat, out.reshape(-1), slope)
+    else:
+        _forward(CODES[name], flat, out.reshape(-1), slope, nchunks)
+    return out
+
+
+def unary_vjp(name, x, grad, negative_slope=0.01):
+    """``grad * name'(x)`` (the VJP of a unary op) for C-contiguous arrays of one shape/dtype.
+
+    Parameters
+    ----------
+    name : str
+        One of ``UNARY_OPS``.
+    x, grad : ndarray
+        The op's input and the cotangent of its output (same shape, same dtype).
+    negative_slope : float
+        leaky_relu's slope (ignored by the other ops).
+
+    Returns
+    -------
+    ndarray
+        The cotangent of ``x``.
+    """
+    out = np.empty_like(x)
+    flat = x.reshape(-1)
+    nchunks = config.num_chunks(flat.size)
+    slope = x.dtype.type(negative_slope)
+    if nchunks == 1:
+        _vjp_chunk(CODES[name], flat, grad.reshape(-1), out.reshape(-1), slope)
+    else:
+        _vjp(CODES[name], flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)
+    return out

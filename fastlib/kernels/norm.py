@@ -1,0 +1,301 @@
+"""Row normalisations: softmax, log_softmax (any axis), layer_norm and rms_norm (last axis).
+
+Each kernel is a serial function over a range of rows (P, D) with a ``prange`` driver over
+chunks of rows; below the parallel threshold the launcher calls the row function directly
+(no parallel region).
+softmax and log_softmax go through the log-sum-exp of each row, shifted by the row maximum, so
+they are finite for any finite input. Row statistics (sums of exps, means, variances, the dot
+products of the VJPs) accumulate in float64 with the pairwise sum of
+``fastlib.kernels.reduce`` (see its NOTE); layer_norm and rms_norm also form their outputs in
+float64 and round once.
+
+NOTE (log_softmax): the output is ``(x - max) - log(sum exp(x - max))``; both terms are <= 0,
+so the subtraction never cancels and each entry keeps its relative accuracy.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from fastlib import config
+from fastlib.kernels.reduce import _pairwise_sum, _row_max, _row_sumexp
+from fastlib.kernels.vecmath import fexp, like
+
+_FM = config.FASTMATH
+
+
+@njit(cache=True, nogil=True)
+def _chunk(n, c, nchunks):
+    """(start, stop) of chunk c of nchunks over range(n)."""
+    return n * c // nchunks, n * (c + 1) // nchunks
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _softmax_rows(x, g, out, eps, r0, r1):
+    d = x.shape[1]
+    for row in range(r0, r1):
+        v = x[row]
+        o = out[row]
+        m = _row_max(v)
+        for j in range(d):
+            o[j] = fexp(v[j] - m)
+        s = like(v[0], _pairwise_sum(o, 0, d))
+        for j in range(d):
+            o[j] = o[j] / s
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _log_softmax_rows(x, g, out, eps, r0, r1):
+    d = x.shape[1]
+    for row in range(r0, r1):
+        v = x[row]
+        o = out[row]
+        m = _row_max(v)
+        ls = like(v[0], math.log(_row_sumexp(v, m)))
+        for j in range(d):
+            o[j] = (v[j] - m) - ls
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _softmax_rows_vjp(x, g, out, eps, r0, r1):
+    """gx = y * (g - sum(g * y)), y = softmax(x) per row."""
+    d = x.shape[1]
+    prod = np.empty(d)
+    for row in range(r0, r1):
+        v = x[row]
+        o = out[row]
+        gr = g[row]
+        m = _row_max(v)
+        for j in range(d):
+            o[j] = fexp(v[j] - m)
+        s = like(v[0], _pairwise_sum(o, 0, d))
+        for j in range(d):
+            o[j] = o[j] / s
+            prod[j] = np.float64(gr[j]) * np.float64(o[j])
+        dot = like(v[0], _pairwise_sum(prod, 0, d))
+        for j in range(d):
+            o[j] = o[j] * (gr[j] - dot)
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _log_softmax_rows_vjp(x, g, out, eps, r0, r1):
+    """gx = g - softmax(x) * sum(g) per row."""
+    d = x.shape[1]
+    for row in range(r0, r1):
+        v = x[row]
+        o = out[row]
+        gr = g[row]
+        m = _row_max(v)
+        lse = like(v[0], np.float64(m) + math.log(_row_sumexp(v, m)))
+        gsum = like(v[0], _pairwise_sum(gr, 0, d))
+        for j in range(d):
+            o[j] = gr[j] - fexp(v[j] - lse) * gsum
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _layer_norm_rows(x, g, out, eps, r0, r1):
+    """y = (x - mean) / sqrt(var + eps), var biased; statistics and y in float64."""
+    d = x.shape[1]
+    dev = np.empty(d)
+    for row in range(r0, r1):
+        v = x[row]
+        mu = _pairwise_sum(v, 0, d) / d
+        for j in range(d):
+            t = np.float64(v[j]) - mu
+            dev[j] = t * t
+        r = 1.0 / math.sqrt(_pairwise_sum(dev, 0, d) / d + eps)
+        for j in range(d):
+            out[row, j] = (np.float64(v[j]) - mu) * r
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _layer_norm_rows_vjp(x, g, out, eps, r0, r1):
+    """gx = r (g - mean(g) - y mean(g y)), y the normalised row, r = 1 / sqrt(var + eps)."""
+    d = x.shape[1]
+    y = np.empty(d)
+    tmp = np.empty(d)
+    for row in range(r0, r1):
+        v = x[row]
+        gr = g[row]
+        mu = _pairwise_sum(v, 0, d) / d
+        for j in range(d):
+            t = np.float64(v[j]) - mu
+            tmp[j] = t * t
+        r = 1.0 / math.sqrt(_pairwise_sum(tmp, 0, d) / d + eps)
+        for j in range(d):
+            y[j] = (np.float64(v[j]) - mu) * r
+            tmp[j] = np.float64(gr[j]) * y[j]
+        gy = _pairwise_sum(tmp, 0, d) / d
+        gm = _pairwise_sum(gr, 0, d) / d
+        for j in range(d):
+            out[row, j] = r * (np.float64(gr[j]) - gm - y[j] * gy)
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _rms_norm_rows(x, g, out, eps, r0, r1):
+    """y = x / sqrt(mean(x^2) + eps) in float64."""
+    d = x.shape[1]
+    sq = np.empty(d)
+    for row in range(r0, r1):
+        v = x[row]
+        for j in range(d):
+            t = np.float64(v[j])
+            sq[j] = t * t
+        r = 1.0 / math.sqrt(_pairwise_sum(sq, 0, d) / d + eps)
+        for j in range(d):
+            out[row, j] = np.float64(v[j]) * r
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _rms_norm_rows_vjp(x, g, out, eps, r0, r1):
+    """gx = r (g - y mean(g y)), y = x r, r = 1 / sqrt(mean(x^2) + eps)."""
+    d = x.shape[1]
+    tmp = np.empty(d)
+    for row in range(r0, r1):
+        v = x[row]
+        gr = g[row]
+        for j in range(d):
+            t = np.float64(v[j])
+            tmp[j] = t * t
+        r = 1.0 / math.sqrt(_pairwise_sum(tmp, 0, d) / d + eps)
+        for j in range(d):
+            tmp[j] = np.float64(gr[j]) * np.float64(v[j]) * r
+        gy = _pairwise_sum(tmp, 0, d) / d
+        for j in range(d):
+            out[row, j] = r * (np.float64(gr[j]) - np.float64(v[j]) * r * gy)
+
+
+# One ``prange`` driver per row kernel (a driver that dispatched on an op code would make
+# LLVM optimise all eight kernels in one function: seconds of compile time for every dtype).
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _softmax_par(x, g, out, eps, nchunks):
+    for c in prange(nchunks):
+        _softmax_rows(x, g, out, eps, *_chunk(x.shape[0], c, nchunks))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _log_softmax_par(x, g, out, eps, nchunks):
+    for c in prange(nchunks):
+        _log_softmax_rows(x, g, out, eps, *_chunk(x.shape[0], c, nchunks))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _softmax_vjp_par(x, g, out, eps, nchunks):
+    for c in prange(nchunks):
+        _softmax_rows_vjp(x, g, out, eps, *_chunk(x.shape[0], c, nchunks))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _log_softmax_vjp_par(x, g, out, eps, nchunks):
+    for c in prange(nchunks):
+        _log_softmax_rows_vjp(x, g, out, eps, *_chunk(x.shape[0], c, nchunks))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _layer_norm_par(x, g, out, eps, nchunks):
+    for c in prange(nchunks):
+        _layer_norm_rows(x, g, out, eps, *_chunk(x.shape[0], c, nchunks))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _layer_norm_vjp_par(x, g, out, eps, nchunks):
+    for c in prange(nchunks):
+        _layer_norm_rows_vjp(x, g, out, eps, *_chunk(x.shape[0], c, nchunks))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _rms_norm_par(x, g, out, eps, nchunks):
+    for c in prange(nchunks):
+        _rms_norm_rows(x, g, out, eps, *_chunk(x.shape[0], c, nchunks))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _rms_norm_vjp_par(x, g, out, eps, nchunks):
+    for c in prange(nchunks):
+        _rms_norm_rows_vjp(x, g, out, eps, *_chunk(x.shape[0], c, nchunks))
+
+
+# op -> (serial row kernel, parallel driver)
+_SOFTMAX = (_softmax_rows, _softmax_par)
+_LOG_SOFTMAX = (_log_softmax_rows, _log_softmax_par)
+_SOFTMAX_VJP = (_softmax_rows_vjp, _softmax_vjp_par)
+_LOG_SOFTMAX_VJP = (_log_softmax_rows_vjp, _log_softmax_vjp_par)
+_LAYER_NORM = (_layer_norm_rows, _layer_norm_par)
+_LAYER_NORM_VJP = (_layer_norm_rows_vjp, _layer_norm_vjp_par)
+_RMS_NORM = (_rms_norm_rows, _rms_norm_par)
+_RMS_NORM_VJP = (_rms_norm_rows_vjp, _rms_norm_vjp_par)
+
+
+# --- launchers ----------------------------------------------------------------------------
+
+def _rows(x):
+    return x.reshape(-1, x.shape[-1])
+
+
+def _run(op, x, g=None, eps=0.0):
+    """Run row kernel ``op`` over x's last axis (serial below the parallel threshold)."""
+    out = np.empty_like(x)
+    if x.size == 0:
+        return out
+    rx = _rows(x)
+    rg = rx if g is None else _rows(g)
+    nchunks = min(config.num_chunks(x.size), rx.shape[0])
+    serial, parallel = op
+    if nchunks <= 1:
+        serial(rx, rg, _rows(out), float(eps), 0, rx.shape[0])
+    else:
+        parallel(rx, rg, _rows(out), float(eps), nchunks)
+    return out
+
+
+def _along_last(op, axis, x, g=None):
+    """Run ``op`` along ``axis`` by moving it last (a copy) when it is not already."""
+    ax = axis % x.ndim
+    if ax == x.ndim - 1:
+        return _run(op, x, g)
+    moved = np.ascontiguousarray(np.moveaxis(x, ax, -1))
+    gm = None if g is None else np.ascontiguousarray(np.moveaxis(g, ax, -1))
+    return np.ascontiguousarray(np.moveaxis(_run(op, moved, gm), -1, ax))
+
+
+def softmax_forward(x, axis=-1):
+    """softmax along ``axis`` (normalised int), via the shifted log-sum-exp."""
+    return _along_last(_SOFTMAX, axis, x)
+
+
+def log_softmax_forward(x, axis=-1):
+    """log_softmax along ``axis``: (x - max) - log(sum(exp(x - max)))."""
+    return _along_last(_LOG_SOFTMAX, axis, x)
+
+
+def softmax_vjp(x, axis, grad):
+    """VJP of softmax: y * (g - sum(g * y)) along ``axis``."""
+    return _along_last(_SOFTMAX_VJP, axis, x, grad)
+
+
+def log_softmax_vjp(x, axis, grad):
+    """VJP of log_softmax: g - softmax(x) * sum(g) along ``axis``."""
+    return _along_last(_LOG_SOFTMAX_VJP, axis, x, grad)
+
+
+def layer_norm_forward(x, eps):
+    """(x - mean) / sqrt(var + eps) over the last axis (biased variance, no affine)."""
+    return _run(_LAYER_NORM, x, eps=eps)
+
+
+def layer_norm_vjp(x, eps, grad):
+    """VJP of layer_norm: r (g - mean(g) - y mean(g y)) per row."""
+    return _run(_LAYER_NORM_VJP, x, grad, eps)
+
+
+def rms_norm_forward(x, eps):
+    """x / sqrt(mean(x^2) + eps) over the last axis (no affine)."""
+    return _run(_RMS_NORM, x, eps=eps)
+
+
+def rms_norm_vjp(x, eps, grad):
+    """VJP of rms_norm: r (g - y mean(g y)) per row."""
+    return _run(_RMS_NORM_VJP, x, grad, eps)

@@ -1,0 +1,580 @@
+"""fastlib's op table and the engine protocol: ``forward``, ``vjp``, ``value_and_vjp``.
+
+``OPS`` maps every registry op name (docs/CONTRACTS.md; the same names as ``spec.OPS``) to an
+``OpEntry``: input names, params with defaults, a checker and the kernel launchers of
+``fastlib.kernels``. This module is the public wrapper around the private kernels: it looks the
+name up, converts and checks the inputs, params and cotangent, and only then calls a kernel, so
+bad input gets a ``ValueError`` / ``TypeError`` / ``UnknownOpError`` that names the problem and
+the fix, never an error from inside Numba.
+
+Dtypes: inputs are float32 or float64 (array-likes are converted with ``np.asarray``; Python
+floats become float64) and all must share one dtype, which is the dtype of the computation and
+of the results; ``grad`` must have it too. ``cross_entropy``'s class indices are the exception:
+any integer dtype, or floats holding whole numbers.
+
+Non-finite inputs. Elementwise, binary, structure ops, sum, mean and matmul follow IEEE
+arithmetic like NumPy (NaN propagates, log(0) = -inf), because a check would cost a full pass
+on every call and those results stay local. These ops reject NaN and +-inf with a ValueError
+naming the first bad index: ``logsumexp softmax log_softmax layer_norm rms_norm`` and the five
+losses. They reduce over an axis, so one bad entry silently poisons a whole row (the max shift
+of log-sum-exp turns inf - inf into NaN everywhere), and a non-finite loss input is the usual
+sign of a diverged model, which is better reported where it first appears. The binary
+cross-entropies also reject values outside [0, 1].
+
+Results are always new arrays: no output aliases an input (reshape and identity copy).
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from fastlib.kernels import binary as _binary
+from fastlib.kernels import elementwise as _elementwise
+from fastlib.kernels import linalg as _linalg
+from fastlib.kernels import loss as _loss
+from fastlib.kernels import norm as _norm
+from fastlib.kernels import reduce as _reduce
+from fastlib.kernels import structure as _structure
+
+__all__ = ["OPS", "OpEntry", "UnknownOpError", "forward", "vjp", "value_and_vjp", "bind",
+           "BoundOp", "op_names"]
+
+
+class UnknownOpError(KeyError):
+    """An op name that is not in ``OPS``; the message lists the closest names."""
+
+    def __str__(self):  # KeyError would print the message in quotes
+        return str(self.args[0])
+
+
+class _Required:
+    def __repr__(self):
+        return "<required>"
+
+
+REQUIRED = _Required()
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    """One op of the table.
+
+    ``check(arrays, params) -> (ctx, out_shape)`` validates shapes and the resolved params and
+    returns what the launchers need; ``forward(arrays, ctx) -> ndarray``;
+    ``vjp(arrays, grad, ctx) -> tuple`` (None for a non-differentiable input);
+    ``value_and_vjp(arrays, grad, ctx) -> (output, grads)`` when one pass does both.
+    """
+
+    name: str
+    inputs: tuple
+    params: Mapping[str, Any]
+    check: Callable
+    forward: Callable
+    vjp: Callable
+    value_and_vjp: Callable | None = None
+    finite_only: bool | tuple = False      # True: every float input; a tuple: those inputs
+    class_index: frozenset = field(default_factory=frozenset)
+
+    def __post_init__(self):
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+
+
+# --- param checks ------------------------------------------------------------------------------
+
+def _fail(op, message):
+    raise ValueError(f"{op}: {message}")
+
+
+def _real(op, pname, value, positive=False):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(float(value)):
+        _fail(op, f"{pname} must be a finite real number; got {value!r}")
+    if positive and value <= 0:
+        _fail(op, f"{pname} must be > 0; got {value!r}")
+    return float(value)
+
+
+def _int(op, pname, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        _fail(op, f"{pname} must be an int; got {value!r}")
+    return int(value)
+
+
+def _bool(op, pname, value):
+    if not isinstance(value, (bool, np.bool_)):
+        _fail(op, f"{pname} must be True or False; got {value!r}")
+    return bool(value)
+
+
+def _one_axis(op, axis, ndim):
+    axis = _int(op, "axis", axis)
+    if ndim == 0 or not -ndim <= axis < ndim:
+        _fail(op, f"axis={axis} is out of range for an input with {ndim} dimension(s)"
+                  + (f"; use -{ndim} <= axis < {ndim}" if ndim else ""))
+    return axis % ndim
+
+
+def _rows_of_last_axis(op, x):
+    if x.ndim == 0:
+        _fail(op, "the input is 0-d; it needs at least one axis (the last axis is normalised)")
+
+
+# --- checkers: (arrays, params) -> (ctx, out_shape) ---------------------------------------------
+
+def _check_unary(a, p):
+    return {"negative_slope": _real("leaky_relu", "negative_slope", p["negative_slope"])} \
+        if "negative_slope" in p else {}, a[0].shape
+
+
+def _check_binary_for(name):
+    def check(a, p):
+        return {}, _binary.broadcast_shape(name, a[0].shape, a[1].shape)
+    return check
+
+
+def _check_reduction_for(name):
+    def check(a, p):
+        x = a[0]
+        axes = _reduce.normalize_axes(p["axis"], x.ndim, name)
+        keepdims = _bool(name, "keepdims", p["keepdims"])
+        if name != "sum" and any(x.shape[i] == 0 for i in axes):
+            _fail(name, f"reducing over an empty axis of shape {x.shape} is undefined; "
+                        f"pass a non-empty input")
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keepdims else \
+            tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        return {"axes": axes, "keepdims": keepdims}, shape
+    return check
+
+
+def _check_matmul(a, p):
+    return {}, _linalg.matmul_shape(a[0].shape, a[1].shape)
+
+
+def _check_transpose(a, p):
+    perm = _structure.normalize_perm(p["axes"], a[0].ndim)
+    return {"perm": perm}, tuple(a[0].shape[i] for i in perm)
+
+
+def _check_reshape(a, p):
+    shape = _structure.normalize_shape(p["shape"], a[0].size)
+    return {"shape": shape}, shape
+
+
+def _check_concat(a, p):
+    axis, shape = _structure.concat_shape(a[0].shape, a[1].shape, p["axis"])
+    return {"axis": axis}, shape
+
+
+def _check_slice(a, p):
+    plan = _structure.slice_plan(a[0].shape, p["axis"], p["start"], p["stop"], p["step"])
+    return {"plan": plan}, plan[3]
+
+
+def _check_along_axis_for(name):
+    def check(a, p):
+        _rows_of_last_axis(name, a[0])
+        return {"axis": _one_axis(name, p["axis"], a[0].ndim)}, a[0].shape
+    return check
+
+
+def _check_last_axis_for(name):
+    def check(a, p):
+        _rows_of_last_axis(name, a[0])
+        return {"eps": _real(name, "eps", p["eps"], positive=True)}, a[0].shape
+    return check
+
+
+def _check_same_shape_loss_for(name, first, second):
+    def check(a, p):
+        if a[0].shape != a[1].shape:
+            _fail(name, f"{first} has shape {a[0].shape} but {second} has shape {a[1].shape}; "
+                        f"pass arrays of the same shape")
+        if a[0].size == 0:
+            _fail(name, f"the inputs are empty (shape {a[0].shape}); the mean of no terms is "
+                        f"undefined")
+        if name.startswith("binary_cross_entropy"):
+            if name == "binary_cross_entropy":
+                _in_unit_interval(name, "p", a[0], "probabilities; apply sigmoid first, or use "
+                                                   "binary_cross_entropy_with_logits")
+            _in_unit_interval(name, "target", a[1], "binary targets")
+        return {}, ()
+    return check
+
+
+def _in_unit_interval(name, what, x, hint):
+    i = _reduce.first_outside(x, 0.0, 1.0)
+    if i >= 0:
+        idx = [int(k) for k in np.unravel_index(i, x.shape)]
+        _fail(name, f"{what} must lie in [0, 1] ({hint}); {what}{idx} = {x.reshape(-1)[i].item()}")
+
+
+def _check_logits(name, z):
+    if z.ndim != 2:
+        _fail(name, f"logits must be 2-D (N, C); got shape {z.shape}")
+    if z.shape[0] == 0 or z.shape[1] == 0:
+        _fail(name, f"logits {z.shape} are empty; need N >= 1 rows and C >= 1 classes")
+
+
+def _check_cross_entropy(a, p):
+    z, t = a
+    _check_logits("cross_entropy", z)
+    n, c = z.shape
+    if t.shape not in ((n, 1), (n,)):
+        _fail("cross_entropy", f"expects class indices [N, 1] or [N] with N = {n}, got "
+                               f"{list(t.shape)}; for one-hot targets use "
+                               f"categorical_cross_entropy")
+    flat = t.reshape(-1)
+    if flat.dtype.kind == "f":
+        whole = np.isfinite(flat) & (flat == np.round(flat))
+        if not whole.all():
+            i = int(np.argmin(whole))
+            _fail("cross_entropy", f"class indices must be whole numbers; target[{i}] = "
+                                   f"{flat[i].item()}")
+    bad = (flat < 0) | (flat >= c)
+    if bad.any():
+        i = int(np.argmax(bad))
+        _fail("cross_entropy", f"class index target[{i}] = {flat[i].item()} is outside [0, {c}) "
+                               f"for logits with C = {c} classes")
+    return {"index": flat.astype(np.int64)}, ()
+
+
+def _check_categorical(a, p):
+    z, t = a
+    _check_logits("categorical_cross_entropy", z)
+    if t.shape != z.shape:
+        _fail("categorical_cross_entropy", f"expects one-hot targets {list(z.shape)}, got "
+                                           f"{list(t.shape)}; for class indices use "
+                                           f"cross_entropy (or fastlib.onehot)")
+    return {}, ()
+
+
+# --- launchers -----------------------------------------------------------------------------------
+
+def _unary_entry(name, params=None):
+    return OpEntry(
+        name=name, inputs=("x",), params=params or {}, check=_check_unary,
+        forward=lambda a, c: _elementwise.unary_forward(name, a[0], **c),
+        vjp=lambda a, g, c: (_elementwise.unary_vjp(name, a[0], g, **c),))
+
+
+def _binary_entry(name):
+    return OpEntry(
+        name=name, inputs=("a", "b"), params={}, check=_check_binary_for(name),
+        forward=lambda a, c: _binary.binary_forward(name, a[0], a[1]),
+        vjp=lambda a, g, c: _binary.binary_vjp(name, a[0], a[1], g))
+
+
+def _reduction_entry(name, fwd, bwd, finite_only=False):
+    return OpEntry(
+        name=name, inputs=("x",), params={"axis": None, "keepdims": False},
+        check=_check_reduction_for(name), finite_only=finite_only,
+        forward=lambda a, c: fwd(a[0], c["axes"], c["keepdims"]),
+        vjp=lambda a, g, c: (bwd(a[0], c["axes"], g),))
+
+
+def _loss_entry(name, inputs, check, fn, class_index=(), finite_only=True):
+    def value_and_vjp(a, g, c):
+        args = (a[0], c["index"]) if class_index else (a[0], a[1])
+        return fn(*args, grad=g)
+
+    def forward(a, c):
+        args = (a[0], c["index"]) if class_index else (a[0], a[1])
+        return fn(*args)[0]
+
+    return OpEntry(name=name, inputs=inputs, params={}, check=check, forward=forward,
+                   vjp=lambda a, g, c: value_and_vjp(a, g, c)[1],
+                   value_and_vjp=value_and_vjp, finite_only=finite_only,
+                   class_index=frozenset(class_index))
+
+
+def _build_table():
+    entries = [_unary_entry(n) for n in _elementwise.UNARY_OPS if n != "leaky_relu"]
+    entries.append(_unary_entry("leaky_relu", {"negative_slope": 0.01}))
+    entries += [_binary_entry(n) for n in _binary.BINARY_OPS]
+    entries += [
+        _reduction_entry("sum", _reduce.sum_forward, _reduce.sum_vjp),
+        _reduction_entry("mean", _reduce.mean_forward, _reduce.mean_vjp),
+        _reduction_entry("logsumexp", _reduce.logsumexp_forward, _reduce.logsumexp_vjp,
+                         finite_only=True),
+        OpEntry("matmul", ("a", "b"), {}, _check_matmul,
+                lambda a, c: _linalg.matmul_forward(a[0], a[1]),
+                lambda a, g, c: _linalg.matmul_vjp(a[0], a[1], g)),
+        OpEntry("transpose", ("x",), {"axes": None}, _check_transpose,
+                lambda a, c: _structure.transpose_forward(a[0], c["perm"]),
+                lambda a, g, c: (_structure.transpose_vjp(a[0], c["perm"], g),)),
+        OpEntry("reshape", ("x",), {"shape": REQUIRED}, _check_reshape,
+                lambda a, c: _structure.reshape_forward(a[0], c["shape"]),
+                lambda a, g, c: (_structure.reshape_vjp(a[0], c["shape"], g),)),
+        OpEntry("concat", ("a", "b"), {"axis": -1}, _check_concat,
+                lambda a, c: _structure.concat_forward(a[0], a[1], c["axis"]),
+                lambda a, g, c: _structure.concat_vjp(a[0], a[1], c["axis"], g)),
+        OpEntry("slice", ("x",), {"axis": 0, "start": 0, "stop": None, "step": 1},
+                _check_slice,
+                lambda a, c: _structure.slice_forward(a[0], c["plan"]),
+                lambda a, g, c: (_structure.slice_vjp(a[0], c["plan"], g),)),
+        OpEntry("softmax", ("x",), {"axis": -1}, _check_along_axis_for("softmax"),
+                lambda a, c: _norm.softmax_forward(a[0], c["axis"]),
+                lambda a, g, c: (_norm.softmax_vjp(a[0], c["axis"], g),), finite_only=True),
+        OpEntry("log_softmax", ("x",), {"axis": -1}, _check_along_axis_for("log_softmax"),
+                lambda a, c: _norm.log_softmax_forward(a[0], c["axis"]),
+                lambda a, g, c: (_norm.log_softmax_vjp(a[0], c["axis"], g),),
+                finite_only=True),
+        OpEntry("layer_norm", ("x",), {"eps": 1e-5}, _check_last_axis_for("layer_norm"),
+                lambda a, c: _norm.layer_norm_forward(a[0], c["eps"]),
+                lambda a, g, c: (_norm.layer_norm_vjp(a[0], c["eps"], g),), finite_only=True),
+        OpEntry("rms_norm", ("x",), {"eps": 1e-6}, _check_last_axis_for("rms_norm"),
+                lambda a, c: _norm.rms_norm_forward(a[0], c["eps"]),
+                lambda a, g, c: (_norm.rms_norm_vjp(a[0], c["eps"], g),), finite_only=True),
+        _loss_entry("mse", ("pred", "target"),
+                    _check_same_shape_loss_for("mse", "pred", "target"), _loss.mse),
+        _loss_entry("cross_entropy", ("logits", "target"), _check_cross_entropy,
+                    _loss.cross_entropy, class_index=("target",)),
+        _loss_entry("categorical_cross_entropy", ("logits", "target"), _check_categorical,
+                    _loss.categorical_cross_entropy),
+        # the [0, 1] range checks of the binary losses also reject NaN and inf
+        _loss_entry("binary_cross_entropy", ("p", "target"),
+                    _check_same_shape_loss_for("binary_cross_entropy", "p", "target"),
+                    _loss.binary_cross_entropy, finite_only=()),
+        _loss_entry("binary_cross_entropy_with_logits", ("logits", "target"),
+                    _check_same_shape_loss_for("binary_cross_entropy_with_logits", "logits",
+                                               "target"),
+                    _loss.binary_cross_entropy_with_logits, finite_only=("logits",)),
+    ]
+    return MappingProxyType({e.name: e for e in entries})
+
+
+OPS = _build_table()
+
+
+def op_names():
+    """The names of every op in the table, sorted."""
+    return sorted(OPS)
+
+
+# --- the boundary: name, params, inputs, grad -----------------------------------------------
+
+def _lookup(name):
+    entry = OPS.get(name) if isinstance(name, str) else None
+    if entry is None:
+        close = difflib.get_close_matches(str(name), list(OPS), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+        raise UnknownOpError(f"unknown op {name!r}; {hint}known ops: {', '.join(sorted(OPS))}")
+    return entry
+
+
+def _resolve_params(entry, params):
+    for k in params:
+        if k not in entry.params:
+            close = difflib.get_close_matches(k, list(entry.params), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            allowed = ", ".join(entry.params) if entry.params else "none"
+            raise ValueError(f"{entry.name}: unknown param {k!r}; {hint}its params are: "
+                             f"{allowed}")
+    merged = {**entry.params, **params}
+    for k, v in merged.items():
+        if v is REQUIRED:
+            raise ValueError(f"{entry.name}: param {k!r} is required, e.g. {k}=(2, 3)")
+    return merged
+
+
+def _as_float_array(op, what, value):
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if arr.dtype not in _FLOATS:
+        if arr.dtype.kind == "f" and arr.dtype.itemsize in (4, 8):   # non-native byte order
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        else:
+            raise TypeError(f"{op}: {what} has dtype {arr.dtype}; fastlib computes in float32 "
+                            f"or float64, cast it with .astype(np.float32) (or np.float64)")
+    # NOTE: not np.ascontiguousarray, which turns a 0-d array into shape (1,)
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
+def _as_class_index(op, what, value):
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{op}: {what} has dtype {arr.dtype}; pass integer class indices (an "
+                        f"int array, or floats holding whole numbers)")
+    return arr
+
+
+_FLOAT_MAX = {np.dtype(np.float32): float(np.finfo(np.float32).max),
+              np.dtype(np.float64): float(np.finfo(np.float64).max)}
+
+
+def _check_finite(op, what, arr):
+    if arr.ndim == 0:                            # a loss cotangent: no kernel call needed
+        i = -1 if math.isfinite(arr[()]) else 0
+    else:
+        big = _FLOAT_MAX[arr.dtype]
+        i = _reduce.first_outside(arr, -big, big)     # one vectorised pass in the common case
+    if i >= 0:
+        idx = [int(k) for k in np.unravel_index(i, arr.shape)]
+        raise ValueError(f"{op}: {what} holds a non-finite value {arr.reshape(-1)[i].item()} "
+                         f"at index {idx}; {op} needs finite inputs (a NaN or inf here usually "
+                         f"means the values upstream diverged)")
+
+
+def _prepare(name, inputs, params):
+    entry = _lookup(name)
+    merged = _resolve_params(entry, params)
+    if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple)):
+        raise TypeError(f"{name}: inputs must be a list or tuple of arrays in the order "
+                        f"{entry.inputs}, e.g. [x]; got {type(inputs).__name__}")
+    if len(inputs) != len(entry.inputs):
+        raise ValueError(f"{name}: takes {len(entry.inputs)} input(s) {entry.inputs}; got "
+                         f"{len(inputs)}")
+    arrays = []
+    for iname, value in zip(entry.inputs, inputs):
+        if iname in entry.class_index:
+            arrays.append(_as_class_index(name, f"input {iname!r}", value))
+        else:
+            arrays.append(_as_float_array(name, f"input {iname!r}", value))
+    floats = [(n, a) for n, a in zip(entry.inputs, arrays) if n not in entry.class_index]
+    dtypes = {a.dtype for _, a in floats}
+    if len(dtypes) > 1:
+        listed = ", ".join(f"{n} {a.dtype}" for n, a in floats)
+        raise TypeError(f"{name}: inputs have mixed dtypes ({listed}); cast them to one dtype, "
+                        f"e.g. .astype(np.float32)")
+    if entry.finite_only:
+        for n, a in floats:
+            if entry.finite_only is True or n in entry.finite_only:
+                _check_finite(name, f"input {n!r}", a)
+    ctx, out_shape = entry.check(arrays, merged)
+    return entry, arrays, ctx, out_shape, floats[0][1].dtype
+
+
+def _prepare_grad(entry, grad, out_shape, dtype):
+    g = _as_float_array(entry.name, "grad", grad)
+    if g.dtype != dtype:
+        raise TypeError(f"{entry.name}: grad has dtype {g.dtype} but the inputs are {dtype}; "
+                        f"pass a cotangent of the inputs' dtype")
+    if g.shape != tuple(out_shape):
+        raise ValueError(f"{entry.name}: grad has shape {g.shape} but the output has shape "
+                         f"{tuple(out_shape)}; pass a cotangent shaped like the output")
+    if entry.finite_only:
+        _check_finite(entry.name, "grad", g)
+    return g
+
+
+class BoundOp:
+    """An op bound to validated inputs and params: ``forward()`` and ``vjp(grad)`` run the
+    kernels without checking the inputs again (for loops that call the same op many times,
+    and for timing the kernels alone). Build it with :func:`bind`.
+    """
+
+    __slots__ = ("entry", "arrays", "ctx", "out_shape", "dtype")
+
+    def __init__(self, entry, arrays, ctx, out_shape, dtype):
+        self.entry, self.arrays, self.ctx = entry, arrays, ctx
+        self.out_shape, self.dtype = tuple(out_shape), dtype
+
+    def forward(self):
+        """The op's output (a new array)."""
+        return self.entry.forward(self.arrays, self.ctx)
+
+    def vjp(self, grad, check=True):
+        """One cotangent per input for the cotangent ``grad`` of the output.
+
+        ``check=False`` skips the checks of ``grad`` (shape, dtype, finiteness): the caller
+        vouches that it is a C-contiguous array of the output's shape and the inputs' dtype.
+        """
+        g = _prepare_grad(self.entry, grad, self.out_shape, self.dtype) if check else grad
+        return tuple(self.entry.vjp(self.arrays, g, self.ctx))
+
+
+def bind(name, inputs, **params):
+    """Validate ``inputs`` and ``params`` for op ``name`` once; a :class:`BoundOp`.
+
+    Raises what :func:`forward` raises. The arrays are kept by reference: mutating them
+    afterwards changes what the bound op computes (and skips the checks).
+    """
+    return BoundOp(*_prepare(name, inputs, params))
+
+
+def forward(name, inputs, **params):
+    """Evaluate op ``name`` on ``inputs`` with fastlib's kernels.
+
+    Parameters
+    ----------
+    name : str
+        An op of docs/CONTRACTS.md's table (``"tanh"``, ``"matmul"``, ``"cross_entropy"``, ...).
+    inputs : list or tuple of array_like
+        The op's inputs in the table's order (``[x]``, ``[a, b]``, ``[logits, target]``),
+        float32 or float64, one dtype for all (class indices excepted).
+    **params
+        The op's params (``axis=``, ``keepdims=``, ``eps=``, ...); omitted ones take defaults.
+
+    Returns
+    -------
+    numpy.ndarray
+        A new array of the inputs' dtype; losses give shape ``()``.
+
+    Raises
+    ------
+    UnknownOpError
+        A name not in the table (a KeyError; the message lists close names).
+    ValueError
+        A wrong number of inputs, shapes that do not fit, an unknown or bad param, or a
+        non-finite input to an op that needs finite ones (see the module docstring).
+    TypeError
+        Inputs of a dtype other than float32/float64, or of mixed dtypes.
+    """
+    entry, arrays, ctx, _, _ = _prepare(name, inputs, params)
+    return entry.forward(arrays, ctx)
+
+
+def vjp(name, inputs, grad, **params):
+    """Vector-Jacobian product of op ``name``: one cotangent per input.
+
+    Parameters
+    ----------
+    name, inputs, **params
+        As for :func:`forward`.
+    grad : array_like
+        The cotangent of the output: the output's shape (``()`` for losses) and the inputs'
+        dtype.
+
+    Returns
+    -------
+    tuple of (numpy.ndarray or None)
+        One new array per input, shaped like it; None for ``cross_entropy``'s class indices.
+
+    Raises
+    ------
+    UnknownOpError, ValueError, TypeError
+        As for :func:`forward`, and for a ``grad`` of the wrong shape or dtype.
+    """
+    entry, arrays, ctx, out_shape, dtype = _prepare(name, inputs, params)
+    g = _prepare_grad(entry, grad, out_shape, dtype)
+    return tuple(entry.vjp(arrays, g, ctx))
+
+
+def value_and_vjp(name, inputs, grad, **params):
+    """``(forward(...), vjp(...))`` with one validation, fused into one pass where that pays.
+
+    The losses compute the loss and its gradient in one kernel call (the cross-entropies fuse
+    the softmax with its gradient); other ops validate once and call both launchers.
+
+    Parameters
+    ----------
+    name, inputs, grad, **params
+        As for :func:`vjp`.
+
+    Returns
+    -------
+    (numpy.ndarray, tuple of (numpy.ndarray or None))
+        The output and one cotangent per input.
+    """
+    entry, arrays, ctx, out_shape, dtype = _prepare(name, inputs, params)
+    g = _prepare_grad(entry, grad, out_shape, dtype)
+    if entry.value_and_vjp is not None:
+        out, grads = entry.value_and_vjp(arrays, g, ctx)
+        return out, tuple(grads)
+    return entry.forward(arrays, ctx), tuple(entry.vjp(arrays, g, ctx))
