@@ -25,6 +25,11 @@ PARALLEL_MIN_SIZE = int(os.environ.get("VERIGRAD_PARALLEL_MIN_SIZE", 1 << 15))
 # Smallest chunk handed to a thread once the kernel runs in parallel.
 PARALLEL_MIN_CHUNK = 1 << 14
 
+# NOTE: a long row of a sum is cut into at most this many pieces (each at least
+# PARALLEL_MIN_CHUNK long) whatever the thread count, so that the summation order, and with it
+# every bit of the result, does not depend on how many cores were idle at call time.
+SUM_ROW_PIECES = 8
+
 # Threads for parallel kernels; None means Numba's default (all cores), reduced to the cores
 # that are idle right now when ADAPTIVE_THREADS is on.
 THREADS = int(os.environ["VERIGRAD_THREADS"]) if os.environ.get("VERIGRAD_THREADS") else None

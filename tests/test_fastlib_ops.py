@@ -482,3 +482,16 @@ def test_bound_op_matches_forward_and_vjp_and_checks_grad():
                 np.testing.assert_array_equal(got, want)
         with pytest.raises(ValueError, match=rf"{name}: grad has shape"):
             bound.vjp(np.ones(out.shape + (2,)))
+
+
+def test_long_sums_do_not_depend_on_the_thread_count(monkeypatch):
+    """The summation order of a long row is fixed by the shape, not by the idle cores: the same
+    float64 input sums to the same bits with one thread and with many."""
+    from fastlib import config
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 200_000)) * 10.0 ** rng.integers(-8, 8, (2, 200_000))
+    results = []
+    for threads in (1, 2, 8):
+        monkeypatch.setattr(config, "num_threads", lambda threads=threads: threads)
+        results.append(fastlib.forward("sum", [x], axis=1))
+    assert all(np.array_equal(results[0], r) for r in results[1:])

@@ -307,7 +307,10 @@ def _sum64(x, axes):
     if kind == "rows":
         p, r = arr.shape
         # few long rows: split each row into pieces so that every chunk has work
-        parts = max(1, min(nchunks, r // config.PARALLEL_MIN_CHUNK)) if p < nchunks else 1
+        # NOTE: the pieces depend on the shape only (config.SUM_ROW_PIECES), never on the
+        # thread count, so results are bit-reproducible across machines and loads.
+        parts = (max(1, min(config.SUM_ROW_PIECES, r // config.PARALLEL_MIN_CHUNK))
+                 if p < config.SUM_ROW_PIECES else 1)
         partial = np.empty((p, parts))
         if nchunks == 1:
             _sum_rows_range(arr, parts, partial, 0, p * parts)
