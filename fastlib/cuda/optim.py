@@ -49,11 +49,12 @@ def _rmsprop(w, g, a, lr, gamma, one_minus_gamma, eps):
 
 
 @cuda.jit(device=True)
-def _adam(w, g, m, v, lr, b1, one_minus_b1, b2, one_minus_b2, bc1, bc2, eps, wd):
+def _adam(w, g, m, v, lr, b1, one_minus_b1, b2, one_minus_b2, inv_bc1, inv_bc2, eps, wd):
     m = b1 * m + one_minus_b1 * g
     v = b2 * v + one_minus_b2 * (g * g)
-    m_hat = m / bc1
-    v_hat = v / bc2
+    # the coefficient vector holds the reciprocals 1 / (1 - beta^t), as on the CPU
+    m_hat = m * inv_bc1
+    v_hat = v * inv_bc2
     # NOTE: wd = 0 for Adam; AdamW's decoupled term uses the weight before the step.
     return w - lr * (m_hat / (math.sqrt(v_hat) + eps) + wd * w), m, v
 
@@ -63,7 +64,8 @@ def step_element(kind, w, g, a, b, c):
     """One optimizer step on one element; returns ``(w, a, b)`` (twin of the CPU rule).
 
     ``c``: SGD (lr); MOMENTUM (lr, beta, 1-beta); NAG (lr, beta); ADAGRAD (lr, eps);
-    RMSPROP (lr, gamma, 1-gamma, eps); ADAM/ADAMW (lr, b1, 1-b1, b2, 1-b2, bc1, bc2, eps, wd).
+    RMSPROP (lr, gamma, 1-gamma, eps); ADAM/ADAMW (lr, b1, 1-b1, b2, 1-b2, 1/bc1, 1/bc2, eps,
+    wd).
     """
     if kind == SGD:
         w = w - c[0] * g
