@@ -202,6 +202,31 @@ def test_log_sum_exp_family_finite_for_huge_finite_logits(name, dtype):
         assert g is None or np.all(np.isfinite(g))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("center", [1e4, -3e5])
+def test_log_softmax_vjp_at_large_logits_within_a_few_ulps(dtype, center):
+    """log_softmax's VJP g - softmax(x) sum(g) at logits far from 0 against spec.evaluate.
+
+    softmax must come from exp((x - max) - log sum exp(x - max)): exp(x - lse) with lse rounded
+    to the dtype carries lse's rounding error (|lse| u) into every exponent, thousands of ULPs
+    here. Bound: 4 ulps of |g| + |softmax sum(g)| (the two terms of the subtraction).
+    """
+    rng = np.random.default_rng(7)
+    # float32 numbers (exact in both dtypes) spread over a few units around the center
+    x = (np.float32(center) + rng.uniform(-4, 4, (4, 16)).astype(np.float32)).astype(dtype)
+    g = rng.uniform(-1, 1, x.shape).astype(np.float32).astype(dtype)
+    _, (exact,) = spec.evaluate("log_softmax", [x.astype(np.float64)], g.astype(np.float64),
+                                params={"axis": -1}, dps=50)
+    exact = np.array([[float(v) for v in row] for row in exact])
+    got = fastlib.vjp("log_softmax", [x], g)[0]
+    assert got.dtype == dtype
+    p = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True).astype(np.float64))
+    p /= p.sum(axis=1, keepdims=True)
+    scale = np.abs(g) + np.abs(p * g.sum(axis=1, keepdims=True))
+    ulps = np.abs(got.astype(np.float64) - exact) / (np.finfo(dtype).eps * scale)
+    assert np.all(ulps <= 4), ulps.max()
+
+
 # --- IEEE propagation where NaN is accepted ------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)

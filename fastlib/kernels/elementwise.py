@@ -89,7 +89,7 @@ def _vjp_chunk(op, x, g, out, slope):
             out[i] = g[i] / x[i]
     elif op == _SQRT:
         for i in range(n):
-            out[i] = g[i] * S.sqrt_df(x[i])
+            out[i] = S.sqrt_vjp(x[i], g[i])
     elif op == _SQUARE:
         for i in range(n):
             out[i] = g[i] * S.square_df(x[i])

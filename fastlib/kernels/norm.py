@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from fastlib import config
 from fastlib.kernels.reduce import _pairwise_sum, _row_max, _row_sumexp
-from fastlib.kernels.vecmath import fexp, like
+from fastlib.kernels.vecmath import _exp64, fexp, like
 
 _FM = config.FASTMATH
 
@@ -79,19 +80,54 @@ def _softmax_rows_vjp(x, g, out, eps, r0, r1):
             o[j] = o[j] * (gr[j] - dot)
 
 
+def _lsm_grad(xj, m, ls, gj, gsum):
+    """g_j - exp((x_j - max) - ls) * gsum, ls = log sum exp(x - max) and gsum in float64.
+
+    float64: libm exp, the shift and ls rounded as they are. float32: all in float64 (the
+    vectorisable ``_exp64``, relative error < 1e-14) and rounded once.
+    """
+    return gj - math.exp((xj - m) - ls) * gsum
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+def _lsm_grad32(xj, m, ls, gj, gsum):
+    t = (np.float64(xj) - np.float64(m)) - ls
+    y = np.float32(np.float64(gj) - _exp64(t) * gsum)    # t < -700: exp(-700) ~ 0 here
+    return y if t == t else np.float32(t)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+def _lsm_grad64(xj, m, ls, gj, gsum):
+    return gj - math.exp((xj - m) - ls) * gsum
+
+
+@overload(_lsm_grad, inline="always")
+def _lsm_grad_overload(xj, m, ls, gj, gsum):
+    if xj == types.float32:
+        return lambda xj, m, ls, gj, gsum: _lsm_grad32(xj, m, ls, gj, gsum)
+    if xj == types.float64:
+        return lambda xj, m, ls, gj, gsum: _lsm_grad64(xj, m, ls, gj, gsum)
+    return None
+
+
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
 def _log_softmax_rows_vjp(x, g, out, eps, r0, r1):
-    """gx = g - softmax(x) * sum(g) per row."""
+    """gx = g - softmax(x) * sum(g) per row, softmax = exp((x - max) - log(sum exp(x - max))).
+
+    NOTE: shifting by the max first keeps x - max exact-ish and small; ``x - lse`` with the
+    log-sum-exp rounded to the dtype would carry lse's rounding error, |lse| u, into the exponent
+    (9e3 ULPs at logits of 1e4).
+    """
     d = x.shape[1]
     for row in range(r0, r1):
         v = x[row]
         o = out[row]
         gr = g[row]
         m = _row_max(v)
-        lse = like(v[0], np.float64(m) + math.log(_row_sumexp(v, m)))
-        gsum = like(v[0], _pairwise_sum(gr, 0, d))
+        ls = math.log(_row_sumexp(v, m))
+        gsum = _pairwise_sum(gr, 0, d)
         for j in range(d):
-            o[j] = gr[j] - fexp(v[j] - lse) * gsum
+            o[j] = _lsm_grad(v[j], m, ls, gr[j], gsum)
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
