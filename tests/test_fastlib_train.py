@@ -535,7 +535,7 @@ def test_train_sh_monitors_validation_and_checks_it_exists():
     ({"optimizer": "adamw2"}, ValueError, "AdamW"),
     ({"algorithm": "bpp"}, ValueError, "'bp'"),
     ({"device": "tpu"}, ValueError, "'cpu' or 'cuda'"),
-    ({"x_val": np.zeros((2, 5))}, ValueError, "both x_val and y_val"),
+    ({"x_val": np.zeros((2, 5))}, ValueError, "x_val was given without y_val"),
     ({"gradient_clip": -1.0}, ValueError, "gradient_clip"),
     ({"fusd": False}, TypeError, "unexpected option(s) ['fusd']"),
 ])
