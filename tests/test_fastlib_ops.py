@@ -44,27 +44,20 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import fastlib
 import reflib
 import spec
 from fastlib import config
 from fastlib.ops import value_and_vjp
+# The per-op shapes-and-params strategy (and the op families) live in the conformance
+# suite, shared with `verigrad conform`.
+from reports.conformance.strategies import STRUCTURE, op_case
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = sorted(spec.OPS)
 EPS32 = float(np.finfo(np.float32).eps)
 
-UNARY = {"neg", "exp", "log", "sqrt", "square", "abs", "relu", "leaky_relu", "silu", "gelu",
-         "gelu_tanh", "tanh", "sigmoid", "softplus", "identity"}
-BINARY = {"add", "sub", "mul", "div", "maximum"}
-REDUCTIONS = {"sum", "mean", "logsumexp"}
-ALONG_AXIS = {"softmax", "log_softmax"}
-LAST_AXIS = {"layer_norm", "rms_norm"}
-SAME_SHAPE_LOSSES = {"mse", "binary_cross_entropy", "binary_cross_entropy_with_logits"}
-ROW_LOSSES = {"cross_entropy", "categorical_cross_entropy"}
-STRUCTURE = {"transpose", "reshape", "concat", "slice"}
 
 # float64: identical IEEE operations in fastlib and reflib -> equal bits
 EXACT64_FORWARD = {"neg", "abs", "relu", "identity", "leaky_relu", "square", "add", "sub", "mul",
@@ -81,100 +74,7 @@ K32 = {**{n: 0 for n in ("neg", "abs", "relu", "identity") + tuple(STRUCTURE)},
 LSE_FAMILY = {"logsumexp", "softmax", "log_softmax", "cross_entropy", "categorical_cross_entropy"}
 
 
-# --- strategies: shapes and params per op; values from spec's domains ---------------------------
-
-def _shape(min_dims=0, max_dims=3):
-    return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=1, max_side=4)
-
-
-@st.composite
-def _axis_param(draw, ndim):
-    """None, an int (maybe negative), or a tuple of distinct axes."""
-    if ndim == 0:
-        return draw(st.sampled_from([None, ()]))
-    return draw(st.one_of(
-        st.none(),
-        st.integers(-ndim, ndim - 1),
-        st.lists(st.integers(0, ndim - 1), unique=True, min_size=1, max_size=ndim).map(tuple)))
-
-
-@st.composite
-def _reshape_target(draw, shape):
-    size = int(np.prod(shape, dtype=np.int64))
-    divisors = [d for d in range(1, size + 1) if size % d == 0]
-    d = draw(st.sampled_from(divisors))
-    target = draw(st.sampled_from([(size,), (d, size // d), (size // d, 1, d)]))
-    if draw(st.booleans()):
-        i = draw(st.integers(0, len(target) - 1))
-        target = target[:i] + (-1,) + target[i + 1:]
-    return target
-
-
-@st.composite
-def op_case(draw, name):
-    """(shapes, params, seed) for op ``name``."""
-    params = {}
-    if name in UNARY:
-        shapes = [draw(_shape())]
-        if name == "leaky_relu":
-            params["negative_slope"] = draw(st.sampled_from([0.01, 0.2, 1.5]))
-    elif name in BINARY:
-        bs = draw(hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3,
-                                                    min_side=1, max_side=4))
-        shapes = list(bs.input_shapes)
-    elif name in REDUCTIONS:
-        shape = draw(_shape())
-        shapes = [shape]
-        params = {"axis": draw(_axis_param(len(shape))), "keepdims": draw(st.booleans())}
-    elif name == "matmul":
-        m, k, n = (draw(st.integers(1, 4)) for _ in range(3))
-        batch = draw(_shape(0, 2))
-        shared = draw(st.booleans())
-        shapes = [batch + (m, k), (k, n) if shared or not batch else batch + (k, n)]
-    elif name == "transpose":
-        shape = draw(_shape())
-        shapes = [shape]
-        params = {"axes": draw(st.one_of(st.none(),
-                                         st.permutations(range(len(shape))).map(tuple)))}
-    elif name == "reshape":
-        shape = draw(_shape())
-        shapes = [shape]
-        params = {"shape": draw(_reshape_target(shape))}
-    elif name == "concat":
-        shape = draw(_shape(1, 3))
-        axis = draw(st.integers(-len(shape), len(shape) - 1))
-        other = list(shape)
-        other[axis] = draw(st.integers(1, 3))
-        shapes = [shape, tuple(other)]
-        params = {"axis": axis}
-    elif name == "slice":
-        shape = draw(_shape(1, 3))
-        axis = draw(st.integers(-len(shape), len(shape) - 1))
-        n = shape[axis]
-        params = {"axis": axis, "start": draw(st.integers(-n, n)),
-                  "stop": draw(st.one_of(st.none(), st.integers(-n, n))),
-                  "step": draw(st.integers(1, 3))}
-        shapes = [shape]
-    elif name in ALONG_AXIS:
-        shape = draw(_shape(1, 3))
-        shapes = [shape]
-        params = {"axis": draw(st.integers(-len(shape), len(shape) - 1))}
-    elif name in LAST_AXIS:
-        shapes = [draw(_shape(1, 3))]
-        params = {"eps": draw(st.sampled_from([1e-5, 1e-3, 0.5]))}
-    elif name in SAME_SHAPE_LOSSES:
-        shape = draw(_shape(1, 2))
-        shapes = [shape, shape]
-    elif name in ROW_LOSSES:
-        n, c = draw(st.integers(1, 4)), draw(st.integers(1, 5))
-        if name == "cross_entropy":
-            shapes = [(n, c), draw(st.sampled_from([(n, 1), (n,)]))]
-        else:
-            shapes = [(n, c), (n, c)]
-    else:  # pragma: no cover - the table test names every op
-        raise AssertionError(f"no strategy for {name}")
-    return shapes, params, draw(st.integers(0, 2**32 - 1))
-
+# --- inputs: shapes and params from op_case; values from spec's domains --------------------------
 
 def _inputs(name, shapes, params, seed, dtype):
     rng = np.random.default_rng(seed)

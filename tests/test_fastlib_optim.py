@@ -21,11 +21,11 @@ import mpmath
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import fastlib.optim as optim
 from fastlib import config
 from fastlib.kernels import optim as kopt
+from reports.conformance.strategies import optimizer_cases
 
 NAMES = ["SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW"]
 DEFAULTS = {  # docs/CONTRACTS.md, typed in by hand
@@ -355,27 +355,6 @@ def test_float32_steps_stay_within_float32_rounding_of_exact(name):
     # still fails for any error in the formula (those are O(1) relative).
     for (w_fast, _), (w_exact, _) in zip(history, exact):
         assert rel_err(w_fast, w_exact) <= 1e-5
-
-
-@st.composite
-def optimizer_cases(draw):
-    name = draw(st.sampled_from(NAMES))
-    shape = draw(st.sampled_from([(1,), (5,), (2, 3), (3, 1, 2)]))
-    seed = draw(st.integers(0, 2**31 - 1))
-    lr = draw(st.floats(1e-4, 1.0))
-    extra = {}
-    if name in ("Momentum", "NAG"):
-        extra["beta"] = draw(st.floats(0.0, 0.99))
-    if name == "RMSprop":
-        extra["gamma"] = draw(st.floats(0.0, 0.99))
-    if name in ("Adam", "AdamW"):
-        extra["beta1"] = draw(st.floats(0.0, 0.99))
-        extra["beta2"] = draw(st.floats(0.5, 0.9999))
-    if name in ("Adagrad", "RMSprop", "Adam", "AdamW"):
-        extra["eps"] = draw(st.floats(1e-8, 1e-2))
-    if name == "AdamW":
-        extra["weight_decay"] = draw(st.floats(0.0, 0.5))
-    return name, shape, seed, {"lr": lr, **extra}
 
 
 @settings(deadline=None)

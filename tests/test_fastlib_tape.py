@@ -18,94 +18,10 @@ import fastlib
 import reflib
 from fastlib.tape import AutogradError, Tape
 
-SHAPES = [(), (3,), (2, 3)]
-# no exp: a chain of exps overflows; squares stay finite in float64 (2**(2**8) < 1e308)
-UNARY = ["neg", "identity", "square", "tanh", "sigmoid", "softplus", "silu", "gelu"]
-BINARY = ["add", "sub", "mul"]
-MOSTLY_TRUE = st.sampled_from([True, True, True, False])
-
-
-def custom_backward(kind, pid, qid, p, q, calls, node_id):
-    """backward(cotangent) -> [(parent, contribution)]: plain NumPy, so it runs on both tapes."""
-
-    def backward(g):
-        calls.append(node_id)
-        if kind == "scale":
-            return [(pid, 2 * g)]
-        if kind == "twice":  # the same parent twice: the two contributions must be summed
-            return [(pid, g), (pid, g)]
-        return [(pid, g * q), (qid, g * p)]
-
-    return backward
-
-
-def custom_value(kind, p, q):
-    return {"scale": 2 * p, "twice": p + p, "prod": p * q}[kind]
-
-
-@st.composite
-def dags(draw, with_ops=True, integer=False):
-    """A DAG: leaves, registry ops and custom nodes over one shape; parents from any earlier
-    node (diamonds, shared subexpressions, a parent used twice); an output anywhere, so nodes
-    after it and side branches are unreached."""
-    shape = draw(st.sampled_from(SHAPES))
-    size = int(np.prod(shape))
-    element = st.integers(-3, 3) if integer else st.floats(-2, 2, allow_subnormal=False)
-    nodes = []
-    for _ in range(draw(st.integers(1, 3))):
-        v = np.array(draw(st.lists(element, min_size=size, max_size=size)),
-                     dtype=np.float64).reshape(shape)
-        nodes.append(("leaf", v, draw(MOSTLY_TRUE)))
-    for _ in range(draw(st.integers(1, 8))):
-        parent = st.one_of(st.just(len(nodes) - 1), st.integers(0, len(nodes) - 1))
-        kind = draw(st.sampled_from(["custom", "unary", "binary"] if with_ops else ["custom"]))
-        if kind == "custom":
-            sub = draw(st.sampled_from(["scale", "twice", "prod"]))
-            nodes.append(("custom", sub, (draw(parent), draw(parent)), draw(MOSTLY_TRUE)))
-        elif kind == "unary":
-            nodes.append(("op", draw(st.sampled_from(UNARY)), (draw(parent),)))
-        else:
-            nodes.append(("op", draw(st.sampled_from(BINARY)), (draw(parent), draw(parent))))
-    out = draw(st.integers(0, len(nodes) - 1))
-    return nodes, out
-
-
-def build(tape, nodes):
-    """Record ``nodes`` on ``tape``; return the list of custom-backward calls (node ids)."""
-    calls = []
-    for entry in nodes:
-        if entry[0] == "leaf":
-            tape.leaf(entry[1], requires_grad=entry[2])
-        elif entry[0] == "op":
-            tape.op(entry[1], *entry[2])
-        else:
-            _, sub, (pid, qid), rg = entry
-            p, q = np.asarray(tape.value(pid)), np.asarray(tape.value(qid))
-            node_id = len(tape)
-            tape.node(custom_value(sub, p, q), (pid, qid),
-                      custom_backward(sub, pid, qid, p, q, calls, node_id), requires_grad=rg)
-    return calls
-
-
-def reached(nodes, out):
-    """Ids reached from ``out`` by the traversal rules, written out independently: a node
-    propagates when it is reached and requires grad; a parent receives when it requires grad."""
-    requires = []
-    for entry in nodes:
-        if entry[0] == "leaf":
-            requires.append(entry[2])
-        elif entry[0] == "op":
-            requires.append(any(requires[p] for p in entry[2]))
-        else:
-            requires.append(entry[3])
-    hit = {out}
-    for i in range(out, -1, -1):
-        if i in hit and requires[i] and nodes[i][0] != "leaf":
-            sends_to = nodes[i][2]
-            if nodes[i][0] == "custom" and nodes[i][1] != "prod":
-                sends_to = sends_to[:1]  # scale and twice send to their first parent only
-            hit.update(p for p in sends_to if requires[p])
-    return hit
+# The DAG strategy and the reachability oracle live in reports.conformance.strategies
+# (`verigrad conform` runs the tape laws on the same DAGs).
+from reports.conformance.strategies import build_dag as build
+from reports.conformance.strategies import dags, reached
 
 
 def both(nodes):

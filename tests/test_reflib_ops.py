@@ -160,49 +160,8 @@ def _all_mpf(a):
 
 import torch  # noqa: E402  (an oracle; installed with the project's test extras)
 
-TF = torch.nn.functional
-
-
-def _dims(axis, ndim):
-    return tuple(range(ndim)) if axis is None else axis
-
-
-def _torch_slice(x, axis=0, start=0, stop=None, step=1):
-    index = [slice(None)] * x.ndim
-    index[axis] = slice(start, stop, step)
-    return x[tuple(index)]
-
-
-TORCH = {
-    "neg": lambda x: -x, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
-    "square": torch.square, "abs": torch.abs, "relu": torch.relu,
-    "leaky_relu": lambda x, negative_slope=0.01: TF.leaky_relu(x, negative_slope),
-    "silu": TF.silu, "gelu": TF.gelu, "gelu_tanh": lambda x: TF.gelu(x, approximate="tanh"),
-    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "softplus": TF.softplus,
-    "identity": lambda x: x.clone(),
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-    "maximum": torch.maximum,
-    "sum": lambda x, axis=None, keepdims=False: torch.sum(x, _dims(axis, x.ndim), keepdims),
-    "mean": lambda x, axis=None, keepdims=False: torch.mean(x, _dims(axis, x.ndim), keepdims),
-    "logsumexp": lambda x, axis=None, keepdims=False: torch.logsumexp(x, _dims(axis, x.ndim),
-                                                                      keepdims),
-    "matmul": torch.matmul,
-    "transpose": lambda x, axes=None: x.permute(*(axes if axes is not None
-                                                  else reversed(range(x.ndim)))),
-    "reshape": lambda x, shape: x.reshape(shape),
-    "concat": lambda a, b, axis=-1: torch.cat([a, b], axis),
-    "slice": _torch_slice,
-    "softmax": lambda x, axis=-1: torch.softmax(x, axis),
-    "log_softmax": lambda x, axis=-1: torch.log_softmax(x, axis),
-    "layer_norm": lambda x, eps=1e-5: TF.layer_norm(x, x.shape[-1:], eps=eps),
-    "rms_norm": lambda x, eps=1e-6: TF.rms_norm(x, x.shape[-1:], eps=eps),
-    "mse": TF.mse_loss,
-    "cross_entropy": lambda z, t: TF.cross_entropy(z, t.reshape(-1).long()),
-    "categorical_cross_entropy": TF.cross_entropy,  # probability targets
-    # torch's binary_cross_entropy has no derivative for its target, so spell the formula out
-    "binary_cross_entropy": lambda p, t: -(t * torch.log(p) + (1 - t) * torch.log1p(-p)).mean(),
-    "binary_cross_entropy_with_logits": TF.binary_cross_entropy_with_logits,
-}
+# The op table over torch lives in the PyTorch adapter of the conformance suite (one copy).
+from reports.conformance.adapters.torch import TORCH_OPS as TORCH  # noqa: E402
 
 
 def _torch_forward_vjp(name, inputs, grad, params):

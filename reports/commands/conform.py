@@ -1,19 +1,50 @@
-"""`verigrad conform`: run every proof of the spec (ops and optimizers) and print a table.
+"""`verigrad conform`: hold every engine against the reference and the symbolic spec.
 
-Exit code 0 when everything is proven, 1 when anything fails. Later issues add the engines; the
-pieces here (``format_table``, ``ProgressLine``, ``proof_rows``, ``run_spec_proofs``) are meant to
-be reused for that.
+First the spec's proofs (every op's VJPs and every optimizer's equations, as before); then the
+conformance suite of ``reports.conformance`` over the chosen engines: a tqdm progress bar, a
+table (check, name, engine, dtype, examples, max error in eps, bound in eps, status), each
+failure with its shrunk counterexample as a ready-to-paste reproduction, and exit 1 on any
+failure. ``--json FILE`` writes the same rows for machines. ``--mutants`` measures the suite's
+power instead: plausible bugs applied one at a time to a copy of fastlib.
+
+``format_table``, ``ProgressLine``, ``proof_rows`` and ``run_spec_proofs`` are reused by
+``verigrad spec``.
 """
 from __future__ import annotations
 
+import json
+import math
 import sys
 import time
 
 
 def add_arguments(parser):
     """Options of ``verigrad conform``."""
+    parser.add_argument("--profile", choices=("dev", "ci", "thorough"), default="dev",
+                        help="examples per check: dev (fast), ci, thorough (default: dev)")
+    parser.add_argument("--engine", nargs="+", metavar="NAME", default=None,
+                        help="engines to check: reflib fastlib fastlib-cuda torch jax, 'all', or "
+                             "a plugin module:Class (default: reflib fastlib fastlib-cuda)")
+    parser.add_argument("--ops", nargs="+", metavar="NAME", default=None,
+                        help="only these ops (or optimizers, layer kinds, or checks: exact jvp "
+                             "special optimizer tape train targetprop cd)")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default=None,
+                        help="only this dtype")
+    parser.add_argument("--json", metavar="FILE", default=None, help="write the rows as JSON")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="Hypothesis seed: the same seed draws the same examples (default 0)")
+    parser.add_argument("--mutants", action="store_true",
+                        help="apply each mutant of reports.conformance.mutants to a copy of "
+                             "fastlib and report which the dev profile catches")
+    parser.add_argument("--no-proofs", action="store_true",
+                        help="skip the spec's proofs (run only the engine checks)")
+    parser.add_argument("--fail-fast", action="store_true",
+                        help="stop at the first failing row")
+    parser.add_argument("--first", nargs="+", metavar="NAME", default=None,
+                        help="run the rows of these ops / checks first (order only; used by "
+                             "the mutant run to reach a mutant's likely failure sooner)")
     parser.add_argument("--no-progress", action="store_true",
-                        help="do not show the one-line progress display")
+                        help="no progress bar")
 
 
 def format_table(headers, rows):
@@ -79,6 +110,8 @@ def proof_rows(results, kind, full_shapes=False):
 
 
 PROOF_HEADERS = ("kind", "name", "method", "cases tried", "seconds", "result")
+ROW_HEADERS = ("check", "name", "engine", "dtype", "examples", "max error (eps)", "bound (eps)",
+               "status")
 
 
 def run_spec_proofs(progress=None, ops=None, optimizers=None):
@@ -110,24 +143,151 @@ def run_spec_proofs(progress=None, ops=None, optimizers=None):
     return op_results, opt_results
 
 
+# ---------------------------------------------------------------------------------------------
+# the engine checks
+
+
+def _fmt(x):
+    if isinstance(x, str):
+        return x
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if math.isinf(x):
+        return "inf"
+    if abs(x) < 1e-6:   # below a millionth of an eps: float64 residue of the measurement
+        return "0"
+    return f"{x:.3g}"
+
+
+def row_cells(row):
+    """The table cells of one runner row."""
+    r = row.result
+    measured = r.status in ("pass", "FAIL") and (r.error or r.bound)
+    status = r.status if r.status != "unsupported" else f"unsupported: {r.detail}"
+    if r.status == "pass" and r.detail:
+        status = f"pass ({r.detail})"
+    return (row.kind, row.name, row.engine, row.dtype, r.examples,
+            _fmt(r.error) if measured else "-", _fmt(r.bound) if measured else "-", status)
+
+
+def _engine_names(requested):
+    from reports.conformance import engines
+
+    if not requested:
+        return list(engines.DEFAULT_ENGINES)
+    names = []
+    for name in requested:
+        names += list(engines.ENGINES) if name == "all" else [name]
+    return list(dict.fromkeys(names))
+
+
+def _progress_bar(total, enabled):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="check", file=sys.stderr, leave=False,
+                dynamic_ncols=True, mininterval=0.5)
+
+
+def run_engines(args, out=None):
+    """Plan and run the engine rows; print the table and the failures; return (rows, code)."""
+    from reports.conformance import engines as _engines
+    from reports.conformance.runner import PROFILES, order_rows, plan_rows, run_rows
+
+    out = out or sys.stdout
+    profile = PROFILES[args.profile]
+    names = _engine_names(args.engine)
+    try:
+        rows, statuses = plan_rows(names, ops=args.ops, dtype=args.dtype)
+    except (_engines.UnknownEngineError, TypeError) as exc:
+        print(f"verigrad conform: {exc}", file=sys.stderr)
+        return [], [], 2
+    rows = order_rows(rows, args.first)
+    for status in statuses:
+        if not status.available:
+            print(f"engine {status.name}: unavailable: {status.reason}", file=out)
+    bar = _progress_bar(len(rows), not args.no_progress)
+
+    def progress(row):
+        if bar is not None:
+            bar.set_description_str(row.label()[:60])
+            bar.update(0 if row is rows[0] else 1)
+
+    done = run_rows(rows, profile, args.seed, progress, fail_fast=args.fail_fast)
+    if bar is not None:
+        bar.update(1)
+        bar.close()
+    if done:
+        print(format_table(ROW_HEADERS, [row_cells(r) for r in done]), file=out)
+    else:
+        print("nothing to check: no available engine has a row that matches the filters",
+              file=out)
+    failed = [r for r in done if r.result.status in ("FAIL", "error")]
+    for row in failed:
+        print(f"\nFAILED: {row.label()}\n  {row.result.detail.strip()}", file=out)
+        if row.result.reproduction:
+            print("  reproduce (Python):\n" + "\n".join(
+                "    " + line for line in row.result.reproduction.rstrip().splitlines()),
+                file=out)
+        print(f"  reproduce (command): {row.result.command}", file=out)
+    explicit = [s for s in statuses if not s.available and args.engine and s.name in args.engine]
+    code = 1 if failed or (explicit and len(explicit) == len(statuses)) else 0
+    return done, statuses, code
+
+
+def _proof_subjects(ops):
+    """(ops, optimizers) to prove: all of them, or those named by ``--ops``."""
+    if not ops:
+        return None, None
+    import spec
+
+    return [o for o in ops if o in spec.OPS], [o for o in ops if o in spec.OPTIMIZERS]
+
+
+def _json_rows(rows):
+    return [r.as_dict() for r in rows]
+
+
 def run(args) -> int:
-    """Run all spec proofs, print the table and a summary; 1 if anything failed."""
+    """Run the proofs and the engine checks; print the tables; 1 if anything failed."""
+    if args.mutants:
+        from reports.conformance import mutants
+
+        return mutants.main(args)
     start = time.perf_counter()
-    progress = ProgressLine(enabled=not args.no_progress)
-    progress.update("loading spec ...")
-    op_results, opt_results = run_spec_proofs(progress)
-    results = op_results + opt_results
-    failed = [r for r in results if not r.ok]
+    proofs, failed_proofs = [], []
+    if not args.no_proofs:
+        progress = ProgressLine(enabled=not args.no_progress)
+        progress.update("loading spec ...")
+        op_results, opt_results = run_spec_proofs(progress, *_proof_subjects(args.ops))
+        proofs = op_results + opt_results
+        failed_proofs = [r for r in proofs if not r.ok]
+        progress.finish(f"proved {len(proofs) - len(failed_proofs)}/{len(proofs)} in "
+                        f"{time.perf_counter() - start:.1f} s")
+        print(format_table(PROOF_HEADERS, proof_rows(op_results, "op")
+                           + proof_rows(opt_results, "optimizer")))
+        print()
+    rows, statuses, code = run_engines(args)
     elapsed = time.perf_counter() - start
-    progress.finish(f"proved {len(results) - len(failed)}/{len(results)} in {elapsed:.1f} s")
-    rows = proof_rows(op_results, "op") + proof_rows(opt_results, "optimizer")
-    print(format_table(PROOF_HEADERS, rows))
-    print()
-    if failed:
-        print(f"FAILED: {len(failed)} of {len(results)} ({', '.join(r.op for r in failed)})")
-        return 1
-    exact = sum(r.method == "symbolic" for r in results)
-    print(f"all {len(results)} proven ({len(op_results)} ops, {len(opt_results)} optimizers; "
-          f"{exact} by exact simplification, {len(results) - exact} by high-precision sampling) "
-          f"in {elapsed:.1f} s")
-    return 0
+    counts = {}
+    for r in rows:
+        counts[r.result.status] = counts.get(r.result.status, 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none ran"
+    if failed_proofs:
+        print(f"\nFAILED proofs: {', '.join(r.op for r in failed_proofs)}")
+        code = 1
+    print(f"\n{len(rows)} checks ({summary}); {len(proofs)} proofs; profile {args.profile}, "
+          f"seed {args.seed}; {elapsed:.1f} s")
+    if args.json:
+        payload = {
+            "profile": args.profile, "seed": args.seed, "seconds": round(elapsed, 2),
+            "engines": [s.__dict__ for s in statuses],
+            "proofs": [{"name": r.op, "ok": r.ok, "method": r.method, "seconds": r.seconds,
+                        "detail": r.detail} for r in proofs],
+            "rows": _json_rows(rows),
+            "ok": code == 0,
+        }
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=1)
+    return code

@@ -1,0 +1,165 @@
+"""JAX as an engine: every registry op through ``jax.numpy`` and ``jax.vjp`` (CPU).
+
+64-bit mode is switched on when the adapter is built (``jax_enable_x64``) so that float64
+inputs stay float64; float32 inputs compute in float32. Where stock JAX follows another
+convention than the registry, the adapter composes primitives that meet the contract:
+
+- NOTE: ``jnp.maximum`` splits the gradient evenly between tied arguments; the registry sends
+  it to the first argument: ``jnp.where(a >= b, a, b)``.
+- NOTE: ``jax.nn.leaky_relu`` uses ``x >= 0``, slope 1 at 0; the registry's derivative at 0 is
+  the negative slope: ``jnp.where(x > 0, x, slope * x)``.
+- NOTE: ``jnp.abs`` has derivative 1 at 0; the registry's is sign(0) = 0: ``x * jnp.sign(x)``
+  (the same value, and sign's derivative is 0).
+- ``binary_cross_entropy_with_logits`` is written ``softplus(z) - z t``: smooth at z = 0,
+  where ``max(z, 0) + log1p(exp(-|z|))`` would hit both conventions above.
+
+Each (op, params) pair is compiled once per input shape with ``jax.jit`` (forward, and the VJP
+as one function), which is much faster than dispatching every primitive eagerly.
+
+Optimizers are not part of JAX itself (optax is), so none is declared supported.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from reports.conformance.engines import FLOAT32, FLOAT64, Engine
+
+__all__ = ["JaxEngine", "jax_ops"]
+
+
+def jax_ops(jax, jnp):
+    """The op table: registry name -> function of jax arrays taking the params as keywords."""
+
+    def dims(axis, ndim):
+        axes = tuple(range(ndim)) if axis is None else axis
+        return (axes,) if isinstance(axes, int) else tuple(axes)
+
+    def reduce(fn, x, axis, keepdims):
+        axes = dims(axis, x.ndim)
+        return x + 0 if not axes else fn(x, axis=axes, keepdims=keepdims)
+
+    def slice_(x, axis=0, start=0, stop=None, step=1):
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(start, stop, step)
+        return x[tuple(index)]
+
+    def layer_norm(x, eps=1e-5):
+        centred = x - jnp.mean(x, axis=-1, keepdims=True)
+        return centred / jnp.sqrt(jnp.mean(centred**2, axis=-1, keepdims=True) + eps)
+
+    def rms_norm(x, eps=1e-6):
+        return x / jnp.sqrt(jnp.mean(x**2, axis=-1, keepdims=True) + eps)
+
+    def cross_entropy(z, t):
+        logp = jax.nn.log_softmax(z, axis=-1)
+        picked = jnp.take_along_axis(logp, t.reshape(-1, 1), axis=1)
+        return -jnp.mean(picked)
+
+    def categorical(z, t):
+        return -jnp.sum(t * jax.nn.log_softmax(z, axis=-1)) / z.shape[0]
+
+    def bce(p, t):
+        return -jnp.mean(t * jnp.log(p) + (1 - t) * jnp.log1p(-p))
+
+    def bce_logits(z, t):
+        return jnp.mean(jax.nn.softplus(z) - z * t)
+
+    return {
+        "neg": lambda x: -x, "exp": jnp.exp, "log": jnp.log, "sqrt": jnp.sqrt,
+        "square": jnp.square, "abs": lambda x: x * jnp.sign(x), "relu": jax.nn.relu,
+        "leaky_relu": lambda x, negative_slope=0.01: jnp.where(x > 0, x, negative_slope * x),
+        "silu": jax.nn.silu, "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+        "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+        "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "softplus": jax.nn.softplus,
+        "identity": lambda x: x + 0,
+        "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,
+        "maximum": lambda a, b: jnp.where(a >= b, a, b),
+        "sum": lambda x, axis=None, keepdims=False: reduce(jnp.sum, x, axis, keepdims),
+        "mean": lambda x, axis=None, keepdims=False: reduce(jnp.mean, x, axis, keepdims),
+        "logsumexp": lambda x, axis=None, keepdims=False: reduce(
+            jax.scipy.special.logsumexp, x, axis, keepdims),
+        "matmul": jnp.matmul,
+        "transpose": lambda x, axes=None: jnp.transpose(x, axes),
+        "reshape": lambda x, shape: jnp.reshape(x, shape),
+        "concat": lambda a, b, axis=-1: jnp.concatenate([a, b], axis=axis),
+        "slice": slice_,
+        "softmax": lambda x, axis=-1: jax.nn.softmax(x, axis=axis),
+        "log_softmax": lambda x, axis=-1: jax.nn.log_softmax(x, axis=axis),
+        "layer_norm": layer_norm, "rms_norm": rms_norm,
+        "mse": lambda p, t: jnp.mean((p - t) ** 2),
+        "cross_entropy": cross_entropy,
+        "categorical_cross_entropy": categorical,
+        "binary_cross_entropy": bce,
+        "binary_cross_entropy_with_logits": bce_logits,
+    }
+
+
+CLASS_INDEX = {"cross_entropy": 1}   # op -> position of its class-index input
+
+
+class JaxEngine(Engine):
+    """JAX (CPU, x64 enabled) as an engine: ``jax.vjp`` of ``jax.numpy`` functions."""
+
+    name = "jax"
+    dtypes = (FLOAT32, FLOAT64)
+    description = "JAX (CPU, x64 enabled) through jax.vjp"
+    CLEAR_EVERY = 256    # calls between dropping compiled executables
+
+    def __init__(self):
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+        jax.config.update("jax_platforms", "cpu")
+        import jax.numpy as jnp
+
+        self._jax, self._jnp = jax, jnp
+        self._ops = jax_ops(jax, jnp)
+        self._cache = {}
+        self._calls = 0
+
+    def _compiled(self, name, params, fixed):
+        """(jitted forward, jitted vjp) of op ``name`` with ``params`` closed over."""
+        key = (name, repr(sorted(params.items())))
+        self._calls += 1
+        if self._calls % self.CLEAR_EVERY == 0:
+            # NOTE: every (op, params, shape) compiles an executable; drop them now and then, or
+            # a long run holds gigabytes of them.
+            self._jax.clear_caches()
+            self._cache.clear()
+        if key not in self._cache:
+            jax, fn = self._jax, self._ops[name]
+
+            def call(args, target):
+                args = list(args)
+                if fixed is not None:
+                    args.insert(fixed, target)
+                return fn(*args, **params)
+
+            def pull(args, target, g):
+                out, back = jax.vjp(lambda *a: call(a, target), *args)
+                return back(g)
+
+            self._cache[key] = (jax.jit(call), jax.jit(pull))
+        return self._cache[key]
+
+    def _arguments(self, name, inputs):
+        fixed = CLASS_INDEX.get(name)
+        arrays = [np.asarray(x) for x in inputs]
+        target = None if fixed is None else self._jnp.asarray(arrays[fixed].astype(np.int64))
+        free = tuple(self._jnp.asarray(a) for i, a in enumerate(arrays) if i != fixed)
+        return free, target, fixed
+
+    def _forward(self, name, inputs, **params):
+        free, target, fixed = self._arguments(name, inputs)
+        forward, _ = self._compiled(name, params, fixed)
+        return np.array(forward(free, target))
+
+    def _vjp(self, name, inputs, grad, **params):
+        free, target, fixed = self._arguments(name, inputs)
+        forward, pull = self._compiled(name, params, fixed)
+        dtype = free[0].dtype
+        grads = [np.array(g) for g in pull(free, target, self._jnp.asarray(
+            np.asarray(grad, dtype=dtype)))]
+        if fixed is not None:
+            grads.insert(fixed, None)
+        return tuple(grads)

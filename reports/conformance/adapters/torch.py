@@ -1,0 +1,180 @@
+"""PyTorch as an engine: every registry op through ``torch`` and ``torch.autograd.grad``.
+
+``TORCH_OPS`` maps each registry op to a function of torch tensors taking the op's params as
+keywords. Where stock PyTorch follows another convention than the registry, the adapter
+composes torch primitives that meet the registry's contract, and says so:
+
+- NOTE: ``torch.maximum`` splits the gradient evenly between tied arguments; the registry sends
+  it all to the first argument, so ``maximum`` is ``torch.where(a >= b, a, b)``.
+- NOTE: ``F.softplus`` returns ``x`` itself above ``threshold=20``, an error of
+  log1p(exp(-x)) ~ 2e-9 at x = 20, far above float64's eps (about 1e7 eps there); the adapter
+  passes ``threshold=40`` for float64 (exp(-40) ~ 4e-18 is below eps64 relative to x) and keeps
+  20 for float32. ``tests/conformance/test_engines.py`` shows that the suite catches both stock
+  behaviours.
+
+Optimizers: ``torch.optim`` implements SGD, Adam and AdamW exactly as the registry states them;
+its Momentum (no (1 - beta) on the first step), NAG (another look-ahead form), Adagrad and
+RMSprop (eps outside the square root) differ, so those are declared unsupported with the reason.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from reports.conformance.engines import FLOAT32, FLOAT64, Engine
+
+TF = torch.nn.functional
+
+__all__ = ["TORCH_OPS", "TorchEngine"]
+
+
+def _dims(axis, ndim):
+    return tuple(range(ndim)) if axis is None else axis
+
+
+def _slice(x, axis=0, start=0, stop=None, step=1):
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(start, stop, step)
+    return x[tuple(index)]
+
+
+def _softplus(x):
+    return TF.softplus(x, beta=1.0, threshold=20.0 if x.dtype == torch.float32 else 40.0)
+
+
+def _transpose(x, axes=None):
+    dims = tuple(axes) if axes is not None else tuple(reversed(range(x.ndim)))
+    return torch.permute(x, dims)
+
+
+def _reduce(fn, x, axis, keepdims):
+    """``fn`` over NumPy's ``axis`` (None: all axes; ``()``: none, as in NumPy)."""
+    dims = _dims(axis, x.ndim)
+    if isinstance(dims, int):
+        dims = (dims,)
+    if not dims:  # NOTE: torch reads an empty dim list as "all axes"; NumPy as "no axis"
+        return x.clone()
+    return fn(x, dims, keepdims)
+
+
+TORCH_OPS = {
+    "neg": lambda x: -x, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
+    "square": torch.square, "abs": torch.abs, "relu": torch.relu,
+    "leaky_relu": lambda x, negative_slope=0.01: TF.leaky_relu(x, negative_slope),
+    "silu": TF.silu, "gelu": TF.gelu, "gelu_tanh": lambda x: TF.gelu(x, approximate="tanh"),
+    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "softplus": _softplus,
+    "identity": lambda x: x.clone(),
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "maximum": lambda a, b: torch.where(a >= b, a, b),
+    "sum": lambda x, axis=None, keepdims=False: _reduce(torch.sum, x, axis, keepdims),
+    "mean": lambda x, axis=None, keepdims=False: _reduce(torch.mean, x, axis, keepdims),
+    "logsumexp": lambda x, axis=None, keepdims=False: _reduce(torch.logsumexp, x, axis,
+                                                              keepdims),
+    "matmul": torch.matmul,
+    "transpose": _transpose,
+    "reshape": lambda x, shape: x.reshape(shape),
+    "concat": lambda a, b, axis=-1: torch.cat([a, b], axis),
+    "slice": _slice,
+    "softmax": lambda x, axis=-1: torch.softmax(x, axis),
+    "log_softmax": lambda x, axis=-1: torch.log_softmax(x, axis),
+    "layer_norm": lambda x, eps=1e-5: TF.layer_norm(x, x.shape[-1:], eps=eps),
+    "rms_norm": lambda x, eps=1e-6: TF.rms_norm(x, x.shape[-1:], eps=eps),
+    "mse": TF.mse_loss,
+    "cross_entropy": lambda z, t: TF.cross_entropy(z, t.reshape(-1).long()),
+    "categorical_cross_entropy": TF.cross_entropy,  # probability targets
+    # torch's binary_cross_entropy has no derivative for its target: spell the formula out
+    "binary_cross_entropy": lambda p, t: -(t * torch.log(p) + (1 - t) * torch.log1p(-p)).mean(),
+    "binary_cross_entropy_with_logits": TF.binary_cross_entropy_with_logits,
+}
+
+# Inputs that hold class indices (not differentiable), by op.
+CLASS_INDEX = {"cross_entropy": ("target",)}
+_INPUTS = {
+    **{n: ("x",) for n in ("neg", "exp", "log", "sqrt", "square", "abs", "relu", "leaky_relu",
+                          "silu", "gelu", "gelu_tanh", "tanh", "sigmoid", "softplus",
+                          "identity", "sum", "mean", "logsumexp", "transpose", "reshape",
+                          "slice", "softmax", "log_softmax", "layer_norm", "rms_norm")},
+    **{n: ("a", "b") for n in ("add", "sub", "mul", "div", "maximum", "matmul", "concat")},
+    "mse": ("pred", "target"), "cross_entropy": ("logits", "target"),
+    "categorical_cross_entropy": ("logits", "target"), "binary_cross_entropy": ("p", "target"),
+    "binary_cross_entropy_with_logits": ("logits", "target"),
+}
+
+_OPTIMIZER_REASONS = {
+    "Momentum": "torch.optim.SGD(momentum, dampening) starts its buffer at g, not (1 - beta) g",
+    "NAG": "torch.optim.SGD(nesterov=True) uses another look-ahead form than the registry's",
+    "Adagrad": "torch.optim.Adagrad puts eps outside the square root (registry: inside)",
+    "RMSprop": "torch.optim.RMSprop puts eps outside the square root (registry: inside)",
+}
+
+
+class TorchEngine(Engine):
+    """PyTorch (CPU) as an engine: forward with torch ops, VJPs with ``torch.autograd.grad``."""
+
+    name = "torch"
+    dtypes = (FLOAT32, FLOAT64)
+    description = "PyTorch (CPU) through torch.autograd"
+    optimizers = ("SGD", "Adam", "AdamW")
+    optimizer_reasons = _OPTIMIZER_REASONS
+
+    def _tensors(self, name, inputs, requires_grad):
+        wanted = CLASS_INDEX.get(name, ())
+        tensors = []
+        for iname, x in zip(_INPUTS[name], inputs):
+            x = np.asarray(x)
+            if iname in wanted:
+                tensors.append(torch.from_numpy(np.array(x, dtype=np.int64)))
+            else:
+                tensors.append(torch.from_numpy(np.array(x)).requires_grad_(requires_grad))
+        return tensors
+
+    def _forward(self, name, inputs, **params):
+        with torch.no_grad():
+            out = TORCH_OPS[name](*self._tensors(name, inputs, False), **params)
+        return out.numpy().copy()
+
+    def _vjp(self, name, inputs, grad, **params):
+        tensors = self._tensors(name, inputs, True)
+        out = TORCH_OPS[name](*tensors, **params)
+        wanted = [t for t in tensors if t.requires_grad]
+        g = torch.from_numpy(np.array(grad, dtype=out.detach().numpy().dtype))
+        grads = iter(torch.autograd.grad(out, wanted, g, allow_unused=True))
+        result = []
+        for t in tensors:
+            if not t.requires_grad:
+                result.append(None)
+                continue
+            gi = next(grads)
+            result.append(np.zeros(tuple(t.shape), t.detach().numpy().dtype) if gi is None
+                          else gi.numpy().copy())
+        return tuple(result)
+
+    def _optimizer_step(self, name, w, g, state, t, **hyper):
+        w = np.asarray(w)
+        p = torch.nn.Parameter(torch.from_numpy(np.array(w, copy=True)))
+        p.grad = torch.from_numpy(np.array(g, dtype=w.dtype, copy=True))
+        lr = hyper.pop("lr", 0.01 if name == "SGD" else 0.001)
+        if name == "SGD":
+            opt = torch.optim.SGD([p], lr=lr)
+        else:
+            betas = (hyper.get("beta1", 0.9), hyper.get("beta2", 0.999))
+            kwargs = dict(lr=lr, betas=betas, eps=hyper.get("eps", 1e-8))
+            if name == "AdamW":
+                opt = torch.optim.AdamW([p], weight_decay=hyper.get("weight_decay", 0.01),
+                                        **kwargs)
+            else:
+                opt = torch.optim.Adam([p], **kwargs)
+            state = state or {}
+            opt.state[p] = {
+                "step": torch.tensor(float(t - 1)),
+                "exp_avg": torch.from_numpy(np.array(state.get("m", np.zeros_like(w)),
+                                                     dtype=w.dtype)),
+                "exp_avg_sq": torch.from_numpy(np.array(state.get("v", np.zeros_like(w)),
+                                                        dtype=w.dtype)),
+            }
+        opt.step()
+        new_w = p.detach().numpy().copy()
+        if name == "SGD":
+            return new_w, {}
+        s = opt.state[p]
+        return new_w, {"m": s["exp_avg"].numpy().copy(), "v": s["exp_avg_sq"].numpy().copy()}

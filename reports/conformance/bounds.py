@@ -1,0 +1,332 @@
+"""Error bounds per op family: how far from exact an engine's answer may be, entry by entry.
+
+Every bound is an *admissible error vector* ``A`` in units of the dtype's eps (eps32 = 2**-23,
+eps64 = 2**-52), shaped like the array it bounds: the engine passes when
+``||got - exact||_2 <= eps * ||A||_2`` (plus an underflow allowance, ``oracle.measure``).
+A norm of per-entry bounds, as PyTorch's OpInfo tolerances are per-op ``atol`` / ``rtol`` pairs,
+but derived from the op's conditioning on the input at hand rather than fixed. ``u = eps/2`` is
+the unit roundoff. ``P(m) = (min(m, 128) + ceil(log2 m)) / 2`` is the blocked-pairwise
+summation constant (0 for m = 1: a single term is exact), the standard an engine's sums must
+meet: NumPy's and PyTorch's pairwise sums and fastlib's float64 accumulation do; recursive
+accumulation in float32 over thousands of terms does not.
+
+Per family, the forward's ``A_out`` and each VJP's ``A_grad`` (y the exact output, G the exact
+VJP, g the cotangent, x the input):
+
+- copies (neg abs relu identity transpose reshape concat slice): 0 and 0, bit-exact.
+- leaky_relu square sqrt: ``|y|`` (one rounding) and ``|G|`` (sqrt: ``2|G|``).
+- add sub mul div maximum: ``|y|`` (correctly rounded; maximum 0) and ``c |g ∂|`` summed back
+  over the broadcast axes plus ``P(m)`` times the summed magnitudes (m the broadcast count;
+  c = 0 for add, sub, maximum; 1 for mul and div's a; 2 for div's b).
+- exp: ``K (1 + |x|) |y|`` (exp's condition number is |x|) and ``K (1 + |x|) |G|``.
+- log: ``K (|y| + 1)`` (an absolute u near x = 1) and ``K |G|``.
+- tanh sigmoid softplus: ``K (|y| + |x f'(x)|)`` (backward stable) and ``K (|G| + D |g|)``,
+  D = 2, 1/2, 1: the registry's VJPs use the rounded ``result``, which saturates.
+- silu gelu gelu_tanh: ``K (|y| + |x|)`` (an absolute u|x| where the output goes to 0, the
+  accuracy PyTorch's OpInfo demands) and ``K (|G| + |g|)``.
+- sum, mean: ``P(m) Σ|x|`` (mean: + one division) and 0 (sum) or ``|G|`` (mean).
+- logsumexp softmax log_softmax cross_entropy categorical_cross_entropy: ``4 + d + w + P(n)``
+  times the terms' magnitudes, d = max - x (the shift's rounding, which exp turns into a
+  relative error d u), w = Σ p d (its weight in the normaliser); the same factor on the VJPs.
+- layer_norm rms_norm: ``(4 + P(D)) (|y| + κ)`` with κ = max|x| / σ, the conditioning of
+  centring and scaling a row, and ``(4 + P(D)) (1 + κ)`` times the VJP's term magnitudes
+  ``(|g| + |mean g| + |y| mean|g y|) / σ``.
+- matmul: ``(k + 2) |a||b|`` (the dot-product bound, Higham eq. 3.13, on the terms'
+  magnitudes) and ``(n + 2) |g||b|ᵀ``, ``(m · batch + 2) |a|ᵀ|g|``.
+- mse binary_cross_entropy binary_cross_entropy_with_logits: ``4 + P(n)`` times the sum of the
+  terms' magnitudes over n, and 2-4 roundings of each gradient term (with its cancellation in
+  p - t).
+
+``K = 8`` for the transcendental functions: a libm-quality primitive is within 1-3 ulp and the
+op composes it with at most four more roundings. Where a function saturates (tanh, sigmoid near
+0 and 1) or has a zero (silu, gelu), the VJP formulas of the registry are in terms of the
+rounded ``result``, so the VJP may err by ``D u |g|`` in absolute terms; forward values of
+silu / gelu may err by ``u |x|`` absolutely, the accuracy PyTorch's own tests demand. Anything a
+mutated formula, a dropped term, a wrong axis or a transposed gradient produces (errors of
+1e-3 .. 1 relative, i.e. 1e4 .. 1e16 eps) is far outside every bound.
+
+``admissible(name, inputs, grad, params, exact_out, exact_grads)`` returns ``(A_out,
+[A_grad | None])`` for one call; ``inputs``/``grad`` are float64 (the engine's values, exactly)
+and the exact values are the ``hi`` parts of ``oracle.exact_vjp``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["admissible", "pairwise", "K_TRANSCENDENTAL", "FAMILIES", "family_of"]
+
+K_TRANSCENDENTAL = 8.0
+
+FAMILIES = {
+    "copy": ("neg", "abs", "relu", "identity", "transpose", "reshape", "concat", "slice"),
+    "rounded": ("leaky_relu", "square", "sqrt"),
+    "arithmetic": ("add", "sub", "mul", "div", "maximum"),
+    "transcendental": ("exp", "log", "tanh", "sigmoid", "softplus", "silu", "gelu",
+                       "gelu_tanh"),
+    "reduction": ("sum", "mean"),
+    "log-sum-exp": ("logsumexp", "softmax", "log_softmax", "cross_entropy",
+                    "categorical_cross_entropy"),
+    "normalisation": ("layer_norm", "rms_norm"),
+    "matmul": ("matmul",),
+    "loss": ("mse", "binary_cross_entropy", "binary_cross_entropy_with_logits"),
+}
+
+
+def family_of(name):
+    """The bound family of op ``name`` (a key of ``FAMILIES``)."""
+    for family, names in FAMILIES.items():
+        if name in names:
+            return family
+    raise KeyError(f"no bound family for op {name!r}; add it to bounds.FAMILIES")
+
+
+BLOCK = 128
+
+
+def pairwise(m):
+    """P(m): the blocked-pairwise summation constant in eps units (0 for a single term).
+
+    ``(min(m, BLOCK) + ceil(log2 m)) / 2``: at most ``BLOCK`` terms added one after another,
+    then a binary tree (NumPy's and fastlib's layout, PyTorch's cascade sums). Recursive
+    accumulation in the dtype over thousands of terms exceeds it.
+    """
+    m = int(m)
+    return 0.0 if m <= 1 else (min(m, BLOCK) + math.ceil(math.log2(m))) / 2
+
+
+def _sum_to_shape(g, shape):
+    """Sum a broadcast array back to ``shape`` (as the VJPs do), for magnitudes."""
+    g = np.asarray(g, dtype=np.float64)
+    lead = g.ndim - len(shape)
+    if lead > 0:
+        g = g.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+def _axes(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    return tuple(sorted(int(a) % ndim for a in axes)) if ndim else ()
+
+
+def _reduced_count(shape, axes):
+    return int(np.prod([shape[a] for a in axes], dtype=np.int64)) if axes else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# families
+
+
+def _copy(name, x, g, p, y, G):
+    return np.zeros(np.shape(y)), [None if gi is None else np.zeros(np.shape(gi)) for gi in G]
+
+
+def _rounded(name, x, g, p, y, G):
+    c = 2.0 if name == "sqrt" else 1.0
+    return np.abs(y), [c * np.abs(G[0])]
+
+
+def _arithmetic(name, x, g, p, y, G):
+    a, b = x
+    out_shape = np.shape(y)
+    g = np.broadcast_to(g, out_shape)
+    ab = np.broadcast_to(a, out_shape), np.broadcast_to(b, out_shape)
+    partials = {"add": (1.0, 1.0, 0.0, 0.0), "sub": (1.0, 1.0, 0.0, 0.0),
+                "maximum": (1.0, 1.0, 0.0, 0.0),
+                "mul": (np.abs(ab[1]), np.abs(ab[0]), 1.0, 1.0)}
+    if name == "div":
+        da, db = 1 / np.abs(ab[1]), np.abs(ab[0]) / ab[1] ** 2
+        ca, cb = 1.0, 2.0
+    else:
+        da, db, ca, cb = partials[name]
+    grads = []
+    for d, c, xi in ((da, ca, a), (db, cb, b)):
+        terms = np.abs(g) * d
+        m = int(np.prod(out_shape, dtype=np.int64)) // max(int(np.size(xi)), 1)
+        grads.append((c + pairwise(m)) * _sum_to_shape(terms, np.shape(xi)))
+    # NOTE: maximum selects one argument: its value is copied, never rounded.
+    return (np.zeros(out_shape) if name == "maximum" else np.abs(y)), grads
+
+
+def _transcendental(name, x, g, p, y, G):
+    (x,) = x
+    K = K_TRANSCENDENTAL
+    ax, ay, ag, aG = np.abs(x), np.abs(y), np.abs(g), np.abs(G[0])
+    if name == "exp":
+        return K * (1 + ax) * ay, [K * (1 + ax) * aG]
+    if name == "log":
+        return K * (ay + 1), [K * aG]
+    with np.errstate(over="ignore", under="ignore"):
+        sig = 1 / (1 + np.exp(-np.clip(x, -700, 700)))
+    if name == "tanh":
+        return K * (ay + ax * (1 - y ** 2)), [K * (aG + 2 * ag)]
+    if name == "sigmoid":
+        return K * (ay + ax * sig * (1 - sig)), [K * (aG + 0.5 * ag)]
+    if name == "softplus":
+        return K * (ay + ax * sig), [K * (aG + ag)]
+    return K * (ay + ax), [K * (aG + ag)]           # silu gelu gelu_tanh
+
+
+def _reduction(name, x, g, p, y, G):
+    (x,) = x
+    axes = _axes(p.get("axis"), np.ndim(x))
+    m = _reduced_count(np.shape(x), axes)
+    S = np.sum(np.abs(x), axis=axes, keepdims=p.get("keepdims", False)) if axes else np.abs(x)
+    S = np.reshape(S, np.shape(y))
+    if name == "sum":
+        return pairwise(m) * S, [np.zeros(np.shape(x))]
+    return (pairwise(m) + 1) * S / m, [np.abs(G[0])]
+
+
+def _row_stats(x, axis):
+    """(m, d = m - x, p = softmax, w = Σ p d, lse) along ``axis`` (keepdims)."""
+    m = np.max(x, axis=axis, keepdims=True)
+    d = m - x
+    e = np.exp(-d)
+    s = np.sum(e, axis=axis, keepdims=True)
+    p = e / s
+    w = np.sum(p * d, axis=axis, keepdims=True)
+    return m, d, p, w, m + np.log(s)
+
+
+def _lse_family(name, x, g, p_, y, G):
+    if name in ("softmax", "log_softmax"):
+        (z,) = x
+        axis = p_.get("axis", -1)
+        m, d, p, w, lse = _row_stats(z, axis)
+        n = z.shape[axis]
+        f = 4 + d + w + pairwise(n)
+        ag = np.abs(g)
+        if name == "softmax":
+            return f * np.abs(y), [f * p * (ag + np.sum(ag * p, axis=axis, keepdims=True))]
+        return f + np.abs(y), [f * (ag + p * np.sum(ag, axis=axis, keepdims=True))]
+    if name == "logsumexp":
+        (z,) = x
+        axes = _axes(p_.get("axis"), np.ndim(z))
+        if not axes:
+            return np.abs(y) + 1, [np.abs(G[0])]
+        m, d, p, w, lse = _row_stats(z, axes)
+        n = _reduced_count(z.shape, axes)
+        f_out = 4 + w + pairwise(n) + np.abs(m) + np.abs(lse)
+        out = np.reshape(f_out, np.shape(y))
+        return out, [np.abs(G[0]) * (4 + np.abs(z - lse) + f_out)]
+    z, t = x
+    N, C = z.shape
+    m, d, p, w, lse = _row_stats(z, -1)
+    f = 4 + d + w + pairwise(C)
+    ag = abs(float(g))
+    if name == "cross_entropy":
+        idx = np.asarray(t).reshape(-1).astype(np.int64)
+        onehot = np.zeros_like(z)
+        onehot[np.arange(N), idx] = 1.0
+        terms = np.abs(m[:, 0]) + np.abs(lse[:, 0] - m[:, 0]) + np.abs(z[np.arange(N), idx])
+        out = (6 + float(np.max(w)) + pairwise(C) + pairwise(N)) * (np.abs(y) + terms.sum() / N)
+        return np.asarray(out), [f * ag * (p + onehot) / N, None]
+    at = np.abs(t)
+    logp = z - lse
+    terms = np.sum(at * (np.abs(d) + np.abs(lse - m)))
+    out = (6 + float(np.max(w)) + pairwise(C) + pairwise(N * C)) * (np.abs(y) + terms / N)
+    grad_z = f * ag * (p * np.sum(at, axis=-1, keepdims=True) + at) / N
+    grad_t = (4 + w + pairwise(C)) * ag * (np.abs(logp) + 1) / N
+    return np.asarray(out), [grad_z, grad_t]
+
+
+def _normalisation(name, x, g, p, y, G):
+    (x,) = x
+    D = x.shape[-1]
+    eps_param = p.get("eps", 1e-5 if name == "layer_norm" else 1e-6)
+    f = 4 + pairwise(D)
+    ag, ay = np.abs(g), np.abs(y)
+    if name == "layer_norm":
+        xc = x - x.mean(-1, keepdims=True)
+        r = 1 / np.sqrt((xc ** 2).mean(-1, keepdims=True) + eps_param)
+        kappa = np.max(np.abs(x), axis=-1, keepdims=True) * r
+        terms = r * (ag + np.abs(ag.mean(-1, keepdims=True))
+                     + ay * (ag * ay).mean(-1, keepdims=True))
+    else:
+        r = 1 / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps_param)
+        kappa = np.max(np.abs(x), axis=-1, keepdims=True) * r
+        terms = r * (ag + ay * (ag * ay).mean(-1, keepdims=True))
+    return f * (ay + kappa), [f * (1 + kappa) * terms]
+
+
+def _matmul(name, x, g, p, y, G):
+    a, b = (np.abs(v) for v in x)
+    ag = np.abs(g)
+    k, n, m = a.shape[-1], b.shape[-1], a.shape[-2]
+    batch = int(np.prod(a.shape[:-2], dtype=np.int64)) if b.ndim == 2 else 1
+    grad_b = np.swapaxes(a, -1, -2) @ ag
+    if grad_b.ndim > b.ndim:
+        grad_b = grad_b.reshape(-1, *b.shape).sum(axis=0)
+    return (k + 2) * (a @ b), [(n + 2) * (ag @ np.swapaxes(b, -1, -2)),
+                               (m * batch + 2) * grad_b]
+
+
+def _loss(name, x, g, p_, y, G):
+    pred, t = x
+    n = pred.size
+    ag = abs(float(g))
+    f = 4 + pairwise(n)
+    if name == "mse":
+        return np.asarray(f * abs(float(y))), [2 * np.abs(G[0]), 2 * np.abs(G[1])]
+    if name == "binary_cross_entropy":
+        with np.errstate(divide="ignore"):
+            terms = (np.abs(t * np.log(pred)) + np.abs((1 - t) * np.log1p(-pred))
+                     + np.abs(t) + np.abs(1 - t))
+        grad_p = 4 * ag * (np.abs(pred) + np.abs(t)) / (pred * (1 - pred)) / n
+        grad_t = 4 * ag * (np.abs(np.log1p(-pred)) + np.abs(np.log(pred)) + 1) / n
+        return np.asarray(f * (abs(float(y)) + terms.sum() / n)), [grad_p, grad_t]
+    z = pred
+    terms = np.maximum(z, 0) + np.abs(z * t) + np.log1p(np.exp(-np.abs(z))) + 1
+    with np.errstate(over="ignore"):
+        sig = 1 / (1 + np.exp(-np.clip(z, -700, 700)))
+    return (np.asarray(f * (abs(float(y)) + terms.sum() / n)),
+            [4 * ag * (sig + np.abs(t)) / n, 2 * np.abs(G[1])])
+
+
+_FAMILY_FUNCS = {"copy": _copy, "rounded": _rounded, "arithmetic": _arithmetic,
+                 "transcendental": _transcendental, "reduction": _reduction,
+                 "log-sum-exp": _lse_family, "normalisation": _normalisation,
+                 "matmul": _matmul, "loss": _loss}
+
+
+def admissible(name, inputs, grad, params, exact_out, exact_grads):
+    """Per-entry admissible errors (eps units) of the output and of each VJP.
+
+    Parameters
+    ----------
+    name : str
+        Registry op.
+    inputs : list of ndarray
+        float64 inputs (class indices as integers).
+    grad : ndarray
+        float64 cotangent.
+    params : dict
+        The op's params (defaults filled by the caller or taken here).
+    exact_out : ndarray
+        The exact output (float64 ``hi`` part).
+    exact_grads : sequence of ndarray or None
+        The exact VJPs (``hi`` parts), None where not differentiable.
+
+    Returns
+    -------
+    (ndarray, list of ndarray or None)
+        ``A_out`` shaped like the output and one ``A`` per input (None where not differentiable).
+    """
+    inputs = [np.asarray(v, dtype=np.float64) if np.asarray(v).dtype.kind == "f" else np.asarray(v)
+              for v in inputs]
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        out, grads = _FAMILY_FUNCS[family_of(name)](name, inputs, np.asarray(grad, np.float64),
+                                                   dict(params or {}), np.asarray(exact_out),
+                                                   list(exact_grads))
+    grads = [None if e is None else np.broadcast_to(np.nan_to_num(a, posinf=np.finfo(float).max),
+                                                    np.shape(e))
+             for a, e in zip(grads, exact_grads)]
+    return np.nan_to_num(np.broadcast_to(out, np.shape(exact_out)),
+                         posinf=np.finfo(float).max), grads

@@ -1,0 +1,448 @@
+"""The engine registry: every engine the suite (and ``verigrad report``) can hold to the spec.
+
+An engine answers the two questions of DESIGN.md for registry ops (docs/CONTRACTS.md's table)::
+
+    forward(name, inputs, **params) -> ndarray
+    vjp(name, inputs, grad, **params) -> tuple[ndarray | None, ...]   # one per input
+
+and says what it covers: ``name`` (str), ``dtypes`` (the float dtypes it computes in; the
+inputs' dtype selects one) and ``supports(op) -> (bool, reason)``. An op it does not support
+must raise :class:`UnsupportedOpError` (a ``NotImplementedError``) from ``forward`` and
+``vjp``; the suite checks that claim both ways. Optionally an engine also runs the
+optimizers: ``supports_optimizer(name) -> (bool, reason)`` and
+``optimizer_step(name, w, g, state, t, **hyper) -> (w_new, state_new)`` (one update in the
+engine form of ``spec.engine_step``; state keyed by spec's names: ``v``, ``G``, ``E``, ``m``).
+
+Built-in engines (``ENGINES``): ``reflib`` (float64), ``fastlib`` (CPU, float32/float64),
+``fastlib-cuda`` (unavailable, with the reason, where there is no GPU or simulator),
+``torch`` and ``jax`` (adapters, when those packages are installed). A user's engine is named
+``"my_module:MyEngine"`` (or ``"path/to/file.py:MyEngine"``): a class, a zero-argument factory
+or an instance with the attributes above (see docs/engines.md).
+
+>>> engine = get_engine("reflib")
+>>> engine.supports("tanh")
+(True, '')
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "Engine", "EngineProtocol", "EngineStatus", "ENGINES", "UnsupportedOpError",
+    "EngineUnavailableError", "UnknownEngineError", "get_engine", "available_engines",
+    "engine_status", "check_engine", "registry_ops", "DEFAULT_ENGINES",
+]
+
+FLOAT32 = np.dtype(np.float32)
+FLOAT64 = np.dtype(np.float64)
+
+
+class UnsupportedOpError(NotImplementedError):
+    """An engine was asked for an op (or optimizer) it declares unsupported; says why."""
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine cannot run here (a missing package, no GPU); the message says why and how."""
+
+
+class UnknownEngineError(KeyError):
+    """An engine name that is neither registered nor ``module:attribute``; lists close names."""
+
+    def __str__(self):  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@runtime_checkable
+class EngineProtocol(Protocol):
+    """What the suite needs from an engine (structural: no base class required)."""
+
+    name: str
+    dtypes: tuple
+
+    def supports(self, op: str) -> tuple[bool, str]: ...
+
+    def forward(self, name: str, inputs, **params) -> np.ndarray: ...
+
+    def vjp(self, name: str, inputs, grad, **params) -> tuple: ...
+
+
+def registry_ops():
+    """The registry's op names, in registry order (imports ``spec`` on first use)."""
+    import spec
+
+    return tuple(spec.OPS)
+
+
+class Engine:
+    """A convenient base for engines: unsupported-op bookkeeping and the optimizer defaults.
+
+    Subclasses set ``name`` and ``dtypes`` and implement ``_forward`` / ``_vjp``; they list the
+    ops they cannot do in ``unsupported`` (``{op: reason}``) and the optimizers they run in
+    ``optimizers`` (names as in ``spec.OPTIMIZERS``), or override ``supports_optimizer``.
+    """
+
+    name: str = "engine"
+    dtypes: tuple = (FLOAT64,)
+    description: str = ""
+    unsupported: dict = {}
+    optimizers: tuple = ()
+    optimizer_reasons: dict = {}
+
+    # -- coverage -----------------------------------------------------------------------------
+    def supports(self, op):
+        """``(True, "")`` when ``op`` runs here, else ``(False, reason)``."""
+        if op in self.unsupported:
+            return False, self.unsupported[op]
+        if op not in registry_ops():
+            return False, f"{op!r} is not a registry op"
+        return True, ""
+
+    def supports_optimizer(self, name):
+        """``(True, "")`` when ``optimizer_step`` runs optimizer ``name``, else the reason."""
+        if name in self.optimizers:
+            return True, ""
+        return False, self.optimizer_reasons.get(
+            name, f"the {self.name} engine does not run optimizers")
+
+    def _require(self, op):
+        ok, reason = self.supports(op)
+        if not ok:
+            raise UnsupportedOpError(f"{self.name}: {op} is not supported: {reason}")
+
+    # -- the protocol -------------------------------------------------------------------------
+    def forward(self, name, inputs, **params):
+        """Forward value of registry op ``name`` (see the module docstring)."""
+        self._require(name)
+        return self._forward(name, inputs, **params)
+
+    def vjp(self, name, inputs, grad, **params):
+        """One cotangent per input of registry op ``name`` (None where not differentiable)."""
+        self._require(name)
+        return tuple(self._vjp(name, inputs, grad, **params))
+
+    def optimizer_step(self, name, w, g, state, t, **hyper):
+        """One optimizer update (engine form); ``UnsupportedOpError`` unless supported."""
+        ok, reason = self.supports_optimizer(name)
+        if not ok:
+            raise UnsupportedOpError(f"{self.name}: optimizer {name} is not supported: {reason}")
+        return self._optimizer_step(name, w, g, state, t, **hyper)
+
+    def _forward(self, name, inputs, **params):  # pragma: no cover - subclasses implement
+        raise NotImplementedError
+
+    def _vjp(self, name, inputs, grad, **params):  # pragma: no cover - subclasses implement
+        raise NotImplementedError
+
+    def _optimizer_step(self, name, w, g, state, t, **hyper):  # pragma: no cover
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"<engine {self.name} ({', '.join(str(np.dtype(d)) for d in self.dtypes)})>"
+
+
+# ---------------------------------------------------------------------------------------------
+# the built-in engines
+
+_OPTIMIZER_NAMES = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW")
+
+
+class ReflibEngine(Engine):
+    """reflib's reference ops in float64 (``reflib.forward`` / ``reflib.vjp``)."""
+
+    name = "reflib"
+    dtypes = (FLOAT64,)
+    description = "the reference engine (NumPy float64; exact with dps=)"
+    optimizers = _OPTIMIZER_NAMES
+
+    def _forward(self, name, inputs, **params):
+        import reflib
+
+        return reflib.forward(name, inputs, **params)
+
+    def _vjp(self, name, inputs, grad, **params):
+        import reflib
+
+        return reflib.vjp(name, inputs, grad, **params)
+
+    def _optimizer_step(self, name, w, g, state, t, **hyper):
+        from reflib import optim
+
+        slots = {k: {"w": np.asarray(v, np.float64)} for k, v in (state or {}).items()}
+        new, new_state = optim.step(name, {"w": np.asarray(w, np.float64)},
+                                    {"w": np.asarray(g, np.float64)},
+                                    {"t": t - 1, "slots": slots}, t=t, **hyper)
+        return new["w"], {k: d["w"] for k, d in new_state["slots"].items()}
+
+
+class FastlibEngine(Engine):
+    """fastlib's Numba kernels on the CPU (``fastlib.forward`` / ``fastlib.vjp``)."""
+
+    name = "fastlib"
+    dtypes = (FLOAT32, FLOAT64)
+    description = "the fast engine (Numba, CPU)"
+    optimizers = _OPTIMIZER_NAMES
+
+    def _forward(self, name, inputs, **params):
+        import fastlib
+
+        return fastlib.forward(name, inputs, **params)
+
+    def _vjp(self, name, inputs, grad, **params):
+        import fastlib
+
+        return fastlib.vjp(name, inputs, grad, **params)
+
+    def _optimizer_step(self, name, w, g, state, t, **hyper):
+        from fastlib import optim
+
+        opt = optim.get(name, **hyper)
+        params = {"w": np.array(w, copy=True)}
+        slots = {s: {"w": np.array((state or {}).get(s, np.zeros_like(params["w"])),
+                                   dtype=params["w"].dtype, copy=True)}
+                 for s in opt.state_names}
+        opt.update(params, {"w": np.asarray(g)}, optim.OptState(t - 1, slots))
+        return params["w"], {s: slots[s]["w"] for s in opt.state_names}
+
+
+class FastlibCudaEngine(FastlibEngine):
+    """fastlib's numba.cuda kernels (a GPU, or numba's simulator)."""
+
+    name = "fastlib-cuda"
+    description = "the fast engine on CUDA (numba.cuda; GPU or NUMBA_ENABLE_CUDASIM=1)"
+
+    def __init__(self):
+        import fastlib.cuda as fc
+
+        if not fc.is_available():
+            raise EngineUnavailableError(f"fastlib-cuda: {fc.unavailable_reason()}")
+        self._cuda = fc
+
+    def _forward(self, name, inputs, **params):
+        return self._cuda.forward(name, inputs, **params)
+
+    def _vjp(self, name, inputs, grad, **params):
+        return self._cuda.vjp(name, inputs, grad, **params)
+
+    def _optimizer_step(self, name, w, g, state, t, **hyper):
+        from fastlib import optim
+
+        opt = optim.get(name, **hyper)
+        params = {"w": np.array(w, copy=True)}
+        slots = {s: {"w": np.array((state or {}).get(s, np.zeros_like(params["w"])),
+                                   dtype=params["w"].dtype, copy=True)}
+                 for s in opt.state_names}
+        self._cuda.optimizer_update(opt, params, {"w": np.asarray(g)},
+                                    optim.OptState(t - 1, slots))
+        return params["w"], {s: slots[s]["w"] for s in opt.state_names}
+
+
+def _cuda_reason():
+    try:
+        import fastlib.cuda as fc
+    except Exception as exc:  # a broken numba install: say so instead of crashing the listing
+        return f"fastlib.cuda cannot be imported: {type(exc).__name__}: {exc}"
+    return None if fc.is_available() else fc.unavailable_reason()
+
+
+def _package_reason(package, extra):
+    if importlib.util.find_spec(package) is None:
+        return f"{package} is not installed (pip install 'verigrad[{extra}]')"
+    return None
+
+
+@dataclass(frozen=True)
+class _Registered:
+    """A registry entry: how to build the engine and how to tell whether it can run here."""
+
+    name: str
+    target: str                      # "module:attribute" of the class or factory
+    description: str
+    reason: Callable[[], str | None]  # None when available, else why not
+
+
+ENGINES = {
+    e.name: e for e in (
+        _Registered("reflib", "reports.conformance.engines:ReflibEngine",
+                    ReflibEngine.description, lambda: None),
+        _Registered("fastlib", "reports.conformance.engines:FastlibEngine",
+                    FastlibEngine.description, lambda: None),
+        _Registered("fastlib-cuda", "reports.conformance.engines:FastlibCudaEngine",
+                    FastlibCudaEngine.description, _cuda_reason),
+        _Registered("torch", "reports.conformance.adapters.torch:TorchEngine",
+                    "PyTorch (CPU) through torch.autograd",
+                    lambda: _package_reason("torch", "torch")),
+        _Registered("jax", "reports.conformance.adapters.jax:JaxEngine",
+                    "JAX (CPU, x64 enabled) through jax.vjp",
+                    lambda: _package_reason("jax", "jax")),
+    )
+}
+
+#: What ``verigrad conform`` runs without ``--engine``: the project's own engines (an
+#: unavailable one is listed with its reason). The adapters run when named (``--engine torch``,
+#: ``--engine all``): they hold other people's engines to the same standard, and may fail it.
+DEFAULT_ENGINES = ("reflib", "fastlib", "fastlib-cuda")
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """One row of :func:`available_engines`: name, whether it runs here, and why not."""
+
+    name: str
+    available: bool
+    reason: str          # "" when available
+    description: str = ""
+
+
+def _import_target(target):
+    """Resolve ``"module:attr"`` or ``"path/file.py:attr"`` to the object it names."""
+    if ":" not in target:
+        raise UnknownEngineError(f"engine {target!r}: expected 'module:Attribute'")
+    module_name, _, attr = target.rpartition(":")
+    if not module_name or not attr:
+        raise UnknownEngineError(f"engine {target!r}: expected 'module:Attribute', e.g. "
+                                 f"'my_engines:MyEngine'")
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = os.path.abspath(module_name)
+        if not os.path.exists(path):
+            raise UnknownEngineError(f"engine {target!r}: no file {path}")
+        mod_name = "_verigrad_engine_" + os.path.splitext(os.path.basename(path))[0]
+        spec_ = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec_)
+        sys.modules[mod_name] = module
+        spec_.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())   # `verigrad` as a console script: find local modules
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                raise UnknownEngineError(
+                    f"engine {target!r}: cannot import module {module_name!r} ({exc}); put it on "
+                    f"PYTHONPATH or run from its directory") from None
+            raise
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        names = [n for n in dir(module) if not n.startswith("_")]
+        close = difflib.get_close_matches(attr, names, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise UnknownEngineError(f"engine {target!r}: module {module_name!r} has no attribute "
+                                 f"{attr!r}{hint}") from None
+
+
+def check_engine(engine):
+    """Validate that ``engine`` has the protocol's attributes; return it.
+
+    Raises
+    ------
+    TypeError
+        Naming each missing or malformed attribute (``name``, ``dtypes``, ``supports``,
+        ``forward``, ``vjp``) and what it should be.
+    """
+    problems = []
+    if not isinstance(getattr(engine, "name", None), str) or not engine.name:
+        problems.append("`name` must be a non-empty str")
+    dtypes = getattr(engine, "dtypes", None)
+    try:
+        resolved = tuple(np.dtype(d) for d in dtypes)
+        if not resolved or any(d not in (FLOAT32, FLOAT64) for d in resolved):
+            raise TypeError
+    except TypeError:
+        problems.append("`dtypes` must be a non-empty tuple of float32 / float64")
+    for method in ("supports", "forward", "vjp"):
+        if not callable(getattr(engine, method, None)):
+            problems.append(f"`{method}` must be a method")
+    if problems:
+        raise TypeError(f"{type(engine).__name__} is not an engine: " + "; ".join(problems)
+                        + " (see docs/engines.md)")
+    return engine
+
+
+def _instantiate(obj):
+    """An engine from a class, a zero-argument factory or an instance; checked."""
+    if inspect.isclass(obj) or (callable(obj) and not hasattr(obj, "forward")):
+        obj = obj()
+    return check_engine(obj)
+
+
+def get_engine(name):
+    """The engine called ``name``: a registered name or ``"module:Attribute"``.
+
+    Parameters
+    ----------
+    name : str
+        ``reflib``, ``fastlib``, ``fastlib-cuda``, ``torch``, ``jax``, or a plugin
+        ``"my_module:MyEngine"`` / ``"path/to/file.py:MyEngine"`` (a class, factory or instance).
+
+    Returns
+    -------
+    engine
+        An object with ``name``, ``dtypes``, ``supports``, ``forward`` and ``vjp``.
+
+    Raises
+    ------
+    UnknownEngineError
+        An unknown name (the message lists close names and every registered engine).
+    EngineUnavailableError
+        The engine cannot run here; the message says why (a package to install, no GPU).
+    TypeError
+        A plugin that lacks part of the protocol.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"engine name must be a string; got {type(name).__name__}")
+    entry = ENGINES.get(name)
+    if entry is None:
+        if ":" in name:
+            return _instantiate(_import_target(name))
+        close = difflib.get_close_matches(name, list(ENGINES), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise UnknownEngineError(f"unknown engine {name!r}{hint} (engines: "
+                                 f"{', '.join(ENGINES)}; or 'my_module:MyEngine')")
+    reason = entry.reason()
+    if reason:
+        raise EngineUnavailableError(f"engine {name!r} is unavailable: {reason}")
+    return _instantiate(_import_target(entry.target))
+
+
+def engine_status(name):
+    """:class:`EngineStatus` of one registered engine (tries to build it; never raises)."""
+    entry = ENGINES.get(name)
+    if entry is None:
+        try:
+            get_engine(name)
+            return EngineStatus(name, True, "", "plugin")
+        except Exception as exc:  # a plugin that fails to load is unavailable, with the reason
+            return EngineStatus(name, False, f"{type(exc).__name__}: {exc}", "plugin")
+    reason = entry.reason()
+    if reason is None:
+        try:
+            get_engine(name)
+        except Exception as exc:  # a broken install: unavailable, and say why
+            reason = f"{type(exc).__name__}: {exc}"
+    return EngineStatus(name, reason is None, reason or "", entry.description)
+
+
+def available_engines(names=None):
+    """Every registered engine (or ``names``) with whether it runs here and why not.
+
+    Returns
+    -------
+    list of EngineStatus
+        In registry order; ``reason`` is "" for available engines.
+
+    Examples
+    --------
+    >>> [s.name for s in available_engines() if s.available][:2]
+    ['reflib', 'fastlib']
+    """
+    return [engine_status(n) for n in (ENGINES if names is None else names)]

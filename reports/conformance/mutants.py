@@ -1,0 +1,240 @@
+"""The suite's power: plausible bugs, each applied alone to a copy of fastlib, must be caught.
+
+``verigrad conform --mutants`` (or ``tests/conformance/test_conform_mutants.py -m slow``) runs
+every mutant of ``MUTANTS`` through ``mutant_runner`` with the ``dev`` profile on the fastlib
+engine and reports which are caught, by which check, after how many examples and how fast. A
+survivor is a hole in the suite. Each mutant names the exact source text it replaces; that text
+must occur exactly once in the current fastlib (``check_targets``, run by the fast tests), so a
+refactor of fastlib cannot silently turn a mutant into a no-op. ``first`` only orders the run
+(the checks most likely to fail go first); every check stays in.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from reports.conformance.mutant_runner import (MutantError, check_targets, run_control,
+                                               run_mutant)
+
+__all__ = ["Mutant", "MUTANTS", "main", "run_all", "check_targets", "MutantError"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One plausible bug: replace ``old`` by ``new`` in ``fastlib/<path>``."""
+
+    key: str
+    what: str
+    path: str
+    old: str
+    new: str
+    first: tuple = ()
+
+
+MUTANTS = (
+    # -- kink conventions ----------------------------------------------------------------------
+    Mutant("relu-kink", "relu'(0) = 1 (x >= 0) instead of the registry's 0", "kernels/scalar.py",
+           "return like(x, 1.0) if x > 0 else like(x, 0.0)",
+           "return like(x, 1.0) if x >= 0 else like(x, 0.0)", ("relu",)),
+    Mutant("leaky-kink", "leaky_relu'(0) = 1 instead of the slope", "kernels/scalar.py",
+           "return like(x, 1.0) if x > 0 else like(x, slope)",
+           "return like(x, 1.0) if x >= 0 else like(x, slope)", ("leaky_relu",)),
+    Mutant("maximum-tie", "a tie in maximum sends the gradient to b", "kernels/binary.py",
+           "win = x >= y or x != x", "win = x > y or x != x", ("maximum",)),
+    # -- sign flips and missing terms in VJPs ----------------------------------------------------
+    Mutant("tanh-sign", "sign flip in tanh's derivative", "kernels/scalar.py",
+           "return like(x, 4.0) * e / (d * d)", "return -like(x, 4.0) * e / (d * d)",
+           ("tanh",)),
+    Mutant("silu-term", "silu' = sigmoid: the x·sigmoid(-x) term dropped", "kernels/scalar.py",
+           "return s * (like(x, 1.0) + x * sm) if s != 0 else s",
+           "return s * like(x, 1.0) if s != 0 else s", ("silu",)),
+    Mutant("gelu-term", "gelu' = Phi: the x·phi(x) term dropped", "kernels/scalar.py",
+           "return cdf + x * pdf if pdf != 0 else cdf", "return cdf if pdf != 0 else cdf",
+           ("gelu",)),
+    Mutant("sigmoid-square", "sigmoid' = e / (1 + e) (one factor of the square lost)",
+           "kernels/scalar.py", "    d = like(x, 1.0) + e\n    return e / (d * d)",
+           "    d = like(x, 1.0) + e\n    return e / d", ("sigmoid",)),
+    Mutant("layer-norm-term", "layer_norm VJP without the y·mean(g·y) term", "kernels/norm.py",
+           "out[row, j] = r * (np.float64(gr[j]) - gm - y[j] * gy)",
+           "out[row, j] = r * (np.float64(gr[j]) - gm)", ("layer_norm",)),
+    Mutant("log-softmax-shift", "log_softmax VJP uses exp(x - max), the normaliser dropped",
+           "kernels/norm.py", "o[j] = _lsm_grad(v[j], m, ls, gr[j], gsum)",
+           "o[j] = _lsm_grad(v[j], m, 0.0, gr[j], gsum)", ("log_softmax",)),
+    Mutant("bce-logits-sign", "sign flip of the target term in bce_with_logits' VJP",
+           "kernels/loss.py", "gz[i] = ((1.0 - tv) * sig_pos - tv * sig_neg) * gscale",
+           "gz[i] = ((1.0 - tv) * sig_pos + tv * sig_neg) * gscale",
+           ("binary_cross_entropy_with_logits",)),
+    # -- shapes, axes, broadcasting, slicing -------------------------------------------------------
+    Mutant("broadcast-not-summed", "a broadcast gradient not summed back (first copy taken)",
+           "kernels/reduce.py",
+           "return _sum64(np.ascontiguousarray(g), axes).astype(g.dtype).reshape(shape)",
+           "return np.ascontiguousarray(g[(0,) * lead]).reshape(-1)[:int(np.prod(shape))]"
+           ".reshape(shape)", ("add", "mul", "sub")),
+    Mutant("softmax-axis", "softmax over the wrong axis (axis + 1)", "kernels/norm.py",
+           "    ax = axis % x.ndim\n    if ax == x.ndim - 1:",
+           "    ax = (axis + 1) % x.ndim\n    if ax == x.ndim - 1:", ("softmax",)),
+    Mutant("concat-off-by-one", "concat's VJP for b starts one row early (off by one)",
+           "kernels/structure.py",
+           "_copy_box(grad, a.shape[axis] * gs[axis], gs, gb, 0, _c_strides(b.shape), b.shape)",
+           "_copy_box(grad, (a.shape[axis] - 1) * gs[axis], gs, gb, 0, _c_strides(b.shape), "
+           "b.shape)", ("concat",)),
+    Mutant("transpose-perm", "transpose's VJP applies the permutation, not its inverse",
+           "kernels/structure.py",
+           "return _permuted_copy(grad, tuple(int(i) for i in np.argsort(perm)))",
+           "return _permuted_copy(grad, tuple(perm))", ("transpose",)),
+    Mutant("matmul-shared-b", "a shared b's gradient taken from the first batch element only",
+           "kernels/linalg.py", "_gemm(a2.T, g2, gb)", "_gemm(a2[:m].T, g2[:m], gb)",
+           ("matmul",)),
+    Mutant("cross-entropy-mean", "cross_entropy averaged over N·C entries instead of N rows",
+           "kernels/loss.py",
+           '"""mean over rows of -log_softmax(logits)[n, target[n]]; grads (grad_logits, None)."""'
+           "\n    n = logits.shape[0]",
+           '"""mean over rows of -log_softmax(logits)[n, target[n]]; grads (grad_logits, None)."""'
+           "\n    n = logits.size", ("cross_entropy",)),
+    # -- accuracy ---------------------------------------------------------------------------------
+    Mutant("f32-accumulation", "float32 accumulation over a long strided reduction",
+           "kernels/reduce.py", "        blk = np.empty(width)\n",
+           "        blk = np.empty(width, x.dtype)\n", ("sum", "mean")),
+    Mutant("softmax-no-shift", "softmax without the max shift (exp overflows at logits 1e4)",
+           "kernels/norm.py",
+           "        m = _row_max(v)\n        for j in range(d):\n"
+           "            o[j] = fexp(v[j] - m)\n"
+           "        s = like(v[0], _pairwise_sum(o, 0, d))\n        for j in range(d):\n"
+           "            o[j] = o[j] / s\n\n\n",
+           "        m = _row_max(v)\n        for j in range(d):\n            o[j] = fexp(v[j])\n"
+           "        s = like(v[0], _pairwise_sum(o, 0, d))\n        for j in range(d):\n"
+           "            o[j] = o[j] / s\n\n\n", ("softmax",)),
+    Mutant("rms-norm-eps-outside", "rms_norm with eps outside the square root", "kernels/norm.py",
+           "        r = 1.0 / math.sqrt(_pairwise_sum(sq, 0, d) / d + eps)\n",
+           "        r = 1.0 / (math.sqrt(_pairwise_sum(sq, 0, d) / d) + eps)\n", ("rms_norm",)),
+    # -- optimizers -------------------------------------------------------------------------------
+    Mutant("adam-bias-correction", "Adam without the bias correction of m", "optim.py",
+           "c[:, 5] = [1.0 / (1.0 - b1 ** t) for t in steps]", "c[:, 5] = 1.0", ("Adam",)),
+    Mutant("rmsprop-eps-outside", "RMSprop with eps outside the square root",
+           "kernels/optim.py",
+           "a = gamma * a + one_minus_gamma * (g * g)\n"
+           "    return w - lr / math.sqrt(a + eps) * g, a",
+           "a = gamma * a + one_minus_gamma * (g * g)\n"
+           "    return w - lr / (math.sqrt(a) + eps) * g, a",
+           ("RMSprop",)),
+    Mutant("adagrad-eps-outside", "Adagrad with eps outside the square root", "kernels/optim.py",
+           "a = a + g * g\n    return w - lr / math.sqrt(a + eps) * g, a",
+           "a = a + g * g\n    return w - lr / (math.sqrt(a) + eps) * g, a", ("Adagrad",)),
+    Mutant("momentum-dampening", "Momentum without DataCode's (1 - beta)", "optim.py",
+           "c[:, 1], c[:, 2] = self.beta, 1.0 - self.beta", "c[:, 1], c[:, 2] = self.beta, 1.0",
+           ("Momentum",)),
+    Mutant("adamw-decay-lr", "AdamW's decoupled decay applied without the learning rate",
+           "kernels/optim.py", "return w - lr * (m_hat / (math.sqrt(v_hat) + eps) + wd * w), m, v",
+           "return w - lr * (m_hat / (math.sqrt(v_hat) + eps)) - wd * w, m, v", ("AdamW",)),
+    # -- layers and training --------------------------------------------------------------------
+    Mutant("dense-transposed-weight-grad", "Dense's weight gradient transposed (g^T x reshaped)",
+           "layers/dense.py", 'grads = {"weight": np.dot(x2.T, gpre), "bias": db}',
+           'grads = {"weight": np.dot(gpre.T, x2).reshape(self.in_features, '
+           'self.out_features), "bias": db}', ("train",)),
+    Mutant("dense-stale-cache", "Dense keeps the first batch's input for every backward",
+           "layers/dense.py",
+           "self.hist_in, self.hist_pre, self.hist_post = x, pre, post",
+           "self.hist_in = x if self.hist_in is None else self.hist_in\n"
+           "        self.hist_pre, self.hist_post = pre, post", ("train",)),
+    Mutant("lstm-cell-carry", "LSTM backward carries the cell gradient through i, not f",
+           "kernels/recurrent.py", "dc_carry[b, j] = dc * gf", "dc_carry[b, j] = dc * gi",
+           ("LSTM",)),
+    Mutant("attention-scale", "attention scores scaled by 1/sqrt(d), not 1/sqrt(d/heads)",
+           "layers/attention.py", "scale = self.dtype.type(1.0 / np.sqrt(d // self.heads))",
+           "scale = self.dtype.type(1.0 / np.sqrt(d))", ("MultiHeadAttention",)),
+    Mutant("embedding-overwrite", "repeated tokens overwrite instead of summing their gradients",
+           "kernels/dense.py", "acc[row, j] += grad_rows[n, j]", "acc[row, j] = grad_rows[n, j]",
+           ("Embedding",)),
+    Mutant("tape-overwrite", "the tape overwrites a slot instead of adding the contribution",
+           "tape.py", "else np.asarray(existing + contribution, self.dtype))",
+           "else np.asarray(contribution, self.dtype))", ("tape",)),
+    Mutant("tape-no-drop", "a parent with requires_grad False still receives gradient",
+           "tape.py", "            if not self._requires_grad[parent]:\n                continue",
+           "            if not self._requires_grad[parent]:\n                pass", ("tape",)),
+    # -- TargetProp and contrastive divergence -------------------------------------------------
+    Mutant("cd-positive-phase", "CD gradient adds the positive phase instead of subtracting it",
+           "rbm.py", "gW -= np.dot(v0.T, ph0)", "gW += np.dot(v0.T, ph0)", ("cd",)),
+    Mutant("targetprop-budget", "link budget cos(y, t) instead of (cos + 1)/2",
+           "kernels/targetprop.py",
+           "budget = (dot / (np.sqrt(na) * np.sqrt(nt)) + 1.0) / 2.0",
+           "budget = dot / (np.sqrt(na) * np.sqrt(nt))", ("targetprop",)),
+)
+
+
+def _table(results):
+    from reports.commands.conform import format_table
+
+    rows = [(r.key, r.what, "caught" if r.caught else "SURVIVED", r.failed_row or "-",
+             r.examples, f"{r.seconds:.1f}") for r in results]
+    return format_table(("mutant", "bug", "verdict", "first failing check", "examples",
+                         "seconds"), rows)
+
+
+def run_all(mutants=MUTANTS, profile="dev", seed=0, progress=None, control=True):
+    """Run the control and every mutant; return (control result or None, [MutantResult])."""
+    import tempfile
+
+    problems = check_targets(mutants)
+    if problems:
+        raise MutantError("; ".join(problems))
+    with tempfile.TemporaryDirectory(prefix="verigrad-exact-cache-") as cache:
+        ctrl = None
+        if control:
+            if progress:
+                progress("control")
+            ctrl = run_control(profile, seed, cache)
+        results = []
+        for m in mutants:
+            if progress:
+                progress(m.key)
+            results.append(run_mutant(m, profile, seed, cache))
+    return ctrl, results
+
+
+def main(args):
+    """``verigrad conform --mutants``: the table of verdicts; exit 1 if any mutant survived."""
+    chosen = MUTANTS
+    if args.ops:
+        known = {m.key: m for m in MUTANTS}
+        unknown = [k for k in args.ops if k not in known]
+        if unknown:
+            print(f"verigrad conform --mutants: unknown mutant(s) {unknown}; known: "
+                  f"{', '.join(known)}", file=sys.stderr)
+            return 2
+        chosen = tuple(known[k] for k in args.ops)
+    start = time.perf_counter()
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(chosen) + 1, unit="mutant", file=sys.stderr, leave=False)
+
+    def progress(key):
+        if bar is not None:
+            bar.set_description_str(key)
+            bar.update(0 if key == "control" else 1)
+
+    try:
+        ctrl, results = run_all(chosen, args.profile, args.seed, progress)
+    except MutantError as exc:
+        print(f"verigrad conform --mutants: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if bar is not None:
+            bar.close()
+    elapsed = time.perf_counter() - start
+    print(_table(results))
+    caught = sum(r.caught for r in results)
+    verdict = "passes" if not ctrl.caught else f"FAILS: {ctrl.failed_row} {ctrl.detail}"
+    print(f"\ncontrol (fastlib unchanged): {verdict} in {ctrl.seconds:.1f} s")
+    print(f"{caught} of {len(results)} mutants caught by the {args.profile} profile "
+          f"(median {sorted(r.seconds for r in results)[len(results) // 2]:.1f} s per mutant); "
+          f"{elapsed:.0f} s in all")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"profile": args.profile, "seed": args.seed, "seconds": round(elapsed, 1),
+                       "control": asdict(ctrl), "mutants": [asdict(r) for r in results]}, f,
+                      indent=1)
+    return 0 if caught == len(results) and not ctrl.caught else 1

@@ -1,0 +1,82 @@
+"""Ready-to-paste reproductions of failing cases: short Python snippets that rebuild the case
+exactly (arrays printed with every digit) and run the same check again."""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["literal", "op_call", "special", "optimizer", "tape", "train"]
+
+_HEADER = "import numpy as np\nfrom reports.conformance import engines, properties\n"
+
+
+def literal(x):
+    """Python source that rebuilds ``x`` exactly (arrays with dtype, floats round-tripping)."""
+    if isinstance(x, np.ndarray):
+        dtype = x.dtype.name
+        body = repr(x.tolist()) if x.dtype.kind != "f" else repr(
+            np.asarray(x, np.float64).tolist())
+        return f"np.array({body}, dtype=np.{dtype})"
+    if isinstance(x, (list, tuple)):
+        inner = ", ".join(literal(v) for v in x)
+        return f"[{inner}]" if isinstance(x, list) else f"({inner}{',' if len(x) == 1 else ''})"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k!r}: {literal(v)}" for k, v in x.items()) + "}"
+    if isinstance(x, (np.floating, np.integer, np.bool_)):
+        return repr(x.item())
+    if isinstance(x, (frozenset, set)):
+        return repr(sorted(x))
+    return repr(x)
+
+
+def _engine_line(engine):
+    return f"engine = engines.get_engine({engine!r})\n"
+
+
+def op_call(engine, ex, check, seed=None):
+    """A snippet that rebuilds the op call ``ex`` and runs ``properties.<check>`` on it."""
+    extra = "" if seed is None else f", {seed}"
+    return (_HEADER + "from reports.conformance.strategies import OpExample\n"
+            + _engine_line(engine)
+            + f"ex = OpExample({ex.name!r}, {literal(tuple(ex.inputs))},\n"
+              f"               {literal(ex.grad)}, {literal(ex.params)})\n"
+            + f"print(properties.{check}(engine, ex{extra}))\n"
+            + "print(engine.forward(ex.name, list(ex.inputs), **ex.params))\n")
+
+
+def special(engine, ex, index):
+    """A snippet that picks special-values case ``index`` of ``ex``'s op and checks it."""
+    return (_HEADER + "from reports.conformance.special_values import special_cases\n"
+            + _engine_line(engine)
+            + f"ex = special_cases({ex.name!r}, np.{np.dtype(ex.dtype).name})[{index}]"
+              f"   # {ex.label}\n"
+            + "print(ex)\nprint(properties.check_call(engine, ex))\n")
+
+
+def optimizer(engine, case, dtype, steps):
+    """A snippet that replays an optimizer trajectory check."""
+    name, shape, seed, hyper = case
+    return (_HEADER + _engine_line(engine)
+            + f"rng = np.random.default_rng({seed})\n"
+            + f"w0 = rng.standard_normal({shape!r})\n"
+            + f"grads = [rng.standard_normal({shape!r}) for _ in range({steps})]\n"
+            + f"print(properties.check_optimizer(engine, {name!r}, w0, grads, {hyper!r}, "
+              f"np.{np.dtype(dtype).name}))\n")
+
+
+def tape(engine, case):
+    """A snippet that rebuilds the random DAG and checks the tape laws."""
+    (nodes, out), seed = case
+    return ("import numpy as np\nfrom reports.conformance import properties\n"
+            + f"nodes = {literal(list(nodes))}\n"
+            + f"print(properties.check_tape_laws({engine!r}, (nodes, {out}), {seed}))\n")
+
+
+def train(case):
+    """A snippet that rebuilds the model case and checks the training step."""
+    model, optimizer_name, lr = case
+    return ("import numpy as np\nfrom reports.conformance import properties\n"
+            + "from reports.conformance.strategies import ModelCase\n"
+            + f"case = ModelCase({literal(model.config)},\n    {literal(model.x)},\n"
+              f"    {literal(model.y)}, {model.loss!r}, {model.seed}, "
+              f"frozenset({literal(model.kinds)}))\n"
+            + f"print(properties.check_train_step(case, {optimizer_name!r}, {lr!r}))\n")

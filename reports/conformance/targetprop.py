@@ -1,0 +1,281 @@
+"""Target Propagation checks: fastlib against reflib against spec, step by step (issue 6 §5).
+
+Moved here from ``tests/test_targetprop.py`` (which imports them) so that ``verigrad conform``
+runs them from an installed package. Oracles, independent of the engine under test:
+
+- ``spec.targetprop``: the rules evaluated in exact arithmetic (mpmath, 30 digits); its
+  chain-rule signal J_xᵀ g and local update J_θᵀ (t − y) are high-precision numerical
+  derivatives (``mpmath.diff``) of layer forwards built from the registry's op formulas;
+- ``reflib.targetprop``: each layer traced on its own reference tape (float64), pure routes in
+  plain NumPy.
+
+Tolerances. Arrays are compared normwise against the largest magnitude of the expected array
+(``_close``): both float64 engines evaluate each entry as sums of at most ~60 products of O(1)
+factors through at most three layers, with routes divided by Σ|W| > 0.01, so each entry's
+rounding error stays below ~60·3·eps64 ≈ 4e-14 of the array's scale; ``F64_TOL = 1e-11`` leaves
+two orders of margin. Link budgets and rates are single float64 reductions (error < 1e-15).
+float32 fastlib against float64 reflib: eps32 = 1.2e-7 with the same term counts gives ~2e-5 of
+the scale; ``F32_TOL = 2e-4`` (the routes' division by Σ|W| and softmax/attention chains add a
+factor of a few).
+
+The property functions (``prop_*``) are plain functions of a drawn case (they assert); the
+strategies are ``tp_cases`` and ``budget_pairs``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from hypothesis import strategies as st
+
+import fastlib
+import fastlib.targetprop as ft
+import reflib.targetprop as rt
+import spec.targetprop as stp
+from fastlib.layers import LSTM, RNN, Dense, MultiHeadAttention, Sequential, SwiGLU
+from reflib.models import twin
+
+F64_TOL = 1e-11    # float64 engines against each other and against exact (module doc)
+F32_TOL = 2e-4     # float32 fastlib against float64 reflib (module doc)
+SPEC_DPS = 30      # exact values to 30 digits: far beyond float64's 16
+KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU")
+ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
+               "softplus", "softmax")
+
+
+class Case(NamedTuple):
+    """A model (fastlib, float64) with random parameters, an input and an output target."""
+
+    model: object
+    x: np.ndarray
+    target: np.ndarray
+
+
+def _f64(x):
+    x = np.asarray(x)
+    return x.astype(np.float64) if x.dtype == object else np.asarray(x, dtype=np.float64)
+
+
+def _close(actual, expected, tol, what, floor=1e-300):
+    """max |actual − expected| <= tol · max(max |expected|, floor).
+
+    ``floor`` is the scale of the whole model's arrays of that kind, for entries that are 0 in
+    exact arithmetic (the key bias of attention: softmax ignores a per-row shift), where each
+    engine keeps its own rounding residue.
+    """
+    a, e = _f64(actual), _f64(expected)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
+    scale = max(float(np.max(np.abs(e))) if e.size else 0.0, floor)
+    err = float(np.max(np.abs(a - e))) if e.size else 0.0
+    assert err <= tol * scale, f"{what}: max error {err:.3e} > {tol:.0e} x scale {scale:.3e}"
+
+
+# ---------------------------------------------------------------------------------------------
+# strategies
+
+def _main_layer(draw, kind, width, small):
+    """(layer, input shape without batch, output width, output is 3-D)."""
+    seq = draw(st.integers(1, 2 if small else 3))
+    if kind == "Dense":
+        out = draw(st.integers(1, 3 if small else 4))
+        act = draw(st.sampled_from(ACTIVATIONS))
+        three_d = draw(st.booleans())
+        return Dense(width, out, act), ((seq, width) if three_d else (width,)), out, three_d
+    if kind in ("RNN", "LSTM"):
+        hidden = draw(st.integers(1, 2 if small else 3))
+        seqs = draw(st.booleans())
+        cls = RNN if kind == "RNN" else LSTM
+        return cls(width, hidden, return_sequences=seqs), (seq, width), hidden, seqs
+    if kind == "MultiHeadAttention":
+        heads = draw(st.integers(1, 2))
+        d = heads * draw(st.integers(1, 2))
+        causal = draw(st.booleans())
+        return MultiHeadAttention(d, heads, causal=causal), (seq, d), d, True
+    hidden = draw(st.integers(1, 2 if small else 4))
+    out = draw(st.integers(1, 2 if small else 3))
+    three_d = draw(st.booleans())
+    return SwiGLU(width, hidden, out), ((seq, width) if three_d else (width,)), out, three_d
+
+
+@st.composite
+def tp_cases(draw, kind, small=False, dtype=np.float64):
+    """A model around one layer of ``kind``: alone, after a Dense, before a Dense, or nested
+    (``Sequential([Dense, Sequential([layer, Dense])])``); parameters and data from one seed."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    width = draw(st.integers(1, 2 if small else 4))
+    main, in_shape, out_width, _ = _main_layer(draw, kind, width, small)
+    layout = draw(st.sampled_from(["alone", "before", "after", "nested"]))
+    width0 = draw(st.integers(1, 3))
+    first_in = in_shape[-1]
+    pre = Dense(width0, first_in, draw(st.sampled_from(("tanh", "linear", "sigmoid"))))
+    post = Dense(out_width, draw(st.integers(1, 3)), draw(st.sampled_from(("linear", "tanh"))))
+    if layout == "alone":
+        layers, x_shape = [main], in_shape
+    elif layout == "before":
+        layers, x_shape = [pre, main], in_shape[:-1] + (width0,)
+    elif layout == "after":
+        layers, x_shape = [main, post], in_shape
+    else:
+        layers, x_shape = [pre, Sequential([main, post])], in_shape[:-1] + (width0,)
+    model = Sequential(layers, dtype=dtype, seed=0)
+    for value in model.parameters().values():
+        # NOTE: every parameter (biases included) is a random normal: no exact zeros, so no
+        # pre-activation sits on a relu kink, where the spec's numerical derivative would
+        # average the two sides.
+        value[...] = rng.normal(0.0, 0.6, value.shape)
+    batch = draw(st.integers(1, 2 if small else 3))
+    x = rng.normal(size=(batch,) + x_shape).astype(dtype)
+    y = model(x)
+    target = (y + rng.normal(0.0, draw(st.sampled_from((0.1, 0.5, 2.0))), y.shape)).astype(dtype)
+    return Case(model, x, target)
+
+
+@st.composite
+def budget_pairs(draw):
+    """(actual, target) arrays, including all-zero ones and exact multiples."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    shape = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
+    y = rng.normal(size=shape)
+    kind = draw(st.sampled_from(["random", "zero_actual", "zero_target", "both_zero",
+                                 "aligned", "opposite"]))
+    t = rng.normal(size=shape)
+    if kind in ("zero_actual", "both_zero"):
+        y = np.zeros(shape)
+    if kind in ("zero_target", "both_zero"):
+        t = np.zeros(shape)
+    if kind == "aligned":
+        t = 3.0 * y
+    if kind == "opposite":
+        t = -0.5 * y
+    return y, t
+
+
+# ---------------------------------------------------------------------------------------------
+# properties
+
+def _fast_copy(model, dtype=np.float64):
+    copy = fastlib.layers.from_config(model.get_config(), dtype=dtype)
+    copy.load_parameters(model.parameters())
+    return copy
+
+
+def _run_fastlib(case, chain, lr=None, steps=1, dtype=np.float64):
+    """TargetProp steps on a copy of the case's model (the case is left as it was)."""
+    model = _fast_copy(case.model, dtype)
+    state = ft.TargetPropState(model, ft.TargetPropConfig(use_chain_rule=chain))
+    for _ in range(steps):
+        ft.targetprop_forward(model, state, case.x.astype(dtype))
+        ft.targetprop_backward(model, state, case.target.astype(dtype), input_target=True)
+        state.calculate_link_budgets()
+        if lr is not None:
+            ft.apply_targetprop_gaps(model, state, lr)
+    return model, state
+
+
+def _run_reflib(case, chain, lr=None, steps=1):
+    """The same steps on the reference twin (a copy) of the case's model."""
+    ref = twin(case.model)
+    state = rt.TargetPropState(ref, rt.TargetPropConfig(use_chain_rule=chain))
+    for _ in range(steps):
+        rt.targetprop_forward(ref, state, case.x)
+        rt.targetprop_backward(ref, state, case.target, input_target=True)
+        state.calculate_link_budgets()
+        if lr is not None:
+            rt.apply_targetprop_gaps(ref, state, lr)
+    return ref, state
+
+
+def prop_targets_fastlib_vs_reflib(case, chain, dtype=np.float64):
+    """Every layer's output, target, signal and the input target agree (fastlib vs reflib)."""
+    tol = F64_TOL if dtype == np.float64 else F32_TOL
+    _, fs = _run_fastlib(case, chain, dtype=dtype)
+    _, rs = _run_reflib(case, chain)
+    L = len(rs.layers)
+    for l in range(L):
+        _close(fs.forward_acts[l], rs.forward_acts[l], tol, f"forward_acts[{l}]")
+        _close(fs.backward_targets[l], rs.backward_targets[l], tol, f"backward_targets[{l}]")
+        _close(fs.gradients[l], rs.gradients[l], tol, f"gradients[{l}]")
+    _close(fs.input_target, rs.input_target, tol, "input_target")
+    _close(fs.gaps, rs.gaps, tol, "gaps")
+    _close(fs.link_budgets, rs.link_budgets, tol, "link_budgets")
+
+
+def prop_targets_reflib_vs_spec(case, chain):
+    """reflib's targets and signals equal the spec's exact ones (chain-rule or pure)."""
+    _, rs = _run_reflib(case, chain)
+    exact = stp.backward(case.model.get_config(), case.model.parameters(), case.x, case.target,
+                         {"use_chain_rule": chain}, dps=SPEC_DPS, input_target=True)
+    for l in range(len(rs.layers)):
+        _close(rs.forward_acts[l], exact["forward_acts"][l], F64_TOL, f"forward_acts[{l}]")
+        _close(rs.backward_targets[l], exact["backward_targets"][l], F64_TOL,
+               f"backward_targets[{l}]")
+        _close(rs.gradients[l], exact["gradients"][l], F64_TOL, f"gradients[{l}]")
+    _close(rs.input_target, exact["input_target"], F64_TOL, "input_target")
+
+
+def _velocity_scale(velocities):
+    return max(float(np.max(np.abs(_f64(v)))) for v in velocities.values())
+
+
+def prop_apply_fastlib_vs_reflib(case, chain, lr, steps=2):
+    """``steps`` full TargetProp steps (momentum carried over): budgets, gates, rates,
+    velocities and parameters agree."""
+    model, fs = _run_fastlib(case, chain, lr, steps)
+    ref, rs = _run_reflib(case, chain, lr, steps)
+    assert fs.updated == rs.updated, f"gates differ: {fs.updated} vs {rs.updated}"
+    _close(fs.layer_rates, rs.layer_rates, F64_TOL, "layer_rates")
+    params = model.parameters()
+    floor = _velocity_scale(rs.velocities)
+    for name, value in ref.parameters().items():
+        _close(params[name], value, F64_TOL, f"parameter {name}")
+        _close(fs.velocities[name], rs.velocities[name], F64_TOL, f"velocity {name}", floor)
+
+
+def prop_apply_reflib_vs_spec(case, chain, lr):
+    """One apply with non-zero starting velocities: reflib equals the spec's exact step."""
+    ref = twin(case.model)
+    rs = rt.TargetPropState(ref, rt.TargetPropConfig(use_chain_rule=chain))
+    rng = np.random.default_rng(0)
+    start = {k: rng.normal(0, 0.01, np.shape(v)) for k, v in ref.parameters().items()}
+    rs.velocities = {k: v.copy() for k, v in start.items()}
+    old = {k: np.array(v, dtype=np.float64) for k, v in ref.parameters().items()}
+    rt.targetprop_forward(ref, rs, case.x)
+    rt.targetprop_backward(ref, rs, case.target)
+    rs.calculate_link_budgets()
+    rt.apply_targetprop_gaps(ref, rs, lr)
+    exact = stp.apply(case.model.get_config(), old, case.x, rs.backward_targets, start, lr,
+                      {"use_chain_rule": chain}, dps=SPEC_DPS)
+    assert rs.updated == exact["updated"]
+    _close(rs.link_budgets, exact["link_budgets"], F64_TOL, "link_budgets")
+    _close(rs.gaps, exact["gaps"], F64_TOL, "gaps")
+    _close(rs.layer_rates, exact["rates"], F64_TOL, "rates")
+    floor = _velocity_scale(exact["velocities"])
+    for name, value in ref.parameters().items():
+        _close(value, exact["params"][name], F64_TOL, f"parameter {name}")
+        _close(rs.velocities[name], exact["velocities"][name], F64_TOL, f"velocity {name}",
+               floor)
+
+
+def _fast_budget(y, t):
+    state = ft.TargetPropState(Sequential([Dense(1, 1)], dtype=np.float64))
+    state.forward_acts, state.backward_targets = [np.asarray(y)], [np.asarray(t)]
+    state.calculate_link_budgets()
+    return state.link_budgets[0], state.gaps[0]
+
+
+def _ref_budget(y, t):
+    state = rt.TargetPropState(twin(Sequential([Dense(1, 1)], dtype=np.float64)))
+    state.forward_acts, state.backward_targets = [np.asarray(y)], [np.asarray(t)]
+    state.calculate_link_budgets()
+    return state.link_budgets[0], state.gaps[0]
+
+
+def prop_link_budget_three_ways(y, t):
+    """The budget and gap of fastlib, reflib and the spec agree; 0 when a norm is 0."""
+    b_spec, g_spec = stp.link_budget(y, t, SPEC_DPS), stp.gap(y, t, SPEC_DPS)
+    for engine, (b, g) in (("fastlib", _fast_budget(y, t)), ("reflib", _ref_budget(y, t))):
+        assert abs(b - b_spec) <= 4e-16, f"{engine} budget {b!r} != spec {b_spec!r}"
+        assert abs(g - g_spec) <= 4e-16 * max(1.0, g_spec), f"{engine} gap {g!r} != {g_spec!r}"
+        if not np.any(y) or not np.any(t):
+            assert b == 0.0, f"{engine}: a zero norm must give budget 0, got {b}"
+        assert 0.0 <= b <= 1.0

@@ -1,0 +1,73 @@
+"""The mutant run: every mutant applies to the current fastlib source, the harness patches a
+copy (never the checkout) and refuses stale targets, and the suite catches the mutants.
+
+The fast tests apply two mutants (pure-Python ones, so no kernel recompiles) and check that
+the dev profile catches both; the full run of every mutant is marked slow
+(``pytest -m slow tests/conformance/test_conform_mutants.py``, about ten minutes here).
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from reports.conformance import mutant_runner
+from reports.conformance.mutants import MUTANTS, Mutant, run_all
+from reports.conformance.mutant_runner import MutantError, apply_mutant, check_targets
+
+BY_KEY = {m.key: m for m in MUTANTS}
+
+
+def test_every_mutant_applies_to_the_current_fastlib():
+    assert check_targets(MUTANTS) == []
+    assert len(MUTANTS) >= 20
+    # the bugs issue 7 names, each present
+    for key in ("tanh-sign", "silu-term", "concat-off-by-one", "softmax-axis",
+                "broadcast-not-summed", "f32-accumulation", "adam-bias-correction",
+                "rmsprop-eps-outside", "relu-kink", "dense-transposed-weight-grad",
+                "dense-stale-cache"):
+        assert key in BY_KEY
+
+
+def test_stale_or_ambiguous_targets_are_refused(tmp_path):
+    package = tmp_path / "fastlib"
+    shutil.copytree(mutant_runner.fastlib_source(), package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    missing = Mutant("gone", "text that is not there", "tape.py", "no such text", "x")
+    with pytest.raises(MutantError, match="occurs 0 times"):
+        apply_mutant(missing, package)
+    twice = Mutant("twice", "text that occurs twice", "tape.py", "return", "yield")
+    with pytest.raises(MutantError, match="exactly once"):
+        apply_mutant(twice, package)
+    assert check_targets([missing], package) == [
+        "mutant gone: target text occurs 0 times in fastlib/tape.py"]
+    patched = apply_mutant(BY_KEY["tape-overwrite"], package)
+    assert "np.asarray(contribution, self.dtype))" in patched.read_text()
+    # the checkout itself is untouched
+    assert check_targets([BY_KEY["tape-overwrite"]]) == []
+
+
+def test_numba_cache_of_dependents_is_dropped(tmp_path):
+    package = tmp_path / "fastlib"
+    shutil.copytree(mutant_runner.fastlib_source(), package)
+    kernels = package / "kernels"
+    patched = apply_mutant(BY_KEY["relu-kink"], package)       # kernels/scalar.py
+    mutant_runner._drop_numba_cache(package, patched)
+    cache = kernels / "__pycache__"
+    for stem in ("scalar", "elementwise", "dense"):              # scalar and its importers
+        assert not list(cache.glob(f"{stem}.*.nb[ic]")), stem
+
+
+def test_two_mutants_are_caught_by_the_dev_profile():
+    for key in ("tape-overwrite", "adam-bias-correction"):
+        result = mutant_runner.run_mutant(BY_KEY[key], "dev", 0)
+        assert result.caught, result
+        assert result.failed_row.split()[0] in ("tape", "optimizer"), result
+
+
+@pytest.mark.slow
+def test_every_mutant_is_caught_by_the_dev_profile():
+    control, results = run_all(MUTANTS, "dev", 0)
+    assert not control.caught, control
+    survivors = [r for r in results if not r.caught]
+    assert not survivors, survivors
