@@ -383,7 +383,7 @@ def test_nonfinite_gradient_skips_the_step_and_warns(fused):
         r = fastlib.train(m, x, y, 1, 2, 0.1, "mse", fused=fused, **quiet())
     assert r.skipped_steps == 2 and not r.diverged
     # (w x + 1e8)^2 with w x = 1 up to float32 roundings: within a few eps32 of (1 + 1e8)^2
-    assert r.loss_history[0] == pytest.approx((1 + 1e8) ** 2, rel=8 * np.finfo(np.float32).eps)
+    assert r.loss_history[0] == pytest.approx((1 + 1e8) ** 2, rel=8 * float(np.finfo(np.float32).eps))
     for k, v in m.parameters().items():
         assert np.array_equal(v, before[k])
 
