@@ -5,14 +5,17 @@ Modules, one idea each:
 
 - ``engines``: the engine registry and protocol (``get_engine``, ``available_engines``), shared
   with ``verigrad report``; ``adapters/``: PyTorch and JAX as engines;
-- ``strategies``: Hypothesis strategies (op cases with broadcasting, random DAGs, models,
-  optimizer runs);
-- ``bounds``: the error bound of every op family, in units of the dtype's eps;
+- ``strategies``: Hypothesis strategies (op calls with broadcasting, random DAGs, models of
+  every layer type, optimizer runs);
 - ``oracle``: exact values (``spec.evaluate`` at 50 digits, cached) and the error measure;
-- ``special_values``: the table of saturations, extreme logits, tiny/huge magnitudes, zeros,
-  ties and long reductions;
+- ``bounds``: the error bound of every op family, in units of the dtype's eps;
+- ``special_values``: saturations, extreme logits, tiny / huge magnitudes, zeros, kinks, ties,
+  broadcasting and long reductions;
 - ``properties``: the checks, plain functions of a drawn case (no pytest needed);
-- ``runner``: runs the checks under a profile, collects rows, shrinks failures into
-  ready-to-paste reproductions;
-- ``mutants``: plausible bugs applied to a temporary copy of fastlib, to measure the suite's power.
+  ``targetprop`` and ``cd``: the TargetProp and contrastive-divergence properties (shared with
+  tests/test_targetprop.py and tests/test_rbm.py), wired in by ``algorithms``;
+- ``runner``: runs the checks under a profile, collects rows, keeps shrunk failures;
+  ``repro``: turns a failing case into Python to paste;
+- ``mutants`` and ``mutant_runner``: plausible bugs applied to a temporary copy of fastlib, to
+  measure the suite's power.
 """

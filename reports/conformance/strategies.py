@@ -320,8 +320,9 @@ LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNor
                "Embedding", "Softmax", "Parallel", "Sequential")
 ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
                "softplus")
-LOSSES_2D = ("mse", "cross_entropy", "categorical_cross_entropy",
+LOSSES_2D = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
              "binary_cross_entropy_with_logits")
+LOSSES_3D = ("mse", "binary_cross_entropy", "binary_cross_entropy_with_logits")
 
 
 @dataclass(frozen=True)
@@ -431,16 +432,16 @@ def model_cases(draw, focus=None):
         layers.append({"type": "Softmax", "axis": -1})
         kinds.add("Softmax")
         loss = "mse"
-    elif rank == 2:
-        loss = draw(st.sampled_from(LOSSES_2D))
     else:
-        loss = draw(st.sampled_from(("mse", "binary_cross_entropy_with_logits")))
+        loss = draw(st.sampled_from(LOSSES_2D if rank == 2 else LOSSES_3D))
+    if loss == "binary_cross_entropy":   # probabilities: the last Dense ends in a sigmoid
+        layers[-1]["activation"] = "sigmoid"
     out_shape = (batch, classes) if rank == 2 else (batch, seq, classes)
     if loss == "cross_entropy":
         y = rng.integers(0, classes, size=(batch, 1))
     elif loss == "categorical_cross_entropy":
         y = np.eye(classes)[rng.integers(0, classes, size=batch)]
-    elif loss == "binary_cross_entropy_with_logits":
+    elif loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits"):
         y = rng.integers(0, 2, size=out_shape).astype(np.float64)
     else:
         y = rng.uniform(-1, 1, size=out_shape)
