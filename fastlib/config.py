@@ -45,6 +45,24 @@ LOAD_CHECK_SECONDS = 0.25
 _idle = {"checked": -1.0, "cores": 1}
 
 
+def _own_running_threads() -> int:
+    """Threads of this process in state R (running or runnable); at least 1, the caller."""
+    running = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 1
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as fh:
+                # the state follows the parenthesised command name, which may contain spaces
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        running += state == "R"
+    return max(1, running)
+
+
 def _idle_cores() -> int:
     """Cores not running another task right now (>= 1); all cores where unknown."""
     now = time.monotonic()
@@ -53,8 +71,11 @@ def _idle_cores() -> int:
         try:
             with open("/proc/loadavg") as fh:
                 running = int(fh.read().split()[3].split("/")[0])
-            # the calling thread is one of the runnable tasks
-            _idle["cores"] = max(1, min(cores, cores - (running - 1)))
+            # Our own runnable threads are not competition: the calling thread is one, and
+            # OpenMP workers spin for a while after a parallel region, so counting them made
+            # the second of two back-to-back kernels think the other core was busy.
+            running_elsewhere = max(0, running - _own_running_threads())
+            _idle["cores"] = max(1, min(cores, cores - running_elsewhere))
         except (OSError, ValueError, IndexError):
             _idle["cores"] = cores
         _idle["checked"] = now
