@@ -249,6 +249,9 @@ FUSED_CASES = (
      ("sigmoid", "leaky_relu", "linear")] +
     [("mse", "momentum", "relu", 0.05, "value", 4), ("mse", "adamw", "relu", 0.3, "norm", 4),
      ("cross_entropy", "rmsprop", "relu", 0.0, "value", 1),
+     # batch 1: the first weight's gradient is formed and applied row by row (fused_mlp NOTE)
+     ("mse", "adam", "relu", 0.05, "value", 1), ("cross_entropy", "sgd", "tanh", 0.0, "value", 1),
+     ("cross_entropy", "nag", "relu", 0.0, "value", 1), ("mse", "adamw", "relu", 0.3, "norm", 1),
      ("cross_entropy", "adagrad", "relu", 0.0, "value", 23)])
 
 
@@ -384,6 +387,26 @@ def test_nonfinite_gradient_skips_the_step_and_warns(fused):
     assert r.skipped_steps == 2 and not r.diverged
     # (w x + 1e8)^2 with w x = 1 up to float32 roundings: within a few eps32 of (1 + 1e8)^2
     assert r.loss_history[0] == pytest.approx((1 + 1e8) ** 2, rel=8 * float(np.finfo(np.float32).eps))
+    for k, v in m.parameters().items():
+        assert np.array_equal(v, before[k])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_nonfinite_gradient_of_a_later_layer_skips_the_whole_step(fused):
+    """Batch 1, two layers: the second weight's gradient h * dz = 1e31 * 2e8 overflows float32
+    while the first layer's, x * dz * w2 = 2e-23, is finite. The fused path, which applies the
+    first weight's gradient row by row, must still skip the step and change nothing."""
+    m = fastlib.Sequential([fastlib.Dense(1, 1), fastlib.Dense(1, 1)], dtype=np.float32)
+    p = m.parameters()
+    p["0.weight"][...] = 1e31
+    p["1.weight"][...] = 1e-31
+    p["0.bias"][...] = p["1.bias"][...] = 0.0
+    x = np.ones((2, 1), np.float32)
+    y = np.full((2, 1), -1e8, np.float32)
+    before = {k: v.copy() for k, v in p.items()}
+    with pytest.warns(RuntimeWarning, match="skipped 2 optimizer step"):
+        r = fastlib.train(m, x, y, 1, 1, 0.1, "mse", optimizer="Adam", fused=fused, **quiet())
+    assert r.fused == fused and r.skipped_steps == 2
     for k, v in m.parameters().items():
         assert np.array_equal(v, before[k])
 
