@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import importlib
 
+from fastlib.cache_guard import ensure_fresh_cache as _ensure_fresh_cache
+
+# before any kernel module loads: stale cached kernels (an edited or upgraded callee) crash
+_ensure_fresh_cache()
+
 # public name -> module that defines it (one table; ``__all__`` is derived from it)
 _EXPORTS = {
     # ops: the name-keyed kernel table and the engine protocol
@@ -35,7 +40,7 @@ _EXPORTS = {
     "RBM": "fastlib.rbm", "cd_gradients": "fastlib.rbm",
 }
 _SUBMODULES = ("ops", "tape", "layers", "grad", "losses", "optim", "training", "datasets", "io",
-               "kernels", "config", "cuda", "targetprop", "rbm")
+               "kernels", "config", "cuda", "targetprop", "rbm", "cache_guard")
 
 __all__ = sorted(_EXPORTS)
 

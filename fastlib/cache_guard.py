@@ -1,0 +1,118 @@
+"""Drop Numba's on-disk cache of fastlib when any fastlib source file has changed.
+
+NOTE: Numba keys a cached kernel on its own source file only. fastlib's kernels inline
+functions from other modules (``fastlib.kernels.scalar`` into every activation, the optimizer
+rules into the fused epoch, ...), so after an edit or an upgrade that touches a callee, a
+caller's cached machine code is stale, and loading it has crashed the interpreter with a
+segmentation fault. This module fingerprints every ``.py`` file of the package (path, size and
+content hash) and, when the fingerprint differs from the one recorded beside the cache, deletes
+fastlib's ``*.nbi`` / ``*.nbc`` files before any kernel is loaded: the next calls compile afresh
+(a cold start) instead of running stale code. Hashing the sources takes about a millisecond.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import sys
+
+PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+STAMP_NAME = "verigrad-numba-sources.sha256"
+
+
+def source_fingerprint(root: pathlib.Path = PACKAGE_DIR) -> str:
+    """SHA-256 over the relative path and bytes of every ``.py`` file under ``root``."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _user_wide_dir() -> pathlib.Path | None:
+    """Numba's fallback cache root when the package folder is read-only (its ``appdirs``
+    user cache folder), computed here so that ``import fastlib`` does not import Numba."""
+    if sys.platform == "darwin":
+        return pathlib.Path.home() / "Library" / "Caches" / "numba"
+    if os.name == "posix":
+        base = os.environ.get("XDG_CACHE_HOME") or str(pathlib.Path.home() / ".cache")
+        return pathlib.Path(base) / "numba"
+    local = os.environ.get("LOCALAPPDATA")
+    return pathlib.Path(local) / "numba" / "Cache" if local else None
+
+
+def cache_dirs(root: pathlib.Path = PACKAGE_DIR) -> list[pathlib.Path]:
+    """Every directory where Numba may keep cached kernels of the modules under ``root``.
+
+    The in-tree ``__pycache__`` folders (Numba's default), and the folders Numba derives from
+    each source directory under ``NUMBA_CACHE_DIR`` (when set) and under its user-wide cache
+    (used when the package folder is read-only): ``numba.core.caching``'s
+    ``<dirname>_<sha1 of the directory path>`` layout.
+    """
+    source_dirs = sorted({p.parent for p in root.rglob("*.py")})
+    dirs = [d / "__pycache__" for d in source_dirs]
+    bases = [pathlib.Path(os.environ["NUMBA_CACHE_DIR"])] if os.environ.get("NUMBA_CACHE_DIR") \
+        else []
+    user_wide = _user_wide_dir()
+    if user_wide is not None:
+        bases.append(user_wide)
+    for base in bases:
+        for d in source_dirs:
+            absolute = str(d.resolve())
+            hashed = hashlib.sha1(absolute.encode()).hexdigest()
+            dirs.append(base / f"{os.path.basename(absolute)}_{hashed}")
+    return dirs
+
+
+def _stamp_path(root: pathlib.Path) -> pathlib.Path | None:
+    """Where the fingerprint is kept: beside the cache Numba will use, if writable."""
+    user_dir = os.environ.get("NUMBA_CACHE_DIR")
+    candidates = [pathlib.Path(user_dir)] if user_dir else [root / "__pycache__"]
+    user_wide = _user_wide_dir()
+    if user_wide is not None:
+        candidates.append(user_wide)
+    for base in candidates:
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(base, os.W_OK):
+            return base / STAMP_NAME
+    return None
+
+
+def ensure_fresh_cache(root: pathlib.Path = PACKAGE_DIR) -> bool:
+    """Delete the cached kernels if the sources changed since they were written.
+
+    Returns True when stale files were removed (or no stamp existed), False when the cache
+    matched. Never raises for an unwritable location: then Numba itself cannot cache there
+    either, and there is nothing stale to remove.
+    """
+    stamp = _stamp_path(root)
+    if stamp is None:
+        return False  # nowhere writable: Numba cannot cache either
+    fingerprint = source_fingerprint(root)
+    try:
+        if stamp.read_text().strip() == fingerprint:
+            return False
+    except OSError:
+        pass
+    for folder in cache_dirs(root):
+        if not folder.is_dir():
+            continue
+        for pattern in ("*.nbi", "*.nbc"):
+            for path in folder.glob(pattern):
+                try:
+                    path.unlink()
+                except OSError:
+                    pass  # another process removed it first, or the folder is read-only
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")
+        tmp.write_text(fingerprint + "\n")
+        os.replace(tmp, stamp)  # atomic: a concurrent reader sees the old or the new stamp
+    except OSError:
+        pass
+    return True
