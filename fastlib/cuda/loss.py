@@ -31,7 +31,7 @@ from numba import cuda, float64
 
 from . import config, device
 from .device import kernel, signatures
-from .norm import row_lse
+from .norm import row_max_sum
 from .reduce import block_sum, reduce_device
 from .scalar import sigmoid_f
 
@@ -114,9 +114,10 @@ def _ce_body(z, target, out, rows, c):
     shared = cuda.shared.array(_RB, float64)
     row = cuda.blockIdx.x
     while row < rows:
-        lse = row_lse(shared, z, row * c, c, 1)
+        m, total = row_max_sum(shared, z, row * c, c, 1)
         if cuda.threadIdx.x == 0:
-            out[row] = lse - float64(z[row * c + target[row]])
+            # (m - z_t) + log(s): both terms >= 0, no cancellation against a rounded lse
+            out[row] = (m - float64(z[row * c + target[row]])) + math.log(total)
         row += cuda.gridDim.x
 
 
@@ -125,10 +126,10 @@ def _ce_vjp_body(z, target, gz, rows, c, s):
     row = cuda.blockIdx.x
     while row < rows:
         base = row * c
-        lse = row_lse(shared, z, base, c, 1)
+        m, total = row_max_sum(shared, z, base, c, 1)
         r = cuda.threadIdx.x
         while r < c:
-            y = math.exp(float64(z[base + r]) - lse)
+            y = math.exp(float64(z[base + r]) - m) / total  # softmax (fastlib.cuda.norm NOTE)
             if r == target[row]:
                 y -= 1.0
             gz[base + r] = s * y
@@ -141,11 +142,12 @@ def _cce_body(z, t, out, rows, c):
     row = cuda.blockIdx.x
     while row < rows:
         base = row * c
-        lse = row_lse(shared, z, base, c, 1)
+        m, total = row_max_sum(shared, z, base, c, 1)
+        log_s = math.log(total)
         acc = 0.0
         r = cuda.threadIdx.x
         while r < c:
-            acc += float64(t[base + r]) * (lse - float64(z[base + r]))
+            acc += float64(t[base + r]) * ((m - float64(z[base + r])) + log_s)
             r += cuda.blockDim.x
         total = block_sum(shared, acc)
         if cuda.threadIdx.x == 0:
@@ -158,7 +160,8 @@ def _cce_vjp_body(z, t, gz, gt, rows, c, s):
     row = cuda.blockIdx.x
     while row < rows:
         base = row * c
-        lse = row_lse(shared, z, base, c, 1)
+        m, total = row_max_sum(shared, z, base, c, 1)
+        log_s = math.log(total)
         acc = 0.0
         r = cuda.threadIdx.x
         while r < c:
@@ -167,8 +170,9 @@ def _cce_vjp_body(z, t, gz, gt, rows, c, s):
         mass = block_sum(shared, acc)  # sum_c t_c: 1 for a distribution, kept general
         r = cuda.threadIdx.x
         while r < c:
-            log_p = float64(z[base + r]) - lse
-            gz[base + r] = s * (math.exp(log_p) * mass - float64(t[base + r]))
+            shifted = float64(z[base + r]) - m
+            log_p = shifted - log_s
+            gz[base + r] = s * (math.exp(shifted) / total * mass - float64(t[base + r]))
             gt[base + r] = -s * log_p
             r += cuda.blockDim.x
         row += cuda.gridDim.x

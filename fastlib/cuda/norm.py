@@ -6,9 +6,12 @@ One block owns one row (grid-stride over rows). A row along ``axis`` of a C-cont
 and steps by ``inner``. The row statistics (maximum, sums) are block tree reductions in float64
 (:func:`.reduce.block_sum` / :func:`.reduce.block_max`), then every thread writes its elements.
 
-NOTE: softmax and log_softmax go through log-sum-exp, lse = m + log(sum exp(x - m)) with m the
-row maximum, so every exponent is <= 0: finite results for any finite logits (tested at +-1e4).
-softmax = exp(x - lse), log_softmax = x - lse.
+NOTE: softmax and log_softmax shift by the row maximum m and divide by s = sum exp(x - m),
+so every exponent is <= 0: finite results for any finite logits (tested at +-1e4).
+softmax = exp(x - m) / s, log_softmax = (x - m) - log(s). Not exp(x - lse) with
+lse = m + log(s): lse is rounded to an absolute error u |lse|, which exp turns into a relative
+error of |lse| ulps (858 float64 eps at logits 1e4), while x - m is exact when x and m are
+within a factor 2 of each other and exp(x - m) / s rounds twice.
 
 NOTE: layer_norm's variance is two-pass (the mean first, then the mean of squared deviations),
 never E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std.
@@ -21,7 +24,7 @@ from numba import cuda, float64
 
 from . import config, device
 from .device import kernel, signatures
-from .reduce import block_max, block_sum
+from .reduce import block_max, block_sum, compensated_add
 
 _RB = config.REDUCE_BLOCK
 
@@ -31,8 +34,9 @@ MODES = {"softmax": SOFTMAX, "log_softmax": LOG_SOFTMAX, "layer_norm": LAYER_NOR
 
 
 @cuda.jit(device=True)
-def row_lse(shared, x, base, n, inner):
-    """log-sum-exp of one row, in float64, for every thread of the block."""
+def row_max_sum(shared, x, base, n, inner):
+    """(m, s) of one row in float64, m its maximum and s = sum exp(x - m) >= 1, for every
+    thread of the block: softmax = exp(x - m) / s, log-sum-exp = m + log(s)."""
     tid = cuda.threadIdx.x
     m = -math.inf
     r = tid
@@ -47,7 +51,7 @@ def row_lse(shared, x, base, n, inner):
     while r < n:
         acc += math.exp(float64(x[base + r * inner]) - m)
         r += cuda.blockDim.x
-    return m + math.log(block_sum(shared, acc))
+    return m, block_sum(shared, acc)
 
 
 @cuda.jit(device=True)
@@ -57,18 +61,20 @@ def row_moments(shared, x, base, n, inner, mode, eps):
     center = 0.0
     if mode == LAYER_NORM:
         acc = 0.0
+        comp = 0.0
         r = tid
         while r < n:
-            acc += float64(x[base + r * inner])
+            acc, comp = compensated_add(acc, comp, float64(x[base + r * inner]))
             r += cuda.blockDim.x
-        center = block_sum(shared, acc) / n
+        center = block_sum(shared, acc + comp) / n
     acc = 0.0
+    comp = 0.0
     r = tid
     while r < n:
         d = float64(x[base + r * inner]) - center
-        acc += d * d
+        acc, comp = compensated_add(acc, comp, d * d)
         r += cuda.blockDim.x
-    return center, 1.0 / math.sqrt(block_sum(shared, acc) / n + eps)
+    return center, 1.0 / math.sqrt(block_sum(shared, acc + comp) / n + eps)
 
 
 def _forward_body(x, out, rows, n, inner, mode, eps):
@@ -78,11 +84,12 @@ def _forward_body(x, out, rows, n, inner, mode, eps):
     while row < rows:  # uniform per block
         base = (row // inner) * n * inner + row % inner
         if mode == SOFTMAX or mode == LOG_SOFTMAX:
-            lse = row_lse(shared, x, base, n, inner)
+            m, s = row_max_sum(shared, x, base, n, inner)
+            log_s = math.log(s)
             r = tid
             while r < n:
-                v = float64(x[base + r * inner]) - lse
-                out[base + r * inner] = math.exp(v) if mode == SOFTMAX else v
+                v = float64(x[base + r * inner]) - m
+                out[base + r * inner] = math.exp(v) / s if mode == SOFTMAX else v - log_s
                 r += cuda.blockDim.x
         else:
             center, scale = row_moments(shared, x, base, n, inner, mode, eps)
@@ -94,7 +101,7 @@ def _forward_body(x, out, rows, n, inner, mode, eps):
 
 
 def _vjp_body(x, g, out, rows, n, inner, mode, eps):
-    # softmax:     gx = y (g - sum g y)               y = exp(x - lse)
+    # softmax:     gx = y (g - sum g y)               y = exp(x - m) / s
     # log_softmax: gx = g - y sum g
     # layer_norm:  gx = s (g - mean g - xhat mean(g xhat)),  xhat = (x - mu) s
     # rms_norm:    gx = s g - x s^3 mean(g x)
@@ -104,13 +111,13 @@ def _vjp_body(x, g, out, rows, n, inner, mode, eps):
     while row < rows:
         base = (row // inner) * n * inner + row % inner
         if mode == SOFTMAX or mode == LOG_SOFTMAX:
-            lse = row_lse(shared, x, base, n, inner)
+            m, s = row_max_sum(shared, x, base, n, inner)
             acc = 0.0
             r = tid
             while r < n:
                 gv = float64(g[base + r * inner])
                 if mode == SOFTMAX:
-                    acc += gv * math.exp(float64(x[base + r * inner]) - lse)
+                    acc += gv * (math.exp(float64(x[base + r * inner]) - m) / s)
                 else:
                     acc += gv
                 r += cuda.blockDim.x
@@ -118,7 +125,7 @@ def _vjp_body(x, g, out, rows, n, inner, mode, eps):
             r = tid
             while r < n:
                 k = base + r * inner
-                y = math.exp(float64(x[k]) - lse)
+                y = math.exp(float64(x[k]) - m) / s
                 if mode == SOFTMAX:
                     out[k] = y * (float64(g[k]) - total)
                 else:
