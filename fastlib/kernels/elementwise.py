@@ -6,6 +6,10 @@ a plain vectorisable map. A ``prange`` driver splits the array into ``nchunks`` 
 (``fastlib.config.num_chunks``); below the parallel threshold the launcher calls the chunk
 kernel directly, so small arrays never enter a parallel region. Inputs are flattened
 C-contiguous views; the launchers allocate the output.
+
+The VJPs of sqrt, sigmoid, silu, gelu and gelu_tanh call ``scalar.<name>_vjp(x, g)``, which
+rounds ``g * f'(x)`` once (float32 in float64, float64 gelu / gelu_tanh in double-double; see
+``fastlib.kernels.scalar``); the others are ``g * scalar.<name>_df(x)``.
 """
 from __future__ import annotations
 
@@ -104,19 +108,19 @@ def _vjp_chunk(op, x, g, out, slope):
             out[i] = g[i] * S.leaky_relu_df(x[i], slope)
     elif op == _SILU:
         for i in range(n):
-            out[i] = g[i] * S.silu_df(x[i])
+            out[i] = S.silu_vjp(x[i], g[i])
     elif op == _GELU:
         for i in range(n):
-            out[i] = g[i] * S.gelu_df(x[i])
+            out[i] = S.gelu_vjp(x[i], g[i])
     elif op == _GELU_TANH:
         for i in range(n):
-            out[i] = g[i] * S.gelu_tanh_df(x[i])
+            out[i] = S.gelu_tanh_vjp(x[i], g[i])
     elif op == _TANH:
         for i in range(n):
             out[i] = g[i] * S.tanh_df(x[i])
     elif op == _SIGMOID:
         for i in range(n):
-            out[i] = g[i] * S.sigmoid_df(x[i])
+            out[i] = S.sigmoid_vjp(x[i], g[i])
     elif op == _SOFTPLUS:
         for i in range(n):
             out[i] = g[i] * S.softplus_df(x[i])

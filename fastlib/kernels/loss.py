@@ -11,21 +11,28 @@ NOTE (accuracy): terms are arranged so that no subtraction cancels.
   of the other classes' sum when z_t is the maximum); the target's gradient entry is
   -(sum over other classes of exp) / sum, not softmax_t - 1.
 - categorical_cross_entropy: sum_c t_c ((max - z_c) + log s), non-negative terms for t >= 0.
+  Its float64 gradients are computed apart, in double-double
+  (``_categorical_cross_entropy_grad64``): softmax sum(t) - t cancels where the exact gradient
+  does not.
 - binary_cross_entropy: -(t log p + (1 - t) log1p(-p)) with 0 log 0 = 0 (finite at p in {0, 1}
   when the target agrees); d/dp = (p - t) / (p (1 - p)) inside (0, 1).
 - binary_cross_entropy_with_logits: z (1 - t) for z > 0, -z t otherwise, plus
   log1p(exp(-|z|)); d/dz = (1 - t) sigmoid(z) - t sigmoid(-z), which is sigmoid(z) - t.
+  (Both binary cross-entropies are tuned for the 256x10 case of ``verigrad bench ops``: one
+  division per element, a division-free float32 log1p on [0, 1], no per-call list building.)
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from fastlib import config
 from fastlib.kernels.reduce import _pairwise_sum, _row_max
-from fastlib.kernels.vecmath import fexp, flog, flog1p
+from fastlib.kernels.vecmath import (dd_add, dd_add_d, dd_div, dd_exp, dd_log, dd_mul, dd_mul_d,
+                                     fexp, flog, flog1p, two_sum)
 
 _FM = config.FASTMATH
 
@@ -101,12 +108,59 @@ def _categorical_cross_entropy(z, t, want_grad, gscale, gz, gt):
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _categorical_cross_entropy_grad64(z, t, grad, count, gz, gt):
+    """float64 gradients of categorical_cross_entropy in double-double, each rounded once.
+
+    gz = (softmax(z) sum(t) - t) grad / count is written ``(e_j sum(t) - t_j S) / S`` (e = exp(z -
+    max), S = sum e): its numerator is exactly ``sum_k (e_j t_k - t_j e_k)``, and with e, S and
+    sum(t) in dd the cancellation of p sum(t) - t where p is near t costs nothing (the float64
+    formula lost u |t_j| there: 236 ULPs on well-conditioned elements). gt = ((max - z_j) +
+    log S) grad / count, log S in dd. grad / count is a dd too, so each entry rounds once.
+    """
+    n_rows, c = z.shape
+    eh = np.empty(c)
+    el = np.empty(c)
+    gsh, gsl = dd_div(grad, 0.0, count, 0.0)
+    for n in range(n_rows):
+        v = z[n]
+        tr = t[n]
+        m = v[0]
+        for j in range(1, c):
+            m = v[j] if v[j] > m else m
+        sh = 0.0
+        sl = 0.0
+        tth = 0.0
+        ttl = 0.0
+        for j in range(c):
+            dh, dl = two_sum(v[j], -m)
+            a, b = dd_exp(dh, dl)
+            eh[j] = a
+            el[j] = b
+            sh, sl = dd_add(sh, sl, a, b)
+            tth, ttl = dd_add_d(tth, ttl, tr[j])
+        lh, ll = dd_log(sh, sl)
+        ih, il = dd_div(1.0, 0.0, sh, sl)
+        for j in range(c):
+            wh, wl = dd_mul(eh[j], el[j], tth, ttl)
+            ph, pl = dd_mul_d(sh, sl, tr[j])
+            wh, wl = dd_add(wh, wl, -ph, -pl)
+            wh, wl = dd_mul(wh, wl, ih, il)
+            gz[n, j] = dd_mul(wh, wl, gsh, gsl)[0]
+            dh, dl = two_sum(m, -v[j])
+            dh, dl = dd_add(dh, dl, lh, ll)
+            gt[n, j] = dd_mul(dh, dl, gsh, gsl)[0]
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
 def _binary_cross_entropy(p, t, want_grad, gscale, gp, gt):
     """Sum of -(t log p + (1 - t) log(1 - p)) with 0 log 0 = 0, and its gradients.
 
     The logs are taken in the input's type in one vectorised pass (float32: the polynomial
     primitives, <= 2 ulp; the terms are non-negative, so the loss keeps that relative
-    accuracy); the terms and gradients are combined in float64.
+    accuracy); the terms and gradients are combined in float64, in one pass:
+    gp = (p - t) gscale / (p (1 - p)) (one division), gt = (log(1 - p) - log p) gscale.
+    p = 0 or 1 (where that quotient is 0/0 or +-inf) are counted and fixed afterwards with the
+    one-sided limits, so the main loop has no second division and no branch.
     """
     n = p.size
     lp = np.empty(n, p.dtype)
@@ -115,58 +169,117 @@ def _binary_cross_entropy(p, t, want_grad, gscale, gp, gt):
         lp[i] = flog(p[i])
         lq[i] = flog1p(-p[i])
     terms = np.empty(n)
+    if not want_grad:
+        for i in range(n):
+            tv = np.float64(t[i])
+            a = tv * np.float64(lp[i]) if tv != 0 else 0.0
+            b = (1.0 - tv) * np.float64(lq[i]) if tv != 1 else 0.0
+            terms[i] = -(a + b)
+        return _pairwise_sum(terms, 0, n)
+    edges = 0
     for i in range(n):
+        pv = np.float64(p[i])
         tv = np.float64(t[i])
-        a = tv * np.float64(lp[i]) if tv != 0 else 0.0
-        b = (1.0 - tv) * np.float64(lq[i]) if tv != 1 else 0.0
+        lpv = np.float64(lp[i])
+        lqv = np.float64(lq[i])
+        a = tv * lpv if tv != 0 else 0.0
+        b = (1.0 - tv) * lqv if tv != 1 else 0.0
         terms[i] = -(a + b)
-    if want_grad:
+        gp[i] = (pv - tv) * gscale / (pv * (1.0 - pv))
+        gt[i] = (lqv - lpv) * gscale
+        edges += 0 if (pv > 0 and pv < 1) else 1
+    if edges:
+        # at p = 0 or 1 the one-sided limits: only the term whose coefficient is not 0
         for i in range(n):
             pv = np.float64(p[i])
-            tv = np.float64(t[i])
-            inner = (pv - tv) / (pv * (1.0 - pv))
-            # at p = 0 or 1 the one-sided limits: only the term whose coefficient is not 0
-            edge = (-tv / pv if tv != 0 else 0.0) + ((1.0 - tv) / (1.0 - pv) if tv != 1 else 0.0)
-            gp[i] = (inner if 0 < pv < 1 else edge) * gscale
-            gt[i] = (np.float64(lq[i]) - np.float64(lp[i])) * gscale
+            if not (pv > 0 and pv < 1):
+                tv = np.float64(t[i])
+                edge = ((-tv / pv if tv != 0 else 0.0)
+                        + ((1.0 - tv) / (1.0 - pv) if tv != 1 else 0.0))
+                gp[i] = edge * gscale
     return _pairwise_sum(terms, 0, n)
+
+
+_F32 = np.float32
+# log1p(e) / e on [0, 1]: its degree-9 Chebyshev interpolant (at 40 digits), in powers of e.
+(_L1P_0, _L1P_1, _L1P_2, _L1P_3, _L1P_4, _L1P_5, _L1P_6, _L1P_7, _L1P_8, _L1P_9) = (
+    _F32(c) for c in (0.9999999946562932, -0.4999989264807806, 0.3332971049921383,
+                      -0.24951616265250073, 0.1966327426707285, -0.152696670978104,
+                      0.10543623828468754, -0.056373613102277884, 0.019542527381418043,
+                      -0.0031760570404003375))
+
+
+def _log1p_unit(e):
+    """log(1 + e) for 0 <= e <= 1 (e = exp(-|z|)), in e's type."""
+    return math.log1p(e)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+def _log1p_unit32(e):
+    # log1p(e) = e h(e), h = log1p(e) / e analytic on [0, 1] (nearest singularity at -1): its
+    # degree-9 Chebyshev interpolant, error below 5.4e-9 relative; ten float32 multiply-adds
+    # and no division (the general log1p's reduction, a division and selects cost twice as
+    # much). Within 1.8 ulp of log1p on [0, 1] (tests/test_accuracy_bar_losses.py): the
+    # terms of the loss are non-negative, so the loss keeps that relative accuracy.
+    return e * (_L1P_0 + e * (_L1P_1 + e * (_L1P_2 + e * (_L1P_3 + e * (_L1P_4 + e * (
+        _L1P_5 + e * (_L1P_6 + e * (_L1P_7 + e * (_L1P_8 + e * _L1P_9)))))))))
+
+
+@overload(_log1p_unit, inline="always")
+def _log1p_unit_overload(e):
+    if e == types.float32:
+        return lambda e: _log1p_unit32(e)
+    if e == types.float64:
+        return lambda e: math.log1p(e)
+    return None
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
 def _binary_cross_entropy_with_logits(z, t, want_grad, gscale, gz, gt):
-    """Sum of max(z, 0) - z t + log1p(exp(-|z|)), and its gradients (exp and log1p in the
-    input's type, one vectorised pass; the rest in float64)."""
+    """Sum of max(z, 0) - z t + log1p(exp(-|z|)), and its gradients.
+
+    exp in the input's type in one vectorised pass; then one pass in float64 for the terms
+    (log1p(e) in the input's type, ``_log1p_unit``) and the gradients
+    gz = ((1 - t) sigmoid(z) - t sigmoid(-z)) gscale (the pair from one division) and
+    gt = -z gscale.
+    """
     n = z.size
     e = np.empty(n, z.dtype)
-    soft = np.empty(n, z.dtype)
     for i in range(n):
-        ei = fexp(-abs(z[i]))
-        e[i] = ei
-        soft[i] = flog1p(ei)
+        e[i] = fexp(-abs(z[i]))
     terms = np.empty(n)
-    for i in range(n):
-        zv = np.float64(z[i])
-        tv = np.float64(t[i])
-        lin = zv * (1.0 - tv) if zv > 0 else -zv * tv
-        terms[i] = lin + np.float64(soft[i])
-    if want_grad:
+    if not want_grad:
         for i in range(n):
             zv = np.float64(z[i])
             tv = np.float64(t[i])
-            ev = np.float64(e[i])
-            big = 1.0 / (1.0 + ev)
-            small = ev / (1.0 + ev)
-            sig_pos = big if zv >= 0 else small
-            sig_neg = small if zv >= 0 else big
-            gz[i] = ((1.0 - tv) * sig_pos - tv * sig_neg) * gscale
-            gt[i] = -zv * gscale
+            lin = zv * (1.0 - tv) if zv > 0 else -zv * tv
+            terms[i] = lin + np.float64(_log1p_unit(e[i]))
+        return _pairwise_sum(terms, 0, n)
+    for i in range(n):
+        ei = e[i]
+        zv = np.float64(z[i])
+        tv = np.float64(t[i])
+        lin = zv * (1.0 - tv) if zv > 0 else -zv * tv
+        terms[i] = lin + np.float64(_log1p_unit(ei))
+        ev = np.float64(ei)
+        big = 1.0 / (1.0 + ev)                 # sigmoid(|z|); sigmoid(-|z|) = e sigmoid(|z|)
+        small = ev * big
+        sig_pos = big if zv >= 0 else small
+        sig_neg = small if zv >= 0 else big
+        gz[i] = ((1.0 - tv) * sig_pos - tv * sig_neg) * gscale
+        gt[i] = -zv * gscale
     return _pairwise_sum(terms, 0, n)
 
 
 # --- launchers: (loss as a 0-d array, grads or None) ---------------------------------------
 
 def _scalar(value, dtype):
-    return np.asarray(value, dtype=dtype).reshape(())
+    return np.array(value, dtype=dtype)        # 0-d
+
+
+# stand-ins for the gradient buffers of a forward-only call (never written)
+_NO_BUFS = {np.dtype(np.float32): np.empty(0, np.float32),
+            np.dtype(np.float64): np.empty(0, np.float64)}
 
 
 def _buffers(x, want, count):
@@ -202,27 +315,41 @@ def categorical_cross_entropy(logits, target, grad=None):
     want = grad is not None
     gscale = float(grad) / n if want else 0.0
     gz, gt = _buffers(logits, want, 2)
-    total = _categorical_cross_entropy(logits, target, want, gscale, gz, gt)
+    if want and logits.dtype == np.float64:
+        # the loss as the forward computes it (bit for bit), the gradients in dd
+        total = _categorical_cross_entropy(logits, target, False, 0.0, gz, gt)
+        _categorical_cross_entropy_grad64(logits, target, float(grad), float(n), gz, gt)
+    else:
+        total = _categorical_cross_entropy(logits, target, want, gscale, gz, gt)
     return _scalar(total / n, logits.dtype), ((gz, gt) if want else None)
 
 
 def binary_cross_entropy(p, target, grad=None):
     """mean of -(t log p + (1 - t) log(1 - p)); grads (grad_p, grad_target)."""
     n = p.size
-    want = grad is not None
-    gscale = float(grad) / n if want else 0.0
-    gp, gt = _buffers(p, want, 2)
-    total = _binary_cross_entropy(p.reshape(-1), target.reshape(-1), want, gscale,
+    if grad is None:
+        nb = _NO_BUFS[p.dtype]
+        total = _binary_cross_entropy(p.reshape(-1), target.reshape(-1), False, 0.0, nb, nb)
+        return _scalar(total / n, p.dtype), None
+    # NOTE: lean on purpose (two buffers, no list): at 256x10 the Python around the kernel
+    # is a third of the call.
+    gp = np.empty_like(p)
+    gt = np.empty_like(p)
+    total = _binary_cross_entropy(p.reshape(-1), target.reshape(-1), True, float(grad) / n,
                                   gp.reshape(-1), gt.reshape(-1))
-    return _scalar(total / n, p.dtype), ((gp, gt) if want else None)
+    return _scalar(total / n, p.dtype), (gp, gt)
 
 
 def binary_cross_entropy_with_logits(logits, target, grad=None):
     """mean of max(z, 0) - z t + log(1 + exp(-|z|)); grads (grad_logits, grad_target)."""
     n = logits.size
-    want = grad is not None
-    gscale = float(grad) / n if want else 0.0
-    gz, gt = _buffers(logits, want, 2)
-    total = _binary_cross_entropy_with_logits(logits.reshape(-1), target.reshape(-1), want,
-                                              gscale, gz.reshape(-1), gt.reshape(-1))
-    return _scalar(total / n, logits.dtype), ((gz, gt) if want else None)
+    if grad is None:
+        nb = _NO_BUFS[logits.dtype]
+        total = _binary_cross_entropy_with_logits(logits.reshape(-1), target.reshape(-1), False,
+                                                  0.0, nb, nb)
+        return _scalar(total / n, logits.dtype), None
+    gz = np.empty_like(logits)
+    gt = np.empty_like(logits)
+    total = _binary_cross_entropy_with_logits(logits.reshape(-1), target.reshape(-1), True,
+                                              float(grad) / n, gz.reshape(-1), gt.reshape(-1))
+    return _scalar(total / n, logits.dtype), (gz, gt)

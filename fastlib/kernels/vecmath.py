@@ -19,6 +19,12 @@ computed in float64 (an erfc fit and an exp polynomial, relative error < 1e-10) 
 once: within 1 ulp. NaN propagates, overflow
 gives inf, underflow gives subnormals or 0.
 
+Double-double arithmetic (float64 only, for the accuracy-first float64 VJPs whose formulas
+cancel; see the section below): ``two_sum``, ``fast_two_sum``, ``two_prod`` (error-free),
+``dd_add``, ``dd_add_d``, ``dd_mul``, ``dd_mul_d``, ``dd_div``, ``dd_sqrt`` (a few u^2 relative,
+u = 2**-53), ``dd_exp`` (1e-20 relative) and ``dd_log`` (2e-20 absolute), each on and to
+(hi, lo) pairs; tested against exact rationals and mpmath in tests/test_accuracy_bar_dd.py.
+
 NOTE: Numba's cache does not see edits to this module from kernels that inline it: after a
 change, delete ``fastlib/kernels/__pycache__/*.nb[ic]``.
 """
@@ -325,6 +331,161 @@ def _normpdf32(x):
     xd = np.float64(x)
     y = np.float32(_INV_SQRT_2PI * _exp64(-0.5 * xd * xd))
     return y if x == x else x
+
+
+# --- double-double arithmetic (float64 accuracy-first paths) ------------------------------
+#
+# A double-double (dd) number is an unevaluated sum hi + lo of two float64 with |lo| <= ulp(hi)/2:
+# about 106 bits. The float64 specialisations of the VJPs whose formulas cancel (softmax,
+# log_softmax, categorical_cross_entropy, layer_norm, rms_norm, gelu, gelu_tanh) evaluate them
+# in dd and round once, so that a well-conditioned result is within about half an ULP whatever
+# the cancellation inside the formula. Error-free transformations (Knuth's TwoSum, Dekker's
+# FastTwoSum, TwoProd through a fused multiply-add) and the QD library's "accurate" dd add;
+# each dd operation has relative error below ~4 u^2 (u = 2**-53) of its operands' magnitude.
+# NOTE: these rely on every operation being evaluated as written: the fastmath flags here are
+# contraction only (no reassociation), which leaves error-free transformations exact. They are
+# float64-only (a float32 argument is converted by the caller).
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def two_sum(a, b):
+    """(s, e) with s = fl(a + b) and s + e = a + b exactly (Knuth)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def fast_two_sum(a, b):
+    """(s, e) with s = fl(a + b), s + e = a + b exactly, for |a| >= |b| or a == 0 (Dekker)."""
+    s = a + b
+    return s, b - (s - a)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def two_prod(a, b):
+    """(p, e) with p = fl(a b) and p + e = a b exactly (barring underflow): e by one fma."""
+    p = a * b
+    return p, _fma(a, b, -p)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def dd_add(ah, al, bh, bl):
+    """(ah + al) + (bh + bl) in dd (QD's accurate addition: no loss when the sum cancels)."""
+    s, e = two_sum(ah, bh)
+    t, f = two_sum(al, bl)
+    e += t
+    s, e = fast_two_sum(s, e)
+    e += f
+    return fast_two_sum(s, e)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def dd_add_d(ah, al, b):
+    """(ah + al) + b in dd."""
+    s, e = two_sum(ah, b)
+    e += al
+    return fast_two_sum(s, e)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def dd_mul(ah, al, bh, bl):
+    """(ah + al)(bh + bl) in dd."""
+    p, e = two_prod(ah, bh)
+    e += ah * bl + al * bh
+    return fast_two_sum(p, e)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def dd_mul_d(ah, al, b):
+    """(ah + al) b in dd."""
+    p, e = two_prod(ah, b)
+    e += al * b
+    return fast_two_sum(p, e)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def dd_div(ah, al, bh, bl):
+    """(ah + al) / (bh + bl) in dd: the float64 quotient and one correction from the exact
+    remainder (relative error below ~3 u^2)."""
+    q1 = ah / bh
+    ph, pl = dd_mul_d(bh, bl, q1)
+    rh, rl = dd_add(ah, al, -ph, -pl)
+    q2 = rh / bh
+    return fast_two_sum(q1, q2)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def dd_sqrt(ah, al):
+    """sqrt(ah + al) in dd for ah >= 0 (one Newton correction from the exact residual)."""
+    s = math.sqrt(ah)
+    if s == 0.0 or s == math.inf:
+        return s, 0.0
+    e = _fma(-s, s, ah) + al
+    return fast_two_sum(s, e / (s + s))
+
+
+# ln 2 as a sum of three float64 (hi: 53 bits; the three hold ~160 bits)
+_LN2_DD0 = 0.6931471805599453
+_LN2_DD1 = 2.3190468138462996e-17
+_LN2_DD2 = 5.707708438416212e-34
+_EXP_DD_SQUARINGS = 4                     # exp(r) = exp(r / 16)**16
+_EXP_DD_SCALE = 1.0 / 16.0
+(_E3, _E4, _E5, _E6, _E7, _E8, _E9, _E10) = (
+    1.0 / math.factorial(k) for k in range(3, 11))
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def dd_exp(ah, al):
+    """exp(ah + al) in dd, relative error below ~1e-20 (enough for any result rounded to
+    float64 from a formula whose cancellation costs less than 1e4). 0 below -745.2, inf
+    above 709.79 (as float64 exp), NaN stays NaN.
+
+    exp(a) = 2**n exp(r), r = a - n ln 2 (|r| <= ln(2)/2, ln 2 in three parts, n ln 2's first
+    part by an exact product), then exp(r) = (1 + m(r/16))**16 with m = expm1 by its Taylor
+    series (r + r^2/2 in dd, the terms from r^3 on in float64: they are below 2e-6 |r|, so
+    their float64 rounding is below 3e-22 relative), squared four times as m <- 2m + m^2.
+    """
+    if not (ah == ah):
+        return ah, ah
+    if ah > 709.79:
+        return math.inf, 0.0
+    if ah < -745.2:
+        return 0.0, 0.0
+    n = np.floor(ah * _LOG2E64 + 0.5)
+    ph, pl = two_prod(n, _LN2_DD0)
+    rh, rl = two_sum(ah, -ph)
+    rl = rl + (al - pl - n * _LN2_DD1 - n * _LN2_DD2)
+    rh, rl = fast_two_sum(rh, rl)
+    rh = rh * _EXP_DD_SCALE
+    rl = rl * _EXP_DD_SCALE
+    # m = r + r^2 / 2 + r^3 q(r)
+    sh, sl = dd_mul(rh, rl, rh, rl)
+    q = ((((((_E10 * rh + _E9) * rh + _E8) * rh + _E7) * rh + _E6) * rh + _E5) * rh
+         + _E4) * rh + _E3
+    mh, ml = dd_add_d(0.5 * sh, 0.5 * sl, rh * rh * rh * q)
+    mh, ml = dd_add(rh, rl, mh, ml)
+    for _ in range(_EXP_DD_SQUARINGS):
+        th, tl = dd_mul(mh, ml, mh, ml)
+        mh, ml = dd_add(mh + mh, ml + ml, th, tl)
+    eh, el = dd_add_d(mh, ml, 1.0)
+    # 2**n in two factors (n from -1075 to 1024)
+    n1 = np.floor(n * 0.5)
+    f1 = _pow2_f64(n1)
+    f2 = _pow2_f64(n - n1)
+    return eh * f1 * f2, el * f1 * f2
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def dd_log(ah, al):
+    """log(ah + al) in dd for ah > 0: libm's log and one Newton step through ``dd_exp``
+    (log a = y + a exp(-y) - 1 + O((a exp(-y) - 1)^2), and a exp(-y) - 1 is about 1e-16)."""
+    y = math.log(ah)
+    if not (y == y) or y == math.inf or y == -math.inf:
+        return y, 0.0
+    eh, el = dd_exp(-y, 0.0)
+    th, tl = dd_mul(ah, al, eh, el)
+    th, tl = dd_add_d(th, tl, -1.0)
+    return dd_add_d(th, tl, y)
 
 
 # --- generic entry points (pure-Python bodies serve interpreted callers) -------------------
