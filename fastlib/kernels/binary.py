@@ -13,11 +13,13 @@ forward and backward as in ``np.maximum``.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit, prange
 
 from fastlib import config
-from fastlib.kernels.reduce import sum_to_shape
+from fastlib.kernels.reduce import copy_and_sum_to_shape, scaled_copies, sum_to_shape
 
 _FM = config.FASTMATH
 
@@ -161,19 +163,26 @@ def _split(m, size):
 def broadcast_shape(op, a_shape, b_shape):
     """The broadcast output shape, or a ValueError naming both shapes."""
     try:
-        return np.broadcast_shapes(a_shape, b_shape)
+        return _broadcast_shapes(tuple(a_shape), tuple(b_shape))
     except ValueError:
         raise ValueError(f"{op}: shapes {a_shape} and {b_shape} do not broadcast (NumPy rules: "
                          f"trailing dimensions must be equal or 1)") from None
 
 
-def _plan(a, b, shape):
-    """Operands as flat arrays with (row, col) strides over an (M, K) view of the output."""
+@functools.lru_cache(maxsize=256)
+def _broadcast_shapes(a_shape, b_shape):
+    return np.broadcast_shapes(a_shape, b_shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _stride_plan(a_shape, b_shape, shape):
+    """(M, K, a's (row, col) strides, b's) of an (M, K) view of the output, or None when the
+    axes do not merge into two; cached per shape triple (the plan is pure shape arithmetic)."""
     nd = len(shape)
     dims = list(shape)
     strides = []
-    for x in (a, b):
-        padded = (1,) * (nd - x.ndim) + x.shape
+    for x_shape in (a_shape, b_shape):
+        padded = (1,) * (nd - len(x_shape)) + x_shape
         st = [0] * nd
         step = 1
         for i in range(nd - 1, -1, -1):
@@ -199,8 +208,16 @@ def _plan(a, b, shape):
     if len(merged) > 2:
         return None
     (m, ra, rb), (k, ca, cb) = merged
-    return (m, k, a.reshape(-1), np.array([ra, ca], np.int64),
-            b.reshape(-1), np.array([rb, cb], np.int64))
+    return m, k, np.array([ra, ca], np.int64), np.array([rb, cb], np.int64)
+
+
+def _plan(a, b, shape):
+    """Operands as flat arrays with (row, col) strides over an (M, K) view of the output."""
+    plan = _stride_plan(a.shape, b.shape, tuple(shape))
+    if plan is None:
+        return None
+    m, k, sa, sb = plan
+    return m, k, a.reshape(-1), sa, b.reshape(-1), sb
 
 
 def _planned(a, b, shape):
@@ -240,13 +257,31 @@ def binary_forward(name, a, b):
     return out
 
 
+def _add_sub_vjp(name, a_shape, b_shape, shape, grad):
+    """(g, g) for add, (g, -g) for sub, each summed back to its operand's shape.
+
+    NOTE: the outputs are written in one pass over the cotangent: both copies from one read
+    when neither operand was broadcast, and the copy for one operand with the other's sum (a
+    bias) when the other was broadcast over leading axes (``reduce.copy_and_sum_to_shape``).
+    """
+    sb = -1.0 if name == "sub" else 1.0
+    if a_shape == shape and b_shape == shape:
+        return scaled_copies(grad, 1.0, sb)
+    if a_shape == shape:
+        ga, gb = copy_and_sum_to_shape(grad, b_shape)
+        return ga, (-gb if name == "sub" else gb)
+    if b_shape == shape:
+        gb, ga = copy_and_sum_to_shape(grad, a_shape, sb)
+        return ga, gb
+    gb = sum_to_shape(grad, b_shape)             # both broadcast: two sums, new arrays
+    return sum_to_shape(grad, a_shape), (-gb if name == "sub" else gb)
+
+
 def binary_vjp(name, a, b, grad):
     """(grad_a, grad_b): each operand's cotangent, summed back to the operand's shape."""
     shape = broadcast_shape(name, a.shape, b.shape)
-    if name == "add":
-        return sum_to_shape(grad, a.shape).copy(), sum_to_shape(grad, b.shape).copy()
-    if name == "sub":
-        return sum_to_shape(grad, a.shape).copy(), -sum_to_shape(grad, b.shape)
+    if name in ("add", "sub"):
+        return _add_sub_vjp(name, a.shape, b.shape, shape, grad)
     # NOTE: when a contribution is summed back over broadcast axes, the contributions are
     # formed in float64: a product of two float32 numbers is exact there, so the float32
     # result is the exact sum rounded once, however much the terms cancel.

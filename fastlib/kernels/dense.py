@@ -75,8 +75,9 @@ def add_bias(pre, bias):
     """``pre += bias`` row by row, in place."""
     rows, cols = pre.shape
     for i in range(rows):
+        p = pre[i]
         for j in range(cols):
-            pre[i, j] += bias[j]
+            p[j] += bias[j]
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FASTMATH)
@@ -107,10 +108,18 @@ def bias_activation(pre, bias, post, code, slope):
         softmax_rows(pre, post)
         return
     for i in range(rows):
-        for j in range(cols):
-            z = pre[i, j] + bias[j]
-            pre[i, j] = z
-            post[i, j] = activate(z, code, slope)
+        p = pre[i]
+        o = post[i]
+        if code == _RELU:      # NOTE: the common case as its own loop, which vectorises
+            for j in range(cols):
+                z = p[j] + bias[j]
+                p[j] = z
+                o[j] = scalar.relu_f(z)
+        else:
+            for j in range(cols):
+                z = p[j] + bias[j]
+                p[j] = z
+                o[j] = activate(z, code, slope)
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FASTMATH)
@@ -123,8 +132,9 @@ def column_sums(g, out):
     rows, cols = g.shape
     acc = np.zeros(cols, dtype=np.float64)
     for i in range(rows):
+        gr = g[i]
         for j in range(cols):
-            acc[j] += g[i, j]
+            acc[j] += gr[j]
     for j in range(cols):
         out[j] = acc[j]
 
@@ -148,11 +158,23 @@ def activation_backward(g, pre, post, gpre, gbias, code, slope):
                 gpre[i, j] = v
                 acc[j] += v
     else:
+        # NOTE: 1-D row views, and relu as its own loop: a loop over ``a[i, j]`` that switches
+        # on the activation code per element does not vectorise (64 x 128 float32, relu:
+        # 0.023 ms that way)
         for i in range(rows):
-            for j in range(cols):
-                v = g[i, j] * activate_derivative(pre[i, j], code, slope)
-                gpre[i, j] = v
-                acc[j] += v
+            gr = g[i]
+            pr = pre[i]
+            out = gpre[i]
+            if code == _RELU:
+                for j in range(cols):
+                    v = gr[j] * scalar.relu_df(pr[j])
+                    out[j] = v
+                    acc[j] += v
+            else:
+                for j in range(cols):
+                    v = gr[j] * activate_derivative(pr[j], code, slope)
+                    out[j] = v
+                    acc[j] += v
     for j in range(cols):
         gbias[j] = acc[j]
 

@@ -1,43 +1,25 @@
 """matmul: ``a (m, k) @ b (k, n)``, batched with equal batch shapes, or batched against a
-shared ``b (k, n)`` (its VJP summed over the batch), through BLAS (Numba's ``np.dot`` calls
-SciPy's ``?gemm``).
+shared ``b (k, n)`` (its VJP summed over the batch), through BLAS.
 
 A shared ``b`` is one GEMM on the batch flattened into rows, ``(B*m, k) @ (k, n)``, and its VJP
-``a2.T @ g2`` sums over the batch inside the GEMM. Equal batches loop over the batch in one
-kernel call. The VJP uses the transposes as views: BLAS reads them as Fortran-ordered arrays,
-so nothing is copied.
+``a2.T @ g2`` sums over the batch inside the GEMM. The VJP uses the transposes as views: BLAS
+reads them as Fortran-ordered arrays, so nothing is copied.
+
+NOTE (which BLAS): the GEMMs are NumPy's ``matmul`` writing into the output we allocate, i.e.
+NumPy's own OpenBLAS, called from Python. ``np.dot`` inside a Numba kernel calls SciPy's
+OpenBLAS instead (a second library with its own thread pool): measured on 64x784 @ 784x128
+float32 it was 1.1-1.25x the time of NumPy's ``a @ w``, and after each call its worker threads
+spin for a while, competing with NumPy's pool on a two-core machine (the Dense layers' GEMMs
+are NumPy's). A Numba wrapper would add a dispatch and gain nothing: the work is all in BLAS.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 
-@njit(cache=True, nogil=True)
 def _gemm(a, b, out):
-    """out = a @ b for 2-D arrays (C- or F-contiguous)."""
-    np.dot(a, b, out)
-
-
-@njit(cache=True, nogil=True)
-def _gemm_batched(a, b, out):
-    """out[t] = a[t] @ b[t] for 3-D C-contiguous stacks."""
-    for t in range(a.shape[0]):
-        np.dot(a[t], b[t], out[t])
-
-
-@njit(cache=True, nogil=True)
-def _gemm_batched_nt(g, b, out):
-    """out[t] = g[t] @ b[t].T (the VJP of a batched matmul with respect to a)."""
-    for t in range(g.shape[0]):
-        np.dot(g[t], b[t].T, out[t])
-
-
-@njit(cache=True, nogil=True)
-def _gemm_batched_tn(a, g, out):
-    """out[t] = a[t].T @ g[t] (the VJP of a batched matmul with respect to b)."""
-    for t in range(a.shape[0]):
-        np.dot(a[t].T, g[t], out[t])
+    """out = a @ b (2-D or stacked; C- or F-ordered views), NumPy's BLAS into ``out``."""
+    np.matmul(a, b, out=out)
 
 
 def matmul_shape(a_shape, b_shape):
@@ -74,6 +56,8 @@ def matmul_forward(a, b):
         (..., m, n).
     """
     shape = matmul_shape(a.shape, b.shape)
+    if a.ndim == 2 and b.ndim == 2:
+        return np.matmul(a, b)          # the common case, exactly NumPy's call (zeros if k = 0)
     out = np.empty(shape, a.dtype)
     if _zero_sized(a, b, out):
         out[...] = 0
@@ -83,30 +67,31 @@ def matmul_forward(a, b):
         _gemm(a.reshape(-1, k), b, out.reshape(-1, b.shape[1]))
     else:
         m, n = a.shape[-2], b.shape[-1]
-        _gemm_batched(a.reshape(-1, m, k), b.reshape(-1, k, n), out.reshape(-1, m, n))
+        _gemm(a.reshape(-1, m, k), b.reshape(-1, k, n), out.reshape(-1, m, n))
     return out
 
 
 def matmul_vjp(a, b, grad):
     """(grad_a, grad_b) of ``a @ b``: ``g @ b^T`` and ``a^T @ g`` (summed over the batch
     for a shared 2-D b)."""
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    if b.ndim == 2:
+        a2 = a.reshape(-1, k)          # a batch flattened into rows (a view)
+        g2 = grad.reshape(-1, n)
+        ga = np.matmul(g2, b.T)                      # NumPy's matmul: zeros if n = 0
+        gb = np.empty(b.shape, a.dtype)
+        _gemm(a2.T, g2, gb)
+        return ga.reshape(a.shape), gb
     ga = np.empty(a.shape, a.dtype)
     gb = np.empty(b.shape, a.dtype)
     if _zero_sized(a, b, grad):
         ga[...] = 0
         gb[...] = 0
         return ga, gb
-    m, k = a.shape[-2], a.shape[-1]
-    n = b.shape[-1]
-    if b.ndim == 2:
-        a2 = a.reshape(-1, k)
-        g2 = grad.reshape(-1, n)
-        _gemm(g2, b.T, ga.reshape(-1, k))
-        _gemm(a2.T, g2, gb)
-    else:
-        a3 = a.reshape(-1, m, k)
-        b3 = b.reshape(-1, k, n)
-        g3 = grad.reshape(-1, m, n)
-        _gemm_batched_nt(g3, b3, ga.reshape(-1, m, k))
-        _gemm_batched_tn(a3, g3, gb.reshape(-1, k, n))
+    a3 = a.reshape(-1, m, k)
+    b3 = b.reshape(-1, k, n)
+    g3 = grad.reshape(-1, m, n)
+    _gemm(g3, b3.transpose(0, 2, 1), ga.reshape(-1, m, k))
+    _gemm(a3.transpose(0, 2, 1), g3, gb.reshape(-1, k, n))
     return ga, gb

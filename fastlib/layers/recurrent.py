@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastlib.kernels import recurrent as kernels
+from fastlib.kernels import reduce as _reduce
 from fastlib.layers.base import Layer, check_bool, check_positive_int, xavier_uniform
 
 
@@ -88,7 +89,7 @@ class _Recurrent(Layer):
         h_prev = hs[:-1].reshape((steps - 1) * batch, self.hidden_size)
         grads = {"w_ih": np.dot(xt.T, dz2),
                  "w_hh": np.dot(h_prev.T, dz2[batch:]),
-                 "b": dz2.sum(axis=0, dtype=np.float64).astype(self.dtype)}
+                 "b": _reduce.sum_forward(dz2, (0,), serial=True)}  # float64 accumulation
         if not need_input_grad:
             return None, grads
         dx = np.dot(dz2, self._params["w_ih"].T).reshape(steps, batch, self.input_size)

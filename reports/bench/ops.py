@@ -1,4 +1,4 @@
-"""`verigrad bench ops`: fastlib's kernels against plain NumPy code for the same math.
+"""`verigrad bench ops`: fastlib's kernels and layers against plain NumPy code for the same math.
 
 Every op of the table is timed forward and VJP in float32, twice: the kernels alone (inputs
 validated once through ``fastlib.ops.bind``) and the public entry points ``fastlib.forward`` /
@@ -7,18 +7,38 @@ reductions on 1e6 elements, matmul 64x784 @ 784x128, softmax / log_softmax / lay
 rms_norm on 64x1024, losses on 256x10. The NumPy column is the straightforward vectorised
 NumPy (and ``scipy.special.erf`` for GELU) a user would otherwise write. The ratio is the
 kernels' time over NumPy's (below 1: fastlib is faster); the api ratio adds the validation,
-which matters only for tiny inputs (the 256x10 losses: ~10 us per call). Times are the best
-of several repeats, each the mean of enough calls to last ~5 ms (short repeats, so that on a
-shared machine some of them run undisturbed; the minimum is the least disturbed). Parallel
-kernels use the idle cores only (``fastlib.config.ADAPTIVE_THREADS``); ``--threads`` fixes
-the count.
+which matters only for tiny inputs (the 256x10 losses: ~10 us per call).
 
-Start-up: ``import fastlib`` plus the first forward and VJP of a Dense-like step (matmul, add,
+Layers (issue 4, section 5), through their public ``forward`` / ``backward``:
+
+- ``Dense(784, 128, "relu")`` at batch 64, forward + backward (input and parameter gradients),
+  against the bare GEMMs of that step called from NumPy (``x @ W``, ``g @ W.T``, ``x.T @ g``;
+  no bias, no activation). The requirement is a ratio of at most 1.5.
+- ``LSTM(128, 128, return_sequences=True)`` at batch 32, seq 64, and ``MultiHeadAttention(128,
+  4)`` (with and without the causal mask) at batch 32, seq 64, forward and backward, against a
+  straightforward NumPy implementation of the same layer (``LSTM_NUMPY``, ``MHA_NUMPY``: the
+  input projections as one GEMM, the recurrence step by step, backward through time; batched
+  ``np.matmul`` over the heads with the full probability tensor kept for the backward). Before
+  timing, the NumPy outputs and gradients are checked against the layer's (float32 tolerance),
+  so that both sides compute the same thing. The requirement is a ratio of at most 1.
+
+Timing: the best of ``--repeat`` repeats, each the mean of enough calls to last ~5 ms (short
+repeats, so that on a shared machine some of them run undisturbed; the minimum is the least
+disturbed). The kernel, api and NumPy callables of a row are timed in turn within each repeat
+(interleaved), so that a burst of load elsewhere hits all three alike. Parallel kernels use
+the idle cores only (``fastlib.config.ADAPTIVE_THREADS``); ``--threads N`` fixes the count
+for the kernels and, through threadpoolctl, for both OpenBLAS pools (NumPy's, and SciPy's that
+``np.dot`` inside the Numba kernels calls), so that ``--threads 1`` compares one core with one
+core.
+
+Start-up: ``import fastlib`` plus the first forward and backward of a ``Dense(784, 128,
+"relu")`` and the first forward and VJP of the same step through the op table (matmul, add,
 relu), measured in fresh subprocesses: cold (an empty Numba cache: every kernel compiles) and
 warm (a second process on the same cache: ``cache=True`` loads the compiled kernels).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -131,11 +151,137 @@ def _bce_logits(z, t):
     return np.mean(np.maximum(z, 0) - z * t + np.log1p(np.exp(-np.abs(z))))
 
 
+# --- NumPy layers (the baselines of the layer rows) ---------------------------------------
+
+def _np_sigmoid(z):
+    return 1 / (1 + np.exp(-z))
+
+
+class LSTM_NUMPY:
+    """A straightforward NumPy LSTM with fastlib's layout (gates i, f, g, o; h0 = c0 = 0;
+    batch-major input (B, T, I), every hidden state returned): the input projections of all
+    steps as one GEMM, then the recurrence step by step; the backward goes through time and
+    forms each weight gradient with one GEMM over the sequence."""
+
+    @staticmethod
+    def forward(x, w_ih, w_hh, b):
+        batch, steps, n_in = x.shape
+        hid = w_hh.shape[0]
+        xt = np.ascontiguousarray(x.transpose(1, 0, 2)).reshape(steps * batch, n_in)
+        xw = (xt @ w_ih + b).reshape(steps, batch, 4 * hid)
+        gates = np.empty((steps, batch, 4 * hid), x.dtype)
+        cs = np.empty((steps, batch, hid), x.dtype)
+        tcs = np.empty_like(cs)
+        hs = np.empty_like(cs)
+        h = np.zeros((batch, hid), x.dtype)
+        c = np.zeros((batch, hid), x.dtype)
+        for t in range(steps):
+            z = xw[t] + h @ w_hh
+            g = gates[t]
+            g[:, :2 * hid] = _np_sigmoid(z[:, :2 * hid])
+            g[:, 2 * hid:3 * hid] = np.tanh(z[:, 2 * hid:3 * hid])
+            g[:, 3 * hid:] = _np_sigmoid(z[:, 3 * hid:])
+            c = g[:, hid:2 * hid] * c + g[:, :hid] * g[:, 2 * hid:3 * hid]
+            tc = np.tanh(c)
+            h = g[:, 3 * hid:] * tc
+            cs[t], tcs[t], hs[t] = c, tc, h
+        return hs.transpose(1, 0, 2).copy(), (xt, gates, cs, tcs, hs)
+
+    @staticmethod
+    def backward(dy, w_ih, w_hh, cache):
+        xt, gates, cs, tcs, hs = cache
+        steps, batch, hid = hs.shape
+        dhs = dy.transpose(1, 0, 2)
+        dz = np.empty_like(gates)
+        dh = np.zeros((batch, hid), dy.dtype)
+        dc = np.zeros((batch, hid), dy.dtype)
+        for t in range(steps - 1, -1, -1):
+            g = gates[t]
+            i, f, gg, o = g[:, :hid], g[:, hid:2 * hid], g[:, 2 * hid:3 * hid], g[:, 3 * hid:]
+            tc = tcs[t]
+            dh = dhs[t] + dh
+            dc = dh * o * (1 - tc * tc) + dc
+            d = dz[t]
+            d[:, :hid] = dc * gg * i * (1 - i)
+            d[:, hid:2 * hid] = (dc * cs[t - 1] * f * (1 - f)) if t else 0
+            d[:, 2 * hid:3 * hid] = dc * i * (1 - gg * gg)
+            d[:, 3 * hid:] = dh * tc * o * (1 - o)
+            dc = dc * f
+            dh = d @ w_hh.T
+        dz2 = dz.reshape(steps * batch, 4 * hid)
+        grads = {"w_ih": xt.T @ dz2, "w_hh": hs[:-1].reshape(-1, hid).T @ dz2[batch:],
+                 "b": dz2.sum(0)}
+        dx = (dz2 @ w_ih.T).reshape(steps, batch, -1).transpose(1, 0, 2).copy()
+        return dx, grads
+
+
+class MHA_NUMPY:
+    """Straightforward NumPy multi-head self-attention with fastlib's layout: projections as
+    GEMMs, heads as a (B, heads, T, dh) view, batched ``np.matmul`` for scores and values, the
+    probabilities kept for the backward; the causal mask sends masked scores to -inf."""
+
+    @staticmethod
+    def forward(x, p, heads, causal):
+        batch, steps, d = x.shape
+        dh = d // heads
+        x2 = x.reshape(batch * steps, d)
+
+        def split(m):
+            return m.reshape(batch, steps, heads, dh).transpose(0, 2, 1, 3)
+
+        q, k, v = (split(x2 @ p[f"w_{n}"] + p[f"b_{n}"]) for n in "qkv")
+        scale = x.dtype.type(1 / np.sqrt(dh))
+        s = (q @ k.transpose(0, 1, 3, 2)) * scale
+        if causal:
+            s = np.where(np.tri(steps, dtype=bool), s, -np.inf)
+        s -= s.max(-1, keepdims=True)
+        pr = np.exp(s)
+        pr /= pr.sum(-1, keepdims=True)
+        att = (pr @ v).transpose(0, 2, 1, 3).reshape(batch * steps, d)
+        y = att @ p["w_o"] + p["b_o"]
+        return y.reshape(batch, steps, d), (x2, q, k, v, pr, att, scale)
+
+    @staticmethod
+    def backward(dy, p, heads, cache):
+        x2, q, k, v, pr, att, scale = cache
+        batch, _, steps, dh = q.shape
+        d = heads * dh
+        g = dy.reshape(batch * steps, d)
+        grads = {"w_o": att.T @ g, "b_o": g.sum(0)}
+        datt = (g @ p["w_o"].T).reshape(batch, steps, heads, dh).transpose(0, 2, 1, 3)
+        dv = pr.transpose(0, 1, 3, 2) @ datt
+        dp = datt @ v.transpose(0, 1, 3, 2)
+        ds = pr * (dp - (dp * pr).sum(-1, keepdims=True)) * scale
+        dq = ds @ k
+        dk = ds.transpose(0, 1, 3, 2) @ q
+        dx = None
+        for n, dm in zip("qkv", (dq, dk, dv)):
+            dm2 = dm.transpose(0, 2, 1, 3).reshape(batch * steps, d)
+            grads[f"w_{n}"] = x2.T @ dm2
+            grads[f"b_{n}"] = dm2.sum(0)
+            part = dm2 @ p[f"w_{n}"].T
+            dx = part if dx is None else dx + part
+        return dx.reshape(batch, steps, d), grads
+
+
+def _dense_gemms(x, w, g):
+    """The GEMMs of a Dense step, bare: forward, input gradient, weight gradient."""
+    return x @ w, g @ w.T, x.T @ g
+
+
 # --- cases ---------------------------------------------------------------------------------
 
-def cases(rng):
-    """(label, op, inputs, params, numpy forward, numpy vjp) for every benchmarked row."""
-    n = 1_000_000
+SIZES = {
+    # name: (elements, matmul (m, k, n), rows x cols of the row-wise ops, transpose side,
+    #        Dense (batch, in, out), LSTM / attention (batch, seq, width), attention heads)
+    "full": (1_000_000, (64, 784, 128), (64, 1024), 1000, (64, 784, 128), (32, 64, 128), 4),
+    "small": (4096, (4, 12, 6), (4, 32), 64, (4, 12, 6), (2, 5, 8), 2),
+}
+
+
+def cases(rng, size="full"):
+    """(label, op, inputs, params, numpy forward, numpy vjp) for every benchmarked op row."""
+    n, (mm, mk, mn), (rr, rc), side, _, _, _ = SIZES[size]
     x = rng.standard_normal(n).astype(F32)
     xpos = (np.abs(x) + F32(0.1)).astype(F32)
     out = []
@@ -146,9 +292,10 @@ def cases(rng):
     bnz = (np.sign(b) * (np.abs(b) + F32(0.5))).astype(F32)
     for name, (fwd, bwd) in BINARY_NUMPY.items():
         out.append((name, name, [x, bnz if name == "div" else b], {}, fwd, bwd))
-    m2 = x.reshape(1000, 1000)
-    bias = rng.standard_normal(1000).astype(F32)
-    out.append(("add (1000x1000 + bias)", "add", [m2, bias], {}, np.add,
+    half = side // 2
+    m2 = x[:side * side].reshape(side, side)
+    bias = rng.standard_normal(side).astype(F32)
+    out.append((f"add ({side}x{side} + bias)", "add", [m2, bias], {}, np.add,
                 lambda a, c, g: (g.copy(), g.sum(0))))
     out += [
         ("sum", "sum", [x], {}, np.sum,
@@ -157,21 +304,21 @@ def cases(rng):
          lambda x, g: (np.broadcast_to(g / x.size, x.shape).copy(),)),
         ("logsumexp", "logsumexp", [x], {}, _lse,
          lambda x, g: (g * np.exp(x - _lse(x)),)),
-        ("sum axis=0 (1000x1000)", "sum", [m2], {"axis": 0}, lambda v: v.sum(0),
+        (f"sum axis=0 ({side}x{side})", "sum", [m2], {"axis": 0}, lambda v: v.sum(0),
          lambda v, g: (np.broadcast_to(g, v.shape).copy(),)),
     ]
-    a = rng.standard_normal((64, 784)).astype(F32)
-    w = (rng.standard_normal((784, 128)) / 28).astype(F32)
-    out.append(("matmul 64x784 @ 784x128", "matmul", [a, w], {}, np.matmul,
+    a = rng.standard_normal((mm, mk)).astype(F32)
+    w = (rng.standard_normal((mk, mn)) / np.sqrt(mk)).astype(F32)
+    out.append((f"matmul {mm}x{mk} @ {mk}x{mn}", "matmul", [a, w], {}, np.matmul,
                 lambda a, w, g: (g @ w.T, a.T @ g)))
-    r = rng.standard_normal((64, 1024)).astype(F32)
+    r = rng.standard_normal((rr, rc)).astype(F32)
     out += [
-        ("softmax 64x1024", "softmax", [r], {}, _softmax,
+        (f"softmax {rr}x{rc}", "softmax", [r], {}, _softmax,
          lambda x, g: ((lambda y: y * (g - (g * y).sum(-1, keepdims=True)))(_softmax(x)),)),
-        ("log_softmax 64x1024", "log_softmax", [r], {}, lambda x: x - _lse(x, -1, True),
+        (f"log_softmax {rr}x{rc}", "log_softmax", [r], {}, lambda x: x - _lse(x, -1, True),
          lambda x, g: (g - _softmax(x) * g.sum(-1, keepdims=True),)),
-        ("layer_norm 64x1024", "layer_norm", [r], {}, _layer_norm, _layer_norm_vjp),
-        ("rms_norm 64x1024", "rms_norm", [r], {},
+        (f"layer_norm {rr}x{rc}", "layer_norm", [r], {}, _layer_norm, _layer_norm_vjp),
+        (f"rms_norm {rr}x{rc}", "rms_norm", [r], {},
          lambda x: x / np.sqrt((x * x).mean(-1, keepdims=True) + F32(1e-6)), _rms_norm_vjp),
     ]
     z = rng.standard_normal((256, 10)).astype(F32)
@@ -197,14 +344,15 @@ def cases(rng):
          lambda z, q, g: ((_sigmoid(z) - q) * (g / z.size), -z * (g / z.size))),
     ]
     out += [
-        ("transpose 1000x1000", "transpose", [m2], {}, lambda v: np.ascontiguousarray(v.T),
+        (f"transpose {side}x{side}", "transpose", [m2], {}, lambda v: np.ascontiguousarray(v.T),
          lambda v, g: (np.ascontiguousarray(g.T),)),
-        ("reshape 1e6", "reshape", [x], {"shape": (1000, 1000)},
-         lambda v: v.reshape(1000, 1000).copy(), lambda v, g: (g.reshape(v.shape).copy(),)),
-        ("concat 2 x 1000x500", "concat", [m2[:, :500].copy(), m2[:, 500:].copy()],
+        (f"reshape {n:.0e}".replace("e+0", "e"), "reshape", [x], {"shape": (side, n // side)},
+         lambda v: v.reshape(side, n // side).copy(), lambda v, g: (g.reshape(v.shape).copy(),)),
+        (f"concat 2 x {side}x{half}", "concat", [m2[:, :half].copy(), m2[:, half:].copy()],
          {"axis": 1}, lambda u, v: np.concatenate([u, v], 1),
-         lambda u, v, g: (g[:, :500].copy(), g[:, 500:].copy())),
-        ("slice 1e6 ::2", "slice", [x], {"step": 2}, lambda v: v[::2].copy(),
+         lambda u, v, g: (g[:, :half].copy(), g[:, half:].copy())),
+        (f"slice {n:.0e} ::2".replace("e+0", "e"), "slice", [x], {"step": 2},
+         lambda v: v[::2].copy(),
          lambda v, g: (lambda o: (o.__setitem__(slice(None, None, 2), g), o)[1])(
              np.zeros_like(v))),
     ]
@@ -213,52 +361,149 @@ def cases(rng):
     return out, g0
 
 
+def _check_close(what, got, ref, tol=2e-4):
+    """Raise if ``got`` differs from ``ref`` by more than ``tol`` of the largest |ref| entry of
+    its group (float32 rounding; a relative test per entry would fail on exact zeros, e.g. the
+    key bias gradient of attention, which is zero up to rounding)."""
+    scale = max(float(np.max(np.abs(r))) for r in ref.values())
+    for key, r in ref.items():
+        err = float(np.max(np.abs(np.asarray(got[key], np.float64) - r)))
+        if not err <= tol * scale:
+            raise AssertionError(f"bench ops: {what}: the NumPy baseline and the layer differ "
+                                 f"in {key} by {err:.3g} (scale {scale:.3g}); the comparison "
+                                 f"would not be of the same computation")
+
+
+def layer_cases(rng, size="full"):
+    """(label, direction, kernel fn, api fn or None, numpy fn, requirement) for the layers.
+
+    Each NumPy baseline is checked once against the layer's outputs and gradients (untimed).
+    """
+    import fastlib
+
+    _, _, _, _, (db, din, dout), (batch, seq, width), heads = SIZES[size]
+    rows = []
+    # Dense forward + backward against its bare GEMMs
+    dense = fastlib.Dense(din, dout, "relu", seed=0)
+    xd = rng.standard_normal((db, din)).astype(F32)
+    gd = rng.standard_normal((db, dout)).astype(F32)
+    wd = dense.parameters()["weight"]
+
+    def dense_step():
+        dense.forward(xd)
+        return dense.backward(gd)
+
+    def dense_step_api():
+        dense(xd)
+        return dense.backward(gd)
+
+    rows.append((f"Dense {din}->{dout} relu, batch {db}", "fwd+bwd", dense_step, dense_step_api,
+                 lambda: _dense_gemms(xd, wd, gd), 1.5))
+
+    # LSTM
+    x = rng.standard_normal((batch, seq, width)).astype(F32)
+    dy = rng.standard_normal((batch, seq, width)).astype(F32)
+    lstm = fastlib.LSTM(width, width, return_sequences=True, seed=0)
+    lp = lstm.parameters()
+    lp["b"][:] = rng.standard_normal(lp["b"].shape) * 0.1    # a non-zero bias, in place
+    y = lstm.forward(x)
+    dx, grads = lstm.backward(dy)
+    y_np, cache = LSTM_NUMPY.forward(x, lp["w_ih"], lp["w_hh"], lp["b"])
+    dx_np, grads_np = LSTM_NUMPY.backward(dy, lp["w_ih"], lp["w_hh"], cache)
+    label = f"LSTM {width}->{width}, batch {batch} seq {seq}"
+    _check_close(label + " forward", {"y": y}, {"y": y_np})
+    _check_close(label + " backward", dict(grads, x=dx), dict(grads_np, x=dx_np))
+    rows.append((label, "forward", lambda: lstm.forward(x), lambda: lstm(x),
+                 lambda: LSTM_NUMPY.forward(x, lp["w_ih"], lp["w_hh"], lp["b"]), 1.0))
+    rows.append((label, "backward", lambda: lstm.backward(dy), None,
+                 lambda: LSTM_NUMPY.backward(dy, lp["w_ih"], lp["w_hh"], cache), 1.0))
+
+    # multi-head attention, without and with the causal mask
+    for causal in (False, True):
+        mha = fastlib.MultiHeadAttention(width, heads, causal=causal, seed=0)
+        mp = mha.parameters()
+        for key in mp:
+            if key.startswith("b_"):
+                mp[key][:] = rng.standard_normal(width) * 0.1
+        y = mha.forward(x)
+        dx, grads = mha.backward(dy)
+        y_np, mcache = MHA_NUMPY.forward(x, mp, heads, causal)
+        dx_np, grads_np = MHA_NUMPY.backward(dy, mp, heads, mcache)
+        label = (f"MHA d{width} h{heads}{' causal' if causal else ''}, batch {batch} "
+                 f"seq {seq}")
+        _check_close(label + " forward", {"y": y}, {"y": y_np})
+        _check_close(label + " backward", dict(grads, x=dx), dict(grads_np, x=dx_np))
+        rows.append((label, "forward", lambda m=mha: m.forward(x),
+                     lambda m=mha: m(x),
+                     lambda m=mp, c=causal: MHA_NUMPY.forward(x, m, heads, c), 1.0))
+        rows.append((label, "backward", lambda m=mha: m.backward(dy), None,
+                     lambda m=mp, c=mcache: MHA_NUMPY.backward(dy, m, heads, c), 1.0))
+    return rows
+
+
 # --- timing --------------------------------------------------------------------------------
 
-def _best_time(fn, repeat, target=0.005):
-    """Best over ``repeat`` runs of the mean time of enough calls to last ``target`` seconds."""
-    fn()
-    start = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - start, 1e-7)
-    number = max(1, int(target / once))
-    best = float("inf")
-    for _ in range(repeat):
+def _best_times(fns, repeat, target=0.005):
+    """Best over ``repeat`` rounds of the mean time of enough calls to last ``target`` seconds,
+    for each callable; within a round the callables run in turn (interleaved), so that load
+    from elsewhere disturbs them alike."""
+    numbers = []
+    for fn in fns:
+        fn()
         start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - start) / number)
+        fn()
+        once = max(time.perf_counter() - start, 1e-7)
+        numbers.append(max(1, int(target / once)))
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for i, (fn, number) in enumerate(zip(fns, numbers)):
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            best[i] = min(best[i], (time.perf_counter() - start) / number)
     return best
 
 
-def measure(repeat=5, only=None, seed=0):
-    """Time every case forward and VJP; a list of result rows (dicts)."""
+def _row(case, op, direction, shapes, t_kernel, t_api, t_np, requirement):
+    return {"case": case, "op": op, "direction": direction, "shapes": shapes,
+            "dtype": "float32", "kernel_ms": t_kernel * 1e3,
+            "api_ms": None if t_api is None else t_api * 1e3, "numpy_ms": t_np * 1e3,
+            "ratio": t_kernel / t_np, "api_ratio": None if t_api is None else t_api / t_np,
+            "requirement": requirement}
+
+
+def measure(repeat=5, only=None, seed=0, size="full", layers=True):
+    """Time every case forward and VJP, and the layers; a list of result rows (dicts)."""
     import fastlib
     from fastlib.ops import bind
 
     rng = np.random.default_rng(seed)
     rows = []
-    table, _ = cases(rng)
+    table, _ = cases(rng, size)
     for label, name, inputs, params, np_fwd, np_vjp in table:
         if only and name not in only and label not in only:
             continue
         out = fastlib.forward(name, inputs, **params)
         g = rng.standard_normal(out.shape).astype(F32)
         bound = bind(name, inputs, **params)
-        timings = {
-            "forward": (_best_time(bound.forward, repeat),
-                        _best_time(lambda: fastlib.forward(name, inputs, **params), repeat),
-                        _best_time(lambda: np_fwd(*inputs), repeat)),
-            "vjp": (_best_time(lambda: bound.vjp(g, check=False), repeat),
-                    _best_time(lambda: fastlib.vjp(name, inputs, g, **params), repeat),
-                    _best_time(lambda: np_vjp(*inputs, g), repeat)),
-        }
         shape = " ".join("x".join(map(str, v.shape)) or "()" for v in inputs)
-        for direction, (t_kernel, t_api, t_np) in timings.items():
-            rows.append({"case": label, "op": name, "direction": direction, "shapes": shape,
-                         "dtype": "float32", "kernel_ms": t_kernel * 1e3,
-                         "api_ms": t_api * 1e3, "numpy_ms": t_np * 1e3,
-                         "ratio": t_kernel / t_np, "api_ratio": t_api / t_np})
+        fwd = _best_times([bound.forward, lambda: fastlib.forward(name, inputs, **params),
+                           lambda: np_fwd(*inputs)], repeat)
+        vjp = _best_times([lambda: bound.vjp(g, check=False),
+                           lambda: fastlib.vjp(name, inputs, g, **params),
+                           lambda: np_vjp(*inputs, g)], repeat)
+        rows.append(_row(label, name, "forward", shape, *fwd, 1.0))
+        rows.append(_row(label, name, "vjp", shape, *vjp, 1.0))
+    if layers:
+        for label, direction, kernel, api, numpy_fn, req in layer_cases(rng, size):
+            first = label.split()[0].lower()
+            if only and label not in only and first not in only:
+                continue
+            fns = [kernel, numpy_fn] if api is None else [kernel, numpy_fn, api]
+            times = _best_times(fns, max(1, repeat // 3) if size == "full" else repeat,
+                                target=0.02)
+            t_api = times[2] if api is not None else None
+            rows.append(_row(label, first, direction, "", times[0], t_api, times[1], req))
     return rows
 
 
@@ -270,19 +515,24 @@ import fastlib
 t1 = time.perf_counter()
 rng = np.random.default_rng(0)
 x = rng.standard_normal((64, 784)).astype(np.float32)
+dense = fastlib.Dense(784, 128, "relu")
+y = dense(x)
+gx, grads = dense.backward(np.ones_like(y))
+t2 = time.perf_counter()
 w = rng.standard_normal((784, 128)).astype(np.float32)
 b = np.zeros(128, np.float32)
 z = fastlib.forward("matmul", [x, w]); a = fastlib.forward("add", [z, b])
 y = fastlib.forward("relu", [a]); g = np.ones_like(y)
 (ga,) = fastlib.vjp("relu", [a], g); gz, gb = fastlib.vjp("add", [z, b], ga)
 gx, gw = fastlib.vjp("matmul", [x, w], gz)
-t2 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "first_step_s": t2 - t1}))
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "dense_step_s": t2 - t1, "op_step_s": t3 - t2}))
 """
 
 
 def startup_times():
-    """Cold and warm start (import + first Dense-like step) in fresh subprocesses."""
+    """Cold and warm start (import, first Dense layer step, first op-level step) in fresh
+    subprocesses sharing one new Numba cache directory."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     result = {}
     with tempfile.TemporaryDirectory(prefix="verigrad-numba-cache-") as cache:
@@ -295,26 +545,33 @@ def startup_times():
     return result
 
 
+def _fmt(value, spec):
+    return format(value, spec) if value is not None else format("-", ">" + spec.split(".")[0])
+
+
 def render(rows, startup=None):
     """The table as text."""
-    head = (f"{'case':40s} {'dir':7s} {'kernel ms':>10s} {'api ms':>9s} {'numpy ms':>9s} "
-            f"{'ratio':>6s} {'api':>6s}")
+    head = (f"{'case':40s} {'dir':8s} {'kernel ms':>10s} {'api ms':>9s} {'numpy ms':>9s} "
+            f"{'ratio':>6s} {'api':>6s} {'req':>5s}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        flag = "" if r["ratio"] <= 1 else "  slower"
-        lines.append(f"{r['case']:40s} {r['direction']:7s} {r['kernel_ms']:10.4f} "
-                     f"{r['api_ms']:9.4f} {r['numpy_ms']:9.4f} {r['ratio']:6.2f} "
-                     f"{r['api_ratio']:6.2f}{flag}")
-    slower = [r for r in rows if r["ratio"] > 1]
+        flag = "" if r["ratio"] <= r["requirement"] else "  FAILS"
+        lines.append(f"{r['case']:40s} {r['direction']:8s} {r['kernel_ms']:10.4f} "
+                     f"{_fmt(r['api_ms'], '9.4f')} {r['numpy_ms']:9.4f} {r['ratio']:6.2f} "
+                     f"{_fmt(r['api_ratio'], '6.2f')} {'<=' + format(r['requirement'], 'g'):>5s}"
+                     f"{flag}")
+    failing = [r for r in rows if r["ratio"] > r["requirement"]]
     lines.append("-" * len(head))
-    lines.append(f"{len(rows)} rows; kernel slower than NumPy in {len(slower)}. ratio = kernel "
-                 f"time / NumPy time (inputs validated once, fastlib.ops.bind); api = "
-                 f"fastlib.forward / vjp with validation, over NumPy; float32")
+    lines.append(f"{len(rows)} rows; {len(failing)} miss their requirement (req). ratio = "
+                 f"kernel time / NumPy time (inputs validated once, fastlib.ops.bind; layers: "
+                 f"their forward / backward); api = fastlib.forward / vjp (layers: layer(x)) "
+                 f"with validation, over NumPy; float32")
     if startup:
         for label in ("cold", "warm"):
             s = startup[label]
             lines.append(f"{label} start: import fastlib {s['import_s']:.3f} s, first Dense "
-                         f"step (forward + VJP) {s['first_step_s']:.3f} s")
+                         f"layer step (forward + backward) {s['dense_step_s']:.3f} s, first "
+                         f"op-level step (forward + VJP) {s['op_step_s']:.3f} s")
     return "\n".join(lines)
 
 
@@ -322,13 +579,21 @@ def add_arguments(parser):
     """Options of ``verigrad bench ops``."""
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
     parser.add_argument("--repeat", type=int, default=15,
-                        help="timing repeats per measurement; the best is kept (default 15)")
+                        help="timing repeats per measurement; the best is kept (default 15; "
+                             "the layer rows use a third as many, each a longer run)")
     parser.add_argument("--only", nargs="+", metavar="OP",
-                        help="benchmark only these ops (names or case labels)")
+                        help="benchmark only these ops (names or case labels; dense, lstm, "
+                             "mha for the layers)")
+    parser.add_argument("--no-layers", action="store_true",
+                        help="skip the layer rows (Dense, LSTM, MultiHeadAttention)")
     parser.add_argument("--no-startup", action="store_true",
                         help="skip the cold / warm start measurement (two subprocesses)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="threads for the parallel kernels (default: the idle cores)")
+                        help="threads for the parallel kernels and, through threadpoolctl, "
+                             "for the BLAS pools (default: kernels on the idle cores, BLAS "
+                             "as configured)")
+    parser.add_argument("--small", action="store_true",
+                        help="tiny sizes: checks that every row runs (timings meaningless)")
 
 
 def run(args) -> int:
@@ -337,15 +602,24 @@ def run(args) -> int:
 
     from fastlib import config
 
+    blas_limit = contextlib.nullcontext()
     if args.threads:
         numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
         config.THREADS = args.threads
-    rows = measure(repeat=max(1, args.repeat), only=set(args.only) if args.only else None)
+        try:     # the BLAS pools too (NumPy's, and SciPy's that np.dot in Numba calls)
+            from threadpoolctl import threadpool_limits
+            blas_limit = threadpool_limits(args.threads, user_api="blas")
+        except ImportError:
+            pass
+    with blas_limit:
+        rows = measure(repeat=max(1, args.repeat), only=set(args.only) if args.only else None,
+                       size="small" if args.small else "full", layers=not args.no_layers)
     startup = None if args.no_startup else startup_times()
     print(render(rows, startup))
     if args.json:
         meta = {"threads": args.threads or "idle cores (adaptive)",
                 "numba_threads": numba.get_num_threads(),
+                "size": "small" if args.small else "full",
                 "loadavg": open("/proc/loadavg").read().split()[:4]
                 if os.path.exists("/proc/loadavg") else None}
         with open(args.json, "w") as fh:
