@@ -249,7 +249,7 @@ FUSED_CASES = (
      ("sigmoid", "leaky_relu", "linear")] +
     [("mse", "momentum", "relu", 0.05, "value", 4), ("mse", "adamw", "relu", 0.3, "norm", 4),
      ("cross_entropy", "rmsprop", "relu", 0.0, "value", 1),
-     # batch 1: the first weight's gradient is formed and applied row by row (fused_mlp NOTE)
+     # batch 1: weight gradients are outer products (fused_kernels._outer), not GEMMs
      ("mse", "adam", "relu", 0.05, "value", 1), ("cross_entropy", "sgd", "tanh", 0.0, "value", 1),
      ("cross_entropy", "nag", "relu", 0.0, "value", 1), ("mse", "adamw", "relu", 0.3, "norm", 1),
      ("cross_entropy", "adagrad", "relu", 0.0, "value", 23)])
@@ -395,7 +395,7 @@ def test_nonfinite_gradient_skips_the_step_and_warns(fused):
 def test_nonfinite_gradient_of_a_later_layer_skips_the_whole_step(fused):
     """Batch 1, two layers: the second weight's gradient h * dz = 1e31 * 2e8 overflows float32
     while the first layer's, x * dz * w2 = 2e-23, is finite. The fused path, which applies the
-    first weight's gradient row by row, must still skip the step and change nothing."""
+    update block by block, must still skip the step and change nothing."""
     m = fastlib.Sequential([fastlib.Dense(1, 1), fastlib.Dense(1, 1)], dtype=np.float32)
     p = m.parameters()
     p["0.weight"][...] = 1e31

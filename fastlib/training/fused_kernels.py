@@ -1,0 +1,523 @@
+"""Numba kernels of the whole-epoch MLP path (:mod:`fastlib.training.fused_mlp`).
+
+Model parallelism inside one step, in the Megatron pattern: layers pair up, the first of a pair
+(``COL``, even index) cut by output columns into ``n_pieces`` pieces, the second (``ROW``, odd
+index) cut by input rows along the same boundaries. Piece ``p`` of a pair then runs without
+talking to the other pieces: ``h_p = f(x @ W0[:, p] + b0[p])``, ``z_p = h_p @ W1[p, :]``; the
+pieces' ``z_p`` are added (serially, in piece order) into the ROW layer's output. Backward
+mirrors it: ``dW1[p, :] = h_p^T dz``, ``dh_p = dz @ W1[p, :]^T``, ``dW0[:, p] = x^T (dh_p *
+f'(.))``, and below the first pair each piece's partial input cotangent is added in piece order.
+So a step costs one parallel region per pair forward and one per pair backward (a lone last
+layer is a COL layer of its own), and each thread reads and updates only its pieces' parameter
+blocks, which stay in its core's cache.
+
+Piece ``p`` of all layers owns the contiguous block ``w[blk[p]:blk[p + 1]]``: per layer, COL
+``W[:, cols]`` (row-major) then ``b[cols]``, ROW ``W[rows, :]`` then its share of ``b``
+(``cols[layer]`` cuts the ROW layer's bias; its rows are ``cols[layer - 1]``). The optimizer
+update and the guard's sums of squares run per block. Pieces, not threads, fix every
+summation order, so the result does not depend on how many threads ran them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from fastlib.kernels import optim as kopt
+from fastlib.kernels import scalar
+from fastlib.layers.activations import ACTIVATIONS
+
+# loss codes of the kernel
+CE, CCE, MSE, BCE_LOGITS = range(4)
+LOSS_CODES = {"cross_entropy": CE, "categorical_cross_entropy": CCE, "mse": MSE,
+              "binary_cross_entropy_with_logits": BCE_LOGITS}
+CLIP_NONE, CLIP_VALUE, CLIP_NORM = range(3)
+
+# Activations the fused kernel handles (others train through the generic path).
+FUSED_ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid")
+_LINEAR, _RELU, _LEAKY, _TANH, _SIGMOID = (ACTIVATIONS[a] for a in FUSED_ACTIVATIONS)
+FUSED_CODES = frozenset((_LINEAR, _RELU, _LEAKY, _TANH, _SIGMOID))
+
+
+# ---------------------------------------------------------------------------------------------
+# per-element pieces shared with the generic path's math
+
+@njit(cache=True, error_model="numpy")
+def _loss_and_grad(code, z, yi, yf, rows, dz):
+    """Mean loss of the logits ``z`` (rows x C) and its gradient into ``dz``; correct count."""
+    n, c = z.shape
+    total = 0.0
+    correct = 0.0
+    one = z.dtype.type(1)
+    if code == CE or code == CCE:
+        inv_n = one / z.dtype.type(n)
+        for i in range(n):
+            m = z[i, 0]
+            arg = 0
+            for j in range(1, c):
+                if z[i, j] > m:
+                    m = z[i, j]
+                    arg = j
+            s = z.dtype.type(0)
+            for j in range(c):
+                s += math.exp(z[i, j] - m)
+            lse = m + math.log(s)
+            if code == CE:
+                k = yi[rows[i]]
+                total += np.float64(lse - z[i, k])
+                for j in range(c):
+                    dz[i, j] = math.exp(z[i, j] - lse) * inv_n
+                dz[i, k] -= inv_n
+                if arg == k:
+                    correct += 1.0
+            else:
+                r = rows[i]
+                t_sum = z.dtype.type(0)
+                t_arg = 0
+                for j in range(c):
+                    t = yf[r, j]
+                    t_sum += t
+                    total -= np.float64(t * (z[i, j] - lse))
+                    if t > yf[r, t_arg]:
+                        t_arg = j
+                for j in range(c):
+                    dz[i, j] = (math.exp(z[i, j] - lse) * t_sum - yf[r, j]) * inv_n
+                if arg == t_arg:
+                    correct += 1.0
+        return total / n, correct
+    inv_m = one / z.dtype.type(n * c)
+    for i in range(n):
+        r = rows[i]
+        hits = 0
+        for j in range(c):
+            t = yf[r, j]
+            x = z[i, j]
+            if code == MSE:
+                d = x - t
+                total += np.float64(d * d)
+                dz[i, j] = 2 * d * inv_m
+            else:
+                # NOTE: max(z, 0) - z t + log(1 + exp(-|z|)): finite for any finite z
+                total += np.float64(max(x, 0) - x * t + math.log1p(math.exp(-abs(x))))
+                sig = one / (one + math.exp(-x)) if x >= 0 else math.exp(x) / (one + math.exp(x))
+                dz[i, j] = (sig - t) * inv_m
+                if (x > 0) == (t > 0.5):
+                    hits += 1
+        if code == BCE_LOGITS:
+            correct += hits / c
+    return total / (n * c), correct
+
+
+@njit(inline="always", error_model="numpy")
+def _act(z, code, slope):
+    # NOTE: the scalar functions Dense's epilogue uses (fastlib.kernels.scalar), restricted to
+    # the activations of FUSED_ACTIVATIONS so the compiled epoch stays small.
+    if code == _RELU:
+        return scalar.relu_f(z)
+    if code == _LEAKY:
+        return scalar.leaky_relu_f(z, slope)
+    if code == _TANH:
+        return scalar.tanh_f(z)
+    if code == _SIGMOID:
+        return scalar.sigmoid_f(z)
+    return z
+
+
+@njit(inline="always", error_model="numpy")
+def _act_derivative(z, code, slope):
+    if code == _RELU:
+        return scalar.relu_df(z)
+    if code == _LEAKY:
+        return scalar.leaky_relu_df(z, slope)
+    if code == _TANH:
+        return scalar.tanh_df(z)
+    return scalar.sigmoid_df(z)
+
+
+@njit(cache=True, error_model="numpy")
+def _backward_epilogue(gout, pre, gbias, code, slope):
+    """``gout *= f'(pre)`` in place and ``gbias = column sums``, as Dense's backward."""
+    rows, cols = gout.shape
+    acc = np.zeros(cols, np.float64)  # NOTE: float64 bias-gradient sums, as Dense's kernel
+    for i in range(rows):
+        for j in range(cols):
+            v = gout[i, j]
+            if code != _LINEAR:
+                v = v * _act_derivative(pre[i, j], code, slope)
+                gout[i, j] = v
+            acc[j] += v
+    for j in range(cols):
+        gbias[j] = acc[j]
+
+
+@njit(cache=True, error_model="numpy")
+def _clip_flat(g, clip_mode, clip, total):
+    """Clip ``g`` in place by value, or by the global norm ``sqrt(total)``."""
+    if clip_mode == CLIP_VALUE:
+        lim = g.dtype.type(clip)
+        for i in range(g.shape[0]):
+            if g[i] > lim:
+                g[i] = lim
+            elif g[i] < -lim:
+                g[i] = -lim
+    elif clip_mode == CLIP_NORM:
+        norm = math.sqrt(total)
+        if norm > clip:
+            s = g.dtype.type(clip / norm)
+            for i in range(g.shape[0]):
+                g[i] = g[i] * s
+
+
+@njit(cache=True, error_model="numpy")
+def _outer(u, v, out):
+    """``out = u^T v`` for one row each: the batch-1 weight gradient ``x^T @ delta``.
+
+    NOTE: each element is the single product u[i] * v[j], exactly what a matrix product with
+    an inner dimension of 1 computes, so the values equal the BLAS path's; a plain loop is
+    several times faster than a GEMM call at this shape.
+    """
+    m, n = u.shape[0], v.shape[0]
+    for i in range(m):
+        ui = u[i]
+        for j in range(n):
+            out[i, j] = ui * v[j]
+
+
+@njit(cache=True, error_model="numpy")
+def _weight_gradient(a, d, out):
+    """``out = a^T d``: BLAS, or the outer product at one row."""
+    if a.shape[0] > 1:
+        np.dot(a.T, d, out)
+    else:
+        _outer(a[0], d[0], out)
+
+
+@njit(cache=True, error_model="numpy")
+def _gather(x, order, start, r0, r1, a_in):
+    """Rows ``r0:r1`` of the batch at ``start``: ``a_in[i] = x[order[start + i]]`` (flat
+    ``a_in``, rows of ``x.shape[1]``)."""
+    width = x.shape[1]
+    for i in range(r0, r1):
+        r = order[start + i]
+        for k in range(width):
+            a_in[i * width + k] = x[r, k]
+
+
+# ---------------------------------------------------------------------------------------------
+# one piece of one pair
+
+@njit(cache=True, error_model="numpy")
+def _pair_input(layer, nb, dims, act_off, a_in, post):
+    """The full input of COL layer ``layer``: the batch, or the previous ROW layer's output."""
+    din = dims[layer]
+    if layer == 0:
+        return a_in[:nb * din].reshape((nb, din))
+    o = act_off[layer - 1]
+    return post[o:o + nb * din].reshape((nb, din))
+
+
+@njit(cache=True, error_model="numpy")
+def _forward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off, codes, slope,
+                   w, a_in, post, pre, part):
+    """Piece ``p`` of the pair starting at COL layer ``layer``: its columns' pre-activation and
+    output (Dense's epilogue), then, with a ROW layer above, its partial product ``z_p``."""
+    n_layers = codes.shape[0]
+    din = dims[layer]
+    c0 = cols[layer, p]
+    width = cols[layer, p + 1] - c0
+    if width == 0:
+        return  # the reductions skip empty pieces
+    a_prev = _pair_input(layer, nb, dims, act_off, a_in, post)
+    op = act_off[layer] + bs * c0
+    pre_p = pre[op:op + nb * width].reshape((nb, width))
+    post_p = post[op:op + nb * width].reshape((nb, width))
+    ow = w_off[layer, p]
+    np.dot(a_prev, w[ow:ow + din * width].reshape((din, width)), pre_p)
+    bias = w[b_off[layer, p]:b_off[layer, p] + width]
+    code = codes[layer]
+    for i in range(nb):
+        for j in range(width):
+            z = pre_p[i, j] + bias[j]
+            pre_p[i, j] = z
+            post_p[i, j] = _act(z, code, slope) if code != _LINEAR else z
+    if layer + 1 < n_layers:
+        d2 = dims[layer + 2]
+        ow2 = w_off[layer + 1, p]
+        oq = part_off[layer + 1] + p * bs * d2
+        np.dot(post_p, w[ow2:ow2 + width * d2].reshape((width, d2)),
+               part[oq:oq + nb * d2].reshape((nb, d2)))
+
+
+@njit(cache=True, error_model="numpy")
+def _backward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off, codes, slope,
+                    w, g, a_in, post, pre, gout, part, dz):
+    """Piece ``p`` of the pair starting at COL layer ``layer``, backward: with a ROW layer
+    above (whose full cotangent is ready), its rows' weight gradient and this piece's
+    cotangent ``dz @ W1[p, :]^T``, else the loss gradient's columns; then Dense's backward of
+    the COL piece and, above the first layer, its partial input cotangent ``gout @ W0_p^T``."""
+    n_layers = codes.shape[0]
+    din = dims[layer]
+    c0 = cols[layer, p]
+    width = cols[layer, p + 1] - c0
+    if width == 0:
+        return
+    op = act_off[layer] + bs * c0
+    gp = gout[op:op + nb * width].reshape((nb, width))
+    if layer + 1 < n_layers:
+        d2 = dims[layer + 2]
+        o2 = act_off[layer + 1]
+        g2 = gout[o2:o2 + nb * d2].reshape((nb, d2))
+        ow2 = w_off[layer + 1, p]
+        _weight_gradient(post[op:op + nb * width].reshape((nb, width)), g2,
+                         g[ow2:ow2 + width * d2].reshape((width, d2)))
+        np.dot(g2, w[ow2:ow2 + width * d2].reshape((width, d2)).T, gp)
+    else:
+        for i in range(nb):
+            for j in range(width):
+                gp[i, j] = dz[i, c0 + j]
+    _backward_epilogue(gp, pre[op:op + nb * width].reshape((nb, width)),
+                       g[b_off[layer, p]:b_off[layer, p] + width], codes[layer], slope)
+    ow = w_off[layer, p]
+    _weight_gradient(_pair_input(layer, nb, dims, act_off, a_in, post), gp,
+                     g[ow:ow + din * width].reshape((din, width)))
+    if layer > 0:
+        oq = part_off[layer] + p * bs * din
+        np.dot(gp, w[ow:ow + din * width].reshape((din, width)).T,
+               part[oq:oq + nb * din].reshape((nb, din)))
+
+
+@njit(cache=True, error_model="numpy")
+def _update_piece(p, blk, kind, w, g, a, b, c, clip_mode, clip, total):
+    """Clip and apply the optimizer to piece ``p``'s contiguous parameter block."""
+    lo, hi = blk[p], blk[p + 1]
+    gp = g[lo:hi]
+    _clip_flat(gp, clip_mode, clip, total)
+    # empty state arrays (optimizers without them) stay empty when sliced
+    kopt._update_impl(kind, w[lo:hi], gp, a[lo:hi], b[lo:hi], c)
+
+
+# ---------------------------------------------------------------------------------------------
+# the serial joins between pairs
+
+@njit(cache=True, error_model="numpy")
+def _sum_pieces(dst, part, base, bs, cuts, n_pieces):
+    """``dst = sum over non-empty pieces q (in order) of part[base + q * bs * width]``."""
+    nb, width = dst.shape
+    first = True
+    for q in range(n_pieces):
+        if cuts[q + 1] == cuts[q]:
+            continue  # an empty piece wrote nothing
+        o = base + q * bs * width
+        src = part[o:o + nb * width].reshape((nb, width))
+        if first:
+            for i in range(nb):
+                for j in range(width):
+                    dst[i, j] = src[i, j]
+            first = False
+        else:
+            for i in range(nb):
+                for j in range(width):
+                    dst[i, j] += src[i, j]
+
+
+@njit(cache=True, error_model="numpy")
+def _join_forward(layer, nb, bs, n_pieces, dims, cols, b_off, act_off, part_off, codes, slope,
+                  w, post, pre, part):
+    """ROW layer ``layer``: ``pre = sum of the pieces' z_p + b``, ``post = f(pre)``."""
+    dout = dims[layer + 1]
+    o = act_off[layer]
+    pre_f = pre[o:o + nb * dout].reshape((nb, dout))
+    post_f = post[o:o + nb * dout].reshape((nb, dout))
+    _sum_pieces(pre_f, part, part_off[layer], bs, cols[layer - 1], n_pieces)
+    code = codes[layer]
+    for q in range(n_pieces):
+        c0, c1 = cols[layer, q], cols[layer, q + 1]
+        bias = w[b_off[layer, q]:b_off[layer, q] + c1 - c0]
+        for i in range(nb):
+            for j in range(c0, c1):
+                z = pre_f[i, j] + bias[j - c0]
+                pre_f[i, j] = z
+                post_f[i, j] = _act(z, code, slope) if code != _LINEAR else z
+
+
+@njit(cache=True, error_model="numpy")
+def _join_backward(layer, nb, bs, n_pieces, dims, cols, b_off, act_off, part_off, codes, slope,
+                   g, pre, gout, part, dz):
+    """ROW layer ``layer``: its full cotangent (the loss gradient, or the sum of the next COL
+    layer's partials), times ``f'(pre)``, and its bias gradient into the pieces' blocks."""
+    n_layers = codes.shape[0]
+    dout = dims[layer + 1]
+    o = act_off[layer]
+    gf = gout[o:o + nb * dout].reshape((nb, dout))
+    if layer == n_layers - 1:
+        for i in range(nb):
+            for j in range(dout):
+                gf[i, j] = dz[i, j]
+    else:
+        _sum_pieces(gf, part, part_off[layer + 1], bs, cols[layer + 1], n_pieces)
+    gbias = np.empty(dout, gf.dtype)
+    _backward_epilogue(gf, pre[o:o + nb * dout].reshape((nb, dout)), gbias, codes[layer], slope)
+    for q in range(n_pieces):
+        c0, c1 = cols[layer, q], cols[layer, q + 1]
+        for j in range(c0, c1):
+            g[b_off[layer, q] + j - c0] = gbias[j]
+
+
+# ---------------------------------------------------------------------------------------------
+# parallel regions: one per pair and direction
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _forward_pair(threads, layer, update, nb, bs, n_pieces, dims, cols, w_off, b_off, act_off,
+                  part_off, codes, slope, w, a_in, post, pre, part, blk, kind, g, a, b, c,
+                  clip_mode, clip, total):
+    """The pair starting at ``layer`` forward, ``threads`` at a time; with ``update``, each
+    thread first applies the previous step's pending update to its own pieces' parameter
+    blocks (the only parameters its pieces read). ``layer = -1``: the update alone."""
+    if threads == 1:
+        for p in range(n_pieces):
+            if update:
+                _update_piece(p, blk, kind, w, g, a, b, c, clip_mode, clip, total)
+            if layer >= 0:
+                _forward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off,
+                               codes, slope, w, a_in, post, pre, part)
+        return
+    for t in prange(threads):
+        old = kopt.enter_ftz()  # per worker thread: the control word is thread-local
+        for p in range(t, n_pieces, threads):
+            if update:
+                _update_piece(p, blk, kind, w, g, a, b, c, clip_mode, clip, total)
+            if layer >= 0:
+                _forward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off,
+                               codes, slope, w, a_in, post, pre, part)
+        kopt.leave_ftz(old)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _backward_pair(threads, layer, nb, bs, n_pieces, dims, cols, w_off, b_off, act_off,
+                   part_off, codes, slope, w, g, a_in, post, pre, gout, part, dz, blk, sumsq, x,
+                   order, next_start, next_nb, a_next):
+    """The pair starting at ``layer`` backward; at the first pair, each piece's sum of squared
+    gradients (float64) into ``sumsq`` for the step's guard and norm clipping, and each
+    thread's share of the next batch's rows gathered into ``a_next`` (the other buffer: this
+    step's batch is still being read)."""
+    if threads == 1:
+        for p in range(n_pieces):
+            _backward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off,
+                            codes, slope, w, g, a_in, post, pre, gout, part, dz)
+            if layer == 0:
+                sumsq[p] = kopt._sum_squares(g[blk[p]:blk[p + 1]])
+        if layer == 0:
+            _gather(x, order, next_start, 0, next_nb, a_next)
+        return
+    for t in prange(threads):
+        old = kopt.enter_ftz()
+        for p in range(t, n_pieces, threads):
+            _backward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off,
+                            codes, slope, w, g, a_in, post, pre, gout, part, dz)
+            if layer == 0:
+                sumsq[p] = kopt._sum_squares(g[blk[p]:blk[p + 1]])
+        if layer == 0:
+            _gather(x, order, next_start, (t * next_nb) // threads,
+                    ((t + 1) * next_nb) // threads, a_next)
+        kopt.leave_ftz(old)
+
+
+# ---------------------------------------------------------------------------------------------
+# the epoch
+
+@njit(cache=True, error_model="numpy")
+def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, act_off,
+          part_off, codes, slope, loss_code, kind, coeffs, clip_mode, clip, w, a, b, g, a_in,
+          post, pre, gout, part, logits_buf, dz_buf):
+    """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
+
+    Per step: gather the batch; per pair, one forward region and the serial join of the ROW
+    layer's pieces; the loss (serial); per pair from the top, the serial join of the ROW
+    layer's cotangent and one backward region; the guard. The update is applied at the start
+    of the next step's first forward region (or after the loop). Buffers (flat, laid out by
+    ``fused_mlp.run_epoch``): ``a_in`` the gathered batch; ``pre``, ``post`` and ``gout`` per
+    layer (bs x width: COL layers piece by piece, ROW layers whole); ``part`` the pieces'
+    partial products (ROW layers, forward) and partial input cotangents (COL layers above the
+    first); ``logits_buf`` a lone last COL layer's output joined for the loss; ``dz_buf`` the
+    loss gradient. NaN/Inf rules: a non-finite loss returns at once (the caller restores
+    weights); a non-finite gradient skips the update (``skipped``), as the generic path does.
+    """
+    # NOTE: flush-to-zero for the whole epoch (see fastlib.kernels.optim), restored on return
+    old_fp = kopt.enter_ftz()
+    n_samples = x.shape[0]
+    n_layers = codes.shape[0]
+    n_pieces = blk.shape[0] - 1
+    last = n_layers - 1
+    bs = batch_size
+    width_in = dims[0]
+    c_out = dims[n_layers]
+    sumsq = np.zeros(n_pieces, np.float64)
+    loss_sum = 0.0
+    correct_sum = 0.0
+    skipped = 0
+    updates = 0
+    batch = 0
+    pending = False
+    total = 0.0
+    # NOTE: two batch buffers: the backward pass gathers the next batch in parallel while
+    # this batch's buffer is still in use (a serial gather was ~8% of a batch-64 MNIST epoch)
+    in_size = bs * width_in
+    _gather(x, order, 0, 0, min(bs, n_samples), a_in[:in_size])
+    for start in range(0, n_samples, bs):
+        nb = min(bs, n_samples - start)
+        step_in = a_in[(batch % 2) * in_size:(batch % 2 + 1) * in_size]
+        next_in = a_in[(1 - batch % 2) * in_size:(2 - batch % 2) * in_size]
+        next_nb = max(0, min(bs, n_samples - start - bs))
+        for layer in range(0, n_layers, 2):
+            # the pending update of the previous step uses its coefficient row, updates - 1
+            _forward_pair(threads, layer, pending and layer == 0, nb, bs, n_pieces, dims, cols,
+                          w_off, b_off, act_off, part_off, codes, slope, w, step_in, post, pre,
+                          part, blk, kind, g, a, b, coeffs[max(updates - 1, 0)], clip_mode, clip,
+                          total)
+            if layer + 1 < n_layers:
+                _join_forward(layer + 1, nb, bs, n_pieces, dims, cols, b_off, act_off,
+                              part_off, codes, slope, w, post, pre, part)
+        pending = False
+        logits = logits_buf[:nb * c_out].reshape((nb, c_out))
+        ol = act_off[last]
+        if last % 2 == 1:
+            logits[:, :] = post[ol:ol + nb * c_out].reshape((nb, c_out))
+        else:  # a lone COL layer: its pieces side by side
+            for q in range(n_pieces):
+                c0, c1 = cols[last, q], cols[last, q + 1]
+                src = post[ol + bs * c0:ol + bs * c0 + nb * (c1 - c0)].reshape((nb, c1 - c0))
+                for i in range(nb):
+                    for j in range(c0, c1):
+                        logits[i, j] = src[i, j - c0]
+        dz = dz_buf[:nb * c_out].reshape((nb, c_out))
+        loss, correct = _loss_and_grad(loss_code, logits, yi, yf, order[start:start + nb], dz)
+        if not math.isfinite(loss):
+            kopt.leave_ftz(old_fp)
+            return loss_sum, correct_sum, skipped, updates, batch, loss
+        loss_sum += loss * nb
+        correct_sum += correct
+        for layer in range(last - last % 2, -1, -2):
+            if layer + 1 < n_layers:
+                _join_backward(layer + 1, nb, bs, n_pieces, dims, cols, b_off, act_off,
+                               part_off, codes, slope, g, pre, gout, part, dz)
+            _backward_pair(threads, layer, nb, bs, n_pieces, dims, cols, w_off, b_off, act_off,
+                           part_off, codes, slope, w, g, step_in, post, pre, gout, part, dz, blk,
+                           sumsq, x, order, start + bs, next_nb, next_in)
+        # -- the guard (the rules of fastlib.training.clipping): the step is applied whole or
+        # not at all; the pieces' sums are added in piece order
+        total = 0.0
+        for p in range(n_pieces):
+            total += sumsq[p]
+        batch += 1
+        if not (math.isfinite(total) or kopt._all_finite(g)):
+            skipped += 1
+            continue
+        pending = True
+        updates += 1
+    if pending:
+        _forward_pair(threads, -1, True, 0, bs, n_pieces, dims, cols, w_off, b_off, act_off,
+                      part_off, codes, slope, w, a_in, post, pre, part, blk, kind, g, a, b,
+                      coeffs[updates - 1], clip_mode, clip, total)
+    kopt.leave_ftz(old_fp)
+    return loss_sum, correct_sum, skipped, updates, -1, 0.0
