@@ -16,9 +16,10 @@ The math is the generic path's, operation for operation: the same activation fun
 derivatives (``fastlib.kernels.scalar``, which Dense's epilogue also calls), float64
 accumulators for bias gradients and losses, the same clipping rules, and the same per-element
 optimizer rule (``fastlib.kernels.optim``) with the same coefficients
-(``Optimizer.coefficient_table``). The loss kernel is this module's own log-sum-exp form, and
-BLAS's summation order inside the matrix products may differ from NumPy's, so the two paths
-agree to rounding, not bit for bit (tested in float64). Like the optimizer kernels, the epoch
+(``Optimizer.coefficient_table``). The loss kernel is the kernels module's own log-sum-exp
+form, BLAS's summation order inside the matrix products may differ from NumPy's, and pieces add
+their partial products in piece order, so the two paths agree to rounding, not bit for bit
+(tested in float64). Like the optimizer kernels, the epoch
 runs with flush-to-zero (``fastlib.kernels.optim``'s NOTE): subnormal intermediates, which the
 generic path's NumPy code keeps, become 0 here.
 
