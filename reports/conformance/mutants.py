@@ -138,6 +138,12 @@ MUTANTS = (
            "self.hist_in, self.hist_pre, self.hist_post = x, pre, post",
            "self.hist_in = x if self.hist_in is None else self.hist_in\n"
            "        self.hist_pre, self.hist_post = pre, post", ("train",)),
+    Mutant("fused-row-bias", "the fused MLP epoch leaves out the second layer's bias",
+           "training/fused_kernels.py", "z = pre_f[i, j] + bias[j - c0]", "z = pre_f[i, j]",
+           ("train",)),
+    Mutant("fused-piece-overwrite", "the fused epoch's pieces overwrite each other's partial "
+           "products instead of adding them", "training/fused_kernels.py",
+           "dst[i, j] += src[i, j]", "dst[i, j] = src[i, j]", ("train",)),
     Mutant("lstm-cell-carry", "LSTM backward carries the cell gradient through i, not f",
            "kernels/recurrent.py", "dc_carry[b, j] = dc * gf", "dc_carry[b, j] = dc * gi",
            ("LSTM",)),

@@ -513,13 +513,15 @@ def _another_batch(case, batch, k):
     return x2, y[::-1].copy()
 
 
-def check_train_step(case, optimizer, lr, steps=2):
+def check_train_step(case, optimizer, lr, steps=2, require_fused=False):
     """fastlib's loss, gradients and ``steps`` optimizer steps against reflib's, in float64.
 
     fastlib: ``fastlib.value_and_grad`` and ``fastlib.train`` (one epoch of ``steps`` different
     batches, no shuffle: the fused path for plain MLPs, the generic loop otherwise).
     reflib: ``reflib.train.value_and_grad`` and ``train_step`` (tape gradients, ``spec``'s
-    update). Tolerance ``TRAIN_TOL`` = 1e-9 normwise with a floor at the largest gradient norm:
+    update). A fused run (plain MLPs) is repeated with the model cut into the fused epoch's
+    pieces; ``require_fused`` fails a case that does not take the fused path at all.
+    Tolerance ``TRAIN_TOL`` = 1e-9 normwise with a floor at the largest gradient norm:
     the engines share no code, each op is within a few ulps, and some gradients are 0 in exact
     arithmetic (attention's key bias) where each engine keeps its own rounding residue.
     """
@@ -550,7 +552,7 @@ def check_train_step(case, optimizer, lr, steps=2):
     n = len(case.x)
     x = np.concatenate([b[0] for b in batches])
     y = np.concatenate([b[1] for b in batches])
-    _call(result, "fastlib.train", lambda: fastlib.train(
+    run = _call(result, "fastlib.train", lambda: fastlib.train(
         model, x, y, 1, n, lr, case.loss, optimizer=optimizer, shuffle=False, verbose=False))
     state = None
     ref.load_parameters(start)
@@ -560,4 +562,22 @@ def check_train_step(case, optimizer, lr, steps=2):
     pfloor = max(float(np.linalg.norm(v)) for v in start.values())
     result.measures.append(_params_measure(f"parameters after {steps} steps",
                                            model.parameters(), ref.parameters(), pfloor))
+    if run is not None and require_fused and not run.fused:
+        result.fail("fastlib.train did not take the fused path for a plain MLP")
+    if run is not None and run.fused:
+        # the fused epoch cuts models of SPLIT_MIN_PARAMS parameters and more into pieces on
+        # their own threads; the cases are smaller, so run that layout on them too
+        from fastlib.training import fused_mlp
+
+        cut = fastlib.layers.from_config(case.config, dtype=np.float64, seed=case.seed)
+        cut.load_parameters(start)
+        saved, fused_mlp.SPLIT_MIN_PARAMS = fused_mlp.SPLIT_MIN_PARAMS, 0
+        try:
+            _call(result, "fastlib.train (fused, in pieces)", lambda: fastlib.train(
+                cut, x, y, 1, n, lr, case.loss, optimizer=optimizer, shuffle=False,
+                verbose=False))
+        finally:
+            fused_mlp.SPLIT_MIN_PARAMS = saved
+        result.measures.append(_params_measure(f"parameters after {steps} steps (in pieces)",
+                                               cut.parameters(), ref.parameters(), pfloor))
     return result

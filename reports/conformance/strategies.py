@@ -20,7 +20,7 @@ __all__ = [
     "ROW_LOSSES", "STRUCTURE", "op_case", "OpExample", "op_examples", "make_example",
     "dags", "TAPE_EXAMPLES", "build_dag", "reached", "custom_backward", "custom_value",
     "optimizer_cases",
-    "OPTIMIZER_NAMES", "LAYER_KINDS", "ModelCase", "model_cases",
+    "OPTIMIZER_NAMES", "LAYER_KINDS", "ModelCase", "model_cases", "mlp_cases",
 ]
 
 UNARY = {"neg", "exp", "log", "sqrt", "square", "abs", "relu", "leaky_relu", "silu", "gelu",
@@ -437,13 +437,47 @@ def model_cases(draw, focus=None):
     if loss == "binary_cross_entropy":   # probabilities: the last Dense ends in a sigmoid
         layers[-1]["activation"] = "sigmoid"
     out_shape = (batch, classes) if rank == 2 else (batch, seq, classes)
-    if loss == "cross_entropy":
-        y = rng.integers(0, classes, size=(batch, 1))
-    elif loss == "categorical_cross_entropy":
-        y = np.eye(classes)[rng.integers(0, classes, size=batch)]
-    elif loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits"):
-        y = rng.integers(0, 2, size=out_shape).astype(np.float64)
-    else:
-        y = rng.uniform(-1, 1, size=out_shape)
+    y = _targets(rng, loss, batch, classes, out_shape)
     return ModelCase({"type": "Sequential", "layers": layers}, x, y, loss, seed,
                      frozenset(kinds))
+
+
+def _targets(rng, loss, batch, classes, out_shape):
+    """Targets in the format ``loss`` expects, for outputs of ``out_shape``."""
+    if loss == "cross_entropy":
+        return rng.integers(0, classes, size=(batch, 1))
+    if loss == "categorical_cross_entropy":
+        return np.eye(classes)[rng.integers(0, classes, size=batch)]
+    if loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits"):
+        return rng.integers(0, 2, size=out_shape).astype(np.float64)
+    return rng.uniform(-1, 1, size=out_shape)
+
+
+# what fastlib.train runs in its whole-epoch fused path (fastlib.training.fused_mlp): a flat
+# Sequential of Dense layers with these activations, trained on these losses
+FUSED_MLP_ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid")
+FUSED_MLP_LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy",
+                    "binary_cross_entropy_with_logits")
+
+
+@st.composite
+def mlp_cases(draw):
+    """A plain MLP of 1-4 Dense layers, 1-6 wide (a width of 1 leaves a piece of the fused
+    epoch's layout empty), batches of 1-4 rows: the models the fused epoch trains."""
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    widths = [draw(st.integers(1, 5))]
+    layers = []
+    for _ in range(draw(st.integers(0, 3))):
+        widths.append(draw(st.integers(1, 6)))
+        layers.append({"type": "Dense", "in_features": widths[-2], "out_features": widths[-1],
+                       "activation": draw(st.sampled_from(FUSED_MLP_ACTIVATIONS))})
+    classes = draw(st.integers(2, 3))
+    layers.append({"type": "Dense", "in_features": widths[-1], "out_features": classes,
+                   "activation": "linear"})
+    batch = draw(st.integers(1, 4))
+    loss = draw(st.sampled_from(FUSED_MLP_LOSSES))
+    x = rng.uniform(-2, 2, size=(batch, widths[0]))
+    y = _targets(rng, loss, batch, classes, (batch, classes))
+    return ModelCase({"type": "Sequential", "layers": layers}, x, y, loss, seed,
+                     frozenset(("Dense", "Sequential")))

@@ -18,7 +18,7 @@ import spec
 from reports.conformance import algorithms, bounds, engines, oracle, properties
 from reports.conformance.special_values import CATEGORIES, special_cases
 from reports.conformance.strategies import (LAYER_KINDS, OPTIMIZER_NAMES, dags, make_example,
-                                            model_cases, optimizer_cases)
+                                            mlp_cases, model_cases, optimizer_cases)
 
 
 @pytest.mark.parametrize("engine, dtype", [("reflib", np.float64), ("fastlib", np.float32),
@@ -68,6 +68,28 @@ def test_training_step_matches_reflib(kind, data, optimizer, lr):
     assert kind in model.kinds
     result = properties.check_train_step(model, optimizer, lr)
     assert result.ok, result.describe()
+
+
+@settings(max_examples=10)
+@given(model=mlp_cases(), optimizer=st.sampled_from(OPTIMIZER_NAMES),
+       lr=st.sampled_from([0.01, 0.1]))
+def test_fused_mlp_training_matches_reflib_whole_and_in_pieces(model, optimizer, lr):
+    result = properties.check_train_step(model, optimizer, lr, require_fused=True)
+    assert result.ok, result.describe()
+    assert any("in pieces" in m.what for m in result.measures)
+
+
+def test_the_fused_mlp_row_fails_a_model_the_fused_path_refuses():
+    from reports.conformance.strategies import ModelCase
+
+    gelu = ModelCase({"type": "Sequential", "layers": [
+        {"type": "Dense", "in_features": 2, "out_features": 3, "activation": "gelu"},
+        {"type": "Dense", "in_features": 3, "out_features": 2, "activation": "linear"}]},
+        np.array([[0.5, -1.0], [1.5, 0.25]]), np.array([[0], [1]]), "cross_entropy", 0,
+        frozenset(("Dense", "Sequential")))
+    result = properties.check_train_step(gelu, "sgd", 0.1, require_fused=True)
+    assert not result.ok and "did not take the fused path" in result.describe()
+    assert properties.check_train_step(gelu, "sgd", 0.1).ok
 
 
 @pytest.mark.parametrize("engine", ["fastlib", "reflib"])
