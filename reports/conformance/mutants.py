@@ -94,9 +94,12 @@ MUTANTS = (
            '"""mean over rows of -log_softmax(logits)[n, target[n]]; grads (grad_logits, None)."""'
            "\n    n = logits.size", ("cross_entropy",)),
     # -- accuracy ---------------------------------------------------------------------------------
-    Mutant("f32-accumulation", "float32 accumulation over a long strided reduction",
-           "kernels/reduce.py", "        blk = np.empty(width)\n",
-           "        blk = np.empty(width, x.dtype)\n", ("sum", "mean")),
+    Mutant("f32-accumulation", "float32 accumulation over a long strided reduction (one "
+           "running sum in the input's dtype)", "kernels/reduce.py",
+           "    if kind == \"middle\":\n        return _sum_middle(arr, serial=serial)"
+           ".reshape(kept)\n",
+           "    if kind == \"middle\":\n        return np.cumsum(arr, axis=1, dtype=arr.dtype)"
+           "[:, -1].astype(np.float64).reshape(kept)\n", ("sum", "mean")),
     Mutant("softmax-no-shift", "softmax without the max shift (exp overflows at logits 1e4)",
            "kernels/norm.py",
            "        m = _row_max(v)\n        for j in range(d):\n"
