@@ -8,6 +8,12 @@ summation order); the original arrays for the flat layout's round trip.
 """
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -186,3 +192,28 @@ def test_resume_in_pieces_is_bit_for_bit(split, tmp_path):
     fastlib.train(resumed, x, y, 4, 3, 0.01, "cross_entropy", resume=ck, **kw)
     for k, v in full.parameters().items():
         assert np.array_equal(resumed.parameters()[k], v), k
+
+
+def test_the_epoch_leaves_no_flush_to_zero_in_the_worker_threads():
+    """A fresh process whose first parallel region is a fused epoch in pieces: the worker
+    threads that region creates must not keep the epoch's flush-to-zero / denormals-are-zero
+    mode, or every later parallel kernel reads subnormals as 0 (log(1.4e-45) = -inf)."""
+    script = textwrap.dedent("""
+        import numpy as np, fastlib
+        from fastlib import config
+        from fastlib.training import fused_mlp
+        fused_mlp.SPLIT_MIN_PARAMS, config.THREADS = 0, 2
+        rng = np.random.default_rng(0)
+        m = fastlib.Sequential([fastlib.Dense(5, 6, "relu"), fastlib.Dense(6, 3)], seed=0)
+        fastlib.train(m, rng.standard_normal((8, 5)), rng.integers(0, 3, (8, 1)), 1, 4, 0.1,
+                      "cross_entropy", verbose=False)
+        # a parallel elementwise kernel (400005 elements: several chunks) on a subnormal
+        tiny = np.full(400005, np.float32(1.4e-45))
+        out = np.asarray(fastlib.forward("log", [tiny]))
+        print(int(np.sum(~np.isfinite(out))))
+    """)
+    env = {**os.environ, "VERIGRAD_ADAPTIVE_THREADS": "0"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, cwd=pathlib.Path(__file__).parents[1], timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[-1] == "0", run.stdout

@@ -375,12 +375,14 @@ def _forward_pair(threads, layer, update, nb, bs, n_pieces, dims, cols, w_off, b
     thread first applies the previous step's pending update to its own pieces' parameter
     blocks (the only parameters its pieces read). ``layer = -1``: the update alone."""
     if threads == 1:
+        old = kopt.enter_ftz()
         for p in range(n_pieces):
             if update:
                 _update_piece(p, blk, kind, w, g, a, b, c, clip_mode, clip, total)
             if layer >= 0:
                 _forward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off,
                                codes, slope, w, a_in, post, pre, part)
+        kopt.leave_ftz(old)
         return
     for t in prange(threads):
         old = kopt.enter_ftz()  # per worker thread: the control word is thread-local
@@ -402,6 +404,7 @@ def _backward_pair(threads, layer, nb, bs, n_pieces, dims, cols, w_off, b_off, a
     thread's share of the next batch's rows gathered into ``a_next`` (the other buffer: this
     step's batch is still being read)."""
     if threads == 1:
+        old = kopt.enter_ftz()
         for p in range(n_pieces):
             _backward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off,
                             codes, slope, w, g, a_in, post, pre, gout, part, dz)
@@ -409,6 +412,7 @@ def _backward_pair(threads, layer, nb, bs, n_pieces, dims, cols, w_off, b_off, a
                 sumsq[p] = kopt._sum_squares(g[blk[p]:blk[p + 1]])
         if layer == 0:
             _gather(x, order, next_start, 0, next_nb, a_next)
+        kopt.leave_ftz(old)
         return
     for t in prange(threads):
         old = kopt.enter_ftz()
@@ -443,7 +447,11 @@ def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, 
     loss gradient. NaN/Inf rules: a non-finite loss returns at once (the caller restores
     weights); a non-finite gradient skips the update (``skipped``), as the generic path does.
     """
-    # NOTE: flush-to-zero for the whole epoch (see fastlib.kernels.optim), restored on return
+    # NOTE: flush-to-zero (see fastlib.kernels.optim) for the serial parts of the epoch, and
+    # inside every region for each thread. The regions are launched with the caller's control
+    # word restored: a worker thread that a launch creates inherits the launching thread's
+    # MXCSR, and a pool started under FTZ/DAZ kept it for every later parallel kernel of the
+    # process (a parallel float32 log then read subnormal inputs as 0 and returned -inf).
     old_fp = kopt.enter_ftz()
     n_samples = x.shape[0]
     n_layers = codes.shape[0]
@@ -471,10 +479,12 @@ def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, 
         next_nb = max(0, min(bs, n_samples - start - bs))
         for layer in range(0, n_layers, 2):
             # the pending update of the previous step uses its coefficient row, updates - 1
+            kopt.leave_ftz(old_fp)
             _forward_pair(threads, layer, pending and layer == 0, nb, bs, n_pieces, dims, cols,
                           w_off, b_off, act_off, part_off, codes, slope, w, step_in, post, pre,
                           part, blk, kind, g, a, b, coeffs[max(updates - 1, 0)], clip_mode, clip,
                           total)
+            kopt.enter_ftz()
             if layer + 1 < n_layers:
                 _join_forward(layer + 1, nb, bs, n_pieces, dims, cols, b_off, act_off,
                               part_off, codes, slope, w, post, pre, part)
@@ -501,9 +511,11 @@ def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, 
             if layer + 1 < n_layers:
                 _join_backward(layer + 1, nb, bs, n_pieces, dims, cols, b_off, act_off,
                                part_off, codes, slope, g, pre, gout, part, dz)
+            kopt.leave_ftz(old_fp)
             _backward_pair(threads, layer, nb, bs, n_pieces, dims, cols, w_off, b_off, act_off,
                            part_off, codes, slope, w, g, step_in, post, pre, gout, part, dz, blk,
                            sumsq, x, order, start + bs, next_nb, next_in)
+            kopt.enter_ftz()
         # -- the guard (the rules of fastlib.training.clipping): the step is applied whole or
         # not at all; the pieces' sums are added in piece order
         total = 0.0
@@ -515,9 +527,9 @@ def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, 
             continue
         pending = True
         updates += 1
+    kopt.leave_ftz(old_fp)
     if pending:
         _forward_pair(threads, -1, True, 0, bs, n_pieces, dims, cols, w_off, b_off, act_off,
                       part_off, codes, slope, w, a_in, post, pre, part, blk, kind, g, a, b,
                       coeffs[updates - 1], clip_mode, clip, total)
-    kopt.leave_ftz(old_fp)
     return loss_sum, correct_sum, skipped, updates, -1, 0.0
