@@ -489,11 +489,11 @@ def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, 
                 _join_forward(layer + 1, nb, bs, n_pieces, dims, cols, b_off, act_off,
                               part_off, codes, slope, w, post, pre, part)
         pending = False
-        logits = logits_buf[:nb * c_out].reshape((nb, c_out))
         ol = act_off[last]
-        if last % 2 == 1:
-            logits[:, :] = post[ol:ol + nb * c_out].reshape((nb, c_out))
+        if last % 2 == 1:  # a ROW layer's output is already whole
+            logits = post[ol:ol + nb * c_out].reshape((nb, c_out))
         else:  # a lone COL layer: its pieces side by side
+            logits = logits_buf[:nb * c_out].reshape((nb, c_out))
             for q in range(n_pieces):
                 c0, c1 = cols[last, q], cols[last, q + 1]
                 src = post[ol + bs * c0:ol + bs * c0 + nb * (c1 - c0)].reshape((nb, c1 - c0))
