@@ -1,10 +1,15 @@
 """Error bounds per op family: how far from exact an engine's answer may be, entry by entry.
 
 Every bound is an *admissible error vector* ``A`` in units of the dtype's eps (eps32 = 2**-23,
-eps64 = 2**-52), shaped like the array it bounds: the engine passes when
-``||got - exact||_2 <= eps * ||A||_2`` (plus an underflow allowance, ``oracle.measure``).
-A norm of per-entry bounds, as PyTorch's OpInfo tolerances are per-op ``atol`` / ``rtol`` pairs,
-but derived from the op's conditioning on the input at hand rather than fixed. ``u = eps/2`` is
+eps64 = 2**-52), shaped like the array it bounds. Every element is held to its own bound
+(:func:`entrywise`, the one rule the conformance rows and the accuracy report share):
+
+    |got_i - exact_i| <= eps * A_i + tiny
+
+with ``tiny`` the dtype's smallest normal number (an engine may flush a subnormal result to
+zero), never a floor scaled by the array's largest entry: a small entry is not drowned by a
+large one beside it. Per-element bounds, as PyTorch's OpInfo tolerances are per-op ``atol`` /
+``rtol`` pairs, but derived from the op's conditioning on the input at hand rather than fixed. ``u = eps/2`` is
 the unit roundoff. ``P(m) = (min(m, 128) + ceil(log2 m)) / 2`` is the blocked-pairwise
 summation constant (0 for m = 1: a single term is exact), the standard an engine's sums must
 meet: NumPy's and PyTorch's pairwise sums and fastlib's float64 accumulation do; recursive
@@ -55,7 +60,8 @@ import math
 
 import numpy as np
 
-__all__ = ["admissible", "pairwise", "K_TRANSCENDENTAL", "FAMILIES", "family_of"]
+__all__ = ["admissible", "pairwise", "K_TRANSCENDENTAL", "FAMILIES", "family_of", "entrywise",
+           "underflow_floor", "ulp"]
 
 K_TRANSCENDENTAL = 8.0
 
@@ -330,3 +336,61 @@ def admissible(name, inputs, grad, params, exact_out, exact_grads):
              for a, e in zip(grads, exact_grads)]
     return np.nan_to_num(np.broadcast_to(out, np.shape(exact_out)),
                          posinf=np.finfo(float).max), grads
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-element rule
+
+
+def underflow_floor(dtype):
+    """The absolute floor of every bound: the dtype's smallest normal number.
+
+    Differences below it are not counted, so an engine that flushes subnormal results to zero
+    (FTZ) passes; nothing else is absorbed (1.2e-38 in float32, 2.2e-308 in float64).
+    """
+    return float(np.finfo(np.dtype(dtype)).tiny)
+
+
+def ulp(x, dtype):
+    """The spacing of ``dtype`` at ``|x|`` (elementwise; the subnormal spacing at 0)."""
+    info = np.finfo(np.dtype(dtype))
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    _, e = np.frexp(np.where(np.isfinite(x), x, 1.0))
+    exponent = np.maximum(np.where(x == 0, info.minexp, e - 1), info.minexp)
+    return np.where(np.isfinite(x), np.ldexp(1.0, exponent - info.nmant), np.inf)
+
+
+def entrywise(got, hi, lo, admissible_eps, dtype):
+    """The per-element verdict: each element against its own bound.
+
+    Parameters
+    ----------
+    got : array_like
+        The engine's values (any float dtype; read as float64, exactly).
+    hi, lo : ndarray
+        The exact values as a double-double pair (``lo`` may be 0).
+    admissible_eps : ndarray
+        ``A``: each element's admissible error in units of the dtype's eps.
+    dtype : numpy dtype
+        The dtype the engine computed in (sets eps and the underflow floor).
+
+    Returns
+    -------
+    (ndarray, ndarray, ndarray)
+        ``error`` (absolute, inf where ``got`` is not finite but the exact value is),
+        ``allowed`` (absolute: ``eps * A + tiny``) and ``ok`` (``error <= allowed``).
+    """
+    dtype = np.dtype(dtype)
+    eps = float(np.finfo(dtype).eps)
+    g = np.asarray(got, dtype=np.float64)
+    hi = np.asarray(hi, dtype=np.float64)
+    lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), hi.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        error = np.abs((g - hi) - lo)
+        same = (g == hi) | (np.isnan(g) & np.isnan(hi))   # an exact inf or NaN matched
+        # an exact value beyond the dtype's largest number rounds to ±inf (or stops at ±max)
+        big = float(np.finfo(dtype).max)
+        overflow = (np.abs(hi) > big) & (np.sign(g) == np.sign(hi)) & (np.abs(g) >= big)
+        error = np.where(same | overflow, 0.0, np.where(np.isnan(error), np.inf, error))
+        allowed = eps * np.asarray(admissible_eps, dtype=np.float64) + underflow_floor(dtype)
+    return error, allowed, error <= allowed
