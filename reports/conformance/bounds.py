@@ -236,7 +236,9 @@ def _lse_family(name, x, g, p_, y, G):
         return np.asarray(out), [f * ag * (p + onehot) / N, None]
     at = np.abs(t)
     logp = z - lse
-    terms = np.sum(at * (np.abs(d) + np.abs(lse - m)))
+    # NOTE: z - lse rounds lse = m + log(s) relative to |m| first (as the class-index form's
+    # |m| term says): with a dominant logit the loss (~1e-17) is far below u |m|
+    terms = np.sum(at * (np.abs(d) + np.abs(lse - m) + np.abs(m)))
     out = (6 + float(np.max(w)) + pairwise(C) + pairwise(N * C)) * (np.abs(y) + terms / N)
     grad_z = f * ag * (p * np.sum(at, axis=-1, keepdims=True) + at) / N
     grad_t = (4 + w + pairwise(C)) * ag * (np.abs(logp) + 1) / N

@@ -33,7 +33,7 @@ import numpy as np
 from reports.conformance import bounds as _bounds
 from reports.conformance import oracle as _oracle
 
-__all__ = ["Result", "check_call", "check_jvp", "check_unsupported", "check_optimizer",
+__all__ = ["Result", "check_call", "check_jvp", "check_nonfinite", "check_unsupported", "check_optimizer",
            "check_tape_laws", "check_train_step", "TAPE_ENGINES"]
 
 
@@ -399,6 +399,75 @@ def check_jvp(engine, ex, direction_seed=0):
                                    "" if ok else f"<t, J^T c> = {engine_side!r} but <J t, c> = "
                                                  f"{exact_side!r}"))
     return result
+
+
+def check_nonfinite(engine, ex):
+    """The contract for NaN and ±inf inputs of an elementwise op (docs/CONTRACTS.md).
+
+    An engine either rejects the call with a ``ValueError`` (or ``FloatingPointError``) whose
+    message names the problem, or propagates elementwise: NaN in, NaN out at that element; ±inf
+    in, the op's limit out (``special_values.LIMITS``; NaN accepted only where the formula is
+    an indeterminate form); the finite entries beside them are held to their own bounds, in
+    the forward and in the VJP (a NaN must not leak into its neighbours).
+    """
+    from reports.conformance.special_values import LIMITS, NAN_ALLOWED
+
+    result = Result()
+    dtype = np.dtype(ex.dtype)
+    x = np.asarray(ex.inputs[0])
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = engine.forward(ex.name, [x], **ex.params)
+            grads = engine.vjp(ex.name, [x], ex.grad, **ex.params)
+    except (ValueError, FloatingPointError) as exc:
+        result.conventions.append(f"rejects non-finite inputs ({type(exc).__name__})")
+        return result
+    except Exception as exc:
+        return result.fail(f"non-finite input: {type(exc).__name__}: {exc} (reject it with a "
+                           f"ValueError naming the input, or propagate it)")
+    out = np.asarray(out, np.float64)
+    g = np.asarray(grads[0], np.float64)
+    if out.shape != x.shape or g.shape != x.shape:
+        return result.fail(f"non-finite input: shapes {out.shape}, {g.shape}; expected "
+                           f"{x.shape}")
+    up, down = LIMITS[ex.name]
+    for i, v in enumerate(x.astype(np.float64)):
+        if np.isnan(v):
+            if not np.isnan(out[i]):
+                result.fail(f"{ex.name}(nan) = {out[i]!r}: a NaN input must give NaN")
+        elif np.isinf(v):
+            want = up if v > 0 else down
+            sign = 1 if v > 0 else -1
+            if np.isnan(out[i]) and (ex.name, sign) in NAN_ALLOWED:
+                continue
+            if not (out[i] == want and np.signbit(out[i]) == np.signbit(want)
+                    or (want == 0 and out[i] == 0)):
+                result.fail(f"{ex.name}({v}) = {out[i]!r}; the limit is {want!r}")
+    finite = np.isfinite(x.astype(np.float64))
+    sub = OpExample_like(ex, x[finite], np.asarray(ex.grad)[finite])
+    checked = check_call(engine, sub)
+    for m in checked.measures:
+        from dataclasses import replace
+
+        result.measures.append(replace(m, what=f"{m.what} (finite entries beside NaN and inf)"))
+    if not np.allclose(np.asarray(engine.forward(ex.name, [x[finite]], **ex.params),
+                                  np.float64), out[finite], rtol=0, atol=0, equal_nan=True):
+        result.fail(f"{ex.name}: the finite entries' outputs change when NaN and inf stand "
+                    f"beside them (a non-finite value leaks into its neighbours)")
+    if not np.array_equal(np.asarray(engine.vjp(ex.name, [x[finite]], sub.grad, **ex.params)[0],
+                                     np.float64), g[finite], equal_nan=True):
+        result.fail(f"{ex.name}: the finite entries' VJP changes when NaN and inf stand beside "
+                    f"them (a non-finite value leaks into its neighbours)")
+    return result
+
+
+def OpExample_like(ex, x, grad):  # noqa: N802 - reads as the constructor it wraps
+    """``ex`` with input ``x`` and cotangent ``grad`` (same op, params and dtype)."""
+    from reports.conformance.strategies import OpExample
+
+    return OpExample(ex.name, (np.asarray(x),), np.asarray(grad), dict(ex.params), ex.seed,
+                     False, ex.label)
 
 
 def check_unsupported(engine, name):

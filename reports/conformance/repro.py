@@ -62,6 +62,14 @@ def special(engine, ex, index, kinks=None):
             + "print(result.describe().replace('; ', '\\n') or result)\n")
 
 
+def nonfinite(engine, ex):
+    """A snippet that checks the non-finite contract on ``ex``'s op."""
+    return (_HEADER + "from reports.conformance.special_values import nonfinite_cases\n"
+            + _engine_line(engine)
+            + f"ex = nonfinite_cases({ex.name!r}, np.{np.dtype(ex.dtype).name})[0]\n"
+            + "print(ex.inputs, properties.check_nonfinite(engine, ex))\n")
+
+
 def optimizer(engine, case, dtype, steps):
     """A snippet that replays an optimizer trajectory check."""
     name, shape, seed, hyper = case

@@ -216,11 +216,20 @@ def _annotate(out, conventions, skipped):
     """Add the kink conventions found and the skipped inputs to a row's detail."""
     extra = []
     if conventions:
-        extra.append("engine's kink convention: " + "; ".join(conventions))
+        extra.append("convention: " + "; ".join(conventions))
     if skipped:
         extra.append("not checked (declared by the engine): " + "; ".join(skipped))
     if extra:
         out.detail = "; ".join(([out.detail] if out.detail else []) + extra)
+
+
+def _case_key(case, index):
+    """A special case's label, with its value when it is a single one (``saturation -80.0``)."""
+    label = getattr(case, "label", "") or f"case {index}"
+    inputs = getattr(case, "inputs", ())
+    if len(inputs) == 1 and np.size(inputs[0]) == 1:
+        label += f" x = {np.asarray(inputs[0]).item()!r}"
+    return label
 
 
 def run_cases(cases, check, reproduce=None):
@@ -235,7 +244,7 @@ def run_cases(cases, check, reproduce=None):
     conventions, skipped = [], []
     for index, case in enumerate(cases):
         out.examples += 1
-        label = getattr(case, "label", "") or f"case {index}"
+        label = _case_key(case, index)
         try:
             result = check(case)
         except Exception as exc:
@@ -312,8 +321,19 @@ def _op_rows(engine, ref, dtypes, ops, kinks=None):
 
             def special_row(profile, seed, name=name, dtype=dtype):
                 cases = special_values.special_cases(name, dtype)
-                return run_cases(cases, lambda ex: properties.check_call(engine, ex, mode),
-                                 lambda i, ex: repro.special(ref, ex, i, kinks=mode))
+                n = len(cases)
+                cases += special_values.nonfinite_cases(name, dtype)
+
+                def check(ex):
+                    if ex.label == "non-finite":
+                        return properties.check_nonfinite(engine, ex)
+                    return properties.check_call(engine, ex, mode)
+
+                def reproduce(i, ex):
+                    if ex.label == "non-finite":
+                        return repro.nonfinite(ref, ex)
+                    return repro.special(ref, ex, i, kinks=mode)
+                return run_cases(cases, check, reproduce)
 
             rows += [Row("exact", name, engine.name, dt, exact_row, kinks=flag),
                      Row("jvp", name, engine.name, dt, jvp_row, kinks=flag),
