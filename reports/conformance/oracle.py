@@ -216,7 +216,7 @@ def measure(what, got, exact, admissible, dtype, magnitude=0.0):
     if hi.size == 0:
         return Measure(what, 0.0, 0.0, True, size=0)
     error, allowed, ok = entrywise(g64, hi, lo, admissible, dtype)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = np.where(error == 0, 0.0, error / allowed)
     flat = int(np.argmax(np.where(np.isnan(ratio), np.inf, ratio).reshape(-1)))
     if not np.any(error):
