@@ -108,3 +108,26 @@ def test_an_entry_far_smaller_than_the_rest_keeps_its_own_bound():
     _, allowed, ok = bounds.entrywise(np.array([1e300, 0.0]), np.array([1e300, 1e-150]),
                                       np.zeros(2), np.array([4e300, 4e-150]), np.float64)
     assert not ok[1] and allowed[1] < 1e-160
+
+
+def test_accuracy_report_and_conformance_judge_by_the_same_rule():
+    """``verigrad report``'s ``beyond_bound`` and ``verigrad conform`` agree on the same
+    cases: the report counts the elements ``bounds.entrywise`` rejects."""
+    from reports import accuracy as A
+    from reports.conformance import engines, properties
+    from reports.conformance.strategies import OpExample
+
+    config = A.Config(samples=3, ops=("matmul",), dtypes=("float64",), fd_steps=(),
+                      sources=("uniform", "special"))
+    planted, clean = P.MatmulOneEntryOff(), engines.get_engine("fastlib")
+    res = A.measure_op("matmul", [planted, clean], config)
+    rows = {r["engine"]: r for r in res["rows"] if r["kind"] == "engine"}
+    assert rows["fastlib"]["beyond_bound"] == 0
+    assert rows[planted.name]["beyond_bound"] > 0
+    table_cases = A.draw_cases("matmul", 3, A.op_rng(0, "matmul"), ("uniform",))
+    verdicts = []
+    for case in table_cases:
+        ex = OpExample("matmul", tuple(case.inputs), case.grad, dict(case.params))
+        verdicts.append(properties.check_call(planted, ex).ok)
+    big = [c for c in table_cases if c.inputs[0].size >= 8]
+    assert big and not all(verdicts)
