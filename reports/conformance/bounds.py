@@ -20,9 +20,10 @@ VJP, g the cotangent, x the input):
 
 - copies (neg abs relu identity transpose reshape concat slice): 0 and 0, bit-exact.
 - leaky_relu square sqrt: ``|y|`` (one rounding) and ``|G|`` (sqrt: ``2|G|``).
-- add sub mul div maximum: ``|y|`` (correctly rounded; maximum 0) and ``c |g ∂|`` summed back
-  over the broadcast axes plus ``P(m)`` times the summed magnitudes (m the broadcast count;
-  c = 0 for add, sub, maximum; 1 for mul and div's a; 2 for div's b).
+- add sub mul div maximum: ``|y| / 2`` (rounded once: half an ulp; maximum 0) and ``c |g ∂|``
+  summed back over the broadcast axes plus ``P(m)`` times the summed magnitudes (m the
+  broadcast count; c = 0 for add, sub, maximum; 1/2 for mul and div's a, one rounding each;
+  2 for div's b).
 - exp: ``K (1 + |x|) |y|`` (exp's condition number is |x|) and ``K (1 + |x|) |G|``.
 - log: ``K (|y| + 1)`` (an absolute u near x = 1) and ``K |G|``.
 - tanh sigmoid softplus: ``K (|y| + |x f'(x)|)`` (backward stable) and ``K (|G| + D |g|)``,
@@ -148,16 +149,19 @@ def _arithmetic(name, x, g, p, y, G):
                 "mul": (np.abs(ab[1]), np.abs(ab[0]), 1.0, 1.0)}
     if name == "div":
         da, db = 1 / np.abs(ab[1]), np.abs(ab[0]) / ab[1] ** 2
-        ca, cb = 1.0, 2.0
+        ca, cb = 0.5, 2.0
     else:
         da, db, ca, cb = partials[name]
+        if name == "mul":
+            ca = cb = 0.5       # g * b, g * a: each term rounded once
     grads = []
     for d, c, xi in ((da, ca, a), (db, cb, b)):
         terms = np.abs(g) * d
         m = int(np.prod(out_shape, dtype=np.int64)) // max(int(np.size(xi)), 1)
         grads.append((c + pairwise(m)) * _sum_to_shape(terms, np.shape(xi)))
-    # NOTE: maximum selects one argument: its value is copied, never rounded.
-    return (np.zeros(out_shape) if name == "maximum" else np.abs(y)), grads
+    # NOTE: maximum selects one argument: its value is copied, never rounded. The others are
+    # IEEE operations, correctly rounded: half an ulp (u = eps / 2), not a whole one.
+    return (np.zeros(out_shape) if name == "maximum" else 0.5 * np.abs(y)), grads
 
 
 def _transcendental(name, x, g, p, y, G):
