@@ -378,8 +378,8 @@ def check_jvp(engine, ex, direction_seed=0):
             return result.fail(f"vjp returned a non-finite value {g64[i]} at index {list(i)} "
                                f"where the exact value is {e[0][i]!r}")
         terms.extend(np.where(beyond, 0.0, t * np.where(beyond, 0.0, g64)).reshape(-1).tolist())
-        allowed += float(np.sum(np.abs(t) * a))
-        ref += float(np.sum(np.abs(t * e[0])))
+        allowed += float(np.sum(np.where(beyond, 0.0, np.abs(t) * a)))
+        ref += float(np.sum(np.abs(t * np.where(beyond, 0.0, e[0]))))
     engine_side = math.fsum(terms)
     exact_side = _jvp_exact(ex, directions, scale=top if edges and top > 0 else 1.0)
     if not math.isfinite(exact_side):
