@@ -161,3 +161,31 @@ def test_special_cases_are_representable_and_deterministic():
     assert huge == [float(np.float32(-1e15))], "exp(1e15) overflows float32: left out"
     long_sum = [ex for ex in special_cases("sum", np.float32) if ex.label == "long reduction"]
     assert long_sum and long_sum[0].inputs[0].size == 4096
+
+
+def test_nonfinite_contract_catches_wrong_limits_and_leaks():
+    """Oracle: the limits of docs/CONTRACTS.md written out by hand (sigmoid(-inf) = 0)."""
+    from reports.conformance.special_values import nonfinite_cases
+
+    class WrongLimit(engines.FastlibEngine):
+        name = "wrong-limit"
+
+        def _forward(self, name, inputs, **params):
+            out = super()._forward(name, inputs, **params)
+            return np.where(np.isneginf(inputs[0]), 1.0, out).astype(out.dtype)
+
+    class Leaky(engines.FastlibEngine):
+        name = "leaky"
+
+        def _vjp(self, name, inputs, grad, **params):
+            (g,) = super()._vjp(name, inputs, grad, **params)
+            return (g * np.where(np.any(np.isnan(inputs[0])), np.nan, 1.0).astype(g.dtype),)
+
+    (ex,) = nonfinite_cases("sigmoid", np.float64)
+    assert properties.check_nonfinite(engines.get_engine("fastlib"), ex).ok
+    bad = properties.check_nonfinite(WrongLimit(), ex)
+    assert not bad.ok and "the limit is 0.0" in bad.describe()
+    leak = properties.check_nonfinite(Leaky(), ex)
+    assert not leak.ok and "leaks" in leak.describe()
+    ref = properties.check_nonfinite(engines.get_engine("reflib"), ex)
+    assert ref.ok and ref.conventions == ["rejects non-finite inputs (ValueError)"]
