@@ -10,8 +10,10 @@ divergence, ``algorithms``), and ``completeness`` (every op implemented, or decl
 and raising). Every row of a subject draws the same examples for every engine (one seed per
 run), so exact values are computed once.
 
-A failing row is shrunk by Hypothesis to a minimal case, kept as a ready-to-paste Python
-reproduction and as a ``verigrad conform`` command line.
+A failing op row keeps searching: every example runs, and up to ``MAX_FAILURES`` failures of
+different forms (``strategies.case_form``; a special case's label and value) are reported, the
+smallest kept as a ready-to-paste Python reproduction; other rows are shrunk by Hypothesis to a
+minimal case. Every failure also gets the ``verigrad conform`` command line that finds it again.
 """
 from __future__ import annotations
 
