@@ -160,13 +160,12 @@ def spacing(x, fmt):
     """The ULP of ``fmt`` at |x|: 2**(max(floor(log2|x|), emin) - p + 1), elementwise.
 
     ``x`` is a float64 array (the exact values, rounded); zero and subnormals get the
-    subnormal spacing. Infinite entries give inf.
+    subnormal spacing. Infinite entries give inf. The conformance suite's ``bounds.ulp``:
+    one definition for both.
     """
-    p, emin = FORMATS[fmt]
-    x = np.abs(np.asarray(x, dtype=np.float64))
-    _, e = np.frexp(np.where(np.isfinite(x), x, 1.0))
-    exponent = np.where(x == 0, emin, np.maximum(e - 1, emin))
-    return np.where(np.isfinite(x), np.ldexp(1.0, exponent - p + 1), np.inf)
+    from reports.conformance.bounds import ulp
+
+    return ulp(x, np.dtype(fmt))
 
 
 def _as_f32_values(a):
@@ -319,6 +318,9 @@ class ExactTable:
     applies: dict                 # dtype -> bool per element: its case is measured in dtype
     exact: list                   # mpf values (for the worst-element details)
     rejected: list = field(default_factory=list)   # (source, reason) of cases spec rejected
+    # each element's admissible error in eps units: the conformance suite's bound
+    # (reports.conformance.bounds.admissible), judged by the same rule (bounds.entrywise)
+    admissible: np.ndarray = None
 
     @property
     def size(self):
@@ -553,7 +555,11 @@ def exact_table(name, cases):
     op = spec.OPS[name]
     diff = tuple(k for k, n in enumerate(op.inputs) if op.vjp.get(n) is not None)
     kept, slices = [], []
-    cols = {key: [] for key in ("hi", "lo", "kappa", "magnitude", "source", "case") + DTYPES}
+    from reports.conformance import bounds as conform_bounds
+    from reports.conformance.oracle import exact_vjp
+
+    cols = {key: [] for key in ("hi", "lo", "kappa", "magnitude", "source", "case",
+                                "admissible") + DTYPES}
     exact_values, rejected = [], []
     offset = 0
     with mpmath.workdps(DPS + 10):
@@ -565,6 +571,10 @@ def exact_table(name, cases):
                 continue
             exact = [None if p is None else _as_mpf(*p) for p in pairs]
             kappa = _condition_numbers(op, case, exact)
+            out_hi = exact_vjp(name, case.inputs, case.grad, case.params).out[0]
+            _, a_grads = conform_bounds.admissible(name, case.inputs, case.grad, case.params,
+                                                   out_hi, [None if p is None else p[0]
+                                                            for p in pairs])
             ci = len(kept)
             kept.append(case)
             where = {}
@@ -576,6 +586,7 @@ def exact_table(name, cases):
                 cols["lo"].append(lo)
                 exact_values.extend(exact[k].reshape(-1))
                 cols["kappa"].append(kappa[k].reshape(-1))
+                cols["admissible"].append(np.asarray(a_grads[k], np.float64).reshape(-1))
                 cols["magnitude"].append(np.abs(case.inputs[k]).reshape(-1).astype(np.float64))
                 cols["source"].append(np.full(hi.size, case.source, dtype=object))
                 cols["case"].append(np.full(hi.size, ci, dtype=np.int64))
@@ -589,7 +600,7 @@ def exact_table(name, cases):
         magnitude=joined["magnitude"], source=joined["source"].astype(object),
         case_index=joined["case"].astype(np.int64),
         applies={d: joined[d].astype(bool) for d in DTYPES},
-        exact=exact_values, rejected=rejected)
+        exact=exact_values, rejected=rejected, admissible=joined["admissible"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -873,8 +884,16 @@ def summarize(table, values, dtype, state=None):
     well = inc & (table.kappa <= KAPPA_WELL)
     applies = table.applies[dtype]
     floor_in_range = np.isfinite(table.floor(dtype)) & applies
+    beyond = 0
+    if table.admissible is not None and idx.size:
+        from reports.conformance.bounds import entrywise
+
+        _, _, within = entrywise(values[idx], table.hi[idx], table.lo[idx],
+                                 table.admissible[idx], dtype)
+        beyond = int(np.sum(~within))
     return {
         "n": int(idx.size),
+        "beyond_bound": beyond,
         "out_of_range": int(np.sum(applies & ~np.isfinite(table.floor(dtype)))),
         "undefined": int(np.sum(floor_in_range & (state == UNDEFINED))),
         "nonfinite": int(np.sum(err["nonfinite"] & inc)),

@@ -77,6 +77,9 @@ ROW = obj(
     },
     {
         "n": {**COUNT, "description": "elements measured (VJP entries of all cases)"},
+        "beyond_bound": {**COUNT, "description": "elements beyond the conformance suite's own "
+                                                 "bound (bounds.entrywise: the rule of "
+                                                 "verigrad conform)"},
         "out_of_range": {**COUNT, "description": "elements whose exact value overflows the "
                                                  "dtype (not measured)"},
         "undefined": {**COUNT, "description": "elements without a value (a raising case, or "

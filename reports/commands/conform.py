@@ -45,6 +45,12 @@ def add_arguments(parser):
                              "the mutant run to reach a mutant's likely failure sooner)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar")
+    parser.add_argument("--kinks", choices=("strict", "subgradient"), default=None,
+                        help="at a kink (relu'(0), a tie of maximum): strict = the registry's "
+                             "conventions (default for reflib and fastlib); subgradient = any "
+                             "member of the Clarke subdifferential passes and is reported as "
+                             "the engine's convention (default for other engines). A value "
+                             "outside the subdifferential fails in both modes")
 
 
 def format_table(headers, rows):
@@ -110,7 +116,7 @@ def proof_rows(results, kind, full_shapes=False):
 
 
 PROOF_HEADERS = ("kind", "name", "method", "cases tried", "seconds", "result")
-ROW_HEADERS = ("check", "name", "engine", "dtype", "examples", "max error (eps)", "bound (eps)",
+ROW_HEADERS = ("check", "name", "engine", "dtype", "examples", "worst error", "its bound",
                "status")
 
 
@@ -159,15 +165,29 @@ def _fmt(x):
     return f"{x:.3g}"
 
 
+def _with_unit(x, unit):
+    if unit == "abs":
+        return "0" if x == 0 else ("inf" if math.isinf(x) else f"{x:.3g} abs")
+    text = _fmt(x)
+    return text if text in ("-", "0") else f"{text} {unit or 'eps'}"
+
+
 def row_cells(row):
-    """The table cells of one runner row."""
+    """The table cells of one runner row.
+
+    The error and bound are those of the worst element: in ULPs of its exact value
+    (``ulp``), as absolute numbers where the exact value is 0 (``abs``), or in eps relative
+    to the array (``eps``: the normwise checks of optimizers, training and the JVP identity).
+    """
     r = row.result
     measured = r.status in ("pass", "FAIL") and (r.error or r.bound)
     status = r.status if r.status != "unsupported" else f"unsupported: {r.detail}"
     if r.status == "pass" and r.detail:
         status = f"pass ({r.detail})"
+    unit = getattr(r, "unit", "")
     return (row.kind, row.name, row.engine, row.dtype, r.examples,
-            _fmt(r.error) if measured else "-", _fmt(r.bound) if measured else "-", status)
+            _with_unit(r.error, unit) if measured else "-",
+            _with_unit(r.bound, unit) if measured else "-", status)
 
 
 def _engine_names(requested):
@@ -199,7 +219,8 @@ def run_engines(args, out=None):
     profile = PROFILES[args.profile]
     names = _engine_names(args.engine)
     try:
-        rows, statuses = plan_rows(names, ops=args.ops, dtype=args.dtype)
+        rows, statuses = plan_rows(names, ops=args.ops, dtype=args.dtype,
+                                   kink_mode=getattr(args, "kinks", None))
     except (_engines.UnknownEngineError, TypeError) as exc:
         print(f"verigrad conform: {exc}", file=sys.stderr)
         return [], [], 2
@@ -225,12 +246,13 @@ def run_engines(args, out=None):
               file=out)
     failed = [r for r in done if r.result.status in ("FAIL", "error")]
     for row in failed:
-        print(f"\nFAILED: {row.label()}\n  {row.result.detail.strip()}", file=out)
+        detail = "\n".join("  " + line for line in row.result.detail.strip().splitlines())
+        print(f"\nFAILED: {row.label()}\n{detail}", file=out)
         if row.result.reproduction:
-            print("  reproduce (Python):\n" + "\n".join(
-                "    " + line for line in row.result.reproduction.rstrip().splitlines()),
-                file=out)
-        print(f"  reproduce (command): {row.result.command}", file=out)
+            # NOTE: not indented, so that it pastes into python as printed
+            print("reproduce (Python, paste as is):\n" + row.result.reproduction.rstrip()
+                  + "\n# end of reproduction", file=out)
+        print(f"reproduce (command): {row.result.command}", file=out)
     explicit = [s for s in statuses if not s.available and args.engine and s.name in args.engine]
     code = 1 if failed or (explicit and len(explicit) == len(statuses)) else 0
     return done, statuses, code

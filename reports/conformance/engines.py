@@ -12,6 +12,9 @@ must raise :class:`UnsupportedOpError` (a ``NotImplementedError``) from ``forwar
 optimizers: ``supports_optimizer(name) -> (bool, reason)`` and
 ``optimizer_step(name, w, g, state, t, **hyper) -> (w_new, state_new)`` (one update in the
 engine form of ``spec.engine_step``; state keyed by spec's names: ``v``, ``G``, ``E``, ``m``).
+An engine may also declare inputs of an op it gives no gradient for, with the reason:
+``no_gradient = {"categorical_cross_entropy": {"target": "labels take no gradient here"}}``;
+its VJP may return None there, and the op's other inputs are still checked.
 
 Built-in engines (``ENGINES``): ``reflib`` (float64), ``fastlib`` (CPU, float32/float64),
 ``fastlib-cuda`` (unavailable, with the reason, where there is no GPU or simulator),
@@ -96,6 +99,7 @@ class Engine:
     unsupported: dict = {}
     optimizers: tuple = ()
     optimizer_reasons: dict = {}
+    no_gradient: dict = {}       # {op: {input: reason}}: inputs without a gradient here
 
     # -- coverage -----------------------------------------------------------------------------
     def supports(self, op):

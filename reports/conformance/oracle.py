@@ -149,12 +149,14 @@ def norm(x):
 
 @dataclass(frozen=True)
 class Measure:
-    """One array's error against exact, in units of the dtype's eps.
+    """One array's error against exact, judged element by element (``bounds.entrywise``).
 
-    ``error`` is ``||got - exact||_2 / (eps * ref)`` and ``bound`` is
-    ``||A||_2 / ref`` (plus the underflow allowance), with ``ref = max(||exact||_2, tiny)`` and
-    ``A`` the admissible error of each entry in eps units (``bounds``); ``ok`` is
-    ``error <= bound``. ``what`` says which array (``"output"``, ``"d/dx"``).
+    The figures are those of the *worst* element (largest error / allowed ratio): ``error`` and
+    ``bound`` in ULPs of the exact value there (``unit == "ulp"``), or, where the exact value is
+    0, the absolute error and the absolute bound (``unit == "abs"``: a relative measure of an
+    exact zero means nothing). ``index``, ``got`` and ``exact`` say which element and what the
+    engine and the oracle gave; ``abs_error`` / ``abs_bound`` are the same element's absolute
+    figures, ``failing`` how many elements exceed their bound, ``ok`` whether none does.
     """
 
     what: str
@@ -162,27 +164,47 @@ class Measure:
     bound: float
     ok: bool
     note: str = ""
+    unit: str = "eps"         # "ulp", "abs" (entrywise measures) or "eps" (normwise ones)
+    index: tuple = None
+    got: float = None
+    exact: float = None
+    abs_error: float = None
+    abs_bound: float = None
+    failing: int = 0
+    size: int = 0
+    where: str = ""
+
+    def element(self):
+        """``"d/dx[1, 0]: engine 0.5, exact 0.2689414213699951, error 1.1e+15 ulp > bound 24 ulp"``."""
+        idx = "" if self.index is None else "[" + ", ".join(str(i) for i in self.index) + "]"
+        if self.unit == "abs":
+            err = f"absolute error {self.abs_error:.3g} > bound {self.abs_bound:.3g} (exact 0)"
+        else:
+            err = f"error {_fmt_count(self.error)} ulp > bound {_fmt_count(self.bound)} ulp"
+        if self.ok:
+            err = err.replace(" > ", " <= ")
+        many = f" ({self.failing} of {self.size} elements out of bound)" if self.failing > 1 \
+            else ""
+        at = f" at {self.where}" if self.where else ""
+        return (f"{self.what}{idx}{at}: engine {self.got!r}, exact {self.exact!r}, {err}{many}")
 
 
-RESIDUE = 1e-45
+def _fmt_count(x):
+    return "inf" if not math.isfinite(x) else (f"{x:.3g}" if x < 1e6 else f"{x:.2e}")
 
 
 def measure(what, got, exact, admissible, dtype, magnitude=0.0):
-    """Compare ``got`` with ``exact`` (``(hi, lo)``) under per-entry ``admissible`` error.
+    """Compare ``got`` with ``exact`` (``(hi, lo)``) element by element.
 
-    NOTE (underflow): differences below the dtype's smallest normal number ``tiny`` per entry
-    are not counted, so an engine that flushes subnormal results to zero passes; every other
-    difference counts in full.
-    NOTE (oracle residue): an exact 0 computed through intermediate values of size M (a
-    one-class cross-entropy: z - logsumexp(z)) comes out of mpmath as ~1e-51 M, the rounding of
-    the 70-digit working precision. Differences below ``RESIDUE * M`` per entry (``magnitude``
-    = M, the largest input or cotangent entry) are not counted: 1e-45 M is 29 orders below
-    eps64 relative to the inputs.
+    Each element must be within its own bound (``bounds.entrywise``: ``eps * A_i`` plus the
+    dtype's underflow floor, never a floor scaled by another entry). The returned
+    :class:`Measure` describes the worst element. ``magnitude`` is accepted for compatibility
+    and unused.
     """
+    from reports.conformance.bounds import entrywise, ulp
+
     dtype = np.dtype(dtype)
     hi, lo = exact
-    eps = float(np.finfo(dtype).eps)
-    tiny = float(np.finfo(dtype).tiny)
     got = np.asarray(got)
     if got.shape != hi.shape:
         return Measure(what, math.inf, 0.0, False,
@@ -191,17 +213,27 @@ def measure(what, got, exact, admissible, dtype, magnitude=0.0):
         return Measure(what, math.inf, 0.0, False,
                        f"{what}: dtype {got.dtype}, expected {dtype} (the inputs' dtype)")
     g64 = got.astype(np.float64)
-    if not np.all(np.isfinite(g64)):
-        idx = tuple(int(i) for i in np.argwhere(~np.isfinite(g64))[0])
-        return Measure(what, math.inf, 0.0, False,
-                       f"{what}: non-finite value {g64[idx]} at index {list(idx)} where the "
-                       f"exact value is {hi[idx]!r}")
-    diff = (g64 - hi) - lo
-    n = max(hi.size, 1)
-    num = norm(diff)
-    allowed = norm(admissible)
-    floor = (tiny + RESIDUE * magnitude) * math.sqrt(n)
-    ref = max(norm(hi), tiny)
-    error = num / (eps * ref)
-    bound = (allowed * eps + floor) / (eps * ref)
-    return Measure(what, error, bound, num <= allowed * eps + floor)
+    if hi.size == 0:
+        return Measure(what, 0.0, 0.0, True, size=0)
+    error, allowed, ok = entrywise(g64, hi, lo, admissible, dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = np.where(error == 0, 0.0, error / allowed)
+    flat = int(np.argmax(np.where(np.isnan(ratio), np.inf, ratio).reshape(-1)))
+    if not np.any(error):
+        flat = 0
+    idx = tuple(int(i) for i in np.unravel_index(flat, hi.shape))
+    e, a, h = float(error[idx]), float(allowed[idx]), float(hi[idx])
+    if h == 0.0 or not math.isfinite(h):
+        unit, err_u, bound_u = "abs", e, a
+    else:
+        step = float(ulp(h, dtype))
+        unit, err_u, bound_u = "ulp", e / step, a / step
+    failing = int(np.sum(~ok))
+    m = Measure(what, err_u, bound_u, failing == 0, "", unit, idx, float(g64[idx]), h, e, a,
+                failing, int(hi.size))
+    if not m.ok and not math.isfinite(float(g64[idx])):
+        m = Measure(what, math.inf, bound_u, False,
+                    f"{what}: non-finite value {float(g64[idx])} at index {list(idx)} where "
+                    f"the exact value is {h!r}", unit, idx, float(g64[idx]), h, e, a, failing,
+                    int(hi.size))
+    return m

@@ -33,7 +33,7 @@ import numpy as np
 from reports.conformance import bounds as _bounds
 from reports.conformance import oracle as _oracle
 
-__all__ = ["Result", "check_call", "check_jvp", "check_unsupported", "check_optimizer",
+__all__ = ["Result", "check_call", "check_jvp", "check_nonfinite", "check_unsupported", "check_optimizer",
            "check_tape_laws", "check_train_step", "TAPE_ENGINES"]
 
 
@@ -64,20 +64,30 @@ class Result:
         self.notes.append(note)
         return self
 
+    conventions: list = field(default_factory=list)   # kink conventions found (passing)
+    skipped: list = field(default_factory=list)       # inputs the engine declares gradient-free
+
     def describe(self):
-        """One line per failing measure or note."""
+        """One line per failing measure or note: the worst element, its values and bound."""
         lines = list(self.notes)
         for m in self.measures:
             if not m.ok:
-                lines.append(m.note or
-                             f"{m.what}: error {m.error:.4g} eps > bound {m.bound:.4g} eps")
+                if getattr(m, "index", None) is not None and not m.note:
+                    lines.append(m.element())
+                else:
+                    lines.append(m.note or f"{m.what}: error {m.error:.4g} > bound "
+                                           f"{m.bound:.4g}")
         return "; ".join(lines)
 
     def __repr__(self):
         w = self.worst
         head = "ok" if self.ok else "FAIL: " + self.describe()
-        tail = "" if w is None else f" (worst {w.what}: {w.error:.3g} eps, bound {w.bound:.3g})"
-        return f"<Result {head}{tail}>"
+        if self.ok and w is not None and getattr(w, "index", None) is not None:
+            tail = f" (worst element {w.element()})"
+        else:
+            tail = "" if w is None else f" (worst {w.what}: {w.error:.3g}, bound {w.bound:.3g})"
+        extra = "".join(f"; convention {c}" for c in self.conventions)
+        return f"<Result {head}{tail}{extra}>"
 
 
 def _differentiable(name):
@@ -102,18 +112,67 @@ def _call(result, what, fn):
         return None
 
 
-def check_call(engine, ex):
+def declared_no_gradient(engine, name):
+    """``{input: reason}``: inputs of op ``name`` the engine declares without a gradient.
+
+    Read from the engine's optional ``no_gradient`` attribute (``{op: {input: reason}}``, see
+    docs/engines.md). Those inputs' VJPs are not measured (the engine may return None for
+    them); every other input still is.
+    """
+    declared = getattr(engine, "no_gradient", None) or {}
+    return dict(declared.get(name, {}))
+
+
+def _value_at(x, shape, index):
+    """``x``'s entry that lands on ``index`` of an array of ``shape`` (or a short summary)."""
+    x = np.asarray(x)
+    if x.ndim == 0:
+        return x.item()
+    if x.ndim <= len(shape):
+        try:
+            return np.broadcast_to(x, shape)[index].item()
+        except ValueError:
+            pass
+    flat = x.reshape(-1)
+    if flat.size <= 6:
+        return flat.tolist()
+    return f"<shape {x.shape}>"
+
+
+def _where(ex, shape, index):
+    """The inputs (and cotangent) at one element of an array of ``shape``, as text."""
+    import spec
+
+    names = list(spec.OPS[ex.name].inputs)
+    parts = [f"{n} = {_value_at(x, shape, index)!r}" for n, x in zip(names, ex.inputs)]
+    parts.append(f"grad = {_value_at(ex.grad, shape, index)!r}")
+    return ", ".join(parts)
+
+
+def check_call(engine, ex, kinks="strict"):
     """Forward and every VJP of ``engine`` on the call ``ex`` against the exact values.
+
+    Every element is held to its own bound (``bounds.entrywise``). At a kink (``kinks``
+    module) the registry's convention is required under ``kinks="strict"``; under
+    ``"subgradient"`` any member of the Clarke subdifferential passes and is recorded as the
+    engine's convention. A kink element outside the subdifferential fails in both modes.
+    Inputs the engine declares without a gradient (:func:`declared_no_gradient`) are not
+    measured and are listed in ``Result.skipped``.
 
     Parameters
     ----------
     engine : engine (``engines.get_engine``)
     ex : strategies.OpExample
+    kinks : {"strict", "subgradient"}
 
     Returns
     -------
     Result
     """
+    from dataclasses import replace
+
+    from reports.conformance import kinks as _kinks
+
     result = Result()
     dtype = np.dtype(ex.dtype)
     exact = _oracle.exact_vjp(ex.name, ex.inputs, ex.grad, ex.params)
@@ -121,12 +180,11 @@ def check_call(engine, ex):
     a_out, a_grads = _bounds.admissible(ex.name, inputs64, _oracle.as_float64(ex.grad),
                                         ex.params, exact.out[0],
                                         [None if g is None else g[0] for g in exact.grads])
-    magnitude = max([float(np.max(np.abs(x))) for x in inputs64 + [_oracle.as_float64(ex.grad)]
-                     if np.size(x)] + [0.0])
     out = _call(result, "forward", lambda: engine.forward(ex.name, list(ex.inputs), **ex.params))
     if out is not None:
-        result.measures.append(_oracle.measure("output", out, exact.out, a_out, dtype,
-                                               magnitude))
+        m = _oracle.measure("output", out, exact.out, a_out, dtype)
+        result.measures.append(replace(m, where=_where(ex, np.shape(exact.out[0]), m.index))
+                               if m.index is not None else m)
     grads = _call(result, "vjp", lambda: engine.vjp(ex.name, list(ex.inputs), ex.grad,
                                                      **ex.params))
     if grads is None:
@@ -138,28 +196,101 @@ def check_call(engine, ex):
     if len(grads) != len(names):
         return result.fail(f"vjp returned {len(grads)} gradients for {len(names)} inputs "
                            f"({', '.join(names)})")
-    for iname, g, e, a in zip(names, grads, exact.grads, a_grads):
+    skip = declared_no_gradient(engine, ex.name)
+    measured = {}
+    for k, (iname, g, e, a) in enumerate(zip(names, grads, exact.grads, a_grads)):
         if e is None:
             if g is not None:
                 result.fail(f"vjp returned an array for {iname!r}, which is not "
                             f"differentiable (class indices): expected None")
             continue
-        if g is None:
-            result.fail(f"vjp returned None for the differentiable input {iname!r}")
+        if iname in skip:
+            result.skipped.append(f"d/d{iname}: {skip[iname]}")
             continue
-        result.measures.append(_oracle.measure(f"d/d{iname}", g, e, a, dtype, magnitude))
+        if g is None:
+            result.fail(f"vjp returned None for the differentiable input {iname!r} (declare "
+                        f"it in the engine's no_gradient, with a reason, if it has none)")
+            continue
+        measured[k] = (iname, g, e, a)
+    verdict = None
+    if spec.OPS[ex.name].kinks and measured:
+        eps = float(np.finfo(dtype).eps)
+        floor = _bounds.underflow_floor(dtype)
+        views = [np.asarray(measured[k][1], np.float64) if k in measured else None
+                 for k in range(len(names))]
+        shaped = all(v is None or v.shape == np.shape(measured[k][2][0])
+                     for k, v in enumerate(views))
+        if shaped:
+            tol = [None if k not in measured else eps * np.asarray(measured[k][3]) + floor
+                   for k in range(len(names))]
+            verdict = _kinks.judge(ex, views, tol)
+    for k, (iname, g, e, a) in measured.items():
+        m = _oracle.measure(f"d/d{iname}", g, e, a, dtype)
+        if verdict is not None and k in verdict.accepted and not m.ok and not m.note:
+            m = _kink_measure(m, g, e, a, dtype, verdict, k, kinks, ex)
+        if m.index is not None:
+            m = replace(m, where=_where(ex, np.shape(e[0]), m.index))
+        result.measures.append(m)
+    if verdict is not None:
+        if verdict.outside:
+            result.fail(verdict.outside)
+        elif verdict.convention and kinks == "subgradient":
+            result.conventions.append(verdict.convention)
     return result
 
 
-def _jvp_exact(ex, directions, h_digits=20):
-    """<J t, c> by central differences of the spec's forward at 50 digits (see module doc)."""
+def _kink_measure(m, g, e, a, dtype, verdict, k, mode, ex):
+    """Re-judge a VJP whose failing elements may be kink elements (``kinks`` module)."""
+    from dataclasses import replace
+
+    from reports.conformance.bounds import entrywise
+
+    accepted = np.asarray(verdict.accepted[k])
+    _, _, ok = entrywise(np.asarray(g, np.float64), e[0], e[1], a, dtype)
+    rest_ok = bool(np.all(ok | accepted))
+    if not rest_ok:
+        return m                    # an element off the kinks fails anyway: report it as is
+    if mode == "subgradient":
+        # the valid subgradients pass; every other element keeps its own bound
+        return _oracle.measure(m.what, g, e, np.where(accepted, np.inf, a), dtype)
+    if verdict.outside:
+        return m
+    convention = verdict.convention or "another member of the subdifferential"
+    return replace(m, note=(f"{m.what}: {convention} at a kink: a valid subgradient (inside the "
+                            f"Clarke subdifferential) but not the registry's convention "
+                            f"({_registry_convention(ex.name)}); --kinks subgradient accepts "
+                            f"it as the engine's convention"))
+
+
+def _registry_convention(name):
+    import spec
+
+    return "; ".join(k.convention for k in spec.OPS[name].kinks)
+
+
+def _jvp_exact(ex, directions, h_digits=20, scale=1.0):
+    """<J t, c> by central differences of the spec's forward at 50 digits (see module doc).
+
+    The step is ``10**-h_digits * scale``: ``scale`` is the inputs' largest magnitude for edge
+    draws (whose directions are normalised by it), so the step stays relative to the inputs.
+    """
     import mpmath
 
     differentiable = _differentiable(ex.name)
 
+    # NOTE: a relative step of 1e-20 at an input of size s moves an output of size F by
+    # ~1e-20 s f'; with F up to max(scale, 1) (exp(1e-70) ~ 1; logsumexp of 1e182 and 1e-62)
+    # the working precision grows by log10(max(scale, 1) / s) digits so none is lost
+    extra = 0
+    if scale != 1.0 or getattr(ex, "edges", False):
+        smallest = min([float(np.min(np.abs(t[t != 0]))) for t in directions
+                        if t is not None and np.any(t != 0)] + [1.0])
+        decades = math.log10(max(scale, 1.0)) - math.log10(smallest) - math.log10(scale)
+        extra = min(max(0, math.ceil(decades)), 800)
+
     def compute():
-        with mpmath.workdps(_oracle.DPS + 20):
-            h = mpmath.mpf(10) ** (-h_digits)
+        with mpmath.workdps(_oracle.DPS + 20 + extra):
+            h = mpmath.mpf(10) ** (-h_digits) * mpmath.mpf(float(scale))
             sides = []
             for sign in (1, -1):
                 args = []
@@ -167,40 +298,68 @@ def _jvp_exact(ex, directions, h_digits=20):
                     if not d:
                         args.append(np.asarray(x).astype(np.int64))
                         continue
-                    x64, t64 = np.asarray(x, np.float64), np.asarray(t, np.float64)
+                    x64 = np.asarray(x, np.float64)
+                    t64 = np.zeros_like(x64) if t is None else np.asarray(t, np.float64)
                     arr = np.empty(x64.shape, dtype=object)
                     arr.reshape(-1)[:] = [mpmath.mpf(float(a)) + sign * h * mpmath.mpf(float(b))
                                           for a, b in zip(x64.reshape(-1), t64.reshape(-1))]
                     args.append(arr)
-                sides.append(_oracle.exact_forward_at(ex.name, args, ex.params))
+                sides.append(_oracle.exact_forward_at(ex.name, args, ex.params,
+                                                      dps=_oracle.DPS + extra))
             c = np.asarray(ex.grad, np.float64).reshape(-1)
             diff = np.asarray(sides[0] - sides[1], dtype=object).reshape(-1)
             total = mpmath.fsum(mpmath.mpf(float(ci)) * di for ci, di in zip(c, diff)) / (2 * h)
             return float(total)
 
     return _oracle.cached("jvp", ex.name, list(ex.inputs) + [ex.grad] + list(
-        t for t in directions if t is not None), ex.params, compute)
+        t for t in directions if t is not None) + ([np.asarray(float(scale))]
+                                                  if scale != 1.0 else []), ex.params, compute)
 
 
 def check_jvp(engine, ex, direction_seed=0):
     """``<t, Jᵀ c>`` from the engine's VJP against ``<J t, c>`` of the exact forward.
 
     The direction ``t`` is standard normal (one per differentiable input, from
-    ``direction_seed``); the bound is ``Σ |t| A`` with ``A`` the admissible VJP errors, so this
-    holds whenever the VJPs are within their own bounds, and fails when a VJP is not the
-    derivative of the forward (a missing term, a wrong sign, a transposed gradient).
+    ``direction_seed``), scaled entry by entry to the input's magnitude for edge draws (so a
+    step of 1e-20 is relative wherever the input lies in the dtype's range); the bound is
+    ``Σ |t| A`` with ``A`` the admissible VJP errors, so this holds whenever the VJPs are
+    within their own bounds, and fails when a VJP is not the derivative of the forward (a
+    missing term, a wrong sign, a transposed gradient). Inputs the engine declares without a
+    gradient get no direction.
     """
+    import spec
+
     result = Result()
     dtype = np.dtype(ex.dtype)
     rng = np.random.default_rng(direction_seed)
     differentiable = _differentiable(ex.name)
-    directions = [rng.standard_normal(np.shape(x)) if d else None
-                  for x, d in zip(ex.inputs, differentiable)]
+    skip = declared_no_gradient(engine, ex.name)
+    names = spec.OPS[ex.name].inputs
+    directions = []
+    edges = getattr(ex, "edges", False)
+    exact = _oracle.exact_vjp(ex.name, ex.inputs, ex.grad, ex.params)
+    big = float(np.finfo(dtype).max)
+    top = max([float(np.max(np.abs(np.asarray(x, np.float64)))) for x, d in
+               zip(ex.inputs, differentiable) if d and np.size(x)] + [0.0])
+    domains = spec.OPS[ex.name].domains
+    for x, d, iname, e in zip(ex.inputs, differentiable, names, exact.grads):
+        t = rng.standard_normal(np.shape(x)) if d else None
+        if t is not None and edges and top > 0:
+            # NOTE: t_i ∝ |x_i| / max|x| (the distance to 0 or 1 for probabilities): a relative
+            # step at every entry, and no overflow of t * g at 1e300
+            x64 = np.asarray(x, np.float64)
+            room = np.abs(x64)
+            if domains[iname] in ("unit_open", "unit_closed"):
+                room = np.minimum(room, np.abs(1.0 - x64))
+            t = t * (room / top)
+        if t is not None and e is not None:
+            t = np.where(np.abs(e[0]) > big, 0.0, t)   # a VJP beyond the dtype: not measured
+        directions.append(None if iname in skip else t)
+    result.skipped.extend(f"d/d{n}: {skip[n]}" for n in names if n in skip)
     grads = _call(result, "vjp", lambda: engine.vjp(ex.name, list(ex.inputs), ex.grad,
                                                      **ex.params))
     if grads is None:
         return result
-    exact = _oracle.exact_vjp(ex.name, ex.inputs, ex.grad, ex.params)
     inputs64 = [_oracle.as_float64(x) for x in ex.inputs]
     _, a_grads = _bounds.admissible(ex.name, inputs64, _oracle.as_float64(ex.grad), ex.params,
                                     exact.out[0],
@@ -213,13 +372,18 @@ def check_jvp(engine, ex, direction_seed=0):
             return result.fail(f"vjp returned {None if g is None else np.shape(g)} where an "
                                f"array of shape {np.shape(t)} was expected")
         g64 = np.asarray(g, np.float64)
-        if not np.all(np.isfinite(g64)):
-            return result.fail("vjp returned a non-finite value")
-        terms.extend((t * g64).reshape(-1).tolist())
-        allowed += float(np.sum(np.abs(t) * a))
-        ref += float(np.sum(np.abs(t * e[0])))
+        beyond = np.abs(e[0]) > big
+        if not np.all(np.isfinite(g64) | beyond):
+            i = tuple(int(k) for k in np.argwhere(~(np.isfinite(g64) | beyond))[0])
+            return result.fail(f"vjp returned a non-finite value {g64[i]} at index {list(i)} "
+                               f"where the exact value is {e[0][i]!r}")
+        terms.extend(np.where(beyond, 0.0, t * np.where(beyond, 0.0, g64)).reshape(-1).tolist())
+        allowed += float(np.sum(np.where(beyond, 0.0, np.abs(t) * a)))
+        ref += float(np.sum(np.abs(t * np.where(beyond, 0.0, e[0]))))
     engine_side = math.fsum(terms)
-    exact_side = _jvp_exact(ex, directions)
+    exact_side = _jvp_exact(ex, directions, scale=top if edges and top > 0 else 1.0)
+    if not math.isfinite(exact_side):
+        return result.fail(f"<J t, c> is {exact_side} (an input outside the dtype's range?)")
     eps = float(np.finfo(dtype).eps)
     tiny = float(np.finfo(dtype).tiny)
     diff = abs(engine_side - exact_side)
@@ -235,6 +399,75 @@ def check_jvp(engine, ex, direction_seed=0):
                                    "" if ok else f"<t, J^T c> = {engine_side!r} but <J t, c> = "
                                                  f"{exact_side!r}"))
     return result
+
+
+def check_nonfinite(engine, ex):
+    """The contract for NaN and ±inf inputs of an elementwise op (docs/CONTRACTS.md).
+
+    An engine either rejects the call with a ``ValueError`` (or ``FloatingPointError``) whose
+    message names the problem, or propagates elementwise: NaN in, NaN out at that element; ±inf
+    in, the op's limit out (``special_values.LIMITS``; NaN accepted only where the formula is
+    an indeterminate form); the finite entries beside them are held to their own bounds, in
+    the forward and in the VJP (a NaN must not leak into its neighbours).
+    """
+    from reports.conformance.special_values import LIMITS, NAN_ALLOWED
+
+    result = Result()
+    dtype = np.dtype(ex.dtype)
+    x = np.asarray(ex.inputs[0])
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = engine.forward(ex.name, [x], **ex.params)
+            grads = engine.vjp(ex.name, [x], ex.grad, **ex.params)
+    except (ValueError, FloatingPointError) as exc:
+        result.conventions.append(f"rejects non-finite inputs ({type(exc).__name__})")
+        return result
+    except Exception as exc:
+        return result.fail(f"non-finite input: {type(exc).__name__}: {exc} (reject it with a "
+                           f"ValueError naming the input, or propagate it)")
+    out = np.asarray(out, np.float64)
+    g = np.asarray(grads[0], np.float64)
+    if out.shape != x.shape or g.shape != x.shape:
+        return result.fail(f"non-finite input: shapes {out.shape}, {g.shape}; expected "
+                           f"{x.shape}")
+    up, down = LIMITS[ex.name]
+    for i, v in enumerate(x.astype(np.float64)):
+        if np.isnan(v):
+            if not np.isnan(out[i]):
+                result.fail(f"{ex.name}(nan) = {out[i]!r}: a NaN input must give NaN")
+        elif np.isinf(v):
+            want = up if v > 0 else down
+            sign = 1 if v > 0 else -1
+            if np.isnan(out[i]) and (ex.name, sign) in NAN_ALLOWED:
+                continue
+            if not (out[i] == want and np.signbit(out[i]) == np.signbit(want)
+                    or (want == 0 and out[i] == 0)):
+                result.fail(f"{ex.name}({v}) = {out[i]!r}; the limit is {want!r}")
+    finite = np.isfinite(x.astype(np.float64))
+    sub = OpExample_like(ex, x[finite], np.asarray(ex.grad)[finite])
+    checked = check_call(engine, sub)
+    for m in checked.measures:
+        from dataclasses import replace
+
+        result.measures.append(replace(m, what=f"{m.what} (finite entries beside NaN and inf)"))
+    if not np.allclose(np.asarray(engine.forward(ex.name, [x[finite]], **ex.params),
+                                  np.float64), out[finite], rtol=0, atol=0, equal_nan=True):
+        result.fail(f"{ex.name}: the finite entries' outputs change when NaN and inf stand "
+                    f"beside them (a non-finite value leaks into its neighbours)")
+    if not np.array_equal(np.asarray(engine.vjp(ex.name, [x[finite]], sub.grad, **ex.params)[0],
+                                     np.float64), g[finite], equal_nan=True):
+        result.fail(f"{ex.name}: the finite entries' VJP changes when NaN and inf stand beside "
+                    f"them (a non-finite value leaks into its neighbours)")
+    return result
+
+
+def OpExample_like(ex, x, grad):  # noqa: N802 - reads as the constructor it wraps
+    """``ex`` with input ``x`` and cotangent ``grad`` (same op, params and dtype)."""
+    from reports.conformance.strategies import OpExample
+
+    return OpExample(ex.name, (np.asarray(x),), np.asarray(grad), dict(ex.params), ex.seed,
+                     False, ex.label)
 
 
 def check_unsupported(engine, name):

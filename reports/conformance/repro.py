@@ -15,6 +15,8 @@ def literal(x):
         dtype = x.dtype.name
         body = repr(x.tolist()) if x.dtype.kind != "f" else repr(
             np.asarray(x, np.float64).tolist())
+        if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+            body = body.replace("nan", "float('nan')").replace("inf", "float('inf')")
         return f"np.array({body}, dtype=np.{dtype})"
     if isinstance(x, (list, tuple)):
         inner = ", ".join(literal(v) for v in x)
@@ -32,24 +34,40 @@ def _engine_line(engine):
     return f"engine = engines.get_engine({engine!r})\n"
 
 
-def op_call(engine, ex, check, seed=None):
-    """A snippet that rebuilds the op call ``ex`` and runs ``properties.<check>`` on it."""
+def op_call(engine, ex, check, seed=None, kinks=None):
+    """A snippet that rebuilds the op call ``ex``, runs ``properties.<check>`` on it and prints
+    the worst element of each failing array (index, inputs there, engine value, exact value,
+    error and bound)."""
     extra = "" if seed is None else f", {seed}"
+    if kinks is not None and check == "check_call":
+        extra += f", {kinks!r}"
     return (_HEADER + "from reports.conformance.strategies import OpExample\n"
             + _engine_line(engine)
             + f"ex = OpExample({ex.name!r}, {literal(tuple(ex.inputs))},\n"
-              f"               {literal(ex.grad)}, {literal(ex.params)})\n"
-            + f"print(properties.{check}(engine, ex{extra}))\n"
-            + "print(engine.forward(ex.name, list(ex.inputs), **ex.params))\n")
+              f"               {literal(ex.grad)}, {literal(ex.params)}, "
+              f"edges={bool(getattr(ex, 'edges', False))})\n"
+            + f"result = properties.{check}(engine, ex{extra})\n"
+            + "print(result.describe().replace('; ', '\\n') or result)\n")
 
 
-def special(engine, ex, index):
+def special(engine, ex, index, kinks=None):
     """A snippet that picks special-values case ``index`` of ``ex``'s op and checks it."""
+    extra = "" if kinks is None else f", {kinks!r}"
     return (_HEADER + "from reports.conformance.special_values import special_cases\n"
             + _engine_line(engine)
             + f"ex = special_cases({ex.name!r}, np.{np.dtype(ex.dtype).name})[{index}]"
               f"   # {ex.label}\n"
-            + "print(ex)\nprint(properties.check_call(engine, ex))\n")
+            + f"result = properties.check_call(engine, ex{extra})\n"
+            + "print(ex.label, ex.inputs)\n"
+            + "print(result.describe().replace('; ', '\\n') or result)\n")
+
+
+def nonfinite(engine, ex):
+    """A snippet that checks the non-finite contract on ``ex``'s op."""
+    return (_HEADER + "from reports.conformance.special_values import nonfinite_cases\n"
+            + _engine_line(engine)
+            + f"ex = nonfinite_cases({ex.name!r}, np.{np.dtype(ex.dtype).name})[0]\n"
+            + "print(ex.inputs, properties.check_nonfinite(engine, ex))\n")
 
 
 def optimizer(engine, case, dtype, steps):

@@ -10,8 +10,10 @@ divergence, ``algorithms``), and ``completeness`` (every op implemented, or decl
 and raising). Every row of a subject draws the same examples for every engine (one seed per
 run), so exact values are computed once.
 
-A failing row is shrunk by Hypothesis to a minimal case, kept as a ready-to-paste Python
-reproduction and as a ``verigrad conform`` command line.
+A failing op row keeps searching: every example runs, and up to ``MAX_FAILURES`` failures of
+different forms (``strategies.case_form``; a special case's label and value) are reported, the
+smallest kept as a ready-to-paste Python reproduction; other rows are shrunk by Hypothesis to a
+minimal case. Every failure also gets the ``verigrad conform`` command line that finds it again.
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ class RowResult:
     reproduction: str = ""
     command: str = ""
     seconds: float = 0.0
+    unit: str = ""            # of error and bound: "ulp" (worst element), "abs" (exact 0), ""
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Row:
     run: Callable = field(repr=False, default=None)   # (profile, seed) -> RowResult
     result: RowResult = None
     engine_ref: str = ""     # how the engine was asked for (a plugin's module:Class)
+    kinks: str = ""          # the --kinks mode asked for ("" = the engine's default)
 
     def label(self):
         return f"{self.kind} {self.name} [{self.engine} {self.dtype}]"
@@ -107,18 +111,41 @@ def _ratio(measure):
     return math.inf if measure.bound == 0 else measure.error / measure.bound
 
 
-def run_property(strategy, check, max_examples, seed, reproduce=None, examples=()):
+MAX_FAILURES = 3   # distinct failures a row reports (by case form or special-values label)
+
+
+def _case_size(case):
+    try:
+        return sum(int(np.size(x)) for x in case.inputs)
+    except AttributeError:
+        return 0
+
+
+def _distinct_detail(failures):
+    """One paragraph per distinct failure: its form and what failed."""
+    return "\n".join(f"[{key}] {detail}" for key, (_, _, detail) in failures.items())
+
+
+def run_property(strategy, check, max_examples, seed, reproduce=None, examples=(),
+                 distinct=None):
     """Run ``check(case) -> properties.Result`` over ``strategy`` with Hypothesis.
 
     ``examples`` are cases run first, as given (Hypothesis's explicit examples), before
     ``max_examples`` drawn ones. Returns a :class:`RowResult`: on failure the case is the one
     Hypothesis shrank to (it runs the minimal failing example last), ``reproduction`` is
     ``reproduce(case)``.
+
+    With ``distinct`` (a function naming a case's form) a failure does not end the search:
+    every example is run and up to ``MAX_FAILURES`` failures of different forms are reported
+    (the smallest one reproduced), so one 0-d edge case cannot hide the op's other failures.
+    Kink conventions found (``Result.conventions``) and inputs skipped by declaration
+    (``Result.skipped``) are listed in the row's detail.
     """
     import hypothesis
     from hypothesis import HealthCheck, Phase, given, settings
 
-    state = {"n": 0, "worst": None, "worst_ratio": -1.0, "failure": None}
+    state = {"n": 0, "worst": None, "worst_ratio": -1.0, "failure": None, "failures": {},
+             "conventions": [], "skipped": []}
 
     @settings(max_examples=max_examples, database=None, deadline=None, print_blob=False,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
@@ -136,9 +163,20 @@ def run_property(strategy, check, max_examples, seed, reproduce=None, examples=(
                                             + traceback.format_exc(limit=6))
             raise ConformanceFailure(str(exc)) from exc
         worst = result.worst
+        for c in getattr(result, "conventions", ()):
+            if c not in state["conventions"]:
+                state["conventions"].append(c)
+        for c in getattr(result, "skipped", ()):
+            if c not in state["skipped"]:
+                state["skipped"].append(c)
         if state["failure"] is None and _ratio(worst) >= state["worst_ratio"] and worst:
             state["worst"], state["worst_ratio"] = worst, _ratio(worst)
         if not result.ok:
+            if distinct is not None:
+                key = distinct(case)
+                if key not in state["failures"] and len(state["failures"]) < MAX_FAILURES:
+                    state["failures"][key] = (case, result, result.describe())
+                return
             state["failure"] = (case, result, result.describe())
             raise ConformanceFailure(result.describe())
 
@@ -153,12 +191,17 @@ def run_property(strategy, check, max_examples, seed, reproduce=None, examples=(
         except Exception as exc:  # Hypothesis itself gave up (e.g. unsatisfiable strategy)
             out.status, out.detail = "error", f"{type(exc).__name__}: {exc}"
     out.examples = state["n"]
+    if state["failures"]:
+        failures = state["failures"]
+        primary = min(failures.values(), key=lambda f: _case_size(f[0]))
+        state["failure"] = (primary[0], primary[1], _distinct_detail(failures))
     if state["failure"] is not None:
         case, result, detail = state["failure"]
         worst = result.worst if result is not None else None
         out.status, out.detail = "FAIL", detail
         out.error = worst.error if worst else math.inf
         out.bound = worst.bound if worst else 0.0
+        out.unit = getattr(worst, "unit", "") if worst else ""
         if reproduce is not None:
             try:
                 out.reproduction = reproduce(case)
@@ -166,37 +209,71 @@ def run_property(strategy, check, max_examples, seed, reproduce=None, examples=(
                 out.reproduction = f"# (could not format the case: {exc})\n# {case!r}"
     elif state["worst"] is not None:
         out.error, out.bound = state["worst"].error, state["worst"].bound
+        out.unit = getattr(state["worst"], "unit", "")
+    _annotate(out, state["conventions"], state["skipped"])
     return out
+
+
+def _annotate(out, conventions, skipped):
+    """Add the kink conventions found and the skipped inputs to a row's detail."""
+    extra = []
+    if conventions:
+        extra.append("convention: " + "; ".join(conventions))
+    if skipped:
+        extra.append("not checked (declared by the engine): " + "; ".join(skipped))
+    if extra:
+        out.detail = "; ".join(([out.detail] if out.detail else []) + extra)
+
+
+def _case_key(case, index):
+    """A special case's label, with its value when it is a single one (``saturation -80.0``)."""
+    label = getattr(case, "label", "") or f"case {index}"
+    inputs = getattr(case, "inputs", ())
+    if len(inputs) == 1 and np.size(inputs[0]) == 1:
+        label += f" x = {np.asarray(inputs[0]).item()!r}"
+    return label
 
 
 def run_cases(cases, check, reproduce=None):
     """Run ``check`` on a fixed list of cases (the special-values table), without shrinking.
 
-    ``reproduce(index, case)`` formats a failing case.
+    ``reproduce(index, case)`` formats a failing case. Every case runs; up to
+    ``MAX_FAILURES`` failures with different labels are reported (the first reproduced).
     """
     out = RowResult()
     worst, worst_ratio = None, -1.0
+    failures = {}
+    conventions, skipped = [], []
     for index, case in enumerate(cases):
         out.examples += 1
+        label = _case_key(case, index)
         try:
             result = check(case)
         except Exception as exc:
-            out.status, out.detail = "FAIL", f"{type(exc).__name__}: {exc}"
-            out.error = math.inf
-            out.reproduction = reproduce(index, case) if reproduce else repr(case)
-            return out
-        if not result.ok:
-            w = result.worst
-            out.status = "FAIL"
-            out.detail = f"[{getattr(case, 'label', '')}] " + result.describe()
-            out.error, out.bound = (w.error, w.bound) if w else (math.inf, 0.0)
-            out.reproduction = reproduce(index, case) if reproduce else repr(case)
-            return out
+            if label not in failures and len(failures) < MAX_FAILURES:
+                failures[label] = (index, case, None, f"{type(exc).__name__}: {exc}")
+            continue
+        conventions += [c for c in getattr(result, "conventions", ()) if c not in conventions]
+        skipped += [c for c in getattr(result, "skipped", ()) if c not in skipped]
         w = result.worst
+        if not result.ok:
+            if label not in failures and len(failures) < MAX_FAILURES:
+                failures[label] = (index, case, result, result.describe())
+            continue
         if w is not None and _ratio(w) >= worst_ratio:
             worst, worst_ratio = w, _ratio(w)
-    if worst is not None:
+    if failures:
+        index, case, result, _ = next(iter(failures.values()))
+        w = result.worst if result is not None else None
+        out.status = "FAIL"
+        out.detail = "\n".join(f"[{label}] {d}" for label, (_, _, _, d) in failures.items())
+        out.error, out.bound = (w.error, w.bound) if w else (math.inf, 0.0)
+        out.unit = getattr(w, "unit", "") if w else ""
+        out.reproduction = reproduce(index, case) if reproduce else repr(case)
+    elif worst is not None:
         out.error, out.bound = worst.error, worst.bound
+        out.unit = getattr(worst, "unit", "")
+    _annotate(out, conventions, skipped)
     return out
 
 
@@ -204,12 +281,15 @@ def run_cases(cases, check, reproduce=None):
 # building the rows
 
 
-def _op_rows(engine, ref, dtypes, ops):
+def _op_rows(engine, ref, dtypes, ops, kinks=None):
     import spec
 
+    from reports.conformance import kinks as _kinks
     from reports.conformance import properties, repro, special_values
-    from reports.conformance.strategies import op_examples
+    from reports.conformance.strategies import case_form, op_examples
 
+    mode = kinks or _kinks.default_mode(engine.name if ":" not in ref else ref)
+    flag = "" if kinks is None else kinks
     rows = []
     for name in ops:
         ok, reason = engine.supports(name)
@@ -227,24 +307,39 @@ def _op_rows(engine, ref, dtypes, ops):
                 if has_kinks:  # half the draws put values exactly on the kinks
                     strategy = st.booleans().flatmap(
                         lambda k: op_examples(name, dtype, near_kinks=k))
-                return run_property(strategy, lambda ex: properties.check_call(engine, ex),
+                return run_property(strategy,
+                                    lambda ex: properties.check_call(engine, ex, mode),
                                     profile.examples, seed,
-                                    lambda ex: repro.op_call(ref, ex, "check_call"))
+                                    lambda ex: repro.op_call(ref, ex, "check_call",
+                                                             kinks=mode),
+                                    distinct=case_form)
 
             def jvp_row(profile, seed, name=name, dtype=dtype):
                 return run_property(op_examples(name, dtype),
                                     lambda ex: properties.check_jvp(engine, ex, seed),
                                     profile.examples, seed,
-                                    lambda ex: repro.op_call(ref, ex, "check_jvp", seed))
+                                    lambda ex: repro.op_call(ref, ex, "check_jvp", seed),
+                                    distinct=case_form)
 
             def special_row(profile, seed, name=name, dtype=dtype):
                 cases = special_values.special_cases(name, dtype)
-                return run_cases(cases, lambda ex: properties.check_call(engine, ex),
-                                 lambda i, ex: repro.special(ref, ex, i))
+                n = len(cases)
+                cases += special_values.nonfinite_cases(name, dtype)
 
-            rows += [Row("exact", name, engine.name, dt, exact_row),
-                     Row("jvp", name, engine.name, dt, jvp_row),
-                     Row("special", name, engine.name, dt, special_row)]
+                def check(ex):
+                    if ex.label == "non-finite":
+                        return properties.check_nonfinite(engine, ex)
+                    return properties.check_call(engine, ex, mode)
+
+                def reproduce(i, ex):
+                    if ex.label == "non-finite":
+                        return repro.nonfinite(ref, ex)
+                    return repro.special(ref, ex, i, kinks=mode)
+                return run_cases(cases, check, reproduce)
+
+            rows += [Row("exact", name, engine.name, dt, exact_row, kinks=flag),
+                     Row("jvp", name, engine.name, dt, jvp_row, kinks=flag),
+                     Row("special", name, engine.name, dt, special_row, kinks=flag)]
     return rows
 
 
@@ -372,7 +467,7 @@ def _algorithm_rows(engine_name):
     return rows
 
 
-def plan_rows(engine_names, ops=None, dtype=None, kinds=None):
+def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
     """The rows of a run, and the status of every engine asked for.
 
     Parameters
@@ -386,6 +481,9 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None):
         ``float32`` or ``float64``: keep rows of that dtype (and dtype-free ones).
     kinds : sequence of str, optional
         Keep only these kinds of row (``KINDS``).
+    kink_mode : {"strict", "subgradient"}, optional
+        The kink policy of the op rows (``kinks``); default: strict for verigrad's own
+        engines, subgradient for any other.
 
     Returns
     -------
@@ -422,7 +520,8 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None):
         engine_rows = [_completeness_row(engine, all_ops)]
         engine_rows += _op_rows(engine, name, dtypes, [o for o in all_ops if
                                                  wanted is None or o in wanted or
-                                                 {"exact", "jvp", "special"} & wanted])
+                                                 {"exact", "jvp", "special"} & wanted],
+                                kink_mode)
         engine_rows += _optimizer_rows(engine, name, dtypes, OPTIMIZER_NAMES)
         if engine.name in TAPE_ENGINES and ":" not in name:
             engine_rows.append(_tape_row(engine.name))
@@ -460,6 +559,9 @@ def _command(row, profile, seed):
     parts.append(f"--seed {seed}")
     if row.dtype != "-":
         parts.append(f"--dtype {row.dtype}")
+    if row.kinks:
+        parts.append(f"--kinks {row.kinks}")
+    parts.append("--no-proofs")
     return " ".join(parts)
 
 

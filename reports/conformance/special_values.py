@@ -3,12 +3,18 @@
 Each case is a labelled, deterministic op call (an ``OpExample``) checked like a random one:
 forward and every VJP against the exact values, under the bounds of ``bounds``. Categories:
 
-- ``saturation``: the activations at ±10, ±25, ±30, ±80 (and ±700 in float64), where exp
-  overflows if unguarded and 1 - tanh² or σ(1 - σ) cancel;
+- ``saturation``: the activations at ±10, ±25, ±30, ±80, -17 (and ±700 in float64), where exp
+  overflows if unguarded and 1 - tanh² or σ(1 - σ) cancel; each magnitude is a case of its own
+  (so a result at -80 is never judged beside one at +80), as are the tiny, huge and zero ones;
 - ``logits ±1e4``: softmax, log_softmax, logsumexp and the losses on logits so far apart that
   every unshifted exp overflows or underflows; rows of ties and a shifted row (1000, 1001, 1002);
 - ``tiny`` / ``huge``: magnitudes 1e-15 / 1e15 (float32) and 1e-150 / 1e150 (float64), chosen
-  so that squares stay in range: scale-invariant ops must keep their relative accuracy;
+  so that squares stay in range, ±1e-5, and a subnormal (three times the smallest): every op
+  must keep its relative accuracy there (tanh(1e-150) is 1e-150, not 0);
+- ``dominant logit``: cross-entropies of a logit 40 (float64) or 16 (float32) above the rest,
+  whose loss is about 1e-17 (float64);
+- ``targets at the domain's edge``: distribution rows that miss 1 by up to the validator's
+  tolerance, binary targets exactly 0 and 1 with predictions one ulp inside (0, 1);
 - ``zeros``: 0 and -0 inputs, constant and all-zero rows in the normalisations, a zero
   cotangent (every VJP must then be exactly 0);
 - ``kinks`` and ``ties``: relu, abs, leaky_relu at exactly 0, ``maximum`` with a == b
@@ -32,7 +38,8 @@ from reports.conformance.strategies import OpExample
 __all__ = ["special_cases", "CATEGORIES"]
 
 CATEGORIES = ("saturation", "logits ±1e4", "tiny", "huge", "zeros", "kinks", "ties",
-              "long reduction", "broadcast", "zero cotangent")
+              "long reduction", "broadcast", "zero cotangent", "dominant logit",
+              "targets at the domain's edge")
 
 SATURATING = ("exp", "tanh", "sigmoid", "softplus", "silu", "gelu", "gelu_tanh")
 SCALE_FREE = ("neg", "abs", "relu", "leaky_relu", "identity", "square", "sqrt", "log")
@@ -60,15 +67,22 @@ def _raw_cases(name, dtype):
     f64 = np.dtype(dtype) == np.float64
     a = np.array
     cases = []
+    subnormal = 3 * float(np.finfo(dtype).smallest_subnormal)
     if name in SATURATING:
-        sat = [-80.0, -30.0, -25.0, -10.0, 10.0, 25.0, 30.0, 80.0]
+        # NOTE: one case per magnitude: a result at -80 is never judged beside one at +80
+        sat = [-80.0, -30.0, -25.0, -17.0, -10.0, 10.0, 25.0, 30.0, 80.0]
         sat += [-700.0, 700.0] if f64 else []
-        cases += [("saturation", [a(sat)], {}), ("zeros", [a([0.0, -0.0])], {}),
-                  ("tiny", [a([tiny, -tiny])], {}), ("huge", [a([huge, -huge])], {})]
+        cases += [("saturation", [a(v)], {}) for v in sat]
+        cases += [("zeros", [a(v)], {}) for v in (0.0, -0.0)]
+        cases += [("tiny", [a(v)], {}) for v in (tiny, -tiny, 1e-5, -1e-5, subnormal,
+                                                 -subnormal)]
+        cases += [("huge", [a(v)], {}) for v in (huge, -huge)]
     if name in SCALE_FREE:
         positive = name in ("sqrt", "log")
-        cases += [("tiny", [a([tiny, 3 * tiny] if positive else [tiny, -tiny])], {}),
-                  ("huge", [a([huge, 3 * huge] if positive else [huge, -huge])], {})]
+        small = [tiny, 3 * tiny, subnormal] if positive else [tiny, -tiny, subnormal, -subnormal]
+        cases += [("tiny", [a(v)], {}) for v in small]
+        cases += [("huge", [a(v)], {}) for v in ([huge, 3 * huge] if positive
+                                                 else [huge, -huge])]
         if positive:
             cases.append(("near 1", [a([1.0, 1.0 + 2.0 ** -20, 1.0 - 2.0 ** -20])], {}))
         else:
@@ -115,18 +129,36 @@ def _raw_cases(name, dtype):
                   ("ties", [a([[2.0, 2.0, 2.0]])], axis)]
     if name in ("cross_entropy", "categorical_cross_entropy"):
         z = a([[1e4, -1e4, 0.0], [-1e4, -1e4, -1e4], [1000.0, 1001.0, 1002.0]])
+        # a strongly dominant logit: the loss is about 8.5e-18 (float64) / 1.8e-7 (float32)
+        # and one so dominant that the others' probabilities underflow (0 · log 0 must not
+        # turn into NaN)
+        dom = a([[40.0, 0.0, 0.0], [800.0, 0.0, -1.0]]) if f64 else \
+            a([[16.0, 0.0, 0.0], [120.0, 0.0, -1.0]])
         if name == "cross_entropy":
             cases += [("logits ±1e4", [z, a([[1], [0], [0]])], {}),
-                      ("logits ±1e4", [z, a([0, 2, 2])], {})]
+                      ("logits ±1e4", [z, a([0, 2, 2])], {}),
+                      ("dominant logit", [dom, a([0, 0])], {})]
         else:
             t = a([[0.0, 1.0, 0.0], [0.5, 0.25, 0.25], [0.0, 0.0, 1.0]])
-            cases.append(("logits ±1e4", [z, t], {}))
+            # rows that miss 1 by up to the validator's tolerance (1e-3), in the dtype
+            off = a([[0.2, 0.3, 0.4995], [0.0, 0.0, 1.0009]])
+            cases += [("logits ±1e4", [z, t], {}),
+                      ("dominant logit", [dom, a([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])], {}),
+                      ("targets at the domain's edge", [a([[0.5, -1.0, 2.0], [3.0, 0.0, -2.0]]),
+                                                        off], {})]
     if name == "binary_cross_entropy_with_logits":
         cases.append(("logits ±1e4", [a([1e4, -1e4, 1e4, -1e4, 0.0]),
                                       a([1.0, 0.0, 0.0, 1.0, 0.5])], {}))
     if name == "binary_cross_entropy":
         cases.append(("saturation", [a([1e-7, 1 - 2.0 ** -20, 1e-30, 0.5]),
                                      a([0.0, 1.0, 1.0, 0.0])], {}))
+        # probabilities exactly 0 and 1 as targets, predictions one ulp inside (0, 1)
+        below = float(np.nextafter(np.asarray(1.0, dtype), np.asarray(0.0, dtype)))
+        cases.append(("targets at the domain's edge",
+                      [a([below, below, subnormal, subnormal]), a([1.0, 0.0, 0.0, 1.0])], {}))
+    if name == "binary_cross_entropy_with_logits":
+        cases.append(("dominant logit", [a([40.0 if f64 else 16.0, -40.0 if f64 else -16.0]),
+                                         a([1.0, 0.0])], {}))
     if name in ("layer_norm", "rms_norm"):
         cases += [("zeros", [a([[0.0, 0.0, 0.0], [3.0, 3.0, 3.0]])], {}),
                   ("huge", [a([[1.0, 2.0, 4.0]]) * huge], {}),
@@ -175,3 +207,32 @@ def special_cases(name, dtype):
         if all(np.all(np.abs(v) <= big) for v in arrays):
             kept.append(ex)
     return kept
+
+
+# ---------------------------------------------------------------------------------------------
+# non-finite inputs (docs/CONTRACTS.md, "Non-finite inputs")
+
+#: f(+inf), f(-inf) of the elementwise ops (None: outside the domain, not asked). An engine
+#: that propagates non-finite values must return these limits; NAN_ALLOWED lists where the
+#: op's formula is an indeterminate form (x·σ(x) at -inf is -inf · 0) and NaN is accepted.
+LIMITS = {
+    "neg": (-np.inf, np.inf), "identity": (np.inf, -np.inf), "abs": (np.inf, np.inf),
+    "relu": (np.inf, 0.0), "leaky_relu": (np.inf, -np.inf), "square": (np.inf, np.inf),
+    "exp": (np.inf, 0.0), "log": (np.inf, None), "sqrt": (np.inf, None),
+    "tanh": (1.0, -1.0), "sigmoid": (1.0, 0.0), "softplus": (np.inf, 0.0),
+    "silu": (np.inf, -0.0), "gelu": (np.inf, -0.0), "gelu_tanh": (np.inf, -0.0),
+}
+NAN_ALLOWED = {("silu", -1), ("gelu", -1), ("gelu_tanh", -1)}
+
+
+def nonfinite_cases(name, dtype):
+    """Calls of elementwise op ``name`` with NaN and ±inf among finite entries (label
+    ``non-finite``), or [] for other ops. Checked by ``properties.check_nonfinite``."""
+    if name not in LIMITS:
+        return []
+    dtype = np.dtype(dtype)
+    positive = LIMITS[name][1] is None
+    x = np.array([np.nan, 0.5, np.inf, 2.0] if positive else [np.nan, 0.5, np.inf, -np.inf, -1.5])
+    rng = np.random.default_rng(1)
+    grad = rng.standard_normal(x.shape).astype(dtype)
+    return [OpExample(name, (x.astype(dtype),), grad, {}, 0, False, "non-finite")]

@@ -4,6 +4,12 @@ Shapes and params are drawn by Hypothesis (broadcasting through
 ``hypothesis.extra.numpy.mutually_broadcastable_shapes``, size-1 axes, 0-d arrays, every axis
 form); values come from the op's declared domains through ``spec.sample_inputs`` with a
 Hypothesis-drawn seed, so they respect domains and kink margins and shrink by seed.
+Half of the draws (``edges=True``) replace every real input by magnitudes drawn log-uniformly
+across the dtype's whole range where the op's contract allows it (``EDGE_RANGE``: about
+1e-323..1e306 in float64 and 1e-45..1e36 in float32, subnormals included; ops that square
+their input internally stop at the square root of the range, exp at its overflow threshold),
+with random signs; probabilities come close to 0 and 1, distribution rows miss 1 by up to the
+validator's tolerance.
 The test modules import these (``tests/test_fastlib_ops.py``, ``tests/test_fastlib_tape.py``,
 ``tests/test_fastlib_optim.py``, ``tests/conformance``): one copy of each strategy.
 """
@@ -17,7 +23,7 @@ from hypothesis.extra import numpy as hnp
 
 __all__ = [
     "UNARY", "BINARY", "REDUCTIONS", "ALONG_AXIS", "LAST_AXIS", "SAME_SHAPE_LOSSES",
-    "ROW_LOSSES", "STRUCTURE", "op_case", "OpExample", "op_examples", "make_example",
+    "ROW_LOSSES", "STRUCTURE", "op_case", "case_form", "edge_decades", "EDGE_RANGE", "OpExample", "op_examples", "make_example",
     "dags", "TAPE_EXAMPLES", "build_dag", "reached", "custom_backward", "custom_value",
     "optimizer_cases",
     "OPTIMIZER_NAMES", "LAYER_KINDS", "ModelCase", "model_cases", "mlp_cases",
@@ -142,35 +148,133 @@ class OpExample:
     seed: int = 0
     near_kinks: bool = False
     label: str = ""
+    edges: bool = False
 
     @property
     def dtype(self):
         return self.grad.dtype
 
 
-def make_example(name, shapes, params, seed, dtype, near_kinks=False):
+# How far the edge draws may go, per op: "full" (the dtype's whole range), "sum" (two decades
+# below overflow: a sum of up to 64 terms stays finite), "square" (the square root of the
+# range: ops that square or multiply their inputs, or whose VJP does), "exp" (up to the
+# overflow threshold of exp). The contract of docs/CONTRACTS.md states the same ranges.
+EDGE_RANGE = {
+    **{n: "full" for n in ("neg", "abs", "relu", "leaky_relu", "identity", "log", "sqrt",
+                           "tanh", "sigmoid", "softplus", "silu", "gelu",
+                           "maximum", "transpose", "reshape", "concat", "slice", "softmax",
+                           "log_softmax", "binary_cross_entropy_with_logits",
+                           "binary_cross_entropy")},
+    **{n: "sum" for n in ("add", "sub", "sum", "mean", "logsumexp", "cross_entropy",
+                          "categorical_cross_entropy")},
+    **{n: "square" for n in ("square", "mul", "div", "matmul", "layer_norm", "rms_norm",
+                             "mse")},
+    "exp": "exp",
+    # NOTE: gelu_tanh's formula cubes x (x + 0.044715 x³): the cube root of the range
+    "gelu_tanh": "cube",
+}
+
+
+def edge_decades(name, dtype):
+    """``(lo, hi)``: the log10 range of the edge draws of op ``name`` in ``dtype``."""
+    info = np.finfo(np.dtype(dtype))
+    smallest = float(np.log10(float(info.smallest_subnormal)))
+    largest = float(np.log10(float(info.max)))
+    kind = EDGE_RANGE[name]
+    if kind == "full":
+        return smallest, largest - 0.5
+    if kind == "sum":
+        return smallest, largest - 2.0
+    if kind == "exp":
+        return smallest, float(np.log10(np.log(float(info.max)))) - 0.01
+    if kind == "cube":
+        return smallest, largest / 3 - 1.0
+    # "square": both the value and its square (and a product of two) stay normal numbers
+    return float(np.log10(float(info.tiny))) / 2 + 0.5, largest / 2 - 1.5
+
+
+def _edge_values(x, domain, name, dtype, rng):
+    """Replace the float values of ``x`` (from ``domain``) by edge draws of the same shape."""
+    x = np.array(x, dtype=np.float64)
+    shape = x.shape
+    lo, hi = edge_decades(name, dtype)
+    if domain in ("real", "nonzero", "positive"):
+        mag = 10.0 ** rng.uniform(lo, hi, size=shape)
+        sign = 1.0 if domain == "positive" else rng.choice([-1.0, 1.0], size=shape)
+        return np.asarray(sign * mag)
+    if domain == "unit_open":
+        # close to 0 or to 1 (as close as the dtype has numbers below 1)
+        near = 10.0 ** rng.uniform(max(lo, -300.0), -0.5, size=shape)
+        gap = 10.0 ** rng.uniform(np.log10(float(np.finfo(dtype).epsneg)), -0.5, size=shape)
+        v = np.where(rng.random(shape) < 0.5, near, 1.0 - gap)
+        v = np.asarray(v).astype(dtype).astype(np.float64)
+        below_one = float(np.nextafter(np.asarray(1.0, dtype), np.asarray(0.0, dtype)))
+        return np.clip(v, float(np.finfo(dtype).smallest_subnormal), below_one)
+    if domain == "distribution" and x.ndim and x.shape[-1] > 1:
+        # rows that miss 1 by up to 0.9 of the validator's 1e-3, in the dtype
+        scale = 1.0 + rng.uniform(-9e-4, 9e-4, size=shape[:-1] + (1,))
+        return np.asarray((x * scale).astype(dtype).astype(np.float64))
+    return x
+
+
+def make_example(name, shapes, params, seed, dtype, near_kinks=False, edges=False):
     """Draw the values of an op call from ``seed``: inputs from spec's domains, then ``grad``.
 
     Class indices stay int64; every other input and the cotangent are cast to ``dtype`` (the
-    samplers keep values at least 1e-2 from every kink, so the cast cannot cross one).
+    samplers keep values at least 1e-2 from every kink, so the cast cannot cross one). With
+    ``edges`` the real inputs are log-uniform across the dtype's range (``edge_decades``).
     """
     import spec
 
     op = spec.OPS[name]
     rng = np.random.default_rng(seed)
     raw = spec.sample_inputs(name, rng, shapes=shapes, params=params, near_kinks=near_kinks)
+    if edges:
+        raw = [_edge_values(x, op.domains[n], name, np.dtype(dtype), rng)
+               if op.domains[n] != "class_index" else x for n, x in zip(op.inputs, raw)]
+        if near_kinks:   # keep the kinks where the sampler put them (0, or a == b)
+            raw = spec.samples._apply_kinks(op, dict(zip(op.inputs, raw)), rng, True)
+            raw = [np.asarray(raw[n]) for n in op.inputs]
     inputs = tuple(x if op.domains[n] == "class_index" else np.asarray(x).astype(dtype)
                    for n, x in zip(op.inputs, raw))
     out_shape = op.check_shapes([np.shape(x) for x in inputs], params)
     grad = rng.standard_normal(out_shape).astype(dtype)
-    return OpExample(name, inputs, np.asarray(grad), dict(params), int(seed), near_kinks)
+    return OpExample(name, inputs, np.asarray(grad), dict(params), int(seed), near_kinks,
+                     "edge magnitudes" if edges else "", edges)
 
 
 @st.composite
-def op_examples(draw, name, dtype, near_kinks=False):
-    """An :class:`OpExample` of op ``name`` in ``dtype`` (optionally with values on its kinks)."""
+def op_examples(draw, name, dtype, near_kinks=False, edges=None):
+    """An :class:`OpExample` of op ``name`` in ``dtype`` (optionally with values on its kinks).
+
+    ``edges=None`` draws it: half of the examples take their magnitudes across the dtype's
+    range (``make_example``), the other half from the op's domains.
+    """
     shapes, params, seed = draw(op_case(name))
-    return make_example(name, shapes, params, seed, np.dtype(dtype), near_kinks)
+    if edges is None:
+        edges = draw(st.booleans())
+    return make_example(name, shapes, params, seed, np.dtype(dtype), near_kinks, edges)
+
+
+def case_form(ex):
+    """A short name of the *form* of call ``ex``: what a distinct failure differs in.
+
+    Rank (``0-d`` when any input is), broadcasting, the axis param's form, kinks and the
+    magnitude source: two failures of one form are likely one bug, two forms two bugs.
+    """
+    shapes = [np.shape(x) for x in ex.inputs]
+    parts = ["0-d" if any(len(s) == 0 for s in shapes) else f"{max(len(s) for s in shapes)}-d"]
+    float_shapes = {s for s, x in zip(shapes, ex.inputs) if np.asarray(x).dtype.kind == "f"}
+    if ex.name in BINARY and len(float_shapes) > 1:
+        parts.append("broadcast")
+    if "axis" in ex.params:
+        axis = ex.params["axis"]
+        parts.append("axis=" + ("None" if axis is None else "()" if axis == () else
+                                "int" if isinstance(axis, (int, np.integer)) else "tuple"))
+    if ex.near_kinks:
+        parts.append("on kinks")
+    parts.append("edge magnitudes" if getattr(ex, "edges", False) else "domain values")
+    return ", ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import spec
 from reports.conformance import engines, properties
-from reports.conformance.special_values import special_cases
+from reports.conformance.special_values import nonfinite_cases, special_cases
 from reports.conformance.strategies import op_examples
 
 OPS = sorted(spec.OPS)
@@ -55,6 +55,10 @@ def test_special_values(name, engine, dtype):
     failures = []
     for ex in cases:
         result = properties.check_call(_engine(engine), ex)
+        if not result.ok:
+            failures.append(f"[{ex.label}] {result.describe()}")
+    for ex in nonfinite_cases(name, dtype):
+        result = properties.check_nonfinite(_engine(engine), ex)
         if not result.ok:
             failures.append(f"[{ex.label}] {result.describe()}")
     assert not failures, failures
