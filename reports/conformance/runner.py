@@ -334,30 +334,9 @@ def _tape_row(engine_name):
 
 
 def _train_rows(kinds):
-    from hypothesis import strategies as st
+    from reports.conformance.training_rows import train_rows
 
-    from reports.conformance import properties, repro
-    from reports.conformance.strategies import OPTIMIZER_NAMES, mlp_cases, model_cases
-
-    rows = []
-    for kind in kinds:
-        def run(profile, seed, kind=kind):
-            strategy = st.tuples(model_cases(kind), st.sampled_from(OPTIMIZER_NAMES),
-                                 st.sampled_from([0.01, 0.1]))
-            return run_property(strategy, lambda c: properties.check_train_step(*c),
-                                profile.train, seed, lambda c: repro.train(c))
-        rows.append(Row("train", kind, "fastlib", "float64", run))
-
-    # plain MLPs, which fastlib.train runs in its whole-epoch fused path (whole and in pieces)
-    def run_fused(profile, seed):
-        strategy = st.tuples(mlp_cases(), st.sampled_from(OPTIMIZER_NAMES),
-                             st.sampled_from([0.01, 0.1]))
-        return run_property(strategy,
-                            lambda c: properties.check_train_step(*c, require_fused=True),
-                            profile.examples, seed, lambda c: repro.train(c))
-    # NOTE: cheap (a small MLP trains in about a millisecond), so as many examples as an op row
-    rows.append(Row("train", "fused MLP", "fastlib", "float64", run_fused))
-    return rows
+    return train_rows(kinds)
 
 
 def _algorithm_rows(engine_name):

@@ -29,13 +29,16 @@ Bounds, per entry, from the model:
   RMS, so an entry that cancels to nearly 0 is judged at its tensor's scale, never at the
   model's largest gradient; a tensor that is 0 as a whole in exact arithmetic (attention's key
   bias: softmax ignores a shift per row) is judged at the scale of its layer's gradients;
-- a parameter entry after step ``t`` may be off by ``2 · P + K_STEP · eps · t · (|w| + Σ|Δw|)``
+- a parameter entry after step ``t`` may be off by
+  ``2 · P + K_STEP · eps · (t · |w| + Σ (1 + κ_s) |Δw_s|)``
   where ``P`` propagates every step's admissible gradient error ``A`` through the optimizer
   from the exact state: the exact optimizer trajectory is replayed with each gradient moved by
   ``+A`` (and again by ``−A``) before clipping, and ``P`` is the larger deviation. This is the
   conditioning of each optimizer on each entry (Adam divides a near-zero gradient by
   ``sqrt(v) + eps``; value clipping is flat past the threshold; norm clipping rescales
-  everything). ``Σ|Δw|`` is the distance the entry travelled (the update's own roundings);
+  everything). ``Σ|Δw_s|`` is the distance the entry travelled (the updates' own roundings),
+  each step weighted by ``1 + κ_s``, the conditioning of Adam's bias corrections
+  ``1 − β^s`` (``properties._bias_condition``: ``1 − 0.999²`` loses 500 eps to cancellation);
 - a loss of epoch e: ``K_GRAD · eps · D · |L_b|`` per batch plus ``Σ |g_b| · B_{b-1}``, the
   loss's first-order change under the parameter bound the batch started from.
 
@@ -60,8 +63,8 @@ __all__ = ["check_epochs", "reference_run", "chain_ops", "depth_factor", "gradie
            "EXAMPLES"]
 
 EXACT_DPS = 30          # exact references: 30 digits, 14 beyond float64
-K_GRAD = 4.0            # roundings per operation on the chain (module doc)
-K_STEP = 16.0           # roundings per optimizer step (spec.optimizers' table: ~10 per element)
+K_GRAD = 16.0           # roundings per operation on the chain (module doc)
+K_STEP = 32.0           # roundings per optimizer step (spec.optimizers' table: ~10 per element)
 LAYER_ZERO = 1e-6       # a tensor below this fraction of its layer's scale is "0 as a whole"
 
 # drawn examples per row and profile (the explicit boundary cases run on top)
@@ -433,11 +436,14 @@ def check_epochs(case: EpochCase):
     travelled = {k: np.zeros(np.shape(v)) for k, v in params0.items()}
     previous = {k: _f(v) for k, v in params0.items()}
     bounds_after = []
+    from reports.conformance.properties import _bias_condition
+
     for t, (step, p) in enumerate(zip(ref.steps, P), start=1):
         b = {}
+        kappa = _bias_condition(case.optimizer, {}, t)
         for k in params0:
-            travelled[k] += np.abs(step["params"][k] - previous[k])
-            b[k] = (2.0 * p[k] + K_STEP * eps * t * (np.abs(step["params"][k]) + travelled[k])) \
+            travelled[k] += (1 + kappa) * np.abs(step["params"][k] - previous[k])
+            b[k] = (2.0 * p[k] + K_STEP * eps * (t * np.abs(step["params"][k]) + travelled[k])) \
                 * (1 + ref_eps_share)
         previous = step["params"]
         bounds_after.append(b)
