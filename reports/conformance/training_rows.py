@@ -23,12 +23,15 @@ measured.
 Bounds, per entry, from the model:
 
 - a gradient entry ``g`` of parameter tensor ``T`` may be off by
-  ``A = K_GRAD · eps · D · (|g| + s_T)``. ``D`` is the model's depth in roundings: the
+  ``A = K_GRAD · eps · (D + κ_loss) · (|g| + s_T)``. ``D`` is the model's depth in roundings: the
   operations on the longest chain (``chain_ops``: a recurrent layer counts each time step)
   plus ``log2`` of the longest sum (batch rows × sequence, widths). ``s_T`` is the tensor's
   RMS, so an entry that cancels to nearly 0 is judged at its tensor's scale, never at the
   model's largest gradient; a tensor that is 0 as a whole in exact arithmetic (attention's key
-  bias: softmax ignores a shift per row) is judged at the scale of its layer's gradients;
+  bias: softmax ignores a shift per row) is judged at the scale of its layer's gradients.
+  ``D`` grows by the batch's ``loss_condition``: when the prediction is already close to
+  the target, the loss's cotangent ``p − y`` cancels, and every gradient inherits its
+  relative error (a nearly fitted softmax loses a thousand eps this way in any engine);
 - a parameter entry after step ``t`` may be off by
   ``2 · P + K_STEP · eps · (t · |w| + Σ (1 + κ_s) |Δw_s|)``
   where ``P`` propagates every step's admissible gradient error ``A`` through the optimizer
@@ -59,7 +62,7 @@ import numpy as np
 from reports.conformance.training_cases import EpochCase
 
 __all__ = ["check_epochs", "reference_run", "chain_ops", "depth_factor", "gradient_allowance",
-           "check_train_step", "train_rows", "reproduction", "EXACT_DPS", "K_GRAD", "K_STEP",
+           "loss_condition", "check_train_step", "train_rows", "reproduction", "EXACT_DPS", "K_GRAD", "K_STEP",
            "EXAMPLES"]
 
 EXACT_DPS = 30          # exact references: 30 digits, 14 beyond float64
@@ -105,6 +108,27 @@ def depth_factor(case, batch):
     return chain_ops(case.config, seq) + math.log2(1 + longest)
 
 
+def loss_condition(loss, pred, y):
+    """How much the loss's cotangent cancels: ``Σ(|a| + |b|) / Σ|a − b|`` over its entries,
+    where the cotangent is ``a − b`` (softmax or sigmoid of the logits, or the prediction,
+    minus the target). Each entry of the cotangent is computed with an absolute error of a few
+    eps times ``|a| + |b|``, so a fit that is already close (``a ≈ b``) hands every gradient
+    that relative error times this factor."""
+    pred = np.asarray(pred, np.float64)
+    y = np.asarray(y)
+    if loss in ("cross_entropy", "categorical_cross_entropy"):
+        z = pred - np.max(pred, axis=-1, keepdims=True)
+        a = np.exp(z) / np.sum(np.exp(z), axis=-1, keepdims=True)
+        b = (np.eye(pred.shape[-1])[y.reshape(-1)] if loss == "cross_entropy"
+             else np.asarray(y, np.float64))
+    elif loss == "binary_cross_entropy_with_logits":
+        a, b = 1.0 / (1.0 + np.exp(-pred)), np.asarray(y, np.float64)
+    else:
+        a, b = pred, np.asarray(y, np.float64)
+    total = float(np.sum(np.abs(a - b)))
+    return float(np.sum(np.abs(a) + np.abs(b))) / total if total > 0 else 1.0
+
+
 def _eps(dtype):
     return float(np.finfo(np.dtype(dtype)).eps)
 
@@ -133,11 +157,13 @@ def tensor_scales(grads):
             for k, r in rms.items()}
 
 
-def gradient_allowance(grads, dtype, depth):
-    """Admissible error ``A`` of every gradient entry (module doc)."""
+def gradient_allowance(grads, dtype, depth, condition=1.0):
+    """Admissible error ``A`` of every gradient entry (module doc); ``condition`` is the
+    batch's ``loss_condition``."""
     scales = tensor_scales(grads)
     eps = _eps(dtype)
-    return {k: K_GRAD * eps * depth * (np.abs(_f(g)) + scales[k]) for k, g in grads.items()}
+    return {k: K_GRAD * eps * (depth + condition) * (np.abs(_f(g)) + scales[k])
+            for k, g in grads.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,6 +290,7 @@ def reference_run(case, params0, exact):
         total = mpmath.mpf(0) if exact else 0.0
         for start in range(0, n, bs):
             idx = order[start:start + bs]
+            before = {k: _f(v) for k, v in params.items()}
             loss, grads = value_and_grad(model, x[idx], y[idx], case.loss, dps=dps)
             if clip is None:
                 clip = clip_threshold(case, grads)
@@ -273,9 +300,19 @@ def reference_run(case, params0, exact):
             model.load_parameters(params)
             total += loss * len(idx)
             steps.append({"rows": idx, "loss": float(loss), "grads": grads,
-                          "params": {k: _f(v) for k, v in params.items()}})
+                          "params": {k: _f(v) for k, v in params.items()},
+                          "condition": _condition(case, before, x[idx], y[idx])})
         losses.append(float(total / n))
     return Reference(steps, losses, orders, clip, params)
+
+
+def _condition(case, params, x, y):
+    """``loss_condition`` of one batch at ``params`` (a float64 reflib forward)."""
+    import reflib.models
+
+    model = reflib.models.from_config(case.config)
+    model.load_parameters(params)
+    return loss_condition(case.loss, model(x), y)
 
 
 def propagate(case, ref, params0, allowances, exact):
@@ -398,7 +435,8 @@ def check_epochs(case: EpochCase):
                                               case.loss)
     except Exception as exc:
         return result.fail(f"fastlib.value_and_grad raised {type(exc).__name__}: {exc}")
-    allowances = [gradient_allowance(s["grads"], dtype, depth) for s in ref.steps]
+    allowances = [gradient_allowance(s["grads"], dtype, depth, s["condition"])
+                  for s in ref.steps]
     scales = tensor_scales(first["grads"])
     for k, g in first["grads"].items():
         if k not in grads:
@@ -458,7 +496,8 @@ def check_epochs(case: EpochCase):
             step = ref.steps[s]
             before = zero if s == 0 else bounds_after[s - 1]
             drift = sum(float(np.sum(np.abs(_f(step["grads"][k])) * before[k])) for k in before)
-            allowed += len(step["rows"]) / n * (K_GRAD * eps * depth * abs(step["loss"]) + drift)
+            allowed += len(step["rows"]) / n * (K_GRAD * eps * depth * abs(step["loss"])
+                                                + drift)
         got = run.loss_history[e] if e < len(run.loss_history) else math.nan
         result.measures.append(_measure(f"loss epoch {e + 1}", np.array(got),
                                         np.array(ref.epoch_losses[e]),
