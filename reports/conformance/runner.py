@@ -345,8 +345,8 @@ def _algorithm_rows(engine_name):
     rows = []
     for spec_ in algorithms.rows_for(engine_name):
         def run(profile, seed, spec_=spec_):
-            return run_property(spec_.strategy, spec_.check, profile.algorithms, seed,
-                                spec_.reproduce)
+            return run_property(spec_.strategy, spec_.check,
+                                algorithms.examples_for(profile), seed, spec_.reproduce)
         rows.append(Row(spec_.kind, spec_.name, engine_name, spec_.dtype, run))
     return rows
 

@@ -64,6 +64,7 @@ class EpochCase:
     clip_mode: str = "value"
     path: str = "generic"
     label: str = ""
+    referee: str = "exact"     # "exact" (reflib at 30 digits) or "float64" (large float32 runs)
 
     def with_(self, **changes):
         """A copy with ``changes`` applied."""
@@ -326,4 +327,4 @@ def boundary_cases(dtype):
     cases.append(EpochCase(cfg, x, rng.uniform(-1, 1, (rows, 2)), "mse", 24, dtype, "Adam",
                            0.01, rows, 1, False, label=f"Dense {width}x{par // width} "
                                                        f"({par} weights), {rows} rows"))
-    return cases
+    return [c.with_(referee="float64") for c in cases]

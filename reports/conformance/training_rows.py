@@ -15,8 +15,9 @@ into pieces, or the generic per-batch loop). :func:`check_epochs` measures
 
 The exact side is :func:`reference_run`: the same epochs replayed by reflib on its tape at
 30 digits (``dps=30``; mpmath) with the spec's optimizer updates (``reflib.optim.step``) and
-clipping applied in exact arithmetic; float32 rows use reflib in float64 (its own error,
-bounded the same way with float64's eps, is added to the bound, a 5e8-fold smaller term).
+clipping applied in exact arithmetic; float32 runs too large for that (the size boundaries)
+use reflib in float64 (its own error, bounded the same way with float64's eps, is added to
+the bound, a 5e8-fold smaller term).
 Inputs and parameters are first cast to the row's dtype, so only the engine's arithmetic is
 measured.
 
@@ -28,10 +29,18 @@ Bounds, per entry, from the model:
   plus ``log2`` of the longest sum (batch rows × sequence, widths). ``s_T`` is the tensor's
   RMS, so an entry that cancels to nearly 0 is judged at its tensor's scale, never at the
   model's largest gradient; a tensor that is 0 as a whole in exact arithmetic (attention's key
-  bias: softmax ignores a shift per row) is judged at the scale of its layer's gradients.
+  bias: softmax ignores a shift per row) is judged at the scale of its layer's gradients, and a
+  layer that is 0 as a whole (under a one-wide LayerNorm) at the model's largest.
   ``D`` grows by the batch's ``loss_condition``: when the prediction is already close to
   the target, the loss's cotangent ``p − y`` cancels, and every gradient inherits its
   relative error (a nearly fitted softmax loses a thousand eps this way in any engine);
+- to every gradient entry's (and loss's) allowance, ``K_MEASURED · (eps / eps64)`` times
+  the error reflib's float64 evaluation of the same batch at the same (rounded) parameters
+  makes on it: the same formulas rounded in another order, so where an entry is badly
+  conditioned (a LayerNorm over two nearly equal values divides by their difference; the
+  softmax in attention cancels as the loss does) the bound sees how badly, entry by entry.
+  It stays at the rounding level of a correct float64 evaluation, so a planted error far
+  above rounding is never covered by it;
 - a parameter entry after step ``t`` may be off by
   ``2 · P + K_STEP · eps · (t · |w| + Σ (1 + κ_s) |Δw_s|)``
   where ``P`` propagates every step's admissible gradient error ``A`` through the optimizer
@@ -68,6 +77,8 @@ __all__ = ["check_epochs", "reference_run", "chain_ops", "depth_factor", "gradie
 EXACT_DPS = 30          # exact references: 30 digits, 14 beyond float64
 K_GRAD = 16.0           # roundings per operation on the chain (module doc)
 K_STEP = 32.0           # roundings per optimizer step (spec.optimizers' table: ~10 per element)
+K_MEASURED = 8.0         # times the error an independent float64 evaluation made (module doc)
+EPS64 = 2.0 ** -52
 LAYER_ZERO = 1e-6       # a tensor below this fraction of its layer's scale is "0 as a whole"
 
 # drawn examples per row and profile (the explicit boundary cases run on top)
@@ -148,22 +159,32 @@ def _layer(name):
 
 
 def tensor_scales(grads):
-    """``s_T`` per parameter: its RMS, or its layer's largest RMS when it is 0 as a whole."""
+    """``s_T`` per parameter: its RMS; its layer's largest RMS when it is 0 as a whole; the
+    model's largest when its whole layer is 0 (a layer under a one-wide LayerNorm, whose
+    output is constant), where each engine keeps its own rounding residue."""
     rms = {k: _rms(_f(g)) for k, g in grads.items()}
     layer = {}
     for k, r in rms.items():
         layer[_layer(k)] = max(layer.get(_layer(k), 0.0), r)
+    model = max(layer.values(), default=0.0)
+    layer = {name: (s if s > LAYER_ZERO * model else model) for name, s in layer.items()}
     return {k: (r if r > LAYER_ZERO * layer[_layer(k)] else layer[_layer(k)])
             for k, r in rms.items()}
 
 
-def gradient_allowance(grads, dtype, depth, condition=1.0):
+def gradient_allowance(grads, dtype, depth, condition=1.0, error64=None):
     """Admissible error ``A`` of every gradient entry (module doc); ``condition`` is the
-    batch's ``loss_condition``."""
+    batch's ``loss_condition``, ``error64`` the entries' error in an independent float64
+    evaluation (None when there is none)."""
     scales = tensor_scales(grads)
     eps = _eps(dtype)
-    return {k: K_GRAD * eps * (depth + condition) * (np.abs(_f(g)) + scales[k])
-            for k, g in grads.items()}
+    out = {}
+    for k, g in grads.items():
+        a = K_GRAD * eps * (depth + condition) * (np.abs(_f(g)) + scales[k])
+        if error64 is not None:
+            a = a + K_MEASURED * (eps / EPS64) * error64[k]
+        out[k] = a
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,9 +320,16 @@ def reference_run(case, params0, exact):
             params, state = _spec_step(case.optimizer, params, clipped, state, t, case.lr, exact)
             model.load_parameters(params)
             total += loss * len(idx)
-            steps.append({"rows": idx, "loss": float(loss), "grads": grads,
-                          "params": {k: _f(v) for k, v in params.items()},
-                          "condition": _condition(case, before, x[idx], y[idx])})
+            step = {"rows": idx, "loss": float(loss), "grads": grads,
+                    "params": {k: _f(v) for k, v in params.items()},
+                    "condition": _condition(case, before, x[idx], y[idx])}
+            if exact:   # an independent float64 evaluation, for its error (module doc)
+                model.load_parameters(before)
+                loss64, grads64 = value_and_grad(model, x[idx], y[idx], case.loss)
+                step["error64"] = {k: np.abs(grads64[k] - _f(g)) for k, g in grads.items()}
+                step["loss_error64"] = abs(loss64 - float(loss))
+                model.load_parameters(params)
+            steps.append(step)
         losses.append(float(total / n))
     return Reference(steps, losses, orders, clip, params)
 
@@ -413,7 +441,7 @@ def check_epochs(case: EpochCase):
 
     result = Result()
     dtype = np.dtype(case.dtype)
-    exact = dtype == np.float64
+    exact = case.referee == "exact"
     eps = _eps(dtype)
     model = fastlib.layers.from_config(case.config, dtype=dtype, seed=case.seed)
     params0 = {k: v.copy() for k, v in model.parameters().items()}
@@ -425,7 +453,7 @@ def check_epochs(case: EpochCase):
     ref = reference_run(case, params0, exact)
     depth = depth_factor(case, bs)
     # float32 rows: the float64 referee's own admissible error joins the bound
-    ref_eps_share = 0.0 if exact else 2.0 ** -52 / eps
+    ref_eps_share = 0.0 if exact else EPS64 / eps
 
     # 1. the gradient of the first batch of the run
     first = ref.steps[0]
@@ -435,8 +463,8 @@ def check_epochs(case: EpochCase):
                                               case.loss)
     except Exception as exc:
         return result.fail(f"fastlib.value_and_grad raised {type(exc).__name__}: {exc}")
-    allowances = [gradient_allowance(s["grads"], dtype, depth, s["condition"])
-                  for s in ref.steps]
+    allowances = [gradient_allowance(s["grads"], dtype, depth, s["condition"],
+                                     s.get("error64")) for s in ref.steps]
     scales = tensor_scales(first["grads"])
     for k, g in first["grads"].items():
         if k not in grads:
@@ -496,8 +524,9 @@ def check_epochs(case: EpochCase):
             step = ref.steps[s]
             before = zero if s == 0 else bounds_after[s - 1]
             drift = sum(float(np.sum(np.abs(_f(step["grads"][k])) * before[k])) for k in before)
-            allowed += len(step["rows"]) / n * (K_GRAD * eps * depth * abs(step["loss"])
-                                                + drift)
+            allowed += len(step["rows"]) / n * (
+                K_GRAD * eps * depth * abs(step["loss"]) + drift
+                + K_MEASURED * (eps / EPS64) * step.get("loss_error64", 0.0))
         got = run.loss_history[e] if e < len(run.loss_history) else math.nan
         result.measures.append(_measure(f"loss epoch {e + 1}", np.array(got),
                                         np.array(ref.epoch_losses[e]),
