@@ -120,7 +120,8 @@ def depth_factor(case, batch):
 
 
 def loss_condition(loss, pred, y):
-    """How much the loss's cotangent cancels: ``Σ(|a| + |b|) / Σ|a − b|`` over its entries,
+    """How much the loss's cotangent cancels, and the scale of its terms: ``Σ(|a| + |b|) /
+    Σ|a − b|`` and ``mean(|a| + |b|)`` over its entries,
     where the cotangent is ``a − b`` (softmax or sigmoid of the logits, or the prediction,
     minus the target). Each entry of the cotangent is computed with an absolute error of a few
     eps times ``|a| + |b|``, so a fit that is already close (``a ≈ b``) hands every gradient
@@ -137,7 +138,8 @@ def loss_condition(loss, pred, y):
     else:
         a, b = pred, np.asarray(y, np.float64)
     total = float(np.sum(np.abs(a - b)))
-    return float(np.sum(np.abs(a) + np.abs(b))) / total if total > 0 else 1.0
+    terms = float(np.sum(np.abs(a) + np.abs(b)))
+    return (terms / total if total > 0 else 1.0), terms / max(a.size, 1)
 
 
 def _eps(dtype):
@@ -158,25 +160,37 @@ def _layer(name):
     return name.rsplit(".", 1)[0] if "." in name else ""
 
 
-def tensor_scales(grads):
-    """``s_T`` per parameter: its RMS; its layer's largest RMS when it is 0 as a whole; the
-    model's largest when its whole layer is 0 (a layer under a one-wide LayerNorm, whose
-    output is constant), where each engine keeps its own rounding residue."""
+# attention's query and key parameters: their gradients come out of the softmax's backward,
+# P ∘ (dP − rowsum(P ∘ dP)), whose terms cancel (a causal first row: exactly), so they are
+# judged at the scale of the terms, their layer's
+BEHIND_SOFTMAX = frozenset(("w_q", "w_k", "b_q", "b_k"))
+
+
+def tensor_scales(grads, floor=0.0):
+    """``s_T`` per parameter: its RMS; its layer's largest RMS when it is 0 as a whole or sits
+    behind attention's softmax (``BEHIND_SOFTMAX``); the model's largest when its whole layer
+    is 0 (a layer under a one-wide LayerNorm, whose output is constant), where each engine
+    keeps its own rounding residue; ``floor`` when the whole model's gradient is 0 (the loss's
+    terms cancel exactly: pass their scale)."""
     rms = {k: _rms(_f(g)) for k, g in grads.items()}
     layer = {}
     for k, r in rms.items():
         layer[_layer(k)] = max(layer.get(_layer(k), 0.0), r)
     model = max(layer.values(), default=0.0)
+    if model <= LAYER_ZERO * floor:
+        model = floor
     layer = {name: (s if s > LAYER_ZERO * model else model) for name, s in layer.items()}
-    return {k: (r if r > LAYER_ZERO * layer[_layer(k)] else layer[_layer(k)])
+    return {k: (r if r > LAYER_ZERO * layer[_layer(k)]
+                and k.rsplit(".", 1)[-1] not in BEHIND_SOFTMAX else layer[_layer(k)])
             for k, r in rms.items()}
 
 
-def gradient_allowance(grads, dtype, depth, condition=1.0, error64=None):
+def gradient_allowance(grads, dtype, depth, condition=(1.0, 0.0), error64=None):
     """Admissible error ``A`` of every gradient entry (module doc); ``condition`` is the
-    batch's ``loss_condition``, ``error64`` the entries' error in an independent float64
-    evaluation (None when there is none)."""
-    scales = tensor_scales(grads)
+    batch's ``loss_condition`` (factor, terms' scale), ``error64`` the entries' error in an
+    independent float64 evaluation (None when there is none)."""
+    condition, terms = condition
+    scales = tensor_scales(grads, terms)
     eps = _eps(dtype)
     out = {}
     for k, g in grads.items():
@@ -465,7 +479,7 @@ def check_epochs(case: EpochCase):
         return result.fail(f"fastlib.value_and_grad raised {type(exc).__name__}: {exc}")
     allowances = [gradient_allowance(s["grads"], dtype, depth, s["condition"],
                                      s.get("error64")) for s in ref.steps]
-    scales = tensor_scales(first["grads"])
+    scales = tensor_scales(first["grads"], first["condition"][1])
     for k, g in first["grads"].items():
         if k not in grads:
             return result.fail(f"gradient: {k!r} missing")
@@ -536,7 +550,7 @@ def check_epochs(case: EpochCase):
 
     # 5. every parameter after the run
     final = model.parameters()
-    last_scale = tensor_scales(ref.params)
+    last_scale = tensor_scales({k: _f(v) for k, v in ref.params.items()})
     for k in params0:
         result.measures.append(_measure(f"{k} after {len(ref.steps)} steps", final[k],
                                         ref.steps[-1]["params"][k], bounds_after[-1][k],
