@@ -5,8 +5,11 @@ The strategies and assert-style properties live in ``reports.conformance.targetp
 this module only says which of them run for which engine and wraps them into ``Result``s:
 
 - ``fastlib``: TargetProp targets and signals (chain-rule and pure), and two full steps with
-  momentum, against reflib, per layer kind; CD-k gradients (k = 1, 3) and a CD step followed by
-  an optimizer update, against reflib; float32 CD against reflib;
+  momentum, against reflib, per layer kind; the pure route at and around its weight threshold
+  θ and the gate at and around its budget threshold τ, against reflib and the exact spec;
+  CD-k gradients (k = 1, 3) and a CD step followed by an optimizer update, against reflib;
+  float32 CD against reflib; CD's sampling h = [u < p] at p = 1/2 with u on it, one ulp
+  either side and nearby (float64 and float32), against reflib and the exact spec;
 - ``reflib``: the same TargetProp targets against ``spec.targetprop`` (exact), CD-k against
   ``spec.rbm`` (exact), link budgets three ways.
 """
@@ -20,7 +23,7 @@ from hypothesis import strategies as st
 
 from reports.conformance.properties import Result
 
-__all__ = ["AlgorithmRow", "rows_for", "as_result"]
+__all__ = ["AlgorithmRow", "rows_for", "as_result", "examples_for", "EXAMPLES"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,15 @@ def _tp_rows(engine):
                 st.tuples(tp.tp_cases(kind, small=True), chain),
                 lambda c: as_result(tp.prop_targets_reflib_vs_spec, *c),
                 lambda c: _repro("targetprop", "prop_targets_reflib_vs_spec", repr(c))))
+    if engine == "fastlib":   # at and around θ and τ (fastlib, reflib and spec together)
+        rows.append(AlgorithmRow(
+            "targetprop", "route at threshold", "float64", tp.route_threshold_cases(),
+            lambda c: as_result(tp.prop_route_at_threshold, c),
+            lambda c: _repro("targetprop", "prop_route_at_threshold", f"({c!r},)")))
+        rows.append(AlgorithmRow(
+            "targetprop", "gate at threshold", "float64", tp.gate_threshold_cases(),
+            lambda c: as_result(tp.prop_gate_at_threshold, *c),
+            lambda c: _repro("targetprop", "prop_gate_at_threshold", repr(c))))
     if engine == "reflib":
         rows.append(AlgorithmRow(
             "targetprop", "link budgets", "float64", tp.budget_pairs(),
@@ -95,6 +107,15 @@ def _cd_rows(engine):
                          lambda c: as_result(cd.prop_cd_fastlib_vs_reflib, c, np.float32),
                          lambda c: _repro("cd", "prop_cd_fastlib_vs_reflib",
                                           f"({c!r}, np.float32)")),
+            AlgorithmRow("cd", "CD at threshold", "float64",
+                         ks.flatmap(cd.threshold_rbm_cases),
+                         lambda c: as_result(cd.prop_cd_at_threshold, c),
+                         lambda c: _repro("cd", "prop_cd_at_threshold", f"({c!r},)")),
+            AlgorithmRow("cd", "CD at threshold", "float32",
+                         ks.flatmap(cd.threshold_rbm_cases),
+                         lambda c: as_result(cd.prop_cd_at_threshold, c, np.float32),
+                         lambda c: _repro("cd", "prop_cd_at_threshold",
+                                          f"({c!r}, np.float32)")),
             AlgorithmRow("cd", "CD step + optimizer", "float64",
                          st.tuples(ks.flatmap(cd.rbm_cases),
                                    st.sampled_from(["SGD", "Momentum", "Adam"]),
@@ -106,6 +127,15 @@ def _cd_rows(engine):
                          ks.flatmap(lambda k: cd.rbm_cases(k, max_units=3)),
                          lambda c: as_result(cd.prop_cd_reflib_vs_spec, c),
                          lambda c: _repro("cd", "prop_cd_reflib_vs_spec", f"({c!r},)"))]
+
+
+# cases per row and profile (at least the profile's own ``algorithms`` count)
+EXAMPLES = {"dev": 4, "ci": 6, "thorough": 25}
+
+
+def examples_for(profile):
+    """How many cases each TargetProp / CD row draws under ``profile``."""
+    return max(profile.algorithms, EXAMPLES.get(profile.name, 0))
 
 
 def rows_for(engine):

@@ -128,3 +128,78 @@ def prop_cd_optimizer_step(case, optimizer, lr):
     opt.update(rbm.parameters(), fast.grads, state)
     for name, value in new_params.items():
         _close(rbm.parameters()[name], value, F64_TOL, f"{optimizer} parameter {name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# at the sampling threshold: h = [u < p] with u on p, one ulp either side, and nearby
+
+def _u_near(p, offset):
+    if offset == "on":
+        return p
+    if offset == "below":
+        return float(np.nextafter(p, 0.0))
+    if offset == "above":
+        return float(np.nextafter(p, 1.0))
+    return p + offset
+
+
+U_OFFSETS = ("on", "below", "above", 1e-12, -1e-12, 1e-6, -1e-6)
+
+
+@st.composite
+def threshold_rbm_cases(draw, k):
+    """An RBM case whose "threshold" hidden units have p(h_0 = 1 | v_0) = σ(0) = 1/2 exactly,
+    with their first uniforms on 1/2, one ulp either side, or nearby.
+
+    A threshold unit's weight column is nonzero only on one visible unit that is 0 in every
+    data row, and its bias is 0, so v_0 W + c is exactly 0 for it; its sample then moves the
+    chain (p(v_1 | h_0) reads that weight), so a wrong draw changes the gradient. The other
+    units, and every later step, are random and kept away from their thresholds.
+    """
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    V, H, B = draw(st.integers(2, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    at = draw(st.lists(st.booleans(), min_size=H, max_size=H))
+    at[draw(st.integers(0, H - 1))] = True
+    at = np.array(at)
+    z = draw(st.integers(0, V - 1))
+    W = rng.normal(0, 1, (V, H))
+    c = rng.normal(0, 1, H)
+    W[:, at] = 0.0
+    W[z, at] = rng.choice([-2.0, -1.5, 1.5, 2.0], int(at.sum()))
+    c[at] = 0.0
+    params = {"weight": W, "visible_bias": rng.normal(0, 1, V), "hidden_bias": c}
+    v0 = (rng.integers(0, 2, (B, V)).astype(np.float64) if draw(st.booleans())
+          else rng.uniform(0, 1, (B, V)))
+    v0[:, z] = 0.0
+    u = rng.random((k, B, H))
+    for b in range(B):
+        for j in np.flatnonzero(at):
+            u[0, b, j] = _u_near(0.5, draw(st.sampled_from(U_OFFSETS)))
+    return RBMCase(params, v0, u), tuple(bool(a) for a in at)
+
+
+def prop_cd_at_threshold(case_at, dtype=np.float64):
+    """fastlib (float64 or float32) and reflib draw exactly the spec's first states
+    h_0 = [u < p] where p = 1/2 (u on it: 0; one ulp below: 1), hence the same chain and
+    the same gradients as the exact one."""
+    case, at = case_at
+    at = np.array(at)
+    k = case.uniforms.shape[0]
+    ref = rr.cd_step(case.params, case.v0, case.uniforms, k=k)
+    margin = 1e-9 if dtype == np.float64 else 1e-4
+    gaps = [np.abs(case.uniforms[s] - ref.ph[s]) for s in range(k)]
+    gaps[0] = gaps[0][:, ~at]
+    if min((float(np.min(g)) if g.size else 1.0) for g in gaps) <= margin:
+        assume(False)
+    assert np.all(_f64(ref.ph[0])[:, at] == 0.5), "the threshold units must have p = 1/2"
+    want = (case.uniforms[0][:, at] < 0.5).astype(np.float64)
+    exact = sr.cd_step(case.params, case.v0, case.uniforms, k=k, dps=SPEC_DPS)
+    assert np.array_equal(_f64(exact["h"][0])[:, at], want), "spec: h_0 = [u < 1/2]"
+    assert np.array_equal(ref.h[0][:, at], want), "reflib: h_0 = [u < 1/2] at p = 1/2"
+    fast = fr.cd_gradients(_fast_rbm(case.params, dtype), case.v0.astype(dtype), k=k,
+                           uniforms=case.uniforms)
+    tol = F64_TOL if dtype == np.float64 else F32_TOL
+    for name, g in exact["grads"].items():
+        _close(fast.grads[name], g, tol, f"fastlib gradient {name} (u at p = 1/2: "
+                                         f"{case.uniforms[0][:, at].tolist()})")
+        _close(ref.grads[name], g, F64_TOL, f"reflib gradient {name}")

@@ -19,8 +19,8 @@ Ops (any engine):
 - :func:`check_unsupported`: an op an engine declares unsupported raises ``UnsupportedOpError``.
 
 Beyond ops: :func:`check_optimizer` (k steps against ``spec.step``), :func:`check_tape_laws`
-(random DAGs on reflib's and fastlib's tapes), :func:`check_train_step` (fastlib's training
-step against reflib's), and the TargetProp / CD checks in ``algorithms``.
+(random DAGs on reflib's and fastlib's tapes); training runs are checked in ``training_rows``
+(``check_train_step`` is re-exported here), TargetProp / CD in ``algorithms``.
 """
 from __future__ import annotations
 
@@ -710,107 +710,5 @@ def check_tape_laws(engine, dag, seed):
     return result
 
 
-# ---------------------------------------------------------------------------------------------
-# a training step of fastlib against reflib's
-
-
-TRAIN_TOL = 1e-9   # float64 normwise, relative to the largest gradient (see check_train_step)
-
-
-def _params_measure(what, fast, ref, floor):
-    from reports.conformance.oracle import Measure
-
-    eps = 2.0 ** -52
-    worst = Measure(what, 0.0, TRAIN_TOL / eps, True)
-    for key, r in ref.items():
-        if key not in fast:
-            return Measure(what, math.inf, TRAIN_TOL / eps, False, f"{what}: {key!r} missing")
-        f, r = np.asarray(fast[key], float), np.asarray(r, float)
-        if f.shape != r.shape or not np.all(np.isfinite(f)):
-            return Measure(what, math.inf, TRAIN_TOL / eps, False,
-                           f"{what} {key!r}: shape {f.shape} (expected {r.shape}) or non-finite")
-        err = np.linalg.norm(f - r) / (eps * max(np.linalg.norm(r), floor, 1e-300))
-        if err > worst.error:
-            worst = Measure(f"{what} {key}", float(err), TRAIN_TOL / eps, err * eps <= TRAIN_TOL)
-    return worst
-
-
-def _another_batch(case, batch, k):
-    """A batch unlike ``batch``: rows reversed and values moved (tokens shifted by k)."""
-    x, y = batch
-    if np.asarray(x).dtype.kind in "iu":
-        num = case.config["layers"][0]["num"]
-        x2 = (x[::-1] + k) % num
-    else:
-        x2 = 0.25 - 0.5 * x[::-1]
-    return x2, y[::-1].copy()
-
-
-def check_train_step(case, optimizer, lr, steps=2, require_fused=False):
-    """fastlib's loss, gradients and ``steps`` optimizer steps against reflib's, in float64.
-
-    fastlib: ``fastlib.value_and_grad`` and ``fastlib.train`` (one epoch of ``steps`` different
-    batches, no shuffle: the fused path for plain MLPs, the generic loop otherwise).
-    reflib: ``reflib.train.value_and_grad`` and ``train_step`` (tape gradients, ``spec``'s
-    update). A fused run (plain MLPs) is repeated with the model cut into the fused epoch's
-    pieces; ``require_fused`` fails a case that does not take the fused path at all.
-    Tolerance ``TRAIN_TOL`` = 1e-9 normwise with a floor at the largest gradient norm:
-    the engines share no code, each op is within a few ulps, and some gradients are 0 in exact
-    arithmetic (attention's key bias) where each engine keeps its own rounding residue.
-    """
-    import fastlib
-    import reflib.models
-    from reflib.train import train_step
-    from reflib.train import value_and_grad as ref_value_and_grad
-
-    result = Result()
-    model = fastlib.layers.from_config(case.config, dtype=np.float64, seed=case.seed)
-    ref = reflib.models.from_config(case.config)
-    ref.load_parameters(model.parameters())
-    start = {k: v.copy() for k, v in model.parameters().items()}
-    loss, grads = fastlib.value_and_grad(model, case.x, case.y, case.loss)
-    ref_loss, ref_grads = ref_value_and_grad(ref, case.x, case.y, case.loss)
-    floor = max([float(np.linalg.norm(g)) for g in ref_grads.values()] + [1e-300])
-    from reports.conformance.oracle import Measure
-
-    eps = 2.0 ** -52
-    lerr = abs(float(loss) - float(ref_loss)) / (eps * max(abs(float(ref_loss)), 1e-300))
-    result.measures.append(Measure("loss", lerr, TRAIN_TOL / eps, lerr * eps <= TRAIN_TOL))
-    result.measures.append(_params_measure("gradient", grads, ref_grads, floor))
-    # `steps` different batches of one epoch (a layer that kept a stale input from the previous
-    # batch would compute the second update from the wrong data)
-    batches = [(case.x, case.y)]
-    for k in range(1, steps):
-        batches.append(_another_batch(case, batches[-1], k))
-    n = len(case.x)
-    x = np.concatenate([b[0] for b in batches])
-    y = np.concatenate([b[1] for b in batches])
-    run = _call(result, "fastlib.train", lambda: fastlib.train(
-        model, x, y, 1, n, lr, case.loss, optimizer=optimizer, shuffle=False, verbose=False))
-    state = None
-    ref.load_parameters(start)
-    for xb, yb in batches:
-        _, _, new, state = train_step(ref, xb, yb, case.loss, optimizer, state, lr=lr)
-        ref.load_parameters(new)
-    pfloor = max(float(np.linalg.norm(v)) for v in start.values())
-    result.measures.append(_params_measure(f"parameters after {steps} steps",
-                                           model.parameters(), ref.parameters(), pfloor))
-    if run is not None and require_fused and not run.fused:
-        result.fail("fastlib.train did not take the fused path for a plain MLP")
-    if run is not None and run.fused:
-        # the fused epoch cuts models of SPLIT_MIN_PARAMS parameters and more into pieces on
-        # their own threads; the cases are smaller, so run that layout on them too
-        from fastlib.training import fused_mlp
-
-        cut = fastlib.layers.from_config(case.config, dtype=np.float64, seed=case.seed)
-        cut.load_parameters(start)
-        saved, fused_mlp.SPLIT_MIN_PARAMS = fused_mlp.SPLIT_MIN_PARAMS, 0
-        try:
-            _call(result, "fastlib.train (fused, in pieces)", lambda: fastlib.train(
-                cut, x, y, 1, n, lr, case.loss, optimizer=optimizer, shuffle=False,
-                verbose=False))
-        finally:
-            fused_mlp.SPLIT_MIN_PARAMS = saved
-        result.measures.append(_params_measure(f"parameters after {steps} steps (in pieces)",
-                                               cut.parameters(), ref.parameters(), pfloor))
-    return result
+# the training rows live in their own module; re-exported for callers of the former check
+from reports.conformance.training_rows import check_train_step  # noqa: E402,F401

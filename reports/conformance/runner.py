@@ -429,30 +429,9 @@ def _tape_row(engine_name):
 
 
 def _train_rows(kinds):
-    from hypothesis import strategies as st
+    from reports.conformance.training_rows import train_rows
 
-    from reports.conformance import properties, repro
-    from reports.conformance.strategies import OPTIMIZER_NAMES, mlp_cases, model_cases
-
-    rows = []
-    for kind in kinds:
-        def run(profile, seed, kind=kind):
-            strategy = st.tuples(model_cases(kind), st.sampled_from(OPTIMIZER_NAMES),
-                                 st.sampled_from([0.01, 0.1]))
-            return run_property(strategy, lambda c: properties.check_train_step(*c),
-                                profile.train, seed, lambda c: repro.train(c))
-        rows.append(Row("train", kind, "fastlib", "float64", run))
-
-    # plain MLPs, which fastlib.train runs in its whole-epoch fused path (whole and in pieces)
-    def run_fused(profile, seed):
-        strategy = st.tuples(mlp_cases(), st.sampled_from(OPTIMIZER_NAMES),
-                             st.sampled_from([0.01, 0.1]))
-        return run_property(strategy,
-                            lambda c: properties.check_train_step(*c, require_fused=True),
-                            profile.examples, seed, lambda c: repro.train(c))
-    # NOTE: cheap (a small MLP trains in about a millisecond), so as many examples as an op row
-    rows.append(Row("train", "fused MLP", "fastlib", "float64", run_fused))
-    return rows
+    return train_rows(kinds)
 
 
 def _algorithm_rows(engine_name):
@@ -461,8 +440,8 @@ def _algorithm_rows(engine_name):
     rows = []
     for spec_ in algorithms.rows_for(engine_name):
         def run(profile, seed, spec_=spec_):
-            return run_property(spec_.strategy, spec_.check, profile.algorithms, seed,
-                                spec_.reproduce)
+            return run_property(spec_.strategy, spec_.check,
+                                algorithms.examples_for(profile), seed, spec_.reproduce)
         rows.append(Row(spec_.kind, spec_.name, engine_name, spec_.dtype, run))
     return rows
 

@@ -279,3 +279,126 @@ def prop_link_budget_three_ways(y, t):
         if not np.any(y) or not np.any(t):
             assert b == 0.0, f"{engine}: a zero norm must give budget 0, got {b}"
         assert 0.0 <= b <= 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# at and around the thresholds: the route's θ (``weight_threshold``) and the gate's τ
+# (``budget_threshold``), where an engine that compares the wrong way (> for >=), compares
+# against another constant or rounds the compared value differs from the rule
+
+# relative offsets from a threshold: on it, one ulp either side, and farther out
+THRESHOLD_OFFSETS = (0.0, "up", "down", 1e-12, -1e-12, 1e-6, -1e-6, 1e-3, -1e-3)
+# |b − τ| below which the gate of a float64 engine may go either way: the budget
+# (cos + 1) / 2 is a few roundings (a dot product, two norms, a square root, a division)
+GATE_ZONE = 16 * 2.0 ** -52
+
+
+def _at(value, offset):
+    """``value`` moved by ``offset`` (relative, or "up" / "down": one float64 ulp)."""
+    if offset == "up":
+        return float(np.nextafter(value, np.inf))
+    if offset == "down":
+        return float(np.nextafter(value, -np.inf))
+    return float(value * (1.0 + offset))
+
+
+@st.composite
+def route_threshold_cases(draw):
+    """A lone pure-mode Dense whose weight rows sum (in |.|) to θ moved by the offsets.
+
+    Each row's absolute sum is exact in float64 (one entry, or two equal halves), so the
+    spec's exact comparison and the engines' float comparison see the same number.
+    """
+    theta = ft.TargetPropConfig().weight_threshold
+    # the first row sits exactly on θ in every case
+    offsets = [0.0] + draw(st.lists(st.sampled_from(THRESHOLD_OFFSETS), max_size=3))
+    out = draw(st.integers(2, 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    rows = []
+    for offset in offsets:
+        den = _at(theta, offset)
+        row = np.zeros(out)
+        cols = rng.permutation(out)
+        signs = rng.choice([-1.0, 1.0], 2)
+        if draw(st.booleans()):
+            row[cols[0]] = signs[0] * den
+        else:                       # two halves: den / 2 is exact, and so is their sum
+            row[cols[0]], row[cols[1]] = signs[0] * den / 2, signs[1] * den / 2
+        rows.append(row)
+    rows.append(rng.normal(0, 0.6, out))          # one ordinary row
+    model = Sequential([Dense(len(rows), out, "linear")], dtype=np.float64, seed=0)
+    model.load_parameters({"0.weight": np.array(rows), "0.bias": rng.normal(0, 0.3, out)})
+    batch = draw(st.integers(1, 3))
+    x = rng.normal(size=(batch, len(rows)))
+    target = model(x) + rng.normal(0, 0.5, (batch, out))
+    return Case(model, x, target)
+
+
+def prop_route_at_threshold(case):
+    """Pure mode: fastlib, reflib and the exact spec route exactly the rows whose Σ|W| exceeds
+    θ (and 0 for the others), with the same targets."""
+    theta = ft.TargetPropConfig().weight_threshold
+    W = case.model.parameters()["0.weight"]
+    routes = np.sum(np.abs(W), axis=1) > theta      # exact: the sums are exact (see cases)
+    _, fs = _run_fastlib(case, False)
+    _, rs = _run_reflib(case, False)
+    exact = stp.backward(case.model.get_config(), case.model.parameters(), case.x, case.target,
+                         {"use_chain_rule": False}, dps=SPEC_DPS, input_target=True)
+    want = _f64(exact["input_target"])
+    for name, got in (("fastlib", fs.input_target), ("reflib", rs.input_target)):
+        got = _f64(got)
+        for i, r in enumerate(routes):
+            if not r:
+                assert np.all(got[..., i] == 0), (
+                    f"{name}: row {i} with Σ|W| = {np.sum(np.abs(W[i]))!r} <= θ = {theta} must "
+                    f"route nothing, got {got[..., i]}")
+            else:
+                assert np.any(want[..., i] != 0) or np.all(got[..., i] == 0)
+        _close(got, want, F64_TOL, f"{name} input_target")
+
+
+@st.composite
+def gate_threshold_cases(draw):
+    """(offset, lr): a lone Dense(1, 2) whose output y = [1, 0] has the target t = [a, 4]
+    with a chosen so the exact link budget (cos(y, t) + 1) / 2 is τ moved by ``offset``."""
+    return (draw(st.sampled_from(THRESHOLD_OFFSETS + (2e-15, -2e-15))),
+            draw(st.sampled_from([0.01, 0.1])))
+
+
+def _gate_case(offset):
+    import mpmath
+
+    tau = ft.TargetPropConfig().budget_threshold
+    b = _at(tau, offset) if isinstance(offset, str) else tau * (1 + offset)
+    with mpmath.workdps(SPEC_DPS):
+        c = 2 * mpmath.mpf(b) - 1
+        a = float(4 * c / mpmath.sqrt(1 - c * c))
+    model = Sequential([Dense(1, 2, "linear")], dtype=np.float64, seed=0)
+    model.load_parameters({"0.weight": np.array([[1.0, 0.0]]), "0.bias": np.zeros(2)})
+    return Case(model, np.array([[1.0]]), np.array([[a, 4.0]]))
+
+
+def prop_gate_at_threshold(offset, lr):
+    """The layer is updated iff its exact budget is >= τ (``spec``'s gate), in fastlib and
+    reflib alike; within ``GATE_ZONE`` of τ (where the float64 budget is not decisive) the
+    two engines must at least agree. Rates, velocities and parameters agree either way."""
+    case = _gate_case(offset)
+    tau = ft.TargetPropConfig().budget_threshold
+    y = case.model(case.x)
+    b_exact = float(stp.link_budget(y, case.target, SPEC_DPS))
+    import mpmath
+
+    with mpmath.workdps(SPEC_DPS):
+        above = stp.link_budget(y, case.target, SPEC_DPS) >= mpmath.mpf(tau)
+    model, fs = _run_fastlib(case, True, lr, 1)
+    ref, rs = _run_reflib(case, True, lr, 1)
+    assert fs.updated == rs.updated, f"gates differ: fastlib {fs.updated}, reflib {rs.updated}"
+    if abs(b_exact - tau) > GATE_ZONE:
+        assert fs.updated == [bool(above)], (
+            f"budget {b_exact!r} {'>=' if above else '<'} τ = {tau}: the spec "
+            f"{'updates' if above else 'skips'} the layer, fastlib updated={fs.updated}")
+    _close(fs.link_budgets, rs.link_budgets, F64_TOL, "link_budgets")
+    _close(fs.layer_rates, rs.layer_rates, F64_TOL, "layer_rates")
+    params = model.parameters()
+    for name, value in ref.parameters().items():
+        _close(params[name], value, F64_TOL, f"parameter {name}")

@@ -1,0 +1,330 @@
+"""Training runs to check: models of every layer type, whole epochs, and the sizes that cross
+the boundaries of fastlib's kernels.
+
+A :class:`EpochCase` is everything ``fastlib.train`` is called with (a model config and its
+parameter seed, data, loss, optimizer, rate, batch size, epochs, shuffling, clipping, dtype,
+and which path it must take). :func:`epoch_cases` draws them with Hypothesis;
+:func:`boundary_cases` builds the explicit cases whose batch sizes, sequence lengths and
+parameter counts sit on each side of a boundary of the kernels. The boundaries are read from
+the kernels' own constants when the cases are built (never copied here), so a change of a
+block or piece size moves the cases with it:
+
+- ``fastlib.kernels.recurrent._PIECE``: RNN / LSTM batches run in pieces of that many rows;
+- ``fastlib.training.fused_mlp.SPLIT_MIN_PARAMS`` / ``FUSED_PIECES``: the fused epoch cuts a
+  model of that many parameters into pieces on their own threads (and a layer narrower than
+  the number of pieces leaves a piece empty);
+- ``fastlib.kernels.reduce._BLOCK``: float64 pairwise sums (the losses' means, attention's
+  bias gradients) run in blocks of that many terms;
+- ``fastlib.config.PARALLEL_MIN_SIZE``: elementwise, row-wise and optimizer kernels go
+  parallel from that many elements.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+from hypothesis import strategies as st
+
+__all__ = ["EpochCase", "epoch_cases", "fused_cases", "boundary_cases", "kernel_boundaries",
+           "OPTIMIZERS", "LAYER_KINDS"]
+
+OPTIMIZERS = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW")
+LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNorm", "RMSNorm",
+               "Embedding", "Softmax", "Parallel", "Sequential")
+# smooth activations only: a pre-activation that the engine's rounding moves across a relu
+# kink changes a gradient by O(1), which is not an accuracy error (the kinks' conventions have
+# their own rows)
+SMOOTH = ("linear", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh", "softplus")
+FUSED_SMOOTH = ("linear", "tanh", "sigmoid")
+
+
+@dataclass(frozen=True)
+class EpochCase:
+    """One ``fastlib.train`` call and what it must do.
+
+    ``clip`` is a fraction: the threshold is that fraction of the first batch's exact gradient
+    (its largest entry for ``"value"``, its global norm for ``"norm"``), rounded to float32, so
+    clipping is active and the threshold is a number both dtypes hold exactly. ``path`` is
+    ``"fused"`` (must take the whole-epoch fused path), ``"pieces"`` (the same, cut into
+    pieces whatever the size), or ``"generic"`` (``fused=False``: the per-batch loop).
+    """
+
+    config: dict
+    x: np.ndarray
+    y: np.ndarray
+    loss: str
+    seed: int
+    dtype: str = "float64"
+    optimizer: str = "SGD"
+    lr: float = 0.05
+    batch_size: int = 2
+    epochs: int = 2
+    shuffle: bool = True
+    clip: float = 0.0
+    clip_mode: str = "value"
+    path: str = "generic"
+    label: str = ""
+    referee: str = "exact"     # "exact" (reflib at 30 digits) or "float64" (large float32 runs)
+
+    def with_(self, **changes):
+        """A copy with ``changes`` applied."""
+        return replace(self, **changes)
+
+
+def kernel_boundaries():
+    """The kernels' block and piece sizes, read now from the modules that define them."""
+    from fastlib import config
+    from fastlib.kernels import recurrent, reduce
+    from fastlib.training import fused_mlp
+
+    return {"recurrent_piece": int(recurrent._PIECE), "reduce_block": int(reduce._BLOCK),
+            "split_min_params": int(fused_mlp.SPLIT_MIN_PARAMS),
+            "fused_pieces": int(fused_mlp.FUSED_PIECES),
+            "parallel_min_size": int(config.PARALLEL_MIN_SIZE)}
+
+
+# ---------------------------------------------------------------------------------------------
+# models
+
+def _block(draw, kind, width, rank):
+    """(config, out width, out rank) of one block of ``kind`` on (..., width) inputs."""
+    if kind == "Dense":
+        out = draw(st.integers(1, 4))
+        return {"type": "Dense", "in_features": width, "out_features": out,
+                "activation": draw(st.sampled_from(SMOOTH))}, out, rank
+    if kind in ("LayerNorm", "RMSNorm"):
+        return {"type": kind, "d": width, "eps": draw(st.sampled_from([1e-5, 1e-3]))}, width, rank
+    if kind == "SwiGLU":
+        out = draw(st.integers(1, 3))
+        return {"type": "SwiGLU", "d": width, "hidden": draw(st.integers(1, 3)),
+                "out": out}, out, rank
+    if kind in ("RNN", "LSTM"):
+        hidden = draw(st.integers(1, 3))
+        seqs = draw(st.booleans())
+        return {"type": kind, "input_size": width, "hidden_size": hidden,
+                "return_sequences": seqs}, hidden, (3 if seqs else 2)
+    if kind == "MultiHeadAttention":
+        heads = draw(st.sampled_from([h for h in (1, 2) if width % h == 0]))
+        return {"type": kind, "d_model": width, "heads": heads,
+                "causal": draw(st.booleans())}, width, rank
+    if kind == "Parallel":
+        combine = draw(st.sampled_from(["concat", "add"]))
+        common = draw(st.integers(1, 3))
+        branches, widths = [], []
+        for _ in range(draw(st.integers(1, 2))):
+            out = draw(st.integers(1, 3)) if combine == "concat" else common
+            branches.append({"type": "Dense", "in_features": width, "out_features": out,
+                             "activation": draw(st.sampled_from(SMOOTH))})
+            widths.append(out)
+        return ({"type": "Parallel", "combine": combine, "layers": branches},
+                sum(widths) if combine == "concat" else common, rank)
+    if kind == "Sequential":   # nested: a Sequential holding a Parallel or a norm and a Dense
+        inner, w = [], width
+        for k in (draw(st.sampled_from(["Parallel", "LayerNorm", "SwiGLU"])), "Dense"):
+            cfg, w, rank = _block(draw, k, w, rank)
+            inner.append(cfg)
+        return {"type": "Sequential", "layers": inner}, w, rank
+    raise ValueError(f"no block builder for layer kind {kind!r}")
+
+
+def _targets(rng, loss, classes, out_shape):
+    batch = out_shape[0]
+    if loss == "cross_entropy":
+        return rng.integers(0, classes, size=(batch, 1))
+    if loss == "categorical_cross_entropy":
+        return np.eye(classes)[rng.integers(0, classes, size=batch)]
+    if loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits"):
+        return rng.integers(0, 2, size=out_shape).astype(np.float64)
+    return rng.uniform(-1, 1, size=out_shape)
+
+
+def _options(draw, n):
+    """Optimizer, rate, batch size (a partial last batch most of the time), clipping."""
+    optimizer = draw(st.sampled_from(OPTIMIZERS))
+    lr = draw(st.sampled_from([0.01, 0.05]))
+    batch = draw(st.sampled_from(sorted({max(1, n // 2), max(1, n - 1), 2, n})))
+    clip_mode = draw(st.sampled_from(["value", "norm"]))
+    clip = draw(st.sampled_from([0.0, 0.5, 0.8]))
+    return dict(optimizer=optimizer, lr=lr, batch_size=batch, clip=clip, clip_mode=clip_mode,
+                shuffle=draw(st.sampled_from([True, True, False])))
+
+
+@st.composite
+def epoch_cases(draw, focus, dtype="float64"):
+    """A small model around one layer of ``focus`` (every type of ``LAYER_KINDS``) trained for
+    two whole epochs by the generic per-batch loop."""
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    n = draw(st.integers(3, 7))
+    seq = draw(st.integers(1, 3))
+    width = draw(st.integers(1, 4))
+    if focus == "MultiHeadAttention":
+        width = draw(st.sampled_from([2, 4]))
+    layers = []
+    if focus == "Embedding" or (focus in ("RNN", "LSTM", "MultiHeadAttention")
+                                and draw(st.booleans())):
+        num = draw(st.integers(2, 5))
+        layers.append({"type": "Embedding", "num": num, "dim": width})
+        x = rng.integers(0, num, size=(n, seq))
+        rank = 3
+    else:
+        rank = 3 if focus in ("RNN", "LSTM", "MultiHeadAttention") or draw(st.booleans()) else 2
+        x = rng.uniform(-2, 2, size=(n, width) if rank == 2 else (n, seq, width))
+    if focus not in ("Embedding", "Softmax"):
+        cfg, width, rank = _block(draw, focus, width, rank)
+        layers.append(cfg)
+    classes = draw(st.integers(2, 3))
+    layers.append({"type": "Dense", "in_features": width, "out_features": classes,
+                   "activation": "linear"})
+    out_shape = (n, classes) if rank == 2 else (n, seq, classes)
+    if focus == "Softmax":
+        layers.append({"type": "Softmax", "axis": -1})
+        loss = "mse"
+    elif rank == 2:
+        loss = draw(st.sampled_from(["mse", "cross_entropy", "categorical_cross_entropy",
+                                     "binary_cross_entropy_with_logits"]))
+    else:
+        loss = draw(st.sampled_from(["mse", "binary_cross_entropy_with_logits"]))
+    y = _targets(rng, loss, classes, out_shape)
+    return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
+                     path="generic", label=f"{focus}", **_options(draw, n))
+
+
+@st.composite
+def fused_cases(draw, dtype="float64", path="fused"):
+    """A plain MLP (the models the fused epoch trains), 1-3 Dense layers, widths 1-6."""
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    widths = [draw(st.integers(1, 5))]
+    layers = []
+    for _ in range(draw(st.integers(0, 2))):
+        widths.append(draw(st.integers(1, 6)))
+        layers.append({"type": "Dense", "in_features": widths[-2], "out_features": widths[-1],
+                       "activation": draw(st.sampled_from(FUSED_SMOOTH))})
+    classes = draw(st.integers(2, 3))
+    layers.append({"type": "Dense", "in_features": widths[-1], "out_features": classes,
+                   "activation": "linear"})
+    n = draw(st.integers(3, 9))
+    loss = draw(st.sampled_from(["mse", "cross_entropy", "categorical_cross_entropy",
+                                 "binary_cross_entropy_with_logits"]))
+    x = rng.uniform(-2, 2, size=(n, widths[0]))
+    y = _targets(rng, loss, classes, (n, classes))
+    return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
+                     path=path, label=f"MLP {path}", **_options(draw, n))
+
+
+# ---------------------------------------------------------------------------------------------
+# the boundaries
+
+def _mlp(widths, activation="tanh"):
+    layers = [{"type": "Dense", "in_features": a, "out_features": b, "activation": activation}
+              for a, b in zip(widths[:-2], widths[1:-1])]
+    layers.append({"type": "Dense", "in_features": widths[-2], "out_features": widths[-1],
+                   "activation": "linear"})
+    return {"type": "Sequential", "layers": layers}
+
+
+def _recurrent(kind, width, hidden, seqs):
+    return {"type": "Sequential", "layers": [
+        {"type": kind, "input_size": width, "hidden_size": hidden, "return_sequences": seqs},
+        {"type": "Dense", "in_features": hidden, "out_features": 2, "activation": "linear"}]}
+
+
+def _attention(d, heads, causal):
+    return {"type": "Sequential", "layers": [
+        {"type": "MultiHeadAttention", "d_model": d, "heads": heads, "causal": causal},
+        {"type": "Dense", "in_features": d, "out_features": 2, "activation": "linear"}]}
+
+
+def boundary_cases(dtype):
+    """Explicit cases on each side of every boundary of ``kernel_boundaries()``.
+
+    float64 cases are small enough for exact (30-digit) references; the float32 ones cross
+    the size thresholds (pieces of the fused epoch by parameter count, blocks of 512 rows,
+    parallel kernels) and are held against the float64 referee.
+    """
+    b = kernel_boundaries()
+    piece, block = b["recurrent_piece"], b["reduce_block"]
+    rng = np.random.default_rng(20261124)
+    cases = []
+
+    def seq_data(n, t, w):
+        return rng.uniform(-1.5, 1.5, size=(n, t, w))
+
+    if dtype == "float64":
+        # recurrent pieces: batches of piece - 1, piece, piece + 1 rows, and two pieces plus a
+        # row; the epoch's last batch is partial so a batch ends inside a piece
+        for kind, n, bs, opt in (("RNN", piece + 1, piece, "Adam"),
+                                 ("LSTM", 2 * piece + 1, piece + 1, "Momentum"),
+                                 ("LSTM", piece - 1, piece - 1, "NAG")):
+            x = seq_data(n, 3, 2)
+            cases.append(EpochCase(_recurrent(kind, 2, 2, kind == "LSTM"), x,
+                                   rng.uniform(-1, 1, (n, 3, 2)) if kind == "LSTM"
+                                   else rng.uniform(-1, 1, (n, 2)), "mse", 11, dtype, opt, 0.05,
+                                   bs, 1, True, label=f"{kind} batch {bs} of {n} "
+                                                      f"(pieces of {piece})"))
+        # the float64 pairwise sums: a loss mean over block + 1 terms (an MLP on block + 1
+        # samples), in the generic loop and in the fused epoch
+        n = block + 1
+        x = rng.uniform(-1, 1, (n, 2))
+        y = rng.integers(0, 2, (n, 1))
+        for path in ("generic", "fused"):
+            cases.append(EpochCase(_mlp([2, 2, 2]), x, y, "cross_entropy", 12, dtype, "RMSprop",
+                                   0.01, n, 1, False, path=path,
+                                   label=f"MLP one batch of {n} (blocks of {block}), {path}"))
+        # the fused epoch in pieces: a width-1 layer leaves a piece empty
+        x = rng.uniform(-1, 1, (7, 3))
+        cases.append(EpochCase(_mlp([3, 1, 4, 2]), x, rng.integers(0, 2, (7, 1)),
+                               "cross_entropy", 13, dtype, "Adam", 0.05, 3, 2, True,
+                               0.5, "norm", "pieces", label="MLP 3-1-4-2 in pieces, partial "
+                                                            "batch, norm clip"))
+        # causal and non-causal attention, a sequence over two recurrent-piece lengths
+        for causal in (True, False):
+            x = seq_data(5, piece + 1, 2)
+            cases.append(EpochCase(_attention(2, 2, causal), x,
+                                   rng.uniform(-1, 1, (5, piece + 1, 2)), "mse", 14, dtype,
+                                   "AdamW", 0.05, 2, 1, True, 0.5, "value",
+                                   label=f"attention causal={causal} seq {piece + 1}"))
+        return cases
+
+    # float32: sizes past the thresholds, against the float64 referee
+    split, pieces = b["split_min_params"], b["fused_pieces"]
+    # a two-layer MLP d-h-c with (d + 1) h + (h + 1) c parameters on each side of split
+    d, c = 64, 3
+    h_cut = -(-(split - c) // (d + 1 + c))           # the smallest h at or past the threshold
+    for h in (h_cut - 1, h_cut):
+        n_params = (d + 1) * h + (h + 1) * c
+        x = rng.uniform(-1, 1, (2 * pieces + 3, d))
+        cases.append(EpochCase(_mlp([d, h, c]), x, rng.integers(0, c, (len(x), 1)),
+                               "cross_entropy", 21, dtype, "Adam", 0.01, 2 * pieces, 1, True,
+                               0.5, "value", "fused",
+                               label=f"MLP {d}-{h}-{c}: {n_params} parameters "
+                                     f"({'>=' if n_params >= split else '<'} {split})"))
+    # pairwise blocks in attention's bias gradients (B * T rows) and in the losses' means
+    t = 4
+    n = -(-(block + 1) // t)
+    x = seq_data(n, t, 2)
+    cases.append(EpochCase(_attention(2, 1, True), x, rng.uniform(-1, 1, (n, t, 2)), "mse", 22,
+                           dtype, "SGD", 0.05, n, 1, False, label=f"attention {n} x {t} rows "
+                                                                  f"(blocks of {block})"))
+    # recurrent pieces in float32
+    x = seq_data(2 * piece + 1, 2, 3)
+    cases.append(EpochCase(_recurrent("LSTM", 3, 3, False), x,
+                           rng.uniform(-1, 1, (len(x), 2)), "mse", 23, dtype, "Adagrad", 0.05,
+                           piece + 1, 1, True, label=f"LSTM batch {piece + 1} of {len(x)}"))
+    # a parameter of parallel_min_size entries (the optimizer kernel runs in chunks) and
+    # LayerNorm rows over parallel_min_size entries, in the generic loop
+    par = b["parallel_min_size"]
+    width = 128
+    rows = -(-par // width)
+    x = rng.uniform(-1, 1, (rows, width))
+    cfg = {"type": "Sequential", "layers": [
+        {"type": "Dense", "in_features": width, "out_features": par // width,
+         "activation": "tanh"},
+        {"type": "LayerNorm", "d": par // width, "eps": 1e-5},
+        {"type": "Dense", "in_features": par // width, "out_features": 2,
+         "activation": "linear"}]}
+    cases.append(EpochCase(cfg, x, rng.uniform(-1, 1, (rows, 2)), "mse", 24, dtype, "Adam",
+                           0.01, rows, 1, False, label=f"Dense {width}x{par // width} "
+                                                       f"({par} weights), {rows} rows"))
+    return [c.with_(referee="float64") for c in cases]

@@ -1,0 +1,664 @@
+"""The ``train`` rows: whole ``fastlib.train`` runs held, entry by entry, to exact trajectories.
+
+A case (``training_cases.EpochCase``) is one ``fastlib.train`` call: a model, data, loss,
+optimizer, rate, batch size (the last batch usually partial), epochs, shuffling, clipping
+(value or norm), dtype and the path it must take (the fused whole-epoch MLP path, the same cut
+into pieces, or the generic per-batch loop). :func:`check_epochs` measures
+
+- **gradient**: ``fastlib.value_and_grad`` on the first batch, every entry;
+- **order**: on the generic path, the rows each forward saw (every sample exactly once per
+  epoch, in ``numpy.random.default_rng(seed).permutation`` order when shuffling, as
+  ``fastlib.train`` documents);
+- **loss e**: the loss of epoch ``e`` (the sample-weighted mean of the batch losses, each taken
+  before its update);
+- **parameters**: every entry of every parameter after the run.
+
+The exact side is :func:`reference_run`: the same epochs replayed by reflib on its tape at
+30 digits (``dps=30``; mpmath) with the spec's optimizer updates (``reflib.optim.step``) and
+clipping applied in exact arithmetic; float32 runs too large for that (the size boundaries)
+use reflib in float64 (its own error, bounded the same way with float64's eps, is added to
+the bound, a 5e8-fold smaller term).
+Inputs and parameters are first cast to the row's dtype, so only the engine's arithmetic is
+measured.
+
+Bounds, per entry, from the model:
+
+- a gradient entry ``g`` of parameter tensor ``T`` may be off by
+  ``A = K_GRAD · eps · (D + κ_loss) · (|g| + s_T)``. ``D`` is the model's depth in roundings: the
+  operations on the longest chain (``chain_ops``: a recurrent layer counts each time step)
+  plus ``log2`` of the longest sum (batch rows × sequence, widths). ``s_T`` is the tensor's
+  RMS, so an entry that cancels to nearly 0 is judged at its tensor's scale, never at the
+  model's largest gradient; a tensor that is 0 as a whole in exact arithmetic (attention's key
+  bias: softmax ignores a shift per row) is judged at the scale of its layer's gradients, and a
+  layer that is 0 as a whole (under a one-wide LayerNorm) at the model's largest.
+  ``D`` grows by the batch's ``loss_condition``: when the prediction is already close to
+  the target, the loss's cotangent ``p − y`` cancels, and every gradient inherits its
+  relative error (a nearly fitted softmax loses a thousand eps this way in any engine);
+- to every gradient entry's (and loss's) allowance, ``K_MEASURED · (eps / eps64)`` times
+  the error reflib's float64 evaluation of the same batch at the same (rounded) parameters
+  makes on it: the same formulas rounded in another order, so where an entry is badly
+  conditioned (a LayerNorm over two nearly equal values divides by their difference; the
+  softmax in attention cancels as the loss does) the bound sees how badly, entry by entry.
+  It stays at the rounding level of a correct float64 evaluation, so a planted error far
+  above rounding is never covered by it;
+- a parameter entry after step ``t`` may be off by
+  ``2 · P + K_STEP · eps · (t · |w| + Σ (1 + κ_s) |Δw_s|)``
+  where ``P`` propagates every step's admissible gradient error ``A`` through the optimizer
+  from the exact state: the exact optimizer trajectory is replayed with each gradient moved by
+  ``+A`` (and again by ``−A``) before clipping, and ``P`` is the larger deviation. This is the
+  conditioning of each optimizer on each entry (Adam divides a near-zero gradient by
+  ``sqrt(v) + eps``; value clipping is flat past the threshold; norm clipping rescales
+  everything). ``Σ|Δw_s|`` is the distance the entry travelled (the updates' own roundings),
+  each step weighted by ``1 + κ_s``, the conditioning of Adam's bias corrections
+  ``1 − β^s`` (``properties._bias_condition``: ``1 − 0.999²`` loses 500 eps to cancellation);
+- a loss of epoch e: ``K_GRAD · eps · D · |L_b|`` per batch plus ``Σ |g_b| · B_{b-1}``, the
+  loss's first-order change under the parameter bound the batch started from.
+
+``K_GRAD`` and ``K_STEP`` are constants of this module (a few roundings per operation); the
+clean engine stays a factor of ten or more inside every bound over many draws (the tests hold
+the margin), while a step 1e-7 off on one tensor, a gradient off by 1e-10 in one entry, a
+1e-7-relative term lost on a small tensor or a float32 rounding inside a float64 epoch fail.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import mpmath
+import numpy as np
+
+from reports.conformance.training_cases import EpochCase
+
+__all__ = ["check_epochs", "reference_run", "chain_ops", "depth_factor", "gradient_allowance",
+           "loss_condition", "check_train_step", "train_rows", "reproduction", "EXACT_DPS", "K_GRAD", "K_STEP",
+           "EXAMPLES"]
+
+EXACT_DPS = 30          # exact references: 30 digits, 14 beyond float64
+K_GRAD = 16.0           # roundings per operation on the chain (module doc)
+K_STEP = 32.0           # roundings per optimizer step (spec.optimizers' table: ~10 per element)
+K_MEASURED = 8.0         # times the error an independent float64 evaluation made (module doc)
+EPS64 = 2.0 ** -52
+LAYER_ZERO = 1e-6       # a tensor below this fraction of its layer's scale is "0 as a whole"
+
+# drawn examples per row and profile (the explicit boundary cases run on top)
+EXAMPLES = {"dev": 3, "ci": 5, "thorough": 25}
+
+_OPS = {"Dense": 3, "LayerNorm": 6, "RMSNorm": 5, "SwiGLU": 6, "MultiHeadAttention": 10,
+        "Embedding": 1, "Softmax": 4}
+
+
+def chain_ops(config, seq=1):
+    """Operations on the longest chain of ``config`` (forward; the backward mirrors it)."""
+    kind = config["type"]
+    if kind == "Sequential":
+        return sum(chain_ops(c, seq) for c in config["layers"])
+    if kind == "Parallel":
+        return 1 + max(chain_ops(c, seq) for c in config["layers"])
+    if kind in ("RNN", "LSTM"):
+        return (4 if kind == "RNN" else 8) * max(seq, 1)
+    return _OPS[kind]
+
+
+def _widths(config):
+    out = []
+    for key in ("in_features", "out_features", "d", "d_model", "hidden", "input_size",
+                "hidden_size", "dim", "num"):
+        if key in config:
+            out.append(int(config[key]))
+    for child in config.get("layers", ()):
+        out += _widths(child)
+    return out
+
+
+def depth_factor(case, batch):
+    """``D`` of the module doc: operations on the chain plus log2 of the longest sum."""
+    x = np.asarray(case.x)
+    seq = x.shape[1] if x.ndim == 3 or (x.ndim == 2 and x.dtype.kind in "iu") else 1
+    longest = max([batch * seq] + _widths(case.config))
+    return chain_ops(case.config, seq) + math.log2(1 + longest)
+
+
+def loss_condition(loss, pred, y):
+    """How much the loss's cotangent cancels, and the scale of its terms: ``Σ(|a| + |b|) /
+    Σ|a − b|`` and ``mean(|a| + |b|)`` over its entries,
+    where the cotangent is ``a − b`` (softmax or sigmoid of the logits, or the prediction,
+    minus the target). Each entry of the cotangent is computed with an absolute error of a few
+    eps times ``|a| + |b|``, so a fit that is already close (``a ≈ b``) hands every gradient
+    that relative error times this factor."""
+    pred = np.asarray(pred, np.float64)
+    y = np.asarray(y)
+    if loss in ("cross_entropy", "categorical_cross_entropy"):
+        z = pred - np.max(pred, axis=-1, keepdims=True)
+        a = np.exp(z) / np.sum(np.exp(z), axis=-1, keepdims=True)
+        b = (np.eye(pred.shape[-1])[y.reshape(-1)] if loss == "cross_entropy"
+             else np.asarray(y, np.float64))
+    elif loss == "binary_cross_entropy_with_logits":
+        a, b = 1.0 / (1.0 + np.exp(-pred)), np.asarray(y, np.float64)
+    else:
+        a, b = pred, np.asarray(y, np.float64)
+    total = float(np.sum(np.abs(a - b)))
+    terms = float(np.sum(np.abs(a) + np.abs(b)))
+    return (terms / total if total > 0 else 1.0), terms / max(a.size, 1)
+
+
+def _eps(dtype):
+    return float(np.finfo(np.dtype(dtype)).eps)
+
+
+def _f(a):
+    """float64 view of a float, int or mpf array."""
+    a = np.asarray(a)
+    return a.astype(np.float64) if a.dtype == object else np.asarray(a, np.float64)
+
+
+def _rms(a):
+    return float(np.sqrt(np.mean(np.square(a)))) if a.size else 0.0
+
+
+def _layer(name):
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+# attention's query and key parameters: their gradients come out of the softmax's backward,
+# P ∘ (dP − rowsum(P ∘ dP)), whose terms cancel (a causal first row: exactly), so they are
+# judged at the scale of the terms, their layer's
+BEHIND_SOFTMAX = frozenset(("w_q", "w_k", "b_q", "b_k"))
+
+
+def tensor_scales(grads, floor=0.0):
+    """``s_T`` per parameter: its RMS; its layer's largest RMS when it is 0 as a whole or sits
+    behind attention's softmax (``BEHIND_SOFTMAX``); the model's largest when its whole layer
+    is 0 (a layer under a one-wide LayerNorm, whose output is constant), where each engine
+    keeps its own rounding residue; ``floor`` when the whole model's gradient is 0 (the loss's
+    terms cancel exactly: pass their scale)."""
+    rms = {k: _rms(_f(g)) for k, g in grads.items()}
+    layer = {}
+    for k, r in rms.items():
+        layer[_layer(k)] = max(layer.get(_layer(k), 0.0), r)
+    model = max(layer.values(), default=0.0)
+    if model <= LAYER_ZERO * floor:
+        model = floor
+    layer = {name: (s if s > LAYER_ZERO * model else model) for name, s in layer.items()}
+    return {k: (r if r > LAYER_ZERO * layer[_layer(k)]
+                and k.rsplit(".", 1)[-1] not in BEHIND_SOFTMAX else layer[_layer(k)])
+            for k, r in rms.items()}
+
+
+def gradient_allowance(grads, dtype, depth, condition=(1.0, 0.0), error64=None):
+    """Admissible error ``A`` of every gradient entry (module doc); ``condition`` is the
+    batch's ``loss_condition`` (factor, terms' scale), ``error64`` the entries' error in an
+    independent float64 evaluation (None when there is none)."""
+    condition, terms = condition
+    scales = tensor_scales(grads, terms)
+    eps = _eps(dtype)
+    out = {}
+    for k, g in grads.items():
+        a = K_GRAD * eps * (depth + condition) * (np.abs(_f(g)) + scales[k])
+        if error64 is not None:
+            a = a + K_MEASURED * (eps / EPS64) * error64[k]
+        out[k] = a
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the reference: reflib replaying the run
+
+class _NumpyBackend:
+    """What ``spec``'s optimizer formulas need, in float64 NumPy (float32 rows' referee)."""
+
+    sqrt = staticmethod(np.sqrt)
+
+
+def _spec_step(name, params, grads, state, t, lr, exact):
+    """One optimizer step of the spec's engine form over every parameter."""
+    if exact:
+        from reflib import optim as ropt
+
+        return ropt.step(name, params, grads, state, t=t, lr=lr, dps=EXACT_DPS)
+    from spec.optimizers import lookup_optimizer
+
+    opt = lookup_optimizer(name)
+    hyper = {**opt.hyper, "lr": lr}
+    slots = {} if state is None else state["slots"]
+    new_params, new_slots = {}, {v: {} for v in opt.state}
+    for k, w in params.items():
+        st_ = {v: slots.get(v, {}).get(k, np.zeros(np.shape(w))) for v in opt.state}
+        with np.errstate(all="ignore"):
+            w_new, s_new = opt.apply(_NumpyBackend, np.asarray(w, np.float64),
+                                     np.asarray(grads[k], np.float64), st_, t,
+                                     {h: float(v) for h, v in hyper.items()}, engine=True)
+        new_params[k] = np.asarray(w_new, np.float64)
+        for v in opt.state:
+            new_slots[v][k] = np.asarray(s_new[v], np.float64)
+    return new_params, {"t": t, "slots": new_slots}
+
+
+def clip_exact(grads, clip, mode, exact):
+    """Clipping as ``fastlib.train`` documents it, in the referee's arithmetic."""
+    if clip == 0.0:
+        return grads
+    if mode == "value":
+        if exact:
+            c = mpmath.mpf(clip)
+            return {k: np.vectorize(lambda v: max(min(v, c), -c), otypes=[object])(g)
+                    for k, g in grads.items()}
+        return {k: np.clip(np.asarray(g, np.float64), -clip, clip) for k, g in grads.items()}
+    if exact:
+        with mpmath.workdps(EXACT_DPS):
+            norm = mpmath.sqrt(mpmath.fsum(v * v for g in grads.values() for v in g.flat))
+            if norm <= clip:
+                return grads
+            scale = mpmath.mpf(clip) / norm
+            return {k: g * scale for k, g in grads.items()}
+    norm = math.sqrt(sum(float(np.sum(np.square(np.asarray(g, np.float64))))
+                         for g in grads.values()))
+    if norm <= clip:
+        return grads
+    return {k: np.asarray(g, np.float64) * (clip / norm) for k, g in grads.items()}
+
+
+def _exact_params(params, exact):
+    if not exact:
+        return {k: np.array(v, np.float64) for k, v in params.items()}
+    out = {}
+    for k, v in params.items():
+        a = np.empty(np.shape(v), dtype=object)
+        a.reshape(-1)[:] = [mpmath.mpf(float(e)) for e in np.asarray(v, np.float64).reshape(-1)]
+        out[k] = a
+    return out
+
+
+@dataclass
+class Reference:
+    """The replayed run: per step the batch rows, loss, raw (unclipped) exact gradient and the
+    parameters after the step; per epoch the exact loss; and the clipping threshold used."""
+
+    steps: list
+    epoch_losses: list
+    orders: list
+    clip: float
+    params: dict
+
+
+def _inputs(case):
+    x = np.asarray(case.x)
+    if x.dtype.kind in "iu":
+        return x
+    return x.astype(case.dtype).astype(np.float64)
+
+
+def _targets(case):
+    y = np.asarray(case.y)
+    if y.dtype.kind in "iu":
+        return y
+    return y.astype(case.dtype).astype(np.float64)
+
+
+def clip_threshold(case, first_grads):
+    """The absolute threshold of ``case.clip`` (a fraction; see ``EpochCase``), as float32."""
+    if not case.clip:
+        return 0.0
+    flat = np.concatenate([_f(g).reshape(-1) for g in first_grads.values()])
+    scale = float(np.max(np.abs(flat))) if case.clip_mode == "value" else float(
+        np.linalg.norm(flat))
+    return float(np.float32(case.clip * scale)) if scale > 0 else 0.0
+
+
+def reference_run(case, params0, exact):
+    """Replay ``case``'s epochs in reflib from ``params0`` (see the module doc)."""
+    import reflib.models
+    from reflib.train import value_and_grad
+
+    dps = EXACT_DPS if exact else None
+    x, y = _inputs(case), _targets(case)
+    n = len(x)
+    bs = min(case.batch_size, n)
+    model = reflib.models.from_config(case.config)
+    params = _exact_params(params0, exact)
+    model.load_parameters(params)
+    rng = np.random.default_rng(case.seed)
+    state, t, steps, losses, orders, clip = None, 0, [], [], [], None
+    for _ in range(case.epochs):
+        order = rng.permutation(n) if case.shuffle else np.arange(n)
+        orders.append(order)
+        total = mpmath.mpf(0) if exact else 0.0
+        for start in range(0, n, bs):
+            idx = order[start:start + bs]
+            before = {k: _f(v) for k, v in params.items()}
+            loss, grads = value_and_grad(model, x[idx], y[idx], case.loss, dps=dps)
+            if clip is None:
+                clip = clip_threshold(case, grads)
+            t += 1
+            clipped = clip_exact(grads, clip, case.clip_mode, exact)
+            params, state = _spec_step(case.optimizer, params, clipped, state, t, case.lr, exact)
+            model.load_parameters(params)
+            total += loss * len(idx)
+            step = {"rows": idx, "loss": float(loss), "grads": grads,
+                    "params": {k: _f(v) for k, v in params.items()},
+                    "condition": _condition(case, before, x[idx], y[idx])}
+            if exact:   # an independent float64 evaluation, for its error (module doc)
+                model.load_parameters(before)
+                loss64, grads64 = value_and_grad(model, x[idx], y[idx], case.loss)
+                step["error64"] = {k: np.abs(grads64[k] - _f(g)) for k, g in grads.items()}
+                step["loss_error64"] = abs(loss64 - float(loss))
+                model.load_parameters(params)
+            steps.append(step)
+        losses.append(float(total / n))
+    return Reference(steps, losses, orders, clip, params)
+
+
+def _condition(case, params, x, y):
+    """``loss_condition`` of one batch at ``params`` (a float64 reflib forward)."""
+    import reflib.models
+
+    model = reflib.models.from_config(case.config)
+    model.load_parameters(params)
+    return loss_condition(case.loss, model(x), y)
+
+
+def propagate(case, ref, params0, allowances, exact):
+    """``P`` of the module doc after every step: the optimizer trajectory replayed from the
+    exact gradients moved by ``+A`` and by ``-A`` (each before clipping)."""
+    worst = [None] * len(ref.steps)
+    for sign in (1.0, -1.0):
+        params, state = _exact_params(params0, exact), None
+        for t, (step, allow) in enumerate(zip(ref.steps, allowances), start=1):
+            moved = {k: (g + sign * allow[k] if not exact else
+                         g + np.vectorize(mpmath.mpf, otypes=[object])(sign * allow[k]))
+                     for k, g in step["grads"].items()}
+            moved = clip_exact(moved, ref.clip, case.clip_mode, exact)
+            params, state = _spec_step(case.optimizer, params, moved, state, t, case.lr, exact)
+            dev = {k: np.abs(_f(params[k]) - step["params"][k]) for k in params}
+            worst[t - 1] = dev if worst[t - 1] is None else {
+                k: np.maximum(worst[t - 1][k], dev[k]) for k in dev}
+    return worst
+
+
+# ---------------------------------------------------------------------------------------------
+# the check
+
+def _measure(what, got, exact, bound, scale, eps):
+    """A Measure for the worst entry of ``got`` against ``exact`` under per-entry ``bound``."""
+    from reports.conformance.oracle import Measure
+
+    got = np.asarray(got)
+    exact = np.asarray(exact, np.float64)
+    if got.shape != exact.shape:
+        return Measure(what, math.inf, 0.0, False,
+                       f"{what}: shape {got.shape}, expected {exact.shape}")
+    g = got.astype(np.float64)
+    if not np.all(np.isfinite(g)):
+        i = np.unravel_index(int(np.argmin(np.isfinite(g))), g.shape)
+        return Measure(what, math.inf, 0.0, False, f"{what}{list(i)}: {g[i]!r} (not finite)")
+    err = np.abs(g - exact)
+    bound = np.broadcast_to(np.asarray(bound, np.float64), err.shape)
+    ref = np.broadcast_to(np.maximum(np.abs(exact) + scale, 1e-300), err.shape)
+    if err.size == 0:
+        return Measure(what, 0.0, 0.0, True)
+    ratio = np.where(bound > 0, err / np.where(bound > 0, bound, 1.0),
+                     np.where(err > 0, np.inf, 0.0))
+    i = np.unravel_index(int(np.argmax(ratio)), err.shape)
+    ok = bool(ratio[i] <= 1.0)
+    note = "" if ok else (f"{what}{list(i)}: engine {g[i]!r}, exact {exact[i]!r}, error "
+                          f"{err[i]:.3g} > bound {bound[i]:.3g} ({err[i] / max(abs(exact[i]), 1e-300):.3g} "
+                          f"relative)")
+    return Measure(what, float(err[i] / (eps * ref[i])), float(bound[i] / (eps * ref[i])), ok,
+                   note)
+
+
+class _Recorder:
+    """Wraps a model's ``forward`` to record the input rows of each training batch."""
+
+    def __init__(self, model):
+        self.model, self.batches = model, []
+        self._forward = model.forward
+
+    def __enter__(self):
+        def forward(x, *a, **k):
+            self.batches.append(np.array(x, copy=True))
+            return self._forward(x, *a, **k)
+        self.model.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        del self.model.forward
+
+
+def _row_keys(rows):
+    """One hashable key per sample (its bytes): batches are compared by content, so data with
+    repeated rows (token sequences) is judged by what the model saw."""
+    return [np.asarray(r).tobytes() for r in rows]
+
+
+def _train(case, model, x, y, clip):
+    import fastlib
+
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return fastlib.train(model, x, y, case.epochs, case.batch_size, case.lr, case.loss,
+                             optimizer=case.optimizer, gradient_clip=clip,
+                             clip_mode=case.clip_mode, shuffle=case.shuffle, seed=case.seed,
+                             verbose=False, fused=case.path != "generic")
+
+
+def check_epochs(case: EpochCase):
+    """``fastlib.train`` on ``case`` against the exact replayed run (module doc).
+
+    Returns
+    -------
+    properties.Result
+    """
+    import fastlib
+
+    from reports.conformance.properties import Result
+
+    result = Result()
+    dtype = np.dtype(case.dtype)
+    exact = case.referee == "exact"
+    eps = _eps(dtype)
+    model = fastlib.layers.from_config(case.config, dtype=dtype, seed=case.seed)
+    params0 = {k: v.copy() for k, v in model.parameters().items()}
+    x = np.asarray(case.x)
+    x = x if x.dtype.kind in "iu" else x.astype(dtype)
+    y = np.asarray(case.y)
+    y = y if y.dtype.kind in "iu" else y.astype(dtype)
+    n, bs = len(x), min(case.batch_size, len(x))
+    ref = reference_run(case, params0, exact)
+    depth = depth_factor(case, bs)
+    # float32 rows: the float64 referee's own admissible error joins the bound
+    ref_eps_share = 0.0 if exact else EPS64 / eps
+
+    # 1. the gradient of the first batch of the run
+    first = ref.steps[0]
+    try:
+        with np.errstate(all="ignore"):
+            _, grads = fastlib.value_and_grad(model, x[first["rows"]], y[first["rows"]],
+                                              case.loss)
+    except Exception as exc:
+        return result.fail(f"fastlib.value_and_grad raised {type(exc).__name__}: {exc}")
+    allowances = [gradient_allowance(s["grads"], dtype, depth, s["condition"],
+                                     s.get("error64")) for s in ref.steps]
+    scales = tensor_scales(first["grads"], first["condition"][1])
+    for k, g in first["grads"].items():
+        if k not in grads:
+            return result.fail(f"gradient: {k!r} missing")
+        result.measures.append(_measure(f"gradient {k}", grads[k], _f(g),
+                                        allowances[0][k] * (1 + ref_eps_share), scales[k], eps))
+
+    # 2. the run
+    cut = None
+    if case.path == "pieces":
+        from fastlib.training import fused_mlp
+
+        cut, fused_mlp.SPLIT_MIN_PARAMS = fused_mlp.SPLIT_MIN_PARAMS, 0
+    try:
+        if case.path == "generic":
+            with _Recorder(model) as rec:
+                run = _train(case, model, x, y, ref.clip)
+        else:
+            rec = None
+            run = _train(case, model, x, y, ref.clip)
+    except Exception as exc:
+        return result.fail(f"fastlib.train raised {type(exc).__name__}: {exc}")
+    finally:
+        if cut is not None:
+            fused_mlp.SPLIT_MIN_PARAMS = cut
+    if case.path != "generic" and not run.fused:
+        result.fail(f"fastlib.train did not take the fused path for a plain MLP ({case.label})")
+    if case.path == "generic" and run.fused:
+        result.fail("fastlib.train(fused=False) took the fused path")
+    if rec is not None:
+        _check_order(result, case, ref, rec.batches, bs)
+
+    # 3. bounds of the parameters after each step
+    P = propagate(case, ref, params0, allowances, exact)
+    travelled = {k: np.zeros(np.shape(v)) for k, v in params0.items()}
+    previous = {k: _f(v) for k, v in params0.items()}
+    bounds_after = []
+    from reports.conformance.properties import _bias_condition
+
+    for t, (step, p) in enumerate(zip(ref.steps, P), start=1):
+        b = {}
+        kappa = _bias_condition(case.optimizer, {}, t)
+        for k in params0:
+            travelled[k] += (1 + kappa) * np.abs(step["params"][k] - previous[k])
+            b[k] = (2.0 * p[k] + K_STEP * eps * (t * np.abs(step["params"][k]) + travelled[k])) \
+                * (1 + ref_eps_share)
+        previous = step["params"]
+        bounds_after.append(b)
+
+    # 4. the loss of every epoch
+    per_epoch = -(-n // bs)
+    zero = {k: np.zeros(np.shape(v)) for k, v in params0.items()}
+    for e in range(min(case.epochs, len(run.loss_history) or case.epochs)):
+        allowed = 0.0
+        for j in range(per_epoch):
+            s = e * per_epoch + j
+            step = ref.steps[s]
+            before = zero if s == 0 else bounds_after[s - 1]
+            drift = sum(float(np.sum(np.abs(_f(step["grads"][k])) * before[k])) for k in before)
+            allowed += len(step["rows"]) / n * (
+                K_GRAD * eps * depth * abs(step["loss"]) + drift
+                + K_MEASURED * (eps / EPS64) * step.get("loss_error64", 0.0))
+        got = run.loss_history[e] if e < len(run.loss_history) else math.nan
+        result.measures.append(_measure(f"loss epoch {e + 1}", np.array(got),
+                                        np.array(ref.epoch_losses[e]),
+                                        allowed * (1 + ref_eps_share), 0.0, eps))
+    if len(run.loss_history) != case.epochs:
+        result.fail(f"fastlib.train ran {len(run.loss_history)} epochs of {case.epochs}")
+
+    # 5. every parameter after the run
+    final = model.parameters()
+    last_scale = tensor_scales({k: _f(v) for k, v in ref.params.items()})
+    for k in params0:
+        result.measures.append(_measure(f"{k} after {len(ref.steps)} steps", final[k],
+                                        ref.steps[-1]["params"][k], bounds_after[-1][k],
+                                        last_scale[k], eps))
+    return result
+
+
+def _check_order(result, case, ref, batches, bs):
+    """Every sample exactly once per epoch, in the documented order, batches of ``bs``."""
+    from collections import Counter
+
+    x = np.asarray(case.x)
+    x = x if x.dtype.kind in "iu" else x.astype(case.dtype)
+    n = len(x)
+    per_epoch = -(-n // bs)
+    seen = [_row_keys(b) for b in batches]
+    expected = [_row_keys(x[o[s:s + bs]]) for o in ref.orders for s in range(0, n, bs)]
+    if len(seen) != len(expected):
+        result.fail(f"order: the model saw {len(seen)} training batches, expected "
+                    f"{len(expected)} ({case.epochs} epochs of {per_epoch}, the last of each "
+                    f"epoch {n - (per_epoch - 1) * bs} rows)")
+        return
+    everyone = Counter(_row_keys(x))
+    for e in range(case.epochs):
+        got = Counter(k for b in seen[e * per_epoch:(e + 1) * per_epoch] for k in b)
+        if got != everyone:
+            index = {k: i for i, k in enumerate(_row_keys(x))}
+            missed = sorted(index[k] for k in everyone if got[k] < everyone[k])
+            repeated = sorted(index.get(k, -1) for k in got if got[k] > everyone.get(k, 0))
+            result.fail(f"order: epoch {e + 1} did not see every sample once (missed "
+                        f"{missed}, repeated {repeated})")
+            return
+    if seen != expected:
+        result.fail("order: the batches are not numpy.random.default_rng(seed).permutation's "
+                    "order" if case.shuffle else "order: without shuffling the batches must be "
+                    "the rows in order")
+
+
+# ---------------------------------------------------------------------------------------------
+# the single-step API kept for callers of the former check (a ModelCase, one epoch)
+
+def check_train_step(case, optimizer, lr, steps=2, require_fused=False):
+    """A ``strategies.ModelCase`` trained for one epoch of ``steps`` batches (no shuffling),
+    through :func:`check_epochs`; ``require_fused`` asks for the fused path (plain MLPs),
+    whole and cut into pieces."""
+    from reports.conformance.properties import Result
+
+    x, y = np.asarray(case.x), np.asarray(case.y)
+    xs, ys = [x], [y]
+    for k in range(1, steps):
+        if x.dtype.kind in "iu":
+            xs.append((xs[-1][::-1] + k) % case.config["layers"][0]["num"])
+        else:
+            xs.append(0.25 - 0.5 * xs[-1][::-1])
+        ys.append(ys[-1][::-1].copy())
+    base = EpochCase(case.config, np.concatenate(xs), np.concatenate(ys), case.loss, case.seed,
+                     "float64", optimizer, lr, len(x), 1, False,
+                     path="fused" if require_fused else "generic")
+    out = Result()
+    for c in ([base, base.with_(path="pieces")] if require_fused else [base]):
+        r = check_epochs(c)
+        out.notes += [f"({c.path}) {n}" for n in r.notes]
+        out.measures += r.measures
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the rows
+
+def reproduction(case):
+    """Python that rebuilds ``case`` and runs the check again (pastes and runs as printed)."""
+    from reports.conformance.repro import literal
+
+    fields = ", ".join(f"{k}={literal(getattr(case, k))}" for k in (
+        "config", "x", "y", "loss", "seed", "dtype", "optimizer", "lr", "batch_size", "epochs",
+        "shuffle", "clip", "clip_mode", "path", "label"))
+    return ("import numpy as np\nfrom reports.conformance.training_cases import EpochCase\n"
+            "from reports.conformance.training_rows import check_epochs\n"
+            f"case = EpochCase({fields})\nresult = check_epochs(case)\nprint(result)\n"
+            "for m in result.measures:\n    print(m)\n")
+
+
+def train_rows(kinds):
+    """The rows of the ``train`` check (``runner.Row`` objects, engine fastlib)."""
+    from hypothesis import strategies as st
+
+    from reports.conformance import training_cases as tc
+    from reports.conformance.runner import Row, run_cases, run_property
+
+    def row(name, dtype, strategy):
+        def run(profile, seed):
+            n = EXAMPLES.get(profile.name, profile.train)
+            return run_property(strategy(), check_epochs, n, seed, reproduction)
+        return Row("train", name, "fastlib", dtype, run)
+
+    def fixed(dtype):
+        def run(profile, seed):
+            return run_cases(tc.boundary_cases(dtype), check_epochs,
+                             lambda i, case: reproduction(case))
+        return Row("train", "boundaries", "fastlib", dtype, run)
+
+    rows = [row(kind, "float64", lambda kind=kind: tc.epoch_cases(kind)) for kind in kinds]
+    rows.append(row("fused MLP", "float64", lambda: st.sampled_from(["fused", "pieces"]).flatmap(
+        lambda p: tc.fused_cases("float64", p))))
+    rows.append(fixed("float64"))
+    rows.append(row("fused MLP", "float32", lambda: st.sampled_from(["fused", "pieces"]).flatmap(
+        lambda p: tc.fused_cases("float32", p))))
+    rows.append(row("generic", "float32", lambda: st.sampled_from(list(kinds)).flatmap(
+        lambda k: tc.epoch_cases(k, "float32"))))
+    rows.append(fixed("float32"))
+    return rows

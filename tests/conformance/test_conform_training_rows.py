@@ -1,0 +1,220 @@
+"""The train rows (``training_rows``): whole ``fastlib.train`` runs against exact trajectories,
+their bounds, the boundary cases read from the kernels, the training mutants they must catch,
+and the TargetProp / CD threshold checks with the bugs they must catch.
+
+Oracles: reflib's tape at 30 digits with the spec's optimizer updates (the exact trajectory),
+``spec.targetprop`` / ``spec.rbm`` at 30 digits; the planted bugs come from
+``training_mutants`` (and, for the thresholds, comparisons written the wrong way here).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reports.conformance import cd, targetprop as tp, training_cases as tc
+from reports.conformance import training_rows as tr
+from reports.conformance.training_cases import EpochCase
+from reports.conformance.training_mutants import MUTANTS
+
+_MLP = {"type": "Sequential", "layers": [
+    {"type": "Dense", "in_features": 3, "out_features": 4, "activation": "tanh"},
+    {"type": "Dense", "in_features": 4, "out_features": 2, "activation": "linear"}]}
+
+
+def _witnesses():
+    """Seven samples in batches of three (the last partial), shuffled, clipped, two epochs:
+    the generic loop (value and norm clipping) and the fused epoch, whole and in pieces."""
+    rng = np.random.default_rng(5)
+    x, y = rng.uniform(-1, 1, (7, 3)), rng.integers(0, 2, (7, 1))
+    return [EpochCase(_MLP, x, y, "cross_entropy", 3, "float64", opt, 0.05, 3, 2, True, 0.5,
+                      mode, path, label=f"{opt} {mode} {path}")
+            for opt, mode, path in (("SGD", "value", "generic"), ("Adam", "norm", "generic"),
+                                    ("Momentum", "value", "fused"), ("SGD", "norm", "pieces"))]
+
+
+WITNESSES = _witnesses()
+
+
+@pytest.mark.parametrize("case", WITNESSES, ids=lambda c: c.label)
+def test_the_clean_engine_passes_the_witnesses(case):
+    result = tr.check_epochs(case)
+    assert result.ok, result.describe()
+    names = {m.what.split()[0] for m in result.measures}
+    assert {"gradient", "loss", "0.weight", "1.bias"} <= names
+
+
+# which witnesses each mutant touches: the fused epoch has its own optimizer kernel (the
+# generic Optimizer.update is not on its path) and the float32 leak is a fused-path bug
+_TOUCHES = {"step-1e-7-one-tensor": ("generic",), "fused-float32-leak": ("fused", "pieces")}
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_every_training_mutant_fails_the_rows(name):
+    cases = [c for c in WITNESSES if c.path in _TOUCHES.get(name, (c.path,))]
+    with MUTANTS[name].apply():
+        results = [tr.check_epochs(c) for c in cases]
+    assert all(not r.ok for r in results), [(c.label, r) for c, r in zip(cases, results)]
+    # and the planted function is back afterwards
+    assert tr.check_epochs(cases[0]).ok
+
+
+def test_a_failure_names_the_entry_and_both_values():
+    with MUTANTS["gradient-1e-10"].apply():
+        result = tr.check_epochs(WITNESSES[0])
+    text = result.describe()
+    assert "gradient 0.weight[" in text and "engine" in text and "exact" in text
+
+
+def test_the_order_check_sees_a_repeated_sample_in_the_generic_loop():
+    with MUTANTS["shuffle-repeats-sample"].apply():
+        result = tr.check_epochs(WITNESSES[0])
+    assert "did not see every sample once" in result.describe()
+
+
+def test_a_zero_tensor_is_judged_at_its_layer_scale_not_the_model_max():
+    # a key bias that is 0 in exact arithmetic, next to its layer's weights and a much larger
+    # gradient elsewhere: its floor is its layer's scale
+    grads = {"0.w_v": np.full((2, 2), 1e-3), "0.b_k": np.zeros(2),
+             "1.weight": np.full((2, 2), 1e3)}
+    scales = tr.tensor_scales(grads)
+    assert scales["0.b_k"] == pytest.approx(1e-3)
+    assert scales["1.weight"] == pytest.approx(1e3)
+    # a small tensor that is not 0 keeps its own scale (a lost 1e-7 of it is seen)
+    grads["0.b_v"] = np.full(2, 1e-6)
+    assert tr.tensor_scales(grads)["0.b_v"] == pytest.approx(1e-6)
+    # a whole layer at 0 is judged at the model's scale; a model at 0 at the loss terms'
+    grads["2.weight"] = np.zeros((2, 2))
+    assert tr.tensor_scales(grads)["2.weight"] == pytest.approx(1e3)
+    zero = {"0.weight": np.zeros(3), "0.bias": np.zeros(1)}
+    assert tr.tensor_scales(zero, floor=0.5)["0.bias"] == pytest.approx(0.5)
+
+
+def test_attention_key_bias_rows_pass_with_an_exactly_zero_gradient():
+    rng = np.random.default_rng(1)
+    cfg = {"type": "Sequential", "layers": [
+        {"type": "MultiHeadAttention", "d_model": 2, "heads": 1, "causal": False},
+        {"type": "Dense", "in_features": 2, "out_features": 2, "activation": "linear"}]}
+    case = EpochCase(cfg, rng.uniform(-1, 1, (3, 3, 2)), rng.uniform(-1, 1, (3, 3, 2)), "mse", 4,
+                     "float64", "Adam", 0.05, 2, 1, True)
+    result = tr.check_epochs(case)
+    assert result.ok, result.describe()
+    assert any(m.what == "gradient 0.b_k" for m in result.measures)
+
+
+def test_loss_condition_grows_as_the_fit_closes():
+    y = np.array([[0], [1]])
+    far, terms = tr.loss_condition("cross_entropy", np.zeros((2, 2)), y)
+    close, _ = tr.loss_condition("cross_entropy", np.array([[9.0, -9.0], [-9.0, 9.0]]), y)
+    assert far == pytest.approx(2.0) and terms == pytest.approx(1.0) and close > 1e6
+
+
+def test_boundary_cases_follow_the_kernels_constants(monkeypatch):
+    from fastlib.kernels import recurrent
+
+    before = [c.batch_size for c in tc.boundary_cases("float64") if "pieces of" in c.label]
+    monkeypatch.setattr(recurrent, "_PIECE", 5)
+    after = [c for c in tc.boundary_cases("float64") if "pieces of" in c.label]
+    assert [c.batch_size for c in after] == [5, 6, 4] and before != [5, 6, 4]
+    assert all("pieces of 5" in c.label for c in after)
+
+
+def test_boundary_cases_straddle_every_threshold():
+    b = tc.kernel_boundaries()
+    cases32 = tc.boundary_cases("float32")
+    params = sorted(int(c.label.split(": ")[1].split()[0]) for c in cases32
+                    if "parameters" in c.label)
+    assert params[0] < b["split_min_params"] <= params[1]
+    rows = [len(c.x) * (c.x.shape[1] if c.x.ndim == 3 else 1) for c in cases32]
+    assert max(rows) > b["reduce_block"]
+    cases64 = tc.boundary_cases("float64")
+    batches = {c.batch_size for c in cases64}
+    piece = b["recurrent_piece"]
+    assert {piece - 1, piece, piece + 1} <= batches
+    assert any(len(c.x) > b["reduce_block"] for c in cases64)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=st.sampled_from(["LSTM", "MultiHeadAttention", "Parallel"]).flatmap(
+    tc.epoch_cases))
+def test_drawn_generic_runs_pass(case):
+    result = tr.check_epochs(case)
+    assert result.ok, result.describe()
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=st.sampled_from(["float64", "float32"]).flatmap(
+    lambda d: st.sampled_from(["fused", "pieces"]).flatmap(lambda p: tc.fused_cases(d, p))))
+def test_drawn_fused_runs_pass(case):
+    result = tr.check_epochs(case)
+    assert result.ok, result.describe()
+
+
+# ---------------------------------------------------------------------------------------------
+# TargetProp and CD at their thresholds
+
+@settings(max_examples=10, deadline=None)
+@given(case=tp.route_threshold_cases())
+def test_route_at_threshold(case):
+    tp.prop_route_at_threshold(case)
+
+
+@pytest.mark.parametrize("offset", tp.THRESHOLD_OFFSETS)
+def test_gate_at_threshold(offset):
+    tp.prop_gate_at_threshold(offset, 0.1)
+
+
+@settings(max_examples=3, deadline=None)
+@given(case=tp.route_threshold_cases())
+def test_route_check_catches_a_route_that_keeps_a_row_on_the_threshold(case):
+    import fastlib.kernels.targetprop as kernels
+
+    def at_least(W, threshold, scales):   # ">=" where the rule says ">"
+        total = np.sum(np.abs(W), axis=1)
+        scales[:] = np.where(total >= threshold, 1.0 / np.where(total > 0, total, 1.0), 0.0)
+
+    original, kernels.route_scales = kernels.route_scales, at_least
+    try:
+        with pytest.raises(AssertionError, match="must route nothing"):
+            tp.prop_route_at_threshold(case)
+    finally:
+        kernels.route_scales = original
+
+
+def test_gate_check_catches_a_strict_comparison(monkeypatch):
+    import fastlib.targetprop as ft
+
+    calculate = ft.TargetPropState.calculate_link_budgets
+
+    def strict(self):   # a budget exactly on τ gated, as "b > τ" would
+        calculate(self)
+        tau = self.config.budget_threshold
+        self.link_budgets = [float(np.nextafter(b, 0.0)) if b == tau else b
+                             for b in self.link_budgets]
+
+    monkeypatch.setattr(ft.TargetPropState, "calculate_link_budgets", strict)
+    with pytest.raises(AssertionError, match="gates differ"):
+        tp.prop_gate_at_threshold(0.0, 0.1)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=st.sampled_from([1, 2]).flatmap(cd.threshold_rbm_cases))
+def test_cd_sampling_at_threshold(dtype, case):
+    cd.prop_cd_at_threshold(case, dtype)
+
+
+def test_cd_check_catches_u_at_most_p(monkeypatch):
+    import fastlib.kernels.rbm as kernels
+
+    def at_most(p, u, out):   # "u <= p" where the rule says "u < p"
+        out[:] = (u <= p.astype(np.float64)).astype(out.dtype)
+
+    monkeypatch.setattr(kernels, "sample_bernoulli", at_most)
+    params = {"weight": np.array([[0.0], [1.5]]), "visible_bias": np.array([0.2, -0.3]),
+              "hidden_bias": np.array([0.0])}
+    v0 = np.array([[1.0, 0.0]])
+    u = np.array([[[0.5]]])                    # on p = 1/2: the rule draws 0
+    with pytest.raises(AssertionError, match="fastlib gradient"):
+        cd.prop_cd_at_threshold((cd.RBMCase(params, v0, u), (True,)))
