@@ -285,11 +285,11 @@ def prove(name, *, points=MIN_POINTS, dps=MIN_DPS, tol=DEFAULT_TOL, seed=0):
             exc, AssertionError) else str(exc))
     exact, pieces, sampled = counts
     checked = f"{points} points at {dps} digits, max |diff| {worst:.1e}"
-    proven = [f"{exact} entries simplify to 0"] + (
-        [f"{pieces} are 0 on each of their pieces"] if pieces else []) + at_kinks
+    proven = ([f"{exact} simplify to 0"] if exact else []) + (
+        [f"{pieces} are 0 on each side of every branch"] if pieces else []) + at_kinks
     if sampled:
-        return result(True, "sampling", f"{'; '.join(proven)}; {sampled} of {sum(counts)} entries "
-                                         f"are NOT proven, only checked at {checked}")
+        return result(True, "sampling", f"{sampled} of {sum(counts)} entries are NOT proven, only "
+                                         f"checked at {checked}; proven: {'; '.join(proven)}")
     method = "piecewise" if pieces or op.kinks else "symbolic"
     return result(True, method, f"all {sum(counts)} entries proven: {'; '.join(proven)} "
                                 f"(and all agree at {checked})")
