@@ -7,7 +7,7 @@ the parameter, the gradient, the step count ``t`` and every hyperparameter are s
 equality of one step from any state is equality of every trajectory (by induction from the
 shared zero state). A swapped β, a missing moving average, a bias correction with the wrong
 power, a dropped weight-decay term or a velocity with the wrong sign gives a non-zero
-difference at almost every point, and is rejected. The sources (see docs/OPTIMIZERS.md):
+difference at almost every point, and is rejected. The sources (see docs/PROOFS.md):
 
 - SGD: PyTorch ``torch.optim.SGD`` (no momentum): θ_t = θ_{t−1} − γ g_t.
 - Momentum: PyTorch ``torch.optim.SGD`` with momentum μ and dampening τ = μ, for t > 1:
