@@ -283,8 +283,8 @@ def run(args) -> int:
         payload = {
             "profile": args.profile, "seed": args.seed, "seconds": round(elapsed, 2),
             "engines": [s.__dict__ for s in statuses],
-            "proofs": [{"name": r.op, "ok": r.ok, "method": r.method, "seconds": r.seconds,
-                        "detail": r.detail} for r in proofs],
+            "proofs": [{"name": r.op, "ok": r.ok, "method": r.method, "verdict": r.verdict,
+                        "seconds": r.seconds, "detail": r.detail} for r in proofs],
             "rows": _json_rows(rows),
             "ok": code == 0,
         }
