@@ -36,6 +36,11 @@ class Undecided(Exception):
     """The pieces could not be separated (a switch no input symbol can be solved for)."""
 
 
+class ConventionError(Exception):
+    """A kink's stated VJP is not its convention, or the convention is outside the
+    subdifferential."""
+
+
 def _switches(expr):
     """The distinct switch arguments of ``expr`` (up to sign), in a deterministic order."""
     sp = SYMPY.sp
@@ -159,7 +164,7 @@ def kink_conventions(op, is_zero):
     At the kink (x = 0, or a = b = c for a tie) with a symbolic cotangent ``grad``, the stated
     VJP of each input of the kink must be ``slope · grad`` with the slopes of the registry's
     ``Kink``, and the slopes must be a convex combination of the one-sided derivatives of the
-    forward (the limits from either side). Raises ``AssertionError`` naming what fails.
+    forward (the limits from either side). Raises ``ConventionError`` naming what fails.
     """
     sp = SYMPY.sp
     if not op.kinks:
@@ -192,7 +197,7 @@ def kink_conventions(op, is_zero):
         for n, slope in zip(kink.inputs, convention):
             got = sp.sympify(np.asarray(stated[op.inputs.index(n)], dtype=object)[()])
             if not is_zero(got - slope * grad):
-                raise AssertionError(f"at the kink ({kink.convention}) the stated VJP for {n!r} "
+                raise ConventionError(f"at the kink ({kink.convention}) the stated VJP for {n!r} "
                                      f"is {got}, the convention says {slope}·grad")
         # one-sided derivatives of the forward: d/d(input) on each side, then p -> 0+
         forward = sp.sympify(np.asarray(op.run_forward(
@@ -204,7 +209,7 @@ def kink_conventions(op, is_zero):
             one_sided.append([sp.limit(d, p, 0, "+") for d in derivs])
         lam = _hull_weight(convention, *one_sided)
         if lam is None:
-            raise AssertionError(
+            raise ConventionError(
                 f"the convention at the kink ({kink.convention}) gives {convention}, outside the "
                 f"subdifferential between the one-sided derivatives {one_sided[0]} and "
                 f"{one_sided[1]}")
@@ -213,4 +218,5 @@ def kink_conventions(op, is_zero):
     return sentences
 
 
-__all__ = ["Undecided", "zero_on_pieces", "kink_conventions", "MAX_SWITCHES"]
+__all__ = ["Undecided", "ConventionError", "zero_on_pieces", "kink_conventions",
+           "MAX_SWITCHES"]

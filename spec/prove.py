@@ -33,7 +33,7 @@ import numpy as np
 
 from spec.backends import SYMPY
 from spec.evaluate import lookup
-from spec.pieces import Undecided, kink_conventions, zero_on_pieces
+from spec.pieces import ConventionError, Undecided, kink_conventions, zero_on_pieces
 from spec.samples import sample_inputs
 
 MIN_POINTS = 20
@@ -280,9 +280,10 @@ def prove(name, *, points=MIN_POINTS, dps=MIN_DPS, tol=DEFAULT_TOL, seed=0):
         worst = max(worst, w)
     try:
         at_kinks = kink_conventions(op, _is_zero)
-    except Exception as exc:  # a wrong convention (or one that raises) fails the proof
-        return result(False, "symbolic", f"{type(exc).__name__}: {exc}" if not isinstance(
-            exc, AssertionError) else str(exc))
+    except ConventionError as exc:
+        return result(False, "symbolic", str(exc))
+    except Exception as exc:  # a convention that raises is a failed proof, not a crash
+        return result(False, "symbolic", f"kink convention: {type(exc).__name__}: {exc}")
     exact, pieces, sampled = counts
     checked = f"{points} points at {dps} digits, max |diff| {worst:.1e}"
     proven = ([f"{exact} simplify to 0"] if exact else []) + (
