@@ -31,9 +31,8 @@ OPS = validate_registry(_ALL_OPS)
 from spec.evaluate import evaluate, evaluate_forward  # noqa: E402
 from spec.samples import sample_case, sample_inputs  # noqa: E402
 from spec.prove import ProofResult, prove, prove_all  # noqa: E402
-from spec.optimizers import (  # noqa: E402
-    OPTIMIZERS, OptimizerSpec, engine_step, prove_optimizers, step,
-)
+from spec.optimizers import OPTIMIZERS, OptimizerSpec, engine_step, step  # noqa: E402
+from spec.optimizer_proofs import prove_optimizers  # noqa: E402
 from spec.targetprop import TARGETPROP_DEFAULTS, TARGETPROP_RULES, prove_targetprop  # noqa: E402
 from spec.rbm import RBM_RULES, prove_rbm  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Optimizers as math: elementwise update equations, exactly as DataCode's table (seeds/003).
+"""Optimizers as math: elementwise update equations, exactly as DataCode's table.
 
 Notation: ``w`` parameters, ``g`` the gradient, ``t`` the step count (1 for the first update),
 η = ``lr``. Every update is elementwise; state starts at zeros.
@@ -31,16 +31,18 @@ gradient at what it stores, g = ∇f(w̃) (which *is* ∇f(w − β·v)). One st
 Start: v = 0, so w̃ = w at step 1 (no special first step). At any time the table's parameters
 are w = w̃ + β·v; an engine that reports or checkpoints parameters reports w̃ (what it trains
 with) and may recover w that way. ``engine_step("NAG", w̃, g, {"v": v}, t)`` evaluates exactly
-this form; ``prove_optimizers()`` proves symbolically, over three steps with an arbitrary
-gradient function, that it yields the same ``v`` and w̃ = w − β·v as the table's form, so the
-gradients are taken at the same points and the trajectories are the same.
+this form; ``spec.optimizer_proofs.prove_optimizers()`` proves symbolically, over one general
+step (any w̃, v, g, η, β), that it yields the same ``v`` and w̃ = w − β·v as the table's form,
+so the gradients are taken at the same points and the trajectories are the same.
+
+Every update here is proven equal to a textbook statement (Kingma & Ba for Adam, Loshchilov &
+Hutter for AdamW, ...) over one general step in ``spec.optimizer_proofs``.
 
 For every other optimizer the engine form is the table's form (``engine_step == step``).
 """
 from __future__ import annotations
 
 import numbers
-import time
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping
@@ -52,7 +54,6 @@ from spec.backends import MPMATH, SYMPY
 from spec.errors import UnknownOptimizerError, did_you_mean
 from spec.evaluate import as_array, _check_dps, GUARD_DIGITS
 from spec.opspec import call_formula
-from spec.prove import ProofResult
 
 
 @dataclass(frozen=True)
@@ -315,138 +316,3 @@ def engine_step(name, w, g, state, t, dps=50, **hyper):
     ``step``.
     """
     return _step(lookup_optimizer(name), w, g, state, t, dps, hyper, engine=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Proofs: each optimizer's equations against an independent statement.
-
-
-def _decide(difference, symbols, domains, seed=0, points=20, dps=50, tol=1e-40):
-    """("symbolic" | "sampling", ok, max error) for ``difference == 0``.
-
-    Sampling comes first: a wrong update is rejected at once (a non-zero difference can make
-    ``expand`` explode); a right one is then shown exactly zero where SymPy can.
-    """
-    sp = SYMPY.sp
-    fn = sp.lambdify(symbols, difference, modules="mpmath")
-    rng = np.random.default_rng(seed)
-    worst = 0.0
-    with mpmath.workdps(dps):
-        for _ in range(points):
-            args = [mpmath.mpf(float(rng.uniform(*domains[s]))) for s in symbols]
-            worst = max(worst, float(abs(fn(*args))))
-    if not worst < tol:
-        return "sampling", False, worst
-    if sp.expand(difference) == 0:
-        return "symbolic", True, 0.0
-    # Bias corrections and accumulated squares cancel once each square root's argument is
-    # reduced on its own (sqrt(g²·(1−β2³)/(1−β2³)) -> |g|); then one common denominator.
-    reduced = difference.replace(lambda e: e.is_Pow and e.exp == sp.S.Half,
-                                 lambda e: sp.sqrt(sp.factor(sp.cancel(e.base))))
-    if sp.cancel(reduced) == 0:
-        return "symbolic", True, 0.0
-    return "sampling", True, worst
-
-
-def _unroll(opt, steps, w0, grad_at, hyper):
-    """Run ``steps`` updates symbolically; ``grad_at(w, state)`` gives each step's gradient."""
-    w, state = w0, {s: SYMPY.num(0) for s in opt.state}
-    for t in range(1, steps + 1):
-        w, state = opt.apply(SYMPY, w, grad_at(w, state), state, t, hyper)
-    return w, state
-
-
-def _constant_gradient_claims():
-    """name -> (closed form of w after T steps with a constant gradient g, from zero state)."""
-    sp = SYMPY.sp
-    g, w0 = sp.symbols("g w0", real=True)
-    lr, beta, gamma, eps, lam = sp.symbols("lr beta gamma eps weight_decay", positive=True)
-    beta1, beta2 = sp.symbols("beta1 beta2", positive=True)
-    T = 3
-    k = range(1, T + 1)
-    sgd = w0 - T * lr * g
-    # Momentum: v_k = (1 − β^k)·g, a geometric sum.
-    momentum = w0 - lr * g * sum(1 - beta**j for j in k)
-    # Adagrad: G_k = k·g²; RMSprop: E_k = (1 − γ^k)·g².
-    adagrad = w0 - lr * g * sum(1 / sp.sqrt(j * g**2 + eps) for j in k)
-    rmsprop = w0 - lr * g * sum(1 / sp.sqrt((1 - gamma**j) * g**2 + eps) for j in k)
-    # Adam: bias correction makes m̂ = g and v̂ = g² exactly, so every step is η·g/(|g| + ε).
-    adam = w0 - T * lr * g / (sp.Abs(g) + eps)
-    # AdamW: w_k = (1 − ηλ)·w_{k−1} − η·g/(|g| + ε), a linear recurrence.
-    r = 1 - lr * lam
-    adamw = r**T * w0 - lr * g / (sp.Abs(g) + eps) * sum(r**j for j in range(T))
-    symbols = dict(g=g, w0=w0, lr=lr, beta=beta, gamma=gamma, eps=eps, weight_decay=lam,
-                   beta1=beta1, beta2=beta2)
-    return T, symbols, {"SGD": sgd, "Momentum": momentum, "Adagrad": adagrad,
-                        "RMSprop": rmsprop, "Adam": adam, "AdamW": adamw}
-
-
-_SAMPLE_RANGES = {"g": (-2.0, 2.0), "w0": (-2.0, 2.0), "lr": (0.001, 0.5), "beta": (0.05, 0.95),
-                  "gamma": (0.05, 0.95), "eps": (1e-3, 0.1), "weight_decay": (0.001, 0.5),
-                  "beta1": (0.05, 0.95), "beta2": (0.05, 0.999)}
-
-
-def _prove_constant_gradient(opt):
-    T, sym, claims = _constant_gradient_claims()
-    hyper = {h: sym[h] for h in opt.hyper}
-    w_T, _ = _unroll(opt, T, sym["w0"], lambda w, s: sym["g"], hyper)
-    used = [sym["g"], sym["w0"]] + list(hyper.values())
-    method, ok, worst = _decide(w_T - claims[opt.name], used,
-                                {s: _SAMPLE_RANGES[s.name] for s in used})
-    return method, ok, worst, f"{T} steps with a constant gradient from zero state"
-
-
-def _prove_nag_equivalence(opt):
-    """Table form (gradient at w − βv) and engine form (gradient at the stored w̃) agree."""
-    sp = SYMPY.sp
-    gradf = sp.Function("gradf")            # an arbitrary gradient function
-    w0 = sp.Symbol("w0", real=True)
-    lr, beta = sp.symbols("lr beta", positive=True)
-    hyper = {"lr": lr, "beta": beta}
-    steps = 3
-    w, v = w0, sp.Integer(0)                # table form
-    ws = w0                                 # engine form: w̃ = w − β·v = w0 at the start
-    vs = sp.Integer(0)
-    for t in range(1, steps + 1):
-        w, st = opt.apply(SYMPY, w, gradf(sp.expand(w - beta * v)), {"v": v}, t, hyper)
-        ws, sts = opt.apply(SYMPY, ws, gradf(sp.expand(ws)), {"v": vs}, t, hyper, engine=True)
-        v, vs = st["v"], sts["v"]
-        if sp.expand(vs - v) != 0 or sp.expand(ws - (w - beta * v)) != 0:
-            return "symbolic", False, 0.0, (f"step {t}: engine form diverges from the table "
-                                            f"form (v or w̃ ≠ w − β·v)")
-    return "symbolic", True, 0.0, (f"{steps} steps, arbitrary ∇f: engine v = table v and "
-                                   f"w̃ = w − β·v after every step")
-
-
-def prove_optimizers(names=None):
-    """Check each optimizer's equations against an independent statement.
-
-    SGD, Momentum, Adagrad, RMSprop, Adam, AdamW: three symbolic steps from zero state with a
-    constant gradient equal a closed form written by hand (geometric sums; Adam's bias
-    correction giving m̂ = g and v̂ = g²; AdamW's decoupled decay as a linear recurrence).
-    NAG: the engine's look-ahead form equals the table's form for an arbitrary gradient.
-
-    Returns
-    -------
-    list of ProofResult
-        ``op`` is the optimizer's name; ``method`` "symbolic" (or "sampling" when SymPy could
-        not reduce the difference to 0 and 20 points at 50 digits decided).
-    """
-    results = []
-    for name in (OPTIMIZERS if names is None else names):
-        opt = lookup_optimizer(name)
-        start = time.perf_counter()
-        try:
-            if opt.name == "NAG":
-                method, ok, worst, what = _prove_nag_equivalence(opt)
-            else:
-                method, ok, worst, what = _prove_constant_gradient(opt)
-            detail = ("equal" if ok else "NOT equal") + (
-                f" (max |diff| {worst:.1e} at 20 points, 50 digits)" if method == "sampling"
-                else "")
-        except Exception as exc:  # a formula that raises is a failed proof, not a crash
-            method, ok, what, detail, worst = "symbolic", False, "", f"{type(exc).__name__}: {exc}", 0.0
-        results.append(ProofResult(op=opt.name, ok=ok, method=method, shapes=(what,) if what
-                                   else (), seconds=time.perf_counter() - start, detail=detail,
-                                   max_error=worst))
-    return results

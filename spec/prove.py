@@ -11,12 +11,17 @@ For every example of an op (small concrete shapes, the params it lists):
    ``tol`` (1e-40) in absolute value, or the proof fails there (sampling first, because
    simplifying a non-zero difference can take SymPy minutes);
 5. every entry is then simplified (cheap ``expand``, then ``simplify`` for small smooth
-   expressions): an exact zero proves that entry symbolically.
+   expressions): an exact zero proves that entry symbolically;
+6. an entry with branches (relu, leaky_relu, abs, maximum, and ops written with max / abs) is
+   proven on each piece instead (``spec.pieces``: every sign of every branch's switch, the
+   switch = 0 included unless it is a declared kink), and at each declared kink the stated VJP
+   is proven equal to the registry's convention, which must lie in the subdifferential.
 
 The result's ``method`` is ``"symbolic"`` when every entry of every example was proven exactly,
-else ``"sampling"``; ``detail`` says how many entries went which way and the largest sampled
-difference. Kinks are measure-zero sets avoided by the sampler; their conventions are tested
-separately (tests/test_spec_kinks.py).
+``"piecewise"`` when some were proven piece by piece (always, for an op with kinks: its
+conventions were proven too), else ``"sampling"``: then at least one entry was only checked at
+``points`` random points, and ``verdict`` says "checked at N points", never "proven".
+``detail`` says how many entries went which way and the largest sampled difference.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import numpy as np
 
 from spec.backends import SYMPY
 from spec.evaluate import lookup
+from spec.pieces import ConventionError, Undecided, kink_conventions, zero_on_pieces
 from spec.samples import sample_inputs
 
 MIN_POINTS = 20
@@ -44,13 +50,26 @@ class ProofResult:
 
     op: str
     ok: bool
-    method: str                 # "symbolic" or "sampling"
+    method: str                 # "symbolic", "piecewise" or "sampling"
     shapes: tuple               # the examples tried, described ("x(2, 3) axis=0")
     seconds: float
     detail: str
     exact_entries: int = 0      # VJP entries proven by simplification to zero
     sampled_entries: int = 0    # VJP entries shown only by high-precision sampling
     max_error: float = 0.0      # largest |stated - Jᵀ·grad| seen while sampling
+    piecewise_entries: int = 0  # VJP entries proven zero on each of their pieces
+    points: int = MIN_POINTS    # random points of the sampled check (per example)
+
+    @property
+    def verdict(self):
+        """What the result establishes, in words: never "proven" for a sampled check."""
+        if not self.ok:
+            return "FAILED: " + self.detail
+        if self.method == "symbolic":
+            return "proven"
+        if self.method == "piecewise":
+            return "proven on each piece"
+        return f"checked at {self.points} points"
 
 
 class _Failure(Exception):
@@ -104,10 +123,26 @@ def _canonical(expr):
     return expr.xreplace({s: sp.Symbol(f"c{i}", **s.assumptions0) for i, s in enumerate(symbols)})
 
 
-def _is_zero_cached(expr, cache):
-    key = _canonical(expr)
+_BRANCHES = ("Piecewise", "Heaviside", "Max", "Min", "sign", "Abs")
+
+
+def _prove_entry(expr, boundaries):
+    """"exact", "pieces" (zero on each piece), or None: not proven, the sampled check stands."""
+    sp = SYMPY.sp
+    if _is_zero(expr):
+        return "exact"
+    if not expr.has(*(getattr(sp, b) for b in _BRANCHES)):
+        return None
+    try:
+        return "pieces" if zero_on_pieces(expr, _is_zero, boundaries=boundaries) else None
+    except Undecided:
+        return None
+
+
+def _prove_entry_cached(expr, cache, boundaries):
+    key = (_canonical(expr), boundaries)
     if key not in cache:
-        cache[key] = _is_zero(key)
+        cache[key] = _prove_entry(key[0], boundaries)
     return cache[key]
 
 
@@ -161,8 +196,10 @@ def _prove_example(op, example, index, points, dps, tol, seed, cache):
     # Sampling first: a wrong VJP is rejected at once (simplifying a non-zero difference can
     # take SymPy a long time); a right one is then upgraded to exact where SymPy can.
     worst = _sample_differences(op, example, values, grad, diffs, rng, points, dps, tol)
-    exact = sum(1 for _, _, d in diffs if _is_zero_cached(d, cache))
-    return exact, len(diffs) - exact, worst
+    # A declared kink's switch = 0 is a convention, proven separately (kink_conventions).
+    kinds = [_prove_entry_cached(d, cache, boundaries=not op.kinks) for _, _, d in diffs]
+    exact, pieces = kinds.count("exact"), kinds.count("pieces")
+    return exact, pieces, len(diffs) - exact - pieces, worst
 
 
 def _sample_differences(op, example, values, grad, diffs, rng, points, dps, tol):
@@ -221,33 +258,42 @@ def prove(name, *, points=MIN_POINTS, dps=MIN_DPS, tol=DEFAULT_TOL, seed=0):
                          f"points={points}, dps={dps}")
     start = time.perf_counter()
     described = tuple(ex.describe(op.inputs) for ex in op.examples)
-    exact = sampled = 0
+    counts = [0, 0, 0]      # entries: exact, zero on each piece, only sampled
     worst = 0.0
-    cache = {}   # canonical difference -> proven zero?
+    cache = {}   # (canonical difference, boundaries) -> "exact" | "pieces" | None
+
+    def result(ok, method, detail):
+        return ProofResult(op=op.name, ok=ok, method=method, shapes=described,
+                           seconds=time.perf_counter() - start, detail=detail,
+                           exact_entries=counts[0], piecewise_entries=counts[1],
+                           sampled_entries=counts[2], max_error=worst, points=points)
+
     for index, example in enumerate(op.examples):
         try:
-            e, s, w = _prove_example(op, example, index, points, dps, tol, seed, cache)
+            e, p, s, w = _prove_example(op, example, index, points, dps, tol, seed, cache)
         except _Failure as exc:
-            return _result(op.name, False, exc.method, described, start,
-                           f"example {example.describe(op.inputs)}: {exc}", exact, sampled, worst)
+            return result(False, exc.method, f"example {example.describe(op.inputs)}: {exc}")
         except Exception as exc:  # a formula that raises is a failed proof, not a crash
-            return _result(op.name, False, "symbolic", described, start,
-                           f"example {example.describe(op.inputs)}: {type(exc).__name__}: {exc}",
-                           exact, sampled, worst)
-        exact, sampled, worst = exact + e, sampled + s, max(worst, w)
+            return result(False, "symbolic", f"example {example.describe(op.inputs)}: "
+                                             f"{type(exc).__name__}: {exc}")
+        counts = [counts[0] + e, counts[1] + p, counts[2] + s]
+        worst = max(worst, w)
+    try:
+        at_kinks = kink_conventions(op, _is_zero)
+    except ConventionError as exc:
+        return result(False, "symbolic", str(exc))
+    except Exception as exc:  # a convention that raises is a failed proof, not a crash
+        return result(False, "symbolic", f"kink convention: {type(exc).__name__}: {exc}")
+    exact, pieces, sampled = counts
     checked = f"{points} points at {dps} digits, max |diff| {worst:.1e}"
+    proven = ([f"{exact} simplify to 0"] if exact else []) + (
+        [f"{pieces} are 0 on each side of every branch"] if pieces else []) + at_kinks
     if sampled:
-        detail = (f"{exact} of {exact + sampled} entries simplify to 0; all agree at {checked}")
-    else:
-        detail = f"all {exact} entries simplify to 0 (and agree at {checked})"
-    return _result(op.name, True, "sampling" if sampled else "symbolic", described, start, detail,
-                   exact, sampled, worst)
-
-
-def _result(name, ok, method, shapes, start, detail, exact, sampled, worst):
-    return ProofResult(op=name, ok=ok, method=method, shapes=shapes,
-                       seconds=time.perf_counter() - start, detail=detail, exact_entries=exact,
-                       sampled_entries=sampled, max_error=worst)
+        return result(True, "sampling", f"{sampled} of {sum(counts)} entries are NOT proven, only "
+                                         f"checked at {checked}; proven: {'; '.join(proven)}")
+    method = "piecewise" if pieces or op.kinks else "symbolic"
+    return result(True, method, f"all {sum(counts)} entries proven: {'; '.join(proven)} "
+                                f"(and all agree at {checked})")
 
 
 def prove_all(names=None, *, progress=None, **options):

@@ -96,13 +96,14 @@ def test_declared_slopes_hold_at_sampled_kink_points(name, seed):
             assert sum(_floats(ga)) == slopes["a"] and sum(_floats(gb)) == slopes["b"]
 
 
-def test_proof_passes_a_wrong_kink_convention_but_the_kink_test_catches_it():
-    """relu'(0) = 1 differs from the rule only at 0 (measure zero): the proof cannot see it,
-    which is why the conventions are tested here at the kink points."""
+def test_a_wrong_kink_convention_fails_the_proof_and_the_kink_test():
+    """relu'(0) = 1 differs from the rule only at 0 (measure zero): no sampled point sees it,
+    but the proof checks the convention at the kink itself, and so does evaluation here."""
     relu = spec.OPS["relu"]
     wrong = dataclasses.replace(relu, vjp={"x": lambda M, grad, x: M.where(M.ge(x, 0), grad,
                                                                           0 * grad)})
-    assert spec.prove(wrong).ok
+    result = spec.prove(wrong)
+    assert not result.ok and "at the kink" in result.detail
     _, (gx,) = spec.evaluate(wrong, [np.array([0.0])], np.array([1.0]))
     assert float(gx[0]) == 1.0          # the wrong convention ...
     _, (gx,) = spec.evaluate("relu", [np.array([0.0])], np.array([1.0]))

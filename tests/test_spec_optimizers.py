@@ -29,7 +29,7 @@ STATE = {"SGD": (), "Momentum": ("v",), "NAG": ("v",), "Adagrad": ("G",), "RMSpr
 
 
 def reference(name, w, g, s, t, h):
-    """One scalar step from the table (seeds/003 §5.3.1), written independently."""
+    """One scalar step from the table (DataCode's), written independently."""
     f = mpmath.mpf
     lr = f(h["lr"])
     if name == "SGD":
@@ -186,34 +186,130 @@ def test_prove_optimizers_proves_all():
     results = spec.prove_optimizers()
     assert [r.op for r in results] == list(spec.OPTIMIZERS)
     assert all(r.ok for r in results), [(r.op, r.detail) for r in results if not r.ok]
+    # a general step, decided by SymPy (not only at sampled points)
+    assert all(r.method == "symbolic" and r.verdict == "proven" for r in results)
+    assert all("one general step" in r.shapes[0] for r in results)
 
 
 def _replace(name, **kw):
     return dataclasses.replace(spec.OPTIMIZERS[name], **kw)
 
 
-@pytest.mark.parametrize("broken", [
-    # Momentum without (1 − β) (the "classical" form, not DataCode's)
-    _replace("Momentum", update=lambda M, w, g, v, lr, beta: (w - lr * (beta * v + g),
-                                                              {"v": beta * v + g})),
-    # Adagrad with ε outside the root
-    _replace("Adagrad", update=lambda M, w, g, G, lr, eps: (w - lr / (M.sqrt(G + g**2) + eps) * g,
-                                                            {"G": G + g**2})),
-    # Adam without bias correction
-    _replace("Adam", update=lambda M, w, g, m, v, lr, beta1, beta2, eps: (
-        w - lr * (beta1 * m + (1 - beta1) * g) / (M.sqrt(beta2 * v + (1 - beta2) * g**2) + eps),
-        {"m": beta1 * m + (1 - beta1) * g, "v": beta2 * v + (1 - beta2) * g**2})),
-    # AdamW with coupled decay (λw added to the gradient)
-    _replace("AdamW", update=lambda M, w, g, t, m, v, lr, beta1, beta2, eps, weight_decay:
-             spec.OPTIMIZERS["Adam"].update(M, w, g + weight_decay * w, t, m, v, lr, beta1,
-                                            beta2, eps)),
-    # NAG engine form forgetting the β·v_new look-ahead correction
-    _replace("NAG", engine_update=lambda M, w, g, v, lr, beta: (w - (beta * v + lr * g),
-                                                                {"v": beta * v + lr * g})),
-], ids=["momentum", "adagrad", "adam", "adamw", "nag"])
-def test_prove_optimizers_rejects_planted_mistakes(broken):
-    (result,) = spec.prove_optimizers([broken])
+def _adam_like(m_rule, v_rule, m_hat, v_hat, step=None, decay=None):
+    """An Adam / AdamW update assembled from the given pieces (each a small lambda)."""
+    def update(M, w, g, t, m, v, lr, beta1, beta2, eps, weight_decay=None):
+        m_new, v_new = m_rule(g, m, beta1, beta2), v_rule(g, v, beta1, beta2)
+        mh, vh = m_hat(m_new, t, beta1, beta2), v_hat(v_new, t, beta1, beta2)
+        adam = (step or (lambda M, mh, vh, eps: mh / (M.sqrt(vh) + eps)))(M, mh, vh, eps)
+        w_new = w - lr * adam if decay is None else decay(w, lr, adam, weight_decay)
+        return w_new, {"m": m_new, "v": v_new}
+    return update
+
+
+M1 = lambda g, m, b1, b2: b1 * m + (1 - b1) * g                 # noqa: E731 (the right pieces)
+V2 = lambda g, v, b1, b2: b2 * v + (1 - b2) * g**2               # noqa: E731
+MH = lambda m, t, b1, b2: m / (1 - b1**t)                        # noqa: E731
+VH = lambda v, t, b1, b2: v / (1 - b2**t)                        # noqa: E731
+RIGHT_DECAY = lambda w, lr, adam, wd: w - lr * (adam + wd * w)   # noqa: E731
+
+
+def _adamw(**pieces):
+    parts = dict(m_rule=M1, v_rule=V2, m_hat=MH, v_hat=VH, decay=RIGHT_DECAY)
+    parts.update(pieces)
+    return _replace("AdamW", update=_adam_like(**parts))
+
+
+def _adam(**pieces):
+    parts = dict(m_rule=M1, v_rule=V2, m_hat=MH, v_hat=VH)
+    parts.update(pieces)
+    update = _adam_like(**parts)
+    return _replace("Adam", update=lambda M, w, g, t, m, v, lr, beta1, beta2, eps: update(
+        M, w, g, t, m, v, lr, beta1, beta2, eps))
+
+
+# Each a plausible slip in the stated update. Three of them (betas swapped, no moving averages,
+# no first-moment average) agree with the right Adam on three steps of a constant gradient from
+# zero state, the check this proof replaced, which passed them: only a general step (any state,
+# any t) tells them apart.
+PLANTED = {
+    "Adam, beta1 and beta2 swapped": _adam(
+        m_rule=lambda g, m, b1, b2: b2 * m + (1 - b2) * g,
+        v_rule=lambda g, v, b1, b2: b1 * v + (1 - b1) * g**2,
+        m_hat=lambda m, t, b1, b2: m / (1 - b2**t), v_hat=lambda v, t, b1, b2: v / (1 - b1**t)),
+    "Adam without moving averages": _adam(
+        m_rule=lambda g, m, b1, b2: g, v_rule=lambda g, v, b1, b2: g**2,
+        m_hat=lambda m, t, b1, b2: m, v_hat=lambda v, t, b1, b2: v),
+    "Adam without the first moment's average": _adam(m_rule=lambda g, m, b1, b2: g,
+                                                     m_hat=lambda m, t, b1, b2: m),
+    "Adam, bias correction with power t + 1": _adam(
+        m_hat=lambda m, t, b1, b2: m / (1 - b1**(t + 1))),
+    "Adam, v corrected with beta1": _adam(v_hat=lambda v, t, b1, b2: v / (1 - b1**t)),
+    "Adam without v's bias correction": _adam(v_hat=lambda v, t, b1, b2: v),
+    "Adam without any bias correction": _adam(m_hat=lambda m, t, b1, b2: m,
+                                             v_hat=lambda v, t, b1, b2: v),
+    "Adam with eps inside the root": _adam(step=lambda M, mh, vh, eps: mh / M.sqrt(vh + eps)),
+    "AdamW without weight decay": _adamw(decay=lambda w, lr, adam, wd: w - lr * adam),
+    "AdamW decay without the rate": _adamw(decay=lambda w, lr, adam, wd: w - lr * adam - wd * w),
+    "AdamW decay of the updated weights": _adamw(
+        decay=lambda w, lr, adam, wd: (w - lr * adam) * (1 - lr * wd)),
+    "AdamW decay coupled (added to the gradient)": _replace(
+        "AdamW", update=lambda M, w, g, t, m, v, lr, beta1, beta2, eps, weight_decay:
+        spec.OPTIMIZERS["Adam"].update(M, w, g + weight_decay * w, t, m, v, lr, beta1, beta2,
+                                       eps)),
+    "SGD ascending": _replace("SGD", update=lambda M, w, g, lr: (w + lr * g, {})),
+    "Momentum without (1 - beta)": _replace(
+        "Momentum", update=lambda M, w, g, v, lr, beta: (w - lr * (beta * v + g),
+                                                         {"v": beta * v + g})),
+    "Momentum without the moving average": _replace(
+        "Momentum", update=lambda M, w, g, v, lr, beta: (w - lr * (1 - beta) * g,
+                                                         {"v": (1 - beta) * g})),
+    "Momentum stepping with the old velocity": _replace(
+        "Momentum", update=lambda M, w, g, v, lr, beta: (w - lr * v,
+                                                         {"v": beta * v + (1 - beta) * g})),
+    "NAG velocity sign": _replace(
+        "NAG", update=lambda M, w, g, v, lr, beta: (w - (beta * v - lr * g),
+                                                    {"v": beta * v - lr * g})),
+    "NAG engine form without the look-ahead correction": _replace(
+        "NAG", engine_update=lambda M, w, g, v, lr, beta: (w - (beta * v + lr * g),
+                                                           {"v": beta * v + lr * g})),
+    "Adagrad without accumulation": _replace(
+        "Adagrad", update=lambda M, w, g, G, lr, eps: (w - lr / M.sqrt(g**2 + eps) * g,
+                                                       {"G": g**2})),
+    "Adagrad with eps outside the root": _replace(
+        "Adagrad", update=lambda M, w, g, G, lr, eps: (w - lr / (M.sqrt(G + g**2) + eps) * g,
+                                                       {"G": G + g**2})),
+    "RMSprop, gamma and 1 - gamma swapped": _replace(
+        "RMSprop", update=lambda M, w, g, E, lr, gamma, eps: (
+            w - lr / M.sqrt((1 - gamma) * E + gamma * g**2 + eps) * g,
+            {"E": (1 - gamma) * E + gamma * g**2})),
+    "RMSprop stepping with the old average": _replace(
+        "RMSprop", update=lambda M, w, g, E, lr, gamma, eps: (
+            w - lr / M.sqrt(E + eps) * g, {"E": gamma * E + (1 - gamma) * g**2})),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLANTED))
+def test_prove_optimizers_rejects_planted_mistakes(case):
+    (result,) = spec.prove_optimizers([PLANTED[case]])
     assert not result.ok, result
+    assert "NOT equal to" in result.detail and "differs by" in result.detail, result.detail
+    assert result.verdict.startswith("FAILED")
+
+
+def test_the_proof_is_of_the_update_spec_step_runs(monkeypatch):
+    """Swap beta1 and beta2 in the registry itself: spec.step now runs the broken formula (its
+    numbers change), and the proof of "Adam" by name fails."""
+    import spec.optimizers as so
+
+    broken = PLANTED["Adam, beta1 and beta2 swapped"]
+    before = spec.step("Adam", [0.5], [0.25], {"m": [0.1], "v": [0.2]}, 3, lr=0.1, beta1=0.5,
+                       beta2=0.9)
+    monkeypatch.setattr(so, "OPTIMIZERS", {**so.OPTIMIZERS, "Adam": broken})
+    after = spec.step("Adam", [0.5], [0.25], {"m": [0.1], "v": [0.2]}, 3, lr=0.1, beta1=0.5,
+                      beta2=0.9)
+    assert abs(after[0][0] - before[0][0]) > 1e-3
+    (result,) = spec.prove_optimizers(["Adam"])
+    assert not result.ok and "NOT equal to Kingma & Ba" in result.detail
 
 
 def test_symbolic_equations_are_available():

@@ -1,5 +1,6 @@
 """spec.prove: every op proven; planted wrong VJPs rejected; the method is recorded."""
 import dataclasses
+import importlib
 import time
 
 import numpy as np
@@ -94,9 +95,11 @@ def test_method_is_recorded():
     assert tanh.ok and tanh.method == "symbolic" and tanh.sampled_entries == 0
     assert len(tanh.shapes) >= 2 and tanh.exact_entries > 0
     # maximum's derivative is a Heaviside that SymPy cannot cancel against the stated
-    # Piecewise: decided by sampling, away from ties, at 50 digits.
+    # Piecewise: proven on each side of every tie instead, and the tie convention at it.
     maximum = spec.prove("maximum")
-    assert maximum.ok and maximum.method == "sampling" and maximum.sampled_entries > 0
+    assert maximum.ok and maximum.method == "piecewise" and maximum.sampled_entries == 0
+    assert maximum.piecewise_entries > 0 and maximum.verdict == "proven on each piece"
+    assert "ties go to the first argument" in maximum.detail and "subdifferential" in maximum.detail
     assert maximum.max_error < 1e-40
 
 
@@ -117,7 +120,95 @@ def test_prove_all_proves_every_op_quickly():
     failed = [(r.op, r.detail) for r in results if not r.ok]
     assert not failed
     assert [r.op for r in results] == list(spec.OPS)
-    assert all(r.method in ("symbolic", "sampling") and len(r.shapes) >= 2 for r in results)
+    assert all(r.method in ("symbolic", "piecewise") and len(r.shapes) >= 2 for r in results)
+    # every op with a kink is proven piece by piece (with its convention), none only sampled
+    assert {r.op for r in results if r.method == "piecewise"} >= {
+        name for name, op in spec.OPS.items() if op.kinks}
     assert len(seen) == 2 * len(spec.OPS) and seen[0][3] is None and seen[1][3] is results[0]
     # The issue's bound is 3 minutes; on this machine it takes well under one.
     assert elapsed < 180, f"prove_all took {elapsed:.0f} s"
+
+
+# -- ops with branches: each piece, and the convention at the kink ------------------------------
+
+PROVE = importlib.import_module("spec.prove")
+
+
+@pytest.mark.parametrize("name", ["relu", "leaky_relu", "abs", "maximum",
+                                  "binary_cross_entropy_with_logits"])
+def test_branchy_ops_are_proven_on_each_piece(name):
+    result = spec.prove(name)
+    assert result.ok and result.method == "piecewise" and result.sampled_entries == 0, result
+    assert result.verdict == "proven on each piece"
+    if spec.OPS[name].kinks:
+        assert "at the kink" in result.detail and "in the subdifferential" in result.detail
+
+
+def _kinked(name, vjp=None, slopes=None):
+    op = spec.OPS[name]
+    kinks = op.kinks if slopes is None else (dataclasses.replace(op.kinks[0], slopes=slopes),)
+    return dataclasses.replace(op, vjp={**op.vjp, **(vjp or {})}, kinks=kinks)
+
+
+def test_a_wrong_convention_at_the_kink_fails():
+    """relu'(0) = 1 (x >= 0): right on both sides, so only the kink tells; the sampled check
+    never lands on 0 and would pass it."""
+    broken = _kinked("relu", {"x": lambda M, grad, x: M.where(M.ge(x, 0), grad, 0 * grad)})
+    result = spec.prove(broken)
+    assert not result.ok and "at the kink" in result.detail and "'x'" in result.detail, result
+
+
+def test_a_doubled_tie_gradient_fails_even_when_declared():
+    """maximum sending the whole gradient to both tied arguments: against the registry's
+    convention it fails at the kink; declared as the convention itself, (1, 1) is outside the
+    subdifferential (the segment between (1, 0) and (0, 1)) and fails too."""
+    both = {"b": lambda M, grad, a, b: spec.backends.sum_to_shape(
+        M, M.where(M.gt(a, b), 0 * grad, grad), b.shape)}
+    result = spec.prove(_kinked("maximum", both))
+    assert not result.ok and "stated VJP for 'b'" in result.detail, result
+    declared = _kinked("maximum", both, slopes=lambda: {"a": 1, "b": 1})
+    result = spec.prove(declared)
+    assert not result.ok and "outside the subdifferential" in result.detail, result
+
+
+def test_a_convention_outside_the_one_sided_slopes_fails():
+    """relu'(0) = 2, stated and declared alike: not between the one-sided slopes 0 and 1."""
+    broken = _kinked("relu", {"x": lambda M, grad, x: M.where(
+        M.gt(x, 0), grad, M.where(M.gt(0, x), 0 * grad, 2 * grad))}, slopes=lambda: {"x": 2})
+    result = spec.prove(broken)
+    assert not result.ok and "outside the subdifferential" in result.detail, result
+
+
+def test_a_wrong_piece_fails():
+    """leaky_relu with the slope applied on the positive side."""
+    broken = _kinked("leaky_relu", {"x": lambda M, grad, x, negative_slope: M.where(
+        M.gt(x, 0), M.param(negative_slope) * grad, grad)})
+    result = spec.prove(broken)
+    assert not result.ok and "VJP for 'x'" in result.detail
+
+
+def test_an_entry_sympy_cannot_decide_is_labelled_checked_not_proven(monkeypatch, capsys):
+    """When no entry can be reduced to 0, the result is the sampled check, and every output
+    (the result, `verigrad spec --prove`, the proof table of `verigrad conform`) says "checked
+    at 20 points", never "proven"."""
+    from reports.cli import main
+    from reports.commands.conform import proof_rows
+
+    monkeypatch.setattr(PROVE, "_prove_entry", lambda expr, boundaries: None)
+    result = spec.prove("tanh")
+    assert result.ok and result.method == "sampling" and result.verdict == "checked at 20 points"
+    assert "NOT proven" in result.detail
+    assert proof_rows([result], "op")[0][-1] == "checked at 20 points"
+    assert main(["spec", "--no-progress", "--prove", "tanh"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| op "))
+    assert "checked at 20 points" in row and "proven" not in row
+    assert "0 of 1 proven, 1 only checked at sampled points (tanh)" in out
+
+
+def test_an_optimizer_sympy_cannot_decide_is_labelled_checked(monkeypatch):
+    proofs = importlib.import_module("spec.optimizer_proofs")
+    monkeypatch.setattr(proofs, "_is_zero", lambda diff: False)
+    (result,) = spec.prove_optimizers(["Adam"])
+    assert result.ok and result.method == "sampling"
+    assert result.verdict == "checked at 20 points" and "only checked" in result.detail

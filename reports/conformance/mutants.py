@@ -10,6 +10,7 @@ refactor of fastlib cannot silently turn a mutant into a no-op. ``first`` only o
 """
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -18,7 +19,8 @@ from dataclasses import asdict, dataclass
 from reports.conformance.mutant_runner import (MutantError, check_targets, run_control,
                                                run_mutant)
 
-__all__ = ["Mutant", "MUTANTS", "main", "run_all", "check_targets", "MutantError"]
+__all__ = ["Mutant", "MUTANTS", "MUTANT_MODULES", "all_mutants", "main", "run_all",
+           "check_targets", "MutantError"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,56 @@ MUTANTS = (
     Mutant("rms-norm-eps-outside", "rms_norm with eps outside the square root", "kernels/norm.py",
            "        r = 1.0 / math.sqrt(_pairwise_sum(sq, 0, d) / d + eps)\n",
            "        r = 1.0 / (math.sqrt(_pairwise_sum(sq, 0, d) / d) + eps)\n", ("rms_norm",)),
+    # -- accuracy: answers right in norm, wrong in one small entry, or rounded in the wrong type --
+    Mutant("sigmoid-cancel", "sigmoid(x) as 1 - sigmoid(-x) for x < 0 (cancels: sigmoid(-80) "
+           "= 0)", "kernels/scalar.py",
+           '    """sigmoid(x) = 1 / (1 + exp(-x)), from exp(-|x|) so that it never overflows."""\n'
+           "    return _sigmoid_pair(x)[0]\n",
+           '    """sigmoid(x) = 1 / (1 + exp(-x)), from exp(-|x|) so that it never overflows."""\n'
+           "    return _sigmoid_pair(x)[0] if x >= 0 else like(x, 1.0) - _sigmoid_pair(-x)[0]\n",
+           ("sigmoid",)),
+    Mutant("softplus-no-log1p", "softplus as log(1 + exp(x)), without log1p (0 for x < -37 in "
+           "float64)", "kernels/scalar.py", "    return pos + flog1p(fexp(-abs(x)))\n",
+           "    return flog(like(x, 1.0) + fexp(x))\n", ("softplus",)),
+    Mutant("tanh-flush-tiny", "tanh flushes |x| < 1e-100 to 0 (a tiny result lost)",
+           "kernels/scalar.py", '    """tanh(x)."""\n    return ftanh(x)\n',
+           '    """tanh(x)."""\n    return like(x, 0.0) if abs(x) < 1e-100 else ftanh(x)\n',
+           ("tanh",)),
+    Mutant("large-vjp-entry", "a unary VJP of >= PARALLEL_MIN_SIZE entries has its smallest "
+           "nonzero entry 1e-3 (relative) off", "kernels/elementwise.py",
+           "        _vjp(CODES[name], flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)\n"
+           "    return out\n",
+           "        _vjp(CODES[name], flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)\n"
+           "    o = out.reshape(-1)\n"
+           "    nz = np.flatnonzero(o) if o.size >= config.PARALLEL_MIN_SIZE else o[:0]\n"
+           "    if nz.size:\n"
+           "        k = nz[np.argmin(np.abs(o[nz]))]\n"
+           "        o[k] = o[k] * o.dtype.type(1.001)\n"
+           "    return out\n", ("exp", "tanh", "sigmoid")),
+    Mutant("f32-leak-elementwise", "float64 tanh VJP evaluates tanh' at x rounded to float32 "
+           "(float32 arithmetic leaks into a float64 kernel)", "kernels/elementwise.py",
+           "            out[i] = g[i] * S.tanh_df(x[i])\n",
+           "            out[i] = g[i] * S.tanh_df(np.float32(x[i]))\n", ("tanh",)),
+    Mutant("f32-leak-fused", "the float64 fused MLP epoch rounds the cross-entropy gradient's "
+           "softmax to float32", "training/fused_kernels.py",
+           "                    dz[i, j] = math.exp(z[i, j] - lse) * inv_n\n",
+           "                    dz[i, j] = np.float32(math.exp(z[i, j] - lse)) * inv_n\n",
+           ("train",)),
+    Mutant("softmax-lse-f32", "softmax as exp(x - lse) with lse rounded to float32 (float64 "
+           "softmax carries |lse| u32 into every exponent)", "kernels/norm.py",
+           "        m = _row_max(v)\n        for j in range(d):\n"
+           "            o[j] = fexp(v[j] - m)\n"
+           "        s = like(v[0], _pairwise_sum(o, 0, d))\n        for j in range(d):\n"
+           "            o[j] = o[j] / s\n\n\n",
+           "        m = _row_max(v)\n"
+           "        lse = like(v[0], np.float32(np.float64(m) + math.log(_row_sumexp(v, m))))\n"
+           "        for j in range(d):\n"
+           "            o[j] = fexp(v[j] - lse)\n\n\n", ("softmax",)),
+    Mutant("maximum-tie-doubled", "a tie in maximum sends the whole gradient to both arguments "
+           "(outside the subdifferential: the gradient doubled)", "kernels/binary.py",
+           "    return (gv, 0.0) if win else (0.0, gv)\n",
+           "    return (gv, gv) if x == y else ((gv, 0.0) if win else (0.0, gv))\n",
+           ("maximum",)),
     # -- optimizers -------------------------------------------------------------------------------
     Mutant("adam-bias-correction", "Adam without the bias correction of m", "optim.py",
            "c[:, 5] = [1.0 / (1.0 - b1 ** t) for t in steps]", "c[:, 5] = 1.0", ("Adam",)),
@@ -172,6 +224,26 @@ MUTANTS = (
 )
 
 
+# Mutants kept in other modules join every run (``--mutants``, the slow test) through this
+# tuple of module names. Each such module defines its own ``MUTANTS``, a tuple of ``Mutant``
+# (it imports ``Mutant`` from here, so it is imported lazily, by ``all_mutants``). To register
+# one, add its dotted name here, e.g. "reports.conformance.training_mutants".
+MUTANT_MODULES = ()
+
+
+def all_mutants():
+    """``MUTANTS`` followed by the ``MUTANTS`` of every module in ``MUTANT_MODULES``.
+
+    Returns
+    -------
+    tuple of Mutant
+        In that order; ``check_targets`` refuses a key used twice across modules.
+    """
+    out = list(MUTANTS)
+    for name in MUTANT_MODULES:
+        out += list(importlib.import_module(name).MUTANTS)
+    return tuple(out)
+
 def _table(results):
     from reports.commands.conform import format_table
 
@@ -181,10 +253,12 @@ def _table(results):
                          "seconds"), rows)
 
 
-def run_all(mutants=MUTANTS, profile="dev", seed=0, progress=None, control=True):
-    """Run the control and every mutant; return (control result or None, [MutantResult])."""
+def run_all(mutants=None, profile="dev", seed=0, progress=None, control=True):
+    """Run the control and every mutant (default ``all_mutants()``); return (control result or
+    None, [MutantResult])."""
     import tempfile
 
+    mutants = all_mutants() if mutants is None else mutants
     problems = check_targets(mutants)
     if problems:
         raise MutantError("; ".join(problems))
@@ -204,9 +278,9 @@ def run_all(mutants=MUTANTS, profile="dev", seed=0, progress=None, control=True)
 
 def main(args):
     """``verigrad conform --mutants``: the table of verdicts; exit 1 if any mutant survived."""
-    chosen = MUTANTS
+    chosen = all_mutants()
     if args.ops:
-        known = {m.key: m for m in MUTANTS}
+        known = {m.key: m for m in chosen}
         unknown = [k for k in args.ops if k not in known]
         if unknown:
             print(f"verigrad conform --mutants: unknown mutant(s) {unknown}; known: "

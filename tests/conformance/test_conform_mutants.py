@@ -8,11 +8,13 @@ the dev profile catches both; the full run of every mutant is marked slow
 from __future__ import annotations
 
 import shutil
+import sys
+import types
 
 import pytest
 
-from reports.conformance import mutant_runner
-from reports.conformance.mutants import MUTANTS, Mutant, run_all
+from reports.conformance import mutant_runner, mutants
+from reports.conformance.mutants import MUTANTS, Mutant, all_mutants, run_all
 from reports.conformance.mutant_runner import MutantError, apply_mutant, check_targets
 
 BY_KEY = {m.key: m for m in MUTANTS}
@@ -27,6 +29,25 @@ def test_every_mutant_applies_to_the_current_fastlib():
                 "rmsprop-eps-outside", "relu-kink", "dense-transposed-weight-grad",
                 "dense-stale-cache"):
         assert key in BY_KEY
+    # the accuracy kind: right in norm, wrong in one small entry or in the wrong type
+    for key in ("sigmoid-cancel", "softplus-no-log1p", "tanh-flush-tiny", "large-vjp-entry",
+                "f32-leak-elementwise", "f32-leak-fused", "softmax-lse-f32",
+                "maximum-tie-doubled"):
+        assert key in BY_KEY
+
+
+def test_mutants_of_other_modules_join_through_mutant_modules(monkeypatch):
+    """A module named in MUTANT_MODULES contributes its MUTANTS to every run; a key used twice
+    across modules is refused."""
+    extra = types.ModuleType("fake_training_mutants")
+    extra.MUTANTS = (Mutant("fake-train", "a planted training bug", "tape.py",
+                            BY_KEY["tape-overwrite"].old, "else np.asarray(0.0, self.dtype))"),)
+    monkeypatch.setitem(sys.modules, "fake_training_mutants", extra)
+    monkeypatch.setattr(mutants, "MUTANT_MODULES", ("fake_training_mutants",))
+    assert all_mutants() == MUTANTS + extra.MUTANTS
+    assert check_targets(all_mutants()) == []
+    extra.MUTANTS += (Mutant("relu-kink", "a clash", "tape.py", "return", "yield"),)
+    assert "mutant key 'relu-kink' is used twice" in check_targets(all_mutants())
 
 
 def test_stale_or_ambiguous_targets_are_refused(tmp_path):
@@ -67,7 +88,7 @@ def test_two_mutants_are_caught_by_the_dev_profile():
 
 @pytest.mark.slow
 def test_every_mutant_is_caught_by_the_dev_profile():
-    control, results = run_all(MUTANTS, "dev", 0)
+    control, results = run_all(None, "dev", 0)         # every mutant, registered ones too
     assert not control.caught, control
     survivors = [r for r in results if not r.caught]
     assert not survivors, survivors
