@@ -12,6 +12,11 @@ ends with one warning counting such steps; a batch whose loss is NaN/Inf stops t
 once: the parameters and optimizer state are put back to the end of the last complete epoch
 (the start of the run when it happens in the first), a ``RuntimeWarning`` says so, and the
 result has ``diverged=True``, ``stop_reason`` and ``restored_epoch``.
+
+Divergence while the loss is still finite (``DivergenceRules``: a loss above a threshold or grown
+a hundredfold over its best, weights or probe gradients beyond a magnitude) is checked after
+every epoch, on the batch-by-batch and the fused whole-epoch paths alike, and ends the same way,
+with ``divergence_rule`` naming the rule.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from fastlib.training import checkpoint as ckpt_mod
 from fastlib.training.algorithms import (EpochStats, StepContext, TrainConfig, evaluate_model,
                                          get_algorithm)
 from fastlib.training.clipping import check_clip
-from fastlib.training.early_stopping import PlateauPolicy
+from fastlib.training.early_stopping import DivergenceRules, PlateauPolicy, check_divergence
 
 __all__ = ["train", "train_sh", "TrainingResult", "TrainingHistorySH"]
 
@@ -57,8 +62,12 @@ class TrainingResult:
     stopped, stop_reason :
         Whether training ended before ``epochs`` and why (callback, policy, divergence).
     diverged : bool
-        A non-finite loss stopped training; ``restored_epoch`` is the epoch whose end-of-epoch
-        weights were put back (0: the initial weights).
+        A non-finite loss, or a rule of ``divergence`` (:class:`DivergenceRules`), stopped
+        training; ``restored_epoch`` is the epoch whose end-of-epoch weights were put back (0:
+        the initial weights).
+    divergence_rule : str or None
+        The rule that stopped a diverging run: ``"non_finite_loss"``, ``"max_loss"``,
+        ``"loss_growth"``, ``"max_weight"`` or ``"max_grad"``.
     skipped_steps : int
         Optimizer steps skipped because the gradient was not finite.
     fused : bool
@@ -78,6 +87,7 @@ class TrainingResult:
     stop_reason: str | None = None
     diverged: bool = False
     restored_epoch: int | None = None
+    divergence_rule: str | None = None
     skipped_steps: int = 0
     fused: bool = False
 
@@ -123,7 +133,7 @@ class TrainingHistorySH:
 def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None, y_val=None,
           optimizer="SGD", *, gradient_clip=0.0, clip_mode="value", shuffle=True, seed=0,
           device="cpu", algorithm="bp", callbacks=(), verbose=True, checkpoint=None,
-          checkpoint_every=1, resume=None, **algorithm_options) -> TrainingResult:
+          checkpoint_every=1, resume=None, divergence=None, **algorithm_options) -> TrainingResult:
     """Train ``model`` on ``(x, y)`` with mini-batches (DataCode's order, Loom's result).
 
     Parameters
@@ -173,6 +183,12 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
         Write a checkpoint every ``checkpoint_every`` epochs and after the last one.
     resume : path, optional
         Continue from a checkpoint (model weights, optimizer state, RNG, epoch, histories).
+    divergence : None, False, dict or DivergenceRules
+        When a finite but exploding run stops (checked after every epoch): None applies the
+        default rules of :class:`~fastlib.training.early_stopping.DivergenceRules` (loss above
+        1e8, loss 100x its best and above the untrained loss, a weight beyond 1e6, a probe
+        gradient beyond 1e8); a dict overrides some (``{"max_weight": 1e9}``, a rule set to None
+        is off); False turns them all off (a non-finite loss still stops training).
     **algorithm_options
         Options for the algorithm, in ``ctx.config.extra`` (e.g. ``cd_k=1``). ``"bp"`` takes
         ``fused`` (default True): False turns off the whole-epoch compiled path for
@@ -185,7 +201,7 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
                  verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=None,
-                 restore_best=False)
+                 restore_best=False, divergence=divergence)
     return loop.run()
 
 
@@ -194,7 +210,7 @@ def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimize
              y_val=None, *, lr_factor=0.5, stop_patience=None, min_lr=1e-6, gradient_clip=0.0,
              clip_mode="value", shuffle=True, seed=0, device="cpu", algorithm="bp",
              callbacks=(), verbose=True, checkpoint=None, checkpoint_every=1, resume=None,
-             **algorithm_options) -> TrainingHistorySH:
+             divergence=None, **algorithm_options) -> TrainingHistorySH:
     """Train with early stopping and learning-rate reduction on a plateau (DataCode's train_sh).
 
     The policy (epochs numbered from 1):
@@ -220,7 +236,7 @@ def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimize
     loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
                  verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=policy,
-                 restore_best=bool(restore_best))
+                 restore_best=bool(restore_best), divergence=divergence)
     result = loop.run()
     policy = loop.policy
     return TrainingHistorySH(
@@ -277,6 +293,18 @@ def _check_targets(loss_type, model, x, y, what):
     return np.ascontiguousarray(losses.validate_targets(loss_type, pred_like, y))
 
 
+def _max_abs(arrays):
+    """The largest magnitude over ``arrays``; inf when any entry is NaN or Inf."""
+    largest = 0.0
+    for a in arrays:
+        if a.size:
+            m = float(np.max(np.abs(a)))
+            if not math.isfinite(m):
+                return math.inf
+            largest = max(largest, m)
+    return largest
+
+
 def _snapshot(params):
     return {k: v.copy() for k, v in params.items()}
 
@@ -292,7 +320,7 @@ class _Loop:
     def __init__(self, model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm,
                  callbacks, verbose, checkpoint, checkpoint_every, resume, options, policy,
-                 restore_best):
+                 restore_best, divergence=None):
         self.t_start = time.perf_counter()
         self.algo = get_algorithm(algorithm)
         allowed = self.algo.options
@@ -350,6 +378,8 @@ class _Loop:
         self.restore_best = restore_best
         self.restored_best = False
         self.best_params = None
+        self.divergence = DivergenceRules.from_option(divergence)
+        self.initial_loss = None   # the untrained model's loss on the probe batch
 
         params = model.parameters()
         self.ctx = StepContext(model, params, loss_type, self.opt, self.opt.init(params), lr,
@@ -373,7 +403,8 @@ class _Loop:
         return {"loss": r.loss_history, "acc": r.accuracy_history, "val_loss":
                 r.val_loss_history, "val_acc": r.val_accuracy_history, "epoch_times":
                 r.epoch_times, "lr": r.lr_history, "skipped": r.skipped_steps,
-                "fused": r.fused, "stopped": r.stopped, "stop_reason": r.stop_reason}
+                "fused": r.fused, "stopped": r.stopped, "stop_reason": r.stop_reason,
+                "initial_loss": self.initial_loss}
 
     def _save_checkpoint(self, epoch):
         c = ckpt_mod.Checkpoint(
@@ -422,6 +453,7 @@ class _Loop:
         r.epoch_times, r.lr_history = list(h["epoch_times"]), list(h["lr"])
         r.skipped_steps, r.fused = int(h["skipped"]), bool(h["fused"])
         r.epochs_run = c.epoch
+        self.initial_loss = h.get("initial_loss")
         if h.get("stopped"):
             # the saved run had already stopped (policy or callback): resuming adds nothing, so
             # the result is that of the uninterrupted run
@@ -499,6 +531,8 @@ class _Loop:
                        desc=f"train {self.algo.name}", leave=True)
         self._hook("on_train_begin", {"epochs": self.epochs, "start_epoch": self.start_epoch})
         last_good = (_snapshot(ctx.params), ctx.opt_state.copy(), self.start_epoch)
+        if self.divergence is not None and self.start_epoch == 0:
+            self.initial_loss = self._probe_loss()
         try:
             for epoch in range(self.start_epoch + 1, self.epochs + 1):
                 t0 = time.perf_counter()
@@ -515,6 +549,8 @@ class _Loop:
                                   "learning rate", RuntimeWarning, stacklevel=3)
                 if stats.diverged_batch >= 0:
                     self._diverged(epoch, stats, last_good)
+                    break
+                if self._check_divergence(epoch, stats.loss, last_good):
                     break
                 r.fused = r.fused or stats.fused
                 val_loss, val_acc = self._evaluate()
@@ -568,14 +604,64 @@ class _Loop:
         return decision.reason if decision.stop else None
 
     def _diverged(self, epoch, stats, last_good):
+        self._stop_diverged(f"non-finite loss ({stats.diverged_loss}) at epoch {epoch}, batch "
+                            f"{stats.diverged_batch + 1}", "non_finite_loss", last_good)
+
+    def _stop_diverged(self, what, rule, last_good):
         params, opt_state, good_epoch = last_good
         _restore(self.ctx.params, params)
         self.ctx.opt_state = opt_state
         r = self.result
         r.diverged = r.stopped = True
         r.restored_epoch = good_epoch
+        r.divergence_rule = rule
         where = "the initial weights" if good_epoch == 0 else f"the weights after epoch {good_epoch}"
-        r.stop_reason = (f"non-finite loss ({stats.diverged_loss}) at epoch {epoch}, batch "
-                         f"{stats.diverged_batch + 1}: training stopped and {where} were restored;"
+        r.stop_reason = (f"{what}: training stopped and {where} were restored;"
                          " lower the learning rate, clip gradients or check the data")
-        warnings.warn(r.stop_reason, RuntimeWarning, stacklevel=4)
+        warnings.warn(r.stop_reason, RuntimeWarning, stacklevel=5)
+
+    # -- divergence while the loss is finite (DivergenceRules) -------------------------------
+    def _probe(self):
+        """The probe batch: the first ``PROBE_ROWS`` training samples, in order."""
+        k = min(self.x.shape[0], DivergenceRules.PROBE_ROWS)
+        return self.x[:k], None if self.y is None else self.y[:k]
+
+    def _probe_loss(self):
+        """The model's loss on the probe batch (no RNG drawn, no weight changed), or None."""
+        x, y = self._probe()
+        if self.algo.needs_targets and y is None:
+            return None
+        evaluate = self.algo.evaluate or evaluate_model
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            loss, _ = evaluate(self.model, x, y, self.loss_type)
+        return float(loss) if math.isfinite(loss) else None
+
+    def _probe_grad_max(self):
+        """The largest magnitude in the loss gradient on the probe batch (None: no loss)."""
+        if not self.algo.needs_targets or self.loss_type is None:
+            return None
+        from fastlib.grad import value_and_grad
+
+        x, y = self._probe()
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            _, grads = value_and_grad(self.model, x, y, self.loss_type)
+        return _max_abs(grads.values())
+
+    def _check_divergence(self, epoch, loss, last_good):
+        """Apply the divergence rules after ``epoch``; stop and restore when one fires."""
+        rules = self.divergence
+        if rules is None:
+            return False
+        earlier = [v for v in self.result.loss_history if v is not None and math.isfinite(v)]
+        if self.initial_loss is not None:
+            earlier.append(self.initial_loss)
+        best = min(earlier) if earlier else None
+        weight = _max_abs(self.ctx.params.values())
+        grad = self._probe_grad_max() if rules.max_grad is not None else None
+        fired = check_divergence(rules, loss, best, self.initial_loss, weight, grad)
+        if fired is None:
+            return False
+        rule, why = fired
+        self._stop_diverged(f"divergence rule {rule!r} fired after epoch {epoch}: {why}", rule,
+                            last_good)
+        return True
