@@ -9,7 +9,7 @@ file's name.
 """
 from __future__ import annotations
 
-__all__ = ["CorruptFileError"]
+__all__ = ["CorruptFileError", "CheckpointLockedError"]
 
 
 class CorruptFileError(ValueError):
@@ -40,3 +40,28 @@ class CorruptFileError(ValueError):
 
     def __reduce__(self):  # picklable across processes despite the three-argument constructor
         return (type(self), (self.path, self.member, self.problem))
+
+
+class CheckpointLockedError(RuntimeError):
+    """Another live run is writing the same training checkpoint; the message names it.
+
+    Attributes
+    ----------
+    path : str
+        The checkpoint.
+    holder : dict
+        What the holder wrote into the lock file (``pid``, ``host``, ``started``), as far as it
+        could be read.
+    """
+
+    def __init__(self, path, holder: dict, lock_path):
+        self.path, self.holder, self.lock_path = str(path), dict(holder), str(lock_path)
+        who = (f"process {holder.get('pid', '?')} on host {holder.get('host', '?')}"
+               f"{', started ' + str(holder['started']) if holder.get('started') else ''}")
+        super().__init__(f"checkpoint {self.path} is being written by another run ({who}; lock "
+                         f"file {self.lock_path}); two runs writing one checkpoint would "
+                         "overwrite each other: give this run another checkpoint path, or "
+                         "wait for that run to end")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.holder, self.lock_path))

@@ -8,16 +8,26 @@ File layout (format ``verigrad-model``, version 1): an uncompressed NumPy ``.npz
 container with format ``verigrad-checkpoint``; :func:`load` reads the model out of either.
 
 Files are written atomically: to a temporary file in the same folder, flushed to disk, then
-renamed over the target, so a crash never leaves a half-written file under the final name.
+renamed over the target, so a crash never leaves a half-written file under the final name. The
+temporary file is removed on every exit path Python sees (exceptions, Ctrl-C, SIGTERM); one
+left by SIGKILL is removed when the next training run takes the checkpoint's lock. The file
+gets the permissions the umask gives any new file.
+
+Reading validates the whole file before building anything (:func:`read_archive`,
+:func:`check_model_entries`); whatever is wrong raises :class:`fastlib.errors.CorruptFileError`
+naming the file, the member and the problem.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import pathlib
 import re
+import signal
 import tempfile
+import threading
 import zipfile
 from typing import NamedTuple
 
@@ -28,6 +38,7 @@ from fastlib.model_schema import MAX_DEPTH as _MAX_NESTING
 
 __all__ = ["save_model", "load", "write_archive", "read_archive", "model_entries", "build_model",
            "check_model_entries", "max_load_bytes", "ArrayHeader", "CorruptFileError",
+           "stale_temporaries", "temporary_prefix", "current_umask",
            "MODEL_FORMAT", "CHECKPOINT_FORMAT", "VERSION", "DEFAULT_MAX_BYTES", "MAX_BYTES_ENV"]
 
 MODEL_FORMAT = "verigrad-model"
@@ -72,18 +83,94 @@ def write_archive(path, meta: dict, arrays: dict) -> pathlib.Path:
         if arr.dtype == object:
             raise TypeError(f"entry {name!r} is an object array; only numeric arrays are saved")
         entries[name] = arr
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **entries)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=_TMP_SUFFIX,
+                               dir=path.parent)
+    with _terminate_as_exception():
+        try:
+            # mkstemp creates 0600 files; the final file gets the mode any new file would get
+            os.fchmod(fd, 0o666 & ~current_umask())
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **entries)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
     return path
+
+
+_TMP_SUFFIX = ".tmp"
+
+
+def temporary_prefix(path) -> str:
+    """The name prefix of :func:`write_archive`'s temporary files for ``path`` (hidden)."""
+    return f".{pathlib.Path(path).name}."
+
+
+def stale_temporaries(path) -> list:
+    """Temporary files of earlier writes of ``path`` left behind by killed processes.
+
+    Only safe to delete while no other process writes ``path`` (the training checkpoint lock
+    guarantees that; see ``fastlib.training.checkpoint``).
+    """
+    path = pathlib.Path(path)
+    prefix = temporary_prefix(path)
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return []
+    return [path.parent / n for n in names if n.startswith(prefix) and n.endswith(_TMP_SUFFIX)
+            and len(n) > len(prefix) + len(_TMP_SUFFIX)]
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the system allows."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    # NOTE: elsewhere the only way to read the umask is to set it and put it back (a moment in
+    # which another thread creating a file would get mode 0o022's permissions).
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived during a write: unwind (removing the temporary file), then die of it."""
+
+
+@contextlib.contextmanager
+def _terminate_as_exception():
+    """While writing, turn a SIGTERM with the default action into an exception, then re-raise it.
+
+    The default action kills the process at once, which would leave the temporary file behind;
+    this way the ``except`` clause removes it and the process still ends by SIGTERM afterwards.
+    A handler installed by the application, a non-main thread, or a platform without SIGTERM
+    are left alone.
+    """
+    if (not hasattr(signal, "SIGTERM") or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise SystemExit(128 + signal.SIGTERM) from None  # only if the signal did not end us
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def max_load_bytes(max_bytes=None) -> int:

@@ -157,7 +157,8 @@ class DivergenceRules:
     Parameters
     ----------
     max_loss : float or None, default 1e8
-        ``"max_loss"``: the epoch's training loss is above this.
+        ``"max_loss"``: the epoch's training loss is above this. For ``mse``, whose loss has the
+        units of the targets squared, the threshold is ``max_loss * max(1, mean(y**2))``.
     loss_growth : float or None, default 100
         ``"loss_growth"``: the epoch's training loss is more than this factor above the best loss
         so far (the untrained model's loss on the probe batch counts as the first) *and* above
@@ -166,9 +167,10 @@ class DivergenceRules:
     max_weight : float or None, default 1e6
         ``"max_weight"``: some parameter's magnitude is above this (or not finite).
     max_grad : float or None, default 1e8
-        ``"max_grad"``: some entry of the loss gradient on the probe batch (the first
-        ``PROBE_ROWS`` training samples) is above this in magnitude (or not finite). Only for
-        algorithms trained on a loss (not ``"cd"``).
+        ``"max_grad"``: some finite entry of the loss gradient on the probe batch (the first
+        ``PROBE_ROWS`` training samples) is above this in magnitude (non-finite gradients are
+        the skipped steps' business). For ``mse`` the threshold is ``max_grad * max(1, RMS(y))``.
+        Only for algorithms trained on a loss (not ``"cd"``).
 
     Notes
     -----
@@ -223,7 +225,7 @@ class DivergenceRules:
 
 def check_divergence(rules: DivergenceRules, loss: float, best: float | None,
                      initial: float | None, max_weight: float | None,
-                     max_grad: float | None) -> tuple[str, str] | None:
+                     max_grad: float | None, target_scale: float = 1.0) -> tuple[str, str] | None:
     """Which rule of ``rules`` the end of an epoch breaks, or None.
 
     Parameters
@@ -236,15 +238,20 @@ def check_divergence(rules: DivergenceRules, loss: float, best: float | None,
     initial : float or None
         The untrained model's loss on the probe batch (None when it could not be measured).
     max_weight, max_grad : float or None
-        The largest parameter magnitude, and the largest probe-gradient magnitude (None: not
-        measured).
+        The largest parameter magnitude, and the largest finite probe-gradient magnitude (None:
+        not measured).
+    target_scale : float
+        ``max(1, RMS(y))`` for ``mse`` (1 otherwise): ``max_loss`` is multiplied by its square
+        and ``max_grad`` by it.
 
     Returns
     -------
     (rule, explanation) or None
     """
-    if rules.max_loss is not None and loss > rules.max_loss:
-        return "max_loss", f"training loss {loss:.4g} is above max_loss={rules.max_loss:g}"
+    if rules.max_loss is not None and loss > rules.max_loss * target_scale ** 2:
+        scaled = "" if target_scale == 1 else f" times the targets' mean square {target_scale ** 2:.4g}"
+        return "max_loss", (f"training loss {loss:.4g} is above max_loss={rules.max_loss:g}"
+                            f"{scaled}")
     if (rules.loss_growth is not None and best is not None and initial is not None
             and loss > rules.loss_growth * best and loss > initial):
         return "loss_growth", (f"training loss {loss:.4g} is more than loss_growth="
@@ -254,7 +261,9 @@ def check_divergence(rules: DivergenceRules, loss: float, best: float | None,
             max_weight <= rules.max_weight):
         return "max_weight", (f"a weight of magnitude {max_weight:.4g} is beyond max_weight="
                               f"{rules.max_weight:g}")
-    if rules.max_grad is not None and max_grad is not None and not max_grad <= rules.max_grad:
+    if rules.max_grad is not None and max_grad is not None and (
+            max_grad > rules.max_grad * target_scale):
+        scaled = "" if target_scale == 1 else f" times the targets' RMS {target_scale:.4g}"
         return "max_grad", (f"a gradient entry of magnitude {max_grad:.4g} on the probe batch is "
-                            f"beyond max_grad={rules.max_grad:g}")
+                            f"beyond max_grad={rules.max_grad:g}{scaled}")
     return None

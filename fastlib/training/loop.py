@@ -133,7 +133,8 @@ class TrainingHistorySH:
 def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None, y_val=None,
           optimizer="SGD", *, gradient_clip=0.0, clip_mode="value", shuffle=True, seed=0,
           device="cpu", algorithm="bp", callbacks=(), verbose=True, checkpoint=None,
-          checkpoint_every=1, resume=None, divergence=None, **algorithm_options) -> TrainingResult:
+          checkpoint_every=1, resume=None, resume_mismatch="warn", divergence=None,
+          **algorithm_options) -> TrainingResult:
     """Train ``model`` on ``(x, y)`` with mini-batches (DataCode's order, Loom's result).
 
     Parameters
@@ -180,9 +181,18 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     verbose : bool
         A tqdm progress bar over epochs (on stderr) with the latest metrics.
     checkpoint : path, optional
-        Write a checkpoint every ``checkpoint_every`` epochs and after the last one.
+        Write a checkpoint every ``checkpoint_every`` epochs and after the last one. The run
+        holds ``<checkpoint>.lock`` while it trains: a second run writing the same path fails at
+        once with :class:`~fastlib.errors.CheckpointLockedError` naming the holder (pid, host);
+        temporary files a killed run left beside the checkpoint are removed.
     resume : path, optional
         Continue from a checkpoint (model weights, optimizer state, RNG, epoch, histories).
+    resume_mismatch : {"warn", "error"}
+        What to do when a setting that decides the trajectory differs from the checkpoint's
+        (seed, batch size, loss, optimizer and its hyperparameters, learning rate, clipping,
+        shuffling, algorithm and its options, divergence rules, the plateau policy, the data):
+        ``"warn"`` continues with a ``RuntimeWarning`` listing them (e.g. to fine-tune at
+        another rate); ``"error"`` refuses with a ``ValueError``.
     divergence : None, False, dict or DivergenceRules
         When a finite but exploding run stops (checked after every epoch): None applies the
         default rules of :class:`~fastlib.training.early_stopping.DivergenceRules` (loss above
@@ -201,7 +211,7 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
                  verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=None,
-                 restore_best=False, divergence=divergence)
+                 restore_best=False, divergence=divergence, resume_mismatch=resume_mismatch)
     return loop.run()
 
 
@@ -210,7 +220,7 @@ def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimize
              y_val=None, *, lr_factor=0.5, stop_patience=None, min_lr=1e-6, gradient_clip=0.0,
              clip_mode="value", shuffle=True, seed=0, device="cpu", algorithm="bp",
              callbacks=(), verbose=True, checkpoint=None, checkpoint_every=1, resume=None,
-             divergence=None, **algorithm_options) -> TrainingHistorySH:
+             resume_mismatch="warn", divergence=None, **algorithm_options) -> TrainingHistorySH:
     """Train with early stopping and learning-rate reduction on a plateau (DataCode's train_sh).
 
     The policy (epochs numbered from 1):
@@ -236,7 +246,8 @@ def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimize
     loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
                  verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=policy,
-                 restore_best=bool(restore_best), divergence=divergence)
+                 restore_best=bool(restore_best), divergence=divergence,
+                 resume_mismatch=resume_mismatch)
     result = loop.run()
     policy = loop.policy
     return TrainingHistorySH(
@@ -293,16 +304,39 @@ def _check_targets(loss_type, model, x, y, what):
     return np.ascontiguousarray(losses.validate_targets(loss_type, pred_like, y))
 
 
-def _max_abs(arrays):
-    """The largest magnitude over ``arrays``; inf when any entry is NaN or Inf."""
+def _max_abs(arrays, finite_only=False):
+    """The largest magnitude over ``arrays``: inf when any entry is NaN or Inf, or with
+    ``finite_only`` the largest finite one."""
     largest = 0.0
     for a in arrays:
         if a.size:
             m = float(np.max(np.abs(a)))
             if not math.isfinite(m):
-                return math.inf
+                if not finite_only:
+                    return math.inf
+                finite = np.abs(a[np.isfinite(a)])
+                m = float(finite.max()) if finite.size else 0.0
             largest = max(largest, m)
     return largest
+
+
+def _jsonable(value):
+    """``value`` when JSON can hold it, else its repr (settings are compared as JSON)."""
+    import json
+
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _fingerprint(a):
+    import hashlib
+
+    a = np.ascontiguousarray(a)
+    digest = hashlib.blake2b(memoryview(a).cast("B"), digest_size=8).hexdigest()
+    return f"{a.dtype.str}{list(a.shape)}:{digest}"
 
 
 def _snapshot(params):
@@ -320,7 +354,7 @@ class _Loop:
     def __init__(self, model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm,
                  callbacks, verbose, checkpoint, checkpoint_every, resume, options, policy,
-                 restore_best, divergence=None):
+                 restore_best, divergence=None, resume_mismatch="warn"):
         self.t_start = time.perf_counter()
         self.algo = get_algorithm(algorithm)
         allowed = self.algo.options
@@ -380,6 +414,9 @@ class _Loop:
         self.best_params = None
         self.divergence = DivergenceRules.from_option(divergence)
         self.initial_loss = None   # the untrained model's loss on the probe batch
+        if resume_mismatch not in ("warn", "error"):
+            raise ValueError(f"resume_mismatch must be 'warn' or 'error', got {resume_mismatch!r}")
+        self.resume_mismatch = resume_mismatch
 
         params = model.parameters()
         self.ctx = StepContext(model, params, loss_type, self.opt, self.opt.init(params), lr,
@@ -393,10 +430,32 @@ class _Loop:
 
     # -- checkpoints --------------------------------------------------------------------------
     def _settings(self):
-        return {"loss_type": self.loss_type, "batch_size": self.config.batch_size,
-                "gradient_clip": self.config.gradient_clip, "clip_mode": self.config.clip_mode,
-                "shuffle": self.config.shuffle, "algorithm": self.algo.name,
-                "optimizer": self.opt.get_config()}
+        """Every setting that decides the trajectory (compared on resume; JSON-able)."""
+        settings = {"loss_type": self.loss_type, "batch_size": self.config.batch_size,
+                    "gradient_clip": self.config.gradient_clip, "clip_mode": self.config.clip_mode,
+                    "shuffle": self.config.shuffle, "algorithm": self.algo.name,
+                    "optimizer": self.opt.get_config(), "seed": self.config.seed,
+                    "options": {k: _jsonable(v) for k, v in sorted(self.config.extra.items())},
+                    "divergence": (None if self.divergence is None
+                                   else self.divergence.state_dict()),
+                    "data": self._data_fingerprint()}
+        if self.policy is not None:
+            settings["policy"] = {k: getattr(self.policy, k) for k in (
+                "monitor", "patience", "min_delta", "lr_factor", "stop_patience", "min_lr")}
+        return settings
+
+    def _data_fingerprint(self):
+        """Shape, dtype and a hash of each data array (computed once per run)."""
+        if getattr(self, "_fingerprint", None) is None:
+            self._fingerprint = {name: _fingerprint(a) for name, a in (
+                ("x", self.x), ("y", self.y), ("x_val", self.x_val), ("y_val", self.y_val))
+                if a is not None}
+        return self._fingerprint
+
+    def _mismatch(self, message):
+        if self.resume_mismatch == "error":
+            raise ValueError(f"{message}; pass resume_mismatch='warn' to continue anyway")
+        warnings.warn(message, RuntimeWarning, stacklevel=5)
 
     def _histories(self):
         r = self.result
@@ -428,10 +487,11 @@ class _Loop:
                              f"{self.opt.name}; resume with the same optimizer")
         changed = {k: (c.config.get(k), v) for k, v in self._settings().items()
                    if c.config.get(k) != v}
+        if self.policy is None and c.lr != self.ctx.lr:
+            changed["learning_rate"] = (c.lr, self.ctx.lr)
         if changed:
-            warnings.warn(f"resume: settings differ from the checkpoint's {changed} (saved, now); "
-                          "the run will not reproduce an uninterrupted one", RuntimeWarning,
-                          stacklevel=4)
+            self._mismatch(f"resume: settings differ from the checkpoint's {changed} (saved, "
+                           "now); the run will not reproduce an uninterrupted one")
         self.model.load_parameters(c.params)
         self.ctx.opt_state = optim.OptState(c.opt_state.t, {
             s: {k: np.ascontiguousarray(v, dtype=self.model.dtype) for k, v in d.items()}
@@ -439,11 +499,8 @@ class _Loop:
         self.ctx.rng = ckpt_mod.restore_generator(c.rng_state)
         if self.policy is not None:
             self.ctx.lr = c.lr  # train_sh: the rate its policy had reached
-        elif c.lr != self.ctx.lr:
-            # train: the rate passed now is used (e.g. fine-tuning at another rate)
-            warnings.warn(f"resume: learning_rate {self.ctx.lr} differs from the checkpoint's "
-                          f"{c.lr}; training continues at {self.ctx.lr}", RuntimeWarning,
-                          stacklevel=4)
+        # train: the rate passed now is used (e.g. fine-tuning at another rate), after the
+        # mismatch warning above
         self.ctx.step = c.step
         self.ctx.state = dict(c.algo_state)
         h = c.history
@@ -523,16 +580,28 @@ class _Loop:
 
     def run(self) -> TrainingResult:
         r, ctx = self.result, self.ctx
+        lock = None
+        if self.checkpoint is not None and self.start_epoch < self.epochs:
+            # one writer per checkpoint; also clears temporaries of killed earlier writers
+            lock = ckpt_mod.CheckpointLock(self.checkpoint).acquire()
         bar = None
         if self.verbose and self.start_epoch < self.epochs:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self.epochs, initial=self.start_epoch, unit="epoch",
                        desc=f"train {self.algo.name}", leave=True)
-        self._hook("on_train_begin", {"epochs": self.epochs, "start_epoch": self.start_epoch})
-        last_good = (_snapshot(ctx.params), ctx.opt_state.copy(), self.start_epoch)
-        if self.divergence is not None and self.start_epoch == 0:
-            self.initial_loss = self._probe_loss()
+        try:
+            self._hook("on_train_begin", {"epochs": self.epochs,
+                                          "start_epoch": self.start_epoch})
+            last_good = (_snapshot(ctx.params), ctx.opt_state.copy(), self.start_epoch)
+            if self.divergence is not None and self.start_epoch == 0:
+                self.initial_loss = self._probe_loss()
+        except BaseException:
+            if bar is not None:
+                bar.close()
+            if lock is not None:
+                lock.release()
+            raise
         try:
             for epoch in range(self.start_epoch + 1, self.epochs + 1):
                 t0 = time.perf_counter()
@@ -550,9 +619,9 @@ class _Loop:
                 if stats.diverged_batch >= 0:
                     self._diverged(epoch, stats, last_good)
                     break
+                r.fused = r.fused or stats.fused
                 if self._check_divergence(epoch, stats.loss, last_good):
                     break
-                r.fused = r.fused or stats.fused
                 val_loss, val_acc = self._evaluate()
                 dt = time.perf_counter() - t0
                 r.loss_history.append(stats.loss)
@@ -582,6 +651,8 @@ class _Loop:
         finally:
             if bar is not None:
                 bar.close()
+            if lock is not None:
+                lock.release()
         if self.restore_best and self.best_params is not None:
             _restore(ctx.params, self.best_params)
             self.restored_best = True
@@ -645,7 +716,17 @@ class _Loop:
         x, y = self._probe()
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             _, grads = value_and_grad(self.model, x, y, self.loss_type)
-        return _max_abs(grads.values())
+        return _max_abs(grads.values(), finite_only=True)
+
+    def _target_scale(self):
+        """``max(1, RMS(y))`` for mse (its loss and gradients scale with the targets), else 1."""
+        if getattr(self, "_scale", None) is None:
+            self._scale = 1.0
+            if self.loss_type == "mse" and self.y is not None and self.y.size:
+                with np.errstate(over="ignore"):
+                    rms = float(np.sqrt(np.mean(np.square(self.y, dtype=np.float64))))
+                self._scale = max(1.0, rms) if math.isfinite(rms) else 1.0
+        return self._scale
 
     def _check_divergence(self, epoch, loss, last_good):
         """Apply the divergence rules after ``epoch``; stop and restore when one fires."""
@@ -658,7 +739,8 @@ class _Loop:
         best = min(earlier) if earlier else None
         weight = _max_abs(self.ctx.params.values())
         grad = self._probe_grad_max() if rules.max_grad is not None else None
-        fired = check_divergence(rules, loss, best, self.initial_loss, weight, grad)
+        fired = check_divergence(rules, loss, best, self.initial_loss, weight, grad,
+                                 self._target_scale())
         if fired is None:
             return False
         rule, why = fired
