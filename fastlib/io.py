@@ -342,6 +342,9 @@ def _open_npy(archive, info, name, path):
         else:
             raise ValueError(f".npy format version {version} is not one np.savez writes here")
         header = ArrayHeader(tuple(shape), bool(fortran), np.dtype(dtype), stream.tell())
+    except zipfile.BadZipFile as exc:  # a small member is read whole: its CRC is checked here
+        stream.close()
+        raise CorruptFileError(path, name, f"damaged member ({_describe(exc)})") from None
     except Exception as exc:  # noqa: BLE001 - a malformed header, whatever NumPy raises for it
         stream.close()
         raise CorruptFileError(path, name, f"malformed .npy header ({_describe(exc)})") from None
@@ -496,12 +499,6 @@ def check_model_entries(meta: dict, headers: dict, path, max_bytes=None) -> dict
     if missing:
         raise CorruptFileError(path, _PARAM + missing[0], f"weights missing for parameters "
                                f"{_short(missing)}")
-    limit = max_load_bytes(max_bytes)
-    need = sum(math.prod(shape) for shape in declared.values()) * dtype.itemsize
-    if need > limit:
-        raise CorruptFileError(path, f"{_META}.architecture", f"declares {need} bytes of "
-                               f"parameters, more than the limit of {limit}; for a genuinely "
-                               f"large model pass max_bytes= or set ${MAX_BYTES_ENV}")
     for name, shape in declared.items():
         h = headers[_PARAM + name]
         if tuple(h.shape) != shape:
@@ -510,6 +507,12 @@ def check_model_entries(meta: dict, headers: dict, path, max_bytes=None) -> dict
         if h.dtype != dtype:
             raise CorruptFileError(path, _PARAM + name, f"stored as {h.dtype.str}, the "
                                    f"metadata says {dtype_name}")
+    limit = max_load_bytes(max_bytes)
+    need = sum(math.prod(shape) for shape in declared.values()) * dtype.itemsize
+    if need > limit:
+        raise CorruptFileError(path, f"{_META}.architecture", f"declares {need} bytes of "
+                               f"parameters, more than the limit of {limit}; for a genuinely "
+                               f"large model pass max_bytes= or set ${MAX_BYTES_ENV}")
     return declared
 
 
