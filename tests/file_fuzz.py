@@ -70,22 +70,28 @@ def _models():
 
 def make_originals(folder):
     """Save every model, and one training checkpoint; return {name: (path, parameters)}."""
-    import warnings
-
-    import fastlib
-
     out = {}
     for name, model in _models().items():
         path = model.save(pathlib.Path(folder) / f"{name}.npz")
         out[name] = (path, {k: v.copy() for k, v in model.parameters().items()})
+    # a checkpoint as train() writes it, built directly (no kernel needs compiling here)
+    from fastlib import optim
+    from fastlib.training import checkpoint
+
     model = _models()["mlp"]
-    x = np.random.default_rng(0).standard_normal((12, 6)).astype(np.float32)
-    y = np.arange(12).reshape(-1, 1) % 3
+    opt = optim.get("Adam")
+    state = opt.init(model.parameters())
+    for slots in state.slots.values():
+        for name, arr in slots.items():
+            arr[...] = np.linspace(-1, 1, arr.size).reshape(arr.shape)
     ck = pathlib.Path(folder) / "checkpoint.npz"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fastlib.train(model, x, y, 1, 4, 0.01, "cross_entropy", optimizer="Adam",
-                      checkpoint=ck, verbose=False, fused=False)
+    checkpoint.save_checkpoint(ck, model, checkpoint.Checkpoint(
+        epoch=1, params={}, optimizer=opt.get_config(), opt_state=state,
+        rng_state=np.random.default_rng(0).bit_generator.state,
+        history={"loss": [1.0], "acc": [0.5], "val_loss": [], "val_acc": [],
+                 "epoch_times": [0.1], "lr": [0.01], "skipped": 0, "fused": False,
+                 "stopped": False, "stop_reason": None},
+        lr=0.01, step=3, config={"seed": 0}, best_params=None))
     out["checkpoint"] = (ck, {k: v.copy() for k, v in model.parameters().items()})
     return out
 
@@ -99,8 +105,11 @@ def _members(data):
 
 
 def _zip(entries):
+    import warnings
+
     buf = pyio.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
+    with warnings.catch_warnings(), zipfile.ZipFile(buf, "w") as z:
+        warnings.simplefilter("ignore", UserWarning)  # duplicated names are the point
         for name, payload, method in entries:
             z.writestr(zipfile.ZipInfo(name), payload, compress_type=method)
     return buf.getvalue()
