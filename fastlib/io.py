@@ -38,7 +38,7 @@ from fastlib.model_schema import MAX_DEPTH as _MAX_NESTING
 
 __all__ = ["save_model", "load", "write_archive", "read_archive", "model_entries", "build_model",
            "check_model_entries", "max_load_bytes", "ArrayHeader", "CorruptFileError",
-           "stale_temporaries", "temporary_prefix", "current_umask",
+           "stale_temporaries", "temporary_prefix", "current_umask", "json_depth",
            "MODEL_FORMAT", "CHECKPOINT_FORMAT", "VERSION", "DEFAULT_MAX_BYTES", "MAX_BYTES_ENV"]
 
 MODEL_FORMAT = "verigrad-model"
@@ -377,7 +377,7 @@ def _read_meta(archive, info, path) -> dict:
         raise CorruptFileError(path, _META, f"holds more than {MAX_META_BYTES} bytes of "
                                "metadata; real metadata is a few kilobytes")
     text = str(_read_data(archive, info, header, _META, path)[()])
-    depth = _json_depth(text)
+    depth = json_depth(text)
     if depth > MAX_JSON_DEPTH:
         raise CorruptFileError(path, _META, f"JSON nested {depth} deep, more than the "
                                f"{MAX_JSON_DEPTH} a model can need")
@@ -395,7 +395,7 @@ _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 
-def _json_depth(text: str) -> int:
+def json_depth(text: str) -> int:
     """The deepest nesting of ``[`` / ``{`` in ``text``, strings skipped (no recursion)."""
     depth = deepest = 0
     for bracket in _JSON_BRACKET.findall(_JSON_STRING.sub("", text)):
