@@ -168,18 +168,14 @@ def test_a_healthy_rbm_is_not_stopped(digits):
     ["--algorithm", "targetprop", "--lr", "0.03"],
     ["--algorithm", "targetprop", "--pure", "--lr", "0.1"],
     ["--algorithm", "cd", "--hidden", "64", "--optimizer", "SGD", "--lr", "0.1"],
-    ["--data", "mnist"],
+    pytest.param(["--data", "mnist"], marks=pytest.mark.mnist),
 ], ids=lambda a: " ".join(a) or "default")
-def test_the_readme_runs_are_not_stopped_by_the_defaults(argv, capsys, monkeypatch):
+def test_the_readme_runs_are_not_stopped_by_the_defaults(argv, capsys, monkeypatch, request):
     import fastlib.training.loop as loop
     from reports import cli
 
     if "mnist" in argv:
-        from tests.conftest import MNIST_DIR
-
-        if not (MNIST_DIR / "train-images-idx3-ubyte.gz").exists():
-            pytest.skip(f"MNIST not found at {MNIST_DIR}")
-        argv = argv + ["--data-dir", str(MNIST_DIR)]
+        argv = argv + ["--data-dir", str(request.getfixturevalue("mnist_dir"))]
     checked = []
 
     def spy(*args, **kw):

@@ -714,8 +714,17 @@ class _Loop:
         from fastlib.grad import value_and_grad
 
         x, y = self._probe()
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            _, grads = value_and_grad(self.model, x, y, self.loss_type)
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                _, grads = value_and_grad(self.model, x, y, self.loss_type)
+        except (ValueError, TypeError, NotImplementedError, AttributeError) as exc:
+            # a model the loss gradient cannot be taken of (a custom layer or algorithm): the
+            # other rules still apply; say so once instead of failing a healthy run
+            self.probe_grad_failed = True
+            warnings.warn(f"divergence rule max_grad is off for this run: the loss gradient "
+                          f"on the probe batch cannot be computed ({exc})", RuntimeWarning,
+                          stacklevel=6)
+            return None
         return _max_abs(grads.values(), finite_only=True)
 
     def _target_scale(self):
@@ -738,7 +747,8 @@ class _Loop:
             earlier.append(self.initial_loss)
         best = min(earlier) if earlier else None
         weight = _max_abs(self.ctx.params.values())
-        grad = self._probe_grad_max() if rules.max_grad is not None else None
+        grad = (self._probe_grad_max() if rules.max_grad is not None
+                and not getattr(self, "probe_grad_failed", False) else None)
         fired = check_divergence(rules, loss, best, self.initial_loss, weight, grad,
                                  self._target_scale())
         if fired is None:
