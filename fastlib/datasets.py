@@ -7,6 +7,7 @@ int64 class indices of shape ``[N, 1]``, the format ``cross_entropy`` takes (Dat
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import pathlib
 import struct
@@ -185,6 +186,11 @@ def _find(folder: pathlib.Path, name: str) -> pathlib.Path:
 def read_idx(file, magic: int) -> np.ndarray:
     """Read one IDX file of unsigned bytes (gzipped or raw) and check it thoroughly.
 
+    The header is read first and the data size it declares is computed in Python integers (so
+    dimensions whose product overflows 64 bits cannot pass as a small size); only that many
+    bytes (plus one, to detect trailing data) are then read or decompressed, so neither a
+    hostile header nor a gzip bomb makes the reader allocate more than the file claims.
+
     Parameters
     ----------
     file : path-like
@@ -197,45 +203,80 @@ def read_idx(file, magic: int) -> np.ndarray:
     -------
     ndarray of uint8
         Shaped by the header's dimensions.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file.
+    fastlib.errors.CorruptFileError
+        (a ``ValueError``) truncated, not gzip/IDX, wrong magic number, sizes that do not match
+        the data; the message names the file.
     """
+    from fastlib.errors import CorruptFileError
+
     file = pathlib.Path(file)
     try:
-        raw = file.read_bytes()
+        with open(file, "rb") as raw_file:
+            gzipped = raw_file.read(2) == b"\x1f\x8b"
     except FileNotFoundError:
         raise FileNotFoundError(f"IDX file {str(file)!r} does not exist") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except EOFError:
-            raise ValueError(f"{file}: gzip stream is truncated (the download or copy was cut "
-                             "short); fetch the file again") from None
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
-            raise ValueError(f"{file}: corrupt gzip data ({exc}); fetch the file again") from None
     ndim = magic & 0xFF
     header = 4 + 4 * ndim
-    if len(raw) < 4:
-        raise ValueError(f"{file}: {len(raw)} bytes is too short for an IDX header "
-                         f"({header} bytes); the file is truncated or not an IDX file")
-    (found,) = struct.unpack(">i", raw[:4])
-    if found != magic:
-        kind = {IDX_IMAGES_MAGIC: "an image file (2051)", IDX_LABELS_MAGIC:
-                "a label file (2049)"}.get(found, "not an MNIST IDX file")
-        raise ValueError(f"{file}: magic number {found}, expected {magic}; this is {kind}")
-    if len(raw) < header:
-        raise ValueError(f"{file}: {len(raw)} bytes is too short for an IDX header "
-                         f"({header} bytes); the file is truncated or not an IDX file")
-    dims = struct.unpack(f">{ndim}i", raw[4:header])
-    if any(d < 0 for d in dims):
-        raise ValueError(f"{file}: negative dimension in header {dims}; the file is corrupt")
-    expected = int(np.prod(dims, dtype=np.int64))
-    body = len(raw) - header
+    with (gzip.open(file, "rb") if gzipped else open(file, "rb")) as f:
+        def read(n, what):
+            try:
+                return f.read(n)
+            except EOFError:
+                raise CorruptFileError(file, what, "gzip stream is truncated (the download or "
+                                       "copy was cut short); fetch the file again") from None
+            except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+                raise CorruptFileError(file, what, f"corrupt gzip data ({exc}); fetch the file "
+                                       "again") from None
+
+        head = read(header, "header")
+        if len(head) < 4:
+            raise CorruptFileError(file, "header", f"{len(head)} bytes is too short for an IDX "
+                                   f"header ({header} bytes); the file is truncated or not an "
+                                   "IDX file")
+        (found,) = struct.unpack(">i", head[:4])
+        if found != magic:
+            kind = {IDX_IMAGES_MAGIC: "an image file (2051)", IDX_LABELS_MAGIC:
+                    "a label file (2049)"}.get(found, "not an MNIST IDX file")
+            raise CorruptFileError(file, "header", f"magic number {found}, expected {magic}; "
+                                   f"this is {kind}")
+        if len(head) < header:
+            raise CorruptFileError(file, "header", f"{len(head)} bytes is too short for an IDX "
+                                   f"header ({header} bytes); the file is truncated or not an "
+                                   "IDX file")
+        dims = struct.unpack(f">{ndim}i", head[4:header])
+        if any(d < 0 for d in dims):
+            raise CorruptFileError(file, "header", f"negative dimension in header {dims}; the "
+                                   "file is corrupt")
+        expected = math.prod(dims)  # Python integers: no overflow
+        shape = "x".join(map(str, dims))
+        if not gzipped:
+            body = os.fstat(f.fileno()).st_size - header
+            if body != expected:
+                raise CorruptFileError(file, "data", _size_problem(shape, expected, body))
+        data = read(expected + 1, "data") if expected < _IDX_MAX_BYTES else b""
+    if expected >= _IDX_MAX_BYTES:
+        raise CorruptFileError(file, "header", f"declares {shape} = {expected} bytes of data, "
+                               f"more than an IDX file of this reader's ({_IDX_MAX_BYTES})")
+    if len(data) != expected:
+        raise CorruptFileError(file, "data", _size_problem(shape, expected, len(data), gzipped))
+    return np.frombuffer(data, np.uint8, expected).reshape(dims)
+
+
+# Larger than any IDX data set in use (MNIST's training images are 47 MB, EMNIST's 700 MB).
+_IDX_MAX_BYTES = 2 ** 30
+
+
+def _size_problem(shape, expected, body, gzipped=False):
     if body < expected:
-        raise ValueError(f"{file}: truncated: header promises {'x'.join(map(str, dims))} = "
-                         f"{expected} bytes of data, the file has {body}")
-    if body > expected:
-        raise ValueError(f"{file}: {body - expected} unexpected bytes after the "
-                         f"{'x'.join(map(str, dims))} data; the file is corrupt")
-    return np.frombuffer(raw, np.uint8, expected, header).reshape(dims)
+        return (f"truncated: header promises {shape} = {expected} bytes of data, the file has "
+                f"{body}")
+    extra = "more" if gzipped else body - expected
+    return f"{extra} unexpected bytes after the {shape} data; the file is corrupt"
 
 
 def _check_split(split, allow_none: bool) -> None:

@@ -42,7 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return int(args._module.run(args) or 0)
+    from fastlib.errors import CheckpointLockedError, CorruptFileError
+
+    try:
+        return int(args._module.run(args) or 0)
+    except (CorruptFileError, CheckpointLockedError, FileNotFoundError, PermissionError,
+            IsADirectoryError, NotADirectoryError) as exc:
+        # a file the user named cannot be used: a message, not a traceback
+        print(f"verigrad {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

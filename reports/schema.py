@@ -299,6 +299,66 @@ def check(report):
     return report
 
 
+# A report is a few levels deep; anything far deeper is not one (and would exhaust recursion).
+MAX_DEPTH = 32
+MAX_BYTES = 512 * 2 ** 20
+
+
+def load(path):
+    """Read and validate a ``report.json`` (e.g. a ``--baseline``) before anything uses it.
+
+    Parameters
+    ----------
+    path : str or path-like
+
+    Returns
+    -------
+    dict
+        The report, valid against :data:`SCHEMA`.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file.
+    fastlib.errors.CorruptFileError
+        (a ``ValueError``) too large, not UTF-8 JSON, nested too deep, or not a verigrad report;
+        the message names the file and the problem.
+    """
+    import os
+
+    from fastlib.errors import CorruptFileError
+    from fastlib.io import json_depth
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such file: {path!r}")
+    size = os.path.getsize(path)
+    if size > MAX_BYTES:
+        raise CorruptFileError(path, "document", f"{size} bytes is more than a report "
+                               f"({MAX_BYTES}); pass a report.json written by verigrad report")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptFileError(path, "document", f"not UTF-8 text ({exc})") from None
+    depth = json_depth(text)
+    if depth > MAX_DEPTH:
+        raise CorruptFileError(path, "document", f"JSON nested {depth} deep; a report is at "
+                               f"most {MAX_DEPTH} deep")
+    try:
+        doc = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - JSONDecodeError, huge integers, ...
+        raise CorruptFileError(path, "document", f"not JSON ({type(exc).__name__}: "
+                               f"{str(exc)[:200]}); pass a report.json written by verigrad "
+                               "report") from None
+    try:
+        check(doc)
+    except ValueError as exc:
+        raise CorruptFileError(path, "document", f"is not a verigrad report: {exc}") from None
+    return doc
+
+
 def _nonfinite(value, path):
     if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
         return [f"{path}: {value} is not a JSON number (write \"inf\" or null)"]

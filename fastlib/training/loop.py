@@ -12,6 +12,11 @@ ends with one warning counting such steps; a batch whose loss is NaN/Inf stops t
 once: the parameters and optimizer state are put back to the end of the last complete epoch
 (the start of the run when it happens in the first), a ``RuntimeWarning`` says so, and the
 result has ``diverged=True``, ``stop_reason`` and ``restored_epoch``.
+
+Divergence while the loss is still finite (``DivergenceRules``: a loss above a threshold or grown
+a hundredfold over its best, weights or probe gradients beyond a magnitude) is checked after
+every epoch, on the batch-by-batch and the fused whole-epoch paths alike, and ends the same way,
+with ``divergence_rule`` naming the rule.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from fastlib.training import checkpoint as ckpt_mod
 from fastlib.training.algorithms import (EpochStats, StepContext, TrainConfig, evaluate_model,
                                          get_algorithm)
 from fastlib.training.clipping import check_clip
-from fastlib.training.early_stopping import PlateauPolicy
+from fastlib.training.early_stopping import DivergenceRules, PlateauPolicy, check_divergence
 
 __all__ = ["train", "train_sh", "TrainingResult", "TrainingHistorySH"]
 
@@ -57,8 +62,12 @@ class TrainingResult:
     stopped, stop_reason :
         Whether training ended before ``epochs`` and why (callback, policy, divergence).
     diverged : bool
-        A non-finite loss stopped training; ``restored_epoch`` is the epoch whose end-of-epoch
-        weights were put back (0: the initial weights).
+        A non-finite loss, or a rule of ``divergence`` (:class:`DivergenceRules`), stopped
+        training; ``restored_epoch`` is the epoch whose end-of-epoch weights were put back (0:
+        the initial weights).
+    divergence_rule : str or None
+        The rule that stopped a diverging run: ``"non_finite_loss"``, ``"max_loss"``,
+        ``"loss_growth"``, ``"max_weight"`` or ``"max_grad"``.
     skipped_steps : int
         Optimizer steps skipped because the gradient was not finite.
     fused : bool
@@ -78,6 +87,7 @@ class TrainingResult:
     stop_reason: str | None = None
     diverged: bool = False
     restored_epoch: int | None = None
+    divergence_rule: str | None = None
     skipped_steps: int = 0
     fused: bool = False
 
@@ -123,7 +133,8 @@ class TrainingHistorySH:
 def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None, y_val=None,
           optimizer="SGD", *, gradient_clip=0.0, clip_mode="value", shuffle=True, seed=0,
           device="cpu", algorithm="bp", callbacks=(), verbose=True, checkpoint=None,
-          checkpoint_every=1, resume=None, **algorithm_options) -> TrainingResult:
+          checkpoint_every=1, resume=None, resume_mismatch="warn", divergence=None,
+          **algorithm_options) -> TrainingResult:
     """Train ``model`` on ``(x, y)`` with mini-batches (DataCode's order, Loom's result).
 
     Parameters
@@ -170,9 +181,24 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     verbose : bool
         A tqdm progress bar over epochs (on stderr) with the latest metrics.
     checkpoint : path, optional
-        Write a checkpoint every ``checkpoint_every`` epochs and after the last one.
+        Write a checkpoint every ``checkpoint_every`` epochs and after the last one. The run
+        holds ``<checkpoint>.lock`` while it trains: a second run writing the same path fails at
+        once with :class:`~fastlib.errors.CheckpointLockedError` naming the holder (pid, host);
+        temporary files a killed run left beside the checkpoint are removed.
     resume : path, optional
         Continue from a checkpoint (model weights, optimizer state, RNG, epoch, histories).
+    resume_mismatch : {"warn", "error"}
+        What to do when a setting that decides the trajectory differs from the checkpoint's
+        (seed, batch size, loss, optimizer and its hyperparameters, learning rate, clipping,
+        shuffling, algorithm and its options, divergence rules, the plateau policy, the data):
+        ``"warn"`` continues with a ``RuntimeWarning`` listing them (e.g. to fine-tune at
+        another rate); ``"error"`` refuses with a ``ValueError``.
+    divergence : None, False, dict or DivergenceRules
+        When a finite but exploding run stops (checked after every epoch): None applies the
+        default rules of :class:`~fastlib.training.early_stopping.DivergenceRules` (loss above
+        1e8, loss 100x its best and above the untrained loss, a weight beyond 1e6, a probe
+        gradient beyond 1e8); a dict overrides some (``{"max_weight": 1e9}``, a rule set to None
+        is off); False turns them all off (a non-finite loss still stops training).
     **algorithm_options
         Options for the algorithm, in ``ctx.config.extra`` (e.g. ``cd_k=1``). ``"bp"`` takes
         ``fused`` (default True): False turns off the whole-epoch compiled path for
@@ -185,7 +211,7 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
                  verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=None,
-                 restore_best=False)
+                 restore_best=False, divergence=divergence, resume_mismatch=resume_mismatch)
     return loop.run()
 
 
@@ -194,7 +220,7 @@ def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimize
              y_val=None, *, lr_factor=0.5, stop_patience=None, min_lr=1e-6, gradient_clip=0.0,
              clip_mode="value", shuffle=True, seed=0, device="cpu", algorithm="bp",
              callbacks=(), verbose=True, checkpoint=None, checkpoint_every=1, resume=None,
-             **algorithm_options) -> TrainingHistorySH:
+             resume_mismatch="warn", divergence=None, **algorithm_options) -> TrainingHistorySH:
     """Train with early stopping and learning-rate reduction on a plateau (DataCode's train_sh).
 
     The policy (epochs numbered from 1):
@@ -220,7 +246,8 @@ def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimize
     loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
                  verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=policy,
-                 restore_best=bool(restore_best))
+                 restore_best=bool(restore_best), divergence=divergence,
+                 resume_mismatch=resume_mismatch)
     result = loop.run()
     policy = loop.policy
     return TrainingHistorySH(
@@ -277,6 +304,41 @@ def _check_targets(loss_type, model, x, y, what):
     return np.ascontiguousarray(losses.validate_targets(loss_type, pred_like, y))
 
 
+def _max_abs(arrays, finite_only=False):
+    """The largest magnitude over ``arrays``: inf when any entry is NaN or Inf, or with
+    ``finite_only`` the largest finite one."""
+    largest = 0.0
+    for a in arrays:
+        if a.size:
+            m = float(np.max(np.abs(a)))
+            if not math.isfinite(m):
+                if not finite_only:
+                    return math.inf
+                finite = np.abs(a[np.isfinite(a)])
+                m = float(finite.max()) if finite.size else 0.0
+            largest = max(largest, m)
+    return largest
+
+
+def _jsonable(value):
+    """``value`` when JSON can hold it, else its repr (settings are compared as JSON)."""
+    import json
+
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _fingerprint(a):
+    import hashlib
+
+    a = np.ascontiguousarray(a)
+    digest = hashlib.blake2b(memoryview(a).cast("B"), digest_size=8).hexdigest()
+    return f"{a.dtype.str}{list(a.shape)}:{digest}"
+
+
 def _snapshot(params):
     return {k: v.copy() for k, v in params.items()}
 
@@ -292,7 +354,7 @@ class _Loop:
     def __init__(self, model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm,
                  callbacks, verbose, checkpoint, checkpoint_every, resume, options, policy,
-                 restore_best):
+                 restore_best, divergence=None, resume_mismatch="warn"):
         self.t_start = time.perf_counter()
         self.algo = get_algorithm(algorithm)
         allowed = self.algo.options
@@ -350,6 +412,11 @@ class _Loop:
         self.restore_best = restore_best
         self.restored_best = False
         self.best_params = None
+        self.divergence = DivergenceRules.from_option(divergence)
+        self.initial_loss = None   # the untrained model's loss on the probe batch
+        if resume_mismatch not in ("warn", "error"):
+            raise ValueError(f"resume_mismatch must be 'warn' or 'error', got {resume_mismatch!r}")
+        self.resume_mismatch = resume_mismatch
 
         params = model.parameters()
         self.ctx = StepContext(model, params, loss_type, self.opt, self.opt.init(params), lr,
@@ -363,17 +430,40 @@ class _Loop:
 
     # -- checkpoints --------------------------------------------------------------------------
     def _settings(self):
-        return {"loss_type": self.loss_type, "batch_size": self.config.batch_size,
-                "gradient_clip": self.config.gradient_clip, "clip_mode": self.config.clip_mode,
-                "shuffle": self.config.shuffle, "algorithm": self.algo.name,
-                "optimizer": self.opt.get_config()}
+        """Every setting that decides the trajectory (compared on resume; JSON-able)."""
+        settings = {"loss_type": self.loss_type, "batch_size": self.config.batch_size,
+                    "gradient_clip": self.config.gradient_clip, "clip_mode": self.config.clip_mode,
+                    "shuffle": self.config.shuffle, "algorithm": self.algo.name,
+                    "optimizer": self.opt.get_config(), "seed": self.config.seed,
+                    "options": {k: _jsonable(v) for k, v in sorted(self.config.extra.items())},
+                    "divergence": (None if self.divergence is None
+                                   else self.divergence.state_dict()),
+                    "data": self._data_fingerprint()}
+        if self.policy is not None:
+            settings["policy"] = {k: getattr(self.policy, k) for k in (
+                "monitor", "patience", "min_delta", "lr_factor", "stop_patience", "min_lr")}
+        return settings
+
+    def _data_fingerprint(self):
+        """Shape, dtype and a hash of each data array (computed once per run)."""
+        if getattr(self, "_fingerprint", None) is None:
+            self._fingerprint = {name: _fingerprint(a) for name, a in (
+                ("x", self.x), ("y", self.y), ("x_val", self.x_val), ("y_val", self.y_val))
+                if a is not None}
+        return self._fingerprint
+
+    def _mismatch(self, message):
+        if self.resume_mismatch == "error":
+            raise ValueError(f"{message}; pass resume_mismatch='warn' to continue anyway")
+        warnings.warn(message, RuntimeWarning, stacklevel=5)
 
     def _histories(self):
         r = self.result
         return {"loss": r.loss_history, "acc": r.accuracy_history, "val_loss":
                 r.val_loss_history, "val_acc": r.val_accuracy_history, "epoch_times":
                 r.epoch_times, "lr": r.lr_history, "skipped": r.skipped_steps,
-                "fused": r.fused, "stopped": r.stopped, "stop_reason": r.stop_reason}
+                "fused": r.fused, "stopped": r.stopped, "stop_reason": r.stop_reason,
+                "initial_loss": self.initial_loss}
 
     def _save_checkpoint(self, epoch):
         c = ckpt_mod.Checkpoint(
@@ -397,10 +487,11 @@ class _Loop:
                              f"{self.opt.name}; resume with the same optimizer")
         changed = {k: (c.config.get(k), v) for k, v in self._settings().items()
                    if c.config.get(k) != v}
+        if self.policy is None and c.lr != self.ctx.lr:
+            changed["learning_rate"] = (c.lr, self.ctx.lr)
         if changed:
-            warnings.warn(f"resume: settings differ from the checkpoint's {changed} (saved, now); "
-                          "the run will not reproduce an uninterrupted one", RuntimeWarning,
-                          stacklevel=4)
+            self._mismatch(f"resume: settings differ from the checkpoint's {changed} (saved, "
+                           "now); the run will not reproduce an uninterrupted one")
         self.model.load_parameters(c.params)
         self.ctx.opt_state = optim.OptState(c.opt_state.t, {
             s: {k: np.ascontiguousarray(v, dtype=self.model.dtype) for k, v in d.items()}
@@ -408,11 +499,8 @@ class _Loop:
         self.ctx.rng = ckpt_mod.restore_generator(c.rng_state)
         if self.policy is not None:
             self.ctx.lr = c.lr  # train_sh: the rate its policy had reached
-        elif c.lr != self.ctx.lr:
-            # train: the rate passed now is used (e.g. fine-tuning at another rate)
-            warnings.warn(f"resume: learning_rate {self.ctx.lr} differs from the checkpoint's "
-                          f"{c.lr}; training continues at {self.ctx.lr}", RuntimeWarning,
-                          stacklevel=4)
+        # train: the rate passed now is used (e.g. fine-tuning at another rate), after the
+        # mismatch warning above
         self.ctx.step = c.step
         self.ctx.state = dict(c.algo_state)
         h = c.history
@@ -422,6 +510,7 @@ class _Loop:
         r.epoch_times, r.lr_history = list(h["epoch_times"]), list(h["lr"])
         r.skipped_steps, r.fused = int(h["skipped"]), bool(h["fused"])
         r.epochs_run = c.epoch
+        self.initial_loss = h.get("initial_loss")
         if h.get("stopped"):
             # the saved run had already stopped (policy or callback): resuming adds nothing, so
             # the result is that of the uninterrupted run
@@ -491,14 +580,28 @@ class _Loop:
 
     def run(self) -> TrainingResult:
         r, ctx = self.result, self.ctx
+        lock = None
+        if self.checkpoint is not None and self.start_epoch < self.epochs:
+            # one writer per checkpoint; also clears temporaries of killed earlier writers
+            lock = ckpt_mod.CheckpointLock(self.checkpoint).acquire()
         bar = None
         if self.verbose and self.start_epoch < self.epochs:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self.epochs, initial=self.start_epoch, unit="epoch",
                        desc=f"train {self.algo.name}", leave=True)
-        self._hook("on_train_begin", {"epochs": self.epochs, "start_epoch": self.start_epoch})
-        last_good = (_snapshot(ctx.params), ctx.opt_state.copy(), self.start_epoch)
+        try:
+            self._hook("on_train_begin", {"epochs": self.epochs,
+                                          "start_epoch": self.start_epoch})
+            last_good = (_snapshot(ctx.params), ctx.opt_state.copy(), self.start_epoch)
+            if self.divergence is not None and self.start_epoch == 0:
+                self.initial_loss = self._probe_loss()
+        except BaseException:
+            if bar is not None:
+                bar.close()
+            if lock is not None:
+                lock.release()
+            raise
         try:
             for epoch in range(self.start_epoch + 1, self.epochs + 1):
                 t0 = time.perf_counter()
@@ -517,6 +620,8 @@ class _Loop:
                     self._diverged(epoch, stats, last_good)
                     break
                 r.fused = r.fused or stats.fused
+                if self._check_divergence(epoch, stats.loss, last_good):
+                    break
                 val_loss, val_acc = self._evaluate()
                 dt = time.perf_counter() - t0
                 r.loss_history.append(stats.loss)
@@ -546,6 +651,8 @@ class _Loop:
         finally:
             if bar is not None:
                 bar.close()
+            if lock is not None:
+                lock.release()
         if self.restore_best and self.best_params is not None:
             _restore(ctx.params, self.best_params)
             self.restored_best = True
@@ -568,14 +675,85 @@ class _Loop:
         return decision.reason if decision.stop else None
 
     def _diverged(self, epoch, stats, last_good):
+        self._stop_diverged(f"non-finite loss ({stats.diverged_loss}) at epoch {epoch}, batch "
+                            f"{stats.diverged_batch + 1}", "non_finite_loss", last_good)
+
+    def _stop_diverged(self, what, rule, last_good):
         params, opt_state, good_epoch = last_good
         _restore(self.ctx.params, params)
         self.ctx.opt_state = opt_state
         r = self.result
         r.diverged = r.stopped = True
         r.restored_epoch = good_epoch
+        r.divergence_rule = rule
         where = "the initial weights" if good_epoch == 0 else f"the weights after epoch {good_epoch}"
-        r.stop_reason = (f"non-finite loss ({stats.diverged_loss}) at epoch {epoch}, batch "
-                         f"{stats.diverged_batch + 1}: training stopped and {where} were restored;"
+        r.stop_reason = (f"{what}: training stopped and {where} were restored;"
                          " lower the learning rate, clip gradients or check the data")
-        warnings.warn(r.stop_reason, RuntimeWarning, stacklevel=4)
+        warnings.warn(r.stop_reason, RuntimeWarning, stacklevel=5)
+
+    # -- divergence while the loss is finite (DivergenceRules) -------------------------------
+    def _probe(self):
+        """The probe batch: the first ``PROBE_ROWS`` training samples, in order."""
+        k = min(self.x.shape[0], DivergenceRules.PROBE_ROWS)
+        return self.x[:k], None if self.y is None else self.y[:k]
+
+    def _probe_loss(self):
+        """The model's loss on the probe batch (no RNG drawn, no weight changed), or None."""
+        x, y = self._probe()
+        if self.algo.needs_targets and y is None:
+            return None
+        evaluate = self.algo.evaluate or evaluate_model
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            loss, _ = evaluate(self.model, x, y, self.loss_type)
+        return float(loss) if math.isfinite(loss) else None
+
+    def _probe_grad_max(self):
+        """The largest magnitude in the loss gradient on the probe batch (None: no loss)."""
+        if not self.algo.needs_targets or self.loss_type is None:
+            return None
+        from fastlib.grad import value_and_grad
+
+        x, y = self._probe()
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                _, grads = value_and_grad(self.model, x, y, self.loss_type)
+        except (ValueError, TypeError, NotImplementedError, AttributeError) as exc:
+            # a model the loss gradient cannot be taken of (a custom layer or algorithm): the
+            # other rules still apply; say so once instead of failing a healthy run
+            self.probe_grad_failed = True
+            warnings.warn(f"divergence rule max_grad is off for this run: the loss gradient "
+                          f"on the probe batch cannot be computed ({exc})", RuntimeWarning,
+                          stacklevel=6)
+            return None
+        return _max_abs(grads.values(), finite_only=True)
+
+    def _target_scale(self):
+        """``max(1, RMS(y))`` for mse (its loss and gradients scale with the targets), else 1."""
+        if getattr(self, "_scale", None) is None:
+            self._scale = 1.0
+            if self.loss_type == "mse" and self.y is not None and self.y.size:
+                with np.errstate(over="ignore"):
+                    rms = float(np.sqrt(np.mean(np.square(self.y, dtype=np.float64))))
+                self._scale = max(1.0, rms) if math.isfinite(rms) else 1.0
+        return self._scale
+
+    def _check_divergence(self, epoch, loss, last_good):
+        """Apply the divergence rules after ``epoch``; stop and restore when one fires."""
+        rules = self.divergence
+        if rules is None:
+            return False
+        earlier = [v for v in self.result.loss_history if v is not None and math.isfinite(v)]
+        if self.initial_loss is not None:
+            earlier.append(self.initial_loss)
+        best = min(earlier) if earlier else None
+        weight = _max_abs(self.ctx.params.values())
+        grad = (self._probe_grad_max() if rules.max_grad is not None
+                and not getattr(self, "probe_grad_failed", False) else None)
+        fired = check_divergence(rules, loss, best, self.initial_loss, weight, grad,
+                                 self._target_scale())
+        if fired is None:
+            return False
+        rule, why = fired
+        self._stop_diverged(f"divergence rule {rule!r} fired after epoch {epoch}: {why}", rule,
+                            last_good)
+        return True

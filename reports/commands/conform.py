@@ -271,12 +271,58 @@ def _json_rows(rows):
     return [r.as_dict() for r in rows]
 
 
+def validate_request(args):
+    """Check ``--engine``, ``--ops``, ``--first`` and ``--json`` before any proof runs.
+
+    Valid op names are the subjects and kinds of the rows the runner plans (its registry, not
+    a second list). A request that selects no row is refused too.
+
+    Returns
+    -------
+    str or None
+        The message for a usage error (exit 2), or None.
+    """
+    from reports.commands import checks
+    from reports.conformance import engines as _engines
+    from reports.conformance.runner import plan_rows
+
+    if args.json:
+        problem = checks.writable_file(args.json, "--json")
+        if problem:
+            return problem
+    names = _engine_names(args.engine)
+    unknown = [n for n in names if n not in _engines.ENGINES and ":" not in n]
+    if unknown:
+        return checks.unknown_names(unknown, list(_engines.ENGINES) + ["all"], "--engine",
+                                    "engine") + ", or a plugin module:Class"
+    try:
+        # reflib and fastlib always run: their rows name every op, optimizer, layer and check
+        rows, _ = plan_rows(list(dict.fromkeys(["reflib", "fastlib"] + names)))
+        selected, statuses = plan_rows(names, ops=args.ops, dtype=args.dtype)
+    except (_engines.UnknownEngineError, TypeError, ImportError, AttributeError) as exc:
+        return f"--engine: {exc}"
+    valid = [r.name for r in rows] + [r.kind for r in rows]
+    for option, given in (("--ops", args.ops), ("--first", args.first)):
+        problem = checks.unknown_names(given or (), valid, option, "name")
+        if problem:
+            return problem
+    if not selected and any(s.available for s in statuses):
+        return (f"--ops {' '.join(args.ops or ())}"
+                f"{' --dtype ' + args.dtype if args.dtype else ''} selects no check of engine(s) "
+                f"{' '.join(names)}; valid names: {', '.join(sorted(set(valid)))}")
+    return None
+
+
 def run(args) -> int:
     """Run the proofs and the engine checks; print the tables; 1 if anything failed."""
     if args.mutants:
         from reports.conformance import mutants
 
         return mutants.main(args)
+    problem = validate_request(args)
+    if problem:
+        print(f"verigrad conform: {problem}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     proofs, failed_proofs = [], []
     if not args.no_proofs:

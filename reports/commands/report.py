@@ -72,18 +72,11 @@ def _load_baseline(path):
     from reports import schema
 
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        return schema.load(path)
+    except FileNotFoundError:
+        raise ValueError(f"cannot read baseline {path}: no such file") from None
     except OSError as exc:
         raise ValueError(f"cannot read baseline {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"baseline {path} is not JSON ({exc}); pass a report.json written "
-                         f"by verigrad report") from None
-    try:
-        schema.check(doc)
-    except ValueError as exc:
-        raise ValueError(f"baseline {path} is not a verigrad report: {exc}") from None
-    return doc
 
 
 class FigureWorker:
@@ -228,6 +221,11 @@ def run(args) -> int:
     if args.fail_on_regression and not args.baseline:
         return _fail("--fail-on-regression needs --baseline OLD.json (the report to compare "
                      "with)")
+    from reports.commands import checks
+
+    problem = checks.writable_dir(args.out, "--out")
+    if problem:
+        return _fail(problem)
     overrides = dict(dtypes=tuple(args.dtypes), seed=args.seed,
                      ops=tuple(args.ops) if args.ops else None)
     if args.samples is not None:

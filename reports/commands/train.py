@@ -134,8 +134,26 @@ def _plot(path, hist):
     plt.close(fig)
 
 
+def _check_paths(args):
+    """The paths given, checked before any data is read or any epoch runs (None: all fine)."""
+    from reports.commands import checks
+
+    problems = [checks.existing_dir(args.data_dir, "--data-dir") if args.data_dir else None,
+                checks.existing_file(args.resume, "--resume") if args.resume else None]
+    for option in ("save", "checkpoint", "plot"):
+        value = getattr(args, option)
+        if value:
+            problems.append(checks.writable_file(value, f"--{option}"))
+    return next((p for p in problems if p), None)
+
+
 def run(args) -> int:
-    """Train, print the per-epoch table and the test accuracy; 0 on success, 1 on an error."""
+    """Train, print the per-epoch table and the test accuracy; 0 on success, 1 on an error,
+    2 on a usage error (a path that cannot be read or written)."""
+    problem = _check_paths(args)
+    if problem:
+        print(f"verigrad train: {problem}", file=sys.stderr)
+        return 2
     try:
         return _run(args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
