@@ -37,7 +37,9 @@ __all__ = ["train", "train_sh", "TrainingResult", "TrainingHistorySH"]
 class TrainingResult:
     """What ``train`` returns (Loom's TrainingResult plus DataCode's histories).
 
-    Epochs are numbered from 1; every history has one entry per completed epoch.
+    Epochs are numbered from 1; every history has one entry per completed epoch. It unpacks
+    like DataCode's return value, ``loss_history, accuracy_history = train(...)``, and keeps
+    every field below.
 
     Attributes
     ----------
@@ -80,6 +82,10 @@ class TrainingResult:
     restored_epoch: int | None = None
     skipped_steps: int = 0
     fused: bool = False
+
+    def __iter__(self):
+        """``(loss_history, accuracy_history)``: DataCode's ``model.train`` returns this pair."""
+        return iter((self.loss_history, self.accuracy_history))
 
 
 @dataclass
@@ -151,8 +157,13 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     optimizer : str or fastlib.optim.Optimizer
         ``SGD Momentum NAG Adagrad RMSprop Adam AdamW`` or an instance with hyperparameters.
     gradient_clip : float
-        0 (off) or the clipping threshold; ``clip_mode`` ``"value"`` (elementwise clamp) or
-        ``"norm"`` (global L2 norm).
+        0 (off) or the clipping threshold c.
+    clip_mode : {"value", "norm"}
+        ``"value"`` (default): clamp every gradient element to [-c, c], what Loom's engine
+        does. ``"norm"``: when the global L2 norm of all gradients together exceeds c, scale
+        them all by c / norm, what Loom's training document describes ("clips gradient
+        norms") and what ``torch.nn.utils.clip_grad_norm_`` does. Either mode keeps the
+        non-finite guard (a NaN/Inf gradient skips the step).
     shuffle : bool
         Draw a new sample order every epoch from ``numpy.random.default_rng(seed)``.
     seed : int
@@ -181,6 +192,7 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     Returns
     -------
     TrainingResult
+        Unpacks as ``(loss_history, accuracy_history)``, DataCode's pair.
     """
     loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,

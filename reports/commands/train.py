@@ -8,8 +8,6 @@ is held out for validation (``--val-fraction``); the test split is scored once a
 from __future__ import annotations
 
 import argparse
-import os
-import pathlib
 import sys
 import time
 
@@ -18,7 +16,6 @@ import numpy as np
 # per-data defaults for the options left unset
 DATA_DEFAULTS = {"digits": {"epochs": 20, "batch_size": 32},
                  "mnist": {"epochs": 5, "batch_size": 32}}
-DEFAULT_MNIST_DIR = pathlib.Path("..") / "shared" / "data" / "mnist"
 
 
 def _hidden(text):
@@ -53,7 +50,7 @@ def add_arguments(parser):
     a("--device", choices=("cpu", "cuda"), default="cpu")
     a("--algorithm", default="bp",
       help="registered training algorithm: bp (default), targetprop, cd (an RBM with "
-           "--hidden's first width on the images alone)")
+           "--hidden's first width on the images alone); SINGA's kBP and kCD also work")
     a("--pure", action="store_true",
       help="with --algorithm targetprop: pure targets through the weights, not the chain rule")
     a("--cd-k", type=int, default=1, help="with --algorithm cd: Gibbs steps of CD-k (default 1)")
@@ -77,8 +74,8 @@ def _load(args, dtype):
 
     if args.data == "digits":
         return datasets.load_digits(None, dtype=dtype)
-    folder = args.data_dir or os.environ.get("VERIGRAD_MNIST_DIR") or DEFAULT_MNIST_DIR
-    return datasets.load_mnist(None, folder, dtype=dtype)
+    # no --data-dir: load_mnist's own lookup ($VERIGRAD_MNIST_DIR, else ../shared/data/mnist)
+    return datasets.load_mnist(None, args.data_dir, dtype=dtype)
 
 
 def _targets(loss, y, classes):
@@ -147,7 +144,11 @@ def _run(args) -> int:
     import fastlib
     from fastlib import datasets, losses
 
+    from fastlib.training import ALIASES
+
     t0 = time.perf_counter()
+    # SINGA's kBP / kCD name the same algorithms as bp / cd (the RBM path below keys on "cd")
+    args.algorithm = ALIASES.get(args.algorithm.strip().lower(), args.algorithm)
     dtype = np.dtype(args.dtype)
     defaults = DATA_DEFAULTS[args.data]
     epochs = defaults["epochs"] if args.epochs is None else args.epochs
