@@ -53,6 +53,12 @@ def add_arguments(parser):
            "--hidden's first width on the images alone); SINGA's kBP and kCD also work")
     a("--pure", action="store_true",
       help="with --algorithm targetprop: pure targets through the weights, not the chain rule")
+    a("--update", choices=("gradient", "loom"), default="gradient",
+      help="with --algorithm targetprop: each layer's update, the gradient of its gap "
+           "(default) or Loom's delta lr x input x gap (Dense layers)")
+    a("--normalisation", choices=("row", "column"), default="row",
+      help="with --algorithm targetprop --pure: divide each route by the input row's total "
+           "|weight| (default, Loom's engine) or the output column's (Loom's document)")
     a("--cd-k", type=int, default=1, help="with --algorithm cd: Gibbs steps of CD-k (default 1)")
     a("--gradient-clip", type=float, default=0.0, help="0 (off) or the clipping threshold")
     a("--clip-mode", choices=("value", "norm"), default="value")
@@ -161,8 +167,11 @@ def _run(args) -> int:
         train, val = datasets.Split(data.x_train, data.y_train), None
     if args.algorithm.lower() == "cd":
         return _run_cd(args, data, train, val, epochs, batch_size, dtype, t0)
-    if args.pure and args.algorithm.lower() != "targetprop":
-        raise ValueError("--pure only applies to --algorithm targetprop")
+    if args.algorithm.lower() != "targetprop":
+        for flag, used in (("--pure", args.pure), ("--update", args.update != "gradient"),
+                           ("--normalisation", args.normalisation != "row")):
+            if used:
+                raise ValueError(f"{flag} only applies to --algorithm targetprop")
     loss = losses.resolve_loss(args.loss)
     y_train = _targets(loss, train.y, classes)
     y_val = None if val is None else _targets(loss, val.y, classes)
@@ -191,7 +200,8 @@ def _run(args) -> int:
                   device=args.device, algorithm=args.algorithm, callbacks=[_Table(out)],
                   verbose=False, checkpoint=args.checkpoint, resume=args.resume)
     if args.algorithm.lower() == "targetprop":
-        common["use_chain_rule"] = not args.pure
+        common.update(use_chain_rule=not args.pure, update=args.update,
+                      normalisation=args.normalisation)
     x_val = None if val is None else val.x
     if args.early_stopping:
         if val is None and args.monitor.startswith("val_"):
