@@ -127,3 +127,18 @@ def test_bad_settings_are_refused_with_the_fix():
                           [np.ones((1, 2, 2)), np.ones((1, 2))], config={"update": "loom"})
     with pytest.raises(ValueError, match="normalisation must be one of"):
         stp.resolve_config({"normalisation": "diagonal"})
+
+
+def test_verigrad_train_switches(capsys):
+    from reports.cli import main
+
+    code = main(["train", "--algorithm", "targetprop", "--update", "loom", "--epochs", "1",
+                 "--hidden", "16", "--val-fraction", "0"])
+    out = capsys.readouterr().out
+    assert code == 0 and "test accuracy" in out, out
+    code = main(["train", "--update", "loom", "--epochs", "1"])
+    err = capsys.readouterr().err
+    assert code == 1 and "--update only applies to --algorithm targetprop" in err, err
+    code = main(["train", "--algorithm", "kBP", "--normalisation", "column", "--epochs", "1"])
+    err = capsys.readouterr().err
+    assert code == 1 and "--normalisation only applies to --algorithm targetprop" in err, err
