@@ -173,7 +173,8 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
         training runs on the CPU kernels with a warning (the fused CUDA training path is a
         separate piece of work).
     algorithm : str
-        A registered algorithm (``"bp"``; see :func:`fastlib.register_algorithm`).
+        A registered algorithm: ``"bp"``, ``"targetprop"``, ``"cd"`` or your own (see
+        :func:`fastlib.register_algorithm`); SINGA's ``"kBP"`` / ``"kCD"`` are aliases.
     callbacks : iterable
         Objects with ``on_epoch_end(epoch, logs)`` (or callables ``f(epoch, logs)``); ``logs``
         has ``loss acc val_loss val_acc lr epoch_time``. Returning True stops training.
@@ -185,7 +186,9 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     resume : path, optional
         Continue from a checkpoint (model weights, optimizer state, RNG, epoch, histories).
     **algorithm_options
-        Options for the algorithm, in ``ctx.config.extra`` (e.g. ``cd_k=1``). ``"bp"`` takes
+        Options for the algorithm, in ``ctx.config.extra`` (e.g. ``cd_k=1``; ``"targetprop"``
+        takes the fields of ``fastlib.TargetPropConfig``, e.g. ``use_chain_rule=False,
+        update="loom", normalisation="column"``). ``"bp"`` takes
         ``fused`` (default True): False turns off the whole-epoch compiled path for
         Sequential-of-Dense MLPs and trains batch by batch through the layers.
 
