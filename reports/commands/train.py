@@ -61,7 +61,9 @@ def add_arguments(parser):
            "|weight| (default, Loom's engine) or the output column's (Loom's document)")
     a("--cd-k", type=int, default=1, help="with --algorithm cd: Gibbs steps of CD-k (default 1)")
     a("--gradient-clip", type=float, default=0.0, help="0 (off) or the clipping threshold")
-    a("--clip-mode", choices=("value", "norm"), default="value")
+    a("--clip-mode", choices=("value", "norm"), default="value",
+      help="value (default): clamp each gradient element to [-c, c], as Loom's engine; norm: "
+           "scale all gradients when their global L2 norm exceeds c, as Loom's document")
     a("--val-fraction", type=float, default=0.1,
       help="stratified part of the training split held out for validation (default 0.1)")
     a("--early-stopping", action="store_true",
