@@ -1,4 +1,4 @@
-"""Target Propagation as math: every rule of the algorithm, stated once (issue 6 §1).
+"""Target Propagation as math: every rule of the algorithm, stated once.
 
 Each rule is a formula written against a backend ``M`` (``spec.backends``): the SymPy backend
 gives its symbolic statement (``TARGETPROP_RULES[name].symbolic()``), the mpmath backend

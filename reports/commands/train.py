@@ -30,7 +30,7 @@ def _hidden(text):
 
 
 def add_arguments(parser):
-    """The options of ``verigrad train`` (issue 5 §7)."""
+    """The options of ``verigrad train``."""
     a = parser.add_argument
     a("--data", choices=("digits", "mnist"), default="digits",
       help="data set (default digits: bundled with scikit-learn, no download)")
