@@ -17,14 +17,46 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["Split", "Splits", "load_digits", "load_mnist", "read_idx", "train_val_split",
-           "MNIST_FILES"]
+           "MNIST_FILES", "MNIST_DIR_ENV", "DEFAULT_MNIST_DIR", "mnist_dir", "dataset_features",
+           "dataset_targets"]
 
 
 class Split(NamedTuple):
-    """One split of a data set: features ``x [N, D]`` and labels ``y [N, 1]``."""
+    """One split of a data set: features ``x [N, D]`` and labels ``y [N, 1]``.
+
+    ``dataset_features`` and ``dataset_targets`` are DataCode's names for ``x`` and ``y``.
+    """
 
     x: np.ndarray
     y: np.ndarray
+
+    @property
+    def dataset_features(self) -> np.ndarray:
+        """``x``, under DataCode's name."""
+        return self.x
+
+    @property
+    def dataset_targets(self) -> np.ndarray:
+        """``y``, under DataCode's name."""
+        return self.y
+
+
+def dataset_features(dataset: Split) -> np.ndarray:
+    """The features ``[N, D]`` of a split (DataCode's ``ml.dataset_features(dataset)``)."""
+    return _as_split(dataset).x
+
+
+def dataset_targets(dataset: Split) -> np.ndarray:
+    """The class indices ``[N, 1]`` of a split (DataCode's ``ml.dataset_targets(dataset)``)."""
+    return _as_split(dataset).y
+
+
+def _as_split(dataset) -> Split:
+    if not isinstance(dataset, Split):
+        raise TypeError(f"expected one split (load_mnist('train') or load_digits('train')), got "
+                        f"{type(dataset).__name__}; pick a split by name, e.g. "
+                        "load_mnist('train')")
+    return dataset
 
 
 class Splits(NamedTuple):
@@ -112,17 +144,53 @@ IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dimensions
 IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension
 MNIST_COUNTS = {"train": 60000, "test": 10000}
 
+# Where load_mnist looks when no path is given: this environment variable, else the default
+# folder (relative to the working directory: the repository's sibling data folder, which is
+# also what `verigrad train --data mnist` uses).
+MNIST_DIR_ENV = "VERIGRAD_MNIST_DIR"
+DEFAULT_MNIST_DIR = pathlib.Path("..") / "shared" / "data" / "mnist"
+MNIST_HOW_TO_GET = (
+    "download the four files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+    "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) from an MNIST mirror, e.g. "
+    "https://ossci-datasets.s3.amazonaws.com/mnist/, into one folder, then set "
+    f"{MNIST_DIR_ENV}=that folder or pass path=")
+
+
+def mnist_dir(path=None) -> pathlib.Path:
+    """The folder ``load_mnist`` reads: ``path``, else ``$VERIGRAD_MNIST_DIR``, else
+    :data:`DEFAULT_MNIST_DIR` (``../shared/data/mnist``, relative to the working directory).
+
+    Raises
+    ------
+    FileNotFoundError
+        The chosen folder does not exist; the message says where it came from and how to get
+        the files.
+    """
+    if path is not None:
+        folder, source = pathlib.Path(path), "path="
+    elif os.environ.get(MNIST_DIR_ENV):
+        folder, source = pathlib.Path(os.environ[MNIST_DIR_ENV]), f"${MNIST_DIR_ENV}"
+    else:
+        folder, source = DEFAULT_MNIST_DIR, f"the default folder ({MNIST_DIR_ENV} is not set)"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"MNIST folder {str(folder)!r} (from {source}) does not exist or "
+                                f"is not a folder; {MNIST_HOW_TO_GET}")
+    return folder
+
 
 def load_mnist(split: str | None = "train", path=None, dtype=np.float32):
-    """MNIST from the four IDX files in a folder (gzipped or raw).
+    """MNIST from the four IDX files in a folder (gzipped or raw), DataCode's
+    ``load_mnist("train")``.
 
     Parameters
     ----------
     split : {"train", "test"} or None
         Which split; None returns both as :class:`Splits`.
-    path : str or path-like
+    path : str or path-like, optional
         Folder holding ``train-images-idx3-ubyte[.gz]``, ``train-labels-idx1-ubyte[.gz]``,
-        ``t10k-images-idx3-ubyte[.gz]`` and ``t10k-labels-idx1-ubyte[.gz]``.
+        ``t10k-images-idx3-ubyte[.gz]`` and ``t10k-labels-idx1-ubyte[.gz]``. Default: the
+        environment variable ``VERIGRAD_MNIST_DIR``, else ``../shared/data/mnist`` relative
+        to the working directory (:func:`mnist_dir`).
     dtype : numpy float dtype
         dtype of the images (float32 by default).
 
@@ -134,19 +202,14 @@ def load_mnist(split: str | None = "train", path=None, dtype=np.float32):
     Raises
     ------
     FileNotFoundError
-        The folder or a file is missing (the message names what was looked for).
+        The folder or a file is missing (the message names what was looked for and how to get
+        the files).
     ValueError
         A file is truncated, not gzip/IDX, has the wrong magic number, wrong sizes, labels out
         of 0..9, or image and label counts that differ (the message names the file).
     """
     _check_split(split, allow_none=True)
-    if path is None:
-        raise ValueError("load_mnist needs path=, the folder with the four MNIST IDX files "
-                         "(train-images-idx3-ubyte.gz, ...; e.g. ../shared/data/mnist)")
-    folder = pathlib.Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"MNIST folder {str(folder)!r} does not exist or is not a folder; "
-                                "pass the folder that holds the four IDX files")
+    folder = mnist_dir(path)
     if split is None:
         train, test = _load_mnist_split(folder, "train", dtype), _load_mnist_split(folder, "test",
                                                                                     dtype)
@@ -180,7 +243,8 @@ def _find(folder: pathlib.Path, name: str) -> pathlib.Path:
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(f"MNIST file {name}.gz (or {name}) not found in {str(folder)!r}; "
-                            f"the folder holds: {sorted(os.listdir(folder))}")
+                            f"the folder holds: {sorted(os.listdir(folder))}; "
+                            f"{MNIST_HOW_TO_GET}")
 
 
 def read_idx(file, magic: int) -> np.ndarray:

@@ -25,6 +25,11 @@ The rules (spec.targetprop's table; y_ℓ, t_ℓ the output and target of layer 
   its parameters, v ← 0.9 v + 0.1·r·d_θ, θ ← θ + v with d_θ = J_θᵀ(t − y)/B (the layer's own
   backward of its gap: descent on the local loss ‖y − t‖²/2B).
 
+Two of Loom's choices are switches (``TargetPropConfig``): ``update="loom"`` takes Loom's
+delta rule for Dense layers, d_W = xᵀ(t − y)/B and d_b = Σ(t − y)/B (no activation
+derivative), in place of the gradient form; ``normalisation="column"`` divides each route by
+the output column's Σ_i |W[i,j]| (Loom's document) instead of the input row's (Loom's engine).
+
 The forward history each layer captures (Loom's histIn/histPre) is what the backward steps use:
 do not run the model on other data between ``targetprop_forward`` and the apply.
 """
@@ -37,6 +42,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from fastlib.kernels import dense as dense_kernels
 from fastlib.kernels import targetprop as kernels
 from fastlib.layers.attention import MultiHeadAttention
 from fastlib.layers.base import Layer
@@ -53,6 +59,10 @@ __all__ = ["TargetPropConfig", "TargetPropState", "targetprop_forward", "targetp
 SUPPORTED = (Dense, RNN, LSTM, MultiHeadAttention, SwiGLU)
 LOSS_TYPES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
               "binary_cross_entropy_with_logits")
+UPDATES = ("gradient", "loom")          # first = default
+NORMALISATIONS = ("row", "column")      # first = default
+_NUMBERS = ("gradient_scale", "depth_scale_factor", "budget_threshold", "momentum",
+            "weight_threshold")
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,17 @@ class TargetPropConfig:
     momentum : float, default 0.9
         μ in v ← μ v + (1 − μ) delta.
     weight_threshold : float, default 0.01
-        A route's row whose Σ_j |W[i,j]| does not exceed it routes nothing.
+        A route's row (column, with ``normalisation="column"``) whose Σ |W| does not exceed it
+        routes nothing.
+    update : {"gradient", "loom"}, default "gradient"
+        The local update d_θ of a layer that passes the gate. ``"gradient"``: d_θ = J_θᵀ(t −
+        y)/B, the layer's own backward of its gap (descent on ‖y − t‖²/2B; every layer type).
+        ``"loom"``: Loom's delta = lr·input·gap for Dense layers, d_W = xᵀ(t − y)/B and d_b =
+        Σ(t − y)/B, without the activation derivative (Dense-only models).
+    normalisation : {"row", "column"}, default "row"
+        Pure mode's route N(W, v): ``"row"`` divides by each input row's Σ_j |W[i,j]| (Loom's
+        engine); ``"column"`` divides each output's v[j] by its column's Σ_i |W[i,j]| (Loom's
+        document, ``/ totalWeight[j]``).
     """
 
     use_chain_rule: bool = True
@@ -82,15 +102,21 @@ class TargetPropConfig:
     budget_threshold: float = 0.2
     momentum: float = 0.9
     weight_threshold: float = 0.01
+    update: str = "gradient"
+    normalisation: str = "row"
 
     def __post_init__(self):
         if not isinstance(self.use_chain_rule, (bool, np.bool_)):
             raise TypeError(f"TargetPropConfig: use_chain_rule must be True or False, got "
                             f"{self.use_chain_rule!r}")
-        for f in fields(self)[1:]:
-            v = getattr(self, f.name)
+        for name, choices in (("update", UPDATES), ("normalisation", NORMALISATIONS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"TargetPropConfig: {name} must be one of "
+                                 f"{', '.join(map(repr, choices))}, got {getattr(self, name)!r}")
+        for name in _NUMBERS:
+            v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-                raise ValueError(f"TargetPropConfig: {f.name} must be a finite number, got {v!r}")
+                raise ValueError(f"TargetPropConfig: {name} must be a finite number, got {v!r}")
         if self.gradient_scale <= 0 or self.depth_scale_factor <= 0:
             raise ValueError("TargetPropConfig: gradient_scale and depth_scale_factor must be > 0")
         if not 0 <= self.momentum < 1:
@@ -167,6 +193,7 @@ class TargetPropState:
         if not isinstance(self.config, TargetPropConfig):
             raise TypeError(f"config must be a TargetPropConfig, got {type(self.config).__name__}")
         self.layers = flatten(model)
+        _check_update(self.layers, self.config.update)
         params = model.parameters()
         self.velocities = {}
         for name, p in params.items():
@@ -194,6 +221,18 @@ class TargetPropState:
             self.link_budgets.append(float(b))
             self.gaps.append(float(g))
         return list(self.link_budgets)
+
+
+def _check_update(layers, update):
+    """``update="loom"`` is Loom's Dense rule: refuse a model with another layer type."""
+    if update != "loom":
+        return
+    for prefix, _, layer in layers:
+        if not isinstance(layer, Dense):
+            where = prefix.rstrip(".") or "the model"
+            raise ValueError(f"TargetProp: update='loom' (Loom's delta = lr·input·gap) is a "
+                             f"Dense rule; layer {type(layer).__name__!r} at {where!r} has none: "
+                             "use update='gradient' for this model")
 
 
 def _check_state(model, state):
@@ -288,7 +327,7 @@ def _backward(state, t, input_target):
             g_in, _ = layer.backward(gradients[l], need_input_grad=True)
             t_in = x + x.dtype.type(cfg.gradient_scale) * g_in
         else:
-            t_in = pure_target(layer, x, y, targets[l], cfg.weight_threshold)
+            t_in = pure_target(layer, x, y, targets[l], cfg.weight_threshold, cfg.normalisation)
             g_in = t_in - x
         if l > 0:
             targets[l - 1], gradients[l - 1] = t_in, g_in
@@ -300,17 +339,29 @@ def _backward(state, t, input_target):
 # ---------------------------------------------------------------------------------------------
 # pure mode
 
-def route(W, v, threshold):
+def route(W, v, threshold, normalisation="row"):
     """N(W, v): ``v (..., out)`` routed back through ``W (in, out)`` to ``(..., in)``.
 
-    ``N(W, v)[..., i] = Σ_j W[i, j] v[..., j] / Σ_j |W[i, j]|`` when that denominator exceeds
-    ``threshold``, else 0 (Loom's pure Dense target).
+    ``"row"`` (Loom's engine): ``N(W, v)[..., i] = Σ_j W[i, j] v[..., j] / Σ_j |W[i, j]|``
+    when that denominator exceeds ``threshold``, else 0. ``"column"`` (Loom's document):
+    ``N(W, v)[..., i] = Σ_j W[i, j] v[..., j] / Σ_k |W[k, j]|`` over the columns whose
+    denominator exceeds ``threshold``.
     """
     W = np.ascontiguousarray(W)
     v = np.asarray(v, dtype=W.dtype)
     if v.shape[-1] != W.shape[1]:
         raise ValueError(f"route: v has {v.shape[-1]} entries on its last axis but W routes "
                          f"{W.shape[1]} outputs (W shape {W.shape})")
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"route: normalisation must be 'row' or 'column', got {normalisation!r}")
+    if normalisation == "column":
+        # each output's entry shared out over its inputs: scale v's columns, then route
+        scales = np.empty(W.shape[1], dtype=np.float64)
+        kernels.route_scales(np.ascontiguousarray(W.T), float(threshold), scales)
+        rows = np.ascontiguousarray(v.reshape(-1, W.shape[1]))
+        shared = np.empty_like(rows)
+        kernels.scale_columns(rows, scales, shared)
+        return np.dot(shared, W.T).reshape(v.shape[:-1] + (W.shape[0],))
     scales = np.empty(W.shape[0], dtype=np.float64)
     kernels.route_scales(W, float(threshold), scales)
     num = np.dot(v.reshape(-1, W.shape[1]), W.T)
@@ -323,7 +374,7 @@ def _tile(d, gates):
     return np.concatenate([d] * gates, axis=-1) if gates > 1 else d
 
 
-def _recurrent_target(layer, x, y, t_out, threshold, gates):
+def _recurrent_target(layer, x, y, t_out, threshold, gates, normalisation):
     p = layer.parameters()
     batch, steps, _ = x.shape
     e = t_out - y
@@ -331,30 +382,30 @@ def _recurrent_target(layer, x, y, t_out, threshold, gates):
     D = np.empty((batch, steps, layer.hidden_size), dtype=x.dtype)
     D[:, -1] = gaps[:, -1] if gaps is not None else e
     for t in range(steps - 2, -1, -1):
-        back = route(p["w_hh"], _tile(D[:, t + 1], gates), threshold)
+        back = route(p["w_hh"], _tile(D[:, t + 1], gates), threshold, normalisation)
         D[:, t] = back if gaps is None else gaps[:, t] + back
     # every step's route through w_ih at once: (B*T, gates*H) @ w_ihᵀ
-    return x + route(p["w_ih"], _tile(D, gates), threshold)
+    return x + route(p["w_ih"], _tile(D, gates), threshold, normalisation)
 
 
-def _attention_target(layer, x, y, t_out, threshold):
+def _attention_target(layer, x, y, t_out, threshold, normalisation):
     p = layer.parameters()
     q, k, _, lse, scale = layer._cache
-    dA = np.ascontiguousarray(route(p["w_o"], t_out - y, threshold))
+    dA = np.ascontiguousarray(route(p["w_o"], t_out - y, threshold, normalisation))
     dV = np.empty_like(dA)
     kernels.attention_value_route(q, k, lse, dA, layer.heads, float(scale), layer.causal,
-                                  float(threshold), dV)
-    return x + route(p["w_v"], dV, threshold)
+                                  float(threshold), normalisation == "column", dV)
+    return x + route(p["w_v"], dV, threshold, normalisation)
 
 
-def _swiglu_target(layer, x, y, t_out, threshold):
+def _swiglu_target(layer, x, y, t_out, threshold, normalisation):
     p = layer.parameters()
-    dH = route(p["w_down"], t_out - y, threshold)
+    dH = route(p["w_down"], t_out - y, threshold, normalisation)
     both = np.concatenate([p["w_gate"], p["w_up"]], axis=1)
-    return x + route(both, np.concatenate([dH, dH], axis=-1), threshold)
+    return x + route(both, np.concatenate([dH, dH], axis=-1), threshold, normalisation)
 
 
-def pure_target(layer, x, y, t_out, threshold=0.01):
+def pure_target(layer, x, y, t_out, threshold=0.01, normalisation="row"):
     """The pure-mode target of ``layer``'s input, from its last forward (spec's ``pure_*``).
 
     - Dense: ``N(W, t_out)`` (Loom's engine, exactly);
@@ -365,18 +416,20 @@ def pure_target(layer, x, y, t_out, threshold=0.01):
       (if > threshold); t_in = x + N(w_v, δV);
     - SwiGLU: δH = N(w_down, t_out − y); t_in = x + N([w_gate | w_up], [δH | δH]).
 
+    N normalises per input row (``normalisation="row"``) or per output column (``"column"``;
+    the attention probabilities' route then divides by each query's Σ_s P[t,s]).
     ``x`` and ``y`` must be the input and output of the layer's last forward.
     """
     if isinstance(layer, Dense):
-        return route(layer.parameters()["weight"], t_out, threshold)
+        return route(layer.parameters()["weight"], t_out, threshold, normalisation)
     if isinstance(layer, RNN):
-        return _recurrent_target(layer, x, y, t_out, threshold, 1)
+        return _recurrent_target(layer, x, y, t_out, threshold, 1, normalisation)
     if isinstance(layer, LSTM):
-        return _recurrent_target(layer, x, y, t_out, threshold, 4)
+        return _recurrent_target(layer, x, y, t_out, threshold, 4, normalisation)
     if isinstance(layer, MultiHeadAttention):
-        return _attention_target(layer, x, y, t_out, threshold)
+        return _attention_target(layer, x, y, t_out, threshold, normalisation)
     if isinstance(layer, SwiGLU):
-        return _swiglu_target(layer, x, y, t_out, threshold)
+        return _swiglu_target(layer, x, y, t_out, threshold, normalisation)
     raise ValueError(f"pure_target: {type(layer).__name__} has no pure TargetProp rule")
 
 
@@ -388,7 +441,8 @@ def apply_targetprop_gaps(model, state, lr):
 
     For layer ℓ with link budget b >= budget_threshold: r = lr·(0.5 + 0.5 b)·F^ℓ, and for each
     of its parameters v ← μ v + (1 − μ)·r·d_θ, θ ← θ + v, where d_θ = J_θᵀ(t_ℓ − y_ℓ)/B comes
-    from the layer's own backward of its gap. A gated layer (b < threshold, or a non-finite b)
+    from the layer's own backward of its gap (``update="gradient"``), or is Loom's Dense delta
+    d_W = xᵀ(t_ℓ − y_ℓ)/B, d_b = Σ(t_ℓ − y_ℓ)/B (``update="loom"``). A gated layer (b < threshold, or a non-finite b)
     keeps its parameters and velocities. Link budgets are computed first when missing.
 
     Returns
@@ -410,8 +464,9 @@ def apply_targetprop_gaps(model, state, lr):
     cfg = state.config
     params = model.parameters()
     state.updated, state.layer_rates = [], []
-    for (prefix, depth, layer), budget, y, t in zip(state.layers, state.link_budgets,
-                                                     state.forward_acts, state.backward_targets):
+    for (prefix, depth, layer), budget, x, y, t in zip(state.layers, state.link_budgets,
+                                                        state.layer_inputs, state.forward_acts,
+                                                        state.backward_targets):
         ok = budget >= cfg.budget_threshold  # NOTE: a NaN budget fails this and gates the layer
         state.updated.append(bool(ok))
         if not ok:
@@ -419,7 +474,11 @@ def apply_targetprop_gaps(model, state, lr):
             continue
         rate = float(lr) * (0.5 + 0.5 * budget) * cfg.depth_scale_factor ** depth
         state.layer_rates.append(rate)
-        _, grads = layer.backward(np.ascontiguousarray(t - y), need_input_grad=False)
+        gap = np.ascontiguousarray(t - y)
+        if cfg.update == "loom":
+            grads = _loom_delta(layer, x, gap)
+        else:
+            _, grads = layer.backward(gap, need_input_grad=False)
         coef = rate / y.shape[0]
         for name, g in grads.items():
             key = prefix + name
@@ -427,6 +486,16 @@ def apply_targetprop_gaps(model, state, lr):
                                   np.ascontiguousarray(g).reshape(-1), coef, cfg.momentum)
     state.applied = True
     return list(state.updated)
+
+
+def _loom_delta(layer, x, gap):
+    """Loom's Dense delta before the rate and the 1/B: ``{weight: xᵀ gap, bias: Σ gap}``
+    over every leading axis (no activation derivative)."""
+    x2 = np.ascontiguousarray(x).reshape(-1, layer.in_features)
+    g2 = np.ascontiguousarray(gap).reshape(-1, layer.out_features)
+    bias = np.empty(layer.out_features, dtype=g2.dtype)
+    dense_kernels.column_sums(g2, bias)       # the Dense backward's own bias sum
+    return {"weight": np.dot(x2.T, g2), "bias": bias}
 
 
 def _flat(arr, name):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +34,10 @@ __all__ = ["TargetPropConfig", "TargetPropState", "targetprop_forward", "targetp
 SUPPORTED = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU")
 LOSS_TYPES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
               "binary_cross_entropy_with_logits")
+UPDATES = ("gradient", "loom")          # first = default
+NORMALISATIONS = ("row", "column")      # first = default
+_NUMBERS = ("gradient_scale", "depth_scale_factor", "budget_threshold", "momentum",
+            "weight_threshold")
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,13 @@ class TargetPropConfig:
     momentum : float
         μ of the velocity v ← μ v + (1 − μ) delta.
     weight_threshold : float
-        θ: a route's row with Σ_j |W[i,j]| <= θ routes nothing.
+        θ: a route's row (column) with Σ |W| <= θ routes nothing.
+    update : {"gradient", "loom"}
+        d_θ = J_θᵀ(t − y)/B from the layer's tape, or Loom's Dense delta d_W = xᵀ(t − y)/B,
+        d_b = Σ(t − y)/B (Dense-only models).
+    normalisation : {"row", "column"}
+        Pure routes divide by each input row's Σ_j |W[i,j]| or each output column's
+        Σ_i |W[i,j]|.
     """
 
     use_chain_rule: bool = True
@@ -62,15 +72,21 @@ class TargetPropConfig:
     budget_threshold: float = 0.2
     momentum: float = 0.9
     weight_threshold: float = 0.01
+    update: str = "gradient"
+    normalisation: str = "row"
 
     def __post_init__(self):
         if not isinstance(self.use_chain_rule, (bool, np.bool_)):
             raise TypeError(f"TargetPropConfig: use_chain_rule must be True or False, got "
                             f"{self.use_chain_rule!r}")
-        for f in fields(self)[1:]:
-            v = getattr(self, f.name)
+        for name, choices in (("update", UPDATES), ("normalisation", NORMALISATIONS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"TargetPropConfig: {name} must be one of "
+                                 f"{', '.join(map(repr, choices))}, got {getattr(self, name)!r}")
+        for name in _NUMBERS:
+            v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-                raise ValueError(f"TargetPropConfig: {f.name} must be a finite number, got {v!r}")
+                raise ValueError(f"TargetPropConfig: {name} must be a finite number, got {v!r}")
         if self.gradient_scale <= 0 or self.depth_scale_factor <= 0:
             raise ValueError("TargetPropConfig: gradient_scale and depth_scale_factor must be > 0")
         if not 0 <= self.momentum < 1:
@@ -144,6 +160,13 @@ class TargetPropState:
         self.num = numeric_for(dps)
         self.dps = self.num.dps
         self.layers = flatten(model)
+        if self.config.update == "loom":
+            for prefix, _, layer in self.layers:
+                if type(layer).__name__ != "Dense":
+                    raise ValueError(f"TargetProp: update='loom' (Loom's delta = lr·input·gap) "
+                                     f"is a Dense rule; layer {type(layer).__name__!r} at "
+                                     f"{prefix.rstrip('.') or 'the model'!r} has none: use "
+                                     "update='gradient' for this model")
         self.velocities = {name: self.num.zeros(np.shape(v))
                            for name, v in model.parameters().items()}
         self.forward_acts, self.layer_inputs = [], []
@@ -266,7 +289,7 @@ def targetprop_backward(model, state, target, input_target=False):
                 t_in = x + scale * g_in
             else:
                 _, _, layer = state.layers[l]
-                t_in = pure_target(layer, x, y, targets[l], threshold, num)
+                t_in = pure_target(layer, x, y, targets[l], threshold, num, cfg.normalisation)
                 g_in = t_in - x
             if l > 0:
                 targets[l - 1], gradients[l - 1] = t_in, g_in
@@ -279,9 +302,17 @@ def targetprop_backward(model, state, target, input_target=False):
 # ---------------------------------------------------------------------------------------------
 # pure mode
 
-def route(W, v, threshold):
-    """N(W, v)[..., i] = Σ_j W[i,j] v[..., j] / Σ_j |W[i,j]| if that sum > θ, else 0."""
+def route(W, v, threshold, normalisation="row"):
+    """N(W, v)[..., i] = Σ_j W[i,j] v[..., j] / Σ_j |W[i,j]| if that sum > θ, else 0 (row);
+    with ``normalisation="column"``, Σ_j W[i,j] v[..., j] / Σ_k |W[k,j]| over the columns whose
+    sum is > θ."""
     W = np.asarray(W)
+    if normalisation == "column":
+        den = np.sum(np.abs(W), axis=0)
+        keep = np.asarray(den > threshold, dtype=bool)
+        v = np.asarray(v)
+        shared = np.where(keep, v / np.where(keep, den, 1), 0 * v)
+        return np.matmul(shared, W.T)
     den = np.sum(np.abs(W), axis=1)
     keep = np.asarray(den > threshold, dtype=bool)
     num = np.matmul(np.asarray(v), W.T)
@@ -298,7 +329,7 @@ def _exact_params(layer, num):
     return {k: num.asarray(v, f"parameter {k!r}") for k, v in layer.parameters().items()}
 
 
-def _recurrent_target(layer, x, y, t_out, threshold, num, gates):
+def _recurrent_target(layer, x, y, t_out, threshold, num, gates, normalisation):
     p = _exact_params(layer, num)
     batch, steps, _ = np.shape(x)
     e = np.asarray(t_out) - np.asarray(y)
@@ -309,9 +340,9 @@ def _recurrent_target(layer, x, y, t_out, threshold, num, gates):
     D = [None] * steps
     D[-1] = gaps[-1]
     for t in range(steps - 2, -1, -1):
-        D[t] = gaps[t] + route(p["w_hh"], _tile(D[t + 1], gates), threshold)
-    shift = np.stack([route(p["w_ih"], _tile(D[t], gates), threshold) for t in range(steps)],
-                     axis=1)
+        D[t] = gaps[t] + route(p["w_hh"], _tile(D[t + 1], gates), threshold, normalisation)
+    shift = np.stack([route(p["w_ih"], _tile(D[t], gates), threshold, normalisation)
+                      for t in range(steps)], axis=1)
     return np.asarray(x) + shift
 
 
@@ -335,47 +366,51 @@ def attention_probabilities(layer, x, num):
     return P
 
 
-def _attention_target(layer, x, y, t_out, threshold, num):
+def _attention_target(layer, x, y, t_out, threshold, num, normalisation):
     p = _exact_params(layer, num)
     x = np.asarray(x)
     batch, steps, d = x.shape
     dh = d // layer.heads
     P = attention_probabilities(layer, x, num)
-    dA = route(p["w_o"], np.asarray(t_out) - np.asarray(y), threshold)
+    dA = route(p["w_o"], np.asarray(t_out) - np.asarray(y), threshold, normalisation)
     dV = num.zeros((batch, steps, d))
     for b in range(batch):
         for h in range(layer.heads):
             cols = slice(h * dh, (h + 1) * dh)
-            dV[b, :, cols] = route(P[b, h].T, dA[b, :, cols].T, threshold).T
-    return x + route(p["w_v"], dV, threshold)
+            dV[b, :, cols] = route(P[b, h].T, dA[b, :, cols].T, threshold, normalisation).T
+    return x + route(p["w_v"], dV, threshold, normalisation)
 
 
-def _swiglu_target(layer, x, y, t_out, threshold, num):
+def _swiglu_target(layer, x, y, t_out, threshold, num, normalisation):
     p = _exact_params(layer, num)
-    dH = route(p["w_down"], np.asarray(t_out) - np.asarray(y), threshold)
+    dH = route(p["w_down"], np.asarray(t_out) - np.asarray(y), threshold, normalisation)
     both = np.concatenate([p["w_gate"], p["w_up"]], axis=1)
-    return np.asarray(x) + route(both, np.concatenate([dH, dH], axis=-1), threshold)
+    return np.asarray(x) + route(both, np.concatenate([dH, dH], axis=-1), threshold,
+                                 normalisation)
 
 
-def pure_target(layer, x, y, t_out, threshold, num):
+def pure_target(layer, x, y, t_out, threshold, num, normalisation="row"):
     """The pure-mode target of ``layer``'s input (spec's ``pure_*`` rules)."""
     kind = type(layer).__name__
     if kind == "Dense":
-        return route(_exact_params(layer, num)["weight"], t_out, threshold)
+        return route(_exact_params(layer, num)["weight"], t_out, threshold, normalisation)
     if kind == "RNN":
-        return _recurrent_target(layer, x, y, t_out, threshold, num, 1)
+        return _recurrent_target(layer, x, y, t_out, threshold, num, 1, normalisation)
     if kind == "LSTM":
-        return _recurrent_target(layer, x, y, t_out, threshold, num, 4)
+        return _recurrent_target(layer, x, y, t_out, threshold, num, 4, normalisation)
     if kind == "MultiHeadAttention":
-        return _attention_target(layer, x, y, t_out, threshold, num)
-    return _swiglu_target(layer, x, y, t_out, threshold, num)
+        return _attention_target(layer, x, y, t_out, threshold, num, normalisation)
+    return _swiglu_target(layer, x, y, t_out, threshold, num, normalisation)
 
 
 # ---------------------------------------------------------------------------------------------
 # the update
 
 def local_updates(state):
-    """Per layer, ``{dotted name: d_θ}`` with d_θ = J_θᵀ (t − y) / B from the layer's tape."""
+    """Per layer, ``{dotted name: d_θ}``: d_θ = J_θᵀ (t − y) / B from the layer's tape, or
+    with ``update="loom"`` Loom's d_W = xᵀ (t − y) / B, d_b = Σ (t − y) / B written out."""
+    if state.config.update == "loom":
+        return _loom_updates(state)
     out = []
     with state.num.context():
         for (prefix, _, _), (tape, _, ids, node), y, t in zip(
@@ -385,6 +420,20 @@ def local_updates(state):
             out.append({prefix + name: (grads[i] / batch if i in grads else
                                         state.num.zeros(np.shape(tape.value(i))))
                         for name, i in ids.items()})
+    return out
+
+
+def _loom_updates(state):
+    out = []
+    with state.num.context():
+        for (prefix, _, _), x, y, t in zip(state.layers, state.layer_inputs, state.forward_acts,
+                                           state.backward_targets):
+            x, gap = np.asarray(x), np.asarray(t) - np.asarray(y)
+            rows_x = x.reshape(-1, x.shape[-1])
+            rows_g = gap.reshape(-1, gap.shape[-1])
+            batch = x.shape[0]
+            out.append({prefix + "weight": np.matmul(rows_x.T, rows_g) / batch,
+                        prefix + "bias": np.sum(rows_g, axis=0) / batch})
     return out
 
 

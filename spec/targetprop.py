@@ -1,4 +1,4 @@
-"""Target Propagation as math: every rule of the algorithm, stated once (issue 6 §1).
+"""Target Propagation as math: every rule of the algorithm, stated once.
 
 Each rule is a formula written against a backend ``M`` (``spec.backends``): the SymPy backend
 gives its symbolic statement (``TARGETPROP_RULES[name].symbolic()``), the mpmath backend
@@ -21,6 +21,9 @@ output_target          t_{L-1} = the target: mse y; cross_entropy / categorical 
 output_signal          g_{L-1} = t_{L-1} − y_{L-1}  (the descent direction)
 chain_rule_target      g_{ℓ-1} = J_xᵀ g_ℓ (layer ℓ's backward); t_{ℓ-1} = y_{ℓ-1} + s · g_{ℓ-1}
 route                  N(W, v)[i] = Σ_j W[i,j] v[j] / Σ_j |W[i,j]| if Σ_j |W[i,j]| > θ, else 0
+                       (``normalisation="row"``, the default: Loom's engine)
+route_column           N(W, v)[i] = Σ_j W[i,j] v[j] / Σ_k |W[k,j]|, columns with Σ_k |W[k,j]| <= θ
+                       left out (``normalisation="column"``: Loom's document, / totalWeight[j])
 pure_dense             t_in = N(W, t_out)                          (Loom's engine, exactly)
 pure_rnn               D_{T-1} = E_{T-1}; D_t = E_t + N(w_hh, D_{t+1}); t_in[:, t] = x[:, t] +
                        N(w_ih, D_t); E_t = the output gap at step t (0 where not returned)
@@ -35,6 +38,10 @@ gap                    RMS(y − t) = sqrt(mean((y − t)²))
 gate                   layer ℓ is updated iff b_ℓ >= τ  (b < τ: parameters and velocity kept)
 layer_rate             r_ℓ = lr · (0.5 + 0.5 · b_ℓ) · F^ℓ   (F = 1 turns depth scaling off)
 local_update           d_θ = (1/B) J_θᵀ (t_ℓ − y_ℓ) = −∂/∂θ (1/2B) Σ (y_ℓ − t_ℓ)²
+                       (``update="gradient"``, the default)
+loom_update            Dense only: d_W = (1/B) xᵀ (t_ℓ − y_ℓ), d_b = (1/B) Σ_rows (t_ℓ − y_ℓ)
+                       (``update="loom"``: Loom's delta = lr · input · gap, no activation
+                       derivative; the same as local_update for a linear Dense layer)
 momentum               v ← μ · v + (1 − μ) · r_ℓ · d_θ ;  θ ← θ + v
 =====================  =========================================================================
 
@@ -46,6 +53,12 @@ already produces its target, its input's target is its input). The routes are li
 derivative of an activation, and only the layer's own weights and forward values (the attention
 probabilities P). ``return_sequences=False`` recurrent layers receive a gap at the last step
 only; it reaches earlier steps through w_hh.
+
+NOTE (two normalisations): Loom's engine divides by each *input row's* total |weight| (a
+weighted average of the output targets an input feeds); Loom's document writes the division by
+``totalWeight[j]``, each *output column's* total (each output's target shared out over its
+inputs in proportion to the weights). Both are offered (``normalisation``); every route of every
+layer uses the chosen one. ``spec.prove_targetprop`` states what each conserves.
 """
 from __future__ import annotations
 
@@ -67,7 +80,11 @@ from spec.prove import ProofResult
 TARGETPROP_DEFAULTS = MappingProxyType({
     "use_chain_rule": True, "gradient_scale": 0.1, "depth_scale_factor": 1.1,
     "budget_threshold": 0.2, "momentum": 0.9, "weight_threshold": 0.01,
+    "update": "gradient", "normalisation": "row",
 })
+# The choices of the two named settings (first = default).
+UPDATES = ("gradient", "loom")
+NORMALISATIONS = ("row", "column")
 
 SUPPORTED_LAYERS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU")
 LOSS_TYPES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
@@ -94,17 +111,27 @@ def _scalar(x):
 # ---------------------------------------------------------------------------------------------
 # The rules (formulas on a backend M; arrays are object arrays).
 
-def route(M, W, v, weight_threshold):
-    """N(W, v): v (..., out) back through W (in, out), each input row normalised by Σ_j |W[i,j]|.
+def route(M, W, v, weight_threshold, normalisation="row"):
+    """N(W, v): v (..., out) back through W (in, out), normalised per input row (default) or
+    per output column.
 
-    NOTE: the denominator is the row's absolute sum over the outputs it feeds; a row whose sum
-    is at most θ routes nothing (0), which keeps a near-dead input from amplifying the target.
+    NOTE: ``"row"`` divides by the row's absolute sum over the outputs it feeds, and a row whose
+    sum is at most θ routes nothing (0), which keeps a near-dead input from amplifying the
+    target. ``"column"`` divides each output's entry by its column's absolute sum over the
+    inputs that feed it, and a column whose sum is at most θ contributes nothing.
     """
     W = np.asarray(W, dtype=object)
+    v = np.asarray(v, dtype=object)
+    if normalisation == "column":
+        den = M.sum(M.abs(W), axis=0)                    # (out,)
+        keep = M.gt(den, weight_threshold)
+        safe = M.where(keep, den, M.num(1))
+        shared = np.asarray(M.where(keep, v / safe, M.num(0)), dtype=object)
+        return np.asarray(np.matmul(shared, W.T), dtype=object)
     den = M.sum(M.abs(W), axis=1)                        # (in,)
     keep = M.gt(den, weight_threshold)
     safe = M.where(keep, den, M.num(1))
-    num = np.matmul(np.asarray(v, dtype=object), W.T)    # (..., in)
+    num = np.matmul(v, W.T)                              # (..., in)
     return np.asarray(M.where(keep, num / safe, M.num(0)), dtype=object)
 
 
@@ -122,11 +149,12 @@ def _chain_rule_target(M, x, g_in, gradient_scale):
     return x + gradient_scale * g_in
 
 
-def _pure_dense(M, W, t_out, weight_threshold):
-    return route(M, W, t_out, weight_threshold)
+def _pure_dense(M, W, t_out, weight_threshold, normalisation="row"):
+    return route(M, W, t_out, weight_threshold, normalisation)
 
 
-def _recurrent(M, x, y, t_out, w_ih, w_hh, gates, return_sequences, weight_threshold):
+def _recurrent(M, x, y, t_out, w_ih, w_hh, gates, return_sequences, weight_threshold,
+               normalisation="row"):
     """The pure_rnn (gates=1) and pure_lstm (gates=4) input targets."""
     x = np.asarray(x, dtype=object)
     batch, steps, _ = x.shape
@@ -143,43 +171,47 @@ def _recurrent(M, x, y, t_out, w_ih, w_hh, gates, return_sequences, weight_thres
     D = [None] * steps
     D[-1] = gaps[-1]
     for t in range(steps - 2, -1, -1):
-        D[t] = gaps[t] + route(M, w_hh, tile(D[t + 1]), weight_threshold)
-    shift = np.stack([route(M, w_ih, tile(D[t]), weight_threshold) for t in range(steps)],
-                     axis=1)
+        D[t] = gaps[t] + route(M, w_hh, tile(D[t + 1]), weight_threshold, normalisation)
+    shift = np.stack([route(M, w_ih, tile(D[t]), weight_threshold, normalisation)
+                      for t in range(steps)], axis=1)
     return x + shift
 
 
-def _pure_rnn(M, x, y, t_out, w_ih, w_hh, return_sequences, weight_threshold):
-    return _recurrent(M, x, y, t_out, w_ih, w_hh, 1, return_sequences, weight_threshold)
+def _pure_rnn(M, x, y, t_out, w_ih, w_hh, return_sequences, weight_threshold,
+              normalisation="row"):
+    return _recurrent(M, x, y, t_out, w_ih, w_hh, 1, return_sequences, weight_threshold,
+                      normalisation)
 
 
-def _pure_lstm(M, x, y, t_out, w_ih, w_hh, return_sequences, weight_threshold):
-    return _recurrent(M, x, y, t_out, w_ih, w_hh, 4, return_sequences, weight_threshold)
+def _pure_lstm(M, x, y, t_out, w_ih, w_hh, return_sequences, weight_threshold,
+               normalisation="row"):
+    return _recurrent(M, x, y, t_out, w_ih, w_hh, 4, return_sequences, weight_threshold,
+                      normalisation)
 
 
-def _pure_attention(M, x, y, t_out, P, w_o, w_v, heads, weight_threshold):
+def _pure_attention(M, x, y, t_out, P, w_o, w_v, heads, weight_threshold, normalisation="row"):
     x = np.asarray(x, dtype=object)
     batch, steps, d = x.shape
     dh = d // heads
     dA = route(M, w_o, np.asarray(t_out, dtype=object) - np.asarray(y, dtype=object),
-               weight_threshold)
+               weight_threshold, normalisation)
     dV = M.zeros((batch, steps, d))
     for b in range(batch):
         for h in range(heads):
             cols = slice(h * dh, (h + 1) * dh)
             # the map v[s] -> a[t] has weight P[t, s]: route the per-position gaps through Pᵀ
             dV[b, :, cols] = route(M, np.asarray(P)[b, h].T, dA[b, :, cols].T,
-                                   weight_threshold).T
-    return x + route(M, w_v, dV, weight_threshold)
+                                   weight_threshold, normalisation).T
+    return x + route(M, w_v, dV, weight_threshold, normalisation)
 
 
-def _pure_swiglu(M, x, y, t_out, w_gate, w_up, w_down, weight_threshold):
+def _pure_swiglu(M, x, y, t_out, w_gate, w_up, w_down, weight_threshold, normalisation="row"):
     dH = route(M, w_down, np.asarray(t_out, dtype=object) - np.asarray(y, dtype=object),
-               weight_threshold)
+               weight_threshold, normalisation)
     both = np.concatenate([np.asarray(w_gate, dtype=object), np.asarray(w_up, dtype=object)],
                           axis=1)
     return np.asarray(x, dtype=object) + route(M, both, np.concatenate([dH, dH], axis=-1),
-                                               weight_threshold)
+                                               weight_threshold, normalisation)
 
 
 def _link_budget(M, actual, target):
@@ -208,6 +240,18 @@ def _layer_rate(M, lr, budget, depth_scale_factor, depth):
 def _local_update(M, jt_gap, batch):
     # jt_gap = J_θᵀ (t − y): the parameter VJP of the gap through this layer only
     return np.asarray(jt_gap, dtype=object) / batch
+
+
+def _loom_update(M, x, gap, batch):
+    """Loom's Dense delta rule: (d_W, d_b) = (xᵀ gap / B, Σ gap / B), every leading axis of
+    ``x (..., in)`` and ``gap (..., out)`` summed (no activation derivative)."""
+    x = np.asarray(x, dtype=object)
+    gap = np.asarray(gap, dtype=object)
+    rows_x = x.reshape(-1, x.shape[-1])
+    rows_g = gap.reshape(-1, gap.shape[-1])
+    d_w = np.matmul(rows_x.T, rows_g) / batch
+    d_b = M.sum(rows_g, axis=0) / batch
+    return np.asarray(d_w, dtype=object), np.asarray(d_b, dtype=object)
 
 
 def _momentum(M, w, vel, update, rate, momentum):
@@ -263,21 +307,28 @@ TARGETPROP_RULES = MappingProxyType({r.name: r for r in (
     _R("route", "N(W, v)[i] = Σ_j W[i,j] v[j] / Σ_j |W[i,j]| if Σ_j |W[i,j]| > θ else 0",
        lambda M, W, v, weight_threshold: route(M, W, v, weight_threshold),
        {"W": (2, 2), "v": (1, 2)}, ("weight_threshold",)),
+    _R("route_column", "N(W, v)[i] = Σ_j W[i,j] v[j] / Σ_k |W[k,j]| (columns with Σ_k |W[k,j]| "
+       "<= θ left out)",
+       lambda M, W, v, weight_threshold: route(M, W, v, weight_threshold, "column"),
+       {"W": (2, 2), "v": (1, 2)}, ("weight_threshold",)),
     _R("pure_dense", "t_in = N(W, t_out)", _pure_dense, {"W": (2, 2), "t_out": (1, 2)},
-       ("weight_threshold",)),
+       ("weight_threshold",), {"normalisation": "row"}),
     _R("pure_rnn", "D_t = E_t + N(w_hh, D_{t+1}); t_in[:, t] = x[:, t] + N(w_ih, D_t)",
        _pure_rnn, {"x": (1, 2, 1), "y": (1, 2), "t_out": (1, 2), "w_ih": (1, 2),
-                   "w_hh": (2, 2)}, ("weight_threshold",), {"return_sequences": False}),
+                   "w_hh": (2, 2)}, ("weight_threshold",),
+       {"return_sequences": False, "normalisation": "row"}),
     _R("pure_lstm", "D_t = E_t + N(w_hh, [D_{t+1}]×4); t_in[:, t] = x[:, t] + N(w_ih, [D_t]×4)",
        _pure_lstm, {"x": (1, 2, 1), "y": (1, 1), "t_out": (1, 1), "w_ih": (1, 4),
-                    "w_hh": (1, 4)}, ("weight_threshold",), {"return_sequences": False}),
+                    "w_hh": (1, 4)}, ("weight_threshold",),
+       {"return_sequences": False, "normalisation": "row"}),
     _R("pure_attention", "δA = N(w_o, t − y); δV_h = N(P_hᵀ, δA_h); t_in = x + N(w_v, δV)",
        _pure_attention, {"x": (1, 2, 1), "y": (1, 2, 1), "t_out": (1, 2, 1),
                          "P": (1, 1, 2, 2), "w_o": (1, 1), "w_v": (1, 1)},
-       ("weight_threshold",), {"heads": 1}),
+       ("weight_threshold",), {"heads": 1, "normalisation": "row"}),
     _R("pure_swiglu", "δH = N(w_down, t − y); t_in = x + N([w_gate | w_up], [δH | δH])",
        _pure_swiglu, {"x": (1, 2), "y": (1, 1), "t_out": (1, 1), "w_gate": (2, 1),
-                      "w_up": (2, 1), "w_down": (1, 1)}, ("weight_threshold",)),
+                      "w_up": (2, 1), "w_down": (1, 1)}, ("weight_threshold",),
+       {"normalisation": "row"}),
     _R("link_budget", "b = (cos(y, t) + 1)/2, 0 when |y|·|t| = 0 (rounded to float64)",
        _link_budget, {"actual": (2,), "target": (2,)}),
     _R("gap", "RMS(y − t)", _gap, {"actual": (2,), "target": (2,)}),
@@ -286,6 +337,8 @@ TARGETPROP_RULES = MappingProxyType({r.name: r for r in (
        ("lr", "budget", "depth_scale_factor"), {"depth": 2}),
     _R("local_update", "d_θ = (1/B) J_θᵀ (t − y)", _local_update, {"jt_gap": (2,)},
        ("batch",)),
+    _R("loom_update", "Dense: d_W = (1/B) xᵀ (t − y), d_b = (1/B) Σ (t − y)", _loom_update,
+       {"x": (2, 2), "gap": (2, 2)}, ("batch",)),
     _R("momentum", "v ← μ v + (1 − μ) r d ; θ ← θ + v", _momentum,
        {"w": (1,), "vel": (1,), "update": (1,)}, ("rate", "momentum")),
 )})
@@ -317,6 +370,10 @@ def resolve_config(config=None):
     if not isinstance(out["use_chain_rule"], (bool, np.bool_)):
         raise TypeError(f"TargetProp: use_chain_rule must be True or False, got "
                         f"{out['use_chain_rule']!r}")
+    for key, choices in (("update", UPDATES), ("normalisation", NORMALISATIONS)):
+        if out[key] not in choices:
+            raise ValueError(f"TargetProp: {key} must be one of {', '.join(map(repr, choices))}, "
+                             f"got {out[key]!r}")
     for key in ("gradient_scale", "depth_scale_factor", "budget_threshold", "momentum",
                 "weight_threshold"):
         v = out[key]
@@ -545,20 +602,21 @@ def forward(model_config, params, x, dps=50):
     return _round(trace.outputs, dps)
 
 
-def pure_input_target(M, kind, cfg, p, x, y, t_out, weight_threshold, P=None):
+def pure_input_target(M, kind, cfg, p, x, y, t_out, weight_threshold, P=None,
+                      normalisation="row"):
     """The pure-mode target of a layer's input, by layer type (the ``pure_*`` rules)."""
     if kind == "Dense":
-        return _pure_dense(M, p["weight"], t_out, weight_threshold)
+        return _pure_dense(M, p["weight"], t_out, weight_threshold, normalisation)
     if kind in ("RNN", "LSTM"):
         fn = _pure_rnn if kind == "RNN" else _pure_lstm
         return fn(M, x, y, t_out, p["w_ih"], p["w_hh"], cfg.get("return_sequences", False),
-                  weight_threshold)
+                  weight_threshold, normalisation)
     if kind == "MultiHeadAttention":
         return _pure_attention(M, x, y, t_out, P, p["w_o"], p["w_v"], cfg["heads"],
-                               weight_threshold)
+                               weight_threshold, normalisation)
     if kind == "SwiGLU":
         return _pure_swiglu(M, x, y, t_out, p["w_gate"], p["w_up"], p["w_down"],
-                            weight_threshold)
+                            weight_threshold, normalisation)
     raise ValueError(f"pure_input_target: unsupported layer {kind!r}")
 
 
@@ -578,7 +636,7 @@ def _backward(trace, target, cfg, input_target):
         else:
             t_in = pure_input_target(MPMATH, leaf.kind, leaf.config, p, x, trace.outputs[l],
                                      targets[l], mpmath.mpf(cfg["weight_threshold"]),
-                                     trace.probabilities[l])
+                                     trace.probabilities[l], cfg["normalisation"])
             g_in = t_in - x
         if l > 0:
             targets[l - 1], gradients[l - 1] = t_in, g_in
@@ -655,18 +713,38 @@ def layer_rate(lr, budget, depth, config=None):
     return ok, float(r)
 
 
-def local_updates(model_config, params, x, backward_targets, dps=50):
-    """Per layer, ``{local param name: d_θ}`` with d_θ = (1/B) J_θᵀ (t − y), exactly.
+def check_update(chain, update):
+    """Refuse ``update="loom"`` for a chain with a layer other than Dense (Loom's delta rule
+    is stated for a weight matrix fed by the layer's input)."""
+    if update == "loom":
+        for leaf in chain:
+            if leaf.kind != "Dense":
+                where = leaf.prefix.rstrip(".") or "the model"
+                raise ValueError(f"TargetProp: update='loom' (Loom's delta = lr·input·gap) is "
+                                 f"a Dense rule; layer {leaf.kind!r} at {where!r} has none: use "
+                                 "update='gradient' for this model")
+
+
+def local_updates(model_config, params, x, backward_targets, dps=50, config=None):
+    """Per layer, ``{local param name: d_θ}``, exactly: d_θ = (1/B) J_θᵀ (t − y) with
+    ``update="gradient"`` (default), Loom's d_W = (1/B) xᵀ (t − y), d_b = (1/B) Σ (t − y) with
+    ``update="loom"`` (Dense layers only).
 
     ``backward_targets`` are the layers' output targets (e.g. from :func:`backward`).
     """
     dps = _check_dps(dps)
+    update = resolve_config(config)["update"]
+    check_update(leaves(model_config), update)
     out = []
     with mpmath.workdps(dps + GUARD_DIGITS):
         trace = _forward(model_config, params, x)
         for leaf, p, xi, y, t in zip(trace.leaves, trace.params, trace.inputs, trace.outputs,
                                      backward_targets):
             e = _exact(t, "target") - y
+            if update == "loom":
+                d_w, d_b = _loom_update(MPMATH, xi, e, xi.shape[0])
+                out.append({"weight": d_w, "bias": d_b})
+                continue
             names = list(p)
 
             def fn(*values, leaf=leaf, xi=xi, names=names):
@@ -699,7 +777,7 @@ def apply(model_config, params, x, backward_targets, velocities, lr, config=None
     acts = forward(model_config, params, x, dps)
     budgets = [link_budget(a, t, dps) for a, t in zip(acts, backward_targets)]
     gaps = [gap(a, t, dps) for a, t in zip(acts, backward_targets)]
-    updates = local_updates(model_config, params, x, backward_targets, dps)
+    updates = local_updates(model_config, params, x, backward_targets, dps, cfg)
     velocities = dict(velocities or {})
     new_params, new_vel, updated, rates = {}, {}, [], []
     with mpmath.workdps(dps + GUARD_DIGITS):
@@ -820,14 +898,16 @@ def _prove_fixed_point():
     for name in ("pure_rnn", "pure_lstm", "pure_attention", "pure_swiglu"):
         rule = TARGETPROP_RULES[name]
         args, _ = rule.symbolic()
-        args = dict(args)
-        args["t_out"] = args["y"]
-        result = rule.apply(SYMPY, **args)
-        if any(SYMPY.sp.simplify(r - xv) != 0 for r, xv in zip(result.reshape(-1),
-                                                              args["x"].reshape(-1))):
-            return False, "symbolic", f"{name}: t_in != x when t_out = y"
+        for normalisation in NORMALISATIONS:
+            args = dict(args, normalisation=normalisation)
+            args["t_out"] = args["y"]
+            result = rule.apply(SYMPY, **args)
+            if any(SYMPY.sp.simplify(r - xv) != 0 for r, xv in zip(result.reshape(-1),
+                                                                  args["x"].reshape(-1))):
+                return False, "symbolic", f"{name} ({normalisation}): t_in != x when t_out = y"
         checked.append(name)
-    return True, "symbolic", f"t_out = y ⇒ t_in = x for {', '.join(checked)}"
+    return True, "symbolic", (f"t_out = y ⇒ t_in = x for {', '.join(checked)}, row and column "
+                              "normalisation")
 
 
 def _prove_momentum():
@@ -895,6 +975,55 @@ def _prove_link_budget():
                            "zero norm 0"
 
 
+def _prove_normalisations():
+    """What each normalisation means, for a 2x3 W of positive symbols (every sum above θ = 0):
+
+    - row (Loom's engine): a constant target c on every output gives every input the target c
+      (each input's target is a weighted *average* of the outputs it feeds);
+    - column (Loom's document): the inputs' targets sum to the outputs' (each output's target is
+      *shared out* over its inputs in proportion to the weights).
+    """
+    sp = SYMPY.sp
+    W = np.array([sp.Symbol(f"w{i}", positive=True) for i in range(6)], dtype=object).reshape(2, 3)
+    v = _symbols(sp, "v", (1, 3))
+    c = sp.Symbol("c", real=True)
+    row = route(SYMPY, W, np.full((1, 3), c, dtype=object), 0, "row")
+    if any(sp.simplify(r - c) != 0 for r in row.reshape(-1)):
+        return False, "symbolic", "row: a constant output target is not every input's target"
+    col = route(SYMPY, W, v, 0, "column")
+    if sp.simplify(sum(col.reshape(-1)) - sum(v.reshape(-1))) != 0:
+        return False, "symbolic", "column: the inputs' targets do not sum to the outputs'"
+    return True, "symbolic", "row averages (constant c ↦ c), column conserves the sum (W > 0)"
+
+
+def _prove_loom_update():
+    """Loom's delta rule equals the gradient form exactly when the Dense layer is linear: for
+    ``activation="linear"``, (d_W, d_b) of ``loom_update`` = −∂/∂(W, b) of (1/2B) Σ (y − t)²
+    (SymPy); with tanh they differ by the activation derivative."""
+    sp = SYMPY.sp
+    x, W, b, t = (_symbols(sp, n, s) for n, s in (("x", (2, 2)), ("W", (2, 2)), ("b", (2,)),
+                                                  ("t", (2, 2))))
+    rng = np.random.default_rng(3)
+    for activation in ("linear", "tanh"):
+        y = layer_forward(SYMPY, "Dense", {"activation": activation}, {"weight": W, "bias": b},
+                          x)
+        loss = sum((y - t).reshape(-1) ** 2) / (2 * 2)
+        d_w, d_b = _loom_update(SYMPY, x, t - y, 2)
+        diffs = [-sp.diff(loss, W[idx]) - d_w[idx] for idx in np.ndindex(W.shape)] + \
+            [-sp.diff(loss, b[j]) - d_b[j] for j in range(2)]
+        if activation == "linear":
+            if any(sp.expand(d) != 0 for d in diffs):
+                return False, "symbolic", "linear: loom_update != the gradient of the local loss"
+            continue
+        # tanh: the two differ (by the activation derivative) at a random point
+        symbols = sorted(set().union(*(d.free_symbols for d in diffs)), key=str)
+        point = {z: sp.Rational(int(v), 7) for z, v in zip(symbols,
+                                                          rng.integers(-7, 8, len(symbols)))}
+        if all(abs(float(d.subs(point))) < 1e-12 for d in diffs):
+            return False, "symbolic", "tanh: loom_update equals the gradient form"
+    return True, "symbolic", "loom_update = −∇ local loss for linear Dense, ≠ for tanh (B = 2)"
+
+
 def prove_targetprop():
     """Check the TargetProp rules against independent statements (SymPy, 50-digit sampling).
 
@@ -902,11 +1031,14 @@ def prove_targetprop():
     -------
     list of ProofResult
         One per claim: ``dense_local_update``, ``chain_rule_signal``, ``pure_fixed_point``,
-        ``momentum``, ``output_target``, ``link_budget``.
+        ``momentum``, ``output_target``, ``link_budget``, ``normalisations``,
+        ``loom_update``.
     """
     return [_proof("dense_local_update", _prove_dense_local_update),
             _proof("chain_rule_signal", _prove_chain_signal),
             _proof("pure_fixed_point", _prove_fixed_point),
             _proof("momentum", _prove_momentum),
             _proof("output_target", _prove_output_targets),
-            _proof("link_budget", _prove_link_budget)]
+            _proof("link_budget", _prove_link_budget),
+            _proof("normalisations", _prove_normalisations),
+            _proof("loom_update", _prove_loom_update)]

@@ -111,10 +111,11 @@ def test_mnist_both_splits_and_dtype(tiny):
     assert both.x_train.dtype == np.float64
 
 
-def test_mnist_missing_folder_and_files_are_named(tmp_path, tiny):
+def test_mnist_missing_folder_and_files_are_named(tmp_path, tiny, monkeypatch):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         datasets.load_mnist("train", tmp_path / "nowhere")
-    with pytest.raises(ValueError, match="path="):
+    monkeypatch.setenv("VERIGRAD_MNIST_DIR", str(tmp_path / "unset"))
+    with pytest.raises(FileNotFoundError, match="VERIGRAD_MNIST_DIR.*does not exist.*download"):
         datasets.load_mnist("train")
     folder, images, labels = tiny
     write_split(folder, "test", images, labels)

@@ -80,9 +80,13 @@ def momentum_step(w, vel, grad, coef, mu):
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FASTMATH)
-def attention_value_route(q, k, lse, dA, heads, scale, causal, threshold, dV):
-    """δV of the pure attention target: per (batch, head), ``δV[s] = Σ_t P[t,s] δA[t] /
-    Σ_t P[t,s]`` where that column sum exceeds ``threshold``, else 0.
+def attention_value_route(q, k, lse, dA, heads, scale, causal, threshold, column, dV):
+    """δV of the pure attention target, per (batch, head).
+
+    Row normalisation (``column`` False): ``δV[s] = Σ_t P[t,s] δA[t] / Σ_t P[t,s]`` where that
+    sum over queries exceeds ``threshold``, else 0. Column normalisation (``column`` True):
+    ``δV[s] = Σ_t P[t,s] δA[t] / Σ_s' P[t,s']``, leaving out the queries whose sum does not
+    exceed ``threshold`` (each sum is 1 up to rounding).
 
     P is recomputed from the forward's log-sum-exp (``P[t,s] = exp(q_t·k_s·scale − lse[t])``,
     0 for masked keys), as the attention backward does.
@@ -103,6 +107,21 @@ def attention_value_route(q, k, lse, dA, heads, scale, causal, threshold, dV):
                         p[t, s] = fexp(dot * scale - np.float64(lse[b, h, t]))
                     else:
                         p[t, s] = 0.0
+            if column:
+                for t in range(steps):
+                    row = 0.0
+                    for s in range(steps):
+                        row += p[t, s]
+                    inv = 1.0 / row if row > threshold else 0.0
+                    for s in range(steps):
+                        p[t, s] *= inv
+                for s in range(steps):
+                    for j in range(dh):
+                        acc = 0.0
+                        for t in range(steps):
+                            acc += p[t, s] * np.float64(dA[b, t, start + j])
+                        dV[b, s, start + j] = acc
+                continue
             for s in range(steps):
                 col = 0.0
                 for t in range(steps):

@@ -11,13 +11,14 @@
 ``register_algorithm`` from here. (There is deliberately no ``fastlib/train.py``: a submodule of
 that name would replace the function ``fastlib.train`` with a module whenever it was imported.)
 """
-from fastlib.training.algorithms import (ALGORITHMS, Algorithm, BatchResult, EpochStats,
-                                         StepContext, TrainConfig, evaluate_model, get_algorithm,
-                                         register_algorithm)
+from fastlib.training.algorithms import (ALGORITHMS, ALIASES, Algorithm, BatchResult,
+                                         EpochStats, StepContext, TrainConfig, algorithm_names,
+                                         evaluate_model, get_algorithm, register_algorithm)
 from fastlib.training.clipping import clip_gradients
 from fastlib.training.early_stopping import PlateauPolicy
 from fastlib.training.loop import TrainingHistorySH, TrainingResult, train, train_sh
 
 __all__ = ["train", "train_sh", "TrainingResult", "TrainingHistorySH", "register_algorithm",
            "get_algorithm", "Algorithm", "ALGORITHMS", "BatchResult", "EpochStats", "StepContext",
-           "TrainConfig", "evaluate_model", "clip_gradients", "PlateauPolicy"]
+           "TrainConfig", "evaluate_model", "clip_gradients", "PlateauPolicy", "ALIASES",
+           "algorithm_names"]

@@ -172,6 +172,9 @@ def register_algorithm(name: str, train_one_batch: Callable, *, needs_targets: b
         raise TypeError(f"train_one_batch for {name!r} must be callable, got "
                         f"{type(train_one_batch).__name__}")
     key = name.strip().lower()
+    if key in ALIASES:
+        raise ValueError(f"{name!r} is an alias of the algorithm {ALIASES[key]!r} (SINGA's name); "
+                         "register your algorithm under another name")
     if key in ALGORITHMS and not overwrite:
         raise ValueError(f"algorithm {key!r} is already registered; pass overwrite=True to "
                          "replace it")
@@ -185,14 +188,26 @@ def register_algorithm(name: str, train_one_batch: Callable, *, needs_targets: b
 # train(algorithm="targetprop") works without importing fastlib.targetprop first.
 _PROVIDERS = {"targetprop": "fastlib.targetprop", "cd": "fastlib.rbm"}
 
+# Other systems' names for the same algorithms (SINGA's job.conf values ``alg: kBP`` and
+# ``alg: kCD``), compared case-insensitively like every algorithm name.
+ALIASES = {"kbp": "bp", "kcd": "cd"}
+
+
+def algorithm_names() -> list[str]:
+    """Every algorithm ``train(algorithm=...)`` accepts by name, sorted, each once: the
+    registered ones and those that register themselves when first asked for (aliases apart)."""
+    return sorted(set(ALGORITHMS) | set(_PROVIDERS))
+
 
 def get_algorithm(name) -> Algorithm:
-    """The registered algorithm ``name`` (case-insensitive), or a ValueError naming close ones."""
+    """The algorithm ``name`` (case-insensitive; SINGA's ``kBP`` / ``kCD`` are aliases of
+    ``bp`` / ``cd``), or a ValueError listing every known algorithm and the closest name."""
     if isinstance(name, Algorithm):
         return name
     if not isinstance(name, str):
         raise TypeError(f"algorithm must be a registered name, got {type(name).__name__}")
     key = name.strip().lower()
+    key = ALIASES.get(key, key)
     if key not in ALGORITHMS and key in _PROVIDERS:
         import importlib
 
@@ -202,10 +217,15 @@ def get_algorithm(name) -> Algorithm:
             raise ValueError(f"algorithm {key!r} is provided by {_PROVIDERS[key]}, which could "
                              f"not be imported ({exc})") from None
     if key not in ALGORITHMS:
-        close = difflib.get_close_matches(key, list(ALGORITHMS) + list(_PROVIDERS), n=2)
-        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-        raise ValueError(f"unknown training algorithm {name!r}{hint}; registered: "
-                         f"{', '.join(sorted(ALGORITHMS))}; add one with register_algorithm()")
+        known = algorithm_names()
+        # NOTE: one suggestion, from the names and the aliases (an alias is shown as the name it
+        # stands for, so no name can be suggested twice)
+        close = difflib.get_close_matches(key, known + list(ALIASES), n=1)
+        hint = f" (did you mean {ALIASES.get(close[0], close[0])!r}?)" if close else ""
+        aliases = ", ".join(f"{a[0]}{a[1:].upper()} = {b}" for a, b in ALIASES.items())
+        raise ValueError(f"unknown training algorithm {name!r}{hint}; known: "
+                         f"{', '.join(known)} (aliases: {aliases}); add one with "
+                         "register_algorithm()")
     return ALGORITHMS[key]
 
 

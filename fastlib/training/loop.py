@@ -42,7 +42,9 @@ __all__ = ["train", "train_sh", "TrainingResult", "TrainingHistorySH"]
 class TrainingResult:
     """What ``train`` returns (Loom's TrainingResult plus DataCode's histories).
 
-    Epochs are numbered from 1; every history has one entry per completed epoch.
+    Epochs are numbered from 1; every history has one entry per completed epoch. It unpacks
+    like DataCode's return value, ``loss_history, accuracy_history = train(...)``, and keeps
+    every field below.
 
     Attributes
     ----------
@@ -90,6 +92,10 @@ class TrainingResult:
     divergence_rule: str | None = None
     skipped_steps: int = 0
     fused: bool = False
+
+    def __iter__(self):
+        """``(loss_history, accuracy_history)``: DataCode's ``model.train`` returns this pair."""
+        return iter((self.loss_history, self.accuracy_history))
 
 
 @dataclass
@@ -162,8 +168,13 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     optimizer : str or fastlib.optim.Optimizer
         ``SGD Momentum NAG Adagrad RMSprop Adam AdamW`` or an instance with hyperparameters.
     gradient_clip : float
-        0 (off) or the clipping threshold; ``clip_mode`` ``"value"`` (elementwise clamp) or
-        ``"norm"`` (global L2 norm).
+        0 (off) or the clipping threshold c.
+    clip_mode : {"value", "norm"}
+        ``"value"`` (default): clamp every gradient element to [-c, c], what Loom's engine
+        does. ``"norm"``: when the global L2 norm of all gradients together exceeds c, scale
+        them all by c / norm, what Loom's training document describes ("clips gradient
+        norms") and what ``torch.nn.utils.clip_grad_norm_`` does. Either mode keeps the
+        non-finite guard (a NaN/Inf gradient skips the step).
     shuffle : bool
         Draw a new sample order every epoch from ``numpy.random.default_rng(seed)``.
     seed : int
@@ -173,7 +184,8 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
         training runs on the CPU kernels with a warning (the fused CUDA training path is a
         separate piece of work).
     algorithm : str
-        A registered algorithm (``"bp"``; see :func:`fastlib.register_algorithm`).
+        A registered algorithm: ``"bp"``, ``"targetprop"``, ``"cd"`` or your own (see
+        :func:`fastlib.register_algorithm`); SINGA's ``"kBP"`` / ``"kCD"`` are aliases.
     callbacks : iterable
         Objects with ``on_epoch_end(epoch, logs)`` (or callables ``f(epoch, logs)``); ``logs``
         has ``loss acc val_loss val_acc lr epoch_time``. Returning True stops training.
@@ -200,13 +212,16 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
         gradient beyond 1e8); a dict overrides some (``{"max_weight": 1e9}``, a rule set to None
         is off); False turns them all off (a non-finite loss still stops training).
     **algorithm_options
-        Options for the algorithm, in ``ctx.config.extra`` (e.g. ``cd_k=1``). ``"bp"`` takes
+        Options for the algorithm, in ``ctx.config.extra`` (e.g. ``cd_k=1``; ``"targetprop"``
+        takes the fields of ``fastlib.TargetPropConfig``, e.g. ``use_chain_rule=False,
+        update="loom", normalisation="column"``). ``"bp"`` takes
         ``fused`` (default True): False turns off the whole-epoch compiled path for
         Sequential-of-Dense MLPs and trains batch by batch through the layers.
 
     Returns
     -------
     TrainingResult
+        Unpacks as ``(loss_history, accuracy_history)``, DataCode's pair.
     """
     loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,

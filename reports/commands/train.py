@@ -8,8 +8,6 @@ is held out for validation (``--val-fraction``); the test split is scored once a
 from __future__ import annotations
 
 import argparse
-import os
-import pathlib
 import sys
 import time
 
@@ -18,7 +16,6 @@ import numpy as np
 # per-data defaults for the options left unset
 DATA_DEFAULTS = {"digits": {"epochs": 20, "batch_size": 32},
                  "mnist": {"epochs": 5, "batch_size": 32}}
-DEFAULT_MNIST_DIR = pathlib.Path("..") / "shared" / "data" / "mnist"
 
 
 def _hidden(text):
@@ -33,7 +30,7 @@ def _hidden(text):
 
 
 def add_arguments(parser):
-    """The options of ``verigrad train`` (issue 5 §7)."""
+    """The options of ``verigrad train``."""
     a = parser.add_argument
     a("--data", choices=("digits", "mnist"), default="digits",
       help="data set (default digits: bundled with scikit-learn, no download)")
@@ -53,12 +50,20 @@ def add_arguments(parser):
     a("--device", choices=("cpu", "cuda"), default="cpu")
     a("--algorithm", default="bp",
       help="registered training algorithm: bp (default), targetprop, cd (an RBM with "
-           "--hidden's first width on the images alone)")
+           "--hidden's first width on the images alone); SINGA's kBP and kCD also work")
     a("--pure", action="store_true",
       help="with --algorithm targetprop: pure targets through the weights, not the chain rule")
+    a("--update", choices=("gradient", "loom"), default="gradient",
+      help="with --algorithm targetprop: each layer's update, the gradient of its gap "
+           "(default) or Loom's delta lr x input x gap (Dense layers)")
+    a("--normalisation", choices=("row", "column"), default="row",
+      help="with --algorithm targetprop --pure: divide each route by the input row's total "
+           "|weight| (default, Loom's engine) or the output column's (Loom's document)")
     a("--cd-k", type=int, default=1, help="with --algorithm cd: Gibbs steps of CD-k (default 1)")
     a("--gradient-clip", type=float, default=0.0, help="0 (off) or the clipping threshold")
-    a("--clip-mode", choices=("value", "norm"), default="value")
+    a("--clip-mode", choices=("value", "norm"), default="value",
+      help="value (default): clamp each gradient element to [-c, c], as Loom's engine; norm: "
+           "scale all gradients when their global L2 norm exceeds c, as Loom's document")
     a("--val-fraction", type=float, default=0.1,
       help="stratified part of the training split held out for validation (default 0.1)")
     a("--early-stopping", action="store_true",
@@ -77,8 +82,8 @@ def _load(args, dtype):
 
     if args.data == "digits":
         return datasets.load_digits(None, dtype=dtype)
-    folder = args.data_dir or os.environ.get("VERIGRAD_MNIST_DIR") or DEFAULT_MNIST_DIR
-    return datasets.load_mnist(None, folder, dtype=dtype)
+    # no --data-dir: load_mnist's own lookup ($VERIGRAD_MNIST_DIR, else ../shared/data/mnist)
+    return datasets.load_mnist(None, args.data_dir, dtype=dtype)
 
 
 def _targets(loss, y, classes):
@@ -165,7 +170,11 @@ def _run(args) -> int:
     import fastlib
     from fastlib import datasets, losses
 
+    from fastlib.training import ALIASES
+
     t0 = time.perf_counter()
+    # SINGA's kBP / kCD name the same algorithms as bp / cd (the RBM path below keys on "cd")
+    args.algorithm = ALIASES.get(args.algorithm.strip().lower(), args.algorithm)
     dtype = np.dtype(args.dtype)
     defaults = DATA_DEFAULTS[args.data]
     epochs = defaults["epochs"] if args.epochs is None else args.epochs
@@ -178,8 +187,11 @@ def _run(args) -> int:
         train, val = datasets.Split(data.x_train, data.y_train), None
     if args.algorithm.lower() == "cd":
         return _run_cd(args, data, train, val, epochs, batch_size, dtype, t0)
-    if args.pure and args.algorithm.lower() != "targetprop":
-        raise ValueError("--pure only applies to --algorithm targetprop")
+    if args.algorithm.lower() != "targetprop":
+        for flag, used in (("--pure", args.pure), ("--update", args.update != "gradient"),
+                           ("--normalisation", args.normalisation != "row")):
+            if used:
+                raise ValueError(f"{flag} only applies to --algorithm targetprop")
     loss = losses.resolve_loss(args.loss)
     y_train = _targets(loss, train.y, classes)
     y_val = None if val is None else _targets(loss, val.y, classes)
@@ -208,7 +220,8 @@ def _run(args) -> int:
                   device=args.device, algorithm=args.algorithm, callbacks=[_Table(out)],
                   verbose=False, checkpoint=args.checkpoint, resume=args.resume)
     if args.algorithm.lower() == "targetprop":
-        common["use_chain_rule"] = not args.pure
+        common.update(use_chain_rule=not args.pure, update=args.update,
+                      normalisation=args.normalisation)
     x_val = None if val is None else val.x
     if args.early_stopping:
         if val is None and args.monitor.startswith("val_"):

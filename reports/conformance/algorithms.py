@@ -86,6 +86,20 @@ def _tp_rows(engine):
             "targetprop", "gate at threshold", "float64", tp.gate_threshold_cases(),
             lambda c: as_result(tp.prop_gate_at_threshold, *c),
             lambda c: _repro("targetprop", "prop_gate_at_threshold", repr(c))))
+    # Loom's switchable rules (update="loom", normalisation="column"), all layer kinds drawn
+    if engine == "fastlib":
+        rows.append(AlgorithmRow(
+            "targetprop", "Loom's rules", "float64",
+            st.tuples(tp.variant_cases(), st.sampled_from([0.01, 0.1])).map(
+                lambda t: (*t[0], t[1])),
+            lambda c: as_result(tp.prop_variant_fastlib_vs_reflib, *c),
+            lambda c: _repro("targetprop", "prop_variant_fastlib_vs_reflib", repr(c))))
+    else:
+        rows.append(AlgorithmRow(
+            "targetprop", "Loom's rules", "float64",
+            tp.variant_cases(small=True).map(lambda t: (*t, 0.1)),
+            lambda c: as_result(tp.prop_variant_reflib_vs_spec, *c),
+            lambda c: _repro("targetprop", "prop_variant_reflib_vs_spec", repr(c))))
     if engine == "reflib":
         rows.append(AlgorithmRow(
             "targetprop", "link budgets", "float64", tp.budget_pairs(),

@@ -402,3 +402,75 @@ def prop_gate_at_threshold(offset, lr):
     params = model.parameters()
     for name, value in ref.parameters().items():
         _close(params[name], value, F64_TOL, f"parameter {name}")
+# Loom's switchable rules: update="loom" (Dense delta rule) and normalisation="column" (the
+# pure routes divided per output column). Same oracles and tolerances as above: the delta rule
+# is one product xᵀ·gap per entry, the column route one division by a sum > θ per output.
+
+VARIANTS = ({"update": "loom"}, {"normalisation": "column"},
+            {"update": "loom", "normalisation": "column"})
+
+
+@st.composite
+def variant_cases(draw, kind=None, small=False):
+    """``(case, options)``: a TargetProp case around a layer of ``kind`` (drawn when None) and
+    a non-default setting of ``update`` / ``normalisation`` with ``use_chain_rule``.
+    ``update="loom"`` is drawn on Dense-only models (its rule is Dense's); a column
+    normalisation in pure mode (where routes are used)."""
+    choices = VARIANTS if kind in (None, "Dense") else ({"normalisation": "column"},)
+    options = dict(draw(st.sampled_from(choices)))
+    if options.get("update") == "loom":
+        kind = "Dense"
+    elif kind is None:
+        kind = draw(st.sampled_from(KINDS))
+    options["use_chain_rule"] = (False if "normalisation" in options else
+                                 draw(st.booleans()))
+    return draw(tp_cases(kind, small=small)), options
+
+
+def _run_variant(engine, case, options, lr, steps):
+    """``steps`` TargetProp steps with ``options`` on a copy of the case's model (fastlib or
+    the reflib twin)."""
+    mod, model = (ft, _fast_copy(case.model)) if engine == "fastlib" else (rt, twin(case.model))
+    state = mod.TargetPropState(model, mod.TargetPropConfig(**options))
+    for _ in range(steps):
+        mod.targetprop_forward(model, state, case.x)
+        mod.targetprop_backward(model, state, case.target, input_target=True)
+        state.calculate_link_budgets()
+        mod.apply_targetprop_gaps(model, state, lr)
+    return model, state
+
+
+def prop_variant_fastlib_vs_reflib(case, options, lr, steps=2):
+    """With Loom's switchable rules: targets, budgets, gates, rates, velocities and parameters
+    of ``steps`` full steps agree (fastlib vs reflib)."""
+    model, fs = _run_variant("fastlib", case, options, lr, steps)
+    ref, rs = _run_variant("reflib", case, options, lr, steps)
+    for l in range(len(rs.layers)):
+        _close(fs.backward_targets[l], rs.backward_targets[l], F64_TOL, f"backward_targets[{l}]")
+    _close(fs.input_target, rs.input_target, F64_TOL, "input_target")
+    assert fs.updated == rs.updated, f"gates differ: {fs.updated} vs {rs.updated}"
+    _close(fs.layer_rates, rs.layer_rates, F64_TOL, "layer_rates")
+    params = model.parameters()
+    floor = _velocity_scale(rs.velocities)
+    for name, value in ref.parameters().items():
+        _close(params[name], value, F64_TOL, f"parameter {name}")
+        _close(fs.velocities[name], rs.velocities[name], F64_TOL, f"velocity {name}", floor)
+
+
+def prop_variant_reflib_vs_spec(case, options, lr):
+    """With Loom's switchable rules: reflib's targets and one apply equal the spec's exact
+    ones."""
+    old = {k: np.array(v, dtype=np.float64) for k, v in case.model.parameters().items()}
+    ref, rs = _run_variant("reflib", case, options, lr, 1)
+    exact = stp.backward(case.model.get_config(), old, case.x, case.target, options,
+                         dps=SPEC_DPS, input_target=True)
+    for l in range(len(rs.layers)):
+        _close(rs.backward_targets[l], exact["backward_targets"][l], F64_TOL,
+               f"backward_targets[{l}]")
+    _close(rs.input_target, exact["input_target"], F64_TOL, "input_target")
+    step = stp.apply(case.model.get_config(), old, case.x, rs.backward_targets, None, lr,
+                     options, dps=SPEC_DPS)
+    assert rs.updated == step["updated"], f"gates differ: {rs.updated} vs {step['updated']}"
+    _close(rs.layer_rates, step["rates"], F64_TOL, "rates")
+    for name, value in ref.parameters().items():
+        _close(value, step["params"][name], F64_TOL, f"parameter {name}")
