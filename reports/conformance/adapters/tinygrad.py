@@ -59,7 +59,10 @@ def tinygrad_ops(Tensor, nn):
         axes = numpy_axes(axis, x.ndim)
         if axis is not None and not axes:
             return x.clone()
-        return getattr(x, method)(axis=axes if axis is not None else None, keepdim=keepdims)
+        if axis is None:
+            return getattr(x, method)(axis=None, keepdim=keepdims)
+        # NOTE: one axis as an int: tinygrad's logsumexp accepts no tuple of axes
+        return getattr(x, method)(axis=axes[0] if len(axes) == 1 else axes, keepdim=keepdims)
 
     def rms_norm(x, eps=1e-6):
         return nn.RMSNorm(x.shape[-1], eps=eps, elementwise_affine=False)(x)
