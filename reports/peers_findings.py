@@ -125,12 +125,13 @@ def worst_element(engine, ex):
         idx = np.unravel_index(int(np.nanargmax(ratio)), ratio.shape)
         if best is None or ratio[idx] > best[0]:
             best = (float(ratio[idx]), what, tuple(int(i) for i in idx), float(g64[idx]),
-                    float(hi[idx]), float(lo[idx]), float(diff[idx]))
-    _, what, idx, value, hi, lo, diff = best
+                    float(hi[idx]), float(lo[idx]), float(diff[idx]),
+                    float(np.asarray(adm, np.float64)[idx]))
+    _, what, idx, value, hi, lo, diff, adm = best
     scale = max(abs(hi), tiny)
     entry = {"kind": "failure", "what": what, "index": list(idx), "engine_value": value,
              "exact_hi": hi, "exact_lo": lo, "abs_error": diff,
-             "error_eps": diff / (eps * scale)}
+             "error_eps": diff / (eps * scale), "admissible_abs": adm * eps}
     entry.update(_convention(ex, what, idx, value, grads))
     return entry
 
@@ -201,8 +202,10 @@ def rebuild_case(case):
     if "special" in case:
         return special_values.special_cases(case["op"], case["dtype"])[case["special"]]
     inputs = tuple(np.array(x, dtype=d) for x, d in zip(case["inputs"], case["input_dtypes"]))
+    # JSON turns the tuple params (axis, axes, shape) into lists: turn them back
+    params = {k: tuple(v) if isinstance(v, list) else v for k, v in case["params"].items()}
     return OpExample(case["op"], inputs, np.array(case["grad"], dtype=case["dtype"]),
-                     dict(case["params"]), 0, False, case["label"])
+                     params, 0, False, case["label"])
 
 
 def find(engine_names=PEERS, ops=None, examples=10, seed=0, progress=None):
@@ -260,21 +263,32 @@ def _inputs_text(entry, ex):
 
 
 def markdown(doc):
-    """The findings table (one row per finding) as Markdown."""
-    lines = ["| engine | op | dtype | check | kind | element | inputs | engine value | exact "
-             "| error |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """The findings table as Markdown: per engine, op and dtype, the worst failing call.
+
+    A row shows the worst finding of its (engine, op, dtype) (a contract finding first, then
+    the largest error) and how many checks failed there; ``findings.json`` keeps them all.
+    """
+    groups = {}
     for e in doc["findings"]:
-        version = doc["engines"][e["engine"]]["version"]
+        groups.setdefault((e["engine"], e["op"], e["dtype"]), []).append(e)
+
+    def severity(e):
+        return (e["kind"] == "contract", e["kind"] == "failure", e.get("error_eps") or 0.0)
+
+    lines = ["| engine | op | dtype | checks failing | kind | worst element | inputs there | "
+             "engine value | exact | error |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (engine, op, dtype), entries in groups.items():
+        e = max(entries, key=severity)
+        head = (f"| {engine} {doc['engines'][engine]['version']} | {op} | {dtype} | "
+                f"{len(entries)} ({', '.join(x['check'] for x in entries)}) |")
         ex = rebuild_case(e["case"])
         if e["kind"] == "contract":
-            lines.append(f"| {e['engine']} {version} | {e['op']} | {e['dtype']} | {e['check']} "
-                         f"| contract | {e['what']} | {_inputs_text(e, ex)} | {e['note']} "
+            lines.append(f"{head} contract | {e['what']} | {_inputs_text(e, ex)} | {e['note']} "
                          f"| - | - |")
             continue
-        kind = "convention" if e["kind"] == "convention" else "**failure**"
-        note = f" ({e['note']})" if e["kind"] == "convention" else ""
-        lines.append(f"| {e['engine']} {version} | {e['op']} | {e['dtype']} | {e['check']} | "
-                     f"{kind}{note} | {e['what']}{list(e['index'])} | {_inputs_text(e, ex)} | "
+        kind = f"convention: {e['note']}" if e["kind"] == "convention" else "**failure**"
+        lines.append(f"{head} {kind} | {e['what']}{list(e['index'])} | {_inputs_text(e, ex)} | "
                      f"{e['engine_value']:.9g} | {e['exact_hi']:.9g} | {e['error_eps']:.3g} eps "
                      f"(abs {e['abs_error']:.3g}) |")
     return "\n".join(lines) + "\n"

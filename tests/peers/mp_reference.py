@@ -80,8 +80,8 @@ FORMULAS = {
         lambda v: v if v > 0 else mpmath.mpf(negative_slope) * v)(x),
     "silu": lambda x: _v(lambda v: v / (1 + mpmath.exp(-v)))(x),
     "gelu": lambda x: _v(lambda v: v / 2 * (1 + mpmath.erf(v / SQRT2())))(x),
-    "gelu_tanh": lambda x: _v(lambda v: v / 2 * (1 + mpmath.tanh(
-        mpmath.sqrt(2 / mpmath.pi) * (v + mpmath.mpf(0.044715) * v ** 3))))(x),
+    "gelu_tanh": lambda x: _v(lambda v: v / 2 * (1 + mpmath.tanh(  # constant: the decimal
+        mpmath.sqrt(2 / mpmath.pi) * (v + mpmath.mpf("0.044715") * v ** 3))))(x),
     "tanh": lambda x: _v(mpmath.tanh)(x),
     "sigmoid": lambda x: _v(lambda v: 1 / (1 + mpmath.exp(-v)))(x),
     "softplus": lambda x: _v(lambda v: mpmath.log(1 + mpmath.exp(v)))(x),

@@ -86,7 +86,9 @@ def test_finding_holds(entry, monkeypatch):
 
     what = "output" if entry["what"] == "output" else (
         "grad", spec.OPS[ex.name].inputs.index(entry["what"][3:]))
-    exact = exact_element(ex.name, ex.inputs, ex.grad, ex.params, what, entry["index"])
+    exact = _on_kink(engine, ex, what, entry["index"])
+    if exact is None:
+        exact = exact_element(ex.name, ex.inputs, ex.grad, ex.params, what, entry["index"])
     with mpmath.workdps(40):
         recorded_exact = mpmath.mpf(entry["exact_hi"]) + mpmath.mpf(entry["exact_lo"])
         # the table's exact value agrees with the independent one to ~30 digits
@@ -96,11 +98,11 @@ def test_finding_holds(entry, monkeypatch):
             assert not math.isfinite(entry["abs_error"])
             return
         error = float(abs(mpmath.mpf(value) - exact))
-    eps = float(np.finfo(np.dtype(entry["dtype"])).eps)
     assert math.isclose(error, entry["abs_error"], rel_tol=1e-6), \
         f"independent error {error!r}, table {entry['abs_error']!r}"
-    # and it is a real failure: far outside a few eps of the exact value
-    assert error > 4 * eps * float(abs(exact)) or exact == 0 and error > 0
+    # and it is a failure: outside the error the suite admits at that element
+    assert error > entry["admissible_abs"], \
+        f"error {error!r} is within the admissible {entry['admissible_abs']!r}"
 
 
 def _check_convention(engine, entry, ex, value):
@@ -120,3 +122,46 @@ def _check_convention(engine, entry, ex, value):
     assert lo <= value / g <= hi                       # a subgradient at the kink
     registry_value = {"relu": 0.0, "abs": 0.0}.get(ex.name, slopes[0])
     assert value != registry_value * g                 # and not the registry's choice
+
+
+def _reduce_to(x, shape):
+    x = np.asarray(x, dtype=object)
+    while x.ndim > len(shape):
+        x = np.asarray(x.sum(axis=0), dtype=x.dtype)
+    for axis, n in enumerate(shape):
+        if n == 1 and x.shape[axis] != 1:
+            x = x.sum(axis=axis, keepdims=True)
+    return x
+
+
+def _on_kink(engine, ex, what, index):
+    """The registry's value at an element on a kink (no derivative exists there), after
+    checking that the engine's value is no subgradient at all; None off the kinks."""
+    if what == "output" or ex.name not in ("relu", "abs", "leaky_relu", "maximum"):
+        return None
+    idx = tuple(index)
+    if ex.name == "maximum":
+        a, b = (np.asarray(x, np.float64) for x in ex.inputs)
+        g = np.asarray(ex.grad, np.float64)
+        af, bf = np.broadcast_arrays(a, b)
+        if not (af == bf).any():
+            return None
+        da, db = (np.asarray(v, np.float64) for v in peers_findings._engine_arrays(engine, ex)[1])
+        # every subgradient sends each entry's g to a or b in shares summing to 1
+        assert not math.isclose(da.sum() + db.sum(), g.sum(), rel_tol=1e-6), \
+            "the tie rule is a valid subgradient: this is a convention, not a failure"
+        with mpmath.workdps(60):                             # sum the shares exactly
+            gm = np.frompyfunc(mpmath.mpf, 1, 1)(g)
+            registry_value = _reduce_to(gm * (af >= bf), a.shape) if what[1] == 0 else \
+                _reduce_to(gm * (af < bf), b.shape)
+            return mpmath.mpf(registry_value[idx])
+    x = float(np.asarray(ex.inputs[0], np.float64)[idx])
+    if x != 0.0:
+        return None
+    g = float(np.asarray(ex.grad, np.float64)[idx])
+    slope = ex.params.get("negative_slope", 0.01)
+    lo, hi = {"relu": (0.0, 1.0), "abs": (-1.0, 1.0), "leaky_relu": (slope, 1.0)}[ex.name]
+    value = _element(engine, ex, f"d/d{__import__('spec').OPS[ex.name].inputs[0]}", idx)
+    assert g == 0 or not lo <= value / g <= hi, "a subgradient: a convention, not a failure"
+    with mpmath.workdps(60):    # the slope is the float passed in, times g, exactly
+        return {"relu": 0, "abs": 0}.get(ex.name, mpmath.mpf(slope)) * mpmath.mpf(g)
