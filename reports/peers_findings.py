@@ -280,8 +280,9 @@ def markdown(doc):
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (engine, op, dtype), entries in groups.items():
         e = max(entries, key=severity)
+        labels = dict.fromkeys(x["check"].split("(", 1)[-1].rstrip(")") for x in entries)
         head = (f"| {engine} {doc['engines'][engine]['version']} | {op} | {dtype} | "
-                f"{len(entries)} ({', '.join(x['check'] for x in entries)}) |")
+                f"{len(entries)}: {', '.join(labels)} |")
         ex = rebuild_case(e["case"])
         if e["kind"] == "contract":
             lines.append(f"{head} contract | {e['what']} | {_inputs_text(e, ex)} | {e['note']} "
