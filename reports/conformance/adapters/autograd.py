@@ -25,6 +25,7 @@ from reports.conformance.engines import FLOAT32, FLOAT64
 __all__ = ["AutogradEngine", "autograd_ops", "COMPOSED"]
 
 COMPOSED = {
+    "identity": "no identity in autograd: x + 0",
     "relu": "no relu in autograd: np.maximum(x, 0)",
     "leaky_relu": "no leaky_relu in autograd: np.where(x > 0, x, slope * x)",
     "silu": "no silu in autograd: x * expit(x)",
