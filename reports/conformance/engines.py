@@ -288,7 +288,7 @@ ENGINES = {
                     "PaddlePaddle (CPU) through paddle.grad",
                     lambda: _package_reason("paddle", "paddle")),
         _Registered("tinygrad", "reports.conformance.adapters.tinygrad:TinygradEngine",
-                    "tinygrad through Tensor.gradient (CPU backend needs clang; else PYTHON)",
+                    "tinygrad through Tensor.gradient (DEV=PYTHON; DEV=CPU needs clang)",
                     lambda: _package_reason("tinygrad", "tinygrad")),
         _Registered("mygrad", "reports.conformance.adapters.mygrad:MygradEngine",
                     "MyGrad through Tensor.backward", lambda: _package_reason("mygrad", "mygrad")),
