@@ -990,6 +990,10 @@ def measure_op(name, engines, config):
 # ---------------------------------------------------------------------------------------------
 # the whole report
 
+PEER_DISTRIBUTIONS = {"paddle": "paddlepaddle", "tinygrad": "tinygrad", "mygrad": "mygrad",
+                      "autograd": "autograd"}
+
+
 def versions(engine_names=()):
     """Versions of everything measured: Python, platform, the numeric stack, engines."""
     out = {"python": sys.version.split()[0], "platform": platform.platform(),
@@ -1006,6 +1010,12 @@ def versions(engine_names=()):
             out[name] = importlib.import_module(name).__version__
         except Exception:  # noqa: BLE001 - a package that is absent is reported as such
             out[name] = "not installed"
+    for name, dist in PEER_DISTRIBUTIONS.items():   # peers: tinygrad has no __version__
+        if name in engine_names:
+            try:
+                out[name] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                out[name] = "not installed"
     out["git_commit"] = _git_commit()
     return out
 

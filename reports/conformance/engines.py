@@ -287,6 +287,18 @@ ENGINES = {
         _Registered("jax", "reports.conformance.adapters.jax:JaxEngine",
                     "JAX (CPU, x64 enabled) through jax.vjp",
                     lambda: _package_reason("jax", "jax")),
+        # the peers: other people's autograds, each an optional extra (docs/engines.md)
+        _Registered("paddle", "reports.conformance.adapters.paddle:PaddleEngine",
+                    "PaddlePaddle (CPU) through paddle.grad",
+                    lambda: _package_reason("paddle", "paddle")),
+        _Registered("tinygrad", "reports.conformance.adapters.tinygrad:TinygradEngine",
+                    "tinygrad through Tensor.gradient (DEV=PYTHON; DEV=CPU needs clang)",
+                    lambda: _package_reason("tinygrad", "tinygrad")),
+        _Registered("mygrad", "reports.conformance.adapters.mygrad:MygradEngine",
+                    "MyGrad through Tensor.backward", lambda: _package_reason("mygrad", "mygrad")),
+        _Registered("autograd", "reports.conformance.adapters.autograd:AutogradEngine",
+                    "HIPS autograd through autograd.make_vjp",
+                    lambda: _package_reason("autograd", "autograd")),
     )
 }
 

@@ -23,7 +23,8 @@ from reports.conformance.strategies import OpExample, make_example
 
 def test_registry_names_and_statuses():
     statuses = engines.available_engines()
-    assert [s.name for s in statuses] == ["reflib", "fastlib", "fastlib-cuda", "torch", "jax"]
+    assert [s.name for s in statuses] == ["reflib", "fastlib", "fastlib-cuda", "torch", "jax",
+                                          "paddle", "tinygrad", "mygrad", "autograd"]
     for s in statuses:
         assert s.available == (s.reason == ""), s
         assert s.description
@@ -153,7 +154,8 @@ def test_completeness_claims_tested_both_ways(plugin_file):
 
 def test_builtin_engines_support_every_registry_op():
     for status in engines.available_engines():
-        if not status.available:
+        # the peers declare what they lack (MyGrad has no erf for gelu); tests/peers checks them
+        if not status.available or status.name in ("paddle", "tinygrad", "mygrad", "autograd"):
             continue
         engine = engines.get_engine(status.name)
         for name in spec.OPS:

@@ -1,0 +1,194 @@
+"""PaddlePaddle (CPU) as an engine: stock ``paddle`` / ``paddle.nn.functional`` ops, VJPs by
+``paddle.grad`` (dynamic graph mode). Install: ``pip install 'verigrad[paddle]'``.
+
+Every op is one stock call with the stock defaults (``F.softplus``'s ``threshold=20``,
+``paddle.maximum``'s tie rule, ...); nothing is corrected. Composed, and why (``COMPOSED``):
+
+- ``identity``: Paddle has no identity op; ``paddle.assign`` (a differentiable copy);
+- ``layer_norm`` of a 1-D input: Paddle's norm needs a leading axis, so the adapter adds one
+  of size 1 and takes it off again (a reshape; no value changes);
+- ``rms_norm``: ``F.rms_norm`` has no CPU kernel, so ``x * rsqrt(mean(square(x)) + eps)``;
+- ``sum`` / ``mean`` / ``logsumexp`` with ``axis=()``: NumPy reduces no axis, Paddle reads an
+  empty axis list as every axis, so the adapter copies with ``paddle.assign`` there;
+- the targets of ``categorical_cross_entropy``, ``binary_cross_entropy`` and
+  ``binary_cross_entropy_with_logits``: Paddle's losses treat the target as a label and give
+  it no gradient; the forward and the logits' (probabilities') gradient are the stock loss's,
+  the target's gradient is ``paddle.grad`` of the loss's target-dependent term.
+
+Optimizers (``paddle.optimizer``): SGD, RMSProp (ε inside the square root, as the registry),
+Adam and AdamW are run step by step; their state is read from the optimizer's accumulators.
+Momentum (``v = βv + g``, no (1 − β)) and Adagrad (ε outside the root) follow other
+equations and are declared unsupported with that reason; NAG has no Paddle optimizer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from reports.conformance.adapters._peer import PeerEngine, numpy_axes, slice_index
+from reports.conformance.engines import FLOAT32, FLOAT64
+
+__all__ = ["PaddleEngine", "paddle_ops", "COMPOSED"]
+
+COMPOSED = {
+    "identity": "Paddle has no identity op: paddle.assign (a differentiable copy)",
+    "layer_norm": "a 1-D input gets a leading axis of 1 (Paddle's norms reject 1-D input)",
+    "rms_norm": "F.rms_norm has no CPU kernel in Paddle (\"The kernel `rms_norm` is not "
+                "registered\"): x * rsqrt(mean(square(x), -1) + eps) from Paddle's ops",
+    "sum": "axis=() reduces nothing in NumPy but everything in Paddle: paddle.assign there",
+    "mean": "axis=() reduces nothing in NumPy but everything in Paddle: paddle.assign there",
+    "logsumexp": "axis=() reduces nothing in NumPy but everything in Paddle: paddle.assign "
+                 "there",
+    "categorical_cross_entropy": "F.cross_entropy(soft_label=True) gives the target no "
+                                 "gradient: d/dtarget from paddle.grad of -sum(t*log_softmax(z))/N",
+    "binary_cross_entropy": "F.binary_cross_entropy gives the target no gradient: d/dtarget "
+                            "from paddle.grad of -mean(t*(log p - log1p(-p)))",
+    "binary_cross_entropy_with_logits": "F.binary_cross_entropy_with_logits gives the target "
+                                        "no gradient: d/dtarget from paddle.grad of -mean(z*t)",
+}
+
+
+def paddle_ops(paddle):
+    """The op table: registry name -> function of Paddle tensors (params as keywords)."""
+    F = paddle.nn.functional
+
+    def reduce(fn, x, axis, keepdims):
+        axes = numpy_axes(axis, x.ndim)
+        if axis is not None and not axes:
+            return paddle.assign(x)
+        return fn(x, axis=list(axes) if axis is not None else None, keepdim=keepdims)
+
+    def last_axis(fn, x):
+        # NOTE: Paddle's norms reject a 1-D input (begin_norm_axis must be > 0): a leading
+        # axis of 1 is added and taken off again, which changes no value.
+        return fn(x) if x.ndim > 1 else fn(x.reshape([1, -1])).reshape(x.shape)
+
+    return {
+        "neg": paddle.neg, "exp": paddle.exp, "log": paddle.log, "sqrt": paddle.sqrt,
+        "square": paddle.square, "abs": paddle.abs, "relu": F.relu,
+        "leaky_relu": lambda x, negative_slope=0.01: F.leaky_relu(x, negative_slope),
+        "silu": F.silu, "gelu": lambda x: F.gelu(x, approximate=False),
+        "gelu_tanh": lambda x: F.gelu(x, approximate=True),
+        "tanh": paddle.tanh, "sigmoid": F.sigmoid, "softplus": F.softplus,
+        "identity": paddle.assign,
+        "add": paddle.add, "sub": paddle.subtract, "mul": paddle.multiply,
+        "div": paddle.divide, "maximum": paddle.maximum,
+        "sum": lambda x, axis=None, keepdims=False: reduce(paddle.sum, x, axis, keepdims),
+        "mean": lambda x, axis=None, keepdims=False: reduce(paddle.mean, x, axis, keepdims),
+        "logsumexp": lambda x, axis=None, keepdims=False: reduce(paddle.logsumexp, x, axis,
+                                                                 keepdims),
+        "matmul": paddle.matmul,
+        "transpose": lambda x, axes=None: paddle.transpose(
+            x, list(axes) if axes is not None else list(reversed(range(x.ndim)))),
+        "reshape": lambda x, shape: paddle.reshape(x, list(shape)),
+        "concat": lambda a, b, axis=-1: paddle.concat([a, b], axis=axis),
+        "slice": lambda x, **p: x[slice_index(x.ndim, **p)],
+        "softmax": lambda x, axis=-1: F.softmax(x, axis=axis),
+        "log_softmax": lambda x, axis=-1: F.log_softmax(x, axis=axis),
+        "layer_norm": lambda x, eps=1e-5: last_axis(
+            lambda v: F.layer_norm(v, v.shape[-1:], epsilon=eps), x),
+        # F.rms_norm has no CPU kernel ("The kernel `rms_norm` is not registered"): composed
+        "rms_norm": lambda x, eps=1e-6: x * paddle.rsqrt(
+            paddle.mean(paddle.square(x), axis=-1, keepdim=True) + eps),
+        "mse": F.mse_loss,
+        "cross_entropy": lambda z, t: F.cross_entropy(z, t.reshape([-1, 1])),
+        "categorical_cross_entropy": lambda z, t: F.cross_entropy(z, t, soft_label=True),
+        "binary_cross_entropy": F.binary_cross_entropy,
+        "binary_cross_entropy_with_logits": F.binary_cross_entropy_with_logits,
+    }
+
+
+def paddle_label_parts(paddle):
+    """Target-dependent terms of the losses whose stock target gets no gradient."""
+    F = paddle.nn.functional
+    return {
+        "categorical_cross_entropy": ((1,), lambda z, t: -paddle.sum(
+            t * F.log_softmax(z.detach(), axis=-1)) / z.shape[0]),
+        "binary_cross_entropy": ((1,), lambda p, t: -paddle.mean(
+            t * (paddle.log(p.detach()) - paddle.log1p(-p.detach())))),
+        "binary_cross_entropy_with_logits": ((1,), lambda z, t: -paddle.mean(z.detach() * t)),
+    }
+
+
+_OPTIMIZER_REASONS = {
+    "Momentum": "paddle.optimizer.Momentum updates v = beta*v + g (no (1 - beta) on g)",
+    "NAG": "Paddle has no optimizer in the registry's look-ahead form (Momentum's "
+           "use_nesterov is another form)",
+    "Adagrad": "paddle.optimizer.Adagrad puts epsilon outside the square root (registry: "
+               "inside)",
+}
+# registry name -> (Paddle accumulator name -> registry state name)
+_STATE = {"SGD": {}, "RMSprop": {"mean_square": "E"},
+          "Adam": {"moment1": "m", "moment2": "v"}, "AdamW": {"moment1": "m", "moment2": "v"}}
+
+
+class PaddleEngine(PeerEngine):
+    """PaddlePaddle (CPU, dynamic graph) through ``paddle.grad``."""
+
+    name = "paddle"
+    dtypes = (FLOAT32, FLOAT64)
+    description = "PaddlePaddle (CPU) through paddle.grad"
+    composed = COMPOSED
+    optimizers = tuple(_STATE)
+    optimizer_reasons = _OPTIMIZER_REASONS
+
+    def __init__(self):
+        import paddle
+
+        paddle.set_device("cpu")
+        paddle.disable_static()
+        self._paddle = paddle
+        self.ops = paddle_ops(paddle)
+        self.label_parts = paddle_label_parts(paddle)
+        self._live = None      # (state dict returned last, parameter, optimizer)
+
+    def _tensor(self, array, differentiable):
+        return self._paddle.to_tensor(array, stop_gradient=not differentiable)
+
+    def _numpy(self, tensor):
+        return np.array(tensor.numpy())
+
+    def _gradients(self, out, wanted, grad):
+        grads = self._paddle.grad([out], wanted, [self._paddle.to_tensor(grad)],
+                                  allow_unused=True)
+        return [None if g is None else np.array(g.numpy()) for g in grads]
+
+    def _optimizer_step(self, name, w, g, state, t, **hyper):
+        """One step of the Paddle optimizer; a trajectory keeps one optimizer alive.
+
+        Paddle's optimizers keep their state internally (moments and the powers of beta), so
+        step 1 builds the parameter and optimizer and later steps of the same trajectory
+        (recognised by the state dict this method returned) reuse them.
+        """
+        paddle = self._paddle
+        w = np.asarray(w)
+        live = self._live
+        if t == 1 or live is None or state is not live[0]:
+            p = paddle.create_parameter(list(w.shape), dtype=str(w.dtype))
+            opt = self._make(name, p, hyper)
+        else:
+            _, p, opt = live
+        p.set_value(np.array(w))
+        p.grad = None
+        p._set_grad_ivar(paddle.to_tensor(np.array(g, dtype=w.dtype)))
+        opt.step()
+        new_state = {}
+        for acc, key in _STATE[name].items():
+            new_state[key] = np.array(opt._accumulators[acc][p.name].numpy())
+        self._live = (new_state, p, opt)
+        return np.array(p.numpy()), new_state
+
+    def _make(self, name, p, hyper):
+        opt = self._paddle.optimizer
+        lr = hyper.get("lr")
+        if name == "SGD":
+            return opt.SGD(learning_rate=lr if lr is not None else 0.01, parameters=[p])
+        if name == "RMSprop":
+            return opt.RMSProp(learning_rate=lr if lr is not None else 0.001,
+                               rho=hyper.get("gamma", 0.9), epsilon=hyper.get("eps", 1e-8),
+                               parameters=[p])
+        kwargs = dict(learning_rate=lr if lr is not None else 0.001,
+                      beta1=hyper.get("beta1", 0.9), beta2=hyper.get("beta2", 0.999),
+                      epsilon=hyper.get("eps", 1e-8), parameters=[p])
+        if name == "AdamW":
+            return opt.AdamW(weight_decay=hyper.get("weight_decay", 0.01), **kwargs)
+        return opt.Adam(**kwargs)

@@ -1,0 +1,76 @@
+"""The peer machinery without the peers (runs in the default suite, in milliseconds).
+
+The registry names each peer and says how to install a missing one; the findings script's
+convention rule accepts another subgradient at a kink and rejects a gradient that is not one
+(mygrad dropping a tied gradient, a doubled one); the independent mpmath reference the peer
+tests rely on gets known derivatives right.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import mpmath
+import numpy as np
+import pytest
+
+from mp_reference import exact_element
+from reports import peers_findings
+from reports.conformance import engines as registry
+from reports.conformance.strategies import OpExample
+
+PEERS = {"paddle": "paddle", "tinygrad": "tinygrad", "mygrad": "mygrad",
+         "autograd": "autograd"}
+
+
+@pytest.mark.parametrize("name", sorted(PEERS))
+def test_a_missing_peer_is_unavailable_with_its_install_command(name, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(registry.importlib.util, "find_spec",
+                        lambda pkg, *a: None if pkg == PEERS[name] else real(pkg, *a))
+    status = registry.engine_status(name)
+    assert not status.available
+    assert f"pip install 'verigrad[{name}]'" in status.reason
+    with pytest.raises(registry.EngineUnavailableError, match=f"verigrad\\[{name}\\]"):
+        registry.get_engine(name)
+
+
+def _maximum_case(a, b, g):
+    return OpExample("maximum", (np.array(a), np.array(b)), np.array(g), {}, 0, False, "ties")
+
+
+@pytest.mark.parametrize("grads, kind", [
+    (([0.5, 2.0], [0.5, 0.0]), "convention"),     # split ties evenly (torch, paddle)
+    (([0.0, 2.0], [1.0, 0.0]), "convention"),     # all to the second argument
+    (([0.0, 2.0], [0.0, 0.0]), "failure"),        # the tied gradient dropped
+    (([1.0, 2.0], [1.0, 0.0]), "failure"),        # the tied gradient doubled
+])
+def test_maximum_ties_are_a_convention_only_when_the_split_sums_to_one(grads, kind):
+    ex = _maximum_case([3.0, 5.0], [3.0, 1.0], [1.0, 2.0])
+    da, db = (np.array(g) for g in grads)
+    found = peers_findings._convention(ex, "d/da", (0,), float(da[0]), (da, db))
+    assert found.get("kind", "failure") == kind
+
+
+@pytest.mark.parametrize("op, x, value, kind", [
+    ("relu", 0.0, 1.0, "convention"), ("relu", 0.0, 0.5, "convention"),
+    ("relu", 0.0, 2.0, "failure"), ("abs", 0.0, -1.0, "convention"),
+    ("leaky_relu", 0.0, 1.0, "convention"), ("leaky_relu", 0.0, 0.0, "failure"),
+    ("relu", 1e-300, 0.0, "failure"),           # off the kink nothing is a convention
+])
+def test_kinks_accept_exactly_the_subgradients(op, x, value, kind):
+    ex = OpExample(op, (np.array([x]),), np.array([1.0]), {}, 0, False, "kinks")
+    found = peers_findings._convention(ex, "d/dx", (0,), value, (np.array([value]),))
+    assert found.get("kind", "failure") == kind
+
+
+@pytest.mark.parametrize("op, inputs, grad, what, index, expected", [
+    ("sigmoid", [np.array([0.0])], np.array([1.0]), ("grad", 0), (0,), mpmath.mpf(1) / 4),
+    # BCE with logits at z = 0: d/dz = (sigmoid(0) - t) / N = (0.5 - 0.3) / 2
+    ("binary_cross_entropy_with_logits", [np.array([0.0, 1.0]), np.array([0.3, 0.7])],
+     np.array(1.0), ("grad", 0), (0,), mpmath.mpf("0.1")),
+    ("log_softmax", [np.array([[-1e4, 1e4]])], None, "output", (0, 0), mpmath.mpf(-2e4)),
+    ("sum", [np.full(4096, 2.0 ** -54)], None, "output", (), mpmath.mpf(2) ** -42),
+])
+def test_the_independent_reference_gets_known_values(op, inputs, grad, what, index, expected):
+    got = exact_element(op, inputs, grad, {}, what, index)
+    assert abs(got - expected) <= abs(expected) * mpmath.mpf(10) ** -30 + mpmath.mpf(10) ** -70
