@@ -399,32 +399,30 @@ loss_rows = kernel(
 # the guarded step: finiteness and norm, clipping, update -- decided on the device
 
 def _sumsq_body(g, out, base):
-    # out[base + 2b] = sum of squares of block b's elements, out[base + 2b + 1] = the count of
-    # its non-finite elements (a NaN's square is NaN, so the two are kept apart)
-    shared = cuda.shared.array(_RB, float64)
-    tid = cuda.threadIdx.x
+    # Thread k of the grid writes out[base + 2k] = the sum of squares of the elements it visits
+    # and out[base + 2k + 1] = how many of them are not finite (a NaN's square is NaN, so the
+    # two are kept apart). Per-thread partials need no barrier; the finalizer adds them.
+    k = cuda.grid(1)
+    stride = cuda.gridsize(1)
     acc = 0.0
     bad = 0.0
-    i = cuda.blockIdx.x * cuda.blockDim.x + tid
+    i = k
     while i < g.shape[0]:
         v = float64(g[i])
         if v != v or v == math.inf or v == -math.inf:
             bad += 1.0
         else:
             acc += v * v
-        i += cuda.gridDim.x * cuda.blockDim.x
-    total = block_sum(shared, acc)
-    count = block_sum(shared, bad)
-    if tid == 0:
-        out[base + 2 * cuda.blockIdx.x] = total
-        out[base + 2 * cuda.blockIdx.x + 1] = count
+        i += stride
+    out[base + 2 * k] = acc
+    out[base + 2 * k + 1] = bad
 
 
 sumsq = kernel(*signatures("void({t}[::1], float64[::1], int64)"))(_sumsq_body)
 
 
 def _guard_finalize_body(sums, n_sums, stats, n_loss, out_at, clip, norm_mode):
-    # One thread. sums: (sum of squares, non-finite count) block pairs of every gradient;
+    # One thread. sums: (sum of squares, non-finite count) pairs of every gradient;
     # stats[0:n_loss] the loss partials. Writes APPLY, SCALE, NORM, GRAD_FINITE at out_at.
     if cuda.grid(1) != 0:
         return

@@ -254,12 +254,13 @@ class DeviceRun:
         tk.loss_rows[blocks, threads](pred.data, yb.data, grad, stats, rows, width,
                                       self.loss_code, 1.0 / n_terms, eps)
         _, grads = self.twin.backward(DT(grad, pred.shape), False)
-        # the guard: sums of squares and non-finite counts, block pairs per gradient
-        sums_blocks = device.config.MAX_GRID
-        sums = device.zeros(2 * sums_blocks * len(self.keys), np.float64)
+        # the guard: per-thread sums of squares and non-finite counts of every gradient
+        sizes = [int(self.params[k].shape[0]) for k in self.keys]
+        grids = [device.grid_1d(n) for n in sizes]
+        offsets = np.cumsum([0] + [2 * b * t for b, t in grids])
+        sums = device.empty(int(offsets[-1]), np.float64)
         for i, k in enumerate(self.keys):
-            g = _flat(grads[k])
-            tk.sumsq[sums_blocks, device.config.REDUCE_BLOCK](g, sums, 2 * sums_blocks * i)
+            tk.sumsq[grids[i]](_flat(grads[k]), sums, int(offsets[i]))
         tk.guard_finalize[1, 1](sums, sums.shape[0], stats, blocks, 2 * blocks,
                                 float(cfg.gradient_clip), int(cfg.clip_mode == "norm"))
         clip, norm_mode = float(cfg.gradient_clip), int(cfg.clip_mode == "norm")
