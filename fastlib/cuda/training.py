@@ -275,7 +275,9 @@ class DeviceRun:
         tk.advance[1, 1](d_t, stats, 2 * blocks)
         self.binding.stale = True
         host = _read(stats)  # the one readback of the step
-        loss = float(np.sum(host[:blocks])) / n_terms
+        # the mean in float64, rounded once to the dtype: the CPU loss kernels' value (a float32
+        # loss beyond 3.4e38 is inf there too, which stops training at the same step)
+        loss = float(dt.type(float(np.sum(host[:blocks])) / n_terms))
         correct = None
         if self.loss_code != tk.MSE:
             hits = float(np.sum(host[blocks:2 * blocks]))
