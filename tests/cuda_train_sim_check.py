@@ -30,7 +30,7 @@ import numpy as np
 
 REL = 1e-12  # float64 device vs CPU, relative to the largest parameter (see the docstring)
 
-DEFAULT = ("frame:one readback per step", "frame:host stale until synchronised",
+DEFAULT = ("frame:one readback per step", "frame:one readback per epoch", "frame:host stale until synchronised",
            "frame:to_host copies each weight once", "frame:host read synchronises",
            "frame:save synchronises", "frame:resume is bit for bit",
            "guard:non-finite gradient skips the step", "guard:non-finite loss restores",
@@ -93,12 +93,23 @@ def run_frame(report):
     fastlib.train(cpu, x, y, 1, 2, 0.1, "cross_entropy", **quiet)
     want = cpu.parameters()
 
+    from fastlib.cuda.training import DeviceRun
+
+    DeviceRun.default_readback = "step"
+    try:
+        with CopyCounter() as copies:
+            r = fastlib.train(_mlp(), x, y, 1, 2, 0.1, "cross_entropy", device="cuda", **quiet)
+    finally:
+        DeviceRun.default_readback = "epoch"
+    report("frame:one readback per step", copies.count == 2 and len(r.loss_history) == 1,
+           f"{copies.count} device-to-host copies for 2 steps (readback='step')")
     m = _mlp()
     with CopyCounter() as copies:
-        r = fastlib.train(m, x, y, 1, 2, 0.1, "cross_entropy", device="cuda", **quiet)
-    steps = 2
-    report("frame:one readback per step", copies.count == steps and len(r.loss_history) == 1,
-           f"{copies.count} device-to-host copies for {steps} steps")
+        r2 = fastlib.train(m, x, y, 1, 2, 0.1, "cross_entropy", device="cuda", **quiet)
+    same = r2.loss_history == r.loss_history and r2.accuracy_history == r.accuracy_history
+    report("frame:one readback per epoch", copies.count == 1 and same,
+           f"{copies.count} device-to-host copies for 1 epoch of 2 steps; the same loss and "
+           f"accuracy as per-step readback: {same}")
     # the raw host arrays, read without the synchronising property
     store = {f"{i}.{k}": v for i, layer in enumerate(m.layers)
              for k, v in layer.__dict__["_param_store"].items()}

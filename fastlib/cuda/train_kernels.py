@@ -421,9 +421,13 @@ def _sumsq_body(g, out, base):
 sumsq = kernel(*signatures("void({t}[::1], float64[::1], int64)"))(_sumsq_body)
 
 
-def _guard_finalize_body(sums, n_sums, stats, n_loss, out_at, clip, norm_mode):
+def _guard_finalize_body(sums, n_sums, stats, n_loss, out_at, clip, norm_mode, inv_n, limit,
+                         halt):
     # One thread. sums: (sum of squares, non-finite count) pairs of every gradient;
     # stats[0:n_loss] the loss partials. Writes APPLY, SCALE, NORM, GRAD_FINITE at out_at.
+    # The loss counts as finite when its mean fits the dtype (|mean| < limit, the dtype's
+    # largest number: the CPU rounds the float64 mean to the dtype). A non-finite loss sets
+    # halt[0], and no later step of the epoch applies (training stops there, as on the CPU).
     if cuda.grid(1) != 0:
         return
     total = 0.0
@@ -436,21 +440,24 @@ def _guard_finalize_body(sums, n_sums, stats, n_loss, out_at, clip, norm_mode):
     loss = 0.0
     for b in range(n_loss):
         loss += stats[b]
-    loss_ok = not (loss != loss or loss == math.inf or loss == -math.inf)
+    mean = loss * inv_n
+    loss_ok = mean == mean and abs(mean) < limit
+    if not loss_ok:
+        halt[0] = 1
     grad_ok = bad == 0.0
     norm = math.sqrt(total) if grad_ok else math.nan
     s = 1.0
     if norm_mode and grad_ok and clip > 0.0 and norm > clip:
         s = clip / norm
-    stats[out_at + APPLY] = 1.0 if (loss_ok and grad_ok) else 0.0
+    stats[out_at + APPLY] = 1.0 if (loss_ok and grad_ok and halt[0] == 0) else 0.0
     stats[out_at + SCALE] = s
     stats[out_at + NORM] = norm
     stats[out_at + GRAD_FINITE] = 1.0 if grad_ok else 0.0
 
 
 guard_finalize = kernel(
-    "void(float64[::1], int64, float64[::1], int64, int64, float64, int64)")(
-    _guard_finalize_body)
+    "void(float64[::1], int64, float64[::1], int64, int64, float64, int64, float64, float64, "
+    "int64[::1])")(_guard_finalize_body)
 
 
 def _guarded_update_body(kind, w, g, a, b, table, n_coef, t_index, stats, at, clip, norm_mode):

@@ -14,7 +14,11 @@ coefficient table for the epoch's step counts). Per step (one frame):
 6. the guarded update of every parameter (value clamp or norm scale, then the optimizer rule
    of :mod:`.optim`), a no-op when the loss or a gradient is not finite, and the step count
    advanced on the device only when the step applied;
-7. one readback: the partial sums and the guard's four numbers (a few dozen float64 values).
+7. the step's numbers (loss and hit partials, the guard's four) go to its row of a small
+   float64 buffer; the epoch's rows come back in one copy at the end (``readback="epoch"``,
+   the default: nothing in the loop needs them sooner, since a non-finite loss already stops
+   every later update on the device through a halt flag), or each row after its step
+   (``readback="step"``).
 
 Host weights are synchronised on demand: every layer of the model is bound to this run, and
 the layers' parameter dict (``Layer._params``, read by every forward, ``parameters()``,
@@ -105,8 +109,15 @@ class DeviceRun:
         The validated training inputs and targets (``train`` checked them once).
     """
 
-    def __init__(self, ctx, x, y):
+    #: "epoch": one readback per epoch (nothing in the loop needs a step's numbers sooner);
+    #: "step": one readback after every step.
+    default_readback = "epoch"
+
+    def __init__(self, ctx, x, y, readback=None):
         device.require_device()
+        self.readback = readback or self.default_readback
+        if self.readback not in ("epoch", "step"):
+            raise ValueError(f"readback must be 'epoch' or 'step', got {self.readback!r}")
         check_supported(ctx.model, ctx.config.algorithm, ctx.config.extra)
         self.ctx = ctx
         self.model = ctx.model
@@ -191,45 +202,68 @@ class DeviceRun:
     def run_epoch(self, order, stats):
         """Train one epoch on the device; fill ``stats`` (an EpochStats) as the CPU loop does.
 
-        ``order`` is the epoch's sample order (None: in order). Stops at the first batch whose
-        loss is not finite (its update is not applied), recording it in ``stats``.
+        ``order`` is the epoch's sample order (None: in order). Training stops at the first
+        batch whose loss is not finite (its update and every later one are not applied),
+        recorded in ``stats``. With ``readback="epoch"`` (the default) the steps' numbers come
+        back in one copy at the end of the epoch; with ``"step"``, one copy after each step.
         """
         ctx = self.ctx
         bs = ctx.config.batch_size
-        starts = range(0, self.n, bs)
+        starts = list(range(0, self.n, bs))
         idx = np.arange(self.n, dtype=np.int64) if order is None else \
             np.asarray(order, dtype=np.int64)
         d_order = device.put(idx)
         n_coef = self.opt.coefficients(1).shape[0]
         table = device.put(self.opt.coefficient_table(self.t + 1, len(starts), ctx.lr,
                                                       self.dtype))
-        d_t = device.put(np.zeros(1, np.int64))  # steps applied so far this epoch
+        # steps applied so far this epoch, and the halt flag a non-finite loss sets
+        d_t = device.put(np.zeros(1, np.int64))
+        d_halt = device.put(np.zeros(1, np.int64))
+        # one row of numbers per step: loss partials, hit partials, the guard's four
+        self.blocks = device.grid_1d(bs, device.config.REDUCE_BLOCK)[0]
+        width = 2 * self.blocks + 4
+        per_step = self.readback == "step"
+        rows = device.zeros(width * (1 if per_step else len(starts)), np.float64)
         # NOTE: NaN/Inf are reported by the loop (skipped steps, divergence); the simulator's
         # NumPy overflow warnings on the way there would only repeat it less clearly.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            self._epoch(d_order, starts, table, n_coef, d_t, stats)
+            for b, start in enumerate(starts):
+                count = min(bs, self.n - start)
+                row = rows if per_step else rows[b * width:(b + 1) * width]
+                self._step(d_order, start, count, table, n_coef, d_t, d_halt, row)
+                if per_step and not self._account(b, count, _read(rows), stats):
+                    break
+            if not per_step:
+                host = _read(rows).reshape(len(starts), width)  # the epoch's one readback
+                for b, start in enumerate(starts):
+                    if not self._account(b, min(bs, self.n - start), host[b], stats):
+                        break
         ctx.opt_state.t = self.t
         return stats
 
-    def _epoch(self, d_order, starts, table, n_coef, d_t, stats):
-        ctx, bs = self.ctx, self.ctx.config.batch_size
-        for b, start in enumerate(starts):
-            count = min(bs, self.n - start)
-            loss, correct, applied, grad_finite = self._step(d_order, start, count, table,
-                                                             n_coef, d_t)
-            ctx.step += 1
-            if applied:
-                self.t += 1
-            if not math.isfinite(loss):
-                stats.diverged_batch, stats.diverged_loss = b, float(loss)
-                break
-            stats.loss_sum += loss * count
-            stats.count += count
-            if correct is None or stats.correct is None:
-                stats.correct = None
-            else:
-                stats.correct += correct
-            stats.skipped += int(not grad_finite)
+    def _account(self, b, count, row, stats):
+        """Add step ``b``'s numbers to ``stats``; False when its loss was not finite."""
+        blocks, dt = self.blocks, self.dtype
+        n_terms = count if self.categorical else count * self.out_width
+        self.ctx.step += 1
+        guard = row[2 * blocks:]
+        if guard[tk.APPLY] != 0.0:
+            self.t += 1
+        # the mean in float64, rounded once to the dtype: the CPU loss kernels' value (a float32
+        # loss beyond 3.4e38 is inf there too, which stops training at the same step)
+        loss = float(dt.type(float(np.sum(row[:blocks])) / n_terms))
+        if not math.isfinite(loss):
+            stats.diverged_batch, stats.diverged_loss = b, loss
+            return False
+        stats.loss_sum += loss * count
+        stats.count += count
+        if self.loss_code == tk.MSE or stats.correct is None:
+            stats.correct = None
+        else:
+            hits = float(np.sum(row[blocks:2 * blocks]))
+            stats.correct += hits if self.categorical else hits / self.out_width
+        stats.skipped += int(guard[tk.GRAD_FINITE] == 0.0)
+        return True
 
     def _batch(self, d_data, d_order, start, count, shape):
         width = int(np.prod(shape, dtype=np.int64))
@@ -237,22 +271,22 @@ class DeviceRun:
         launch(tk.gather_rows, count * width)(d_data, d_order, out, start, count, width)
         return DT(out, (count,) + tuple(shape))
 
-    def _step(self, d_order, start, count, table, n_coef, d_t):
+    def _step(self, d_order, start, count, table, n_coef, d_t, d_halt, stats):
+        """One frame: batch, forward, loss, backward, guard, update; numbers into ``stats``."""
         cfg, dt = self.ctx.config, self.dtype
         xb = self._batch(self.x, d_order, start, count, self.x_shape)
         yb = self._batch(self.y, d_order, start, count, self.y_shape)
         pred = self.twin.forward(xb)
         rows = pred.shape[0]
         width = int(np.prod(pred.shape[1:], dtype=np.int64))
-        categorical = self.loss_code in (tk.CE, tk.CCE)
-        n_terms = rows if categorical else rows * width
-        blocks, threads = device.grid_1d(rows, device.config.REDUCE_BLOCK)
-        # the step's one readback buffer: loss partials, hit partials, then the guard's four
-        stats = device.zeros(2 * blocks + 4, np.float64)
+        self.out_width = width
+        self.categorical = self.loss_code in (tk.CE, tk.CCE)
+        n_terms = rows if self.categorical else rows * width
+        blocks = self.blocks
         grad = device.empty(rows * width, dt)
         eps = float(np.finfo(dt).eps)
-        tk.loss_rows[blocks, threads](pred.data, yb.data, grad, stats, rows, width,
-                                      self.loss_code, 1.0 / n_terms, eps)
+        tk.loss_rows[blocks, device.config.REDUCE_BLOCK](
+            pred.data, yb.data, grad, stats, rows, width, self.loss_code, 1.0 / n_terms, eps)
         _, grads = self.twin.backward(DT(grad, pred.shape), False)
         # the guard: per-thread sums of squares and non-finite counts of every gradient
         sizes = [int(self.params[k].shape[0]) for k in self.keys]
@@ -261,9 +295,9 @@ class DeviceRun:
         sums = device.empty(int(offsets[-1]), np.float64)
         for i, k in enumerate(self.keys):
             tk.sumsq[grids[i]](_flat(grads[k]), sums, int(offsets[i]))
-        tk.guard_finalize[1, 1](sums, sums.shape[0], stats, blocks, 2 * blocks,
-                                float(cfg.gradient_clip), int(cfg.clip_mode == "norm"))
         clip, norm_mode = float(cfg.gradient_clip), int(cfg.clip_mode == "norm")
+        tk.guard_finalize[1, 1](sums, sums.shape[0], stats, blocks, 2 * blocks, clip, norm_mode,
+                                1.0 / n_terms, float(np.finfo(dt).max), d_halt)
         for k in self.keys:
             slots = [self.slots[s][k] for s in self.opt.state_names]
             while len(slots) < 2:
@@ -274,14 +308,3 @@ class DeviceRun:
                 stats, 2 * blocks, clip, norm_mode)
         tk.advance[1, 1](d_t, stats, 2 * blocks)
         self.binding.stale = True
-        host = _read(stats)  # the one readback of the step
-        # the mean in float64, rounded once to the dtype: the CPU loss kernels' value (a float32
-        # loss beyond 3.4e38 is inf there too, which stops training at the same step)
-        loss = float(dt.type(float(np.sum(host[:blocks])) / n_terms))
-        correct = None
-        if self.loss_code != tk.MSE:
-            hits = float(np.sum(host[blocks:2 * blocks]))
-            correct = hits if categorical else hits / width
-        guard = host[2 * blocks:]
-        return loss, correct, guard[tk.APPLY] != 0.0, guard[tk.GRAD_FINITE] != 0.0
-
