@@ -5,6 +5,8 @@ Run by tests/test_cuda_train.py in a subprocess whose environment has
 
     NUMBA_ENABLE_CUDASIM=1 python tests/cuda_train_sim_check.py [--only SUBSTRING] [--slow]
 
+On a machine with a GPU, the same command without the variable runs the checks on the GPU.
+
 Each line is ``{"check": name, "ok": bool, "detail": str}``; :func:`check_names` lists the
 names without running anything. The simulator is slow (a tiny MLP step takes ~0.3-1 s), so the
 default checks train a handful of steps in all; ``--slow`` adds train_sh and every optimizer.
@@ -65,8 +67,13 @@ class CopyCounter:
     """Counts device-to-host copies by wrapping the simulator's array class (not fastlib's)."""
 
     def __init__(self):
-        from numba.cuda.simulator.cudadrv import devicearray
-        self.cls = devicearray.FakeCUDAArray
+        from fastlib.cuda import config
+        if config.SIMULATOR:
+            from numba.cuda.simulator.cudadrv import devicearray
+            self.cls = devicearray.FakeCUDAArray
+        else:  # a real GPU: numba's device array class
+            from numba.cuda.cudadrv import devicearray
+            self.cls = devicearray.DeviceNDArray
         self.count = 0
 
     def __enter__(self):
@@ -290,13 +297,11 @@ GROUPS = {"frame": run_frame, "resume": run_resume, "guard": run_guards, "clip":
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     only = argv[argv.index("--only") + 1] if "--only" in argv else None
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-        sys.exit("run with NUMBA_ENABLE_CUDASIM=1 in the environment (numba reads it at import)")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.setswitchinterval(1e-4)  # the simulator's barriers poll threads (cuda_sim_check.py)
     import fastlib.cuda as fc
-    if not fc.is_available():
-        sys.exit(f"the CUDA simulator is not active: {fc.unavailable_reason()}")
+    if not fc.is_available():  # without the simulator, the checks run on a real GPU
+        sys.exit(f"no device: {fc.unavailable_reason()}")
 
     def report(check, ok, detail):
         print(json.dumps({"check": check, "ok": bool(ok), "detail": str(detail)}), flush=True)
