@@ -32,7 +32,8 @@ import numpy as np
 
 REL = 1e-12  # float64 device vs CPU, relative to the largest parameter (see the docstring)
 
-DEFAULT = ("frame:one readback per step", "frame:one readback per epoch", "frame:host stale until synchronised",
+DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
+           "frame:host stale until synchronised",
            "frame:to_host copies each weight once", "frame:host read synchronises",
            "frame:save synchronises", "frame:resume is bit for bit",
            "guard:non-finite gradient skips the step", "guard:non-finite loss restores",

@@ -22,7 +22,7 @@ from .dense import DENSE_ACTIVATIONS, _dense_forward_device
 from .elementwise import unary_vjp_device
 from .linalg import gemm_device
 from .norm import LAYER_NORM, RMS_NORM, SOFTMAX, rows_forward_device, rows_vjp_device
-from .structure import gather_device
+from .structure import gather_device, scatter_device
 
 #: A device tensor: a flat C-contiguous device array and the shape it stands for.
 DT = namedtuple("DT", "data shape")
@@ -422,7 +422,6 @@ class DParallel(DSequential):
         self.widths = [o.shape[-1] for o in outs]
         width = sum(self.widths)
         total = device.empty(rows * width, self.dtype)
-        from .structure import scatter_device
         at = 0
         for o, w in zip(outs, self.widths):
             scatter_device(o.data, total, (rows, w), (width, 1), at)
