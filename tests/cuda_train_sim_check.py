@@ -37,8 +37,9 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "frame:to_host copies each weight once", "frame:host read synchronises",
            "frame:save synchronises", "frame:resume is bit for bit",
            "guard:non-finite gradient skips the step", "guard:non-finite loss restores",
-           "clip:value", "clip:norm", "unsupported:custom layer", "unsupported:algorithm")
-SLOW = ("slow:train_sh", "slow:optimizers")
+           "clip:value", "clip:norm", "unsupported:custom layer", "unsupported:algorithm",
+           "layers:every Dense activation")
+SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type")
 
 
 def check_names(slow=False):
@@ -265,7 +266,49 @@ def run_unsupported(report):
         report("unsupported:algorithm", "'cd'" in str(exc) and "CPU" in str(exc), str(exc))
 
 
+def run_activations(report):
+    import fastlib
+    from fastlib.layers import ACTIVATIONS
+
+    # one Parallel branch per activation: a single step runs all ten forward and backward
+    def model():
+        branches = [fastlib.Dense(3, 2, a) for a in ACTIVATIONS]
+        return fastlib.Sequential([fastlib.Parallel(branches), fastlib.Dense(2 * len(branches), 2)],
+                                  dtype=np.float64, seed=3)
+    x, y = _data()
+    cpu, dev = model(), model()
+    kw = dict(optimizer="SGD", verbose=False, seed=1)
+    fastlib.train(cpu, x, y, 1, 2, 0.5, "cross_entropy", **kw)
+    fastlib.train(dev, x, y, 1, 2, 0.5, "cross_entropy", device="cuda", **kw)
+    ok, detail = _close(dev.parameters(), cpu.parameters())
+    report("layers:every Dense activation", ok, f"{sorted(ACTIVATIONS)}: {detail}")
+
+
+def run_every_layer(report):
+    import fastlib
+    from fastlib import layers as L
+
+    def model():
+        return fastlib.Sequential([
+            L.Embedding(5, 4), L.MultiHeadAttention(4, 2, causal=True),
+            L.LSTM(4, 3, return_sequences=True), L.RNN(3, 4, return_sequences=True),
+            L.SwiGLU(4, 3, 4), L.LayerNorm(4), L.RMSNorm(4),
+            L.Parallel([L.Dense(4, 2, "relu"), L.Sequential([L.Dense(4, 2, "gelu")])]),
+            L.RNN(4, 3), L.Dense(3, 3), L.Softmax()], dtype=np.float64, seed=2)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 5, (4, 3))
+    t = np.eye(3)[rng.integers(0, 3, 4)]
+    cpu, dev = model(), model()
+    kw = dict(optimizer="Adam", verbose=False, seed=1)
+    fastlib.train(cpu, x, t, 1, 2, 0.05, "mse", **kw)
+    fastlib.train(dev, x, t, 1, 2, 0.05, "mse", device="cuda", **kw)
+    ok, detail = _close(dev.parameters(), cpu.parameters(), 1e-9)
+    report("slow:every layer type", ok, detail)
+
+
 def run_slow(report):
+    run_every_layer(report)
+
     import fastlib
 
     x, y = _data(6)
@@ -292,7 +335,7 @@ def run_slow(report):
 
 
 GROUPS = {"frame": run_frame, "resume": run_resume, "guard": run_guards, "clip": run_clip,
-          "unsupported": run_unsupported}
+          "unsupported": run_unsupported, "layers": run_activations}
 
 
 def main(argv=None):

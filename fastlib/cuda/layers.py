@@ -16,6 +16,8 @@ from collections import namedtuple
 
 import numpy as np
 
+from fastlib.layers.activations import LEAKY_SLOPE  # Dense's leaky_relu slope: one source
+
 from . import device
 from . import train_kernels as tk
 from .dense import DENSE_ACTIVATIONS, _dense_forward_device
@@ -27,7 +29,6 @@ from .structure import gather_device, scatter_device
 #: A device tensor: a flat C-contiguous device array and the shape it stands for.
 DT = namedtuple("DT", "data shape")
 
-LEAKY_SLOPE = 0.01  # Dense's leaky_relu slope (fastlib.layers.activations.LEAKY_SLOPE)
 
 
 class DeviceUnsupportedError(ValueError):
