@@ -39,7 +39,8 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "guard:non-finite gradient skips the step", "guard:non-finite loss restores",
            "clip:value", "clip:norm", "unsupported:custom layer", "unsupported:algorithm",
            "layers:every Dense activation")
-SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type")
+SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
+        "slow:train_sh resume is bit for bit")
 
 
 def check_names(slow=False):
@@ -306,8 +307,34 @@ def run_every_layer(report):
     report("slow:every layer type", ok, detail)
 
 
+def run_sh_resume(report):
+    import fastlib
+
+    x, y = _data(6)
+    xv, yv = _data(3)
+    kw = dict(verbose=False, seed=4, patience=1, min_delta=0.0, x_val=xv, y_val=yv,
+              device="cuda")
+    full = _mlp()
+    hf = fastlib.train_sh(full, x, y, 4, 3, 0.5, "cross_entropy", "Adam", **kw)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ck.npz")
+        fastlib.train_sh(_mlp(), x, y, 2, 3, 0.5, "cross_entropy", "Adam", checkpoint=path,
+                         **kw)
+        resumed = _mlp()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # epochs differ from the checkpoint's run
+            hr = fastlib.train_sh(resumed, x, y, 4, 3, 0.5, "cross_entropy", "Adam", resume=path,
+                                  **kw)
+    a, b = full.parameters(), resumed.parameters()
+    diff = [k for k in a if not np.array_equal(a[k], b[k])]
+    report("slow:train_sh resume is bit for bit", not diff and hf.lr == hr.lr and
+           hf.best_epoch == hr.best_epoch and hf.restored_best,
+           f"differ: {diff}; lr {hf.lr} vs {hr.lr}; restored best {hf.restored_best}")
+
+
 def run_slow(report):
     run_every_layer(report)
+    run_sh_resume(report)
 
     import fastlib
 
