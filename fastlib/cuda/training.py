@@ -1,4 +1,4 @@
-"""``train(device="cuda")``: the whole training step on the device, one readback per step.
+"""``train(device="cuda")``: the whole training step on the device, one small readback per epoch.
 
 Per run, :class:`DeviceRun` puts the weights, the optimizer state and the training data in
 device memory once. Per epoch it uploads the shuffled sample order (and the optimizer's
@@ -9,8 +9,8 @@ coefficient table for the epoch's step counts). Per step (one frame):
 3. the loss kernel: the gradient of the mean loss, and per-block partial sums of the loss
    terms and of the correct predictions;
 4. backward through the twins;
-5. the guard: per-block sums of squares and non-finite counts of every gradient, reduced by one
-   thread into "apply", the norm-clipping scale, the norm and finiteness;
+5. the guard: per-thread sums of squares and non-finite counts of every gradient, reduced by
+   one thread into "apply", the norm-clipping scale, the norm and finiteness;
 6. the guarded update of every parameter (value clamp or norm scale, then the optimizer rule
    of :mod:`.optim`), a no-op when the loss or a gradient is not finite, and the step count
    advanced on the device only when the step applied;
