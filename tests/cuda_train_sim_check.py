@@ -38,7 +38,7 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "frame:save synchronises", "frame:resume is bit for bit",
            "guard:non-finite gradient skips the step", "guard:non-finite loss restores",
            "clip:value", "clip:norm", "unsupported:custom layer", "unsupported:algorithm",
-           "layers:every Dense activation")
+           "layers:every Dense activation", "losses:all five")
 SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
         "slow:train_sh resume is bit for bit")
 
@@ -285,6 +285,37 @@ def run_activations(report):
     report("layers:every Dense activation", ok, f"{sorted(ACTIVATIONS)}: {detail}")
 
 
+def run_losses(report):
+    import fastlib
+
+    # 16 rows: enough outputs near every decision threshold that a wrong one changes accuracy
+    rng = np.random.default_rng(11)
+    n = 16
+    x = rng.standard_normal((n, 3))
+    targets = {"mse": rng.standard_normal((n, 2)),
+               "cross_entropy": rng.integers(0, 2, n),
+               "categorical_cross_entropy": np.eye(2)[rng.integers(0, 2, n)],
+               "binary_cross_entropy": rng.integers(0, 2, (n, 2)).astype(float),
+               "binary_cross_entropy_with_logits": rng.integers(0, 2, (n, 2)).astype(float)}
+    bad = []
+    for loss, y in targets.items():
+        act = "sigmoid" if loss == "binary_cross_entropy" else "linear"
+
+        def model():
+            return fastlib.Sequential([fastlib.Dense(3, 2, act)], dtype=np.float64, seed=5)
+        cpu, dev = model(), model()
+        kw = dict(optimizer="SGD", verbose=False, shuffle=False)
+        rc = fastlib.train(cpu, x, y, 1, n, 0.5, loss, **kw)
+        rd = fastlib.train(dev, x, y, 1, n, 0.5, loss, device="cuda", **kw)
+        ok, detail = _close(dev.parameters(), cpu.parameters())
+        loss_ok = abs(rd.loss_history[0] - rc.loss_history[0]) <= REL * abs(rc.loss_history[0])
+        acc_ok = rd.accuracy_history == rc.accuracy_history
+        if not (ok and loss_ok and acc_ok):
+            bad.append(f"{loss}: {detail}; loss {rd.loss_history} vs {rc.loss_history}; "
+                       f"accuracy {rd.accuracy_history} vs {rc.accuracy_history}")
+    report("losses:all five", not bad, "; ".join(bad) or "weights, loss and accuracy agree")
+
+
 def run_every_layer(report):
     import fastlib
     from fastlib import layers as L
@@ -362,7 +393,7 @@ def run_slow(report):
 
 
 GROUPS = {"frame": run_frame, "resume": run_resume, "guard": run_guards, "clip": run_clip,
-          "unsupported": run_unsupported, "layers": run_activations}
+          "unsupported": run_unsupported, "layers": run_activations, "losses": run_losses}
 
 
 def main(argv=None):
