@@ -7,7 +7,9 @@ The same engine protocol as every other engine, for every registry op, float32 a
 
 plus what training needs on the device: ``dense_forward`` / ``dense_backward`` (GEMM + bias +
 activation epilogue), ``optimizer_init`` / ``optimizer_update`` (one fused kernel for the seven
-optimizers) and ``to_device`` / ``to_host`` to keep arrays resident.
+optimizers) and ``to_device`` / ``to_host`` to keep arrays resident. ``fastlib.train(...,
+device="cuda")`` runs whole training steps here (:mod:`fastlib.cuda.training`, with the layers'
+device twins in :mod:`fastlib.cuda.layers`).
 
 Where there is no GPU, ``is_available()`` is False, ``unavailable_reason()`` says why in one
 line, and every entry point raises :class:`CudaUnavailableError` (a RuntimeError) with that

@@ -7,6 +7,7 @@ module means one place decides contiguity, dtype and the host/device round trip.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -161,11 +162,18 @@ def index_vectors(shape, strides):
 
     A 0-d shape becomes ``[1]`` / ``[0]`` so kernels always receive a non-empty vector and the
     single index 0 decodes to offset 0.
+
+    NOTE: cached per (shape, strides): kernels only read these vectors, and a training step
+    repeats the same layouts every step, so after the first step its gathers upload nothing
+    (a host-to-device copy from pageable memory would also wait for the queued kernels).
     """
-    shape = [int(d) for d in shape]
-    strides = [int(s) for s in strides]
+    return _index_vectors(tuple(int(d) for d in shape), tuple(int(s) for s in strides))
+
+
+@functools.lru_cache(maxsize=4096)
+def _index_vectors(shape, strides):
     if not shape:
-        shape, strides = [1], [0]
+        shape, strides = (1,), (0,)
     return (cuda.to_device(np.asarray(shape, dtype=np.int64)),
             cuda.to_device(np.asarray(strides, dtype=np.int64)))
 

@@ -153,6 +153,39 @@ class Layer:
         self._out_shape = None  # shape of the last forward's output, checked by backward
 
     # -- parameters ---------------------------------------------------------------------------
+    # NOTE: after train(device="cuda") the newest weights live on the device; the run binds
+    # every layer (``_device_binding``) and marks it stale after each step. Every host read of
+    # the weights goes through this property (forward, backward, parameters(), save, CPU
+    # evaluation), so a stale host copy is synchronised first and never read silently.
+    @property
+    def _params(self):
+        binding = self.__dict__.get("_device_binding")
+        if binding is not None and binding.stale:
+            binding.sync()
+        return self.__dict__["_param_store"]
+
+    @_params.setter
+    def _params(self, value):
+        self.__dict__["_param_store"] = value
+
+    @property
+    def host_is_stale(self):
+        """True when device training has weights newer than this layer's host arrays."""
+        binding = self.__dict__.get("_device_binding")
+        return binding is not None and binding.stale
+
+    def to_host(self):
+        """Copy the weights of ``train(device="cuda")`` back into the host arrays, now.
+
+        Reading the parameters does this on demand anyway; ``to_host`` makes the moment
+        explicit (e.g. before handing the arrays to other code). A no-op for a model trained
+        on the CPU. Returns ``self``.
+        """
+        binding = self.__dict__.get("_device_binding")
+        if binding is not None and binding.stale:
+            binding.sync()
+        return self
+
     def parameters(self):
         """Every parameter keyed by dotted name, depth first, in declaration order.
 

@@ -180,9 +180,11 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     seed : int
         Seeds the run's Generator (shuffling and stochastic algorithms).
     device : {"cpu", "cuda"}
-        ``"cuda"`` without a usable GPU raises ``RuntimeError`` with the reason; with a GPU,
-        training runs on the CPU kernels with a warning (the fused CUDA training path is a
-        separate piece of work).
+        ``"cuda"`` runs every step on the device (``fastlib.cuda.training``: weights, optimizer
+        state and data resident there, one small readback per step; the host weights are
+        synchronised when read). Without a usable GPU (or numba's simulator) it raises
+        ``RuntimeError`` with the reason; a model or algorithm the device cannot run raises
+        ``ValueError`` naming it before training starts. Never falls back to the CPU.
     algorithm : str
         A registered algorithm: ``"bp"``, ``"targetprop"``, ``"cd"`` or your own (see
         :func:`fastlib.register_algorithm`); SINGA's ``"kBP"`` / ``"kCD"`` are aliases.
@@ -293,8 +295,6 @@ def _check_device(device):
         if reason is not None:
             raise RuntimeError(f"device='cuda' is not available: {reason}; train with "
                                "device='cpu'")
-        warnings.warn("device='cuda': fastlib's fused CUDA training path is not part of this "
-                      "build; training runs on the CPU kernels", RuntimeWarning, stacklevel=3)
 
 
 def _as_inputs(model, x, what):
@@ -442,6 +442,13 @@ class _Loop:
             self._resume(resume)
         elif self.algo.init is not None:
             self.algo.init(self.ctx)
+        self.device_run = None
+        if device == "cuda":  # the device step (fastlib.cuda.training); raises before training
+            from fastlib.cuda.training import DeviceRun
+
+            self.device_run = DeviceRun(self.ctx, self.x, self.y)
+            if self.best_params is not None:
+                self.best_params = self.device_run.snapshot_from_host(self.best_params)
 
     # -- checkpoints --------------------------------------------------------------------------
     def _settings(self):
@@ -481,13 +488,17 @@ class _Loop:
                 "initial_loss": self.initial_loss}
 
     def _save_checkpoint(self, epoch):
+        opt_state, best = self.ctx.opt_state, self.best_params
+        if self.device_run is not None:  # host copies of the device's state
+            opt_state = self.device_run.opt_state_to_host()
+            best = None if best is None else self.device_run.snapshot_to_host(best)
         c = ckpt_mod.Checkpoint(
             epoch=epoch, params={}, optimizer=self.opt.get_config(),
-            opt_state=self.ctx.opt_state, rng_state=self.ctx.rng.bit_generator.state,
+            opt_state=opt_state, rng_state=self.ctx.rng.bit_generator.state,
             history=self._histories(), lr=self.ctx.lr, step=self.ctx.step,
             config=self._settings(), algo_state=self.ctx.state,
             policy=None if self.policy is None else self.policy.state_dict(),
-            best_params=self.best_params)
+            best_params=best)
         ckpt_mod.save_checkpoint(self.checkpoint, self.model, c)
 
     def _resume(self, path):
@@ -608,7 +619,7 @@ class _Loop:
         try:
             self._hook("on_train_begin", {"epochs": self.epochs,
                                           "start_epoch": self.start_epoch})
-            last_good = (_snapshot(ctx.params), ctx.opt_state.copy(), self.start_epoch)
+            last_good = self._good_state(self.start_epoch)
             if self.divergence is not None and self.start_epoch == 0:
                 self.initial_loss = self._probe_loss()
         except BaseException:
@@ -622,7 +633,9 @@ class _Loop:
                 t0 = time.perf_counter()
                 order = ctx.rng.permutation(self.x.shape[0]) if self.config.shuffle else None
                 stats = None
-                if self.algo.run_epoch is not None:
+                if self.device_run is not None:
+                    stats = self.device_run.run_epoch(order, EpochStats())
+                elif self.algo.run_epoch is not None:
                     stats = self.algo.run_epoch(ctx, self.x, self.y, order)
                 if stats is None:
                     stats = self._run_batches(order)
@@ -651,7 +664,7 @@ class _Loop:
                         "val_acc": val_acc, "lr": ctx.lr, "epoch_time": dt}
                 stop = self._apply_policy(epoch, logs)
                 stop = self._call_callbacks(epoch, logs) or stop
-                last_good = (_snapshot(ctx.params), ctx.opt_state.copy(), epoch)
+                last_good = self._good_state(epoch)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix({k: f"{v:.4g}" for k, v in logs.items()
@@ -669,7 +682,10 @@ class _Loop:
             if lock is not None:
                 lock.release()
         if self.restore_best and self.best_params is not None:
-            _restore(ctx.params, self.best_params)
+            if self.device_run is not None:
+                self.device_run.restore(self.best_params, with_state=False)
+            else:
+                _restore(ctx.params, self.best_params)
             self.restored_best = True
         r.final_loss = r.loss_history[-1] if r.loss_history else math.nan
         r.total_time = time.perf_counter() - self.t_start
@@ -685,9 +701,16 @@ class _Loop:
                              f"{self.loss_type!r} has no accuracy; monitor a loss instead")
         decision = self.policy.step(value)
         if decision.improved and self.restore_best:
-            self.best_params = _snapshot(self.ctx.params)
+            self.best_params = (_snapshot(self.ctx.params) if self.device_run is None
+                                else self.device_run.snapshot())
         self.ctx.lr = decision.lr
         return decision.reason if decision.stop else None
+
+    def _good_state(self, epoch):
+        """What a divergence puts back: weights, optimizer state, and their epoch."""
+        if self.device_run is not None:  # device copies: no readback per epoch
+            return self.device_run.snapshot(), None, epoch
+        return _snapshot(self.ctx.params), self.ctx.opt_state.copy(), epoch
 
     def _diverged(self, epoch, stats, last_good):
         self._stop_diverged(f"non-finite loss ({stats.diverged_loss}) at epoch {epoch}, batch "
@@ -695,8 +718,11 @@ class _Loop:
 
     def _stop_diverged(self, what, rule, last_good):
         params, opt_state, good_epoch = last_good
-        _restore(self.ctx.params, params)
-        self.ctx.opt_state = opt_state
+        if self.device_run is not None:
+            self.device_run.restore(params)
+        else:
+            _restore(self.ctx.params, params)
+            self.ctx.opt_state = opt_state
         r = self.result
         r.diverged = r.stopped = True
         r.restored_epoch = good_epoch

@@ -8,9 +8,14 @@ same loop: shuffle, forward, loss, backward, Adam step, the last incomplete batc
 
 A measurement runs at most ``--max-steps`` steps and scales the time to a full epoch (said so in
 the output): batch 1 means 60000 steps per epoch, about a minute in PyTorch eager.
+
+``--device cuda`` times ``fastlib.train(..., device="cuda")`` (every step on the GPU) beside
+fastlib's CPU engine and PyTorch on the GPU where torch sees one. Without a GPU it prints one
+line saying so and measures nothing (numba's simulator counts as no GPU: it would time Python).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -36,6 +41,10 @@ def add_arguments(parser):
     a("--data-dir", default=None, help="MNIST folder (default $VERIGRAD_MNIST_DIR or "
                                        "../shared/data/mnist; random data when absent)")
     a("--json", action="store_true", help="print the results as JSON instead of a table")
+    a("--device", choices=("cpu", "cuda"), default="cpu",
+      help="cuda: fastlib on the GPU beside the CPU engine and PyTorch CUDA (default cpu)")
+    # tests only: let --device cuda run on numba's simulator (tiny sizes; timings meaningless)
+    a("--allow-simulator", action="store_true", help=argparse.SUPPRESS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,6 +68,69 @@ def _bench_fastlib(x, y, bs, max_steps, seed=0):
     result = fastlib.train(model, x[:n], y[:n], 1, bs, 1e-3, "cross_entropy", optimizer="Adam",
                            verbose=False, seed=seed)
     return result.epoch_times[0], used
+
+
+def _bench_fastlib_cuda(x, y, bs, max_steps, seed=0):
+    """fastlib.train(device="cuda"); the data's one upload per run is outside the epoch time."""
+    import fastlib
+
+    used, _ = _steps_for(len(x), bs, max_steps)
+    n = min(len(x), used * bs)
+    model = fastlib.Sequential([fastlib.Dense(784, 128, "relu"), fastlib.Dense(128, 10)],
+                               dtype=np.float32, seed=seed)
+    fastlib.train(model, x[:2 * bs], y[:2 * bs], 1, bs, 1e-3, "cross_entropy", optimizer="Adam",
+                  verbose=False, device="cuda")  # warm-up: kernels compile at first launch
+    result = fastlib.train(model, x[:n], y[:n], 1, bs, 1e-3, "cross_entropy", optimizer="Adam",
+                           verbose=False, seed=seed, device="cuda")
+    return result.epoch_times[0], used
+
+
+def _bench_torch_cuda(x, y, bs, max_steps, seed=0):
+    import torch
+
+    used, _ = _steps_for(len(x), bs, max_steps)
+    n = min(len(x), used * bs)
+    torch.manual_seed(seed)
+    dev = torch.device("cuda")
+    model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10)).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    xt = torch.from_numpy(np.ascontiguousarray(x[:n])).to(dev)
+    yt = torch.from_numpy(np.ascontiguousarray(y[:n].reshape(-1))).to(dev)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    order = torch.randperm(n, device=dev)
+    for s in range(0, n, bs):
+        idx = order[s:s + bs]
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(xt[idx]), yt[idx])
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, used
+
+
+def _cuda_engines(args):
+    """(engines for --device cuda, None) or (None, the one line saying why nothing runs)."""
+    import fastlib.cuda as fc
+    from fastlib.cuda import config
+
+    if not fc.is_available():
+        return None, ("verigrad bench train --device cuda: no CUDA GPU here (numba.cuda."
+                      "is_available() is False); nothing measured")
+    if config.SIMULATOR and not args.allow_simulator:
+        return None, ("verigrad bench train --device cuda: no GPU here: only numba's CUDA "
+                      "simulator (NUMBA_ENABLE_CUDASIM=1), whose timings would measure Python")
+    engines = ["fastlib-cuda", "fastlib"]
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            engines.append("torch-cuda")
+    except ImportError:
+        pass
+    return engines, None
 
 
 def _bench_numpy(x, y, bs, max_steps, seed=0):
@@ -122,7 +194,8 @@ def _bench_torch(x, y, bs, max_steps, seed=0):
     return time.perf_counter() - t0, used
 
 
-BENCH = {"fastlib": _bench_fastlib, "numpy": _bench_numpy, "torch": _bench_torch}
+BENCH = {"fastlib": _bench_fastlib, "numpy": _bench_numpy, "torch": _bench_torch,
+         "fastlib-cuda": _bench_fastlib_cuda, "torch-cuda": _bench_torch_cuda}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,6 +244,11 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"verigrad bench train: error: {exc}", file=sys.stderr)
         return 1
+    if args.device == "cuda":
+        engines, why = _cuda_engines(args)
+        if engines is None:
+            print(why)
+            return 1
     if "torch" in engines:
         try:
             import torch  # noqa: F401

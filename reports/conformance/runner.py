@@ -506,6 +506,9 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
             engine_rows.append(_tape_row(engine.name))
         if engine.name == "fastlib" and ":" not in name:
             engine_rows += _train_rows(LAYER_KINDS)
+        if engine.name == "fastlib-cuda" and ":" not in name:  # training on the device
+            from reports.conformance.device_training import device_train_rows
+            engine_rows += device_train_rows(LAYER_KINDS)
         if engine.name in ("fastlib", "reflib") and ":" not in name:
             engine_rows += _algorithm_rows(engine.name)
         for r in engine_rows:

@@ -1,0 +1,480 @@
+"""Device twins of fastlib's layers: forward with history and backward, all in device memory.
+
+:func:`build` walks a host model (``fastlib.layers``) and returns a tree of twins that read the
+parameters from a store of flat device arrays keyed like ``model.parameters()``. Each twin
+keeps the history its backward needs (the input, pre-activations, states) on the device, so a
+training step moves no activation to the host. A layer type without a twin makes :func:`build`
+raise :class:`DeviceUnsupportedError` naming the layer's position and type, before any step runs.
+
+The math is the CPU layers' (``fastlib/layers``), built from the engine's kernels: the tiled
+GEMM (:mod:`.linalg`) with Dense's bias + activation epilogue (:mod:`.dense`), the row kernels
+of softmax / layer_norm / rms_norm (:mod:`.norm`), and the helpers of :mod:`.train_kernels`.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+
+from fastlib.layers.activations import LEAKY_SLOPE  # Dense's leaky_relu slope: one source
+
+from . import device
+from . import train_kernels as tk
+from .dense import DENSE_ACTIVATIONS, _dense_forward_device
+from .elementwise import unary_vjp_device
+from .linalg import gemm_device
+from .norm import LAYER_NORM, RMS_NORM, SOFTMAX, rows_forward_device, rows_vjp_device
+from .structure import gather_device, scatter_device
+
+#: A device tensor: a flat C-contiguous device array and the shape it stands for.
+DT = namedtuple("DT", "data shape")
+
+
+
+class DeviceUnsupportedError(ValueError):
+    """A model (or a training option) that ``train(device="cuda")`` cannot run on the device."""
+
+
+def _size(shape):
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def launch(kern, n):
+    """``kern`` configured for a grid-stride loop over ``n`` items."""
+    return kern[device.grid_1d(max(int(n), 1))]
+
+
+def mm(d_a, d_b, m, n, k, dtype, ta=False, tb=False, batch=1, shared_b=False):
+    """``A @ B`` for ``batch`` products of (m, k) @ (k, n); ``ta`` / ``tb`` read an operand
+    stored transposed ((k, m) / (n, k)); ``shared_b`` uses one B for the whole batch."""
+    sa = (1, m) if ta else (k, 1)
+    sb = (1, k) if tb else (n, 1)
+    return gemm_device(d_a, (m * k,) + sa, d_b, (0 if shared_b else k * n,) + sb, batch, m, n,
+                       k, dtype)
+
+
+def col_sums(d_a, rows, d, dtype, d_b=None):
+    """Per-column ``sum_r a[r, j] (* b[r, j])`` in float64, rounded once to ``dtype``."""
+    out = device.empty(d, dtype)
+    launch(tk.column_sums, d)(d_a, d_a if d_b is None else d_b, out, rows, d,
+                              0 if d_b is None else 1)
+    return out
+
+
+def add_into(d_a, d_b):
+    """``a += b`` elementwise on flat device arrays of one size."""
+    launch(tk.add_into, d_a.shape[0])(d_a, d_b)
+    return d_a
+
+
+class DeviceLayer:
+    """Base of the twins: the host layer's name / dtype and its parameters in the store."""
+
+    def __init__(self, layer, store, prefix):
+        self.layer = layer
+        self.store = store
+        self.prefix = prefix
+        self.dtype = np.dtype(layer.dtype)
+
+    def p(self, name):
+        return self.store[self.prefix + name]
+
+    def forward(self, x: DT) -> DT:
+        raise NotImplementedError
+
+    def backward(self, g: DT, need_input_grad: bool):
+        """``(grad_in DT or None, {store key: flat grad})`` from the last forward."""
+        raise NotImplementedError
+
+
+def dense_backward(d_g, d_x, d_w, d_pre, rows, n_in, n_out, activation, dtype,
+                   need_input_grad=True):
+    """(grad_x or None, grad_W, grad_b) of ``activation(x @ W + b)`` on flat device arrays.
+
+    The math of :func:`.dense._dense_backward_device`, with the bias gradient as per-column
+    float64 sums (no block barriers: far cheaper under the simulator, as exact).
+    """
+    if activation == "linear":
+        d_gpre = d_g
+    elif activation == "softmax":
+        d_gpre = rows_vjp_device(SOFTMAX, d_pre, d_g, (rows, n_out), 1)
+    else:
+        d_gpre = unary_vjp_device(DENSE_ACTIVATIONS[activation], d_pre, d_g, LEAKY_SLOPE)
+    d_gw = mm(d_x, d_gpre, n_in, n_out, rows, dtype, ta=True)
+    d_gb = col_sums(d_gpre, rows, n_out, dtype)
+    d_gx = mm(d_gpre, d_w, rows, n_in, n_out, dtype, tb=True) if need_input_grad else None
+    return d_gx, d_gw, d_gb
+
+
+class DDense(DeviceLayer):
+    def forward(self, x):
+        L = self.layer
+        rows = _size(x.shape[:-1])
+        out, pre = _dense_forward_device(x.data, self.p("weight"), self.p("bias"), rows,
+                                         L.in_features, L.out_features, L.activation,
+                                         LEAKY_SLOPE)
+        self.hist = (x, pre, rows)
+        return DT(out, x.shape[:-1] + (L.out_features,))
+
+    def backward(self, g, need_input_grad):
+        L = self.layer
+        x, pre, rows = self.hist
+        gx, gw, gb = dense_backward(g.data, x.data, self.p("weight"), pre, rows, L.in_features,
+                                    L.out_features, L.activation, self.dtype, need_input_grad)
+        grads = {self.prefix + "weight": gw, self.prefix + "bias": gb}
+        return (DT(gx, x.shape) if need_input_grad else None), grads
+
+
+class DLayerNorm(DeviceLayer):
+    affine_bias = True
+    mode = LAYER_NORM
+
+    def forward(self, x):
+        d = self.layer.d
+        rows = _size(x.shape[:-1])
+        xhat = rows_forward_device(self.mode, x.data, (rows, d), 1, self.layer.eps)
+        y = device.empty(rows * d, self.dtype)
+        bias = self.p("bias") if self.affine_bias else xhat
+        launch(tk.affine_rows, rows * d)(xhat, self.p("weight"), bias, y, rows, d,
+                                         int(self.affine_bias))
+        self.hist = (x, xhat, rows)
+        return DT(y, x.shape)
+
+    def backward(self, g, need_input_grad):
+        d = self.layer.d
+        x, xhat, rows = self.hist
+        grads = {self.prefix + "weight": col_sums(g.data, rows, d, self.dtype, xhat)}
+        if self.affine_bias:
+            grads[self.prefix + "bias"] = col_sums(g.data, rows, d, self.dtype)
+        if not need_input_grad:
+            return None, grads
+        dxhat = device.empty(rows * d, self.dtype)
+        launch(tk.affine_rows, rows * d)(g.data, self.p("weight"), g.data, dxhat, rows, d, 0)
+        dx = rows_vjp_device(self.mode, x.data, dxhat, (rows, d), 1, self.layer.eps)
+        return DT(dx, x.shape), grads
+
+
+class DRMSNorm(DLayerNorm):
+    affine_bias = False
+    mode = RMS_NORM
+
+
+class DSoftmax(DeviceLayer):
+    def forward(self, x):
+        axis = self.layer.axis % len(x.shape)
+        self.hist = (x, axis)
+        return DT(rows_forward_device(SOFTMAX, x.data, x.shape, axis), x.shape)
+
+    def backward(self, g, need_input_grad):
+        x, axis = self.hist
+        if not need_input_grad:
+            return None, {}
+        return DT(rows_vjp_device(SOFTMAX, x.data, g.data, x.shape, axis), x.shape), {}
+
+
+class DEmbedding(DeviceLayer):
+    def forward(self, x):
+        n, dim = _size(x.shape), self.layer.dim
+        out = device.empty(n * dim, self.dtype)
+        launch(tk.embedding_forward, n * dim)(self.p("weight"), x.data, out, n, dim)
+        self.hist = x
+        return DT(out, x.shape + (dim,))
+
+    def backward(self, g, need_input_grad):
+        x = self.hist
+        n, num, dim = _size(x.shape), self.layer.num, self.layer.dim
+        dw = device.empty(num * dim, self.dtype)
+        launch(tk.embedding_backward, dim)(x.data, g.data, dw, n, num, dim)
+        return None, {self.prefix + "weight": dw}
+
+
+class DSwiGLU(DeviceLayer):
+    def forward(self, x):
+        L, dt = self.layer, self.dtype
+        rows = _size(x.shape[:-1])
+        a = mm(x.data, self.p("w_gate"), rows, L.hidden, L.d, dt)
+        u = mm(x.data, self.p("w_up"), rows, L.hidden, L.d, dt)
+        h = device.empty(rows * L.hidden, dt)
+        launch(tk.swiglu_forward, rows * L.hidden)(a, u, h)
+        y = mm(h, self.p("w_down"), rows, L.out, L.hidden, dt)
+        self.hist = (x, a, u, h, rows)
+        return DT(y, x.shape[:-1] + (L.out,))
+
+    def backward(self, g, need_input_grad):
+        L, dt = self.layer, self.dtype
+        x, a, u, h, rows = self.hist
+        dh = mm(g.data, self.p("w_down"), rows, L.hidden, L.out, dt, tb=True)
+        da, du = device.empty(rows * L.hidden, dt), device.empty(rows * L.hidden, dt)
+        launch(tk.swiglu_backward, rows * L.hidden)(dh, a, u, da, du)
+        grads = {self.prefix + "w_gate": mm(x.data, da, L.d, L.hidden, rows, dt, ta=True),
+                 self.prefix + "w_up": mm(x.data, du, L.d, L.hidden, rows, dt, ta=True),
+                 self.prefix + "w_down": mm(h, g.data, L.hidden, L.out, rows, dt, ta=True)}
+        if not need_input_grad:
+            return None, grads
+        dx = mm(da, self.p("w_gate"), rows, L.d, L.hidden, dt, tb=True)
+        add_into(dx, mm(du, self.p("w_up"), rows, L.d, L.hidden, dt, tb=True))
+        return DT(dx, x.shape), grads
+
+
+def _swap01(d_x, a, b, c):
+    """(a, b, c) C-contiguous -> (b, a, c) C-contiguous, as a new flat array."""
+    return gather_device(d_x, (b, a, c), (c, b * c, 1))
+
+
+class DRecurrent(DeviceLayer):
+    """RNN and LSTM: time-major (T, B, ...) inside, one GEMM + one step kernel per time step."""
+
+    def forward(self, x):
+        L, dt = self.layer, self.dtype
+        batch, steps, n_in = x.shape
+        H, k = L.hidden_size, self._gates
+        xt = _swap01(x.data, batch, steps, n_in)
+        xw, _ = _dense_forward_device(xt, self.p("w_ih"), self.p("b"), steps * batch, n_in,
+                                      k * H, "linear", 0.0)
+        hs = device.empty(steps * batch * H, dt)
+        cache = self._run(xw, hs, steps, batch, H)
+        self.hist = (x, xt, hs, cache)
+        if L.return_sequences:
+            return DT(_swap01(hs, steps, batch, H), (batch, steps, H))
+        last = device.empty(batch * H, dt)
+        launch(tk.copy, batch * H)(hs[(steps - 1) * batch * H:], last)
+        return DT(last, (batch, H))
+
+    def backward(self, g, need_input_grad):
+        L, dt = self.layer, self.dtype
+        x, xt, hs, cache = self.hist
+        batch, steps, n_in = x.shape
+        H, k = L.hidden_size, self._gates
+        if L.return_sequences:
+            dhs = _swap01(g.data, batch, steps, H)
+        else:
+            dhs = device.zeros(steps * batch * H, dt)
+            launch(tk.copy, batch * H)(g.data, dhs[(steps - 1) * batch * H:])
+        dz = self._back(dhs, hs, cache, steps, batch, H)
+        rows = steps * batch
+        grads = {self.prefix + "w_ih": mm(xt, dz, n_in, k * H, rows, dt, ta=True),
+                 self.prefix + "b": col_sums(dz, rows, k * H, dt)}
+        if steps > 1:
+            grads[self.prefix + "w_hh"] = mm(hs, dz[batch * k * H:], H, k * H,
+                                             (steps - 1) * batch, dt, ta=True)
+        else:
+            grads[self.prefix + "w_hh"] = device.zeros(H * k * H, dt)
+        grads = {self.prefix + n: grads[self.prefix + n] for n in ("w_ih", "w_hh", "b")}
+        if not need_input_grad:
+            return None, grads
+        dxt = mm(dz, self.p("w_ih"), rows, n_in, k * H, dt, tb=True)
+        return DT(_swap01(dxt, steps, batch, n_in), x.shape), grads
+
+
+class DRNN(DRecurrent):
+    _gates = 1
+
+    def _run(self, xw, hs, steps, batch, H):
+        n = batch * H
+        for t in range(steps):
+            hw = xw if t == 0 else mm(hs[(t - 1) * n:t * n], self.p("w_hh"), batch, H, H,
+                                      self.dtype)
+            launch(tk.rnn_step, n)(xw[t * n:(t + 1) * n], hw[:n], hs[t * n:(t + 1) * n],
+                                   int(t > 0))
+        return None
+
+    def _back(self, dhs, hs, cache, steps, batch, H):
+        n = batch * H
+        dz = device.empty(steps * n, self.dtype)
+        dh_rec = dhs  # placeholder array at t = steps - 1 (not read)
+        for t in range(steps - 1, -1, -1):
+            launch(tk.rnn_step_back, n)(dhs[t * n:(t + 1) * n], dh_rec[:n],
+                                        hs[t * n:(t + 1) * n], dz[t * n:(t + 1) * n],
+                                        int(t < steps - 1))
+            if t > 0:
+                dh_rec = mm(dz[t * n:(t + 1) * n], self.p("w_hh"), batch, H, H, self.dtype,
+                            tb=True)
+        return dz
+
+
+class DLSTM(DRecurrent):
+    _gates = 4
+
+    def _run(self, xw, hs, steps, batch, H):
+        n, dt = batch * H, self.dtype
+        gates = device.empty(steps * 4 * n, dt)
+        cs, tcs = device.empty(steps * n, dt), device.empty(steps * n, dt)
+        for t in range(steps):
+            g4 = slice(t * 4 * n, (t + 1) * 4 * n)
+            hw = xw if t == 0 else mm(hs[(t - 1) * n:t * n], self.p("w_hh"), batch, 4 * H, H, dt)
+            prev = cs if t == 0 else cs[(t - 1) * n:t * n]
+            launch(tk.lstm_step, n)(xw[g4], hw[:4 * n], gates[g4], prev[:n],
+                                    cs[t * n:(t + 1) * n], tcs[t * n:(t + 1) * n],
+                                    hs[t * n:(t + 1) * n], batch, H, int(t > 0))
+        return gates, cs, tcs
+
+    def _back(self, dhs, hs, cache, steps, batch, H):
+        gates, cs, tcs = cache
+        n, dt = batch * H, self.dtype
+        dz = device.empty(steps * 4 * n, dt)
+        dc = device.zeros(n, dt)
+        dh_rec = dhs
+        for t in range(steps - 1, -1, -1):
+            g4 = slice(t * 4 * n, (t + 1) * 4 * n)
+            prev = cs if t == 0 else cs[(t - 1) * n:t * n]
+            launch(tk.lstm_step_back, n)(dhs[t * n:(t + 1) * n], dh_rec[:n], gates[g4], prev[:n],
+                                         tcs[t * n:(t + 1) * n], dc, dz[g4], batch, H,
+                                         int(t < steps - 1), int(t > 0))
+            if t > 0:
+                dh_rec = mm(dz[g4], self.p("w_hh"), batch, H, 4 * H, dt, tb=True)
+        return dz
+
+
+class DAttention(DeviceLayer):
+    """Self-attention: projections as Dense GEMMs, heads gathered to (B*heads, T, dh), scores
+    by batched GEMM, scale + causal mask, row softmax, and back."""
+
+    def _heads(self, d_x, batch, steps):
+        # (B, T, d) -> (B, heads, T, dh)
+        nh, d = self.layer.heads, self.layer.d_model
+        dh = d // nh
+        return gather_device(d_x, (batch, nh, steps, dh), (steps * d, dh, d, 1))
+
+    def _merge(self, d_h, batch, steps):
+        # (B, heads, T, dh) -> (B, T, d)
+        nh, d = self.layer.heads, self.layer.d_model
+        dh = d // nh
+        return gather_device(d_h, (batch, steps, nh, dh), (nh * steps * dh, dh, steps * dh, 1))
+
+    def forward(self, x):
+        L, dt = self.layer, self.dtype
+        batch, steps, d = x.shape
+        nh, dh, rows = L.heads, d // L.heads, batch * steps
+        proj = {}
+        for n in "qkv":
+            proj[n], _ = _dense_forward_device(x.data, self.p(f"w_{n}"), self.p(f"b_{n}"), rows,
+                                               d, d, "linear", 0.0)
+        q, k, v = (self._heads(proj[n], batch, steps) for n in "qkv")
+        bh = batch * nh
+        s = mm(q, k, steps, steps, dh, dt, tb=True, batch=bh)
+        scale = 1.0 / np.sqrt(dh)
+        launch(tk.scale_mask, bh * steps * steps)(s, steps, float(dt.type(scale)), int(L.causal))
+        p = rows_forward_device(SOFTMAX, s, (bh * steps, steps), 1)
+        o = mm(p, v, steps, dh, steps, dt, batch=bh)
+        att = self._merge(o, batch, steps)
+        y, _ = _dense_forward_device(att, self.p("w_o"), self.p("b_o"), rows, d, d, "linear", 0.0)
+        self.hist = (x, q, k, v, s, p, att, float(dt.type(scale)))
+        return DT(y, x.shape)
+
+    def backward(self, g, need_input_grad):
+        L, dt = self.layer, self.dtype
+        x, q, k, v, s, p, att, scale = self.hist
+        batch, steps, d = x.shape
+        nh, dh, rows = L.heads, d // L.heads, batch * steps
+        bh = batch * nh
+        datt, gw_o, gb_o = dense_backward(g.data, att, self.p("w_o"), g.data, rows, d, d,
+                                          "linear", dt)
+        do = self._heads(datt, batch, steps)
+        dp = mm(do, v, steps, steps, dh, dt, tb=True, batch=bh)
+        dv = mm(p, do, steps, dh, steps, dt, ta=True, batch=bh)
+        ds = rows_vjp_device(SOFTMAX, s, dp, (bh * steps, steps), 1)
+        launch(tk.scale, bh * steps * steps)(ds, scale)
+        dq = mm(ds, k, steps, dh, steps, dt, batch=bh)
+        dk = mm(ds, q, steps, dh, steps, dt, ta=True, batch=bh)
+        grads, dx = {}, None
+        for n, dpart in zip("qkv", (dq, dk, dv)):
+            dproj = self._merge(dpart, batch, steps)
+            gx, gw, gb = dense_backward(dproj, x.data, self.p(f"w_{n}"), dproj, rows, d, d,
+                                        "linear", dt, need_input_grad)
+            grads[self.prefix + f"w_{n}"] = gw
+            grads[self.prefix + f"b_{n}"] = gb
+            if need_input_grad:
+                dx = gx if dx is None else add_into(dx, gx)
+        grads[self.prefix + "w_o"] = gw_o
+        grads[self.prefix + "b_o"] = gb_o
+        return (DT(dx, x.shape) if need_input_grad else None), grads
+
+
+class DSequential(DeviceLayer):
+    def __init__(self, layer, store, prefix, children):
+        super().__init__(layer, store, prefix)
+        self.children = children
+
+    def forward(self, x):
+        for c in self.children:
+            x = c.forward(x)
+        return x
+
+    def backward(self, g, need_input_grad):
+        grads = {}
+        for i in range(len(self.children) - 1, -1, -1):
+            g, part = self.children[i].backward(g, need_input_grad or i > 0)
+            grads.update(part)
+        return g, grads
+
+
+class DParallel(DSequential):
+    def forward(self, x):
+        outs = [c.forward(x) for c in self.children]
+        lead = outs[0].shape[:-1]
+        rows = _size(lead)
+        if self.layer.combine == "add":
+            total = device.empty(_size(outs[0].shape), self.dtype)
+            launch(tk.copy, total.shape[0])(outs[0].data, total)
+            for o in outs[1:]:
+                add_into(total, o.data)
+            self.widths = None
+            return DT(total, outs[0].shape)
+        self.widths = [o.shape[-1] for o in outs]
+        width = sum(self.widths)
+        total = device.empty(rows * width, self.dtype)
+        at = 0
+        for o, w in zip(outs, self.widths):
+            scatter_device(o.data, total, (rows, w), (width, 1), at)
+            at += w
+        return DT(total, lead + (width,))
+
+    def backward(self, g, need_input_grad):
+        grads, dx = {}, None
+        if self.widths is None:
+            parts = [g] * len(self.children)
+        else:
+            lead = g.shape[:-1]
+            rows, width = _size(lead), g.shape[-1]
+            parts, at = [], 0
+            for w in self.widths:
+                parts.append(DT(gather_device(g.data, (rows, w), (width, 1), at), lead + (w,)))
+                at += w
+        for child, part in zip(self.children, parts):
+            gi, child_grads = child.backward(part, need_input_grad)
+            grads.update(child_grads)
+            if need_input_grad and gi is not None:
+                dx = gi if dx is None else DT(add_into(dx.data, gi.data), dx.shape)
+        return dx, grads
+
+
+_TWINS = {"Dense": DDense, "LayerNorm": DLayerNorm, "RMSNorm": DRMSNorm, "Softmax": DSoftmax,
+          "Embedding": DEmbedding, "SwiGLU": DSwiGLU, "RNN": DRNN, "LSTM": DLSTM,
+          "MultiHeadAttention": DAttention}
+_CONTAINERS = {"Sequential": DSequential, "Parallel": DParallel}
+
+
+def build(model, store, prefix="", where="model"):
+    """The device twin of ``model`` reading parameters from ``store`` (flat device arrays).
+
+    Raises
+    ------
+    DeviceUnsupportedError
+        A layer (at ``where``, e.g. ``model.layers[2]``) whose type has no device twin; the
+        message names the type and says to train with ``device="cpu"``.
+    """
+    # NOTE: dispatch on the exact class, not isinstance: a user's subclass of Dense may change
+    # forward / backward, and its twin would silently compute the parent's math.
+    kind = type(model).__name__
+    from fastlib import layers as host_layers
+    if kind in _CONTAINERS and type(model) is getattr(host_layers, kind):
+        children = [build(c, store, f"{prefix}{i}.", f"{where}.layers[{i}]")
+                    for i, c in enumerate(model._children)]
+        return _CONTAINERS[kind](model, store, prefix, children)
+    if kind in _TWINS and type(model) is getattr(host_layers, kind):
+        return _TWINS[kind](model, store, prefix)
+    raise DeviceUnsupportedError(
+        f"train(device='cuda'): {where} is a {type(model).__module__}.{type(model).__qualname__}, "
+        f"which has no device implementation (the device runs fastlib's own "
+        f"{', '.join(sorted(_TWINS))} inside Sequential / Parallel); train it with "
+        f"device='cpu'")

@@ -1,0 +1,503 @@
+"""The small kernels of device training that the op kernels do not already provide.
+
+Batches gathered from the resident data through the epoch's shuffled index, Embedding's lookup
+and scatter-add, elementwise helpers (add, product, affine rows), per-column sums accumulated in
+float64, the recurrent steps of RNN and LSTM, attention's scale and causal mask, the five losses
+with per-block partial sums, and the guarded optimizer step (finiteness, both clipping modes,
+the update, all decided on the device so a step needs no readback before its update).
+
+Every kernel works on flat C-contiguous arrays with grid-stride loops, like the rest of
+:mod:`fastlib.cuda`, so the simulator's tiny blocks and grids run the same code paths as a GPU.
+"""
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float64
+
+from fastlib.kernels.optim import SGD
+
+from . import config
+from .device import kernel, signatures
+from .optim import step_element
+from .reduce import block_sum
+from .scalar import sigmoid_pair, silu_df, silu_f
+
+_RB = config.REDUCE_BLOCK
+
+#: Loss codes of :data:`loss_rows` (the five losses of fastlib.losses).
+MSE, CE, CCE, BCE, BCE_LOGITS = range(5)
+LOSS_CODES = {"mse": MSE, "cross_entropy": CE, "categorical_cross_entropy": CCE,
+              "binary_cross_entropy": BCE, "binary_cross_entropy_with_logits": BCE_LOGITS}
+
+#: Slots of the guard vector written by :data:`guard_finalize` (after the loss partials).
+APPLY, SCALE, NORM, GRAD_FINITE = range(4)
+
+
+# ---------------------------------------------------------------------------------------------
+# data movement
+
+def _gather_rows_body(src, order, out, start, count, width):
+    # out[r, j] = src[order[start + r], j]: the batch, gathered on the device
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < count * width:
+        r = i // width
+        out[i] = src[order[start + r] * width + (i - r * width)]
+        i += step
+
+
+gather_rows = kernel(
+    *signatures("void({t}[::1], int64[::1], {t}[::1], int64, int64, int64)"),
+    "void(int64[::1], int64[::1], int64[::1], int64, int64, int64)")(_gather_rows_body)
+
+
+def _embedding_forward_body(w, idx, out, n, dim):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < n * dim:
+        r = i // dim
+        out[i] = w[idx[r] * dim + (i - r * dim)]
+        i += step
+
+
+embedding_forward = kernel(*signatures("void({t}[::1], int64[::1], {t}[::1], int64, int64)"))(
+    _embedding_forward_body)
+
+
+def _embedding_backward_body(idx, g, dw, n, num, dim):
+    # One thread per column; rows in order, so repeated indices sum in a fixed order (no atomics:
+    # the result is deterministic and equal run to run).
+    j = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while j < dim:
+        for v in range(num):
+            dw[v * dim + j] = 0.0
+        for r in range(n):
+            dw[idx[r] * dim + j] += g[r * dim + j]
+        j += step
+
+
+embedding_backward = kernel(
+    *signatures("void(int64[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
+    _embedding_backward_body)
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise helpers
+
+def _add_into_body(a, b):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < a.shape[0]:
+        a[i] = a[i] + b[i]
+        i += step
+
+
+add_into = kernel(*signatures("void({t}[::1], {t}[::1])"))(_add_into_body)
+
+
+def _copy_body(src, dst):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < src.shape[0]:
+        dst[i] = src[i]
+        i += step
+
+
+copy = kernel(*signatures("void({t}[::1], {t}[::1])"))(_copy_body)
+
+
+def _affine_rows_body(x, w, b, out, n, d, with_bias):
+    # out[r, j] = x[r, j] * w[j] (+ b[j])
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < n * d:
+        j = i % d
+        v = x[i] * w[j]
+        if with_bias:
+            v = v + b[j]
+        out[i] = v
+        i += step
+
+
+affine_rows = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, "
+                                 "int64)"))(_affine_rows_body)
+
+
+def _column_sums_body(a, b, out, rows, d, with_b):
+    # out[j] = sum_r a[r, j] (* b[r, j]), accumulated in float64 in row order, rounded once
+    j = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while j < d:
+        acc = 0.0
+        for r in range(rows):
+            v = float64(a[r * d + j])
+            if with_b:
+                v = v * float64(b[r * d + j])
+            acc += v
+        out[j] = acc
+        j += step
+
+
+column_sums = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
+    _column_sums_body)
+
+
+def _swiglu_forward_body(a, u, h):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < a.shape[0]:
+        h[i] = silu_f(float64(a[i])) * float64(u[i])
+        i += step
+
+
+swiglu_forward = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1])"))(_swiglu_forward_body)
+
+
+def _swiglu_backward_body(dh, a, u, da, du):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < a.shape[0]:
+        x = float64(a[i])
+        g = float64(dh[i])
+        da[i] = g * float64(u[i]) * silu_df(x)
+        du[i] = g * silu_f(x)
+        i += step
+
+
+swiglu_backward = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1])"))(
+    _swiglu_backward_body)
+
+
+def _scale_mask_body(s, steps, scale, causal):
+    # s holds (batch*heads, T, T) scores: scale them; causal hides columns after the row
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < s.shape[0]:
+        col = i % steps
+        row = (i // steps) % steps
+        if causal and col > row:
+            s[i] = -math.inf
+        else:
+            s[i] = s[i] * scale
+        i += step
+
+
+scale_mask = kernel(*signatures("void({t}[::1], int64, float64, int64)"))(_scale_mask_body)
+
+
+def _scale_body(a, scale):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < a.shape[0]:
+        a[i] = a[i] * scale
+        i += step
+
+
+scale = kernel(*signatures("void({t}[::1], float64)"))(_scale_body)
+
+
+# ---------------------------------------------------------------------------------------------
+# recurrences: one launch per time step (after the GEMM of h_{t-1} @ w_hh)
+
+def _rnn_step_body(xw, hw, h, has_prev):
+    # h_t = tanh(xw_t + h_{t-1} @ w_hh); hw is that product (unused at t = 0)
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < h.shape[0]:
+        z = float64(xw[i])
+        if has_prev:
+            z += float64(hw[i])
+        h[i] = math.tanh(z)
+        i += step
+
+
+rnn_step = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], int64)"))(_rnn_step_body)
+
+
+def _rnn_step_back_body(dh_out, dh_rec, h, dz, has_rec):
+    # dz_t = (dh_t + dh from step t+1) * (1 - h_t^2)
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < h.shape[0]:
+        g = float64(dh_out[i])
+        if has_rec:
+            g += float64(dh_rec[i])
+        y = float64(h[i])
+        dz[i] = g * (1.0 - y * y)
+        i += step
+
+
+rnn_step_back = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64)"))(
+    _rnn_step_back_body)
+
+
+def _lstm_step_body(xw, hw, gates, c_prev, c, tc, h, batch, hidden, has_prev):
+    # gates i, f, g, o: H columns each of a (batch, 4H) row; gates stores the activated values
+    k = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while k < batch * hidden:
+        r = k // hidden
+        j = k - r * hidden
+        base = r * 4 * hidden + j
+        zs = cuda.local.array(4, float64)
+        for q in range(4):
+            z = float64(xw[base + q * hidden])
+            if has_prev:
+                z += float64(hw[base + q * hidden])
+            zs[q] = z
+        ig = sigmoid_pair(zs[0])[0]
+        fg = sigmoid_pair(zs[1])[0]
+        gg = math.tanh(zs[2])
+        og = sigmoid_pair(zs[3])[0]
+        gates[base] = ig
+        gates[base + hidden] = fg
+        gates[base + 2 * hidden] = gg
+        gates[base + 3 * hidden] = og
+        cp = float64(c_prev[k]) if has_prev else 0.0
+        cv = fg * cp + ig * gg
+        c[k] = cv
+        t = math.tanh(float64(c[k]))
+        tc[k] = t
+        h[k] = og * float64(tc[k])
+        k += step
+
+
+lstm_step = kernel(*signatures(
+    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, "
+    "int64)"))(_lstm_step_body)
+
+
+def _lstm_step_back_body(dh_out, dh_rec, gates, c_prev, tc, dc, dz, batch, hidden, has_rec,
+                         has_prev):
+    # dc carries the cell cotangent from step t+1 in and to step t-1 out (in place)
+    k = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while k < batch * hidden:
+        r = k // hidden
+        j = k - r * hidden
+        base = r * 4 * hidden + j
+        ig = float64(gates[base])
+        fg = float64(gates[base + hidden])
+        gg = float64(gates[base + 2 * hidden])
+        og = float64(gates[base + 3 * hidden])
+        t = float64(tc[k])
+        g = float64(dh_out[k])
+        if has_rec:
+            g += float64(dh_rec[k])
+        dcv = float64(dc[k]) + g * og * (1.0 - t * t)
+        cp = float64(c_prev[k]) if has_prev else 0.0
+        dz[base] = dcv * gg * ig * (1.0 - ig)
+        dz[base + hidden] = dcv * cp * fg * (1.0 - fg)
+        dz[base + 2 * hidden] = dcv * ig * (1.0 - gg * gg)
+        dz[base + 3 * hidden] = g * t * og * (1.0 - og)
+        dc[k] = dcv * fg
+        k += step
+
+
+lstm_step_back = kernel(*signatures(
+    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, "
+    "int64, int64)"))(_lstm_step_back_body)
+
+
+# ---------------------------------------------------------------------------------------------
+# losses: gradient of the mean loss, and per-block partial sums of the terms and of the hits
+
+def _loss_rows_body(pred, target, grad, partial, rows, width, mode, inv_n, eps):
+    # Block b writes partial[b] (sum of its rows' loss terms) and partial[nblocks + b] (correct
+    # predictions: rows for the two categorical losses, elements for the binary ones).
+    shared = cuda.shared.array(_RB, float64)
+    tid = cuda.threadIdx.x
+    nblocks = cuda.gridDim.x
+    loss_acc = 0.0
+    hits = 0.0
+    r = cuda.blockIdx.x * cuda.blockDim.x + tid
+    while r < rows:
+        base = r * width
+        if mode == CE or mode == CCE:
+            m = -math.inf
+            best = 0
+            for j in range(width):
+                v = float64(pred[base + j])
+                if v > m:
+                    m = v
+                    best = j
+            s = 0.0
+            for j in range(width):
+                s += math.exp(float64(pred[base + j]) - m)
+            lse = m + math.log(s)
+            if mode == CE:
+                cls = int(target[r])
+                loss_acc += lse - float64(pred[base + cls])
+                for j in range(width):
+                    p = math.exp(float64(pred[base + j]) - m) / s
+                    if j == cls:
+                        p -= 1.0
+                    grad[base + j] = p * inv_n
+                if best == cls:
+                    hits += 1.0
+            else:
+                tsum = 0.0
+                tbest = 0
+                tm = -math.inf
+                for j in range(width):
+                    t = float64(target[base + j])
+                    tsum += t
+                    loss_acc -= t * (float64(pred[base + j]) - lse)
+                    if t > tm:
+                        tm = t
+                        tbest = j
+                for j in range(width):
+                    p = math.exp(float64(pred[base + j]) - m) / s
+                    grad[base + j] = (p * tsum - float64(target[base + j])) * inv_n
+                if best == tbest:
+                    hits += 1.0
+        else:
+            for j in range(width):
+                x = float64(pred[base + j])
+                t = float64(target[base + j])
+                if mode == MSE:
+                    loss_acc += (x - t) * (x - t)
+                    grad[base + j] = 2.0 * (x - t) * inv_n
+                elif mode == BCE:
+                    # a saturated probability against a disagreeing target is moved inside
+                    # (0, 1) by the dtype's eps, as fastlib.losses does on the CPU
+                    if (x <= 0.0 and t > 0.0) or (x >= 1.0 and t < 1.0):
+                        x = min(max(x, eps), 1.0 - eps)
+                    term = 0.0
+                    if t != 0.0:
+                        term -= t * math.log(x)
+                    if t != 1.0:
+                        term -= (1.0 - t) * math.log1p(-x)
+                    loss_acc += term
+                    grad[base + j] = (x - t) / (x * (1.0 - x)) * inv_n
+                    if (x > 0.5) == (t > 0.5):
+                        hits += 1.0
+                else:
+                    e = math.exp(-abs(x))
+                    loss_acc += max(x, 0.0) - x * t + math.log1p(e)
+                    grad[base + j] = (sigmoid_pair(x)[0] - t) * inv_n
+                    if (x > 0.0) == (t > 0.5):
+                        hits += 1.0
+        r += cuda.gridDim.x * cuda.blockDim.x
+    total = block_sum(shared, loss_acc)
+    correct = block_sum(shared, hits)
+    if tid == 0:
+        partial[cuda.blockIdx.x] = total
+        partial[nblocks + cuda.blockIdx.x] = correct
+
+
+loss_rows = kernel(
+    *signatures("void({t}[::1], {t}[::1], {t}[::1], float64[::1], int64, int64, int64, float64, "
+                "float64)"),
+    *signatures("void({t}[::1], int64[::1], {t}[::1], float64[::1], int64, int64, int64, "
+                "float64, float64)"))(_loss_rows_body)
+
+
+# ---------------------------------------------------------------------------------------------
+# the guarded step: finiteness and norm, clipping, update -- decided on the device
+
+def _sumsq_body(g, out, base):
+    # Thread k of the grid writes out[base + 2k] = the sum of squares of the elements it visits
+    # and out[base + 2k + 1] = how many of them are not finite (a NaN's square is NaN, so the
+    # two are kept apart). Per-thread partials need no barrier; the finalizer adds them.
+    k = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    acc = 0.0
+    bad = 0.0
+    i = k
+    while i < g.shape[0]:
+        v = float64(g[i])
+        if v != v or v == math.inf or v == -math.inf:
+            bad += 1.0
+        else:
+            acc += v * v
+        i += stride
+    out[base + 2 * k] = acc
+    out[base + 2 * k + 1] = bad
+
+
+sumsq = kernel(*signatures("void({t}[::1], float64[::1], int64)"))(_sumsq_body)
+
+
+def _guard_finalize_body(sums, n_sums, stats, n_loss, out_at, clip, norm_mode, inv_n, limit,
+                         halt):
+    # One thread. sums: (sum of squares, non-finite count) pairs of every gradient;
+    # stats[0:n_loss] the loss partials. Writes APPLY, SCALE, NORM, GRAD_FINITE at out_at.
+    # The loss counts as finite when its mean fits the dtype (|mean| < limit, the dtype's
+    # largest number: the CPU rounds the float64 mean to the dtype). A non-finite loss sets
+    # halt[0], and no later step of the epoch applies (training stops there, as on the CPU).
+    if cuda.grid(1) != 0:
+        return
+    total = 0.0
+    bad = 0.0
+    k = 0
+    while k < n_sums:
+        total += sums[k]
+        bad += sums[k + 1]
+        k += 2
+    loss = 0.0
+    for b in range(n_loss):
+        loss += stats[b]
+    mean = loss * inv_n
+    loss_ok = mean == mean and abs(mean) < limit
+    if not loss_ok:
+        halt[0] = 1
+    grad_ok = bad == 0.0
+    norm = math.sqrt(total) if grad_ok else math.nan
+    s = 1.0
+    if norm_mode and grad_ok and clip > 0.0 and norm > clip:
+        s = clip / norm
+    stats[out_at + APPLY] = 1.0 if (loss_ok and grad_ok and halt[0] == 0) else 0.0
+    stats[out_at + SCALE] = s
+    stats[out_at + NORM] = norm
+    stats[out_at + GRAD_FINITE] = 1.0 if grad_ok else 0.0
+
+
+guard_finalize = kernel(
+    "void(float64[::1], int64, float64[::1], int64, int64, float64, int64, float64, float64, "
+    "int64[::1])")(_guard_finalize_body)
+
+
+def _guarded_update_body(kind, w, g, a, b, table, n_coef, t_index, stats, at, clip, norm_mode):
+    # Nothing happens unless the step applies; then clip (value: clamp, norm: the scale the
+    # guard decided) into g, as the CPU clips in place, and take the optimizer step with the
+    # coefficients of the step count t_index[0] (row of this epoch's table).
+    if stats[at + APPLY] == 0.0:
+        return
+    s = stats[at + SCALE]
+    row = t_index[0] * n_coef
+    c = table[row:row + n_coef]
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < w.shape[0]:
+        if clip > 0.0:
+            if norm_mode:
+                if s != 1.0:
+                    g[i] = g[i] * s
+            else:
+                g[i] = min(max(g[i], -clip), clip)
+        if kind == SGD:
+            w[i] = w[i] - c[0] * g[i]
+        elif a.shape[0] == 0:
+            w[i], _, _ = step_element(kind, w[i], g[i], w[i], w[i], c)
+        elif b.shape[0] == 0:
+            w[i], a[i], _ = step_element(kind, w[i], g[i], a[i], a[i], c)
+        else:
+            w[i], a[i], b[i] = step_element(kind, w[i], g[i], a[i], b[i], c)
+        i += step
+
+
+guarded_update = kernel(*signatures(
+    "void(int64, {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64[::1], "
+    "float64[::1], int64, float64, int64)"))(_guarded_update_body)
+
+
+def _advance_body(t_index, stats, at):
+    # after every parameter's update: the step count moves only when the step applied
+    if cuda.grid(1) == 0 and stats[at + APPLY] != 0.0:
+        t_index[0] += 1
+
+
+advance = kernel("void(int64[::1], float64[::1], int64)")(_advance_body)

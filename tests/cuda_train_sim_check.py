@@ -1,0 +1,424 @@
+"""``train(device="cuda")`` under numba's CUDA simulator: the frame's checks, one JSON line each.
+
+Run by tests/test_cuda_train.py in a subprocess whose environment has
+``NUMBA_ENABLE_CUDASIM=1`` (numba reads it at import). Standalone::
+
+    NUMBA_ENABLE_CUDASIM=1 python tests/cuda_train_sim_check.py [--only SUBSTRING] [--slow]
+
+On a machine with a GPU, the same command without the variable runs the checks on the GPU.
+
+Each line is ``{"check": name, "ok": bool, "detail": str}``; :func:`check_names` lists the
+names without running anything. The simulator is slow (a tiny MLP step takes ~0.3-1 s), so the
+default checks train a handful of steps in all; ``--slow`` adds train_sh and every optimizer.
+
+References are independent of the device code: fastlib's CPU training of the same model (a
+separate implementation: BLAS GEMMs and Numba CPU kernels) in float64, where both engines round
+a few times per op on O(1) values, so 1e-12 relative (~4500 eps64) is far above their rounding
+differences and far below any error in the math (a wrong clip, a skipped term: >= 1e-4); the
+device's own uninterrupted run for bit-for-bit claims (resume, restored weights); the initial
+weights for "nothing changed"; numba's simulator array class (not fastlib's counter) for the
+number of device-to-host copies.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+import warnings
+
+import numpy as np
+
+REL = 1e-12  # float64 device vs CPU, relative to the largest parameter (see the docstring)
+
+DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
+           "frame:host stale until synchronised",
+           "frame:to_host copies each weight once", "frame:host read synchronises",
+           "frame:save synchronises", "frame:resume is bit for bit",
+           "guard:non-finite gradient skips the step", "guard:non-finite loss restores",
+           "clip:value", "clip:norm", "unsupported:custom layer", "unsupported:algorithm",
+           "layers:every Dense activation", "losses:all five")
+SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
+        "slow:train_sh resume is bit for bit")
+
+
+def check_names(slow=False):
+    """Every check name a run reports."""
+    return list(DEFAULT) + (list(SLOW) if slow else [])
+
+
+def _mlp(dtype=np.float64, seed=1):
+    import fastlib
+    return fastlib.Sequential([fastlib.Dense(3, 4, "tanh"), fastlib.Dense(4, 2)], dtype=dtype,
+                              seed=seed)
+
+
+def _data(n=4):
+    rng = np.random.default_rng(7)
+    return rng.standard_normal((n, 3)), rng.integers(0, 2, n)
+
+
+def _close(a_params, b_params, rel=REL):
+    """(ok, detail): every parameter within ``rel`` of the largest parameter magnitude."""
+    scale = max(float(np.max(np.abs(v))) for v in b_params.values())
+    worst = max(float(np.max(np.abs(a_params[k] - b_params[k]))) for k in b_params)
+    return worst <= rel * scale, f"max |device - reference| = {worst:.3g} (scale {scale:.3g})"
+
+
+class CopyCounter:
+    """Counts device-to-host copies by wrapping the simulator's array class (not fastlib's)."""
+
+    def __init__(self):
+        from fastlib.cuda import config
+        if config.SIMULATOR:
+            from numba.cuda.simulator.cudadrv import devicearray
+            self.cls = devicearray.FakeCUDAArray
+        else:  # a real GPU: numba's device array class
+            from numba.cuda.cudadrv import devicearray
+            self.cls = devicearray.DeviceNDArray
+        self.count = 0
+
+    def __enter__(self):
+        original = self.cls.copy_to_host
+        self.original = original
+
+        def counted(array, *args, **kwargs):
+            self.count += 1
+            return original(array, *args, **kwargs)
+        self.cls.copy_to_host = counted
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.copy_to_host = self.original
+
+
+def run_frame(report):
+    import fastlib
+
+    x, y = _data()
+    quiet = dict(optimizer="Adam", verbose=False, shuffle=True, seed=3)
+    initial = {k: v.copy() for k, v in _mlp().parameters().items()}
+    cpu = _mlp()
+    fastlib.train(cpu, x, y, 1, 2, 0.1, "cross_entropy", **quiet)
+    want = cpu.parameters()
+
+    from fastlib.cuda.training import DeviceRun
+
+    DeviceRun.default_readback = "step"
+    try:
+        with CopyCounter() as copies:
+            r = fastlib.train(_mlp(), x, y, 1, 2, 0.1, "cross_entropy", device="cuda", **quiet)
+    finally:
+        DeviceRun.default_readback = "epoch"
+    report("frame:one readback per step", copies.count == 2 and len(r.loss_history) == 1,
+           f"{copies.count} device-to-host copies for 2 steps (readback='step')")
+    m = _mlp()
+    with CopyCounter() as copies:
+        r2 = fastlib.train(m, x, y, 1, 2, 0.1, "cross_entropy", device="cuda", **quiet)
+    same = r2.loss_history == r.loss_history and r2.accuracy_history == r.accuracy_history
+    report("frame:one readback per epoch", copies.count == 1 and same,
+           f"{copies.count} device-to-host copies for 1 epoch of 2 steps; the same loss and "
+           f"accuracy as per-step readback: {same}")
+    # the raw host arrays, read without the synchronising property
+    store = {f"{i}.{k}": v for i, layer in enumerate(m.layers)
+             for k, v in layer.__dict__["_param_store"].items()}
+    unchanged = all(np.array_equal(store[k], initial[k]) for k in initial)
+    report("frame:host stale until synchronised", m.host_is_stale and unchanged,
+           f"host_is_stale={m.host_is_stale}, host arrays still the initial ones: {unchanged}")
+    with CopyCounter() as copies:
+        m.to_host()
+    ok, detail = _close(store, want)
+    report("frame:to_host copies each weight once",
+           ok and copies.count == len(initial) and not m.host_is_stale,
+           f"{copies.count} copies for {len(initial)} weights; {detail}")
+
+    m2 = _mlp()
+    fastlib.train(m2, x, y, 1, 2, 0.1, "cross_entropy", device="cuda", **quiet)
+    out = m2(x)  # a CPU forward on stale weights must synchronise first
+    ok, detail = _close({"out": out}, {"out": cpu(x)})
+    report("frame:host read synchronises", ok and not m2.host_is_stale, detail)
+
+    m3 = _mlp()
+    fastlib.train(m3, x, y, 1, 2, 0.1, "cross_entropy", device="cuda", **quiet)
+    with tempfile.TemporaryDirectory() as tmp:
+        m3.save(os.path.join(tmp, "m.npz"))
+        loaded = fastlib.load(os.path.join(tmp, "m.npz")).parameters()
+    ok, detail = _close(loaded, want)
+    report("frame:save synchronises", ok, detail)
+
+
+def run_resume(report):
+    import fastlib
+
+    x, y = _data()
+    kw = dict(optimizer="Adam", verbose=False, seed=5, device="cuda")
+    full = _mlp()
+    fastlib.train(full, x, y, 2, 4, 0.1, "cross_entropy", **kw)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ck.npz")
+        part = _mlp()
+        fastlib.train(part, x, y, 1, 4, 0.1, "cross_entropy", checkpoint=path, **kw)
+        resumed = _mlp()
+        fastlib.train(resumed, x, y, 2, 4, 0.1, "cross_entropy", resume=path, **kw)
+    a, b = full.parameters(), resumed.parameters()
+    diff = [k for k in a if not np.array_equal(a[k], b[k])]
+    report("frame:resume is bit for bit", not diff, f"parameters that differ: {diff}")
+
+
+def run_guards(report):
+    import fastlib
+
+    # Dense(1, 1) with w x = 1, target -1e8: the loss (1 + 1e8)^2 is finite in float32 but
+    # dL/dw = 2 (1 + 1e8) x overflows for x = 1e31 (about 2e39 > 3.4e38).
+    m = fastlib.Sequential([fastlib.Dense(1, 1)], dtype=np.float32)
+    m.load_parameters({"0.weight": [[1e-31]], "0.bias": [0.0]})
+    before = {k: v.copy() for k, v in m.parameters().items()}
+    x = np.full((4, 1), 1e31, np.float32)
+    t = np.full((4, 1), -1e8, np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = fastlib.train(m, x, t, 1, 2, 0.1, "mse", device="cuda", verbose=False)
+    same = all(np.array_equal(v, before[k]) for k, v in m.parameters().items())
+    warned = any("skipped 2 optimizer step" in str(w.message) for w in caught)
+    loss_ok = abs(r.loss_history[0] / (1 + 1e8) ** 2 - 1) <= 8 * float(np.finfo(np.float32).eps)
+    report("guard:non-finite gradient skips the step",
+           r.skipped_steps == 2 and same and warned and loss_ok and not r.diverged,
+           f"skipped {r.skipped_steps}, unchanged {same}, warned {warned}, loss "
+           f"{r.loss_history}")
+
+    # Dense(1, 1), x = 1e3, SGD lr 1: each step multiplies the error by 1 - 2 lr x^2 ~ -2e6,
+    # so the float32 loss overflows at the fourth step: epoch 2 of 2-step epochs
+    def tiny():
+        return fastlib.Sequential([fastlib.Dense(1, 1)], dtype=np.float32, seed=0)
+    xd = np.full((2, 1), 1e3, np.float32)
+    td = np.ones((2, 1), np.float32)
+    kw = dict(optimizer="SGD", shuffle=False, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dev = tiny()
+        rd = fastlib.train(dev, xd, td, 5, 1, 1.0, "mse", device="cuda", **kw)
+        rc = fastlib.train(tiny(), xd, td, 5, 1, 1.0, "mse", **kw)
+    ref = tiny()
+    if rd.restored_epoch:
+        fastlib.train(ref, xd, td, rd.restored_epoch, 1, 1.0, "mse", device="cuda", **kw)
+    same = all(np.array_equal(dev.parameters()[k], v) for k, v in ref.parameters().items())
+    report("guard:non-finite loss restores",
+           rd.diverged and rc.diverged and rd.restored_epoch == rc.restored_epoch
+           and rd.epochs_run == rc.epochs_run and same and "restored" in rd.stop_reason,
+           f"device: diverged {rd.diverged} restored_epoch {rd.restored_epoch} "
+           f"({rd.stop_reason}); CPU: restored_epoch {rc.restored_epoch}; weights equal to a "
+           f"run of that many epochs: {same}")
+
+
+def run_clip(report):
+    import fastlib
+
+    x, y = _data()
+    for mode in ("value", "norm"):
+        kw = dict(optimizer="Momentum", verbose=False, seed=2, gradient_clip=0.05,
+                  clip_mode=mode)
+        cpu, dev = _mlp(), _mlp()
+        fastlib.train(cpu, x, y, 1, 2, 0.5, "cross_entropy", **kw)
+        fastlib.train(dev, x, y, 1, 2, 0.5, "cross_entropy", device="cuda", **kw)
+        unclipped = _mlp()
+        fastlib.train(unclipped, x, y, 1, 2, 0.5, "cross_entropy", optimizer="Momentum",
+                      verbose=False, seed=2)
+        ok, detail = _close(dev.parameters(), cpu.parameters())
+        # the clip must matter here, or the check could not see a device that ignores it
+        matters = not _close(unclipped.parameters(), cpu.parameters(), 1e-6)[0]
+        report(f"clip:{mode}", ok and matters, f"{detail}; clipping changes the result: "
+                                               f"{matters}")
+
+
+def run_unsupported(report):
+    import fastlib
+
+    class Doubler(fastlib.Layer):
+        def forward(self, x):
+            return 2 * x
+
+        def backward(self, g, need_input_grad=True):
+            return 2 * g, {}
+
+        def infer_shape(self, shape):
+            return shape
+
+        def get_config(self):
+            return {"type": "Doubler"}
+
+    x, y = _data()
+    model = fastlib.Sequential([fastlib.Dense(3, 2), Doubler()])
+    before = {k: v.copy() for k, v in model.parameters().items()}
+    try:
+        fastlib.train(model, x, y, 1, 2, 0.1, "cross_entropy", device="cuda", verbose=False)
+        report("unsupported:custom layer", False, "no error")
+    except ValueError as exc:
+        msg = str(exc)
+        same = all(np.array_equal(v, before[k]) for k, v in model.parameters().items())
+        report("unsupported:custom layer",
+               "model.layers[1]" in msg and "Doubler" in msg and "device='cpu'" in msg and same
+               and not model.host_is_stale, msg)
+    try:
+        fastlib.train(_mlp(), x, None, 1, 2, 0.1, None, device="cuda", algorithm="cd",
+                      verbose=False)
+        report("unsupported:algorithm", False, "no error")
+    except ValueError as exc:
+        report("unsupported:algorithm", "'cd'" in str(exc) and "CPU" in str(exc), str(exc))
+
+
+def run_activations(report):
+    import fastlib
+    from fastlib.layers import ACTIVATIONS
+
+    # one Parallel branch per activation: a single step runs all ten forward and backward
+    def model():
+        branches = [fastlib.Dense(3, 2, a) for a in ACTIVATIONS]
+        return fastlib.Sequential([fastlib.Parallel(branches), fastlib.Dense(2 * len(branches), 2)],
+                                  dtype=np.float64, seed=3)
+    x, y = _data()
+    cpu, dev = model(), model()
+    kw = dict(optimizer="SGD", verbose=False, seed=1)
+    fastlib.train(cpu, x, y, 1, 2, 0.5, "cross_entropy", **kw)
+    fastlib.train(dev, x, y, 1, 2, 0.5, "cross_entropy", device="cuda", **kw)
+    ok, detail = _close(dev.parameters(), cpu.parameters())
+    report("layers:every Dense activation", ok, f"{sorted(ACTIVATIONS)}: {detail}")
+
+
+def run_losses(report):
+    import fastlib
+
+    # 16 rows: enough outputs near every decision threshold that a wrong one changes accuracy
+    rng = np.random.default_rng(11)
+    n = 16
+    x = rng.standard_normal((n, 3))
+    targets = {"mse": rng.standard_normal((n, 2)),
+               "cross_entropy": rng.integers(0, 2, n),
+               "categorical_cross_entropy": np.eye(2)[rng.integers(0, 2, n)],
+               "binary_cross_entropy": rng.integers(0, 2, (n, 2)).astype(float),
+               "binary_cross_entropy_with_logits": rng.integers(0, 2, (n, 2)).astype(float)}
+    bad = []
+    for loss, y in targets.items():
+        act = "sigmoid" if loss == "binary_cross_entropy" else "linear"
+
+        def model():
+            return fastlib.Sequential([fastlib.Dense(3, 2, act)], dtype=np.float64, seed=5)
+        cpu, dev = model(), model()
+        kw = dict(optimizer="SGD", verbose=False, shuffle=False)
+        rc = fastlib.train(cpu, x, y, 1, n, 0.5, loss, **kw)
+        rd = fastlib.train(dev, x, y, 1, n, 0.5, loss, device="cuda", **kw)
+        ok, detail = _close(dev.parameters(), cpu.parameters())
+        loss_ok = abs(rd.loss_history[0] - rc.loss_history[0]) <= REL * abs(rc.loss_history[0])
+        acc_ok = rd.accuracy_history == rc.accuracy_history
+        if not (ok and loss_ok and acc_ok):
+            bad.append(f"{loss}: {detail}; loss {rd.loss_history} vs {rc.loss_history}; "
+                       f"accuracy {rd.accuracy_history} vs {rc.accuracy_history}")
+    report("losses:all five", not bad, "; ".join(bad) or "weights, loss and accuracy agree")
+
+
+def run_every_layer(report):
+    import fastlib
+    from fastlib import layers as L
+
+    def model():
+        return fastlib.Sequential([
+            L.Embedding(5, 4), L.MultiHeadAttention(4, 2, causal=True),
+            L.LSTM(4, 3, return_sequences=True), L.RNN(3, 4, return_sequences=True),
+            L.SwiGLU(4, 3, 4), L.LayerNorm(4), L.RMSNorm(4),
+            L.Parallel([L.Dense(4, 2, "relu"), L.Sequential([L.Dense(4, 2, "gelu")])]),
+            L.RNN(4, 3), L.Dense(3, 3), L.Softmax()], dtype=np.float64, seed=2)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 5, (4, 3))
+    t = np.eye(3)[rng.integers(0, 3, 4)]
+    cpu, dev = model(), model()
+    kw = dict(optimizer="Adam", verbose=False, seed=1)
+    fastlib.train(cpu, x, t, 1, 2, 0.05, "mse", **kw)
+    fastlib.train(dev, x, t, 1, 2, 0.05, "mse", device="cuda", **kw)
+    ok, detail = _close(dev.parameters(), cpu.parameters(), 1e-9)
+    report("slow:every layer type", ok, detail)
+
+
+def run_sh_resume(report):
+    import fastlib
+
+    x, y = _data(6)
+    xv, yv = _data(3)
+    kw = dict(verbose=False, seed=4, patience=1, min_delta=0.0, x_val=xv, y_val=yv,
+              device="cuda")
+    full = _mlp()
+    hf = fastlib.train_sh(full, x, y, 4, 3, 0.5, "cross_entropy", "Adam", **kw)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ck.npz")
+        fastlib.train_sh(_mlp(), x, y, 2, 3, 0.5, "cross_entropy", "Adam", checkpoint=path,
+                         **kw)
+        resumed = _mlp()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # epochs differ from the checkpoint's run
+            hr = fastlib.train_sh(resumed, x, y, 4, 3, 0.5, "cross_entropy", "Adam", resume=path,
+                                  **kw)
+    a, b = full.parameters(), resumed.parameters()
+    diff = [k for k in a if not np.array_equal(a[k], b[k])]
+    report("slow:train_sh resume is bit for bit", not diff and hf.lr == hr.lr and
+           hf.best_epoch == hr.best_epoch and hf.restored_best,
+           f"differ: {diff}; lr {hf.lr} vs {hr.lr}; restored best {hf.restored_best}")
+
+
+def run_slow(report):
+    run_every_layer(report)
+    run_sh_resume(report)
+
+    import fastlib
+
+    x, y = _data(6)
+    xv, yv = _data(3)
+    kw = dict(verbose=False, seed=4, patience=1, min_delta=0.0, x_val=xv, y_val=yv)
+    cpu, dev = _mlp(), _mlp()
+    hc = fastlib.train_sh(cpu, x, y, 4, 3, 0.5, "cross_entropy", "Adam", **kw)
+    hd = fastlib.train_sh(dev, x, y, 4, 3, 0.5, "cross_entropy", "Adam", device="cuda", **kw)
+    ok, detail = _close(dev.parameters(), cpu.parameters())
+    same_policy = (hc.best_epoch == hd.best_epoch and hc.lr == hd.lr
+                   and hc.restored_best == hd.restored_best)
+    report("slow:train_sh", ok and same_policy,
+           f"{detail}; best epoch {hd.best_epoch} vs {hc.best_epoch}, lr {hd.lr} vs {hc.lr}")
+    bad = []
+    for opt in ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW"):
+        cpu, dev = _mlp(), _mlp()
+        fastlib.train(cpu, x, y, 1, 3, 0.1, "cross_entropy", optimizer=opt, verbose=False)
+        fastlib.train(dev, x, y, 1, 3, 0.1, "cross_entropy", optimizer=opt, verbose=False,
+                      device="cuda")
+        ok, detail = _close(dev.parameters(), cpu.parameters())
+        if not ok:
+            bad.append(f"{opt}: {detail}")
+    report("slow:optimizers", not bad, "; ".join(bad) or "all seven within 1e-12")
+
+
+GROUPS = {"frame": run_frame, "resume": run_resume, "guard": run_guards, "clip": run_clip,
+          "unsupported": run_unsupported, "layers": run_activations, "losses": run_losses}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    only = argv[argv.index("--only") + 1] if "--only" in argv else None
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.setswitchinterval(1e-4)  # the simulator's barriers poll threads (cuda_sim_check.py)
+    import fastlib.cuda as fc
+    if not fc.is_available():  # without the simulator, the checks run on a real GPU
+        sys.exit(f"no device: {fc.unavailable_reason()}")
+
+    def report(check, ok, detail):
+        print(json.dumps({"check": check, "ok": bool(ok), "detail": str(detail)}), flush=True)
+
+    groups = dict(GROUPS)
+    if "--slow" in argv:
+        groups["slow"] = run_slow
+    for group, run in groups.items():
+        if only and only not in group:
+            continue
+        try:
+            run(report)
+        except Exception:
+            report(f"group:{group}", False, traceback.format_exc())
+
+
+if __name__ == "__main__":
+    main()
