@@ -123,7 +123,8 @@ class TrainingHistorySH:
 def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None, y_val=None,
           optimizer="SGD", *, gradient_clip=0.0, clip_mode="value", shuffle=True, seed=0,
           device="cpu", algorithm="bp", callbacks=(), verbose=True, checkpoint=None,
-          checkpoint_every=1, resume=None, **algorithm_options) -> TrainingResult:
+          checkpoint_every=1, resume=None, distributed=False,
+          **algorithm_options) -> TrainingResult:
     """Train ``model`` on ``(x, y)`` with mini-batches (DataCode's order, Loom's result).
 
     Parameters
@@ -173,6 +174,11 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
         Write a checkpoint every ``checkpoint_every`` epochs and after the last one.
     resume : path, optional
         Continue from a checkpoint (model weights, optimizer state, RNG, epoch, histories).
+    distributed : bool or fastlib.training.distributed.DataParallel
+        Data-parallel over MPI when launched with ``mpiexec -n K``
+        (:mod:`fastlib.training.distributed`): rank 0's state is broadcast, each rank trains on
+        its share of every global batch, gradients are summed across ranks, only rank 0
+        prints and writes checkpoints. Needs ``verigrad[mpi]``.
     **algorithm_options
         Options for the algorithm, in ``ctx.config.extra`` (e.g. ``cd_k=1``). ``"bp"`` takes
         ``fused`` (default True): False turns off the whole-epoch compiled path for
@@ -185,8 +191,8 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
                  verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=None,
-                 restore_best=False)
-    return loop.run()
+                 restore_best=False, distributed=distributed)
+    return loop.run() if loop.dist is None else loop.dist.guard(loop.run)
 
 
 def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimizer="SGD",
@@ -194,7 +200,7 @@ def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimize
              y_val=None, *, lr_factor=0.5, stop_patience=None, min_lr=1e-6, gradient_clip=0.0,
              clip_mode="value", shuffle=True, seed=0, device="cpu", algorithm="bp",
              callbacks=(), verbose=True, checkpoint=None, checkpoint_every=1, resume=None,
-             **algorithm_options) -> TrainingHistorySH:
+             distributed=False, **algorithm_options) -> TrainingHistorySH:
     """Train with early stopping and learning-rate reduction on a plateau (DataCode's train_sh).
 
     The policy (epochs numbered from 1):
@@ -220,8 +226,8 @@ def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimize
     loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
                  verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=policy,
-                 restore_best=bool(restore_best))
-    result = loop.run()
+                 restore_best=bool(restore_best), distributed=distributed)
+    result = loop.run() if loop.dist is None else loop.dist.guard(loop.run)
     policy = loop.policy
     return TrainingHistorySH(
         loss=result.loss_history, val_loss=result.val_loss_history,
@@ -292,7 +298,7 @@ class _Loop:
     def __init__(self, model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm,
                  callbacks, verbose, checkpoint, checkpoint_every, resume, options, policy,
-                 restore_best):
+                 restore_best, distributed=False):
         self.t_start = time.perf_counter()
         self.algo = get_algorithm(algorithm)
         allowed = self.algo.options
@@ -360,6 +366,11 @@ class _Loop:
             self._resume(resume)
         elif self.algo.init is not None:
             self.algo.init(self.ctx)
+        self.dist = None
+        if distributed:  # data-parallel over MPI: wraps the algorithm, broadcasts rank 0's state
+            from fastlib.training import distributed as dist_mod
+
+            self.dist = dist_mod.attach(self, distributed)
 
     # -- checkpoints --------------------------------------------------------------------------
     def _settings(self):
@@ -531,6 +542,8 @@ class _Loop:
                         "val_acc": val_acc, "lr": ctx.lr, "epoch_time": dt}
                 stop = self._apply_policy(epoch, logs)
                 stop = self._call_callbacks(epoch, logs) or stop
+                if self.dist is not None:
+                    stop = self.dist.agree_stop(stop)
                 last_good = (_snapshot(ctx.params), ctx.opt_state.copy(), epoch)
                 if bar is not None:
                     bar.update(1)
