@@ -427,6 +427,9 @@ class _Session:
                 warnings.simplefilter("ignore")
                 return run()
         except BaseException as exc:  # noqa: BLE001 - any failure must stop every rank
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
             _report(f"rank {self.rank} of {self.size} raised {type(exc).__name__}: {exc}; "
                     "aborting every rank")
             self.comm.MPI.COMM_WORLD.Abort(4)
