@@ -64,7 +64,7 @@ from fastlib.training.algorithms import (EVAL_CHUNK, Algorithm, BatchResult, cor
 from fastlib.training.clipping import clip_gradients
 
 __all__ = ["DataParallel", "INSTALL_HINT", "UNSUPPORTED", "block_bounds", "rank_blocks",
-           "tree_nodes", "tree_sum", "resolve"]
+           "tree_nodes", "tree_sum", "resolve", "world"]
 
 INSTALL_HINT = ("install the MPI extra: pip install 'verigrad[mpi]' (mpi4py and the mpich "
                 "wheel, which brings mpiexec), then launch with: mpiexec -n K python your_script.py"
@@ -128,6 +128,13 @@ def _mpi():
         raise ImportError(f"distributed=True needs mpi4py and an MPI library ({exc}); "
                           f"{INSTALL_HINT}") from None
     return MPI
+
+
+def world():
+    """``(rank, size)`` of this process in ``MPI.COMM_WORLD`` ((0, 1) without mpiexec);
+    ImportError with the install command when mpi4py is missing."""
+    comm = _mpi().COMM_WORLD
+    return comm.Get_rank(), comm.Get_size()
 
 
 # ---------------------------------------------------------------------------------------------
