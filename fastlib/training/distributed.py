@@ -10,7 +10,7 @@ every step. Only rank 0 shows progress and writes checkpoints.
 
 Reproducibility: the summation order is fixed by the batch, never by the number of ranks.
 A global batch of ``n`` samples is cut into ``m = min(blocks, n)`` near-equal *blocks*
-(:func:`block_bounds`, ``blocks`` = :attr:`DataParallel.blocks`, 16 by default). Each block's
+(:func:`block_bounds`, ``blocks`` = :attr:`DataParallel.blocks`, 8 by default). Each block's
 gradient is a function of the parameters and the block's samples alone (one forward and
 backward on the block, its loss gradient scaled by ``n_block / n`` because the loss is the
 mean over the GLOBAL batch), and the batch's gradient is the sum of the block gradients over a
@@ -23,7 +23,7 @@ machines with the same binaries. Against plain ``train`` (one product over the w
 the result differs by the reassociation of the batch sum; the README derives the bound.
 
 Shards: rank ``r`` owns blocks ``[r m / K, (r + 1) m / K)``. When K divides ``m`` (K a power of
-two up to 16 with the default), the shards are exactly the balanced split of the batch (sizes
+two up to 8 with the default), the shards are exactly the balanced split of the batch (sizes
 differ by at most one sample, the last partial batch included); otherwise they differ by at
 most one block. With K > m some ranks have no sample in a batch: raise ``blocks``.
 
@@ -96,7 +96,7 @@ class DataParallel:
         and aborts the job.
     """
 
-    blocks: int = 16
+    blocks: int = 8
     timeout: float = 120.0
 
     def __post_init__(self):

@@ -36,6 +36,10 @@ def add_arguments(parser):
     a("--data-dir", default=None, help="MNIST folder (default $VERIGRAD_MNIST_DIR or "
                                        "../shared/data/mnist; random data when absent)")
     a("--json", action="store_true", help="print the results as JSON instead of a table")
+    a("--distributed", action="store_true",
+      help="data-parallel fastlib under mpiexec at each of --ranks (needs verigrad[mpi])")
+    a("--ranks", default="1,2", help="with --distributed: rank counts (default 1,2)")
+    a("--blocks", type=int, default=8, help="with --distributed: blocks per batch (default 8)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,6 +175,10 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"verigrad bench train: error: {exc}", file=sys.stderr)
         return 1
+    if args.distributed:
+        from reports.distributed import bench
+
+        return bench.run(args, sizes)
     if "torch" in engines:
         try:
             import torch  # noqa: F401

@@ -73,8 +73,8 @@ def add_arguments(parser):
     a("--distributed", action="store_true",
       help="data-parallel over MPI: launch as mpiexec -n K verigrad train --distributed "
            "(needs verigrad[mpi]); only rank 0 prints, plots and saves")
-    a("--blocks", type=int, default=16,
-      help="with --distributed: blocks per batch, the fixed summation order (default 16)")
+    a("--blocks", type=int, default=8,
+      help="with --distributed: blocks per batch, the fixed summation order (default 8)")
 
 
 def _load(args, dtype):
