@@ -296,11 +296,23 @@ def _measure_op_task(name, engine_names, config):
         return accuracy.measure_op(name, engines, config)
 
 
-def measure_report(spec, config, engines, unavailable=(), on_op=None):
+def measure_report(spec, config, engines, unavailable=(), on_op=None, progress=None,
+                   engine_refs=None):
     """``accuracy.measure`` with every op measured as a task on the cluster ``spec``.
 
     The report is assembled by ``accuracy.measure`` itself from the ops' results (each op's
     cases come from the run's seed and the op's name alone), so it is the serial report.
+
+    Parameters
+    ----------
+    spec : str or distributed.Client
+    config, engines, unavailable, on_op :
+        As for ``accuracy.measure``.
+    progress : callable, optional
+        ``progress(op)`` as each op's task finishes (the progress bar).
+    engine_refs : list of str, optional
+        How each engine is asked for (registered name or ``module:Class``); default their
+        names. Workers build the engines from these.
 
     Raises
     ------
@@ -312,15 +324,15 @@ def measure_report(spec, config, engines, unavailable=(), on_op=None):
     from reports import accuracy
 
     ops = list(config.ops or spec_mod.OPS)
-    names = [e.name for e in engines]
+    refs = list(engine_refs or [e.name for e in engines])
     with open_client(spec) as client:
-        done = _gather(client, _measure_op_task, ops, (names, config))
+        done = _gather(client, _measure_op_task, ops, (refs, config), progress=progress)
     bad = {k: v for k, v in done.items() if isinstance(v, Exception)}
     if bad:
         raise RuntimeError("; ".join(f"op {k}: {_death_reason(v)}" for k, v in bad.items()))
     measure_op = accuracy.measure_op
     # NOTE: accuracy.measure assembles the report (summary, bar, notes) exactly as in a serial
-    # run; its per-op call is pointed at the results the cluster computed for this one call
+    # run; its per-op call is pointed at the results the cluster computed, for this call only
     accuracy.measure_op = lambda name, _engines, _config: done[name]
     try:
         return accuracy.measure(config, engines, unavailable, on_op=on_op)
