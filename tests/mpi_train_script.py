@@ -1,7 +1,10 @@
 """A small data-parallel training run, launched by tests/test_distributed_mpi.py.
 
 Run as ``mpiexec -n K python tests/mpi_train_script.py OUT.npz [options]`` (or without mpiexec:
-one rank). Rank 0 writes the final parameters and the histories to OUT.npz. ``--fail MODE``
+one rank). Rank 0 writes the final parameters and the histories to OUT.npz. ``--both`` runs the
+float64 / Adam and the float32 / Momentum configurations one after the other (OUT.float64.npz,
+OUT.float32.npz: one launch instead of two); ``--with-plain`` first runs plain ``train`` (no
+MPI) and writes it to OUT.plain.npz. ``--fail MODE``
 makes rank ``--fail-rank`` misbehave at the start of epoch 2: ``raise`` (a Python exception),
 ``hang`` (stops answering: sleeps for an hour) or ``kill`` (SIGKILL to itself).
 """
@@ -51,8 +54,22 @@ def main(argv=None):
     p.add_argument("--sh", action="store_true", help="train_sh instead of train")
     p.add_argument("--fail", choices=("raise", "hang", "kill"), default=None)
     p.add_argument("--fail-rank", type=int, default=1)
+    p.add_argument("--both", action="store_true")
+    p.add_argument("--with-plain", action="store_true")
     args = p.parse_args(argv)
+    if args.both:
+        for dtype, opt in (("float64", "Adam"), ("float32", "Momentum")):
+            args.dtype, args.optimizer = dtype, opt
+            train_once(args, args.out[:-4] + f".{dtype}.npz")
+        return
+    if args.with_plain:
+        args.plain = True
+        train_once(args, args.out[:-4] + ".plain.npz")
+        args.plain = False
+    train_once(args, args.out)
 
+
+def train_once(args, out):
     import fastlib
     from fastlib.training.distributed import DataParallel
 
@@ -95,7 +112,7 @@ def main(argv=None):
                       val_loss=np.array(result.val_loss_history),
                       val_acc=np.array(result.val_accuracy_history),
                       lr=np.array(result.lr_history), fused=np.array(result.fused))
-        np.savez(args.out, **arrays)
+        np.savez(out, **arrays)
 
 
 if __name__ == "__main__":
