@@ -181,10 +181,6 @@ def tree_sum(values, lo, hi):
 # ---------------------------------------------------------------------------------------------
 # the communicator with timeouts
 
-class RankFailure(RuntimeError):
-    """Another rank raised, died or stopped answering."""
-
-
 class _Comm:
     """MPI collectives that never block forever (polled against a deadline)."""
 
@@ -252,15 +248,21 @@ class _Comm:
     def alltoallv(self, send, sendcounts, recv, recvcounts, what):
         sd = np.concatenate([[0], np.cumsum(sendcounts)[:-1]]).astype(np.int64)
         rd = np.concatenate([[0], np.cumsum(recvcounts)[:-1]]).astype(np.int64)
-        mtype = self.MPI._typedict[send.dtype.char]
+        mtype = _mpi_type(send.dtype)
         self._wait(self.comm.Ialltoallv([send, (list(sendcounts), list(sd)), mtype],
                                         [recv, (list(recvcounts), list(rd)), mtype]), what)
 
     def allgatherv(self, send, recv, counts, what):
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        mtype = self.MPI._typedict[send.dtype.char]
+        mtype = _mpi_type(send.dtype)
         self._wait(self.comm.Iallgatherv([send, mtype],
                                          [recv, (list(counts), list(displs)), mtype]), what)
+
+
+def _mpi_type(dtype):
+    from mpi4py.util.dtlib import from_numpy_dtype
+
+    return from_numpy_dtype(dtype)
 
 
 def _report(message):
