@@ -47,21 +47,57 @@ def results(rows):
     return out
 
 
-def test_cluster_rows_equal_the_serial_rows(client):
+def conform_args(**kw):
+    import argparse
+
+    args = dict(profile="dev", engine=["fastlib"], ops=["tanh", "mul", "Adam"], dtype="float64",
+                json=None, seed=3, mutants=False, no_proofs=True, fail_fast=False, first=None,
+                no_progress=True, cluster=None)
+    args.update(kw)
+    return argparse.Namespace(**args)
+
+
+def test_conform_on_the_cluster_prints_the_serial_rows(client):
+    """``verigrad conform``'s engine part, serially and with ``--cluster`` (given the running
+    cluster's client): the same rows and the same printed table."""
+    import io
+
+    from reports.commands import conform
+
+    serial_out, cluster_out = io.StringIO(), io.StringIO()
+    serial, _, code_s = conform.run_engines(conform_args(), out=serial_out)
+    done, _, code_c = conform.run_engines(conform_args(cluster=client), out=cluster_out)
+    assert len(done) == len(serial) == 7  # exact, jvp, special per op; the optimizer row
+    assert results(done) == results(serial)
+    assert cluster_out.getvalue() == serial_out.getvalue() and code_s == code_c == 0
+    assert all(r.result.status == "pass" for r in done)
+
+
+def test_progress_ticks_once_per_check(client):
     from reports.conformance import runner
     from reports.distributed import cluster
 
-    ops, profile = ["tanh", "mul", "Adam"], runner.PROFILES["dev"]
-    serial, _ = runner.plan_rows(["fastlib"], ops=ops, dtype="float64")
-    runner.run_rows(serial, profile, 3)
-    planned, _ = runner.plan_rows(["fastlib"], ops=ops, dtype="float64")
+    planned, _ = runner.plan_rows(["reflib"], ops=["exp"], dtype="float64")
     seen = []
-    done = cluster.run_rows(client, planned, profile, 3, ops=ops, dtype="float64",
-                            progress=lambda row: seen.append(row.label()))
-    assert len(done) == len(serial) == 7  # exact, jvp, special per op; the optimizer row
-    assert results(done) == results(serial)
-    assert sorted(seen) == sorted(r.label() for r in serial)  # one tick per check
-    assert all(r.result.status == "pass" for r in done)
+    cluster.run_rows(client, planned, runner.PROFILES["dev"], 0, ops=["exp"], dtype="float64",
+                     progress=lambda row: seen.append(row.label()))
+    assert sorted(seen) == sorted(r.label() for r in planned) and len(seen) == 3
+
+
+def test_the_report_on_the_cluster_is_the_serial_report(client):
+    from reports import accuracy
+    from reports.conformance.engines import get_engine
+    from reports.distributed import cluster
+
+    config = accuracy.Config.quick_config(ops=("tanh", "mul"), dtypes=("float64",), seed=1)
+    engines = [get_engine("fastlib")]
+    serial = accuracy.measure(config, engines)
+    done = cluster.measure_report(client, config, engines)
+    for r in (serial, done):
+        r.pop("timing")
+        r.pop("generated")
+    assert done == serial
+    assert accuracy.measure_op is not None and "lambda" not in accuracy.measure_op.__qualname__
 
 
 def test_a_failing_row_keeps_its_counterexample(client):
@@ -85,18 +121,21 @@ def test_a_check_that_kills_its_worker_twice_is_a_failure_and_others_are_rerun(c
 
     profile = runner.PROFILES["dev"]
     planned, _ = runner.plan_rows([CRASHING], ops=["tanh", "exp"], dtype="float64")
-    planned = [r for r in planned if r.kind == "exact"]
-    assert [r.name for r in planned] == ["exp", "tanh"]
-    done = cluster.run_rows(client, planned, profile, 0, ops=["tanh", "exp"], dtype="float64")
-    by_name = {r.name: r.result for r in done}
-    assert by_name["tanh"].status == "FAIL" and cluster.KILLED_TWICE in by_name["tanh"].detail
-    assert math.isinf(by_name["tanh"].error) and "--ops tanh" in by_name["tanh"].command
+    planned = {r.name: r for r in planned if r.kind == "exact"}
+    assert sorted(planned) == ["exp", "tanh"]
+    # one at a time: a death is blamed on the task that ran, never on one beside it
+    exp = cluster.run_rows(client, [planned["exp"]], profile, 0, ops=["tanh", "exp"],
+                           dtype="float64")[0].result
+    tanh = cluster.run_rows(client, [planned["tanh"]], profile, 0, ops=["tanh", "exp"],
+                            dtype="float64")[0].result
+    assert tanh.status == "FAIL" and cluster.KILLED_TWICE in tanh.detail
+    assert math.isinf(tanh.error) and "--ops tanh" in tanh.command
     # exp's first run killed its worker; the rerun elsewhere passed, with the serial result
-    assert client.marker.exists() and by_name["exp"].status == "pass"
+    assert client.marker.exists() and exp.status == "pass", exp.detail
     again, _ = runner.plan_rows([CRASHING], ops=["exp"], dtype="float64")
     again = [r for r in again if r.kind == "exact"]
     runner.run_rows(again, profile, 0)  # the marker exists now: no crash in this process
-    assert results([r for r in done if r.name == "exp"]) == results(again)
+    assert results([planned["exp"]]) == results(again)
 
 
 def test_conform_cli_rejects_a_bad_cluster_spec():

@@ -12,7 +12,8 @@ the seconds differ. Results are put back in the serial order.
 
 One progress bar counts finished tasks. A worker that dies (a crash in native code, the OOM
 killer) has its task run again on another worker; a task that kills its worker twice
-(:data:`SCHEDULER_CONFIG`, set for ``local:N``; set it on your own scheduler) is reported as a failing row with the reason, never lost.
+(:data:`SCHEDULER_CONFIG` and :data:`RESOURCE`, set for ``local:N``; set them on your own
+cluster) is reported as a failing row with the reason, never lost.
 
 ``local:N`` starts a ``LocalCluster`` of N single-threaded worker processes here; an address
 connects to a running scheduler, whose workers must have verigrad (the same version)
@@ -34,11 +35,15 @@ KILLED_TWICE = "killed its worker process twice"
 
 
 # NOTE: a task that kills one worker is retried once elsewhere; its second death marks it
-# failed (KilledWorker) instead of crashing worker after worker. A worker holds only the task
-# it runs (saturation 1.0 with one thread), so a death is blamed on that task alone, not on
-# tasks queued behind it. An existing scheduler needs the same two settings in its config.
-SCHEDULER_CONFIG = {"distributed.scheduler.allowed-failures": 1,
-                    "distributed.scheduler.worker-saturation": 1.0}
+# failed (KilledWorker) instead of crashing worker after worker. An existing scheduler needs
+# the same setting in its config.
+SCHEDULER_CONFIG = {"distributed.scheduler.allowed-failures": 1}
+# NOTE: Dask blames a worker's death on every task assigned to that worker, also those waiting
+# behind the one that ran; so each task asks for one unit of this worker resource and each
+# worker has one: a worker then holds only the task it runs, and a death is blamed on that task
+# alone. Workers started without it (dask worker ... without --resources verigrad=1) still
+# run the tasks, with Dask's coarser blame.
+RESOURCE = "verigrad"
 
 
 class ClusterSpecError(ValueError):
@@ -89,7 +94,8 @@ def open_client(spec):
         with dask.config.set(SCHEDULER_CONFIG):
             cluster = distributed.LocalCluster(n_workers=value, threads_per_worker=1,
                                                processes=True, dashboard_address=None,
-                                               silence_logs=logging.CRITICAL)
+                                               silence_logs=logging.CRITICAL,
+                                               resources={RESOURCE: 1})
             client = distributed.Client(cluster)
             try:
                 yield client
@@ -113,8 +119,10 @@ def _gather(client, fn, keys, args, progress=None, stop=None):
     """
     from distributed import as_completed
 
-    futures = {client.submit(fn, key, *args, pure=False, key=f"verigrad-{i}-{_slug(key)}"):
-               key for i, key in enumerate(keys)}
+    workers = client.scheduler_info().get("workers", {}).values()
+    slots = {RESOURCE: 1} if any(RESOURCE in w.get("resources", {}) for w in workers) else None
+    futures = {client.submit(fn, key, *args, pure=False, key=f"verigrad-{i}-{_slug(key)}",
+                             resources=slots): key for i, key in enumerate(keys)}
     done = {}
     pending = as_completed(list(futures))
     for future in pending:
