@@ -4,7 +4,7 @@ Run as ``mpiexec -n K python tests/mpi_train_script.py OUT.npz [options]`` (or w
 one rank). Rank 0 writes the final parameters and the histories to OUT.npz. ``--both`` runs the
 float64 / Adam and the float32 / Momentum configurations one after the other (OUT.float64.npz,
 OUT.float32.npz: one launch instead of two); ``--with-plain`` first runs plain ``train`` (no
-MPI) and writes it to OUT.plain.npz. ``--fail MODE``
+MPI; its per-batch path, ``fused=False``) and writes it to OUT.plain.npz. ``--fail MODE``
 makes rank ``--fail-rank`` misbehave at the start of epoch 2: ``raise`` (a Python exception),
 ``hang`` (stops answering: sleeps for an hour) or ``kill`` (SIGKILL to itself).
 """
@@ -48,7 +48,7 @@ def main(argv=None):
     p.add_argument("--optimizer", default="Adam")
     p.add_argument("--blocks", type=int, default=16)
     p.add_argument("--timeout", type=float, default=120.0)
-    p.add_argument("--plain", action="store_true", help="serial train, distributed=False")
+    p.add_argument("--plain", action="store_true", help="serial train, distributed=False, fused=False")
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--resume", default=None)
     p.add_argument("--sh", action="store_true", help="train_sh instead of train")
@@ -98,6 +98,8 @@ def train_once(args, out):
     dist = False if args.plain else DataParallel(blocks=args.blocks, timeout=args.timeout)
     common = dict(seed=5, verbose=False, distributed=dist, callbacks=callbacks,
                   checkpoint=args.checkpoint, resume=args.resume)
+    if args.plain:  # the per-batch path: one matrix product over the batch (the bound's subject)
+        common["fused"] = False
     if args.sh:
         h = fastlib.train_sh(model, x, y, args.epochs, args.batch, 0.05, "cross_entropy",
                              args.optimizer, monitor="val_loss", patience=1, x_val=xv, y_val=yv,

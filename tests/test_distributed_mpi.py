@@ -92,6 +92,7 @@ def test_two_ranks_equal_one_process_bit_for_bit(one_process, two_ranks, dtype):
     assert max(np.max(np.abs(got[f"p:{k}"] - v)) for k, v in start.items()) > 1e-3
 
 
+@pytest.mark.slow  # two more launches (~5 s); the checkpoint holds nothing about the ranks
 def test_checkpoint_from_two_ranks_resumes_in_one(tmp_path, one_process):
     ckpt = tmp_path / "ckpt.npz"
     run(tmp_path / "k2.npz", "--epochs", "2", "--checkpoint", str(ckpt), ranks=2)
@@ -102,7 +103,8 @@ def test_checkpoint_from_two_ranks_resumes_in_one(tmp_path, one_process):
 
 def test_one_step_within_the_stated_bound_of_plain_train(tmp_path):
     """One SGD step (one batch of 8, float32, a single Dense layer): the data-parallel step
-    differs from plain train's by at most the README's bound, computed here in float64."""
+    differs from plain train's per-batch step by at most the README's bound, computed here in
+    float64."""
     common = ["--dtype", "float32", "--widths", "6", "3", "--n", "8", "--batch", "8",
               "--epochs", "1", "--optimizer", "SGD", "--blocks", "4"]
     # plain train, then the data-parallel step in one process (bit for bit that of K ranks)

@@ -175,7 +175,7 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"verigrad bench train: error: {exc}", file=sys.stderr)
         return 1
-    if args.distributed:
+    if getattr(args, "distributed", False):
         from reports.distributed import bench
 
         return bench.run(args, sizes)

@@ -241,7 +241,7 @@ def run(args) -> int:
         config.validate()
         baseline = _load_baseline(args.baseline) if args.baseline else None
         engines, unavailable = _engines(args.engines)
-        if args.cluster:
+        if getattr(args, "cluster", None):
             from reports.distributed import cluster
 
             cluster.parse_cluster(args.cluster)
@@ -264,7 +264,7 @@ def run(args) -> int:
                 bar.set_postfix_str(name)
                 bar.update(1)
 
-            if args.cluster:  # each op a task on a Dask cluster; the same report
+            if getattr(args, "cluster", None):  # each op a task on a Dask cluster; the same report
                 from reports.distributed import cluster
 
                 def done(name):

@@ -174,7 +174,7 @@ def _run(args) -> int:
     y_test = _targets(loss, data.y_test, classes)
 
     rank, ranks, distributed = 0, 1, False
-    if args.distributed:
+    if getattr(args, "distributed", False):
         from fastlib.training import distributed as dist
 
         (rank, ranks), distributed = dist.world(), dist.DataParallel(blocks=args.blocks)
@@ -246,7 +246,7 @@ def _run_cd(args, data, train, val, epochs, batch_size, dtype, t0) -> int:
     import fastlib
 
     out = sys.stdout
-    if args.distributed:
+    if getattr(args, "distributed", False):
         from fastlib.training.distributed import UNSUPPORTED
 
         raise NotImplementedError(f"--algorithm cd does not run data-parallel: "
