@@ -48,7 +48,8 @@ def main(argv=None):
     p.add_argument("--optimizer", default="Adam")
     p.add_argument("--blocks", type=int, default=16)
     p.add_argument("--timeout", type=float, default=120.0)
-    p.add_argument("--plain", action="store_true", help="serial train, distributed=False, fused=False")
+    p.add_argument("--plain", action="store_true",
+                   help="serial train: distributed=False, fused=False")
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--resume", default=None)
     p.add_argument("--sh", action="store_true", help="train_sh instead of train")
