@@ -140,6 +140,7 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
           optimizer="SGD", *, gradient_clip=0.0, clip_mode="value", shuffle=True, seed=0,
           device="cpu", algorithm="bp", callbacks=(), verbose=True, checkpoint=None,
           checkpoint_every=1, resume=None, resume_mismatch="warn", divergence=None,
+          distributed=False,
           **algorithm_options) -> TrainingResult:
     """Train ``model`` on ``(x, y)`` with mini-batches (DataCode's order, Loom's result).
 
@@ -213,6 +214,11 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
         1e8, loss 100x its best and above the untrained loss, a weight beyond 1e6, a probe
         gradient beyond 1e8); a dict overrides some (``{"max_weight": 1e9}``, a rule set to None
         is off); False turns them all off (a non-finite loss still stops training).
+    distributed : bool or fastlib.training.distributed.DataParallel
+        Data-parallel over MPI when launched with ``mpiexec -n K``
+        (:mod:`fastlib.training.distributed`): rank 0's state is broadcast, each rank trains on
+        its share of every global batch, gradients are summed across ranks, only rank 0
+        prints and writes checkpoints. Needs ``verigrad[mpi]``.
     **algorithm_options
         Options for the algorithm, in ``ctx.config.extra`` (e.g. ``cd_k=1``; ``"targetprop"``
         takes the fields of ``fastlib.TargetPropConfig``, e.g. ``use_chain_rule=False,
@@ -228,8 +234,9 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
                  verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=None,
-                 restore_best=False, divergence=divergence, resume_mismatch=resume_mismatch)
-    return loop.run()
+                 restore_best=False, divergence=divergence, resume_mismatch=resume_mismatch,
+                 distributed=distributed)
+    return loop.run() if loop.dist is None else loop.dist.guard(loop.run)
 
 
 def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimizer="SGD",
@@ -237,7 +244,8 @@ def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimize
              y_val=None, *, lr_factor=0.5, stop_patience=None, min_lr=1e-6, gradient_clip=0.0,
              clip_mode="value", shuffle=True, seed=0, device="cpu", algorithm="bp",
              callbacks=(), verbose=True, checkpoint=None, checkpoint_every=1, resume=None,
-             resume_mismatch="warn", divergence=None, **algorithm_options) -> TrainingHistorySH:
+             resume_mismatch="warn", divergence=None, distributed=False,
+             **algorithm_options) -> TrainingHistorySH:
     """Train with early stopping and learning-rate reduction on a plateau (DataCode's train_sh).
 
     The policy (epochs numbered from 1):
@@ -264,8 +272,8 @@ def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimize
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
                  verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=policy,
                  restore_best=bool(restore_best), divergence=divergence,
-                 resume_mismatch=resume_mismatch)
-    result = loop.run()
+                 resume_mismatch=resume_mismatch, distributed=distributed)
+    result = loop.run() if loop.dist is None else loop.dist.guard(loop.run)
     policy = loop.policy
     return TrainingHistorySH(
         loss=result.loss_history, val_loss=result.val_loss_history,
@@ -369,7 +377,7 @@ class _Loop:
     def __init__(self, model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
                  optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm,
                  callbacks, verbose, checkpoint, checkpoint_every, resume, options, policy,
-                 restore_best, divergence=None, resume_mismatch="warn"):
+                 restore_best, divergence=None, resume_mismatch="warn", distributed=False):
         self.t_start = time.perf_counter()
         self.algo = get_algorithm(algorithm)
         allowed = self.algo.options
@@ -442,6 +450,10 @@ class _Loop:
             self._resume(resume)
         elif self.algo.init is not None:
             self.algo.init(self.ctx)
+        if device == "cuda" and distributed:
+            raise ValueError("device='cuda' with distributed=True is not supported: data-parallel "
+                             "training runs on the CPU engine; train on one GPU with "
+                             "distributed=False, or across ranks with device='cpu'")
         self.device_run = None
         if device == "cuda":  # the device step (fastlib.cuda.training); raises before training
             from fastlib.cuda.training import DeviceRun
@@ -449,6 +461,11 @@ class _Loop:
             self.device_run = DeviceRun(self.ctx, self.x, self.y)
             if self.best_params is not None:
                 self.best_params = self.device_run.snapshot_from_host(self.best_params)
+        self.dist = None
+        if distributed:  # data-parallel over MPI: wraps the algorithm, broadcasts rank 0's state
+            from fastlib.training import distributed as dist_mod
+
+            self.dist = dist_mod.attach(self, distributed)
 
     # -- checkpoints --------------------------------------------------------------------------
     def _settings(self):
@@ -664,6 +681,8 @@ class _Loop:
                         "val_acc": val_acc, "lr": ctx.lr, "epoch_time": dt}
                 stop = self._apply_policy(epoch, logs)
                 stop = self._call_callbacks(epoch, logs) or stop
+                if self.dist is not None:
+                    stop = self.dist.agree_stop(stop)
                 last_good = self._good_state(epoch)
                 if bar is not None:
                     bar.update(1)

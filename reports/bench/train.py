@@ -45,6 +45,10 @@ def add_arguments(parser):
       help="cuda: fastlib on the GPU beside the CPU engine and PyTorch CUDA (default cpu)")
     # tests only: let --device cuda run on numba's simulator (tiny sizes; timings meaningless)
     a("--allow-simulator", action="store_true", help=argparse.SUPPRESS)
+    a("--distributed", action="store_true",
+      help="data-parallel fastlib under mpiexec at each of --ranks (needs verigrad[mpi])")
+    a("--ranks", default="1,2", help="with --distributed: rank counts (default 1,2)")
+    a("--blocks", type=int, default=8, help="with --distributed: blocks per batch (default 8)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,6 +253,10 @@ def run(args) -> int:
         if engines is None:
             print(why)
             return 1
+    if getattr(args, "distributed", False):
+        from reports.distributed import bench
+
+        return bench.run(args, sizes)
     if "torch" in engines:
         try:
             import torch  # noqa: F401

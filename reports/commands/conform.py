@@ -51,6 +51,10 @@ def add_arguments(parser):
                              "member of the Clarke subdifferential passes and is reported as "
                              "the engine's convention (default for other engines). A value "
                              "outside the subdifferential fails in both modes")
+    parser.add_argument("--cluster", metavar="SPEC", default=None,
+                        help="run the checks (or mutants) as tasks on Dask: local:N (N worker "
+                             "processes here) or a scheduler address tcp://host:8786; the rows "
+                             "are a serial run's (needs verigrad[dask])")
 
 
 def format_table(headers, rows):
@@ -235,7 +239,17 @@ def run_engines(args, out=None):
             bar.set_description_str(row.label()[:60])
             bar.update(0 if row is rows[0] else 1)
 
-    done = run_rows(rows, profile, args.seed, progress, fail_fast=args.fail_fast)
+    if getattr(args, "cluster", None):  # the same rows as tasks on a Dask cluster
+        from reports.distributed import cluster
+
+        done = cluster.run_rows(args.cluster, rows, profile, args.seed, ops=args.ops,
+                                dtype=args.dtype, fail_fast=args.fail_fast,
+                                progress=None if bar is None else lambda row: bar.update(1))
+        if bar is not None:
+            bar.close()
+            bar = None
+    else:
+        done = run_rows(rows, profile, args.seed, progress, fail_fast=args.fail_fast)
     if bar is not None:
         bar.update(1)
         bar.close()
@@ -315,6 +329,15 @@ def validate_request(args):
 
 def run(args) -> int:
     """Run the proofs and the engine checks; print the tables; 1 if anything failed."""
+    if getattr(args, "cluster", None):
+        from reports.distributed import cluster
+
+        try:
+            cluster.parse_cluster(args.cluster)
+            cluster._dask()
+        except (ValueError, ImportError) as exc:
+            print(f"verigrad conform: {exc}", file=sys.stderr)
+            return 2
     if args.mutants:
         from reports.conformance import mutants
 

@@ -43,6 +43,9 @@ def add_arguments(parser):
     parser.add_argument("--fail-on-regression", action="store_true",
                         help="exit 1 when --baseline flags a regression (for CI)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--cluster", metavar="SPEC", default=None,
+                        help="measure the ops as tasks on Dask: local:N or tcp://host:8786; "
+                             "the report is a serial run's (needs verigrad[dask])")
 
 
 def _fail(message):
@@ -236,7 +239,13 @@ def run(args) -> int:
         config.validate()
         baseline = _load_baseline(args.baseline) if args.baseline else None
         engines, unavailable = _engines(args.engines)
-    except (ValueError, TypeError, UnknownEngineError, EngineUnavailableError) as exc:
+        if getattr(args, "cluster", None):
+            from reports.distributed import cluster
+
+            cluster.parse_cluster(args.cluster)
+            cluster._dask()
+    except (ValueError, TypeError, UnknownEngineError, EngineUnavailableError,
+            ImportError) as exc:
         return _fail(str(exc))
     if not engines:
         return _fail("no engine to measure (see `verigrad conform --help` for the engines)")
@@ -253,7 +262,19 @@ def run(args) -> int:
                 bar.set_postfix_str(name)
                 bar.update(1)
 
-            report = accuracy.measure(config, engines, unavailable, on_op=advance)
+            if getattr(args, "cluster", None):  # each op a task on a Dask cluster; the same report
+                from reports.distributed import cluster
+
+                def done(name):
+                    bar.set_postfix_str(name)
+                    bar.update(1)
+
+                report = cluster.measure_report(
+                    args.cluster, config, engines, unavailable, progress=done,
+                    on_op=lambda name, result: worker.submit(name, result),
+                    engine_refs=list(dict.fromkeys(args.engines)) if args.engines else None)
+            else:
+                report = accuracy.measure(config, engines, unavailable, on_op=advance)
         if baseline is not None:
             report["regressions"] = accuracy.compare(baseline, report, source=args.baseline)
         with tqdm(total=len(ops), desc="plotting", unit="op", file=sys.stderr,

@@ -75,6 +75,11 @@ def add_arguments(parser):
     a("--checkpoint", default=None, help="write a training checkpoint here after every epoch")
     a("--resume", default=None, help="resume from a checkpoint (its architecture is used)")
     a("--plot", default=None, help="write loss and accuracy curves to this PNG file")
+    a("--distributed", action="store_true",
+      help="data-parallel over MPI: launch as mpiexec -n K verigrad train --distributed "
+           "(needs verigrad[mpi]); only rank 0 prints, plots and saves")
+    a("--blocks", type=int, default=8,
+      help="with --distributed: blocks per batch, the fixed summation order (default 8)")
 
 
 def _load(args, dtype):
@@ -161,7 +166,8 @@ def run(args) -> int:
         return 2
     try:
         return _run(args)
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError, ImportError,
+            NotImplementedError) as exc:
         print(f"verigrad train: error: {exc}", file=sys.stderr)
         return 1
 
@@ -197,6 +203,11 @@ def _run(args) -> int:
     y_val = None if val is None else _targets(loss, val.y, classes)
     y_test = _targets(loss, data.y_test, classes)
 
+    rank, ranks, distributed = 0, 1, False
+    if getattr(args, "distributed", False):
+        from fastlib.training import distributed as dist
+
+        (rank, ranks), distributed = dist.world(), dist.DataParallel(blocks=args.blocks)
     if args.resume:
         model = fastlib.load(args.resume)
         if model.dtype != dtype:
@@ -209,16 +220,21 @@ def _run(args) -> int:
         layers.append(fastlib.Dense(widths[-2], widths[-1]))
         model = fastlib.Sequential(layers, dtype=dtype, seed=args.seed)
 
-    out = sys.stdout
+    # only rank 0 speaks and writes files (the other ranks train the same model)
+    out = sys.stdout if rank == 0 else open(os.devnull, "w")
     arch = "-".join(str(d.in_features) for d in model.layers) + f"-{classes}" \
         if all(hasattr(d, "in_features") for d in model.layers) else type(model).__name__
     print(f"verigrad train: {args.data} ({len(train.x)} train, "
           f"{0 if val is None else len(val.x)} validation, {len(data.x_test)} test), "
           f"MLP {arch} {args.activation}, {loss}, {args.optimizer} lr={args.lr:g}, "
           f"batch {batch_size}, {epochs} epochs, {dtype.name}, {args.algorithm}", file=out)
+    if distributed:
+        print(f"data-parallel on {ranks} MPI rank(s), {args.blocks} blocks per batch (the fused "
+              f"MLP epoch does not apply: gradients are exchanged after every step)", file=out)
     common = dict(gradient_clip=args.gradient_clip, clip_mode=args.clip_mode, seed=args.seed,
                   device=args.device, algorithm=args.algorithm, callbacks=[_Table(out)],
-                  verbose=False, checkpoint=args.checkpoint, resume=args.resume)
+                  verbose=False, checkpoint=args.checkpoint, resume=args.resume,
+                  distributed=distributed)
     if args.algorithm.lower() == "targetprop":
         common.update(use_chain_rule=not args.pure, update=args.update,
                       normalisation=args.normalisation)
@@ -244,6 +260,8 @@ def _run(args) -> int:
     acc_text = "-" if test_acc is None else f"{test_acc:.4f}"
     print(f"test loss {test_loss:.4f}  test accuracy {acc_text}  "
           f"({time.perf_counter() - t0:.1f} s total)", file=out)
+    if rank != 0:
+        return 0
     if args.save:
         model.save(args.save)
         print(f"saved model to {args.save}", file=out)
@@ -259,6 +277,11 @@ def _run_cd(args, data, train, val, epochs, batch_size, dtype, t0) -> int:
     import fastlib
 
     out = sys.stdout
+    if getattr(args, "distributed", False):
+        from fastlib.training.distributed import UNSUPPORTED
+
+        raise NotImplementedError(f"--algorithm cd does not run data-parallel: "
+                                  f"{UNSUPPORTED['cd']}; drop --distributed")
     if args.early_stopping:
         raise ValueError("--early-stopping is not available with --algorithm cd")
     rbm_cls = fastlib.RBM        # importing fastlib.rbm also lets fastlib.load rebuild an RBM

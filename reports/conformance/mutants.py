@@ -300,7 +300,12 @@ def main(args):
             bar.update(0 if key == "control" else 1)
 
     try:
-        ctrl, results = run_all(chosen, args.profile, args.seed, progress)
+        run = run_all
+        if getattr(args, "cluster", None):  # each mutant a task on a Dask cluster
+            from reports.distributed import cluster
+
+            run = cluster.run_mutants(args.cluster)
+        ctrl, results = run(chosen, args.profile, args.seed, progress)
     except MutantError as exc:
         print(f"verigrad conform --mutants: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,145 @@
+"""The conformance suite on a 2-worker Dask LocalCluster against the serial run.
+
+The expected rows come from the serial runner in this process (``runner.run_rows``), an
+independent path from the cluster's (tasks rebuilt from the registry in worker processes,
+results sent back and put in order). Everything but the seconds must be identical.
+"""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+try:  # part of the test extra: missing means the environment is wrong, never a skip
+    import distributed  # noqa: F401
+except ImportError as exc:
+    raise ImportError(f"the cluster tests need the test extra (pip install '.[test]'): {exc}") \
+        from None
+
+ROOT = Path(__file__).resolve().parents[1]
+CRASHING = f"{ROOT / 'tests' / 'cluster_crash_engine.py'}:CrashingEngine"
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    """One 2-worker LocalCluster for the module (as ``--cluster local:2`` starts it)."""
+    import os
+
+    marker = tmp_path_factory.mktemp("crash") / "exp-died"
+    os.environ["VERIGRAD_TEST_CRASH_MARKER"] = str(marker)  # workers inherit it
+    from reports.distributed import cluster
+
+    with cluster.open_client("local:2") as c:
+        c.marker = marker
+        yield c
+
+
+def results(rows):
+    out = []
+    for r in rows:
+        d = asdict(r.result)
+        d.pop("seconds")
+        out.append((r.kind, r.name, r.engine, r.dtype, d))
+    return out
+
+
+def conform_args(**kw):
+    import argparse
+
+    args = dict(profile="dev", engine=["fastlib"], ops=["tanh", "mul", "Adam"], dtype="float64",
+                json=None, seed=3, mutants=False, no_proofs=True, fail_fast=False, first=None,
+                no_progress=True, cluster=None)
+    args.update(kw)
+    return argparse.Namespace(**args)
+
+
+def test_conform_on_the_cluster_prints_the_serial_rows(client):
+    """``verigrad conform``'s engine part, serially and with ``--cluster`` (given the running
+    cluster's client): the same rows and the same printed table."""
+    import io
+
+    from reports.commands import conform
+
+    serial_out, cluster_out = io.StringIO(), io.StringIO()
+    serial, _, code_s = conform.run_engines(conform_args(), out=serial_out)
+    done, _, code_c = conform.run_engines(conform_args(cluster=client), out=cluster_out)
+    assert len(done) == len(serial) == 7  # exact, jvp, special per op; the optimizer row
+    assert results(done) == results(serial)
+    assert cluster_out.getvalue() == serial_out.getvalue() and code_s == code_c == 0
+    assert all(r.result.status == "pass" for r in done)
+
+
+def test_progress_ticks_once_per_check(client):
+    from reports.conformance import runner
+    from reports.distributed import cluster
+
+    planned, _ = runner.plan_rows(["reflib"], ops=["exp"], dtype="float64")
+    seen = []
+    cluster.run_rows(client, planned, runner.PROFILES["dev"], 0, ops=["exp"], dtype="float64",
+                     progress=lambda row: seen.append(row.label()))
+    assert sorted(seen) == sorted(r.label() for r in planned) and len(seen) == 3
+
+
+def test_the_report_on_the_cluster_is_the_serial_report(client):
+    from reports import accuracy
+    from reports.conformance.engines import get_engine
+    from reports.distributed import cluster
+
+    config = accuracy.Config.quick_config(ops=("tanh", "mul"), dtypes=("float64",), seed=1)
+    engines = [get_engine("fastlib")]
+    serial = accuracy.measure(config, engines)
+    done = cluster.measure_report(client, config, engines)
+    for r in (serial, done):
+        r.pop("timing")
+        r.pop("generated")
+    assert done == serial
+    assert accuracy.measure_op is not None and "lambda" not in accuracy.measure_op.__qualname__
+
+
+def test_a_failing_row_keeps_its_counterexample(client):
+    """A failing row shrinks to the same counterexample on the cluster as serially."""
+    from reports.conformance import runner
+    from reports.distributed import cluster
+
+    engine = f"{ROOT / 'tests' / 'cluster_crash_engine.py'}:WrongEngine"
+    profile = runner.PROFILES["dev"]
+    serial, _ = runner.plan_rows([engine], ops=["sigmoid"], dtype="float64")
+    runner.run_rows(serial, profile, 0)
+    planned, _ = runner.plan_rows([engine], ops=["sigmoid"], dtype="float64")
+    done = cluster.run_rows(client, planned, profile, 0, ops=["sigmoid"], dtype="float64")
+    assert any(r.result.status == "FAIL" and r.result.reproduction for r in serial)
+    assert results(done) == results(serial)
+
+
+def test_a_check_that_kills_its_worker_twice_is_a_failure_and_others_are_rerun(client):
+    from reports.conformance import runner
+    from reports.distributed import cluster
+
+    profile = runner.PROFILES["dev"]
+    planned, _ = runner.plan_rows([CRASHING], ops=["tanh", "exp"], dtype="float64")
+    planned = {r.name: r for r in planned if r.kind == "exact"}
+    assert sorted(planned) == ["exp", "tanh"]
+    # one at a time: a death is blamed on the task that ran, never on one beside it
+    exp = cluster.run_rows(client, [planned["exp"]], profile, 0, ops=["tanh", "exp"],
+                           dtype="float64")[0].result
+    tanh = cluster.run_rows(client, [planned["tanh"]], profile, 0, ops=["tanh", "exp"],
+                            dtype="float64")[0].result
+    assert tanh.status == "FAIL" and cluster.KILLED_TWICE in tanh.detail
+    assert math.isinf(tanh.error) and "--ops tanh" in tanh.command
+    # exp's first run killed its worker; the rerun elsewhere passed, with the serial result
+    assert client.marker.exists() and exp.status == "pass", exp.detail
+    again, _ = runner.plan_rows([CRASHING], ops=["exp"], dtype="float64")
+    again = [r for r in again if r.kind == "exact"]
+    runner.run_rows(again, profile, 0)  # the marker exists now: no crash in this process
+    assert results([planned["exp"]]) == results(again)
+
+
+def test_conform_cli_rejects_a_bad_cluster_spec():
+    proc = subprocess.run([sys.executable, "-m", "reports", "conform", "--no-proofs",
+                           "--cluster", "local:zero"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "local:N" in proc.stderr
