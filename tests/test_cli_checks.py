@@ -124,3 +124,18 @@ def test_a_corrupt_model_file_is_a_message_not_a_traceback(capsys, tmp_path):
     bad.write_bytes(b"PK\x03\x04 certainly not a zip archive")
     code, err = _run(capsys, "train", "--resume", str(bad), "--epochs", "1")
     assert code in (1, 2) and str(bad) in err and "not a readable .npz" in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["ops", "--json", "{tmp}/no/rows.json"], ["--json", "does not exist"]),
+    (["train", "--data-dir", "{tmp}/nowhere"], ["--data-dir", "does not exist"]),
+])
+def test_bench_checks_its_paths_before_timing(capsys, tmp_path, monkeypatch, argv, words):
+    from reports.bench import ops, train
+
+    for suite in (ops, train):
+        monkeypatch.setattr(suite, "run", lambda args: pytest.fail("timed before checking"))
+    code, err = _run(capsys, "bench", *[a.format(tmp=tmp_path) for a in argv])
+    assert code == 2
+    for w in words:
+        assert w in err, err

@@ -77,7 +77,6 @@ def test_plot_writes_a_png(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--data", "mnist", "--data-dir", "/nonexistent/mnist"], "does not exist"),
     (["--optimizer", "adamm"], "did you mean Adam"),
     (["--loss", "crossentropy"], "cross_entropy"),
     (["--activation", "relux"], "relu"),
@@ -85,6 +84,12 @@ def test_plot_writes_a_png(capsys, tmp_path):
 def test_bad_options_are_clear_errors(capsys, argv, words):
     code, _, err = run(capsys, "train", "--epochs", "1", *argv)
     assert code == 1 and "verigrad train: error:" in err and words in err
+
+
+def test_a_missing_data_dir_is_a_usage_error_before_any_data_is_read(capsys):
+    code, _, err = run(capsys, "train", "--epochs", "1", "--data", "mnist", "--data-dir",
+                       "/nonexistent/mnist")
+    assert code == 2 and "--data-dir /nonexistent/mnist: does not exist" in err
 
 
 def test_malformed_hidden_is_a_usage_error(capsys):

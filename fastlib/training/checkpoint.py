@@ -6,6 +6,11 @@ step count and state arrays, the shuffling Generator's state, the number of epoc
 histories, the algorithm's own state, and (for ``train_sh``) the plateau policy and the best
 weights. Resuming restores all of it, so a run stopped after epoch k and resumed ends with the
 same weights, bit for bit, as one that never stopped.
+
+Reading validates every field and every array's header before any data is read (a
+``fastlib.errors.CorruptFileError`` names the file, the entry and the problem). Writing is one
+writer at a time: :class:`CheckpointLock` (held by ``train`` for the whole run) refuses a second
+writer with the holder's pid and host, and clears the temporary files killed writers left.
 """
 from __future__ import annotations
 

@@ -758,14 +758,23 @@ class _Loop:
         return self.x[:k], None if self.y is None else self.y[:k]
 
     def _probe_loss(self):
-        """The model's loss on the probe batch (no RNG drawn, no weight changed), or None."""
+        """The model's loss on the probe batch (no RNG drawn, no weight changed), or None.
+
+        None when there is no loss to take (an algorithm without targets and without its own
+        ``evaluate``) or the evaluation refuses this model: the algorithm's first step then
+        reports what is wrong in its own words, and ``loss_growth`` stays off for the run.
+        """
         x, y = self._probe()
-        if self.algo.needs_targets and y is None:
+        if self.algo.evaluate is None and (y is None or self.loss_type is None):
             return None
         evaluate = self.algo.evaluate or evaluate_model
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            loss, _ = evaluate(self.model, x, y, self.loss_type)
-        return float(loss) if math.isfinite(loss) else None
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                loss, _ = evaluate(self.model, x, y, self.loss_type)
+            loss = float(loss)
+        except (ValueError, TypeError, AttributeError, NotImplementedError):
+            return None
+        return loss if math.isfinite(loss) else None
 
     def _probe_grad_max(self):
         """The largest magnitude in the loss gradient on the probe batch (None: no loss)."""

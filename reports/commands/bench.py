@@ -19,6 +19,25 @@ def _suite_module(name):
     return importlib.import_module(f"reports.bench.{name}")
 
 
+def _check_paths(args):
+    """The paths a suite was given, checked before any timing (None: all fine)."""
+    import sys
+
+    from reports.commands import checks
+
+    problems = []
+    if isinstance(getattr(args, "json", None), str):
+        problems.append(checks.writable_file(args.json, "--json"))
+    if getattr(args, "data_dir", None):
+        problems.append(checks.existing_dir(args.data_dir, "--data-dir"))
+    problem = next((p for p in problems if p), None)
+    if problem:
+        print(f"verigrad bench {args._suite}: {problem}", file=sys.stderr)
+    return problem
+
+
 def run(args) -> int:
-    """Run the chosen suite and return its exit code."""
+    """Run the chosen suite and return its exit code (2 for a path that cannot be used)."""
+    if _check_paths(args):
+        return 2
     return int(_suite_module(args._suite).run(args) or 0)
