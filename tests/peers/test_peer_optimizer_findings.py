@@ -1,4 +1,5 @@
-"""The optimizer findings of the README's peer table, each explained and pinned.
+"""The optimizer findings of the README's peer table (and Paddle's float64 layer_norm), each
+explained and pinned.
 
 The suite's ``optimizer`` rows fail for some peers in float64 (or on the dtype contract).
 Each test runs one step through the adapter (the engine's own optimizer) and shows the cause
@@ -78,3 +79,18 @@ def test_autograd_sgd_returns_float64_for_float32_parameters():
                                  lr=0.5)
     assert w.dtype == np.float64            # the suite's contract asks for float32 back
     assert np.array_equal(w, np.full(3, 0.5))
+
+
+def test_paddle_layer_norm_float64_rounds_epsilon_to_float32():
+    # not an optimizer, the same cause: the 469-eps layer_norm row of the findings table
+    engine = _engine("paddle")
+    x = np.array([0.8217701239287258, -1.3812797174167781])
+    got = engine.forward("layer_norm", [x], eps=1e-5)[0]
+    with mpmath.workdps(40):
+        a, b = (mpmath.mpf(v) for v in x)
+        mu = (a + b) / 2
+        var = ((a - mu) ** 2 + (b - mu) ** 2) / 2
+        exact = (a - mu) / mpmath.sqrt(var + mpmath.mpf(1e-5))
+        rounded = (a - mu) / mpmath.sqrt(var + _f32(1e-5))
+        # within 0.4 eps of the rounded-eps formula, more than 100 eps from the exact value
+        _assert_step(got, exact, rounded, scale=abs(exact) / 10)

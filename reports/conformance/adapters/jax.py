@@ -16,7 +16,11 @@ convention than the registry, the adapter composes primitives that meet the cont
 Each (op, params) pair is compiled once per input shape with ``jax.jit`` (forward, and the VJP
 as one function), which is much faster than dispatching every primitive eagerly.
 
-Optimizers are not part of JAX itself (optax is), so none is declared supported.
+Optimizers come from optax (``pip install optax``), JAX's optimizer library, when it is
+installed: ``sgd``, ``rmsprop`` (ε inside the root, initial scale 0), ``adagrad`` (initial
+accumulator 0), ``adam`` and ``adamw`` follow the registry's equations and run one step from
+the registry's state; ``sgd(momentum=β)`` keeps ``v = βv + g`` (no (1 − β)) and its Nesterov
+form differs, so Momentum and NAG are declared unsupported with that reason.
 """
 from __future__ import annotations
 
@@ -97,6 +101,42 @@ def jax_ops(jax, jnp):
 CLASS_INDEX = {"cross_entropy": 1}   # op -> position of its class-index input
 
 
+_OPTAX_REASONS = {
+    "Momentum": "optax.sgd(momentum=beta) keeps v = beta*v + g (no (1 - beta) on g)",
+    "NAG": "optax.sgd(nesterov=True) is another look-ahead form than the registry's",
+}
+# optax state field -> registry state name, per optimizer
+_OPTAX_STATE = {"SGD": {}, "RMSprop": {"nu": "E"}, "Adagrad": {"sum_of_squares": "G"},
+                "Adam": {"mu": "m", "nu": "v"}, "AdamW": {"mu": "m", "nu": "v"}}
+
+
+def _optax_transform(optax, name, hyper):
+    lr = hyper.get("lr", 0.01 if name in ("SGD", "Adagrad") else 0.001)
+    if name == "SGD":
+        return optax.sgd(lr)
+    if name == "RMSprop":
+        return optax.rmsprop(lr, decay=hyper.get("gamma", 0.9), eps=hyper.get("eps", 1e-8),
+                             initial_scale=0.0, eps_in_sqrt=True)
+    if name == "Adagrad":
+        return optax.adagrad(lr, initial_accumulator_value=0.0, eps=hyper.get("eps", 1e-8))
+    kwargs = dict(b1=hyper.get("beta1", 0.9), b2=hyper.get("beta2", 0.999),
+                  eps=hyper.get("eps", 1e-8))
+    if name == "AdamW":
+        return optax.adamw(lr, weight_decay=hyper.get("weight_decay", 0.01), **kwargs)
+    return optax.adam(lr, **kwargs)
+
+
+def _map_state(state, fn):
+    """Rebuild optax's (nested named-tuple) state with ``fn(field, value)`` on every field."""
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return state._replace(**{f: fn(f, getattr(state, f)) if not isinstance(
+            getattr(state, f), tuple) else _map_state(getattr(state, f), fn)
+            for f in state._fields})
+    if isinstance(state, tuple):
+        return tuple(_map_state(x, fn) for x in state)
+    return state
+
+
 class JaxEngine(Engine):
     """JAX (CPU, x64 enabled) as an engine: ``jax.vjp`` of ``jax.numpy`` functions."""
 
@@ -116,6 +156,42 @@ class JaxEngine(Engine):
         self._ops = jax_ops(jax, jnp)
         self._cache = {}
         self._calls = 0
+
+    def supports_optimizer(self, name):
+        """optax's optimizers that follow the registry (when optax is installed)."""
+        import importlib.util
+
+        if importlib.util.find_spec("optax") is None:
+            return False, "optax is not installed (pip install optax)"
+        if name in _OPTAX_STATE:
+            return True, ""
+        return False, _OPTAX_REASONS.get(name, f"optax has no {name} in the registry's form")
+
+    def _optimizer_step(self, name, w, g, state, t, **hyper):
+        import optax
+
+        jnp = self._jnp
+        w = np.asarray(w)
+        tx = _optax_transform(optax, name, hyper)
+        names = _OPTAX_STATE[name]
+        state = state or {}
+
+        def restore(field, value):
+            if field == "count":
+                return jnp.asarray(t - 1, dtype=value.dtype)
+            if field in names:
+                return jnp.asarray(np.asarray(state.get(names[field], np.zeros_like(w)),
+                                              dtype=w.dtype))
+            return value
+
+        opt_state = _map_state(tx.init(jnp.asarray(w)), restore)
+        updates, opt_state = tx.update(jnp.asarray(np.asarray(g, dtype=w.dtype)), opt_state,
+                                       jnp.asarray(w))
+        new_w = np.array(optax.apply_updates(jnp.asarray(w), updates))
+        found = {}
+        _map_state(opt_state, lambda f, v: found.setdefault(names[f], np.array(v))
+                   if f in names else v)
+        return new_w, found
 
     def _compiled(self, name, params, fixed):
         """(jitted forward, jitted vjp) of op ``name`` with ``params`` closed over."""

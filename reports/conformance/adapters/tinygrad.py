@@ -5,8 +5,8 @@ Backend. tinygrad compiles a kernel per op and shape. Its ``CPU`` backend compil
 **clang** (``clang`` on PATH; gcc will not do: tinygrad passes clang's ``--target``); its
 ``PYTHON`` backend interprets the kernels and needs no compiler. The adapter uses tinygrad's
 own ``DEV`` variable when it is set, else ``PYTHON`` (``tinygrad_device``): on the suite's
-small arrays the time goes into compiling, so PYTHON finishes the dev profile about twice as
-fast as CPU here (the README times both), and it needs nothing installed. ``DEV=CPU`` checks
+small arrays the time goes into compiling, so PYTHON finishes the dev profile in about a third
+of CPU's time here (the README times both), and it needs nothing installed. ``DEV=CPU`` checks
 the compiled backend, whose long sums differ (see the README).
 
 Every op is one stock call with the stock defaults; nothing is corrected. Composed, and why
