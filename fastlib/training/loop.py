@@ -565,6 +565,8 @@ class _Loop:
             else:
                 _restore(ctx.params, self.best_params)
             self.restored_best = True
+        if self.device_run is not None:  # keep only the weights on the device (for the sync)
+            self.device_run.finish()
         r.final_loss = r.loss_history[-1] if r.loss_history else math.nan
         r.total_time = time.perf_counter() - self.t_start
         self._hook("on_train_end", {"epochs_run": r.epochs_run, "stop_reason": r.stop_reason})
