@@ -159,7 +159,7 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
         Seeds the run's Generator (shuffling and stochastic algorithms).
     device : {"cpu", "cuda"}
         ``"cuda"`` runs every step on the device (``fastlib.cuda.training``: weights, optimizer
-        state and data resident there, one small readback per step; the host weights are
+        state and data resident there, one small readback per epoch; the host weights are
         synchronised when read). Without a usable GPU (or numba's simulator) it raises
         ``RuntimeError`` with the reason; a model or algorithm the device cannot run raises
         ``ValueError`` naming it before training starts. Never falls back to the CPU.
