@@ -151,6 +151,16 @@ class DeviceRun:
             layer._device_binding = self.binding
         self._empty = device.empty(0, self.dtype)
 
+    def finish(self):
+        """Free the device copies of the data and the optimizer state at the end of a run.
+
+        Only the weights stay on the device, for the host's synchronisation on demand (the
+        optimizer state was copied into every checkpoint already).
+        """
+        self.x = self.y = None
+        self.slots = {}
+        self.twin = None
+
     # -- host copies ----------------------------------------------------------------------------
     def params_to_host(self):
         """Copy every device weight into the model's host arrays (in place)."""

@@ -182,7 +182,7 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
         Seeds the run's Generator (shuffling and stochastic algorithms).
     device : {"cpu", "cuda"}
         ``"cuda"`` runs every step on the device (``fastlib.cuda.training``: weights, optimizer
-        state and data resident there, one small readback per step; the host weights are
+        state and data resident there, one small readback per epoch; the host weights are
         synchronised when read). Without a usable GPU (or numba's simulator) it raises
         ``RuntimeError`` with the reason; a model or algorithm the device cannot run raises
         ``ValueError`` naming it before training starts. Never falls back to the CPU.
@@ -706,6 +706,8 @@ class _Loop:
             else:
                 _restore(ctx.params, self.best_params)
             self.restored_best = True
+        if self.device_run is not None:  # keep only the weights on the device (for the sync)
+            self.device_run.finish()
         r.final_loss = r.loss_history[-1] if r.loss_history else math.nan
         r.total_time = time.perf_counter() - self.t_start
         self._hook("on_train_end", {"epochs_run": r.epochs_run, "stop_reason": r.stop_reason})
