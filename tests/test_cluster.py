@@ -7,8 +7,6 @@ results sent back and put in order). Everything but the seconds must be identica
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -138,8 +136,8 @@ def test_a_check_that_kills_its_worker_twice_is_a_failure_and_others_are_rerun(c
     assert results([planned["exp"]]) == results(again)
 
 
-def test_conform_cli_rejects_a_bad_cluster_spec():
-    proc = subprocess.run([sys.executable, "-m", "reports", "conform", "--no-proofs",
-                           "--cluster", "local:zero"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
-    assert proc.returncode == 2 and "local:N" in proc.stderr
+def test_conform_rejects_a_bad_cluster_spec(capsys):
+    from reports.commands import conform
+
+    assert conform.run(conform_args(cluster="local:zero")) == 2
+    assert "local:N" in capsys.readouterr().err
