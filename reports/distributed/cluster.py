@@ -27,8 +27,8 @@ import re
 import warnings
 from dataclasses import asdict
 
-__all__ = ["INSTALL_HINT", "ClusterSpecError", "parse_cluster", "open_client", "run_rows",
-           "run_mutants", "measure_report", "KILLED_TWICE"]
+__all__ = ["INSTALL_HINT", "ClusterSpecError", "parse_cluster", "require_dask", "open_client",
+           "run_rows", "run_mutants", "measure_report", "KILLED_TWICE"]
 
 INSTALL_HINT = "install the Dask extra: pip install 'verigrad[dask]' (dask and distributed)"
 KILLED_TWICE = "killed its worker process twice"
@@ -67,7 +67,8 @@ def parse_cluster(spec):
                            "processes, N >= 1) or a scheduler address like tcp://host:8786")
 
 
-def _dask():
+def require_dask():
+    """``(dask, distributed)``; ImportError with the install command when they are missing."""
     try:
         import dask
         import distributed
@@ -87,7 +88,7 @@ def open_client(spec):
         yield spec
         return
     kind, value = parse_cluster(spec)
-    dask, distributed = _dask()
+    dask, distributed = require_dask()
     import logging
 
     if kind == "local":
