@@ -196,3 +196,20 @@ def test_targetprop_and_cd_say_they_do_not_run_data_parallel(algorithm):
         else:
             fastlib.train(m, x, np.zeros(6, int), 1, 2, 0.1, "cross_entropy",
                           algorithm="targetprop", verbose=False, distributed=True)
+
+
+@pytest.mark.slow  # two launches of the CLI (~10 s)
+def test_verigrad_train_distributed_prints_once_and_saves_the_one_process_model(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", VERIGRAD_THREADS="1")
+    base = [sys.executable, "-m", "reports", "train", "--distributed", "--epochs", "1",
+            "--hidden", "8", "--dtype", "float64"]
+    one = subprocess.run(base + ["--save", str(tmp_path / "one.npz")], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=300)
+    two = subprocess.run([mpiexec(), "-n", "2"] + base + ["--save", str(tmp_path / "two.npz")],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.count("test accuracy") == 1  # only rank 0 speaks
+    assert "data-parallel on 2 MPI rank(s)" in two.stdout
+    a, b = load(tmp_path / "one.npz"), load(tmp_path / "two.npz")
+    weights = [k for k in a if k.startswith("param/")]
+    assert len(weights) == 4 and all(np.array_equal(a[k], b[k]) for k in weights)
