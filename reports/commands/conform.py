@@ -334,7 +334,7 @@ def run(args) -> int:
 
         try:
             cluster.parse_cluster(args.cluster)
-            cluster._dask()
+            cluster.require_dask()
         except (ValueError, ImportError) as exc:
             print(f"verigrad conform: {exc}", file=sys.stderr)
             return 2

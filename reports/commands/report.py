@@ -243,7 +243,7 @@ def run(args) -> int:
             from reports.distributed import cluster
 
             cluster.parse_cluster(args.cluster)
-            cluster._dask()
+            cluster.require_dask()
     except (ValueError, TypeError, UnknownEngineError, EngineUnavailableError,
             ImportError) as exc:
         return _fail(str(exc))

@@ -27,8 +27,8 @@ import re
 import warnings
 from dataclasses import asdict
 
-__all__ = ["INSTALL_HINT", "ClusterSpecError", "parse_cluster", "open_client", "run_rows",
-           "run_mutants", "measure_report", "KILLED_TWICE"]
+__all__ = ["INSTALL_HINT", "ClusterSpecError", "parse_cluster", "require_dask", "open_client",
+           "run_rows", "run_mutants", "measure_report", "KILLED_TWICE"]
 
 INSTALL_HINT = "install the Dask extra: pip install 'verigrad[dask]' (dask and distributed)"
 KILLED_TWICE = "killed its worker process twice"
@@ -67,7 +67,8 @@ def parse_cluster(spec):
                            "processes, N >= 1) or a scheduler address like tcp://host:8786")
 
 
-def _dask():
+def require_dask():
+    """``(dask, distributed)``; ImportError with the install command when they are missing."""
     try:
         import dask
         import distributed
@@ -87,7 +88,7 @@ def open_client(spec):
         yield spec
         return
     kind, value = parse_cluster(spec)
-    dask, distributed = _dask()
+    dask, distributed = require_dask()
     import logging
 
     if kind == "local":
@@ -115,29 +116,59 @@ def _gather(client, fn, keys, args, progress=None, stop=None):
 
     ``progress(key)`` after each task finishes (in completion order); ``stop(done)`` may end
     the wait early (the rest are cancelled). Each task is pure (``pure=False`` only so that a
-    rerun is not served from a cache).
+    rerun is not served from a cache). A task Dask gives up on because workers died under it
+    is run once more, alone (:func:`_alone`), before its death counts.
     """
     from distributed import as_completed
 
-    workers = client.scheduler_info().get("workers", {}).values()
-    slots = {RESOURCE: 1} if any(RESOURCE in w.get("resources", {}) for w in workers) else None
+    slots = _slots(client)
     futures = {client.submit(fn, key, *args, pure=False, key=f"verigrad-{i}-{_slug(key)}",
                              resources=slots): key for i, key in enumerate(keys)}
-    done = {}
-    pending = as_completed(list(futures))
-    for future in pending:
+    done, killed = {}, {}
+    for future in as_completed(list(futures)):
         key = futures[future]
         try:
             done[key] = future.result()
         except Exception as exc:  # noqa: BLE001 - a worker death or a bug: kept as the result
+            if type(exc).__name__ == "KilledWorker":
+                killed[key] = exc
+                continue
             done[key] = exc
         if progress is not None:
             progress(key)
         if stop is not None and stop(done):
             for f in futures:
                 f.cancel()
+            return done
+    for key, exc in killed.items():
+        # one task given up alone is its own verdict; two or more may have blamed each other
+        done[key] = exc if len(killed) == 1 else _alone(client, fn, key, args, slots)
+        if progress is not None:
+            progress(key)
+        if stop is not None and stop(done):
             break
     return done
+
+
+def _slots(client):
+    workers = client.scheduler_info().get("workers", {}).values()
+    return {RESOURCE: 1} if any(RESOURCE in w.get("resources", {}) for w in workers) else None
+
+
+def _alone(client, fn, key, args, slots):
+    """``fn(key, *args)`` with nothing else running on the cluster.
+
+    NOTE: Dask blames a worker's death on the tasks it held; when two tasks crash their
+    workers at the same time, a task that crashed once was seen blamed for both deaths. Run
+    alone, a task is blamed for its own deaths only: it passes, or it kills its worker twice
+    again and its KilledWorker is the verdict.
+    """
+    future = client.submit(fn, key, *args, pure=False, key=f"verigrad-alone-{_slug(key)}",
+                           resources=slots)
+    try:
+        return future.result()
+    except Exception as exc:  # noqa: BLE001 - kept as the result
+        return exc
 
 
 def _slug(key):
