@@ -192,13 +192,16 @@ def test_an_entry_sympy_cannot_decide_is_labelled_checked_not_proven(monkeypatch
     (the result, `verigrad spec --prove`, the proof table of `verigrad conform`) says "checked
     at 20 points", never "proven"."""
     from reports.cli import main
-    from reports.commands.conform import proof_rows
+    from reports.commands.conform import proof_count, proof_rows
 
+    exp = spec.prove("exp")                 # proven, before the patch
     monkeypatch.setattr(PROVE, "_prove_entry", lambda expr, boundaries: None)
     result = spec.prove("tanh")
     assert result.ok and result.method == "sampling" and result.verdict == "checked at 20 points"
     assert "NOT proven" in result.detail
     assert proof_rows([result], "op")[0][-1] == "checked at 20 points"
+    assert proof_count([result, exp]) == (
+        "proved 1/2, 1 only checked at sampled points")
     assert main(["spec", "--no-progress", "--prove", "tanh"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| op "))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 import time
 
-from reports.commands.conform import PROOF_HEADERS, ProgressLine, format_table, proof_rows
+from reports.commands.conform import (PROOF_HEADERS, ProgressLine, format_table, proof_count,
+                                      proof_rows)
 
 
 def add_arguments(parser):
@@ -104,7 +105,7 @@ def run(args) -> int:
     results = op_results + opt_results
     failed = [r for r in results if not r.ok]
     elapsed = time.perf_counter() - start
-    progress.finish(f"proved {len(results) - len(failed)}/{len(results)} in {elapsed:.1f} s")
+    progress.finish(f"{proof_count(results)} in {elapsed:.1f} s")
     rows = proof_rows(op_results, "op", full_shapes=True)
     rows += proof_rows(opt_results, "optimizer", full_shapes=True)
     print(format_table(PROOF_HEADERS, rows))

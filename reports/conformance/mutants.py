@@ -122,9 +122,10 @@ MUTANTS = (
            '    """sigmoid(x) = 1 / (1 + exp(-x)), from exp(-|x|) so that it never overflows."""\n'
            "    return _sigmoid_pair(x)[0] if x >= 0 else like(x, 1.0) - _sigmoid_pair(-x)[0]\n",
            ("sigmoid",)),
-    Mutant("softplus-no-log1p", "softplus as log(1 + exp(x)), without log1p (0 for x < -37 in "
-           "float64)", "kernels/scalar.py", "    return pos + flog1p(fexp(-abs(x)))\n",
-           "    return flog(like(x, 1.0) + fexp(x))\n", ("softplus",)),
+    Mutant("softplus-no-log1p", "softplus as max(x, 0) + log(1 + exp(-|x|)), log instead of "
+           "log1p (0 for x < -37 in float64)", "kernels/scalar.py",
+           "    return pos + flog1p(fexp(-abs(x)))\n",
+           "    return pos + flog(like(x, 1.0) + fexp(-abs(x)))\n", ("softplus",)),
     Mutant("tanh-flush-tiny", "tanh flushes |x| < 1e-100 to 0 (a tiny result lost)",
            "kernels/scalar.py", '    """tanh(x)."""\n    return ftanh(x)\n',
            '    """tanh(x)."""\n    return like(x, 0.0) if abs(x) < 1e-100 else ftanh(x)\n',

@@ -3,7 +3,8 @@ copy (never the checkout) and refuses stale targets, and the suite catches the m
 
 The fast tests apply two mutants (pure-Python ones, so no kernel recompiles) and check that
 the dev profile catches both; the full run of every mutant is marked slow
-(``pytest -m slow tests/conformance/test_conform_mutants.py``, about ten minutes here).
+(``pytest -m slow tests/conformance/test_conform_mutants.py``: about ten minutes for the first
+35; a mutant the suite misses runs the whole dev profile, so survivors make it longer).
 """
 from __future__ import annotations
 
