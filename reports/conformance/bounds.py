@@ -394,9 +394,12 @@ def entrywise(got, hi, lo, admissible_eps, dtype):
     with np.errstate(invalid="ignore", over="ignore"):
         error = np.abs((g - hi) - lo)
         same = (g == hi) | (np.isnan(g) & np.isnan(hi))   # an exact inf or NaN matched
-        # an exact value beyond the dtype's largest number rounds to ±inf (or stops at ±max)
+        # an exact value beyond the dtype's largest number rounds to ±inf (or stops at ±max);
+        # NaN is accepted there too: a sum whose terms overflow with both signs (a broadcast
+        # VJP of div) cannot be told from its overflowing total without rescaling
         big = float(np.finfo(dtype).max)
-        overflow = (np.abs(hi) > big) & (np.sign(g) == np.sign(hi)) & (np.abs(g) >= big)
+        overflow = (np.abs(hi) > big) & (np.isnan(g) | (
+            (np.sign(g) == np.sign(hi)) & (np.abs(g) >= big)))
         error = np.where(same | overflow, 0.0, np.where(np.isnan(error), np.inf, error))
         allowed = eps * np.asarray(admissible_eps, dtype=np.float64) + underflow_floor(dtype)
     return error, allowed, error <= allowed
