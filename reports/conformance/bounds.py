@@ -9,7 +9,8 @@ eps64 = 2**-52), shaped like the array it bounds. Every element is held to its o
 with ``tiny`` the dtype's smallest normal number (an engine may flush a subnormal result to
 zero), never a floor scaled by the array's largest entry: a small entry is not drowned by a
 large one beside it. Per-element bounds, as PyTorch's OpInfo tolerances are per-op ``atol`` /
-``rtol`` pairs, but derived from the op's conditioning on the input at hand rather than fixed. ``u = eps/2`` is
+``rtol`` pairs, but derived from the op's conditioning on the input at hand rather than fixed.
+``u = eps/2`` is
 the unit roundoff. ``P(m) = (min(m, 128) + ceil(log2 m)) / 2`` is the blocked-pairwise
 summation constant (0 for m = 1: a single term is exact), the standard an engine's sums must
 meet: NumPy's and PyTorch's pairwise sums and fastlib's float64 accumulation do; recursive

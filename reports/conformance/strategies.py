@@ -23,7 +23,8 @@ from hypothesis.extra import numpy as hnp
 
 __all__ = [
     "UNARY", "BINARY", "REDUCTIONS", "ALONG_AXIS", "LAST_AXIS", "SAME_SHAPE_LOSSES",
-    "ROW_LOSSES", "STRUCTURE", "op_case", "case_form", "edge_decades", "EDGE_RANGE", "OpExample", "op_examples", "make_example",
+    "ROW_LOSSES", "STRUCTURE", "op_case", "case_form", "edge_decades", "EDGE_RANGE",
+    "OpExample", "op_examples", "make_example",
     "dags", "TAPE_EXAMPLES", "build_dag", "reached", "custom_backward", "custom_value",
     "optimizer_cases",
     "OPTIMIZER_NAMES", "LAYER_KINDS", "ModelCase", "model_cases", "mlp_cases",
