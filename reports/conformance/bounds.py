@@ -9,7 +9,8 @@ eps64 = 2**-52), shaped like the array it bounds. Every element is held to its o
 with ``tiny`` the dtype's smallest normal number (an engine may flush a subnormal result to
 zero), never a floor scaled by the array's largest entry: a small entry is not drowned by a
 large one beside it. Per-element bounds, as PyTorch's OpInfo tolerances are per-op ``atol`` /
-``rtol`` pairs, but derived from the op's conditioning on the input at hand rather than fixed. ``u = eps/2`` is
+``rtol`` pairs, but derived from the op's conditioning on the input at hand rather than fixed.
+``u = eps/2`` is
 the unit roundoff. ``P(m) = (min(m, 128) + ceil(log2 m)) / 2`` is the blocked-pairwise
 summation constant (0 for m = 1: a single term is exact), the standard an engine's sums must
 meet: NumPy's and PyTorch's pairwise sums and fastlib's float64 accumulation do; recursive
@@ -394,9 +395,12 @@ def entrywise(got, hi, lo, admissible_eps, dtype):
     with np.errstate(invalid="ignore", over="ignore"):
         error = np.abs((g - hi) - lo)
         same = (g == hi) | (np.isnan(g) & np.isnan(hi))   # an exact inf or NaN matched
-        # an exact value beyond the dtype's largest number rounds to ±inf (or stops at ±max)
+        # an exact value beyond the dtype's largest number rounds to ±inf (or stops at ±max);
+        # NaN is accepted there too: a sum whose terms overflow with both signs (a broadcast
+        # VJP of div) cannot be told from its overflowing total without rescaling
         big = float(np.finfo(dtype).max)
-        overflow = (np.abs(hi) > big) & (np.sign(g) == np.sign(hi)) & (np.abs(g) >= big)
+        overflow = (np.abs(hi) > big) & (np.isnan(g) | (
+            (np.sign(g) == np.sign(hi)) & (np.abs(g) >= big)))
         error = np.where(same | overflow, 0.0, np.where(np.isnan(error), np.inf, error))
         allowed = eps * np.asarray(admissible_eps, dtype=np.float64) + underflow_floor(dtype)
     return error, allowed, error <= allowed

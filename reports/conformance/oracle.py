@@ -175,7 +175,11 @@ class Measure:
     where: str = ""
 
     def element(self):
-        """``"d/dx[1, 0]: engine 0.5, exact 0.2689414213699951, error 1.1e+15 ulp > bound 24 ulp"``."""
+        """The worst element as a line of text.
+
+        ``"d/dx[1, 0] at x = 0.0, grad = 1.0: engine 0.5, exact 0.0, absolute error 0.5 >
+        bound 2.2e-308 (exact 0)"``.
+        """
         idx = "" if self.index is None else "[" + ", ".join(str(i) for i in self.index) + "]"
         if self.unit == "abs":
             err = f"absolute error {self.abs_error:.3g} > bound {self.abs_bound:.3g} (exact 0)"

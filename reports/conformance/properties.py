@@ -33,7 +33,8 @@ import numpy as np
 from reports.conformance import bounds as _bounds
 from reports.conformance import oracle as _oracle
 
-__all__ = ["Result", "check_call", "check_jvp", "check_nonfinite", "check_unsupported", "check_optimizer",
+__all__ = ["Result", "check_call", "check_jvp", "check_nonfinite", "check_unsupported",
+           "check_optimizer",
            "check_tape_laws", "check_train_step", "TAPE_ENGINES"]
 
 

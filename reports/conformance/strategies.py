@@ -6,7 +6,7 @@ form); values come from the op's declared domains through ``spec.sample_inputs``
 Hypothesis-drawn seed, so they respect domains and kink margins and shrink by seed.
 Half of the draws (``edges=True``) replace every real input by magnitudes drawn log-uniformly
 across the dtype's whole range where the op's contract allows it (``EDGE_RANGE``: about
-1e-323..1e306 in float64 and 1e-45..1e36 in float32, subnormals included; ops that square
+1e-323..1e307 in float64 and 1e-45..1e38 in float32, subnormals included; ops that square
 their input internally stop at the square root of the range, exp at its overflow threshold),
 with random signs; probabilities come close to 0 and 1, distribution rows miss 1 by up to the
 validator's tolerance.
@@ -23,7 +23,8 @@ from hypothesis.extra import numpy as hnp
 
 __all__ = [
     "UNARY", "BINARY", "REDUCTIONS", "ALONG_AXIS", "LAST_AXIS", "SAME_SHAPE_LOSSES",
-    "ROW_LOSSES", "STRUCTURE", "op_case", "case_form", "edge_decades", "EDGE_RANGE", "OpExample", "op_examples", "make_example",
+    "ROW_LOSSES", "STRUCTURE", "op_case", "case_form", "edge_decades", "EDGE_RANGE",
+    "OpExample", "op_examples", "make_example",
     "dags", "TAPE_EXAMPLES", "build_dag", "reached", "custom_backward", "custom_value",
     "optimizer_cases",
     "OPTIMIZER_NAMES", "LAYER_KINDS", "ModelCase", "model_cases", "mlp_cases",
