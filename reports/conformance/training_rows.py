@@ -42,9 +42,10 @@ Bounds, per entry, from the model:
   It stays at the rounding level of a correct float64 evaluation, so a planted error far
   above rounding is never covered by it;
 - a parameter entry after step ``t`` may be off by
-  ``2 · P + K_STEP · eps · (t · |w| + Σ (1 + κ_s) |Δw_s|)``
-  where ``P`` propagates every step's admissible gradient error ``A`` through the optimizer
-  from the exact state: the exact optimizer trajectory is replayed with each gradient moved by
+  ``B_t = 2 · P + K_STEP · eps · (t · |w| + Σ (1 + κ_s) |Δw_s|)``
+  where ``P`` propagates every step's admissible gradient error ``A`` (grown by the feedback
+  of ``B_{t-1}``: how much reflib's float64 gradient of the batch moves when the parameters
+  move by ``±B_{t-1}``) through the optimizer from the exact state: the exact optimizer trajectory is replayed with each gradient moved by
   ``+A`` (and again by ``−A``) before clipping, and ``P`` is the larger deviation. This is the
   conditioning of each optimizer on each entry (Adam divides a near-zero gradient by
   ``sqrt(v) + eps``; value clipping is flat past the threshold; norm clipping rescales
@@ -71,7 +72,7 @@ import numpy as np
 from reports.conformance.training_cases import EpochCase
 
 __all__ = ["check_epochs", "reference_run", "chain_ops", "depth_factor", "gradient_allowance",
-           "loss_condition", "check_train_step", "train_rows", "reproduction", "EXACT_DPS", "K_GRAD", "K_STEP",
+           "loss_condition", "parameter_bounds", "feedback", "check_train_step", "train_rows", "reproduction", "EXACT_DPS", "K_GRAD", "K_STEP",
            "EXAMPLES"]
 
 EXACT_DPS = 30          # exact references: 30 digits, 14 beyond float64
@@ -357,22 +358,61 @@ def _condition(case, params, x, y):
     return loss_condition(case.loss, model(x), y)
 
 
-def propagate(case, ref, params0, allowances, exact):
-    """``P`` of the module doc after every step: the optimizer trajectory replayed from the
-    exact gradients moved by ``+A`` and by ``-A`` (each before clipping)."""
-    worst = [None] * len(ref.steps)
-    for sign in (1.0, -1.0):
-        params, state = _exact_params(params0, exact), None
-        for t, (step, allow) in enumerate(zip(ref.steps, allowances), start=1):
+def feedback(case, params, x, y, bound):
+    """How much the gradient of a batch moves when the parameters move by their bound (each
+    entry by ``+bound`` and, again, by ``-bound``): the first-order feedback of earlier
+    errors into this step's gradient, from reflib in float64."""
+    import reflib.models
+    from reflib.train import value_and_grad
+
+    model = reflib.models.from_config(case.config)
+    out = None
+    with np.errstate(all="ignore"):
+        model.load_parameters(params)
+        _, g0 = value_and_grad(model, x, y, case.loss)
+        for sign in (1.0, -1.0):
+            model.load_parameters({k: params[k] + sign * bound[k] for k in params})
+            _, g = value_and_grad(model, x, y, case.loss)
+            moved = {k: np.abs(g[k] - g0[k]) for k in g}
+            out = moved if out is None else {k: np.maximum(out[k], moved[k]) for k in out}
+    return out
+
+
+def parameter_bounds(case, ref, params0, allowances, exact, eps, share):
+    """The bound of every parameter entry after every step (module doc): each step's gradient
+    allowance, grown by the feedback of the previous bound, carried through the optimizer
+    from the exact state with the gradients moved by ``+A`` and by ``-A`` (before clipping),
+    plus the updates' own roundings."""
+    from reports.conformance.properties import _bias_condition
+
+    x, y = _inputs(case), _targets(case)
+    runs = {sign: (_exact_params(params0, exact), None) for sign in (1.0, -1.0)}
+    travelled = {k: np.zeros(np.shape(v)) for k, v in params0.items()}
+    previous = {k: _f(v) for k, v in params0.items()}
+    out = []
+    for t, (step, allow) in enumerate(zip(ref.steps, allowances), start=1):
+        if out:
+            fb = feedback(case, previous, x[step["rows"]], y[step["rows"]], out[-1])
+            allow = {k: allow[k] + fb[k] for k in allow}
+        dev = None
+        for sign, (params, state) in runs.items():
             moved = {k: (g + sign * allow[k] if not exact else
                          g + np.vectorize(mpmath.mpf, otypes=[object])(sign * allow[k]))
                      for k, g in step["grads"].items()}
             moved = clip_exact(moved, ref.clip, case.clip_mode, exact)
             params, state = _spec_step(case.optimizer, params, moved, state, t, case.lr, exact)
-            dev = {k: np.abs(_f(params[k]) - step["params"][k]) for k in params}
-            worst[t - 1] = dev if worst[t - 1] is None else {
-                k: np.maximum(worst[t - 1][k], dev[k]) for k in dev}
-    return worst
+            runs[sign] = (params, state)
+            d = {k: np.abs(_f(params[k]) - step["params"][k]) for k in params}
+            dev = d if dev is None else {k: np.maximum(dev[k], d[k]) for k in d}
+        kappa = _bias_condition(case.optimizer, {}, t)
+        bound = {}
+        for k in params0:
+            travelled[k] += (1 + kappa) * np.abs(step["params"][k] - previous[k])
+            bound[k] = (2.0 * dev[k] + K_STEP * eps * (t * np.abs(step["params"][k])
+                                                       + travelled[k])) * (1 + share)
+        previous = step["params"]
+        out.append(bound)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,21 +552,7 @@ def check_epochs(case: EpochCase):
         _check_order(result, case, ref, rec.batches, bs)
 
     # 3. bounds of the parameters after each step
-    P = propagate(case, ref, params0, allowances, exact)
-    travelled = {k: np.zeros(np.shape(v)) for k, v in params0.items()}
-    previous = {k: _f(v) for k, v in params0.items()}
-    bounds_after = []
-    from reports.conformance.properties import _bias_condition
-
-    for t, (step, p) in enumerate(zip(ref.steps, P), start=1):
-        b = {}
-        kappa = _bias_condition(case.optimizer, {}, t)
-        for k in params0:
-            travelled[k] += (1 + kappa) * np.abs(step["params"][k] - previous[k])
-            b[k] = (2.0 * p[k] + K_STEP * eps * (t * np.abs(step["params"][k]) + travelled[k])) \
-                * (1 + ref_eps_share)
-        previous = step["params"]
-        bounds_after.append(b)
+    bounds_after = parameter_bounds(case, ref, params0, allowances, exact, eps, ref_eps_share)
 
     # 4. the loss of every epoch
     per_epoch = -(-n // bs)
@@ -610,10 +636,13 @@ def check_train_step(case, optimizer, lr, steps=2, require_fused=False):
                      "float64", optimizer, lr, len(x), 1, False,
                      path="fused" if require_fused else "generic")
     out = Result()
+    from dataclasses import replace as _replace
+
     for c in ([base, base.with_(path="pieces")] if require_fused else [base]):
         r = check_epochs(c)
         out.notes += [f"({c.path}) {n}" for n in r.notes]
-        out.measures += r.measures
+        out.measures += [m if c.path != "pieces" else _replace(m, what=f"{m.what} (in pieces)")
+                         for m in r.measures]
     return out
 
 
