@@ -28,7 +28,9 @@ Bounds, per entry, from the model:
   operations on the longest chain (``chain_ops``: a recurrent layer counts each time step)
   plus ``log2`` of the longest sum (batch rows × sequence, widths). ``s_T`` is the tensor's
   RMS, so an entry that cancels to nearly 0 is judged at its tensor's scale, never at the
-  model's largest gradient; a tensor that is 0 as a whole in exact arithmetic (attention's key
+  model's largest gradient (attention's query and key parameters, behind the softmax's
+  cancelling backward, and norms' weights, ``Σ g · x̂``, at their layer's scale); a tensor
+  that is 0 as a whole in exact arithmetic (attention's key
   bias: softmax ignores a shift per row) is judged at the scale of its layer's gradients, and a
   layer that is 0 as a whole (under a one-wide LayerNorm) at the model's largest.
   ``D`` grows by the batch's ``loss_condition``: when the prediction is already close to
@@ -169,12 +171,30 @@ def _layer(name):
 BEHIND_SOFTMAX = frozenset(("w_q", "w_k", "b_q", "b_k"))
 
 
-def tensor_scales(grads, floor=0.0):
+def layer_scaled(config, prefix=""):
+    """Names of the parameters judged at their layer's scale: attention's query and key
+    parameters (``BEHIND_SOFTMAX``) and the weights of LayerNorm / RMSNorm, ``Σ g · x̂``,
+    whose terms are the size of the bias gradient's (two-wide norms cancel them)."""
+    kind = config["type"]
+    if kind in ("Sequential", "Parallel"):
+        out = set()
+        for i, child in enumerate(config["layers"]):
+            out |= layer_scaled(child, f"{prefix}{i}.")
+        return out
+    if kind == "MultiHeadAttention":
+        return {prefix + n for n in BEHIND_SOFTMAX}
+    if kind in ("LayerNorm", "RMSNorm"):
+        return {prefix + "weight"}
+    return set()
+
+
+def tensor_scales(grads, floor=0.0, at_layer=None):
     """``s_T`` per parameter: its RMS; its layer's largest RMS when it is 0 as a whole or sits
     behind attention's softmax (``BEHIND_SOFTMAX``); the model's largest when its whole layer
     is 0 (a layer under a one-wide LayerNorm, whose output is constant), where each engine
     keeps its own rounding residue; ``floor`` when the whole model's gradient is 0 (the loss's
-    terms cancel exactly: pass their scale)."""
+    terms cancel exactly: pass their scale). ``at_layer``: the names judged at their layer's
+    scale (``layer_scaled``; default: by ``BEHIND_SOFTMAX``'s names)."""
     rms = {k: _rms(_f(g)) for k, g in grads.items()}
     layer = {}
     for k, r in rms.items():
@@ -183,17 +203,20 @@ def tensor_scales(grads, floor=0.0):
     if model <= LAYER_ZERO * floor:
         model = floor
     layer = {name: (s if s > LAYER_ZERO * model else model) for name, s in layer.items()}
-    return {k: (r if r > LAYER_ZERO * layer[_layer(k)]
-                and k.rsplit(".", 1)[-1] not in BEHIND_SOFTMAX else layer[_layer(k)])
+    if at_layer is None:
+        at_layer = {k for k in rms if k.rsplit(".", 1)[-1] in BEHIND_SOFTMAX}
+    return {k: (r if r > LAYER_ZERO * layer[_layer(k)] and k not in at_layer
+                else layer[_layer(k)])
             for k, r in rms.items()}
 
 
-def gradient_allowance(grads, dtype, depth, condition=(1.0, 0.0), error64=None):
+def gradient_allowance(grads, dtype, depth, condition=(1.0, 0.0), error64=None,
+                       at_layer=None):
     """Admissible error ``A`` of every gradient entry (module doc); ``condition`` is the
     batch's ``loss_condition`` (factor, terms' scale), ``error64`` the entries' error in an
     independent float64 evaluation (None when there is none)."""
     condition, terms = condition
-    scales = tensor_scales(grads, terms)
+    scales = tensor_scales(grads, terms, at_layer)
     eps = _eps(dtype)
     out = {}
     for k, g in grads.items():
@@ -519,9 +542,10 @@ def check_epochs(case: EpochCase):
                                               case.loss)
     except Exception as exc:
         return result.fail(f"fastlib.value_and_grad raised {type(exc).__name__}: {exc}")
+    at_layer = layer_scaled(case.config)
     allowances = [gradient_allowance(s["grads"], dtype, depth, s["condition"],
-                                     s.get("error64")) for s in ref.steps]
-    scales = tensor_scales(first["grads"], first["condition"][1])
+                                     s.get("error64"), at_layer) for s in ref.steps]
+    scales = tensor_scales(first["grads"], first["condition"][1], at_layer)
     for k, g in first["grads"].items():
         if k not in grads:
             return result.fail(f"gradient: {k!r} missing")
