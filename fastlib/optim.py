@@ -1,6 +1,6 @@
 """Optimizers: (init, update) pairs over a parameter dict, with explicit, checkpointable state.
 
-Seven optimizers, exactly DataCode's table (seed 003) as ``spec.OPTIMIZERS`` states it; names are
+Seven optimizers, exactly DataCode's documented optimizer table as ``spec.OPTIMIZERS`` states it; names are
 case-insensitive and hyperparameter names and defaults are those of docs/CONTRACTS.md:
 
 =========  ==========================================  =======================================

@@ -1,6 +1,6 @@
 """The fast tape: TorchLean's reverse-mode tape over fastlib's kernels.
 
-Same contract as ``reflib.Tape`` (DESIGN.md "The tape", issue 3 section 1): node ids are append
+Same contract as ``reflib.Tape`` (docs/semantics.md): node ids are append
 order; a node holds its value, its parents, ``requires_grad`` and a backward function from a
 cotangent to ``[(parent_id, contribution), ...]``. Traversal visits ids n-1 down to 0, folds the
 contributions left to right as ``existing + new`` and keeps a gradient for every node id.

@@ -1,4 +1,4 @@
-"""The reference tape: reverse-mode autograd exactly as TorchLean documents it (seeds/004).
+"""The reference tape: reverse-mode autograd exactly as TorchLean documents it (docs/semantics.md).
 
 A tape is a list of nodes in append order; a node's id is its index. Each node holds a value,
 its parent ids, ``requires_grad`` and a backward function ``cotangent -> [(parent_id,

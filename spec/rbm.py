@@ -1,4 +1,4 @@
-"""Contrastive divergence (CD-k) for a binary RBM as math, stated once (issue 6 §3).
+"""Contrastive divergence (CD-k) for a binary RBM as math, stated once.
 
 An RBM with V visible and H hidden units has ``weight`` W (V, H), ``visible_bias`` b (V,) and
 ``hidden_bias`` c (H,), and the energy E(v, h) = −v·b − h·c − vᵀ W h. The rules (formulas on a

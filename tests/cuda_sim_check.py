@@ -530,7 +530,7 @@ STEPS = 5
 
 
 def datacode_steps(name, w0, target, curv, h):
-    """DataCode's table (seed 003) literally, in float64, on f(w) = sum curv (w - target)^2 / 2.
+    """DataCode's documented optimizer table literally, in float64, on f(w) = sum curv (w - target)^2 / 2.
 
     Returns the sequence of points the engine should hold: w itself, except for NAG, whose
     engine holds the look-ahead point w - beta v where DataCode evaluates the gradient.

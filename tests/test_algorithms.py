@@ -1,4 +1,4 @@
-"""Pluggable training algorithms: "bp", "targetprop", "cd" and a custom one (issue 6 §4, §6).
+"""Pluggable training algorithms: "bp", "targetprop", "cd" and a custom one.
 
 Oracles: a training run is replayed step by step with the public per-step functions
 (``fastlib.targetprop``, ``fastlib.rbm.cd_gradients``) and with the reference engine

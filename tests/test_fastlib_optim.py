@@ -2,7 +2,7 @@
 
 Oracles, all independent of the code under test:
 
-- ``exact_step`` below: DataCode's table (seeds/003, §5.3.1) transcribed by hand into mpmath at
+- ``exact_step`` below: DataCode's documented optimizer table transcribed by hand into mpmath at
   50 digits, element by element;
 - ``spec.step`` / ``spec.engine_step`` (the registry's equations, mpmath);
 - ``reflib.train.train_step`` (reference gradients on the exact tape, then spec's update);
@@ -11,7 +11,7 @@ Oracles, all independent of the code under test:
 Tolerances (float64): one step evaluates each element with at most ~10 roundings, each of
 relative size 2**-53 ≈ 1.1e-16, on quantities that do not cancel catastrophically except in
 ``w - step`` (bounded relative to max(|w|, |step|)); five steps compound to ~1e-14 normwise, so
-the 1e-12 normwise relative bound of issue 5 holds with two orders of margin.
+the 1e-12 normwise relative bound holds with two orders of margin.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ CUSTOM = {
     "AdamW": {"lr": 0.01, "beta1": 0.85, "beta2": 0.99, "eps": 1e-4, "weight_decay": 0.1},
 }
 K_STEPS = 5
-F64_RTOL = 1e-12  # issue 5's bound; see the module docstring for the margin
+F64_RTOL = 1e-12  # the engine's promised bound; see the module docstring for the margin
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,7 +289,7 @@ def test_five_training_steps_equal_reflib_train_step(name):
         ref.load_parameters(new_params)
         for key, value in new_params.items():
             # float64 gradients from two engines differ by summation order (~1e-16 relative),
-            # which the steps carry along; 1e-12 is issue 5's bound.
+            # which the steps carry along; 1e-12 is the promised bound.
             assert rel_err(params[key], value) <= F64_RTOL, (name, key, t)
 
 

@@ -1,4 +1,4 @@
-"""Contrastive divergence: fastlib.RBM against reflib.rbm against spec.rbm (issue 6 §3, §5).
+"""Contrastive divergence: fastlib.RBM against reflib.rbm against spec.rbm.
 
 Oracles: ``spec.rbm.cd_step`` evaluates the CD-k chain and gradient in exact arithmetic (mpmath,
 30 digits) on the same uniforms; ``reflib.rbm`` runs it in float64 with the reference ops;

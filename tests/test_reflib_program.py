@@ -1,5 +1,5 @@
 """Tests for reflib.program: the program IR, the grad-op registry, Paddle's backward builder and the
-executor (issue 3, section 3).
+executor (docs/semantics.md).
 
 Gradients of generated backward programs are held against two independent sources:
 - ``reflib.Tape`` running the same computation (the test's own interpreter puts each op on the
@@ -7,7 +7,7 @@ Gradients of generated backward programs are held against two independent source
   detached as leaves without requires_grad), and
 - central finite differences of the forward program in exact arithmetic (mpmath at 60 digits).
 Structural tests pin the builder's rules (reverse order, NOP, renaming plus ``sum``,
-``fill_zeros_like``, recursion) against backward programs written out by hand from seeds/002.
+``fill_zeros_like``, recursion) against backward programs written out by hand from Paddle's backward design rules.
 """
 from __future__ import annotations
 

@@ -174,7 +174,7 @@ def test_unreached_parameters_get_exact_zeros():
 # -- optimizers ----------------------------------------------------------------------------------
 
 def hand_update(name, w, g, s, t, hp):
-    """DataCode's table (seed 003) written out in float64, NAG in its look-ahead form."""
+    """DataCode's documented optimizer table written out in float64, NAG in its look-ahead form."""
     lr = hp["lr"]
     if name == "SGD":
         return w - lr * g, {}

@@ -1,4 +1,4 @@
-"""Kink conventions at the kink points (DESIGN.md, Numerics; docs/CONTRACTS.md).
+"""Kink conventions at the kink points (docs/CONTRACTS.md).
 
 Expected values are the stated rules, written here by hand: relu'(x) = 1 if x > 0 else 0;
 abs'(0) = 0; leaky_relu'(x) = 1 if x > 0 else negative_slope; maximum(a, b) sends the whole

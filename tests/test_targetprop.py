@@ -1,4 +1,4 @@
-"""Target Propagation: fastlib against reflib against spec, step by step (issue 6 §5).
+"""Target Propagation: fastlib against reflib against spec, step by step.
 
 Oracles, independent of the engine under test:
 

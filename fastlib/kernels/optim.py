@@ -9,7 +9,7 @@ lives in exactly one place (``_momentum``, ``_adam``, ...), inlined by :func:`up
 which both ``fastlib.optim`` and the fused MLP epoch kernel (``fastlib.training.fused_mlp``)
 call, so the two paths run the same arithmetic in the same order.
 
-The rules are DataCode's table (seed 003) as ``spec.OPTIMIZERS`` states them. With ``g`` the
+The rules are DataCode's documented optimizer table as ``spec.OPTIMIZERS`` states them. With ``g`` the
 gradient, ``w`` the parameter and ``a``/``b`` the one or two state arrays:
 
 =========  ===============================================================================

@@ -17,10 +17,10 @@ and FMA contraction only (``fastlib.config.FASTMATH``), whatever the calling ker
 
 The elementwise ops' VJPs of sqrt, sigmoid, silu, gelu and gelu_tanh also have
 ``<name>_vjp(x, g)``: ``g * <name>_df(x)`` rounded once (float32: in float64; float64 gelu and
-gelu_tanh: in double-double), for the accuracy bar of issue 8; see the section before
+gelu_tanh: in double-double), for the accuracy bar of `verigrad report`; see the section before
 ``ACTIVATIONS``.
 
-``ACTIVATIONS`` maps an activation's name (as DESIGN.md names them, ``linear`` included) to its
+``ACTIVATIONS`` maps an activation's name (as docs/CONTRACTS.md names them, ``linear`` included) to its
 ``(f, df)`` pair, for code that selects one at trace time.
 
 Kink conventions (docs/CONTRACTS.md): relu'(x) = 1 if x > 0 else 0, abs'(0) = 0,
@@ -477,7 +477,7 @@ overload(gelu_tanh_vjp, inline="always")(_vjp_typer(lambda x, g: g * gelu_tanh_d
                                                     lambda x, g: _gelu_tanh_vjp64(x, g)))
 
 
-# activation name (DESIGN.md's names, ``linear`` = identity) -> (f, df); leaky_relu's pair
+# activation name (docs/CONTRACTS.md's names, ``linear`` = identity) -> (f, df); leaky_relu's pair
 # takes the slope as a second argument.
 ACTIVATIONS = {
     "linear": (identity_f, identity_df),

@@ -1,6 +1,6 @@
 """fastlib layers: parameters of one float dtype, forward with history capture, backward.
 
-Names and parameter layouts are the contract of DESIGN.md and docs/CONTRACTS.md (``y = x @ W +
+Names and parameter layouts are the contract of docs/CONTRACTS.md (``y = x @ W +
 b``, row-major, batch first); configs and initial draws equal reflib.models'.
 """
 from fastlib.layers.activations import ACTIVATIONS

@@ -19,7 +19,7 @@ re-validate. A training loop that validated its whole dataset up front may call
 Outputs are the layers' own history arrays (no copy per call): modify them in place only after
 ``backward``, or copy them first.
 
-Parameter layouts and config dicts are those of ``reflib.models`` (DESIGN.md,
+Parameter layouts and config dicts are those of ``reflib.models`` (docs/CONTRACTS.md,
 docs/CONTRACTS.md), and so are the initial draws: the same seed gives the same values (drawn in
 float64, then rounded to the layer's dtype).
 """

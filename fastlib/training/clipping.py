@@ -1,6 +1,6 @@
 """Gradient clipping and the finiteness check that guards every optimizer step.
 
-Two modes, both from the Loom document (seed 000): ``"value"`` clamps every gradient element to
+Two modes, both from Loom's training documentation and engine: ``"value"`` clamps every gradient element to
 ``[-clip, clip]`` (what Loom's engine does); ``"norm"`` rescales all gradients together when
 their global L2 norm over every parameter exceeds ``clip`` (what its documentation describes,
 and what ``torch.nn.utils.clip_grad_norm_`` does). ``clip = 0`` turns clipping off.

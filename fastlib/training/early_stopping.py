@@ -3,7 +3,7 @@
 A pure object: it sees one monitored value per epoch and answers what to do, so it is tested on
 constructed metric sequences without training anything.
 
-The policy (issue 5 §4, DataCode's ``train_sh``; epochs are numbered from 1):
+The policy (DataCode's ``train_sh``; epochs are numbered from 1):
 
 1. ``monitor`` is one of ``loss``, ``val_loss`` (lower is better) or ``acc``, ``val_acc``
    (higher is better).

@@ -1,6 +1,6 @@
 """``backward(program, no_grad_vars)``: the backward program, built as PaddlePaddle builds it.
 
-The rules of seeds/002 (Paddle's ``Backward`` / ``BackwardRecursive``), applied recursively:
+The rules of PaddlePaddle's backward design document (Paddle's ``Backward`` / ``BackwardRecursive``), applied recursively:
 
 1. An op: its gradient op comes from the registry (``make_grad_op``). If every input's gradient
    is in the no-grad set, or every output's gradient is, the result is a NOP. An output

@@ -1,4 +1,4 @@
-"""The static program IR, as PaddlePaddle's framework has it (seeds/002).
+"""The static program IR, as PaddlePaddle's framework has it (docs/semantics.md).
 
 An *operator* has a type, named input and output *slots* each holding a list of variable names,
 and attributes: ``Operator("matmul", {"X": ["x"], "Y": ["w"]}, {"Out": ["h"]})``. Two operators

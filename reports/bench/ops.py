@@ -9,7 +9,7 @@ NumPy (and ``scipy.special.erf`` for GELU) a user would otherwise write. The rat
 kernels' time over NumPy's (below 1: fastlib is faster); the api ratio adds the validation,
 which matters only for tiny inputs (the 256x10 losses: ~10 us per call).
 
-Layers (issue 4, section 5), through their public ``forward`` / ``backward``:
+Layers, through their public ``forward`` / ``backward``:
 
 - ``Dense(784, 128, "relu")`` at batch 64, forward + backward (input and parameter gradients),
   against the bare GEMMs of that step called from NumPy (``x @ W``, ``g @ W.T``, ``x.T @ g``;

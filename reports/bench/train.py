@@ -1,6 +1,6 @@
 """`verigrad bench train`: seconds per training epoch, fastlib against plain NumPy and PyTorch.
 
-The model of issue 5 §8: a 784-128-10 ReLU MLP, cross_entropy, Adam (lr 1e-3), float32, on
+The benchmark model: a 784-128-10 ReLU MLP, cross_entropy, Adam (lr 1e-3), float32, on
 MNIST-shaped data (the real MNIST training images when ``--data-dir`` or
 ``../shared/data/mnist`` has them, else random data of the same shape), at batch sizes 1, 64
 and 256, with every engine limited to ``--threads`` threads (default 2). Every engine runs the
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-TARGETS = {64: 0.4, 1: 6.0}  # seconds per epoch, issue 5 §8
+TARGETS = {64: 0.4, 1: 6.0}  # seconds per epoch: the targets the README reports against
 DEFAULT_MNIST_DIR = pathlib.Path("..") / "shared" / "data" / "mnist"
 ENGINES = ("fastlib", "numpy", "torch")
 

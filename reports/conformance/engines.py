@@ -1,6 +1,6 @@
 """The engine registry: every engine the suite (and ``verigrad report``) can hold to the spec.
 
-An engine answers the two questions of DESIGN.md for registry ops (docs/CONTRACTS.md's table)::
+An engine answers two questions for registry ops (docs/CONTRACTS.md's table)::
 
     forward(name, inputs, **params) -> ndarray
     vjp(name, inputs, grad, **params) -> tuple[ndarray | None, ...]   # one per input

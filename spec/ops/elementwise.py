@@ -2,7 +2,7 @@
 sigmoid softplus identity``.
 
 Each entry: forward, then the VJP for ``x`` in terms of ``x``, ``result`` and ``grad``. The
-activation derivatives are those of the Loom document's table (seeds/000):
+activation derivatives are those of Loom's documented activation table:
 ReLU 1 if x > 0 else 0; SiLU σ(x)(1 + x(1 − σ(x))); GELU Φ(x) + x φ(x) (exact, no tanh);
 Tanh 1 − tanh(x)²; Sigmoid σ(x)(1 − σ(x)); Linear 1.
 """

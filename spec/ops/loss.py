@@ -1,7 +1,7 @@
 """Losses: ``mse cross_entropy categorical_cross_entropy binary_cross_entropy
 binary_cross_entropy_with_logits``. Each returns a 0-d array and takes a 0-d ``grad``.
 
-Target formats follow DataCode (seeds/003): ``cross_entropy`` class indices (N, 1) or (N,), not
+Target formats follow DataCode's documented losses: ``cross_entropy`` class indices (N, 1) or (N,), not
 differentiable; ``categorical_cross_entropy`` one-hot (any distribution) (N, C); the binary
 losses targets in [0, 1]. Every target that is a real number is differentiable.
 """

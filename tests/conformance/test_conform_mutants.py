@@ -24,7 +24,7 @@ BY_KEY = {m.key: m for m in MUTANTS}
 def test_every_mutant_applies_to_the_current_fastlib():
     assert check_targets(MUTANTS) == []
     assert len(MUTANTS) >= 20
-    # the bugs issue 7 names, each present
+    # the classic accuracy bugs, each present
     for key in ("tanh-sign", "silu-term", "concat-off-by-one", "softmax-axis",
                 "broadcast-not-summed", "f32-accumulation", "adam-bias-correction",
                 "rmsprop-eps-outside", "relu-kink", "dense-transposed-weight-grad",
