@@ -205,11 +205,12 @@ def tensor_scales(grads, floor=0.0, at_layer=None):
     model = max(layer.values(), default=0.0)
     if model <= LAYER_ZERO * floor:
         model = floor
-    layer = {name: (s if s > LAYER_ZERO * model else model) for name, s in layer.items()}
+    cancelled = {name for name, s in layer.items() if s <= LAYER_ZERO * model}
+    layer = {name: (model if name in cancelled else s) for name, s in layer.items()}
     if at_layer is None:
         at_layer = {k for k in rms if k.rsplit(".", 1)[-1] in BEHIND_SOFTMAX}
     return {k: (r if r > TENSOR_ZERO * layer[_layer(k)] and k not in at_layer
-                else layer[_layer(k)])
+                and _layer(k) not in cancelled else layer[_layer(k)])
             for k, r in rms.items()}
 
 
