@@ -32,7 +32,8 @@ Bounds, per entry, from the model:
   cancelling backward, and norms' weights, ``Σ g · x̂``, at their layer's scale); a tensor
   that is 0 as a whole in exact arithmetic (attention's key
   bias: softmax ignores a shift per row) is judged at the scale of its layer's gradients, and a
-  layer that is 0 as a whole (under a one-wide LayerNorm) at the model's largest.
+  layer whose gradient is 0 or below ``LAYER_ZERO`` of the model's (under a one- or two-wide
+  LayerNorm, whose output barely moves) at the model's largest.
   ``D`` grows by the batch's ``loss_condition``: when the prediction is already close to
   the target, the loss's cotangent ``p − y`` cancels, and every gradient inherits its
   relative error (a nearly fitted softmax loses a thousand eps this way in any engine);
@@ -84,7 +85,9 @@ K_GRAD = 16.0           # roundings per operation on the chain (module doc)
 K_STEP = 32.0           # roundings per optimizer step (spec.optimizers' table: ~10 per element)
 K_MEASURED = 32.0        # times the error an independent float64 evaluation made (module doc)
 EPS64 = 2.0 ** -52
-LAYER_ZERO = 1e-6       # a tensor below this fraction of its layer's scale is "0 as a whole"
+TENSOR_ZERO = 1e-6      # a tensor below this fraction of its layer's scale is "0 as a whole"
+LAYER_ZERO = 1e-4       # a layer below this fraction of the model's scale: its terms cancel
+                        # (a two-wide LayerNorm downstream makes its output nearly constant)
 
 # drawn examples per row and profile (the explicit boundary cases run on top)
 EXAMPLES = {"dev": 3, "ci": 5, "thorough": 25}
@@ -202,11 +205,12 @@ def tensor_scales(grads, floor=0.0, at_layer=None):
     model = max(layer.values(), default=0.0)
     if model <= LAYER_ZERO * floor:
         model = floor
-    layer = {name: (s if s > LAYER_ZERO * model else model) for name, s in layer.items()}
+    cancelled = {name for name, s in layer.items() if s <= LAYER_ZERO * model}
+    layer = {name: (model if name in cancelled else s) for name, s in layer.items()}
     if at_layer is None:
         at_layer = {k for k in rms if k.rsplit(".", 1)[-1] in BEHIND_SOFTMAX}
-    return {k: (r if r > LAYER_ZERO * layer[_layer(k)] and k not in at_layer
-                else layer[_layer(k)])
+    return {k: (r if r > TENSOR_ZERO * layer[_layer(k)] and k not in at_layer
+                and _layer(k) not in cancelled else layer[_layer(k)])
             for k, r in rms.items()}
 
 

@@ -77,16 +77,16 @@ def test_a_zero_tensor_is_judged_at_its_layer_scale_not_the_model_max():
     # a key bias that is 0 in exact arithmetic, next to its layer's weights and a much larger
     # gradient elsewhere: its floor is its layer's scale
     grads = {"0.w_v": np.full((2, 2), 1e-2), "0.b_k": np.zeros(2),
-             "1.weight": np.full((2, 2), 1e3)}
+             "1.weight": np.full((2, 2), 10.0)}
     scales = tr.tensor_scales(grads)
     assert scales["0.b_k"] == pytest.approx(1e-2)
-    assert scales["1.weight"] == pytest.approx(1e3)
+    assert scales["1.weight"] == pytest.approx(10.0)
     # a small tensor that is not 0 keeps its own scale (a lost 1e-7 of it is seen)
     grads["0.b_v"] = np.full(2, 1e-5)
     assert tr.tensor_scales(grads)["0.b_v"] == pytest.approx(1e-5)
     # a whole layer at 0 is judged at the model's scale; a model at 0 at the loss terms'
     grads["2.weight"] = np.zeros((2, 2))
-    assert tr.tensor_scales(grads)["2.weight"] == pytest.approx(1e3)
+    assert tr.tensor_scales(grads)["2.weight"] == pytest.approx(10.0)
     zero = {"0.weight": np.zeros(3), "0.bias": np.zeros(1)}
     assert tr.tensor_scales(zero, floor=0.5)["0.bias"] == pytest.approx(0.5)
 
