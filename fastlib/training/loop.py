@@ -817,9 +817,14 @@ class _Loop:
         if self.initial_loss is not None:
             earlier.append(self.initial_loss)
         best = min(earlier) if earlier else None
-        weight = _max_abs(self.ctx.params.values())
-        grad = (self._probe_grad_max() if rules.max_grad is not None
-                and not getattr(self, "probe_grad_failed", False) else None)
+        if self.device_run is not None:
+            # on the device only the loss rules apply: the weight and probe-gradient rules
+            # would copy every weight to the host each epoch, which the frame exists to avoid
+            weight = grad = None
+        else:
+            weight = _max_abs(self.ctx.params.values())
+            grad = (self._probe_grad_max() if rules.max_grad is not None
+                    and not getattr(self, "probe_grad_failed", False) else None)
         fired = check_divergence(rules, loss, best, self.initial_loss, weight, grad,
                                  self._target_scale())
         if fired is None:
