@@ -247,7 +247,7 @@ MUTANTS = (
 # Mutants kept in other modules join every run (``--mutants``, the slow test) through this
 # tuple of module names. Each such module defines its own ``MUTANTS``, a tuple of ``Mutant``
 # (it imports ``Mutant`` from here, so it is imported lazily, by ``all_mutants``). To register
-# one, add its dotted name here, e.g. "reports.conformance.training_mutants".
+# one, add its dotted name here. (Context-manager mutants join through ``HOOK_MODULES`` below.)
 MUTANT_MODULES = ()
 
 

@@ -15,14 +15,18 @@ import types
 import pytest
 
 from reports.conformance import mutant_runner, mutants
-from reports.conformance.mutants import MUTANTS, Mutant, all_mutants, run_all
+from reports.conformance.mutants import (MUTANTS, HookMutant, Mutant, all_mutants, hook_mutants,
+                                        run_all)
+from reports.conformance import training_mutants
 from reports.conformance.mutant_runner import MutantError, apply_mutant, check_targets
 
 BY_KEY = {m.key: m for m in MUTANTS}
 
 
 def test_every_mutant_applies_to_the_current_fastlib():
-    assert check_targets(MUTANTS) == []
+    # both kinds, one list: every key unique, every target present, every hook loadable
+    assert check_targets(all_mutants()) == []
+    assert len({m.key for m in all_mutants()}) == len(all_mutants())
     assert len(MUTANTS) >= 20
     # the classic accuracy bugs, each present
     for key in ("tanh-sign", "silu-term", "concat-off-by-one", "softmax-axis",
@@ -45,10 +49,27 @@ def test_mutants_of_other_modules_join_through_mutant_modules(monkeypatch):
                             BY_KEY["tape-overwrite"].old, "else np.asarray(0.0, self.dtype))"),)
     monkeypatch.setitem(sys.modules, "fake_training_mutants", extra)
     monkeypatch.setattr(mutants, "MUTANT_MODULES", ("fake_training_mutants",))
-    assert all_mutants() == MUTANTS + extra.MUTANTS
+    assert all_mutants() == MUTANTS + extra.MUTANTS + hook_mutants()
     assert check_targets(all_mutants()) == []
     extra.MUTANTS += (Mutant("relu-kink", "a clash", "tape.py", "return", "yield"),)
     assert "mutant key 'relu-kink' is used twice" in check_targets(all_mutants())
+
+
+def test_training_mutants_join_as_hook_mutants():
+    """Every training mutant is in the one list, after the source mutants, with its rows first;
+    a key it shares with a source mutant, or a name its module lacks, is refused."""
+    hooks = [m for m in all_mutants() if isinstance(m, HookMutant)]
+    assert [m.key for m in hooks] == list(training_mutants.MUTANTS)
+    assert all(m.first == ("train",) for m in hooks)
+    assert all_mutants()[:len(MUTANTS)] == MUTANTS
+    clash = HookMutant("relu-kink", "a clash", "reports.conformance.training_mutants")
+    assert "mutant key 'relu-kink' is used twice" in check_targets(MUTANTS + (clash,))
+    missing = HookMutant("no-such-bug", "absent", "reports.conformance.training_mutants")
+    assert check_targets((missing,)) == [
+        "mutant no-such-bug: reports.conformance.training_mutants.MUTANTS has no such mutant "
+        "with apply()"]
+    with pytest.raises(MutantError, match="no such mutant"):
+        mutant_runner.run_mutant(missing, "dev", 0)
 
 
 def test_stale_or_ambiguous_targets_are_refused(tmp_path):
