@@ -108,6 +108,20 @@ def test_two_mutants_are_caught_by_the_dev_profile():
         assert result.failed_row.split()[0] in ("tape", "optimizer"), result
 
 
+def test_a_training_mutant_is_planted_in_the_subprocess_and_caught():
+    """The hook kind: apply() runs in the suite's process (the gradient entry 1e-10 off must
+    fail a train row); this process's fastlib keeps the correct Dense.backward."""
+    from fastlib.layers import dense
+
+    backward = dense.Dense.backward
+    hook = {m.key: m for m in hook_mutants()}["gradient-1e-10"]
+    result = mutant_runner.run_mutant(hook, "dev", 0)
+    assert result.caught, result
+    assert result.failed_row.startswith("train "), result
+    assert "1e-10 relative" in result.detail, result
+    assert dense.Dense.backward is backward
+
+
 @pytest.mark.slow
 def test_every_mutant_is_caught_by_the_dev_profile():
     control, results = run_all(None, "dev", 0)         # every mutant, registered ones too
