@@ -1,10 +1,11 @@
 """The mutant run: every mutant applies to the current fastlib source, the harness patches a
 copy (never the checkout) and refuses stale targets, and the suite catches the mutants.
 
-The fast tests apply two mutants (pure-Python ones, so no kernel recompiles) and check that
-the dev profile catches both; the full run of every mutant is marked slow
-(``pytest -m slow tests/conformance/test_conform_mutants.py``: about ten minutes for the first
-35; a mutant the suite misses runs the whole dev profile, so survivors make it longer).
+The fast tests apply two source mutants (pure-Python ones, so no kernel recompiles) and plant
+one training mutant, and check that the dev profile catches all three; the full run of every
+mutant of both kinds is marked slow (``pytest -m slow tests/conformance/test_conform_mutants.py``:
+about eleven minutes for 50; a mutant the suite misses runs the whole dev profile, so survivors
+make it longer).
 """
 from __future__ import annotations
 
