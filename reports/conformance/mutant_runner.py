@@ -7,6 +7,11 @@ module that mentions it (Numba does not track calls across files, so a cached ca
 the old code), and run ``verigrad conform`` on the ``fastlib`` engine in a subprocess whose
 working directory is the copy, so that ``import fastlib`` finds the mutated package first.
 
+A ``HookMutant`` (a bug planted by monkeypatching, e.g. a training mutant) needs no copy: the
+subprocess runs in the project root, enters the mutant's ``apply()`` context manager and then
+runs the same ``verigrad conform`` command line in-process, so fastlib carries the bug while
+every row runs.
+
 A mutant is *caught* when the run exits 1 with a failing row; the first failing row, the number
 of examples drawn and the seconds it took are kept. An unmutated copy runs first as the control:
 it must pass, or every verdict would be meaningless.
@@ -88,6 +93,9 @@ def check_targets(mutants, package_dir=None):
         if m.key in keys:
             problems.append(f"mutant key {m.key!r} is used twice")
         keys.add(m.key)
+        if _is_hook(m):
+            problems += _hook_problems(m)
+            continue
         if m.old == m.new:
             problems.append(f"mutant {m.key}: replacement equals the target (a no-op)")
         path = package_dir / m.path
@@ -99,6 +107,23 @@ def check_targets(mutants, package_dir=None):
             problems.append(f"mutant {m.key}: target text occurs {count} times in "
                             f"fastlib/{m.path}")
     return problems
+
+
+def _is_hook(mutant):
+    return hasattr(mutant, "module") and not hasattr(mutant, "old")
+
+
+def _hook_problems(mutant):
+    """A hook mutant must name an importable module whose ``MUTANTS`` has its key."""
+    import importlib
+
+    try:
+        table = importlib.import_module(mutant.module).MUTANTS
+    except (ImportError, AttributeError) as exc:
+        return [f"mutant {mutant.key}: cannot load {mutant.module}.MUTANTS ({exc})"]
+    if mutant.key not in table or not callable(getattr(table[mutant.key], "apply", None)):
+        return [f"mutant {mutant.key}: {mutant.module}.MUTANTS has no such mutant with apply()"]
+    return []
 
 
 def _imported_names(text):
@@ -138,27 +163,48 @@ def _copy_fastlib(workdir):
     return target
 
 
-def _run_suite(workdir, profile, seed, first, cache_dir, timeout):
+# The subprocess of a hook mutant: plant the bug, then run the command line of ``_conform_args``.
+_HOOK_SCRIPT = """\
+import importlib, sys
+from reports.cli import main
+module, key = sys.argv[1:3]
+with importlib.import_module(module).MUTANTS[key].apply():
+    code = main(sys.argv[3:])
+sys.exit(code)
+"""
+
+
+def _conform_args(profile, seed, first, out):
+    """The ``verigrad conform`` arguments every mutant (of either kind) is judged by."""
+    args = ["conform", "--profile", profile, "--engine", "fastlib", "--no-proofs", "--fail-fast",
+            "--no-progress", "--seed", str(seed), "--json", str(out)]
+    return args + (["--first", *first] if first else [])
+
+
+def _run_suite(workdir, profile, seed, first, cache_dir, timeout, hook=None):
+    """Run the dev profile in a subprocess, in the mutated copy at ``workdir`` or, for a
+    ``hook`` mutant, in the project root under its ``apply()``."""
     out = Path(workdir) / "conform.json"
     env = dict(os.environ)
     root = str(_project_root())
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if cache_dir:
         env["VERIGRAD_CONFORM_CACHE"] = str(cache_dir)
-    check = subprocess.run([sys.executable, "-c", "import fastlib; print(fastlib.__file__)"],
-                           cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
-    imported = check.stdout.strip()
-    if not imported.startswith(str(Path(workdir).resolve())) and not imported.startswith(
-            str(workdir)):
-        raise MutantError(f"the suite would import fastlib from {imported or check.stderr!r}, "
-                          f"not from the mutated copy in {workdir}")
-    cmd = [sys.executable, "-m", "reports", "conform", "--profile", profile, "--engine",
-           "fastlib", "--no-proofs", "--fail-fast", "--no-progress", "--seed", str(seed),
-           "--json", str(out)]
-    if first:
-        cmd += ["--first", *first]
+    args = _conform_args(profile, seed, first, out)
+    if hook is None:
+        check = subprocess.run([sys.executable, "-c", "import fastlib; print(fastlib.__file__)"],
+                               cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+        imported = check.stdout.strip()
+        if not imported.startswith(str(Path(workdir).resolve())) and not imported.startswith(
+                str(workdir)):
+            raise MutantError(f"the suite would import fastlib from "
+                              f"{imported or check.stderr!r}, not from the mutated copy in "
+                              f"{workdir}")
+        cmd, cwd = [sys.executable, "-m", "reports", *args], workdir
+    else:
+        cmd, cwd = [sys.executable, "-c", _HOOK_SCRIPT, hook.module, hook.key, *args], root
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True,
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
     seconds = time.perf_counter() - start
     payload = json.loads(out.read_text()) if out.exists() else None
@@ -184,13 +230,25 @@ def _verdict(key, what, proc, payload, seconds):
 
 
 def run_mutant(mutant, profile="dev", seed=0, cache_dir=None, timeout=1800):
-    """Apply ``mutant`` to a fresh copy of fastlib and run the suite on it.
+    """Apply ``mutant`` to a fresh copy of fastlib (or, for a ``HookMutant``, plant it with its
+    ``apply()`` in the subprocess) and run the suite on it.
 
     Returns
     -------
     MutantResult
     """
     with tempfile.TemporaryDirectory(prefix=f"verigrad-mutant-{mutant.key}-") as workdir:
+        if _is_hook(mutant):   # planted in the subprocess by apply(); fastlib itself unchanged
+            problems = _hook_problems(mutant)
+            if problems:
+                raise MutantError(problems[0])
+            proc, payload, seconds = _run_suite(workdir, profile, seed, mutant.first,
+                                                cache_dir, timeout, hook=mutant)
+            if payload is None:   # the harness itself broke (fastlib is intact): not a catch
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                return MutantResult(mutant.key, mutant.what, False, seconds, 0, "",
+                                    "the run did not finish: " + " / ".join(tail))
+            return _verdict(mutant.key, mutant.what, proc, payload, seconds)
         package = _copy_fastlib(workdir)
         patched = apply_mutant(mutant, package)
         _drop_numba_cache(package, patched)

@@ -7,6 +7,11 @@ survivor is a hole in the suite. Each mutant names the exact source text it repl
 must occur exactly once in the current fastlib (``check_targets``, run by the fast tests), so a
 refactor of fastlib cannot silently turn a mutant into a no-op. ``first`` only orders the run
 (the checks most likely to fail go first); every check stays in.
+
+A second kind, ``HookMutant``, plants its bug by monkeypatching a running fastlib instead: it
+names a ``TrainingMutant`` of ``reports.conformance.training_mutants`` (whose ``apply()`` is a
+context manager), and the runner enters it in the subprocess before the same dev-profile run.
+``all_mutants()`` is the one list of both kinds that every run, test and table consumes.
 """
 from __future__ import annotations
 
@@ -19,8 +24,8 @@ from dataclasses import asdict, dataclass
 from reports.conformance.mutant_runner import (MutantError, check_targets, run_control,
                                                run_mutant)
 
-__all__ = ["Mutant", "MUTANTS", "MUTANT_MODULES", "all_mutants", "main", "run_all",
-           "check_targets", "MutantError"]
+__all__ = ["Mutant", "HookMutant", "MUTANTS", "MUTANT_MODULES", "HOOK_MODULES", "all_mutants",
+           "hook_mutants", "main", "run_all", "check_targets", "MutantError"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,20 @@ class Mutant:
     path: str
     old: str
     new: str
+    first: tuple = ()
+
+
+@dataclass(frozen=True)
+class HookMutant:
+    """One plausible bug planted by a context manager: ``<module>.MUTANTS[name].apply()``.
+
+    The module's ``MUTANTS`` maps a name to an object with ``name``, ``description`` and
+    ``apply`` (a ``TrainingMutant``); the key of the mutant is that name.
+    """
+
+    key: str
+    what: str
+    module: str
     first: tuple = ()
 
 
@@ -228,22 +247,36 @@ MUTANTS = (
 # Mutants kept in other modules join every run (``--mutants``, the slow test) through this
 # tuple of module names. Each such module defines its own ``MUTANTS``, a tuple of ``Mutant``
 # (it imports ``Mutant`` from here, so it is imported lazily, by ``all_mutants``). To register
-# one, add its dotted name here, e.g. "reports.conformance.training_mutants".
+# one, add its dotted name here. (Context-manager mutants join through ``HOOK_MODULES`` below.)
 MUTANT_MODULES = ()
 
 
+# Modules whose ``MUTANTS`` maps a name to a context-manager mutant (a ``TrainingMutant``): each
+# becomes a ``HookMutant``, run after the source mutants, with the rows of ``first`` first.
+HOOK_MODULES = (("reports.conformance.training_mutants", ("train",)),)
+
+
+def hook_mutants():
+    """A ``HookMutant`` for every mutant of every module in ``HOOK_MODULES``, in their order."""
+    out = []
+    for module, first in HOOK_MODULES:
+        for m in importlib.import_module(module).MUTANTS.values():
+            out.append(HookMutant(m.name, m.description, module, first))
+    return tuple(out)
+
+
 def all_mutants():
-    """``MUTANTS`` followed by the ``MUTANTS`` of every module in ``MUTANT_MODULES``.
+    """``MUTANTS``, the ``MUTANTS`` of every module in ``MUTANT_MODULES``, then ``hook_mutants()``.
 
     Returns
     -------
-    tuple of Mutant
-        In that order; ``check_targets`` refuses a key used twice across modules.
+    tuple of Mutant and HookMutant
+        In that order; ``check_targets`` refuses a key used twice, across modules and kinds.
     """
     out = list(MUTANTS)
     for name in MUTANT_MODULES:
         out += list(importlib.import_module(name).MUTANTS)
-    return tuple(out)
+    return tuple(out) + hook_mutants()
 
 def _table(results):
     from reports.commands.conform import format_table
