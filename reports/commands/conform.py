@@ -34,8 +34,10 @@ def add_arguments(parser):
     parser.add_argument("--seed", type=int, default=0,
                         help="Hypothesis seed: the same seed draws the same examples (default 0)")
     parser.add_argument("--mutants", action="store_true",
-                        help="apply each mutant of reports.conformance.mutants to a copy of "
-                             "fastlib and report which the dev profile catches")
+                        help="plant each mutant (reports.conformance.mutants: source edits "
+                             "applied to a copy of fastlib, and the training bugs of "
+                             "training_mutants patched in at run time) and report which the "
+                             "dev profile catches")
     parser.add_argument("--no-proofs", action="store_true",
                         help="skip the spec's proofs (run only the engine checks)")
     parser.add_argument("--fail-fast", action="store_true",

@@ -38,12 +38,21 @@ from reports.conformance.strategies import OpExample
 __all__ = ["special_cases", "CATEGORIES"]
 
 CATEGORIES = ("saturation", "logits ±1e4", "tiny", "huge", "zeros", "kinks", "ties",
-              "long reduction", "broadcast", "zero cotangent", "dominant logit",
+              "long reduction", "long elementwise", "broadcast", "zero cotangent", "dominant logit",
               "targets at the domain's edge")
 
 SATURATING = ("exp", "tanh", "sigmoid", "softplus", "silu", "gelu", "gelu_tanh")
 SCALE_FREE = ("neg", "abs", "relu", "leaky_relu", "identity", "square", "sqrt", "log")
 LONG = 4096
+LONG_PERIOD = 64   # distinct (x, cotangent) pairs of the long elementwise case
+
+
+def _parallel_min_size():
+    """fastlib's threshold for splitting an elementwise kernel across threads (read from the
+    engine, so a change of the constant moves the case with it)."""
+    from fastlib.config import PARALLEL_MIN_SIZE
+
+    return int(PARALLEL_MIN_SIZE)
 
 
 def _magnitudes(dtype):
@@ -90,6 +99,14 @@ def _raw_cases(name, dtype):
         if name in ("relu", "abs", "leaky_relu"):
             cases.append(("kinks", [a([0.0, -0.0, 0.5, -0.5])],
                           {"negative_slope": 0.2} if name == "leaky_relu" else {}))
+    if name in SATURATING or name in SCALE_FREE:
+        # past the size where fastlib's elementwise kernels split the work across threads, with
+        # a ragged tail: one wrong entry among tens of thousands must fail on its own bound
+        n = _parallel_min_size() + 37
+        period = (np.geomspace(1e-3, 20.0, LONG_PERIOD) if name in ("sqrt", "log") else
+                  np.concatenate([np.geomspace(1e-3, 20.0, LONG_PERIOD - 21),
+                                  -np.geomspace(1e-3, 20.0, 21)]))
+        cases.append(("long elementwise", [np.resize(period, n)], {}))
     if name in ("add", "sub", "mul", "div", "maximum"):
         x = a([[1.5, -2.0, 0.25], [3.0, -0.5, 1.0]])
         cases += [("huge & tiny", [a([huge, -huge, 1.0]), a([tiny, 1.0, -tiny])], {}),
@@ -194,6 +211,8 @@ def special_cases(name, dtype):
                      else np.asarray(x, np.float64).astype(dtype)
                      for n, x in zip(op.inputs, inputs))
         grad = _grad_for(name, cast, params, rng, dtype)
+        if label == "long elementwise":   # a short cotangent period: the oracle's cost stays small
+            grad = np.resize(grad.reshape(-1)[:LONG_PERIOD], grad.shape).astype(dtype)
         out.append(OpExample(name, cast, grad, dict(params), 0, False, label))
     example = op.examples[0]
     base = make_example(name, example.shapes, dict(example.params), 0, dtype)

@@ -290,7 +290,7 @@ def _run_mutant_task(key, profile, seed):
 
     if key == "control":
         return mutant_runner.run_control(profile, seed)
-    return mutant_runner.run_mutant({m.key: m for m in mutants.MUTANTS}[key], profile, seed)
+    return mutant_runner.run_mutant({m.key: m for m in mutants.all_mutants()}[key], profile, seed)
 
 
 def run_mutants(spec):
