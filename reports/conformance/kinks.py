@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reports.conformance.bounds import _sum_to_shape as _sum_back
+
 __all__ = ["MODES", "KinkVerdict", "judge", "default_mode", "OWN_ENGINES"]
 
 MODES = ("strict", "subgradient")
@@ -62,17 +64,6 @@ class KinkVerdict:
     accepted: dict
     outside: str = ""
     convention: str = ""
-
-
-def _sum_back(g, shape):
-    g = np.asarray(g, dtype=np.float64)
-    lead = g.ndim - len(shape)
-    if lead > 0:
-        g = g.sum(axis=tuple(range(lead)))
-    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
-    if axes:
-        g = g.sum(axis=axes, keepdims=True)
-    return g.reshape(shape)
 
 
 def _fmt(v):
