@@ -293,11 +293,11 @@ def evaluate_model(model, x: np.ndarray, y: np.ndarray, loss_type: str,
 
 
 def _bp_run_epoch(ctx, x, y, order):
-    from fastlib.training import fused_mlp
+    from fastlib.training.compiled_paths import run_compiled_epoch
 
-    return fused_mlp.run_epoch(ctx, x, y, order)
+    return run_compiled_epoch(ctx, x, y, order)
 
 
-# option: fused=False turns off the whole-epoch MLP path (fastlib.training.fused_mlp)
+# option: fused=False turns off every whole-epoch compiled path (fastlib.training.compiled_paths)
 register_algorithm("bp", bp_train_one_batch, evaluate=evaluate_model, run_epoch=_bp_run_epoch,
                    options=("fused",))

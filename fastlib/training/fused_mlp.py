@@ -35,6 +35,7 @@ from fastlib import config
 from fastlib.layers.activations import ACTIVATIONS
 from fastlib.training import fused_kernels as fk
 from fastlib.training.algorithms import EpochStats
+from fastlib.training.compiled_paths import register_compiled_path
 from fastlib.training.fused_kernels import FUSED_ACTIVATIONS, LOSS_CODES  # noqa: F401 - public
 
 # NOTE (speed): every layer pair is cut into FUSED_PIECES pieces that run on up to that many
@@ -259,3 +260,6 @@ def run_epoch(ctx, x, y, order):
                        count=samples, skipped=int(skipped), diverged_batch=int(diverged),
                        diverged_loss=float(bad_loss), fused=True)
     return stats
+
+
+register_compiled_path("mlp", run_epoch)
