@@ -6,7 +6,8 @@ float64 / Adam and the float32 / Momentum configurations one after the other (OU
 OUT.float32.npz: one launch instead of two); ``--with-plain`` first runs plain ``train`` (no
 MPI; its per-batch path, ``fused=False``) and writes it to OUT.plain.npz. ``--fail MODE``
 makes rank ``--fail-rank`` misbehave at the start of epoch 2: ``raise`` (a Python exception),
-``hang`` (stops answering: sleeps for an hour) or ``kill`` (SIGKILL to itself).
+``hang`` (stops answering: sleeps for an hour) or ``kill`` (SIGKILL to itself); ``--warm-up``
+first runs one quiet epoch so that the kernels are compiled before a short timeout counts.
 """
 from __future__ import annotations
 
@@ -57,7 +58,14 @@ def main(argv=None):
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument("--both", action="store_true")
     p.add_argument("--with-plain", action="store_true")
+    p.add_argument("--warm-up", action="store_true",
+                   help="first one quiet epoch with the default timeout (the kernels compile or "
+                        "load), so that a short --timeout measures the failure, not the start-up")
     args = p.parse_args(argv)
+    if args.warm_up:
+        quiet = argparse.Namespace(**dict(vars(args), fail=None, epochs=1, timeout=120.0,
+                                          checkpoint=None, resume=None))
+        train_once(quiet, args.out[:-4] + ".warm-up.npz")
     if args.both:
         for dtype, opt in (("float64", "Adam"), ("float32", "Momentum")):
             args.dtype, args.optimizer = dtype, opt

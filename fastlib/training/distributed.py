@@ -35,12 +35,14 @@ summation order would depend on K. The per-block losses and correct counts trave
 ``Allreduce`` in which each block's entry is non-zero on exactly one rank (``x + 0`` is exact),
 so the batch loss is summed in block order on every rank.
 
-Failures never hang: every collective is non-blocking and polled against
-:attr:`DataParallel.timeout`. A rank that raises prints its rank and exception and aborts the
-job (``MPI_Abort``); a rank that stops answering is named by the others (they ping each other
-on a separate communicator; whoever does not answer is reported) before they abort; a rank
-killed by a signal makes ``mpiexec`` stop every rank at once (it prints the dead process's
-PID; rank 0's start-up line maps PIDs to ranks).
+Failures never hang, and the message names the rank: every collective is non-blocking and
+polled against :attr:`DataParallel.timeout`. A rank that raises prints its rank and exception
+and aborts the job (``MPI_Abort``); a rank that stops answering is named by the others (they
+ping each other on a separate communicator; whoever does not answer is reported) before they
+abort; a rank killed by a signal cannot speak and ``mpiexec`` kills the others at once, so each
+rank has a sentinel process beside it (:mod:`fastlib.training.rank_sentinel`) that names its
+rank when it dies without a word. At start-up the ranks exchange their hosts and process IDs
+(rank 0's start-up line lists them).
 
 Not data-parallel: TargetProp and contrastive divergence (:data:`UNSUPPORTED`), and the fused
 whole-epoch MLP path: it runs a whole epoch's steps inside one compiled call, while the
@@ -53,6 +55,7 @@ import math
 import os
 import socket
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -192,6 +195,7 @@ class _Comm:
         world = MPI.COMM_WORLD
         self.rank, self.size = world.Get_rank(), world.Get_size()
         self.timeout = float(timeout)
+        self.on_abort = None
         # the run's collectives and the liveness pings each get their own communicator, so
         # neither can match the other's messages (nor a user's on COMM_WORLD)
         self.comm, req = world.Idup()
@@ -208,6 +212,12 @@ class _Comm:
                 time.sleep(2e-4)
                 if time.monotonic() > deadline:
                     self._silent_ranks_abort(what)
+
+    def abort(self, code):
+        """``MPI_Abort`` after ``on_abort`` (the session claims the failure for this rank)."""
+        if self.on_abort is not None:
+            self.on_abort()
+        self.MPI.COMM_WORLD.Abort(code)
 
     def _silent_ranks_abort(self, what):
         """Name the ranks that do not answer a ping, then abort the job (never hang)."""
@@ -226,7 +236,7 @@ class _Comm:
                "step: do all of them run the same train call?)")
         _report(f"rank {self.rank} of {self.size} waited {self.timeout:g} s in {what}: {who} "
                 f"(a rank died, hangs or left training); aborting every rank")
-        self.MPI.COMM_WORLD.Abort(3)
+        self.abort(3)
 
     def bcast_obj(self, obj, what):
         """Rank 0's ``obj`` on every rank (pickled; its length first, then the bytes)."""
@@ -293,7 +303,9 @@ class _Session:
             state = {"params": {k: np.array(v) for k, v in ctx.params.items()},
                      "opt_t": ctx.opt_state.t, "slots": ctx.opt_state.slots,
                      "rng": ctx.rng.bit_generator.state, "step": ctx.step, "lr": ctx.lr,
-                     "algo_state": ctx.state, "pids": None}
+                     "algo_state": ctx.state,
+                     # names this run's failure claims (rank_sentinel): one file per host
+                     "token": f"{os.getpid()}-{os.urandom(6).hex()}"}
         state = self.comm.bcast_obj(state, "the start-up broadcast of rank 0's state")
         if self.rank != 0:
             for k, v in ctx.params.items():
@@ -304,9 +316,49 @@ class _Session:
                     np.copyto(ctx.opt_state.slots[s][k], v)
             ctx.rng.bit_generator.state = state["rng"]
             ctx.step, ctx.lr, ctx.state = state["step"], state["lr"], dict(state["algo_state"])
-        pid = np.zeros(self.size, np.int64)
-        pid[self.rank] = os.getpid()
-        self.pids = self.comm.allreduce_sum(pid, "the start-up exchange of process ids")
+        self.token = state["token"]
+        self.hosts, self.pids = self._identities()
+        self.claim_path = os.path.join(tempfile.gettempdir(),
+                                       f"verigrad-dp-{self.token}.first-failure")
+        self.sentinel = None
+        if self.size > 1:
+            from fastlib.training.rank_sentinel import Sentinel
+
+            host = self.hosts[self.rank]
+            peers = [int(p) for r, p in enumerate(self.pids)
+                     if r != self.rank and self.hosts[r] == host]
+            self.sentinel = Sentinel(self.rank, self.size, host, self.claim_path, peers)
+        self.comm.on_abort = self.claim_failure
+
+    def _identities(self):
+        """Every rank's ``(host, pid)``: each rank fills its own row, the sum gathers them."""
+        width = 256
+        rows = np.zeros((self.size, width + 1), np.int64)
+        name = socket.gethostname().encode()[:width]
+        rows[self.rank, :len(name)] = np.frombuffer(name, np.uint8)
+        rows[self.rank, width] = os.getpid()
+        rows = self.comm.allreduce_sum(rows, "the start-up exchange of hosts and process ids")
+        hosts = [bytes(r[:width][r[:width] > 0].astype(np.uint8)).decode(errors="replace")
+                 for r in rows]
+        return hosts, [int(p) for p in rows[:, width]]
+
+    def claim_failure(self):
+        """This rank reported the failure itself: claim it (so the sentinels of the ranks the
+        abort kills stay quiet) and let this rank's sentinel go."""
+        from fastlib.training.rank_sentinel import CLAIMED, claim
+
+        if claim(self.claim_path, f"rank {self.rank} reported\n"):
+            self.finish(CLAIMED)  # its sentinel removes the claim later
+        self.finish()
+
+    def finish(self, word=None):
+        """Let this rank's sentinel go (training ended, or this rank reported a failure)."""
+        if self.sentinel is not None:
+            if word is None:
+                self.sentinel.finish()
+            else:
+                self.sentinel.finish(word)
+            self.sentinel = None
 
     def banner(self, fused_possible):
         """Rank 0's start-up line (ranks, hosts' PIDs, blocks, and the path taken)."""
@@ -315,9 +367,10 @@ class _Session:
         path = ("per-batch path (the fused whole-epoch MLP kernel runs a whole epoch inside one "
                 "compiled call, but the gradients must be exchanged after every step)"
                 if fused_possible else "per-batch path")
-        pids = ", ".join(f"rank {r}: pid {p}" for r, p in enumerate(self.pids))
-        _report(f"data-parallel on {self.size} rank(s) ({socket.gethostname()} is rank 0; "
-                f"{pids}); {self.options.blocks} blocks per batch; {path}")
+        pids = ", ".join(f"rank {r}: pid {p} on {h}"
+                         for r, (h, p) in enumerate(zip(self.hosts, self.pids)))
+        _report(f"data-parallel on {self.size} rank(s) ({pids}); {self.options.blocks} blocks "
+                f"per batch; {path}")
 
     # -- the step -------------------------------------------------------------------------------
     def wrap(self, algo):
@@ -431,18 +484,21 @@ class _Session:
         """Run ``run()``; an exception on this rank aborts the job with a message naming it."""
         try:
             if self.rank == 0:
-                return run()
-            with warnings.catch_warnings():  # only rank 0 speaks
-                warnings.simplefilter("ignore")
-                return run()
+                result = run()
+            else:
+                with warnings.catch_warnings():  # only rank 0 speaks
+                    warnings.simplefilter("ignore")
+                    result = run()
         except BaseException as exc:  # noqa: BLE001 - any failure must stop every rank
             import traceback
 
             traceback.print_exc(file=sys.stderr)
             _report(f"rank {self.rank} of {self.size} raised {type(exc).__name__}: {exc}; "
                     "aborting every rank")
-            self.comm.MPI.COMM_WORLD.Abort(4)
+            self.comm.abort(4)
             raise
+        self.finish()
+        return result
 
 
 def attach(loop, distributed):

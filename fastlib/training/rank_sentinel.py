@@ -1,0 +1,183 @@
+"""The sentinel of one MPI rank: names the rank when it dies without a word.
+
+A rank killed by a signal (SIGKILL, the OOM killer, a crash in native code) cannot say anything,
+and ``mpiexec`` then kills the other ranks at once, so they cannot either; mpiexec itself names
+a process ID only. So each rank of a data-parallel run (:mod:`fastlib.training.distributed`)
+starts this small process beside it (standard library only, run by path with ``python -I -S``:
+it starts in milliseconds and imports nothing of fastlib). The rank holds the write end of the
+sentinel's stdin; the sentinel blocks reading it. When training ends, or when the rank has
+reported its own failure, the rank writes a word and the sentinel leaves quietly. End of file
+with no word means the rank died.
+
+Which dead rank died first: ``mpiexec`` kills the others only after it has seen the first death,
+so when the sentinel of the first rank wakes, the other ranks on its host are still running,
+while the sentinels of the ranks mpiexec killed find a rank already dead. The first failure on
+a host is claimed with an exclusive file create (the claim file named on the command line); a
+rank that reports its own exception or names a silent rank claims it first, so the sentinels
+of the ranks mpiexec then kills stay quiet. A sentinel that finds its host's other ranks dead
+(or has none beside it) waits a moment for the claim of the one that died first, and if no one
+claims, says only what it knows.
+
+The message goes to the launcher's stderr (``/proc/<parent>/fd/2``, the rank's parent being
+mpiexec's proxy), not the rank's: a process holding the rank's own stderr open would delay
+mpiexec's view of the death, and mpiexec was then seen naming a PID that was not the first to
+die.
+
+Usage: ``python -I -S rank_sentinel.py RANK SIZE HOST PID CLAIM OUT [PEER_PID ...]`` with
+``OUT`` the file to write to or ``-`` for this process's stderr.
+"""
+import os
+import sys
+import time
+
+DONE = b"done"        # the rank finished training
+CLAIMED = b"claimed"  # the rank reported its own failure and claimed it
+GRACE = 0.5           # seconds a sentinel that cannot tell waits for the first one's claim
+KEEP = 3.0            # seconds a claim stays (every other sentinel looks within GRACE), then goes
+
+
+def alive(pid):
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (not Linux): signal 0 tells whether the process exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def claim(path, text):
+    """Create ``path`` holding ``text``; False when someone else created it first."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    except OSError:  # no writable temporary directory: speak rather than stay silent
+        return True
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return True
+
+
+LAUNCHERS = ("mpiexec", "mpirun", "prterun", "orterun")
+
+
+def _parent(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def launcher_stderr():
+    """Where the sentinel writes: the stderr of ``mpiexec`` when it runs on this host (then
+    the message reaches the user's terminal or pipe even after mpiexec has exited, and whoever
+    reads that pipe to its end waits for it), else the rank's parent's (mpiexec's proxy or
+    daemon, forwarding to mpiexec); ``-`` (the rank's own stderr) without ``/proc``."""
+    try:
+        pid = os.getppid()
+        first = f"/proc/{pid}/fd/2"
+        for _ in range(3):
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip().startswith(LAUNCHERS):
+                    path = f"/proc/{pid}/fd/2"
+                    if os.access(path, os.W_OK):
+                        return path
+            pid = _parent(pid)
+            if pid <= 1:
+                break
+        return first if os.access(first, os.W_OK) else "-"
+    except (OSError, ValueError, IndexError):
+        return "-"
+
+
+class Sentinel:
+    """The rank's side: starts the sentinel process; :meth:`finish` sends the word."""
+
+    def __init__(self, rank, size, host, claim_path, peers):
+        import subprocess
+
+        self.claim_path = claim_path
+        out = launcher_stderr()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), str(rank), str(size), host,
+             str(os.getpid()), claim_path, out] + [str(p) for p in peers],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL if out != "-" else None,
+            start_new_session=True)  # its own session: mpiexec's clean-up does not reach it
+
+    def finish(self, word=DONE):
+        """Training ended (``DONE``) or the rank reported its own failure and claimed it
+        (``CLAIMED``: the sentinel removes the claim later): the sentinel leaves quietly."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.write(word)
+            self.proc.stdin.close()
+        except OSError:  # the sentinel is gone already: nothing to tell it
+            pass
+        if word == DONE:  # a claimed failure is followed by MPI_Abort: no need to wait
+            try:
+                self.proc.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - never let the sentinel hold training up
+                pass
+        self.proc = None
+
+
+def _forget_claim(path):
+    """Remove the claim once every other sentinel has looked (no file outlives the job)."""
+    time.sleep(KEEP)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def main(argv):
+    rank, size, host, pid, claim_path, out_path = argv[:6]
+    peers = [int(p) for p in argv[6:]]
+    try:
+        out = sys.stderr if out_path == "-" else open(out_path, "w")
+    except OSError:
+        out = sys.stderr
+    word = sys.stdin.buffer.read()
+    if word == DONE:
+        return 0
+    if word == CLAIMED:
+        try:
+            out.close()  # hold nothing of the launcher's while waiting
+        except OSError:
+            pass
+        _forget_claim(claim_path)
+        return 0
+    who = f"rank {rank} of {size} (pid {pid} on {host})"
+    first = any(alive(p) for p in peers)
+    if not first:  # the others here are gone too (or there are none): let the first claim
+        time.sleep(GRACE)
+    if not claim(claim_path, f"{who} died\n"):
+        return 0  # an earlier failure on this host was claimed (and reported) first
+    if first:
+        msg = (f"{who} died during training without a word (killed by a signal: SIGKILL, "
+               f"the OOM killer, or a crash in native code) while the other ranks on {host} "
+               "ran; the others stop (mpiexec ends them, or they give up after the timeout)")
+    else:
+        msg = (f"{who} ended during training without a word, after or together with the other "
+               f"ranks on {host}: killed by a signal, or ended by mpiexec after a rank "
+               "elsewhere failed (the first failure's own message names that rank)")
+    try:
+        out.write(f"verigrad distributed: {msg}\n")
+        out.flush()
+        out.close()
+    except OSError:  # the launcher is gone: nobody to tell
+        pass
+    _forget_claim(claim_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
