@@ -1,9 +1,10 @@
 """A small data-parallel training run, launched by tests/test_distributed_mpi.py.
 
 Run as ``mpiexec -n K python tests/mpi_train_script.py OUT.npz [options]`` (or without mpiexec:
-one rank). Rank 0 writes the final parameters and the histories to OUT.npz. ``--both`` runs the
-float64 / Adam and the float32 / Momentum configurations one after the other (OUT.float64.npz,
-OUT.float32.npz: one launch instead of two); ``--with-plain`` first runs plain ``train`` (no
+one rank). Rank 0 writes the final parameters and the histories to OUT.npz, every other rank
+``r`` its parameters to OUT.rank{r}.npz. ``--both`` runs the configurations of ``RUNS`` one after
+the other (train in float64 / Adam and float32 / Momentum, train_sh in float32 / Adam; OUT.NAME.npz:
+one launch instead of three); ``--with-plain`` first runs plain ``train`` (no
 MPI; its per-batch path, ``fused=False``) and writes it to OUT.plain.npz. ``--fail MODE``
 makes rank ``--fail-rank`` misbehave at the start of epoch 2: ``raise`` (a Python exception),
 ``hang`` (stops answering: sleeps for an hour) or ``kill`` (SIGKILL to itself); ``--warm-up``
@@ -21,6 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
+
+
+# --both: (name, dtype, optimizer, train_sh instead of train)
+RUNS = (("float64", "float64", "Adam", False), ("float32", "float32", "Momentum", False),
+        ("sh-float32", "float32", "Adam", True))
 
 
 def build(dtype, widths, seed):
@@ -67,9 +73,9 @@ def main(argv=None):
                                           checkpoint=None, resume=None))
         train_once(quiet, args.out[:-4] + ".warm-up.npz")
     if args.both:
-        for dtype, opt in (("float64", "Adam"), ("float32", "Momentum")):
-            args.dtype, args.optimizer = dtype, opt
-            train_once(args, args.out[:-4] + f".{dtype}.npz")
+        for name, dtype, opt, sh in RUNS:
+            args.dtype, args.optimizer, args.sh = dtype, opt, sh
+            train_once(args, args.out[:-4] + f".{name}.npz")
         return
     if args.with_plain:
         args.plain = True
@@ -111,12 +117,15 @@ def train_once(args, out):
         common["fused"] = False
     if args.sh:
         h = fastlib.train_sh(model, x, y, args.epochs, args.batch, 0.05, "cross_entropy",
-                             args.optimizer, monitor="val_loss", patience=1, x_val=xv, y_val=yv,
-                             **common)
+                             args.optimizer, monitor="val_loss", patience=1, x_val=xv,
+                             y_val=yv, min_delta=50.0, **common)  # 50%: the rate is cut
         result = h.result
     else:
         result = fastlib.train(model, x, y, args.epochs, args.batch, 0.05, "cross_entropy", xv,
                                yv, args.optimizer, **common)
+    if rank != 0:  # every rank's parameters: they must be rank 0's
+        np.savez(out[:-4] + f".rank{rank}.npz",
+                 **{f"p:{k}": v for k, v in model.parameters().items()})
     if rank == 0:
         arrays = {f"p:{k}": v for k, v in model.parameters().items()}
         arrays.update(loss=np.array(result.loss_history), acc=np.array(result.accuracy_history),

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastlib.training.distributed import (DataParallel, block_bounds, rank_blocks, resolve,
-                                          tree_nodes, tree_sum)
+from fastlib.training.distributed import (DataParallel, batch_blocks, block_bounds,
+                                          check_ranks, rank_blocks, resolve, tree_nodes,
+                                          tree_sum)
 
 
 @pytest.mark.parametrize("n,m", [(64, 8), (45, 8), (5, 5), (7, 3), (1, 1)])
@@ -36,6 +37,31 @@ def test_when_k_divides_the_blocks_shards_differ_by_at_most_one_sample(n, k):
     assert sum(sizes) == n and max(sizes) - min(sizes) <= 1
     # the shards are exactly the balanced split floor((r+1) n / K) - floor(r n / K)
     assert sizes == [((r + 1) * n) // k - (r * n) // k for r in range(k)]
+
+
+@pytest.mark.parametrize("blocks,k", [(8, 1), (8, 2), (8, 4), (8, 8), (12, 3), (12, 6),
+                                      (24, 24)])
+@pytest.mark.parametrize("samples,batch", [(45, 8), (100, 32), (61, 12), (7, 64), (1000, 7)])
+def test_every_batch_of_an_epoch_splits_within_one_sample(blocks, k, samples, batch):
+    """Each batch of an epoch, the last partial one included, split the way train_one_batch
+    splits it: the ranks' shards tile the batch and their sizes differ by at most one."""
+    check_ranks(blocks, k)  # an accepted configuration
+    for start in range(0, samples, batch):
+        n = min(batch, samples - start)
+        m = batch_blocks(n, blocks)
+        bounds = block_bounds(n, m)
+        sizes = [sum(hi - lo for lo, hi in bounds[slice(*rank_blocks(m, k, r))])
+                 for r in range(k)]
+        assert sum(sizes) == n, (start, sizes)
+        assert max(sizes) - min(sizes) <= 1, (n, m, sizes)
+
+
+@pytest.mark.parametrize("blocks,k,fit", [(8, 3, 9), (8, 5, 10), (8, 16, 16), (12, 5, 15)])
+def test_ranks_that_do_not_divide_the_blocks_are_refused_with_the_fix(blocks, k, fit):
+    # e.g. 8 blocks of a batch of 64 on 3 ranks: 3 + 3 + 2 blocks = 24, 24, 16 samples
+    with pytest.raises(ValueError, match=rf"{k} MPI ranks do not divide the {blocks} blocks.*"
+                                         rf"DataParallel\(blocks={fit}\)"):
+        check_ranks(blocks, k)
 
 
 @pytest.mark.parametrize("m,k", [(8, 1), (8, 2), (8, 3), (8, 5), (13, 4), (16, 16), (4, 6)])

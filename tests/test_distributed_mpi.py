@@ -56,20 +56,24 @@ def load(path):
         return {k: f[k] for k in f.files}
 
 
+RUNS = ("float64", "float32", "sh-float32")  # mpi_train_script.RUNS: train twice, train_sh
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """One-process runs (distributed=True, no mpiexec) in float64 and float32."""
+    """One-process runs (distributed=True, no mpiexec) of mpi_train_script's RUNS."""
     d = tmp_path_factory.mktemp("one")
     run(d / "one.npz", "--both")
-    return {dtype: load(d / f"one.{dtype}.npz") for dtype in ("float64", "float32")}
+    return {name: load(d / f"one.{name}.npz") for name in RUNS}
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    """The same two runs under mpiexec -n 2."""
+    """The same runs under mpiexec -n 2 (rank 1's parameters under "rank1")."""
     d = tmp_path_factory.mktemp("two")
     run(d / "two.npz", "--both", ranks=2)
-    return {dtype: load(d / f"two.{dtype}.npz") for dtype in ("float64", "float32")}
+    return {name: dict(load(d / f"two.{name}.npz"), rank1=load(d / f"two.{name}.rank1.npz"))
+            for name in RUNS}
 
 
 def assert_same_run(got, want):
@@ -78,18 +82,22 @@ def assert_same_run(got, want):
         assert np.array_equal(got[k], want[k]), (k, got[k], want[k])
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])  # Adam, Momentum
-def test_two_ranks_equal_one_process_bit_for_bit(one_process, two_ranks, dtype):
+@pytest.mark.parametrize("name", RUNS)  # train: Adam float64, Momentum float32; train_sh
+def test_two_ranks_equal_one_process_bit_for_bit(one_process, two_ranks, name):
     # 45 samples in batches of 8: the last batch has 5 samples, fewer than the blocks
-    got = two_ranks[dtype]
-    assert_same_run(got, one_process[dtype])
+    got = dict(two_ranks[name])
+    rank1 = got.pop("rank1")
+    assert_same_run(got, one_process[name])  # parameters and every history (reduced metrics)
+    assert_same_run(rank1, {k: v for k, v in got.items() if k.startswith("p:")})
     assert not bool(got["fused"])  # the distributed run takes the per-batch path
     # the run trained: parameters moved away from the initial ones
     sys.path.insert(0, str(ROOT / "tests"))
     from mpi_train_script import build
 
-    start = build(np.dtype(dtype), [6, 5, 3], seed=3).parameters()
+    start = build(np.dtype(got["p:0.weight"].dtype), [6, 5, 3], seed=3).parameters()
     assert max(np.max(np.abs(got[f"p:{k}"] - v)) for k, v in start.items()) > 1e-3
+    if name.startswith("sh"):  # the plateau policy acted: the same decisions on every rank
+        assert len(set(got["lr"].tolist())) > 1, got["lr"]
 
 
 @pytest.mark.slow  # two more launches (~5 s); the checkpoint holds nothing about the ranks
@@ -98,7 +106,8 @@ def test_checkpoint_from_two_ranks_resumes_in_one(tmp_path, one_process):
     run(tmp_path / "k2.npz", "--epochs", "2", "--checkpoint", str(ckpt), ranks=2)
     assert ckpt.exists()
     run(tmp_path / "resumed.npz", "--epochs", "3", "--resume", str(ckpt))
-    assert_same_run(load(tmp_path / "resumed.npz"), one_process["float64"])
+    resumed = load(tmp_path / "resumed.npz")
+    assert_same_run(resumed, one_process["float64"])
 
 
 def test_one_step_within_the_stated_bound_of_plain_train(tmp_path):

@@ -22,10 +22,12 @@ the same order on every rank. So K ranks give, bit for bit, what one process giv
 machines with the same binaries. Against plain ``train`` (one product over the whole batch)
 the result differs by the reassociation of the batch sum; the README derives the bound.
 
-Shards: rank ``r`` owns blocks ``[r m / K, (r + 1) m / K)``. When K divides ``m`` (K a power of
-two up to 8 with the default), the shards are exactly the balanced split of the batch (sizes
-differ by at most one sample, the last partial batch included); otherwise they differ by at
-most one block. With K > m some ranks have no sample in a batch: raise ``blocks``.
+Shards: rank ``r`` owns blocks ``[r m / K, (r + 1) m / K)``. K must divide ``blocks``
+(:func:`check_ranks`; 1, 2, 4 or 8 ranks with the default 8): then every batch's shards are
+exactly the balanced split of the batch, sizes differing by at most one sample, the last
+partial batch included (a batch of ``n >= blocks`` samples has ``m = blocks`` blocks, which K
+divides; a smaller one has one sample per block). For other K, raise ``blocks`` to a multiple
+of K (and give the one-process run the same ``blocks``).
 
 Exchange per step (:meth:`_Session.reduce`): the flat gradient is cut into K chunks; an
 all-to-all sends every subtree's chunk ``c`` to rank ``c``, which combines its chunk over the
@@ -66,8 +68,8 @@ from fastlib.training.algorithms import (EVAL_CHUNK, Algorithm, BatchResult, cor
                                          evaluate_model)
 from fastlib.training.clipping import clip_gradients
 
-__all__ = ["DataParallel", "INSTALL_HINT", "UNSUPPORTED", "block_bounds", "rank_blocks",
-           "tree_nodes", "tree_sum", "resolve", "world"]
+__all__ = ["DataParallel", "INSTALL_HINT", "UNSUPPORTED", "batch_blocks", "block_bounds",
+           "check_ranks", "rank_blocks", "tree_nodes", "tree_sum", "resolve", "world"]
 
 INSTALL_HINT = ("install the MPI extra: pip install 'verigrad[mpi]' (mpi4py and the mpich "
                 "wheel, which brings mpiexec), then launch with: mpiexec -n K python your_script.py"
@@ -92,8 +94,9 @@ class DataParallel:
     ----------
     blocks : int
         Blocks per global batch (at most the batch size): the unit of work and of the fixed
-        summation order. Any K dividing it gives balanced shards; more blocks allow more ranks
-        but cost one small forward/backward each.
+        summation order. The number of ranks must divide it (then every batch's shards differ
+        by at most one sample); more blocks allow more ranks but cost one small
+        forward/backward each.
     timeout : float
         Seconds a rank waits in a collective for the others before it names the silent ranks
         and aborts the job.
@@ -146,6 +149,23 @@ def world():
 def block_bounds(n, m):
     """``[(lo, hi)]`` of ``m`` near-equal blocks covering ``n`` samples (sizes differ by <= 1)."""
     return [((j * n) // m, ((j + 1) * n) // m) for j in range(m)]
+
+
+def batch_blocks(n, blocks):
+    """How many blocks a batch of ``n`` samples is cut into: ``blocks``, or one sample per
+    block when the batch is smaller."""
+    return min(blocks, n)
+
+
+def check_ranks(blocks, k):
+    """ValueError unless ``k`` ranks divide ``blocks`` (what keeps every batch's shards within
+    one sample of each other); the message gives the fix."""
+    if blocks % k:
+        fit = blocks + (-blocks) % k
+        raise ValueError(f"{k} MPI ranks do not divide the {blocks} blocks per batch, so the "
+                         f"ranks' shards would differ by whole blocks: pass DataParallel("
+                         f"blocks={fit}) (any multiple of {k}; verigrad train: --blocks {fit}), "
+                         "and the same blocks to any run you compare with")
 
 
 def rank_blocks(m, k, r):
@@ -390,7 +410,7 @@ class _Session:
         from fastlib import losses
 
         n = x.shape[0]
-        m = min(self.options.blocks, n)
+        m = batch_blocks(n, self.options.blocks)
         bounds = block_bounds(n, m)
         a, b = rank_blocks(m, self.size, self.rank)
         dtype = np.dtype(ctx.model.dtype)
@@ -511,6 +531,8 @@ def attach(loop, distributed):
         algorithm other than ``"bp"``), with the reason.
     ImportError
         Without mpi4py, with the command that installs it.
+    ValueError
+        When the number of ranks does not divide the blocks per batch (:func:`check_ranks`).
     """
     options = resolve(distributed)
     name = loop.algo.name
@@ -523,6 +545,7 @@ def attach(loop, distributed):
     if loop.config.device != "cpu":
         raise NotImplementedError("distributed training runs on the CPU kernels; use "
                                   "device='cpu'")
+    check_ranks(options.blocks, world()[1])  # before any collective: every rank raises it
     session = _Session(loop, options)
     from fastlib.training import fused_mlp
 
@@ -534,8 +557,4 @@ def attach(loop, distributed):
         loop.checkpoint = None
     elif loop.verbose:
         session.banner(fused_possible)
-    if session.size > session.options.blocks and session.rank == 0:
-        warnings.warn(f"{session.size} ranks but {session.options.blocks} blocks per batch: "
-                      f"some ranks have no samples; pass DataParallel(blocks={session.size}) or "
-                      "more", RuntimeWarning, stacklevel=4)
     return session
