@@ -110,11 +110,13 @@ def test_checkpoint_from_two_ranks_resumes_in_one(tmp_path, one_process):
     assert_same_run(resumed, one_process["float64"])
 
 
-def test_one_step_within_the_stated_bound_of_plain_train(tmp_path):
-    """One SGD step (one batch of 8, float32, a single Dense layer): the data-parallel step
-    differs from plain train's per-batch step by at most the README's bound, computed here in
-    float64."""
-    common = ["--dtype", "float32", "--widths", "6", "3", "--n", "8", "--batch", "8",
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_step_within_the_stated_bound_of_plain_train(tmp_path, dtype):
+    """One SGD step (one batch of 8, a single Dense layer): the data-parallel step differs
+    from plain train's per-batch step by at most the README's bound, computed here in float64
+    (for a float64 run the bound's own rounding is a relative 1e-15 of it, far below its
+    slack)."""
+    common = ["--dtype", dtype, "--widths", "6", "3", "--n", "8", "--batch", "8",
               "--epochs", "1", "--optimizer", "SGD", "--blocks", "4"]
     # plain train, then the data-parallel step in one process (bit for bit that of K ranks)
     run(tmp_path / "dist.npz", *common, "--with-plain")
@@ -122,11 +124,11 @@ def test_one_step_within_the_stated_bound_of_plain_train(tmp_path):
     sys.path.insert(0, str(ROOT / "tests"))
     from mpi_train_script import build, data
 
-    model = build(np.dtype("float32"), [6, 3], seed=3).parameters()
+    model = build(np.dtype(dtype), [6, 3], seed=3).parameters()
     w, b = model["0.weight"].astype(np.float64), model["0.bias"].astype(np.float64)
-    x, y = data(8, 6, 3, 11, np.float32)
+    x, y = data(8, 6, 3, 11, np.dtype(dtype))
     x = x.astype(np.float64)
-    n, lr, u = 8, 0.05, np.finfo(np.float32).eps / 2
+    n, lr, u = 8, 0.05, np.finfo(dtype).eps / 2
     z = x @ w + b
     p = np.exp(z - z.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
@@ -145,7 +147,8 @@ def test_one_step_within_the_stated_bound_of_plain_train(tmp_path):
             4 * u * np.abs(plain[f"p:{name}"]).astype(np.float64)
         diff = np.abs(plain[f"p:{name}"].astype(np.float64) - dist[f"p:{name}"])
         assert np.all(diff <= bound), (name, diff.max(), bound.min())
-    assert np.max(np.abs(plain["p:0.weight"] - dist["p:0.weight"])) < 1e-5  # same step at all
+    # the same step at all (a step moves the weights by about lr * |dz||x| ~ 1e-2)
+    assert np.max(np.abs(plain["p:0.weight"] - dist["p:0.weight"])) < 1e3 * u
 
 
 def failure_lines(proc):
