@@ -7,7 +7,8 @@ the other (train in float64 / Adam and float32 / Momentum, train_sh in float32 /
 one launch instead of three); ``--with-plain`` first runs plain ``train`` (no
 MPI; its per-batch path, ``fused=False``) and writes it to OUT.plain.npz. ``--fail MODE``
 makes rank ``--fail-rank`` misbehave at the start of epoch 2: ``raise`` (a Python exception),
-``hang`` (stops answering: sleeps for an hour) or ``kill`` (SIGKILL to itself); ``--warm-up``
+``hang`` (stops answering: sleeps for an hour) or ``kill`` (SIGKILL to itself); ``early``
+makes it leave (exit 1) before it calls train at all; ``--warm-up``
 first runs one quiet epoch so that the kernels are compiled before a short timeout counts.
 """
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main(argv=None):
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--resume", default=None)
     p.add_argument("--sh", action="store_true", help="train_sh instead of train")
-    p.add_argument("--fail", choices=("raise", "hang", "kill"), default=None)
+    p.add_argument("--fail", choices=("raise", "hang", "kill", "early"), default=None)
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument("--both", action="store_true")
     p.add_argument("--with-plain", action="store_true")
@@ -110,6 +111,8 @@ def train_once(args, out):
             if args.fail == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
     callbacks.append(misbehave)
+    if args.fail == "early" and rank == args.fail_rank:
+        sys.exit("planted failure: this rank leaves before train")
     dist = False if args.plain else DataParallel(blocks=args.blocks, timeout=args.timeout)
     common = dict(seed=5, verbose=False, distributed=dist, callbacks=callbacks,
                   checkpoint=args.checkpoint, resume=args.resume)

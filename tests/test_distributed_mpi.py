@@ -176,6 +176,18 @@ def test_a_rank_that_stops_answering_is_named_within_the_timeout(tmp_path):
     assert proc.seconds < 30  # 2 s timeout + ping grace + start-up, never the hour it sleeps
 
 
+def test_a_rank_that_never_reaches_train_is_named_at_start_up(tmp_path):
+    # it exits with status 1 (not a signal): mpiexec lets the others run, they must give up
+    proc = run(tmp_path / "f.npz", "--fail", "early", "--timeout", "2", ranks=2, check=False,
+               timeout=60)
+    assert proc.returncode != 0
+    lines = failure_lines(proc)
+    assert len(lines) == 1 and "rank 0 of 2 waited 2 s in start-up" in lines[0] and \
+        "no answer from rank(s) 1, which did not reach the start of train" in lines[0], \
+        (proc.stdout + proc.stderr)[-2000:]
+    assert proc.seconds < 30
+
+
 def test_a_rank_killed_by_sigkill_is_named_and_every_rank_stops(tmp_path):
     """SIGKILL: the rank cannot speak and mpiexec kills the other at once; its sentinel names
     it, with the PID mpiexec names (mpiexec's own message gives no rank)."""

@@ -218,10 +218,12 @@ class _Comm:
         self.on_abort = None
         # the run's collectives and the liveness pings each get their own communicator, so
         # neither can match the other's messages (nor a user's on COMM_WORLD)
+        self.ping = None  # no pings until both communicators exist (see _silent_ranks_abort)
         self.comm, req = world.Idup()
         self._wait(req, "start-up (duplicating the communicator)")
-        self.ping, req = world.Idup()
+        ping, req = world.Idup()
         self._wait(req, "start-up (duplicating the communicator)")
+        self.ping = ping
 
     def _wait(self, req, what):
         deadline = time.monotonic() + self.timeout
@@ -241,19 +243,27 @@ class _Comm:
 
     def _silent_ranks_abort(self, what):
         """Name the ranks that do not answer a ping, then abort the job (never hang)."""
+        # at start-up (no ping communicator yet) the pings go over COMM_WORLD on their own tag
+        ping = self.ping if self.ping is not None else self.MPI.COMM_WORLD
         others = [r for r in range(self.size) if r != self.rank]
         mark = np.zeros(1, np.int64)
         inbox = {r: np.zeros(1, np.int64) for r in others}
-        recvs = {r: self.ping.Irecv(inbox[r], source=r, tag=self.PING_TAG) for r in others}
+        recvs = {r: ping.Irecv(inbox[r], source=r, tag=self.PING_TAG) for r in others}
         for r in others:
-            self.ping.Isend(mark, dest=r, tag=self.PING_TAG)
+            ping.Isend(mark, dest=r, tag=self.PING_TAG)
         grace = time.monotonic() + min(10.0, max(2.0, self.timeout / 2))
         while time.monotonic() < grace and not all(q.Test() for q in recvs.values()):
             time.sleep(1e-3)
         silent = [r for r, q in recvs.items() if not q.Test()]
-        who = (f"no answer from rank(s) {', '.join(map(str, silent))}" if silent else
-               "every rank answers a ping but the collective did not complete (ranks out of "
-               "step: do all of them run the same train call?)")
+        if silent and self.ping is None:
+            who = (f"no answer from rank(s) {', '.join(map(str, silent))}, which did not reach "
+                   "the start of train(..., distributed=True) (failed before it, hang, or run "
+                   "another call)")
+        elif silent:
+            who = f"no answer from rank(s) {', '.join(map(str, silent))}"
+        else:
+            who = ("every rank answers a ping but the collective did not complete (ranks out "
+                   "of step: do all of them run the same train call?)")
         _report(f"rank {self.rank} of {self.size} waited {self.timeout:g} s in {what}: {who} "
                 f"(a rank died, hangs or left training); aborting every rank")
         self.abort(3)

@@ -8,6 +8,7 @@ is held out for validation (``--val-fraction``); the test split is scored once a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
