@@ -57,18 +57,23 @@ def conform_args(**kw):
 
 def test_conform_on_the_cluster_prints_the_serial_rows(client):
     """``verigrad conform``'s engine part, serially and with ``--cluster`` (given the running
-    cluster's client): the same rows and the same printed table."""
+    cluster's client, then its scheduler's address as on a real cluster: a new connection):
+    the same rows and the same printed table."""
     import io
 
     from reports.commands import conform
 
-    serial_out, cluster_out = io.StringIO(), io.StringIO()
+    serial_out = io.StringIO()
     serial, _, code_s = conform.run_engines(conform_args(), out=serial_out)
-    done, _, code_c = conform.run_engines(conform_args(cluster=client), out=cluster_out)
-    assert len(done) == len(serial) == 7  # exact, jvp, special per op; the optimizer row
-    assert results(done) == results(serial)
-    assert cluster_out.getvalue() == serial_out.getvalue() and code_s == code_c == 0
-    assert all(r.result.status == "pass" for r in done)
+    address = client.scheduler.address
+    assert address.startswith("tcp://")
+    for spec in (client, address):
+        cluster_out = io.StringIO()
+        done, _, code_c = conform.run_engines(conform_args(cluster=spec), out=cluster_out)
+        assert len(done) == len(serial) == 7  # exact, jvp, special per op; the optimizer row
+        assert results(done) == results(serial)
+        assert cluster_out.getvalue() == serial_out.getvalue() and code_s == code_c == 0
+        assert all(r.result.status == "pass" for r in done)
 
 
 def test_progress_ticks_once_per_check(client):
@@ -176,3 +181,47 @@ def test_conform_rejects_a_bad_cluster_spec(capsys):
 
     assert conform.run(conform_args(cluster="local:zero")) == 2
     assert "local:N" in capsys.readouterr().err
+
+
+def _strip_seconds(value):
+    """``value`` without its timings (the only thing a cluster run may change)."""
+    if isinstance(value, dict):
+        return {k: _strip_seconds(v) for k, v in value.items()
+                if k not in ("seconds", "timing", "generated", "total_seconds")}
+    if isinstance(value, list):
+        return [_strip_seconds(v) for v in value]
+    return value
+
+
+@pytest.mark.slow  # ~30 s here: the report's plots, twice
+def test_report_with_a_scheduler_address_writes_the_serial_report(client, tmp_path):
+    """``verigrad report --cluster tcp://...``: the same report.json as the serial command
+    (but for its timings)."""
+    import json
+
+    from reports.cli import main
+
+    base = ["report", "--quick", "--ops", "exp", "mul", "--dtypes", "float64", "--engines",
+            "fastlib", "--seed", "2", "--no-progress"]
+    assert main(base + ["--out", str(tmp_path / "serial")]) == 0
+    assert main(base + ["--out", str(tmp_path / "cluster"), "--cluster",
+                        client.scheduler.address]) == 0
+    serial, done = (json.loads((tmp_path / n / "report.json").read_text())
+                    for n in ("serial", "cluster"))
+    assert _strip_seconds(done) == _strip_seconds(serial)
+
+
+@pytest.mark.slow  # ~25 s here: the dev profile under the mutant, on the cluster and serially
+def test_a_mutant_on_the_cluster_gets_the_serial_verdict(client):
+    """``verigrad conform --mutants --cluster``'s runner (the control left out: it is the whole
+    dev profile) against the serial runner, one mutant: the same verdict, row and detail."""
+    from dataclasses import asdict
+
+    from reports.conformance import mutant_runner, mutants
+    from reports.distributed import cluster
+
+    chosen = [{m.key: m for m in mutants.all_mutants()}["gradient-1e-10"]]
+    control, (done,) = cluster.run_mutants(client)(chosen, "dev", 0, control=False)
+    serial = mutant_runner.run_mutant(chosen[0], "dev", 0)
+    assert control is None and serial.caught
+    assert _strip_seconds(asdict(done)) == _strip_seconds(asdict(serial))
