@@ -143,11 +143,11 @@ MUTANTS = (
            ("sigmoid",)),
     Mutant("softplus-no-log1p", "softplus as max(x, 0) + log(1 + exp(-|x|)), log instead of "
            "log1p (0 for x < -37 in float64)", "kernels/scalar.py",
-           "    return pos + flog1p(fexp(-abs(x)))\n",
-           "    return pos + flog(like(x, 1.0) + fexp(-abs(x)))\n", ("softplus",)),
+           "    return pos + log1p(exp(-abs(x)))\n",
+           "    return pos + log(like(x, 1.0) + exp(-abs(x)))\n", ("softplus",)),
     Mutant("tanh-flush-tiny", "tanh flushes |x| < 1e-100 to 0 (a tiny result lost)",
-           "kernels/scalar.py", '    """tanh(x)."""\n    return ftanh(x)\n',
-           '    """tanh(x)."""\n    return like(x, 0.0) if abs(x) < 1e-100 else ftanh(x)\n',
+           "kernels/scalar.py", '    """tanh(x)."""\n    return tanh(x)\n',
+           '    """tanh(x)."""\n    return like(x, 0.0) if abs(x) < 1e-100 else tanh(x)\n',
            ("tanh",)),
     Mutant("large-vjp-entry", "a unary VJP of >= PARALLEL_MIN_SIZE entries has its smallest "
            "nonzero entry 1e-3 (relative) off", "kernels/elementwise.py",
