@@ -30,6 +30,8 @@ import numbers
 
 import numpy as np
 
+from fastlib.io import save_model
+
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 # NOTE: "relu-family" for He initialisation is exactly relu and leaky_relu, as in reflib.models,
@@ -385,8 +387,6 @@ class Layer:
 
     def save(self, path):
         """Save architecture and weights to ``path`` (``fastlib.io.save_model``)."""
-        from fastlib.io import save_model
-
         return save_model(self, path)
 
     def __repr__(self):
