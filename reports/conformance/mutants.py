@@ -16,16 +16,13 @@ context manager), and the runner enters it in the subprocess before the same dev
 from __future__ import annotations
 
 import importlib
-import json
-import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from reports.conformance.mutant_runner import (MutantError, check_targets, run_control,
                                                run_mutant)
 
 __all__ = ["Mutant", "HookMutant", "MUTANTS", "MUTANT_MODULES", "HOOK_MODULES", "all_mutants",
-           "hook_mutants", "main", "run_all", "check_targets", "MutantError"]
+           "hook_mutants", "run_all", "check_targets", "MutantError"]
 
 
 @dataclass(frozen=True)
@@ -278,15 +275,6 @@ def all_mutants():
         out += list(importlib.import_module(name).MUTANTS)
     return tuple(out) + hook_mutants()
 
-def _table(results):
-    from reports.commands.conform import format_table
-
-    rows = [(r.key, r.what, "caught" if r.caught else "SURVIVED", r.failed_row or "-",
-             r.examples, f"{r.seconds:.1f}") for r in results]
-    return format_table(("mutant", "bug", "verdict", "first failing check", "examples",
-                         "seconds"), rows)
-
-
 def run_all(mutants=None, profile="dev", seed=0, progress=None, control=True):
     """Run the control and every mutant (default ``all_mutants()``); return (control result or
     None, [MutantResult])."""
@@ -308,55 +296,3 @@ def run_all(mutants=None, profile="dev", seed=0, progress=None, control=True):
                 progress(m.key)
             results.append(run_mutant(m, profile, seed, cache))
     return ctrl, results
-
-
-def main(args):
-    """``verigrad conform --mutants``: the table of verdicts; exit 1 if any mutant survived."""
-    chosen = all_mutants()
-    if args.ops:
-        known = {m.key: m for m in chosen}
-        unknown = [k for k in args.ops if k not in known]
-        if unknown:
-            print(f"verigrad conform --mutants: unknown mutant(s) {unknown}; known: "
-                  f"{', '.join(known)}", file=sys.stderr)
-            return 2
-        chosen = tuple(known[k] for k in args.ops)
-    start = time.perf_counter()
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(chosen) + 1, unit="mutant", file=sys.stderr, leave=False)
-
-    def progress(key):
-        if bar is not None:
-            bar.set_description_str(key)
-            bar.update(0 if key == "control" else 1)
-
-    try:
-        run = run_all
-        if getattr(args, "cluster", None):  # each mutant a task on a Dask cluster
-            from reports.distributed import cluster
-
-            run = cluster.run_mutants(args.cluster)
-        ctrl, results = run(chosen, args.profile, args.seed, progress)
-    except MutantError as exc:
-        print(f"verigrad conform --mutants: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        if bar is not None:
-            bar.close()
-    elapsed = time.perf_counter() - start
-    print(_table(results))
-    caught = sum(r.caught for r in results)
-    verdict = "passes" if not ctrl.caught else f"FAILS: {ctrl.failed_row} {ctrl.detail}"
-    print(f"\ncontrol (fastlib unchanged): {verdict} in {ctrl.seconds:.1f} s")
-    print(f"{caught} of {len(results)} mutants caught by the {args.profile} profile "
-          f"(median {sorted(r.seconds for r in results)[len(results) // 2]:.1f} s per mutant); "
-          f"{elapsed:.0f} s in all")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"profile": args.profile, "seed": args.seed, "seconds": round(elapsed, 1),
-                       "control": asdict(ctrl), "mutants": [asdict(r) for r in results]}, f,
-                      indent=1)
-    return 0 if caught == len(results) and not ctrl.caught else 1
