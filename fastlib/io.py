@@ -1,21 +1,12 @@
-"""Saving and loading models: one ``.npz`` file with the architecture as JSON and the weights.
+"""The model file: one ``.npz`` with the architecture as JSON and the weights, written atomically.
 
 File layout (format ``verigrad-model``, version 1): an uncompressed NumPy ``.npz`` archive whose
 ``__meta__`` entry is a JSON string ``{"format", "version", "architecture", "dtype",
-"parameters"}`` (``architecture`` is ``model.get_config()``, rebuilt by
-``fastlib.layers.from_config``) and one ``param/<name>`` array per entry of
-``model.parameters()``. Training checkpoints (``fastlib.training.checkpoint``) use the same
-container with format ``verigrad-checkpoint``; ``fastlib.loading.load`` reads the model out of either.
-
-Files are written atomically: to a temporary file in the same folder, flushed to disk, then
-renamed over the target, so a crash never leaves a half-written file under the final name. The
-temporary file is removed on every exit path Python sees (exceptions, Ctrl-C, SIGTERM); one
-left by SIGKILL is removed when the next training run takes the checkpoint's lock. The file
-gets the permissions the umask gives any new file.
-
-Reading validates the whole file before building anything (:func:`read_archive`,
-:func:`check_model_entries`); whatever is wrong raises :class:`fastlib.errors.CorruptFileError`
-naming the file, the member and the problem.
+"parameters"}`` and one ``param/<name>`` array per entry of ``model.parameters()``; training
+checkpoints use the same container with format ``verigrad-checkpoint``. This module writes
+(``save_model``, which ``model.save`` calls) and reads and checks files without knowing the
+layers; ``fastlib.loading`` rebuilds the model. The long story: docs/fastlib.md, section
+``fastlib/io.py``.
 """
 from __future__ import annotations
 
@@ -216,7 +207,7 @@ class ArrayHeader(NamedTuple):
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def describe_error(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
     text = str(exc).strip() or "no details"
     if len(text) > 200:
         text = text[:200] + "..."
@@ -271,7 +262,7 @@ def read_archive(path, formats=(MODEL_FORMAT, CHECKPOINT_FORMAT), *, max_bytes=N
     try:
         archive = zipfile.ZipFile(path)
     except Exception as exc:  # noqa: BLE001 - any failure to parse the container is corruption
-        raise CorruptFileError(path, "archive", f"not a readable .npz archive ({describe_error(exc)})"
+        raise CorruptFileError(path, "archive", f"not a readable .npz archive ({describe(exc)})"
                                "; verigrad model files are .npz archives written by "
                                "model.save()") from None
     with archive:
@@ -301,7 +292,7 @@ def _members(archive, path, limit) -> dict:
     try:
         infos = archive.infolist()
     except Exception as exc:  # noqa: BLE001
-        raise CorruptFileError(path, "archive", f"unreadable member list ({describe_error(exc)})") \
+        raise CorruptFileError(path, "archive", f"unreadable member list ({describe(exc)})") \
             from None
     members = {}
     for info in infos:
@@ -332,7 +323,7 @@ def _open_npy(archive, info, name, path):
     try:
         stream = archive.open(info)
     except Exception as exc:  # noqa: BLE001
-        raise CorruptFileError(path, name, f"cannot be opened ({describe_error(exc)})") from None
+        raise CorruptFileError(path, name, f"cannot be opened ({describe(exc)})") from None
     try:
         version = np.lib.format.read_magic(stream)
         if version == (1, 0):
@@ -344,10 +335,10 @@ def _open_npy(archive, info, name, path):
         header = ArrayHeader(tuple(shape), bool(fortran), np.dtype(dtype), stream.tell())
     except zipfile.BadZipFile as exc:  # a small member is read whole: its CRC is checked here
         stream.close()
-        raise CorruptFileError(path, name, f"damaged member ({describe_error(exc)})") from None
+        raise CorruptFileError(path, name, f"damaged member ({describe(exc)})") from None
     except Exception as exc:  # noqa: BLE001 - a malformed header, whatever NumPy raises for it
         stream.close()
-        raise CorruptFileError(path, name, f"malformed .npy header ({describe_error(exc)})") from None
+        raise CorruptFileError(path, name, f"malformed .npy header ({describe(exc)})") from None
     return stream, header
 
 
@@ -384,7 +375,7 @@ def _read_meta(archive, info, path) -> dict:
     try:
         meta = json.loads(text)
     except Exception as exc:  # noqa: BLE001 - JSONDecodeError, huge integers, ...
-        raise CorruptFileError(path, META, f"not valid JSON ({describe_error(exc)})") from None
+        raise CorruptFileError(path, META, f"not valid JSON ({describe(exc)})") from None
     if not isinstance(meta, dict):
         raise CorruptFileError(path, META, f"must be a JSON object, got "
                                f"{type(meta).__name__}")
@@ -430,7 +421,7 @@ def _read_data(archive, info, header, name, path) -> np.ndarray:
         raise CorruptFileError(path, name, f"needs {header.nbytes} bytes, more memory than is "
                                "available here") from None
     except Exception as exc:  # noqa: BLE001 - bad CRC, truncated or corrupt deflate stream
-        raise CorruptFileError(path, name, f"unreadable data ({describe_error(exc)})") from None
+        raise CorruptFileError(path, name, f"unreadable data ({describe(exc)})") from None
     if got != header.nbytes or extra:
         raise CorruptFileError(path, name, f"holds {got} bytes of data, its header declares "
                                f"{header.nbytes}")

@@ -27,7 +27,7 @@ def build_model(meta: dict, arrays: dict, path="<memory>"):
         model = from_config(meta["architecture"], dtype=np.dtype(meta["dtype"]))
     except Exception as exc:  # noqa: BLE001 - a constructor refusing a value from the file
         raise CorruptFileError(path, f"{io.META}.architecture", f"does not build a model "
-                               f"({io.describe_error(exc)})") from None
+                               f"({io.describe(exc)})") from None
     model.load_parameters({n: arrays[io.PARAM + n] for n in names})
     return model
 
@@ -59,6 +59,8 @@ def load(path, *, max_bytes=None):
         (a ``ValueError``) anything wrong with the file: the message names the file, the member
         or metadata field, and the problem.
     """
-    meta, arrays = io.read_archive(
-        path, max_bytes=max_bytes, check=lambda m, h: io.check_model_entries(m, h, path, max_bytes))
+    def check(meta, headers):
+        return io.check_model_entries(meta, headers, path, max_bytes)
+
+    meta, arrays = io.read_archive(path, max_bytes=max_bytes, check=check)
     return build_model(meta, arrays, path)

@@ -8,19 +8,7 @@ register themselves from their own modules, exactly the way any other algorithm 
 
 The context gives an algorithm everything a step needs and nothing global:
 
-- ``model``, ``params`` (``model.parameters()``, writable views), ``loss_type``;
-- ``optimizer`` (a :class:`fastlib.optim.Optimizer`), ``opt_state`` (its explicit state; an
-  algorithm that updates parameters through the optimizer stores the returned state back),
-  ``lr`` (the current rate, which ``train_sh`` may lower);
-- ``config`` (the run's :class:`TrainConfig`: clipping, batch size, device, ...);
-- ``rng`` (the run's Generator, shared with shuffling and saved in checkpoints) and ``state``
-  (a dict for the algorithm's own arrays and numbers, also saved in checkpoints).
-
-Optional hooks: ``init(ctx)`` once before the first epoch (not on resume: the checkpoint restores
-``ctx.state``), ``evaluate(model, x, y, loss_type) -> (loss, acc or None)`` for validation
-(SINGA's ``TestOneBatch``; default: the model's loss and accuracy), and ``run_epoch(ctx, x, y,
-order) -> EpochStats or None`` for a whole-epoch fast path (None means "not applicable here",
-and the loop falls back to ``train_one_batch``).
+The long story: docs/fastlib.md, section ``fastlib/training/algorithms.py``.
 """
 from __future__ import annotations
 

@@ -8,10 +8,7 @@ must occur exactly once in the current fastlib (``check_targets``, run by the fa
 refactor of fastlib cannot silently turn a mutant into a no-op. ``first`` only orders the run
 (the checks most likely to fail go first); every check stays in.
 
-A second kind, ``HookMutant``, plants its bug by monkeypatching a running fastlib instead: it
-names a ``TrainingMutant`` of ``reports.conformance.training_mutants`` (whose ``apply()`` is a
-context manager), and the runner enters it in the subprocess before the same dev-profile run.
-``all_mutants()`` is the one list of both kinds that every run, test and table consumes.
+The long story: docs/reports.md, section ``reports/conformance/mutants.py``.
 """
 from __future__ import annotations
 

@@ -5,65 +5,7 @@ optimizer, rate, batch size (the last batch usually partial), epochs, shuffling,
 (value or norm), dtype and the path it must take (the fused whole-epoch MLP path, the same cut
 into pieces, or the generic per-batch loop). :func:`check_epochs` measures
 
-- **gradient**: ``fastlib.value_and_grad`` on the first batch, every entry;
-- **order**: on the generic path, the rows each forward saw (every sample exactly once per
-  epoch, in ``numpy.random.default_rng(seed).permutation`` order when shuffling, as
-  ``fastlib.train`` documents);
-- **loss e**: the loss of epoch ``e`` (the sample-weighted mean of the batch losses, each taken
-  before its update);
-- **parameters**: every entry of every parameter after the run.
-
-The exact side is :func:`reference_run`: the same epochs replayed by reflib on its tape at
-30 digits (``dps=30``; mpmath) with the spec's optimizer updates (``reflib.optim.step``) and
-clipping applied in exact arithmetic; float32 runs too large for that (the size boundaries)
-use reflib in float64 (its own error, bounded the same way with float64's eps, is added to
-the bound, a 5e8-fold smaller term).
-Inputs and parameters are first cast to the row's dtype, so only the engine's arithmetic is
-measured.
-
-Bounds, per entry, from the model:
-
-- a gradient entry ``g`` of parameter tensor ``T`` may be off by
-  ``A = K_GRAD · eps · (D + κ_loss) · (|g| + s_T)``. ``D`` is the model's depth in roundings: the
-  operations on the longest chain (``chain_ops``: a recurrent layer counts each time step)
-  plus ``log2`` of the longest sum (batch rows × sequence, widths). ``s_T`` is the tensor's
-  RMS, so an entry that cancels to nearly 0 is judged at its tensor's scale, never at the
-  model's largest gradient (attention's query and key parameters, behind the softmax's
-  cancelling backward, and norms' weights, ``Σ g · x̂``, at their layer's scale); a tensor
-  that is 0 as a whole in exact arithmetic (attention's key
-  bias: softmax ignores a shift per row) is judged at the scale of its layer's gradients, and a
-  layer whose gradient is 0 or below ``LAYER_ZERO`` of the model's (under a one- or two-wide
-  LayerNorm, whose output barely moves) at the model's largest.
-  ``D`` grows by the batch's ``loss_condition``: when the prediction is already close to
-  the target, the loss's cotangent ``p − y`` cancels, and every gradient inherits its
-  relative error (a nearly fitted softmax loses a thousand eps this way in any engine);
-- to every gradient entry's (and loss's) allowance, ``K_MEASURED · (eps / eps64)`` times
-  the error reflib's float64 evaluation of the same batch at the same (rounded) parameters
-  makes on it: the same formulas rounded in another order, so where an entry is badly
-  conditioned (a LayerNorm over two nearly equal values divides by their difference; the
-  softmax in attention cancels as the loss does) the bound sees how badly, entry by entry.
-  It is one sample of another rounding order, and two such samples differ by several times
-  (eight was once too few under two two-wide LayerNorms in a row), hence ``K_MEASURED = 32``;
-  it stays at the rounding level of a correct float64 evaluation, so a planted error far
-  above rounding is never covered by it;
-- a parameter entry after step ``t`` may be off by
-  ``B_t = 2 · P + K_STEP · eps · (t · |w| + Σ (1 + κ_s) |Δw_s|)``
-  where ``P`` propagates every step's admissible gradient error ``A`` (grown by the feedback
-  of ``B_{t-1}``: how much reflib's float64 gradient of the batch moves when the parameters
-  move by ``±B_{t-1}``) through the optimizer from the exact state: the exact optimizer trajectory is replayed with each gradient moved by
-  ``+A`` (and again by ``−A``) before clipping, and ``P`` is the larger deviation. This is the
-  conditioning of each optimizer on each entry (Adam divides a near-zero gradient by
-  ``sqrt(v) + eps``; value clipping is flat past the threshold; norm clipping rescales
-  everything). ``Σ|Δw_s|`` is the distance the entry travelled (the updates' own roundings),
-  each step weighted by ``1 + κ_s``, the conditioning of Adam's bias corrections
-  ``1 − β^s`` (``properties._bias_condition``: ``1 − 0.999²`` loses 500 eps to cancellation);
-- a loss of epoch e: ``K_GRAD · eps · D · |L_b|`` per batch plus ``Σ |g_b| · B_{b-1}``, the
-  loss's first-order change under the parameter bound the batch started from.
-
-``K_GRAD`` and ``K_STEP`` are constants of this module (a few roundings per operation); the
-clean engine stays a factor of ten or more inside every bound over many draws (the tests hold
-the margin), while a step 1e-7 off on one tensor, a gradient off by 1e-10 in one entry, a
-1e-7-relative term lost on a small tensor or a float32 rounding inside a float64 epoch fail.
+The long story: docs/reports.md, section ``reports/conformance/training_rows.py``.
 """
 from __future__ import annotations
 
