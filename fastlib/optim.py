@@ -1,8 +1,5 @@
 """Optimizers: (init, update) pairs over a parameter dict, with explicit, checkpointable state.
 
-Seven optimizers, exactly DataCode's documented optimizer table as ``spec.OPTIMIZERS`` states it; names are
-case-insensitive and hyperparameter names and defaults are those of docs/CONTRACTS.md:
-
 The long story: docs/fastlib.md, section ``fastlib/optim.py``.
 """
 from __future__ import annotations

@@ -4,8 +4,6 @@
 adds the loss op; ``loss_and_grad`` does the same on a fresh tape for plain arrays. The loss's
 value and its gradient come from the registry op and its VJP (``reflib.ops``).
 
-Targets (DataCode's formats; the errors say what to pass instead):
-
 The long story: docs/reflib.md, section ``reflib/losses.py``.
 """
 from __future__ import annotations

@@ -6,8 +6,6 @@ contribution), ...]``. Backward visits ids n-1 down to 0 and folds each node's c
 left to right into its parents' slots (``existing + contribution``). Gradients are kept for
 every node id, not only leaves.
 
-Three forms, as in TorchLean:
-
 The long story: docs/reflib.md, section ``reflib/tape.py``.
 """
 from __future__ import annotations

@@ -1,12 +1,5 @@
 """What the suite finds in the peers (paddle, tinygrad, mygrad, autograd), element by element.
 
-For each peer engine, op and dtype this runs the suite's op checks (``properties.check_call``:
-the random ``exact`` draws of the dev profile, shrunk by Hypothesis, and every case of the
-special-values table one by one) and, for every failing call, finds the worst element: the
-entry of the output or of a VJP whose error is the largest multiple of its admissible error.
-It records the call, that element's engine value, the exact value (the registry at 50 digits)
-and the error, and classifies it:
-
 The long story: docs/reports.md, section ``reports/peers_findings.py``.
 """
 from __future__ import annotations

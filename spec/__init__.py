@@ -5,8 +5,6 @@ proven with SymPy and evaluated to any precision with mpmath; the optimizers as 
 >>> spec.OPS["tanh"].inputs
 ('x',)
 
-Public names:
-
 The long story: docs/spec.md, section ``spec/__init__.py``.
 """
 from __future__ import annotations

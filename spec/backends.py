@@ -1,11 +1,5 @@
 """The two number systems every formula in the registry runs on.
 
-A registry formula (a forward, a VJP, an optimizer update) is written once against a backend
-``M`` and NumPy object arrays, e.g. ``lambda M, grad, result: grad * (1 - result**2)``.
-Arithmetic (``+ - * / **``, ``@``, ``np.sum``) goes through the elements' own operators; the
-functions NumPy cannot apply to Python objects (exp, log, erf, comparisons, selection) come from
-``M``:
-
 The long story: docs/spec.md, section ``spec/backends.py``.
 """
 from __future__ import annotations

@@ -1,14 +1,5 @@
 """Each optimizer's stated update proven equal to a textbook statement, over one general step.
 
-The stated updates (``spec.OPTIMIZERS``, the formulas ``spec.step`` evaluates) are proven
-against the statements below, written apart from them in each source's own notation and
-arrangement. The proof is over a *general* step: the state (moments, velocity, accumulators),
-the parameter, the gradient, the step count ``t`` and every hyperparameter are symbols, so
-equality of one step from any state is equality of every trajectory (by induction from the
-shared zero state). A swapped β, a missing moving average, a bias correction with the wrong
-power, a dropped weight-decay term or a velocity with the wrong sign gives a non-zero
-difference at almost every point, and is rejected. The sources (see docs/PROOFS.md):
-
 The long story: docs/spec.md, section ``spec/optimizer_proofs.py``.
 """
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """Proofs on each piece of a piecewise expression, and the conventions at an op's kinks.
 
-A VJP difference that holds ``Piecewise``, ``Heaviside``, ``sign``, ``Abs``, ``Max`` or ``Min``
-is a different expression on each side of every *switch* (the argument whose sign selects a
-branch: ``x`` in ``Heaviside(x)``, ``a - b`` in ``a >= b`` or ``Max(a, b)``). SymPy's
-``simplify`` cannot cancel a ``Heaviside`` against a ``Piecewise``, so ``zero_on_pieces``
-splits the inputs' space instead: for every choice of sign of every switch it substitutes
-
 The long story: docs/spec.md, section ``spec/pieces.py``.
 """
 from __future__ import annotations

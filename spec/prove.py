@@ -1,7 +1,5 @@
 """``spec.prove``: show each stated VJP equal to Jᵀ·grad, with J differentiated by SymPy.
 
-For every example of an op (small concrete shapes, the params it lists):
-
 The long story: docs/spec.md, section ``spec/prove.py``.
 """
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """Contrastive divergence (CD-k) for a binary RBM as math, stated once.
 
-An RBM with V visible and H hidden units has ``weight`` W (V, H), ``visible_bias`` b (V,) and
-``hidden_bias`` c (H,), and the energy E(v, h) = −v·b − h·c − vᵀ W h. The rules (formulas on a
-backend ``M``, as in ``spec.targetprop``):
-
 The long story: docs/spec.md, section ``spec/rbm.py``.
 """
 from __future__ import annotations

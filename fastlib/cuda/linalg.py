@@ -1,11 +1,6 @@
 """Matrix products on the device: a tiled shared-memory GEMM, 2-D and batched, and ``matmul``'s
 forward and VJP.
 
-One kernel computes ``C[z] = A[z] @ B[z]`` for a batch of products, where each operand is read
-through (batch, row, column) strides. Transposed operands are just swapped strides, and a
-matrix shared across the batch has batch stride 0, so the forward and both VJPs are the same
-kernel:
-
 The long story: docs/fastlib.md, section ``fastlib/cuda/linalg.py``.
 """
 from __future__ import annotations

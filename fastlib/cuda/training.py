@@ -1,9 +1,5 @@
 """``train(device="cuda")``: the whole training step on the device, one small readback per epoch.
 
-Per run, :class:`DeviceRun` puts the weights, the optimizer state and the training data in
-device memory once. Per epoch it uploads the shuffled sample order (and the optimizer's
-coefficient table for the epoch's step counts). Per step (one frame):
-
 The long story: docs/fastlib.md, section ``fastlib/cuda/training.py``.
 """
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """fastlib's Numba kernels: private ``@njit(cache=True)`` kernels on plain arrays, with the
 public wrappers that validate and allocate beside them (stumpy's ``stump`` / ``_stump`` style).
 
-Modules (one idea each):
-
 The long story: docs/fastlib.md, section ``fastlib/kernels/__init__.py``.
 """

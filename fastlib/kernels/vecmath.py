@@ -6,8 +6,6 @@ float32 path uses branch-free polynomial implementations (Cephes' single-precisi
 coefficients, range reduction with a bit-cast exponent) that LLVM turns into AVX loops. The
 float64 path calls libm: float64 is the accuracy-first dtype and is not benchmarked.
 
-Public (inlined) functions, each generic over float32 / float64, same type in and out:
-
 The long story: docs/fastlib.md, section ``fastlib/kernels/vecmath.py``.
 """
 from __future__ import annotations

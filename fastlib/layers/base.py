@@ -1,8 +1,5 @@
 """The fast layer protocol: parameters by name, initialisation, history capture, backward.
 
-Every fastlib layer is a ``Layer``. It owns a dict of named parameter arrays of one float dtype
-(float32 by default, float64 on request) and implements
-
 The long story: docs/fastlib.md, section ``fastlib/layers/base.py``.
 """
 from __future__ import annotations

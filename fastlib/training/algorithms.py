@@ -6,8 +6,6 @@ name up, builds one :class:`StepContext` per run and calls the function once per
 Back-propagation (``fastlib.training.backprop``), Target Propagation and contrastive divergence
 register themselves from their own modules, exactly the way any other algorithm does.
 
-The context gives an algorithm everything a step needs and nothing global:
-
 The long story: docs/fastlib.md, section ``fastlib/training/algorithms.py``.
 """
 from __future__ import annotations

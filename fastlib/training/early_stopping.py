@@ -3,8 +3,6 @@
 A pure object: it sees one monitored value per epoch and answers what to do, so it is tested on
 constructed metric sequences without training anything.
 
-The policy (DataCode's ``train_sh``; epochs are numbered from 1):
-
 The long story: docs/fastlib.md, section ``fastlib/training/early_stopping.py``.
 """
 from __future__ import annotations

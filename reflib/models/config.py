@@ -1,7 +1,5 @@
 """Architecture configs: ``get_config()`` dicts and ``from_config`` that rebuilds any model.
 
-Config format (plain JSON-able dicts; the keys are the constructor's keyword names):
-
 The long story: docs/reflib.md, section ``reflib/models/config.py``.
 """
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """``backward(program, no_grad_vars)``: the backward program, built as PaddlePaddle builds it.
 
-The rules of PaddlePaddle's backward design document (Paddle's ``Backward`` / ``BackwardRecursive``), applied recursively:
-
 The long story: docs/reflib.md, section ``reflib/program/backward.py``.
 """
 from __future__ import annotations

@@ -4,8 +4,6 @@ Paddle registers ``REGISTER_OP(mul, MulOp, MulOpMaker, mul_grad, MulOpGrad)``: t
 attributes, and the type of its backward op. Here ``register_op(OpInfo(...))`` does the same and
 derives the gradient op's own entry, so each op type is declared exactly once.
 
-Registered types:
-
 The long story: docs/reflib.md, section ``reflib/program/registry.py``.
 """
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The conformance suite behind ``verigrad conform``: importable, so it runs from an installed
 package as well as from a checkout (``tests/conformance`` holds the pytest entry points).
 
-Modules, one idea each:
-
 The long story: docs/reports.md, section ``reports/conformance/__init__.py``.
 """

@@ -1,9 +1,5 @@
 """The TargetProp and contrastive-divergence rows of the suite (``targetprop``, ``cd``).
 
-The strategies and assert-style properties live in ``reports.conformance.targetprop`` and
-``reports.conformance.cd`` (shared with ``tests/test_targetprop.py`` and ``tests/test_rbm.py``);
-this module only says which of them run for which engine and wraps them into ``Result``s:
-
 The long story: docs/reports.md, section ``reports/conformance/algorithms.py``.
 """
 from __future__ import annotations

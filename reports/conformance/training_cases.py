@@ -1,14 +1,6 @@
 """Training runs to check: models of every layer type, whole epochs, and the sizes that cross
 the boundaries of fastlib's kernels.
 
-A :class:`EpochCase` is everything ``fastlib.train`` is called with (a model config and its
-parameter seed, data, loss, optimizer, rate, batch size, epochs, shuffling, clipping, dtype,
-and which path it must take). :func:`epoch_cases` draws them with Hypothesis;
-:func:`boundary_cases` builds the explicit cases whose batch sizes, sequence lengths and
-parameter counts sit on each side of a boundary of the kernels. The boundaries are read from
-the kernels' own constants when the cases are built (never copied here), so a change of a
-block or piece size moves the cases with it:
-
 The long story: docs/reports.md, section ``reports/conformance/training_cases.py``.
 """
 from __future__ import annotations

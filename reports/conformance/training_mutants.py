@@ -1,10 +1,6 @@
 """Plausible training bugs, planted in a running fastlib by monkeypatching: the ``train`` rows
 (``training_rows``) must fail under each.
 
-Each mutant is a context manager: inside ``with MUTANTS[name].apply():`` fastlib has the bug,
-and on exit the original functions are back. They patch Python-level functions only (no
-kernel source), so they run in the calling process and need no copy of the package:
-
 The long story: docs/reports.md, section ``reports/conformance/training_mutants.py``.
 """
 from __future__ import annotations

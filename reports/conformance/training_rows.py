@@ -1,10 +1,5 @@
 """The ``train`` rows: whole ``fastlib.train`` runs held, entry by entry, to exact trajectories.
 
-A case (``training_cases.EpochCase``) is one ``fastlib.train`` call: a model, data, loss,
-optimizer, rate, batch size (the last batch usually partial), epochs, shuffling, clipping
-(value or norm), dtype and the path it must take (the fused whole-epoch MLP path, the same cut
-into pieces, or the generic per-batch loop). :func:`check_epochs` measures
-
 The long story: docs/reports.md, section ``reports/conformance/training_rows.py``.
 """
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """JAX as an engine: every registry op through ``jax.numpy`` and ``jax.vjp`` (CPU).
 
-64-bit mode is switched on when the adapter is built (``jax_enable_x64``) so that float64
-inputs stay float64; float32 inputs compute in float32. Where stock JAX follows another
-convention than the registry, the adapter composes primitives that meet the contract:
-
 The long story: docs/reports.md, section ``reports/conformance/adapters/jax.py``.
 """
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """PaddlePaddle (CPU) as an engine: stock ``paddle`` / ``paddle.nn.functional`` ops, VJPs by
 ``paddle.grad`` (dynamic graph mode). Install: ``pip install 'verigrad[paddle]'``.
 
-Every op is one stock call with the stock defaults (``F.softplus``'s ``threshold=20``,
-``paddle.maximum``'s tie rule, ...); nothing is corrected. Composed, and why (``COMPOSED``):
-
 The long story: docs/reports.md, section ``reports/conformance/adapters/paddle.py``.
 """
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """PyTorch as an engine: every registry op through ``torch`` and ``torch.autograd.grad``.
 
-``TORCH_OPS`` maps each registry op to a function of torch tensors taking the op's params as
-keywords. Where stock PyTorch follows another convention than the registry, the adapter
-composes torch primitives that meet the registry's contract, and says so:
-
 The long story: docs/reports.md, section ``reports/conformance/adapters/torch.py``.
 """
 from __future__ import annotations
