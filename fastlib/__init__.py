@@ -32,7 +32,7 @@ _EXPORTS = {
     "TrainingResult": "fastlib.training",
     "TrainingHistorySH": "fastlib.training", "register_algorithm": "fastlib.training",
     # saving
-    "load": "fastlib.io",
+    "load": "fastlib.loading",
     # Target Propagation and contrastive divergence
     "TargetPropConfig": "fastlib.targetprop", "TargetPropState": "fastlib.targetprop",
     "targetprop_forward": "fastlib.targetprop", "targetprop_backward": "fastlib.targetprop",

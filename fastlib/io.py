@@ -1,21 +1,12 @@
-"""Saving and loading models: one ``.npz`` file with the architecture as JSON and the weights.
+"""The model file: one ``.npz`` with the architecture as JSON and the weights, written atomically.
 
 File layout (format ``verigrad-model``, version 1): an uncompressed NumPy ``.npz`` archive whose
 ``__meta__`` entry is a JSON string ``{"format", "version", "architecture", "dtype",
-"parameters"}`` (``architecture`` is ``model.get_config()``, rebuilt by
-``fastlib.layers.from_config``) and one ``param/<name>`` array per entry of
-``model.parameters()``. Training checkpoints (``fastlib.training.checkpoint``) use the same
-container with format ``verigrad-checkpoint``; :func:`load` reads the model out of either.
-
-Files are written atomically: to a temporary file in the same folder, flushed to disk, then
-renamed over the target, so a crash never leaves a half-written file under the final name. The
-temporary file is removed on every exit path Python sees (exceptions, Ctrl-C, SIGTERM); one
-left by SIGKILL is removed when the next training run takes the checkpoint's lock. The file
-gets the permissions the umask gives any new file.
-
-Reading validates the whole file before building anything (:func:`read_archive`,
-:func:`check_model_entries`); whatever is wrong raises :class:`fastlib.errors.CorruptFileError`
-naming the file, the member and the problem.
+"parameters"}`` and one ``param/<name>`` array per entry of ``model.parameters()``; training
+checkpoints use the same container with format ``verigrad-checkpoint``. This module writes
+(``save_model``, which ``model.save`` calls) and reads and checks files without knowing the
+layers; ``fastlib.loading`` rebuilds the model. The long story: docs/fastlib.md, section
+``fastlib/io.py``.
 """
 from __future__ import annotations
 
@@ -36,7 +27,7 @@ import numpy as np
 from fastlib.errors import CorruptFileError
 from fastlib.model_schema import MAX_DEPTH as _MAX_NESTING
 
-__all__ = ["save_model", "load", "write_archive", "read_archive", "model_entries", "build_model",
+__all__ = ["save_model", "write_archive", "read_archive", "model_entries",
            "check_model_entries", "max_load_bytes", "ArrayHeader", "CorruptFileError",
            "stale_temporaries", "temporary_prefix", "current_umask", "json_depth",
            "MODEL_FORMAT", "CHECKPOINT_FORMAT", "VERSION", "DEFAULT_MAX_BYTES", "MAX_BYTES_ENV"]
@@ -44,8 +35,8 @@ __all__ = ["save_model", "load", "write_archive", "read_archive", "model_entries
 MODEL_FORMAT = "verigrad-model"
 CHECKPOINT_FORMAT = "verigrad-checkpoint"
 VERSION = 1
-_META = "__meta__"
-_PARAM = "param/"
+META = "__meta__"
+PARAM = "param/"
 # The size limit on one file's arrays (and on the parameters its architecture declares), so a
 # few bytes of hostile JSON cannot make ``load`` allocate gigabytes; overridden per call with
 # ``max_bytes=`` or for a whole process with this environment variable.
@@ -77,7 +68,7 @@ def write_archive(path, meta: dict, arrays: dict) -> pathlib.Path:
     if not path.parent.is_dir():
         raise FileNotFoundError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} does "
                                 "not exist")
-    entries = {_META: np.array(json.dumps(meta))}
+    entries = {META: np.array(json.dumps(meta))}
     for name, value in arrays.items():
         arr = np.asarray(value)
         if arr.dtype == object:
@@ -216,7 +207,7 @@ class ArrayHeader(NamedTuple):
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
     text = str(exc).strip() or "no details"
     if len(text) > 200:
         text = text[:200] + "..."
@@ -271,16 +262,16 @@ def read_archive(path, formats=(MODEL_FORMAT, CHECKPOINT_FORMAT), *, max_bytes=N
     try:
         archive = zipfile.ZipFile(path)
     except Exception as exc:  # noqa: BLE001 - any failure to parse the container is corruption
-        raise CorruptFileError(path, "archive", f"not a readable .npz archive ({_describe(exc)})"
+        raise CorruptFileError(path, "archive", f"not a readable .npz archive ({describe(exc)})"
                                "; verigrad model files are .npz archives written by "
                                "model.save()") from None
     with archive:
         members = _members(archive, path, limit)
-        if _META not in members:
-            raise CorruptFileError(path, "archive", f"an .npz archive without a {_META} entry, "
+        if META not in members:
+            raise CorruptFileError(path, "archive", f"an .npz archive without a {META} entry, "
                                    "so not a file written by model.save() or a training "
                                    "checkpoint")
-        meta = _read_meta(archive, members.pop(_META), path)
+        meta = _read_meta(archive, members.pop(META), path)
         _check_format(meta, formats, path)
         headers = {name: _read_header(archive, info, name, path)
                    for name, info in members.items()}
@@ -301,7 +292,7 @@ def _members(archive, path, limit) -> dict:
     try:
         infos = archive.infolist()
     except Exception as exc:  # noqa: BLE001
-        raise CorruptFileError(path, "archive", f"unreadable member list ({_describe(exc)})") \
+        raise CorruptFileError(path, "archive", f"unreadable member list ({describe(exc)})") \
             from None
     members = {}
     for info in infos:
@@ -332,7 +323,7 @@ def _open_npy(archive, info, name, path):
     try:
         stream = archive.open(info)
     except Exception as exc:  # noqa: BLE001
-        raise CorruptFileError(path, name, f"cannot be opened ({_describe(exc)})") from None
+        raise CorruptFileError(path, name, f"cannot be opened ({describe(exc)})") from None
     try:
         version = np.lib.format.read_magic(stream)
         if version == (1, 0):
@@ -344,10 +335,10 @@ def _open_npy(archive, info, name, path):
         header = ArrayHeader(tuple(shape), bool(fortran), np.dtype(dtype), stream.tell())
     except zipfile.BadZipFile as exc:  # a small member is read whole: its CRC is checked here
         stream.close()
-        raise CorruptFileError(path, name, f"damaged member ({_describe(exc)})") from None
+        raise CorruptFileError(path, name, f"damaged member ({describe(exc)})") from None
     except Exception as exc:  # noqa: BLE001 - a malformed header, whatever NumPy raises for it
         stream.close()
-        raise CorruptFileError(path, name, f"malformed .npy header ({_describe(exc)})") from None
+        raise CorruptFileError(path, name, f"malformed .npy header ({describe(exc)})") from None
     return stream, header
 
 
@@ -368,25 +359,25 @@ def _read_header(archive, info, name, path) -> ArrayHeader:
 
 
 def _read_meta(archive, info, path) -> dict:
-    stream, header = _open_npy(archive, info, _META, path)
+    stream, header = _open_npy(archive, info, META, path)
     stream.close()
     if header.dtype.kind != "U" or header.shape != ():
-        raise CorruptFileError(path, _META, f"must be one JSON string, got an array of dtype "
+        raise CorruptFileError(path, META, f"must be one JSON string, got an array of dtype "
                                f"{header.dtype.str} and shape {header.shape}")
     if header.dtype.itemsize > MAX_META_BYTES or info.file_size > MAX_META_BYTES:
-        raise CorruptFileError(path, _META, f"holds more than {MAX_META_BYTES} bytes of "
+        raise CorruptFileError(path, META, f"holds more than {MAX_META_BYTES} bytes of "
                                "metadata; real metadata is a few kilobytes")
-    text = str(_read_data(archive, info, header, _META, path)[()])
+    text = str(_read_data(archive, info, header, META, path)[()])
     depth = json_depth(text)
     if depth > MAX_JSON_DEPTH:
-        raise CorruptFileError(path, _META, f"JSON nested {depth} deep, more than the "
+        raise CorruptFileError(path, META, f"JSON nested {depth} deep, more than the "
                                f"{MAX_JSON_DEPTH} a model can need")
     try:
         meta = json.loads(text)
     except Exception as exc:  # noqa: BLE001 - JSONDecodeError, huge integers, ...
-        raise CorruptFileError(path, _META, f"not valid JSON ({_describe(exc)})") from None
+        raise CorruptFileError(path, META, f"not valid JSON ({describe(exc)})") from None
     if not isinstance(meta, dict):
-        raise CorruptFileError(path, _META, f"must be a JSON object, got "
+        raise CorruptFileError(path, META, f"must be a JSON object, got "
                                f"{type(meta).__name__}")
     return meta
 
@@ -407,13 +398,13 @@ def json_depth(text: str) -> int:
 def _check_format(meta, formats, path):
     fmt, version = meta.get("format"), meta.get("version")
     if fmt not in formats:
-        raise CorruptFileError(path, f"{_META}.format", f"file format {str(fmt)[:60]!r}, "
+        raise CorruptFileError(path, f"{META}.format", f"file format {str(fmt)[:60]!r}, "
                                f"expected {' or '.join(map(repr, formats))}")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise CorruptFileError(path, f"{_META}.version",
+        raise CorruptFileError(path, f"{META}.version",
                                f"invalid format version {str(version)[:60]!r}")
     if version > VERSION:
-        raise CorruptFileError(path, f"{_META}.version", f"format version {version} was "
+        raise CorruptFileError(path, f"{META}.version", f"format version {version} was "
                                f"written by a newer verigrad; this one reads versions up to "
                                f"{VERSION}: upgrade verigrad")
 
@@ -430,7 +421,7 @@ def _read_data(archive, info, header, name, path) -> np.ndarray:
         raise CorruptFileError(path, name, f"needs {header.nbytes} bytes, more memory than is "
                                "available here") from None
     except Exception as exc:  # noqa: BLE001 - bad CRC, truncated or corrupt deflate stream
-        raise CorruptFileError(path, name, f"unreadable data ({_describe(exc)})") from None
+        raise CorruptFileError(path, name, f"unreadable data ({describe(exc)})") from None
     if got != header.nbytes or extra:
         raise CorruptFileError(path, name, f"holds {got} bytes of data, its header declares "
                                f"{header.nbytes}")
@@ -443,7 +434,7 @@ def model_entries(model) -> tuple[dict, dict]:
     params = model.parameters()
     meta = {"architecture": model.get_config(), "dtype": np.dtype(model.dtype).name,
             "parameters": list(params)}
-    return meta, {_PARAM + k: np.ascontiguousarray(v) for k, v in params.items()}
+    return meta, {PARAM + k: np.ascontiguousarray(v) for k, v in params.items()}
 
 
 def check_model_entries(meta: dict, headers: dict, path, max_bytes=None) -> dict:
@@ -478,39 +469,39 @@ def check_model_entries(meta: dict, headers: dict, path, max_bytes=None) -> dict
 
     for key in ("architecture", "dtype", "parameters"):
         if key not in meta:
-            raise CorruptFileError(path, _META, f"model metadata lacks {key!r}; the file is "
+            raise CorruptFileError(path, META, f"model metadata lacks {key!r}; the file is "
                                    "incomplete")
     dtype_name = meta["dtype"]
     if dtype_name not in ("float32", "float64"):
-        raise CorruptFileError(path, f"{_META}.dtype", f"must be \"float32\" or \"float64\", "
+        raise CorruptFileError(path, f"{META}.dtype", f"must be \"float32\" or \"float64\", "
                                f"got {json.dumps(dtype_name)[:60]}")
     dtype = np.dtype(dtype_name)
     names = meta["parameters"]
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise CorruptFileError(path, f"{_META}.parameters", "must be a list of parameter names")
+        raise CorruptFileError(path, f"{META}.parameters", "must be a list of parameter names")
     try:
         declared = declared_parameters(meta["architecture"])
     except SchemaError as exc:
-        raise CorruptFileError(path, f"{_META}.{exc.where}", exc.problem) from None
+        raise CorruptFileError(path, f"{META}.{exc.where}", exc.problem) from None
     if names != list(declared):
-        raise CorruptFileError(path, f"{_META}.parameters", f"lists {_short(names)} but the "
+        raise CorruptFileError(path, f"{META}.parameters", f"lists {_short(names)} but the "
                                f"architecture declares {_short(list(declared))}")
-    missing = [n for n in names if _PARAM + n not in headers]
+    missing = [n for n in names if PARAM + n not in headers]
     if missing:
-        raise CorruptFileError(path, _PARAM + missing[0], f"weights missing for parameters "
+        raise CorruptFileError(path, PARAM + missing[0], f"weights missing for parameters "
                                f"{_short(missing)}")
     for name, shape in declared.items():
-        h = headers[_PARAM + name]
+        h = headers[PARAM + name]
         if tuple(h.shape) != shape:
-            raise CorruptFileError(path, _PARAM + name, f"stored with shape {tuple(h.shape)}, "
+            raise CorruptFileError(path, PARAM + name, f"stored with shape {tuple(h.shape)}, "
                                    f"the architecture declares {shape}")
         if h.dtype != dtype:
-            raise CorruptFileError(path, _PARAM + name, f"stored as {h.dtype.str}, the "
+            raise CorruptFileError(path, PARAM + name, f"stored as {h.dtype.str}, the "
                                    f"metadata says {dtype_name}")
     limit = max_load_bytes(max_bytes)
     need = sum(math.prod(shape) for shape in declared.values()) * dtype.itemsize
     if need > limit:
-        raise CorruptFileError(path, f"{_META}.architecture", f"declares {need} bytes of "
+        raise CorruptFileError(path, f"{META}.architecture", f"declares {need} bytes of "
                                f"parameters, more than the limit of {limit}; for a genuinely "
                                f"large model pass max_bytes= or set ${MAX_BYTES_ENV}")
     return declared
@@ -519,25 +510,6 @@ def check_model_entries(meta: dict, headers: dict, path, max_bytes=None) -> dict
 def _short(value, limit=120) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-def build_model(meta: dict, arrays: dict, path="<memory>"):
-    """Rebuild a fastlib model from :func:`model_entries`'s metadata and arrays.
-
-    Call after :func:`check_model_entries` passed (``load`` does): the constructors then only
-    see sizes already checked against the stored arrays and the size limit.
-    """
-    from fastlib.layers import from_config
-
-    check_model_entries(meta, arrays, path)
-    names = meta["parameters"]
-    try:
-        model = from_config(meta["architecture"], dtype=np.dtype(meta["dtype"]))
-    except Exception as exc:  # noqa: BLE001 - a constructor refusing a value from the file
-        raise CorruptFileError(path, f"{_META}.architecture", f"does not build a model "
-                               f"({_describe(exc)})") from None
-    model.load_parameters({n: arrays[_PARAM + n] for n in names})
-    return model
 
 
 def save_model(model, path) -> pathlib.Path:
@@ -557,35 +529,3 @@ def save_model(model, path) -> pathlib.Path:
     """
     meta, arrays = model_entries(model)
     return write_archive(path, {"format": MODEL_FORMAT, "version": VERSION, **meta}, arrays)
-
-
-def load(path, *, max_bytes=None):
-    """Load a model saved by ``model.save(path)`` (or the model inside a training checkpoint).
-
-    The whole file is validated before anything is built (see :func:`read_archive` and
-    :func:`check_model_entries`): a corrupt or hostile file costs a few milliseconds and one
-    clear error, never a large allocation.
-
-    Parameters
-    ----------
-    path : str or path-like
-    max_bytes : int, optional
-        Refuse files whose arrays, or whose declared parameters, exceed this many bytes. Default:
-        ``$FASTLIB_MAX_LOAD_BYTES`` when set, else 2 GiB; raise it for genuinely large models.
-
-    Returns
-    -------
-    fastlib.Layer
-        A new model with the saved architecture, dtype and weights.
-
-    Raises
-    ------
-    FileNotFoundError
-        No such file.
-    fastlib.errors.CorruptFileError
-        (a ``ValueError``) anything wrong with the file: the message names the file, the member
-        or metadata field, and the problem.
-    """
-    meta, arrays = read_archive(path, max_bytes=max_bytes,
-                                check=lambda m, h: check_model_entries(m, h, path, max_bytes))
-    return build_model(meta, arrays, path)

@@ -1,18 +1,6 @@
 """Losses for training: DataCode's target formats, strictly checked, and accuracy per loss.
 
-=================================  ============================================  ==============
-loss_type                          target                                        accuracy
-=================================  ============================================  ==============
-mse                                same shape as the prediction                  None
-cross_entropy                      class indices ``(N, 1)`` or ``(N,)``          argmax == index
-categorical_cross_entropy          one-hot (or probability) rows ``(N, C)``      argmax == argmax
-binary_cross_entropy               values in [0, 1], the prediction's shape      threshold 0.5
-binary_cross_entropy_with_logits   values in [0, 1], the logits' shape           threshold 0.5
-=================================  ============================================  ==============
-
-Names are case-insensitive; ``sparse_cross_entropy`` is a deprecated alias of ``cross_entropy``
-(DeprecationWarning). The loss values and gradients come from the registry ops' kernels
-(``fastlib.ops.value_and_vjp``); this module only checks, normalises and dispatches.
+The long story: docs/fastlib.md, section ``fastlib/losses.py``.
 """
 from __future__ import annotations
 

@@ -1,29 +1,6 @@
 """Optimizers: (init, update) pairs over a parameter dict, with explicit, checkpointable state.
 
-Seven optimizers, exactly DataCode's documented optimizer table as ``spec.OPTIMIZERS`` states it; names are
-case-insensitive and hyperparameter names and defaults are those of docs/CONTRACTS.md:
-
-=========  ==========================================  =======================================
-name       hyperparameters (defaults)                  state (keys of ``OptState.slots``)
-=========  ==========================================  =======================================
-SGD        lr=0.01                                     –
-Momentum   lr=0.01, beta=0.9                           v
-NAG        lr=0.01, beta=0.9                           v
-Adagrad    lr=0.01, eps=1e-8                           G
-RMSprop    lr=0.001, gamma=0.9, eps=1e-8               E
-Adam       lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8  m, v
-AdamW      as Adam, weight_decay=0.01                  m, v
-=========  ==========================================  =======================================
-
-Usage (optax style, but updating in place, since fastlib's parameters are views into the model)::
-
-    opt = fastlib.optim.Adam(lr=1e-3)            # or fastlib.optim.get("adam", lr=1e-3)
-    state = opt.init(model.parameters())        # zeros, t = 0
-    state = opt.update(model.parameters(), grads, state)   # one step; returns t + 1
-
-The per-element arithmetic is in :mod:`fastlib.kernels.optim` (one fused Numba pass per
-parameter array, in the parameter's dtype, float32 or float64). NAG keeps the model at the
-look-ahead point w - beta v (see that module's NOTE).
+The long story: docs/fastlib.md, section ``fastlib/optim.py``.
 """
 from __future__ import annotations
 

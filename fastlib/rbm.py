@@ -5,16 +5,7 @@
 can feed a ``Sequential`` as a feature layer. ``fastlib.train(rbm, x, None, ...,
 algorithm="cd", cd_k=1)`` trains it on unlabeled data, any optimizer updating the parameters.
 
-One CD-k step (spec.rbm's rules), with uniforms u_0 .. u_{k−1} of shape (batch, hidden) drawn
-from an explicit ``numpy.random.Generator`` (or passed in, so the reference can replay the
-chain): ph_0 = σ(v_0 W + c), h_0 = [u_0 < ph_0]; for s = 1..k: pv_s = σ(h_{s−1} Wᵀ + b),
-ph_s = σ(pv_s W + c), h_s = [u_s < ph_s] (s < k). The gradient the optimizer descends is
-
-    gW = (pv_kᵀ ph_k − v_0ᵀ ph_0) / B,  gb = mean(pv_k − v_0),  gc = mean(ph_k − ph_0)
-
-(minus SINGA's <v_0 h_0> − <v_k h_k>). Per epoch the training records the reconstruction error
-mean((v_0 − pv_1)²) as the loss, and the mean free energy F(v_0) = −v_0·b − Σ_j softplus(c_j +
-(v_0 W)_j), in ``rbm.history``.
+The long story: docs/fastlib.md, section ``fastlib/rbm.py``.
 """
 from __future__ import annotations
 

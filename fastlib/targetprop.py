@@ -2,36 +2,9 @@
 
 Each layer gets a *target* (what it should have produced) instead of a gradient; each layer
 then moves its own output toward its target with a local update, gated and scaled by how well
-its output and target agree (the link budget). Usage, as Loom's::
+its output and target agree (the link budget).
 
-    state = TargetPropState(model, TargetPropConfig())
-    out = targetprop_forward(model, state, x)
-    targetprop_backward(model, state, target)
-    state.calculate_link_budgets()
-    apply_targetprop_gaps(model, state, lr)
-
-or ``fastlib.train(..., algorithm="targetprop")`` (options: ``targetprop_config=`` a
-:class:`TargetPropConfig`, or its fields by name, e.g. ``use_chain_rule=False``).
-
-The rules (spec.targetprop's table; y_ℓ, t_ℓ the output and target of layer ℓ, B the batch):
-
-- chain-rule mode: g = t − y at the output; g_in = layer backward of g; t_in = x + s·g_in;
-- pure mode: Dense t_in = N(W, t_out) (Loom's engine exactly); RNN, LSTM, MultiHeadAttention
-  and SwiGLU route the output gap back through the weights from input to output and add it to
-  the input (see :func:`pure_target`), N(W, v)[i] = Σ_j W[i,j] v[j] / Σ_j |W[i,j]| if that
-  denominator exceeds 0.01, else 0;
-- link budget b = (cos(y, t) + 1)/2 in float64 (0 for a zero norm), gap RMS(y − t);
-- a layer with b < 0.2 is not updated; otherwise r = lr·(0.5 + 0.5 b)·1.1^ℓ and, for each of
-  its parameters, v ← 0.9 v + 0.1·r·d_θ, θ ← θ + v with d_θ = J_θᵀ(t − y)/B (the layer's own
-  backward of its gap: descent on the local loss ‖y − t‖²/2B).
-
-Two of Loom's choices are switches (``TargetPropConfig``): ``update="loom"`` takes Loom's
-delta rule for Dense layers, d_W = xᵀ(t − y)/B and d_b = Σ(t − y)/B (no activation
-derivative), in place of the gradient form; ``normalisation="column"`` divides each route by
-the output column's Σ_i |W[i,j]| (Loom's document) instead of the input row's (Loom's engine).
-
-The forward history each layer captures (Loom's histIn/histPre) is what the backward steps use:
-do not run the model on other data between ``targetprop_forward`` and the apply.
+Usage (as Loom's) and the long story: docs/fastlib.md, section ``fastlib/targetprop.py``.
 """
 from __future__ import annotations
 

@@ -4,19 +4,7 @@
 adds the loss op; ``loss_and_grad`` does the same on a fresh tape for plain arrays. The loss's
 value and its gradient come from the registry op and its VJP (``reflib.ops``).
 
-Targets (DataCode's formats; the errors say what to pass instead):
-
-=================================  ===========================================================
-loss_type                          target
-=================================  ===========================================================
-mse                                same shape as the prediction
-cross_entropy                      class indices ``(N, 1)`` or ``(N,)``, ints (or whole floats)
-categorical_cross_entropy          one-hot / distribution rows ``(N, C)`` like the logits
-binary_cross_entropy               values in [0, 1], same shape as ``p`` (``p`` in (0, 1))
-binary_cross_entropy_with_logits   values in [0, 1], same shape as the logits
-=================================  ===========================================================
-
-``sparse_cross_entropy`` is a deprecated alias of ``cross_entropy`` (DeprecationWarning).
+The long story: docs/reflib.md, section ``reflib/losses.py``.
 """
 from __future__ import annotations
 

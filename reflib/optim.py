@@ -8,19 +8,7 @@ module only validates, routes over the parameter dict and converts:
   (a correctly rounded reference for float64 engines);
 - ``dps=int``: the spec runs at that precision and the results stay object arrays of mpf.
 
-State layout (the same orientation as fastlib's ``OptState``)::
-
-    {"t": steps taken so far, "slots": {state variable: {param name: array}}}
-
-State variables: Momentum/NAG ``v``; Adagrad ``G``; RMSprop ``E``; Adam/AdamW ``m``, ``v``. A
-missing slot means zeros. Any object with ``.t`` and ``.slots`` attributes (fastlib's
-``OptState``) is accepted as input state.
-
-NOTE: NAG runs in the engine form ``spec.optimizers`` documents (``form="engine"``, the
-default): the parameters are the shifted variable w~ = w - beta v, the gradient is taken at
-them, and v' = beta v + lr g, w~' = w~ - lr g - beta v'. ``form="table"`` applies DataCode's
-table literally (``spec.step``; for NAG the caller must pass the gradient at w - beta v). For
-every other optimizer the two forms are the same.
+The long story: docs/reflib.md, section ``reflib/optim.py``.
 """
 from __future__ import annotations
 

@@ -6,15 +6,7 @@ contribution), ...]``. Backward visits ids n-1 down to 0 and folds each node's c
 left to right into its parents' slots (``existing + contribution``). Gradients are kept for
 every node id, not only leaves.
 
-Three forms, as in TorchLean:
-
-- ``backward_dense(out, seed)``: a list of optional gradients, None where a node is not reached.
-- ``backward_dense_all(out, seed)``: the same with zeros where not reached (the VJP of an
-  unreached node never runs).
-- ``backward_dense_from(grads0)``: a total array in, every node with requires_grad runs
-  (``backward_dense_from_loop(grads, k)`` is the loop over ids k-1..0).
-
-``backward`` and ``backward_scalar`` are the sparse (dict) forms.
+The long story: docs/reflib.md, section ``reflib/tape.py``.
 """
 from __future__ import annotations
 

@@ -6,13 +6,7 @@ exact mpmath with ``dps``), so the chain-rule signal ``J_xᵀ g`` and the local 
 ``J_θᵀ (t − y) / B`` come from the registry ops' VJPs, and the pure-mode routes are written out
 with NumPy (object arrays of mpf when exact).
 
-Usage (Loom's pattern)::
-
-    state = TargetPropState(model, TargetPropConfig(), dps=None)
-    out = targetprop_forward(model, state, x)
-    targetprop_backward(model, state, target)
-    state.calculate_link_budgets()
-    apply_targetprop_gaps(model, state, lr)
+Usage (Loom's pattern) and the long story: docs/reflib.md, section ``reflib/targetprop.py``.
 """
 from __future__ import annotations
 

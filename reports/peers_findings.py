@@ -1,23 +1,6 @@
 """What the suite finds in the peers (paddle, tinygrad, mygrad, autograd), element by element.
 
-For each peer engine, op and dtype this runs the suite's op checks (``properties.check_call``:
-the random ``exact`` draws of the dev profile, shrunk by Hypothesis, and every case of the
-special-values table one by one) and, for every failing call, finds the worst element: the
-entry of the output or of a VJP whose error is the largest multiple of its admissible error.
-It records the call, that element's engine value, the exact value (the registry at 50 digits)
-and the error, and classifies it:
-
-- ``failure``: an accuracy or correctness failure;
-- ``convention``: the element sits exactly on a kink the registry declares (relu, abs,
-  leaky_relu at 0; a tie of maximum), and the engine's value is another subgradient there
-  (the Clarke subdifferential: between the one-sided derivatives) — a choice, not a bug;
-- ``contract``: the engine raised on a valid call or returned another dtype or shape.
-
-``tests/peers/test_peer_findings.py`` recomputes every recorded element independently (its
-own mpmath formulas) and asserts the engine is as far from exact as recorded.
-
-    python -m reports.peers_findings --engines paddle tinygrad mygrad autograd \\
-        --json tests/peers/findings.json --markdown findings.md
+The long story: docs/reports.md, section ``reports/peers_findings.py``.
 """
 from __future__ import annotations
 

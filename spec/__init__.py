@@ -5,17 +5,7 @@ proven with SymPy and evaluated to any precision with mpmath; the optimizers as 
 >>> spec.OPS["tanh"].inputs
 ('x',)
 
-Public names:
-
-- ``OPS`` (name -> ``OpSpec``), ``OpSpec``, ``Param``, ``Example``, ``Kink``
-- ``evaluate(name, inputs, grad, params=None, dps=50)``, ``evaluate_forward``
-- ``prove(name)``, ``prove_all()``, ``ProofResult``
-- ``sample_inputs(name, rng, shapes=None, params=None)``, ``sample_case``, ``domains``
-- ``OPTIMIZERS``, ``step``, ``engine_step``, ``prove_optimizers``
-- ``TARGETPROP_RULES``, ``TARGETPROP_DEFAULTS``, ``prove_targetprop`` (``spec.targetprop``);
-  ``RBM_RULES``, ``prove_rbm`` (``spec.rbm``: contrastive divergence)
-- ``validate_op``, ``validate_registry``; errors ``UnknownOpError``, ``UnknownOptimizerError``,
-  ``RegistryError``
+The long story: docs/spec.md, section ``spec/__init__.py``.
 """
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
 """The two number systems every formula in the registry runs on.
 
-A registry formula (a forward, a VJP, an optimizer update) is written once against a backend
-``M`` and NumPy object arrays, e.g. ``lambda M, grad, result: grad * (1 - result**2)``.
-Arithmetic (``+ - * / **``, ``@``, ``np.sum``) goes through the elements' own operators; the
-functions NumPy cannot apply to Python objects (exp, log, erf, comparisons, selection) come from
-``M``:
-
-- ``SYMPY`` builds SymPy expressions (used by ``spec.prove`` to differentiate the forward);
-- ``MPMATH`` computes with ``mpmath.mpf`` at the current ``mpmath.mp`` precision (used by
-  ``spec.evaluate`` and ``spec.step``).
-
-So the formula that is proven is the very formula that is evaluated. SymPy is imported only when
-the SymPy backend is first used: ``spec.evaluate`` never pays for it.
-
-Constants must come from ``M.num`` (exact rationals) or ``M.param`` (a float parameter such as
-``eps``), never from Python floats, so that SymPy keeps them exact.
+The long story: docs/spec.md, section ``spec/backends.py``.
 """
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ whose argument names say what it needs; the caller passes exactly those:
 - ``result``   (VJPs only) the forward's output,
 - ``grad``     (VJPs only) the cotangent, shaped like ``result``.
 
-A VJP returns the contribution to its input, with the input's shape. ``None`` in place of a VJP
-marks an input that is not differentiable (class indices).
+The long story: docs/spec.md, section ``spec/opspec.py``.
 """
 from __future__ import annotations
 

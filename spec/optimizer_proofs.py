@@ -1,34 +1,6 @@
 """Each optimizer's stated update proven equal to a textbook statement, over one general step.
 
-The stated updates (``spec.OPTIMIZERS``, the formulas ``spec.step`` evaluates) are proven
-against the statements below, written apart from them in each source's own notation and
-arrangement. The proof is over a *general* step: the state (moments, velocity, accumulators),
-the parameter, the gradient, the step count ``t`` and every hyperparameter are symbols, so
-equality of one step from any state is equality of every trajectory (by induction from the
-shared zero state). A swapped β, a missing moving average, a bias correction with the wrong
-power, a dropped weight-decay term or a velocity with the wrong sign gives a non-zero
-difference at almost every point, and is rejected. The sources (see docs/PROOFS.md):
-
-- SGD: PyTorch ``torch.optim.SGD`` (no momentum): θ_t = θ_{t−1} − γ g_t.
-- Momentum: PyTorch ``torch.optim.SGD`` with momentum μ and dampening τ = μ, for t > 1:
-  b_t = μ b_{t−1} + (1 − τ) g_t, θ_t = θ_{t−1} − γ b_t (the exponential-moving-average form;
-  PyTorch's own first step is b_1 = g_1, the project's is b_1 = (1 − μ) g_1 from b_0 = 0).
-- NAG: Sutskever, Martens, Dahl & Hinton (2013), "On the importance of initialization and
-  momentum in deep learning": v_{t+1} = μ v_t − ε ∇f(θ_t + μ v_t), θ_{t+1} = θ_t + v_{t+1};
-  the project's velocity is the negative of theirs. The engine's shifted form (store
-  θ − β v and take the gradient there: Bengio, Boulanger-Lewandowski & Pascanu (2013),
-  "Advances in optimizing recurrent networks") is proven equal to the stated one, one general
-  step, too.
-- Adagrad: Duchi, Hazan & Singer (2011); with ε inside the root as in Ruder (2016), "An
-  overview of gradient descent optimization algorithms": G_t = G_{t−1} + g_t²,
-  θ_{t+1} = θ_t − η / √(G_t + ε) · g_t.
-- RMSprop: Hinton's lecture 6e (Coursera, 2012); with ε inside the root as in Ruder (2016) and
-  Goodfellow, Bengio & Courville (2016), *Deep Learning*, Algorithm 8.5:
-  E[g²]_t = γ E[g²]_{t−1} + (1 − γ) g_t², θ_{t+1} = θ_t − η / √(E[g²]_t + ε) · g_t.
-- Adam: Kingma & Ba (2015), "Adam: A Method for Stochastic Optimization", Algorithm 1.
-- AdamW: Loshchilov & Hutter (2019), "Decoupled Weight Decay Regularization", Algorithm 2, in
-  PyTorch's ``torch.optim.AdamW`` parametrisation (the decay multiplied by the rate):
-  θ ← θ − γλθ, then the Adam step.
+The long story: docs/spec.md, section ``spec/optimizer_proofs.py``.
 """
 from __future__ import annotations
 

@@ -3,42 +3,7 @@
 Notation: ``w`` parameters, ``g`` the gradient, ``t`` the step count (1 for the first update),
 η = ``lr``. Every update is elementwise; state starts at zeros.
 
-======== ======================================================= ==================================
-name     update (in this order)                                  hyperparameters (defaults)
-======== ======================================================= ==================================
-SGD      w ← w − η·g                                             lr=0.01
-Momentum v ← β·v + (1−β)·g ;  w ← w − η·v                        lr=0.01, beta=0.9
-NAG      v ← β·v + η·∇f(w − β·v) ;  w ← w − v                    lr=0.01, beta=0.9
-Adagrad  G ← G + g² ;  w ← w − η/√(G + ε)·g                      lr=0.01, eps=1e-8
-RMSprop  E ← γ·E + (1−γ)·g² ;  w ← w − η/√(E + ε)·g              lr=0.001, gamma=0.9, eps=1e-8
-Adam     m ← β1·m + (1−β1)·g ;  v ← β2·v + (1−β2)·g² ;           lr=0.001, beta1=0.9,
-         m̂ = m/(1−β1^t) ;  v̂ = v/(1−β2^t) ;  w ← w − η·m̂/(√v̂ + ε)  beta2=0.999, eps=1e-8
-AdamW    as Adam, then  w ← w − η·(m̂/(√v̂ + ε) + λ·w)             as Adam, weight_decay=0.01 (λ)
-======== ======================================================= ==================================
-
-ε sits inside the square root for Adagrad and RMSprop and outside it for Adam/AdamW. In
-``step(name, w, g, state, t)``, ``g`` is the gradient the table uses; for NAG that is the
-gradient at the look-ahead point, ∇f(w − β·v), with ``v`` the state *before* the step.
-
-NAG in the form an engine runs (one gradient per step, at the stored parameters)
--------------------------------------------------------------------------------
-The engine does not store ``w``: it stores the shifted parameters w̃ = w − β·v and takes the
-gradient at what it stores, g = ∇f(w̃) (which *is* ∇f(w − β·v)). One step is::
-
-    v_new = β·v + η·g
-    w̃_new = w̃ − η·g − β·v_new           (= w̃ − β²·v − (1+β)·η·g)
-
-Start: v = 0, so w̃ = w at step 1 (no special first step). At any time the table's parameters
-are w = w̃ + β·v; an engine that reports or checkpoints parameters reports w̃ (what it trains
-with) and may recover w that way. ``engine_step("NAG", w̃, g, {"v": v}, t)`` evaluates exactly
-this form; ``spec.optimizer_proofs.prove_optimizers()`` proves symbolically, over one general
-step (any w̃, v, g, η, β), that it yields the same ``v`` and w̃ = w − β·v as the table's form,
-so the gradients are taken at the same points and the trajectories are the same.
-
-Every update here is proven equal to a textbook statement (Kingma & Ba for Adam, Loshchilov &
-Hutter for AdamW, ...) over one general step in ``spec.optimizer_proofs``.
-
-For every other optimizer the engine form is the table's form (``engine_step == step``).
+The long story: docs/spec.md, section ``spec/optimizers.py``.
 """
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """Proofs on each piece of a piecewise expression, and the conventions at an op's kinks.
 
-A VJP difference that holds ``Piecewise``, ``Heaviside``, ``sign``, ``Abs``, ``Max`` or ``Min``
-is a different expression on each side of every *switch* (the argument whose sign selects a
-branch: ``x`` in ``Heaviside(x)``, ``a - b`` in ``a >= b`` or ``Max(a, b)``). SymPy's
-``simplify`` cannot cancel a ``Heaviside`` against a ``Piecewise``, so ``zero_on_pieces``
-splits the inputs' space instead: for every choice of sign of every switch it substitutes
-
-    x = (s·p - rest) / c          (p a fresh *positive* symbol, s = +1 or -1)
-
-for one input symbol ``x`` of the switch ``c·x + rest``, so that the switch becomes ``s·p``;
-SymPy then resolves every branch by itself (``Heaviside(p) = 1``, ``p > 0`` is True,
-``Max(b + p, b) = b + p``) and what is left is an ordinary expression, shown to be 0 exactly.
-With ``boundaries=True`` the switch = 0 (s = 0) is a piece too: that is how an op that is
-smooth but written with branches (``max(z, 0) + log(1 + exp(-|z|))``) is proven everywhere.
-At an op's declared kinks the derivative is a convention, not a limit, so there the switch = 0
-piece is left out and ``kink_conventions`` proves instead that the stated VJP *at* the kink is
-the registry's convention, and that the convention lies in the Clarke subdifferential (the
-convex hull of the one-sided derivatives): relu'(0) = 0 ∈ [0, 1], a tie in maximum sends
-(1, 0), a convex combination of (1, 0) and (0, 1), while (1, 1) would not be.
+The long story: docs/spec.md, section ``spec/pieces.py``.
 """
 from __future__ import annotations
 

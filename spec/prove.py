@@ -1,27 +1,6 @@
 """``spec.prove``: show each stated VJP equal to Jᵀ·grad, with J differentiated by SymPy.
 
-For every example of an op (small concrete shapes, the params it lists):
-
-1. each differentiable input becomes an array of real SymPy symbols (positive where the domain
-   is), class indices are drawn once and kept concrete, ``grad`` is an array of symbols;
-2. the forward is built symbolically; ``J^T·grad`` is computed entry by entry with ``sympy.diff``;
-3. the stated VJP is built from the same symbols (``result`` is the forward expression);
-4. every entry of ``stated - J^T·grad`` is evaluated at ``points`` (>= 20) random points of
-   the inputs' domains (away from kinks) with ``dps`` (>= 50) digits; every value must be below
-   ``tol`` (1e-40) in absolute value, or the proof fails there (sampling first, because
-   simplifying a non-zero difference can take SymPy minutes);
-5. every entry is then simplified (cheap ``expand``, then ``simplify`` for small smooth
-   expressions): an exact zero proves that entry symbolically;
-6. an entry with branches (relu, leaky_relu, abs, maximum, and ops written with max / abs) is
-   proven on each piece instead (``spec.pieces``: every sign of every branch's switch, the
-   switch = 0 included unless it is a declared kink), and at each declared kink the stated VJP
-   is proven equal to the registry's convention, which must lie in the subdifferential.
-
-The result's ``method`` is ``"symbolic"`` when every entry of every example was proven exactly,
-``"piecewise"`` when some were proven piece by piece (always, for an op with kinks: its
-conventions were proven too), else ``"sampling"``: then at least one entry was only checked at
-``points`` random points, and ``verdict`` says "checked at N points", never "proven".
-``detail`` says how many entries went which way and the largest sampled difference.
+The long story: docs/spec.md, section ``spec/prove.py``.
 """
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
 """Contrastive divergence (CD-k) for a binary RBM as math, stated once.
 
-An RBM with V visible and H hidden units has ``weight`` W (V, H), ``visible_bias`` b (V,) and
-``hidden_bias`` c (H,), and the energy E(v, h) = −v·b − h·c − vᵀ W h. The rules (formulas on a
-backend ``M``, as in ``spec.targetprop``):
-
-=====================  =========================================================================
-rule                   statement
-=====================  =========================================================================
-hidden_probability     p(h = 1 | v) = σ(v W + c)
-visible_probability    p(v = 1 | h) = σ(h Wᵀ + b)
-sample                 s = 1 if u < p else 0, u uniform in [0, 1)  (u drawn from an explicit
-                       Generator, or passed in, so two engines replay the same chain)
-gibbs_chain            ph_0 = p(h|v_0); h_0 = sample(ph_0, u_0); for s = 1..k:
-                       pv_s = p(v|h_{s-1}), ph_s = p(h|pv_s), h_s = sample(ph_s, u_s) (s < k)
-cd_gradient            gW = (pv_kᵀ ph_k − v_0ᵀ ph_0)/B ; gb = mean_B(pv_k − v_0) ;
-                       gc = mean_B(ph_k − ph_0)   (the gradient an optimizer *descends*: minus
-                       SINGA's <v_0 h_0> − <v_k h_k>)
-free_energy            F(v) = −v·b − Σ_j softplus(c_j + (v W)_j)
-reconstruction_error   mean over entries of (v_0 − pv_1)²
-=====================  =========================================================================
-
-NOTE (mean field where SINGA does): the visible states of the negative phase are
-probabilities (SINGA's RBMVisLayer computes sigmoid(h Wᵀ + b) there), hidden states are sampled
-while the chain runs, and the statistics use probabilities (ph_0, pv_k, ph_k), the low-variance
-choice of Hinton's practical guide. So CD-k takes k uniform arrays of shape (B, H): u_0 ..
-u_{k−1}. The gradient equals mean ∇_θ F(v_0) − mean ∇_θ F(pv_k) (proven below).
+The long story: docs/spec.md, section ``spec/rbm.py``.
 """
 from __future__ import annotations
 

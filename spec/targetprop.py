@@ -7,58 +7,7 @@ evaluates it exactly. The layers' forwards are composed from the registry's own 
 ``J_xᵀ g`` and the local update ``J_θᵀ e``) are taken by high-precision numerical
 differentiation (``mpmath.diff``) of those forwards, independent of any engine's backward.
 
-Notation: a model is a chain of L leaf layers (nested ``Sequential`` flattened depth first;
-depth ℓ = 0 is the first layer); layer ℓ maps its input ``x_ℓ`` to its output ``y_ℓ``; its
-target is ``t_ℓ``; B is the batch size (the leading axis); s = ``gradient_scale`` (0.1),
-F = ``depth_scale_factor`` (1.1), μ = ``momentum`` (0.9), τ = ``budget_threshold`` (0.2),
-θ = ``weight_threshold`` (0.01).
-
-=====================  =========================================================================
-rule                   statement
-=====================  =========================================================================
-output_target          t_{L-1} = the target: mse y; cross_entropy / categorical ŷ + (onehot(y) −
-                       softmax(ŷ)); binary_cross_entropy y; ..._with_logits ŷ + (y − σ(ŷ))
-output_signal          g_{L-1} = t_{L-1} − y_{L-1}  (the descent direction)
-chain_rule_target      g_{ℓ-1} = J_xᵀ g_ℓ (layer ℓ's backward); t_{ℓ-1} = y_{ℓ-1} + s · g_{ℓ-1}
-route                  N(W, v)[i] = Σ_j W[i,j] v[j] / Σ_j |W[i,j]| if Σ_j |W[i,j]| > θ, else 0
-                       (``normalisation="row"``, the default: Loom's engine)
-route_column           N(W, v)[i] = Σ_j W[i,j] v[j] / Σ_k |W[k,j]|, columns with Σ_k |W[k,j]| <= θ
-                       left out (``normalisation="column"``: Loom's document, / totalWeight[j])
-pure_dense             t_in = N(W, t_out)                          (Loom's engine, exactly)
-pure_rnn               D_{T-1} = E_{T-1}; D_t = E_t + N(w_hh, D_{t+1}); t_in[:, t] = x[:, t] +
-                       N(w_ih, D_t); E_t = the output gap at step t (0 where not returned)
-pure_lstm              as pure_rnn with every gap tiled over the gates i, f, g, o:
-                       D_t = E_t + N(w_hh, [D_{t+1}]×4); t_in[:, t] = x[:, t] + N(w_ih, [D_t]×4)
-pure_attention         δA = N(w_o, t_out − y); per head δV_h[s] = Σ_t P_h[t,s] δA_h[t] /
-                       Σ_t P_h[t,s] (if > θ, else 0); t_in = x + N(w_v, δV)
-pure_swiglu            δH = N(w_down, t_out − y); t_in = x + N([w_gate | w_up], [δH | δH])
-link_budget            b = (cos(y, t) + 1) / 2 over all entries, rounded to float64; 0 when
-                       |y| = 0 or |t| = 0
-gap                    RMS(y − t) = sqrt(mean((y − t)²))
-gate                   layer ℓ is updated iff b_ℓ >= τ  (b < τ: parameters and velocity kept)
-layer_rate             r_ℓ = lr · (0.5 + 0.5 · b_ℓ) · F^ℓ   (F = 1 turns depth scaling off)
-local_update           d_θ = (1/B) J_θᵀ (t_ℓ − y_ℓ) = −∂/∂θ (1/2B) Σ (y_ℓ − t_ℓ)²
-                       (``update="gradient"``, the default)
-loom_update            Dense only: d_W = (1/B) xᵀ (t_ℓ − y_ℓ), d_b = (1/B) Σ_rows (t_ℓ − y_ℓ)
-                       (``update="loom"``: Loom's delta = lr · input · gap, no activation
-                       derivative; the same as local_update for a linear Dense layer)
-momentum               v ← μ · v + (1 − μ) · r_ℓ · d_θ ;  θ ← θ + v
-=====================  =========================================================================
-
-NOTE (pure mode beyond Dense): Loom's document lists RNN, LSTM, attention and SwiGLU as
-supported but its SwiGLU only copies the input forward. Here each routes the output *gap*
-t_out − y back through the weights that carry the input to the output, with the same
-normalisation N as Dense, and adds it to the input (the difference-target form: when a layer
-already produces its target, its input's target is its input). The routes are linear, use no
-derivative of an activation, and only the layer's own weights and forward values (the attention
-probabilities P). ``return_sequences=False`` recurrent layers receive a gap at the last step
-only; it reaches earlier steps through w_hh.
-
-NOTE (two normalisations): Loom's engine divides by each *input row's* total |weight| (a
-weighted average of the output targets an input feeds); Loom's document writes the division by
-``totalWeight[j]``, each *output column's* total (each output's target shared out over its
-inputs in proportion to the weights). Both are offered (``normalisation``); every route of every
-layer uses the chosen one. ``spec.prove_targetprop`` states what each conserves.
+The long story: docs/spec.md, section ``spec/targetprop.py``.
 """
 from __future__ import annotations
 

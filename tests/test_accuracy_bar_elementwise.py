@@ -1,4 +1,4 @@
-"""Issue 8's bar for the unary VJPs that missed it: float32 sigmoid and silu, float64 gelu and
+"""The accuracy bar for the unary VJPs that missed it: float32 sigmoid and silu, float64 gelu and
 gelu_tanh.
 
 Oracles: the derivatives' closed forms in mpmath at 60 digits (sigmoid' = e / (1 + e)^2 with

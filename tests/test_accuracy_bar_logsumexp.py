@@ -1,4 +1,4 @@
-"""Issue 8's float64 bar for logsumexp's VJP (double-double in fastlib.kernels.reduce).
+"""The float64 accuracy bar for logsumexp's VJP (double-double in fastlib.kernels.reduce).
 
 g * exp(x - lse) with lse rounded to float64 carries u |lse| into every entry (7 ULPs at
 lse ~ 16 on the report's sample); fastlib forms g e_i / S with e = exp(x - max), S = sum e, in

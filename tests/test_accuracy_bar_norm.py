@@ -1,4 +1,4 @@
-"""Issue 8's float64 bar for the row normalisations: softmax, log_softmax, layer_norm, rms_norm.
+"""The float64 accuracy bar for the row normalisations: softmax, log_softmax, layer_norm, rms_norm.
 
 The bar: fastlib float64 VJPs within a few ULPs (<= 4) of exact on every well-conditioned
 element (componentwise relative condition number kappa <= 8). Oracle: ``spec.evaluate`` at 50

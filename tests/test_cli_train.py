@@ -120,7 +120,8 @@ def test_bench_train_json_and_table(capsys):
 @pytest.mark.slow
 @pytest.mark.mnist
 def test_mnist_reaches_97_5_percent_in_5_epochs(capsys, mnist_dir):
-    """Issue 5 §8: `verigrad train --data mnist` (784-128-10 ReLU, Adam 1e-3, 5 epochs)."""
+    """The documented MNIST run: `verigrad train --data mnist` (784-128-10 ReLU, Adam 1e-3,
+    5 epochs)."""
     code, out, _ = run(capsys, "train", "--data", "mnist", "--data-dir", str(mnist_dir))
     assert code == 0
     assert "mnist (54000 train" in out or "mnist (54001 train" in out

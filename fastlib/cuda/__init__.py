@@ -1,24 +1,7 @@
 """fastlib.cuda: the CUDA engine (numba.cuda), on a GPU or under numba's CUDA simulator.
 
-The same engine protocol as every other engine, for every registry op, float32 and float64::
-
-    fastlib.cuda.forward(name, inputs, **params) -> ndarray
-    fastlib.cuda.vjp(name, inputs, grad, **params) -> tuple[ndarray | None, ...]
-
-plus what training needs on the device: ``dense_forward`` / ``dense_backward`` (GEMM + bias +
-activation epilogue), ``optimizer_init`` / ``optimizer_update`` (one fused kernel for the seven
-optimizers) and ``to_device`` / ``to_host`` to keep arrays resident. ``fastlib.train(...,
-device="cuda")`` runs whole training steps here (:mod:`fastlib.cuda.training`, with the layers'
-device twins in :mod:`fastlib.cuda.layers`).
-
-Where there is no GPU, ``is_available()`` is False, ``unavailable_reason()`` says why in one
-line, and every entry point raises :class:`CudaUnavailableError` (a RuntimeError) with that
-reason. To run the kernels without a GPU, start the process with ``NUMBA_ENABLE_CUDASIM=1`` in
-its environment (it must be set before numba is first imported); the simulator is slow, so keep
-arrays tiny there.
-
-Importing this package compiles nothing and needs no GPU: kernel modules load on first use and
-each kernel compiles at its first launch.
+The same engine protocol as every other engine, for every registry op, float32 and float64.
+Usage and the long story: docs/fastlib.md, section ``fastlib/cuda/__init__.py``.
 """
 from __future__ import annotations
 

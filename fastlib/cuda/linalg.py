@@ -1,23 +1,7 @@
 """Matrix products on the device: a tiled shared-memory GEMM, 2-D and batched, and ``matmul``'s
 forward and VJP.
 
-One kernel computes ``C[z] = A[z] @ B[z]`` for a batch of products, where each operand is read
-through (batch, row, column) strides. Transposed operands are just swapped strides, and a
-matrix shared across the batch has batch stride 0, so the forward and both VJPs are the same
-kernel:
-
-    forward        C = A @ B
-    grad of A      G @ B^T                    (B's strides swapped)
-    grad of B      A^T @ G                    (per batch item)
-    grad of shared B   sum_z A_z^T G_z = A_all^T G_all with A_all = A as (batch*m, k):
-                   one product with k' = batch*m, no separate reduction.
-
-Each TILE x TILE block of threads owns a TILE x TILE tile of C and walks the shared dimension
-in steps of TILE, staging a tile of each operand in shared memory (zero-padded at the edges),
-so every operand element is read from global memory once per tile instead of once per output.
-
-NOTE (accuracy): products accumulate in the operands' dtype, in increasing order of the shared
-index, as cuBLAS does: |C' - C| <= gamma_k |A| |B| elementwise, gamma_k = k u / (1 - k u).
+The long story: docs/fastlib.md, section ``fastlib/cuda/linalg.py``.
 """
 from __future__ import annotations
 

@@ -5,22 +5,7 @@ per row (cross_entropy, categorical_cross_entropy, through the row log-sum-exp),
 tree reduction of :mod:`.reduce` sums the terms in float64 and scales by 1/N. VJP: one kernel
 writes each input's cotangent, ``grad / N`` times the local derivative.
 
-=================================  ============================================================
-loss                               term; cotangents (s = grad / N)
-=================================  ============================================================
-mse                                (p - t)^2;  gp = 2 s (p - t), gt = -gp
-cross_entropy                      lse(z) - z[t];  gz = s (softmax(z) - onehot(t)), t not diff.
-categorical_cross_entropy          -sum_c t_c (z_c - lse);  gz = s (softmax(z) sum_c t_c - t),
-                                   gt = -s (z - lse)
-binary_cross_entropy               -(t log p + (1-t) log(1-p));  gp = s (p - t) / (p (1-p)),
-                                   gt = s (log(1-p) - log p)
-binary_cross_entropy_with_logits   max(z,0) - z t + log1p(exp(-|z|));  gz = s (sigmoid(z) - t),
-                                   gt = -s z
-=================================  ============================================================
-
-NOTE: log(1 - p) is evaluated as log1p(-p), exact near p = 0; the logits form never calls exp on
-a positive argument. N is the number of rows for the two categorical losses and the number of
-elements for the others (docs/CONTRACTS.md).
+The long story: docs/fastlib.md, section ``fastlib/cuda/loss.py``.
 """
 from __future__ import annotations
 

@@ -7,17 +7,7 @@ shared-memory binary tree (:func:`block_sum`, :func:`block_max`). Which elements
 output is index math on shape / stride vectors, so any set of axes, and any broadcast pattern,
 is one kernel.
 
-NOTE (error bound): every accumulation is in float64, for float32 and float64 inputs alike. A
-block of B threads sums n terms as B serial runs of at most ceil(n / B) terms followed by a
-tree of depth log2 B. Each thread's run is compensated (Neumaier's variant of Kahan summation,
-:func:`compensated_add`): its error is at most 2 u64 sum |x_i| + O(n u64^2) whatever the run
-length, so the float64 sum s' satisfies |s' - s| <= (2 + log2 B) u64 sum |x_i| to first order,
-u64 = 2^-53 (Higham, Accuracy and Stability of Numerical Algorithms, 4.2 and 4.3). Without the
-compensation the bound grows with the run length ceil(n / B): small blocks (the simulator's 8
-threads) summed 4096 float64 terms 128 eps away from exact, against fastlib's CPU bound of 70. Storing a float32 result adds one rounding, u32 |s|, u32 = 2^-24, so a float32
-sum is within u32 |s| + k 2^-29 u32 sum |x_i|: one rounding of the exact sum, up to a term 2^29
-times smaller than the k u32 sum |x_i| that a float32 tree would allow. Reductions are
-memory-bound, so the float64 adds cost nothing measurable even on GPUs with slow float64 units.
+The long story: docs/fastlib.md, section ``fastlib/cuda/reduce.py``.
 """
 from __future__ import annotations
 

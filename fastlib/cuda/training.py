@@ -1,30 +1,6 @@
 """``train(device="cuda")``: the whole training step on the device, one small readback per epoch.
 
-Per run, :class:`DeviceRun` puts the weights, the optimizer state and the training data in
-device memory once. Per epoch it uploads the shuffled sample order (and the optimizer's
-coefficient table for the epoch's step counts). Per step (one frame):
-
-1. gather the batch's rows from the resident data through the order (no host copy);
-2. forward through the device twins of the layers (:mod:`.layers`), keeping their history;
-3. the loss kernel: the gradient of the mean loss, and per-block partial sums of the loss
-   terms and of the correct predictions;
-4. backward through the twins;
-5. the guard: per-thread sums of squares and non-finite counts of every gradient, reduced by
-   one thread into "apply", the norm-clipping scale, the norm and finiteness;
-6. the guarded update of every parameter (value clamp or norm scale, then the optimizer rule
-   of :mod:`.optim`), a no-op when the loss or a gradient is not finite, and the step count
-   advanced on the device only when the step applied;
-7. the step's numbers (loss and hit partials, the guard's four) go to its row of a small
-   float64 buffer; the epoch's rows come back in one copy at the end (``readback="epoch"``,
-   the default: nothing in the loop needs them sooner, since a non-finite loss already stops
-   every later update on the device through a halt flag), or each row after its step
-   (``readback="step"``).
-
-Host weights are synchronised on demand: every layer of the model is bound to this run, and
-the layers' parameter dict (``Layer._params``, read by every forward, ``parameters()``,
-``save`` and evaluation on the CPU) copies the device weights back first whenever a step has
-run since the last copy. ``model.to_host()`` does the same explicitly. Snapshots for the
-explosion guard and ``train_sh``'s best weights are device copies.
+The long story: docs/fastlib.md, section ``fastlib/cuda/training.py``.
 """
 from __future__ import annotations
 

@@ -5,12 +5,7 @@ A shared ``b`` is one GEMM on the batch flattened into rows, ``(B*m, k) @ (k, n)
 ``a2.T @ g2`` sums over the batch inside the GEMM. The VJP uses the transposes as views: BLAS
 reads them as Fortran-ordered arrays, so nothing is copied.
 
-NOTE (which BLAS): the GEMMs are NumPy's ``matmul`` writing into the output we allocate, i.e.
-NumPy's own OpenBLAS, called from Python. ``np.dot`` inside a Numba kernel calls SciPy's
-OpenBLAS instead (a second library with its own thread pool): measured on 64x784 @ 784x128
-float32 it was 1.1-1.25x the time of NumPy's ``a @ w``, and after each call its worker threads
-spin for a while, competing with NumPy's pool on a two-core machine (the Dense layers' GEMMs
-are NumPy's). A Numba wrapper would add a dispatch and gain nothing: the work is all in BLAS.
+The long story: docs/fastlib.md, section ``fastlib/kernels/linalg.py``.
 """
 from __future__ import annotations
 

@@ -6,20 +6,7 @@ Forward-only calls skip the gradient arithmetic; ``fastlib.ops.value_and_vjp`` g
 one call (for the cross-entropies: softmax and its gradient fused, as DataCode's fused
 softmax-cross-entropy).
 
-NOTE (accuracy): terms are arranged so that no subtraction cancels.
-- cross_entropy: loss_n = (max - z_t) + log(sum exp(z - max)), two non-negative terms (log1p
-  of the other classes' sum when z_t is the maximum); the target's gradient entry is
-  -(sum over other classes of exp) / sum, not softmax_t - 1.
-- categorical_cross_entropy: sum_c t_c ((max - z_c) + log s), non-negative terms for t >= 0.
-  Its float64 gradients are computed apart, in double-double
-  (``_categorical_cross_entropy_grad64``): softmax sum(t) - t cancels where the exact gradient
-  does not.
-- binary_cross_entropy: -(t log p + (1 - t) log1p(-p)) with 0 log 0 = 0 (finite at p in {0, 1}
-  when the target agrees); d/dp = (p - t) / (p (1 - p)) inside (0, 1).
-- binary_cross_entropy_with_logits: z (1 - t) for z > 0, -z t otherwise, plus
-  log1p(exp(-|z|)); d/dz = (1 - t) sigmoid(z) - t sigmoid(-z), which is sigmoid(z) - t.
-  (Both binary cross-entropies are tuned for the 256x10 case of ``verigrad bench ops``: one
-  division per element, a division-free float32 log1p on [0, 1], no per-call list building.)
+The long story: docs/fastlib.md, section ``fastlib/kernels/loss.py``.
 """
 from __future__ import annotations
 

@@ -9,25 +9,7 @@ products of the VJPs) accumulate in float64 with the pairwise sum of
 ``fastlib.kernels.reduce`` (see its NOTE); layer_norm and rms_norm also form their outputs in
 float64 and round once.
 
-NOTE (log_softmax): the output is ``(x - max) - log(sum exp(x - max))``; both terms are <= 0,
-so the subtraction never cancels and each entry keeps its relative accuracy.
-
-NOTE (float64 VJPs): float64 is the accuracy-first dtype, so its four VJPs are evaluated in
-double-double arithmetic (``fastlib.kernels.vecmath``: hi + lo pairs, ~106 bits) and rounded
-once. Their formulas cancel where the exact VJP does not (the error of the float64 formula was
-hundreds of ULPs for softmax and 1e7 ULPs for layer_norm on well-conditioned elements):
-
-- softmax: ``y_i (g_i - sum_j g_j y_j)`` loses u |g_i| when y_i is near 1; written as
-  ``e_i (g_i S - T) / S^2`` (e = exp(x - max), S = sum e, T = sum g e; exactly
-  ``e_i sum_j e_j (g_i - g_j) / S^2``) with e, S, T in dd, the cancellation is exact.
-- log_softmax: ``g_i - (e_i / S) sum g`` in dd (no log-sum-exp in the exponent at all).
-- layer_norm and rms_norm: ``r (h_i - c_i sum_k h_k c_k / Q)`` with c the centred row (layer_norm;
-  x itself for rms_norm), h the centred cotangent (g for rms_norm), Q = sum c^2 + d eps, is
-  ``r (h_i (Q_-i + d eps) - c_i P_-i) / Q`` with Q_-i = sum_{k != i} c_k^2 and
-  P_-i = sum_{k != i} h_k c_k (the k = i terms cancel exactly and are left out). Q_-i and P_-i
-  are prefix + suffix sums in dd (so Q_-i keeps its relative accuracy even when c_i dominates
-  the row), c and h are formed in dd from a dd mean: a row with one dominant entry no longer
-  loses its centred small entries.
+The long story: docs/fastlib.md, section ``fastlib/kernels/norm.py``.
 """
 from __future__ import annotations
 

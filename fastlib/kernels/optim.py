@@ -9,32 +9,7 @@ lives in exactly one place (``_momentum``, ``_adam``, ...), inlined by :func:`up
 which both ``fastlib.optim`` and the fused MLP epoch kernel (``fastlib.training.fused_mlp``)
 call, so the two paths run the same arithmetic in the same order.
 
-The rules are DataCode's documented optimizer table as ``spec.OPTIMIZERS`` states them. With ``g`` the
-gradient, ``w`` the parameter and ``a``/``b`` the one or two state arrays:
-
-=========  ===============================================================================
-kind       rule (coefficients ``c``; the wrapper in ``fastlib.optim`` computes them in float64)
-=========  ===============================================================================
-SGD        w -= lr g
-MOMENTUM   a = beta a + (1 - beta) g ;  w -= lr a                               (a = v)
-NAG        a = beta a + lr g ;  w -= lr g + beta a     (the engine form, below)      (a = v)
-ADAGRAD    a += g^2 ;  w -= lr / sqrt(a + eps) g                                 (a = G)
-RMSPROP    a = gamma a + (1 - gamma) g^2 ;  w -= lr / sqrt(a + eps) g            (a = E)
-ADAM       a = b1 a + (1-b1) g ; b = b2 b + (1-b2) g^2 ;
-           w -= lr (a / bc1) / (sqrt(b / bc2) + eps),  bc_i = 1 - b_i^t          (a = m, b = v)
-ADAMW      as ADAM, then also w -= lr wd w (decoupled, on the weight before the step)
-=========  ===============================================================================
-
-NOTE: NAG runs in the engine form of ``spec.optimizers`` (``spec.engine_step``): the model
-holds the shifted variable w~ = w - beta v (the point where DataCode's rule takes the gradient),
-so the caller's gradient is exactly grad f(w - beta v), and one step is v' = beta v + lr g,
-w~' = w~ - lr g - beta v'. spec proves it equal to the table's v' = beta v + lr grad f(w - beta v),
-w' = w - v'.
-
-NOTE (speed): the bias corrections multiply by reciprocals ``1 / (1 - b_i^t)`` computed once
-per step in float64 instead of dividing every element: a division and a square root per element
-are what bounds Adam's throughput, and the reciprocal changes each result by at most an ulp
-(the float64 tests against ``spec.step`` hold to 1e-12 with a wide margin).
+The long story: docs/fastlib.md, section ``fastlib/kernels/optim.py``.
 """
 from __future__ import annotations
 

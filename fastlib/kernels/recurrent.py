@@ -6,24 +6,7 @@ large GEMMs done by the layer; these kernels run what must be sequential: the re
 forward and backward through time. Arrays are C-contiguous, time-major ``(T, B, ...)``, all of
 one float dtype; the layers allocate them and are the only callers.
 
-The rows of a batch are independent sequences, so the batch is cut into pieces of
-``_PIECE`` rows and each piece runs its whole sequence on its own. NOTE: eight rows suit
-OpenBLAS: its small-matrix kernel takes the 8 x 128 @ 128 x 512 step GEMM (measured, 63
-steps, one thread: 3.0-3.3 ms in pieces of 8, 4.0 ms as one 32-row GEMM, 6.4-6.7 ms in
-pieces of 16). The pieces would also run in parallel, but the kernels run on the calling
-thread: the layers call them right after NumPy GEMMs, whose OpenBLAS workers keep spinning on
-the other core for a while, and a parallel region there waits for them (measured, LSTM
-forward at B = 32, T = 64, H = 128: 9.6 ms in two parallel chunks, 8.9 ms on one thread;
-the backward 12.9 ms against 13.2 ms).
-
-NOTE: the derivatives of the cell's sigmoid and tanh gates are taken from their saved outputs
-(sigma' = sigma (1 - sigma), tanh' = 1 - tanh^2): the same values as ``scalar.sigmoid_df`` /
-``scalar.tanh_df`` of the pre-activations, without recomputing an exponential per gate.
-
-NOTE: every elementwise loop runs over 1-D row views (``gates[t, b][:2H]``), never ``a[b, j]``
-on a 2-D array: LLVM vectorises those. Measured on one LSTM step at B = 32, H = 128
-(float32): the gate loops over row views 0.02 ms, the same loops indexing ``g[b, j]``
-0.11-0.15 ms.
+The long story: docs/fastlib.md, section ``fastlib/kernels/recurrent.py``.
 """
 from __future__ import annotations
 

@@ -6,13 +6,7 @@ are adjacent) or, for scattered axes, a transposed copy:
 - rows   ``(P, R)``    reduce the last axis;
 - middle ``(P, R, Q)`` reduce the middle axis, vectorised across the Q contiguous columns.
 
-NOTE (summation order): sums accumulate in float64 for both dtypes, pairwise over blocks of
-``_BLOCK`` elements: inside a block the compiler's vectorised partial sums (reassociation is
-allowed there and only there), blocks combined as a binary tree. The error is at most about
-``(_BLOCK + log2 n) * 2**-53 * sum|x|`` (~6e-14 relative to sum|x|): for float32 input that is
-far below one float32 rounding, so the result is the exact sum rounded once, whatever n; for
-float64 input it grows with log n, not with n as recursive summation's does. float64
-accumulators make float32 results independent of n at the cost of converting each element.
+The long story: docs/fastlib.md, section ``fastlib/kernels/reduce.py``.
 """
 from __future__ import annotations
 

@@ -1,58 +1,80 @@
-"""Scalar forward and derivative of every unary op: the one source of each activation.
+"""Scalar value and derivative of every unary op: one source, compiled for the CPU and for CUDA.
 
-Every op ``<name>`` has ``<name>_f(x)`` (the value) and ``<name>_df(x)`` (the derivative at the
-pre-activation ``x``); ``leaky_relu`` takes the slope as a second argument. They are
-``@njit(cache=True)`` functions, generic over float32 and float64 (the result has ``x``'s
-type), for use inside other kernels: fastlib's elementwise ops, the fused Dense / LSTM /
-attention kernels, and anything else that needs an activation. Call them from jitted code::
-
-    from fastlib.kernels.scalar import tanh_f, tanh_df
-    out[i] = tanh_f(z[i]); dz[i] = g[i] * tanh_df(z[i])
-
-The largest (softplus, gelu) are inlined at Numba's IR level (``inline="always"``): they grow
-past LLVM's inlining threshold, and a call per element would stop the caller's loop from
-vectorising. They are compiled with ``error_model="numpy"`` (IEEE division: ``log_df(0)`` and
-``sqrt_df(0)`` are inf, never a ``ZeroDivisionError``; and no zero test to stop vectorisation)
-and FMA contraction only (``fastlib.config.FASTMATH``), whatever the calling kernel uses.
-
-The elementwise ops' VJPs of sqrt, sigmoid, silu, gelu and gelu_tanh also have
-``<name>_vjp(x, g)``: ``g * <name>_df(x)`` rounded once (float32: in float64; float64 gelu and
-gelu_tanh: in double-double), for the accuracy bar of `verigrad report`; see the section before
-``ACTIVATIONS``.
-
-``ACTIVATIONS`` maps an activation's name (as docs/CONTRACTS.md names them, ``linear`` included) to its
-``(f, df)`` pair, for code that selects one at trace time.
-
-Kink conventions (docs/CONTRACTS.md): relu'(x) = 1 if x > 0 else 0, abs'(0) = 0,
-leaky_relu'(x) = 1 if x > 0 else slope. Derivatives are written so that they keep full relative
-accuracy where they are small (tanh' = 4e / (1 + e)^2 with e = exp(-2|x|), not 1 - tanh^2,
-which is 0 in float32 for |x| > 9).
+Every op ``<name>`` has ``<name>_f(x)`` (the value) and ``<name>_df(x)`` (the derivative at
+``x``; ``leaky_relu`` takes the slope as a second argument), written once as plain Python
+against a small math shim (``MATH_SHIM``: ``exp``, ``log``, ``sqrt``, ``normcdf``, ``like``,
+...). ``@scalar_source`` compiles each here with ``@njit`` (float32 or float64, the result in
+``x``'s type) for fastlib's elementwise, Dense, LSTM and attention kernels, and records its
+source in ``SOURCES``; ``fastlib.cuda.scalar`` compiles the same sources as device functions
+over its own shim. Also here: the once-rounded VJPs ``<name>_vjp(x, g)`` of sqrt, sigmoid,
+silu, gelu and gelu_tanh, and ``ACTIVATIONS`` (name -> ``(f, df)``). docs/fastlib.md
+explains the compile options, the kink conventions and the accuracy choices.
 """
 from __future__ import annotations
 
 import math
 from fractions import Fraction
+from math import sqrt
 
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
 from fastlib import config
-from fastlib.kernels.vecmath import (_exp64, _normcdf64, dd_add_d, dd_div, dd_exp, dd_mul,
-                                     dd_mul_d, fast_two_sum, fexp, flog, flog1p, fnormcdf,
-                                     fnormpdf, ftanh, like, two_prod, two_sum)
+from fastlib.kernels.vecmath import _exp64, _normcdf64, dd_add_d, dd_div, dd_exp, dd_mul
+from fastlib.kernels.vecmath import dd_mul_d, fast_two_sum, like, two_prod, two_sum
+# The math shim: the names the shared sources call, bound to the CPU's vectorisable versions
+# (fastlib.cuda.scalar binds the same names to device functions).
+from fastlib.kernels.vecmath import fexp as exp
+from fastlib.kernels.vecmath import flog as log
+from fastlib.kernels.vecmath import flog1p as log1p
+from fastlib.kernels.vecmath import fnormcdf as normcdf
+from fastlib.kernels.vecmath import fnormpdf as normpdf
+from fastlib.kernels.vecmath import ftanh as tanh
 
 _FM = config.FASTMATH
 _SQRT_2_OVER_PI = 0.79788456080286535588
 _GELU_TANH_A = 0.044715
 
+#: The names a scalar source may call besides builtins, its sibling sources and number
+#: constants; each compile target binds every one of them.
+MATH_SHIM = ("exp", "log", "log1p", "sqrt", "tanh", "normcdf", "normpdf", "like")
+SHIM = {name: globals()[name] for name in MATH_SHIM}
+
+#: name -> the plain Python function of each scalar source, in definition order.
+SOURCES = {}
+
+
+def scalar_source(fn=None, *, inline=False):
+    """Record ``fn`` as a scalar source and return its CPU compile.
+
+    Parameters
+    ----------
+    fn : function, optional
+        Plain Python over ``MATH_SHIM``, builtins, other sources and number constants.
+    inline : bool
+        Inline at Numba's IR level (``inline="always"``): for the largest functions, which
+        grow past LLVM's inlining threshold and would stop the caller's loop from vectorising.
+
+    Returns
+    -------
+    numba dispatcher
+        ``@njit(cache=True, error_model="numpy")`` with FMA contraction only: IEEE division
+        (``log_df(0)`` is inf, never a ``ZeroDivisionError``), whatever the caller uses.
+    """
+    def compile_cpu(fn):
+        SOURCES[fn.__name__] = fn
+        options = {"inline": "always"} if inline else {}
+        return njit(cache=True, error_model="numpy", fastmath=_FM, **options)(fn)
+    return compile_cpu if fn is None else compile_cpu(fn)
+
 
 # --- building blocks -----------------------------------------------------------------------
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def _sigmoid_pair(x):
     """(sigmoid(x), sigmoid(-x)) from one exp(-|x|): both with full relative accuracy."""
-    e = fexp(-abs(x))
+    e = exp(-abs(x))
     one = like(x, 1.0)
     big = one / (one + e)       # the one of the pair that is >= 1/2
     small = e / (one + e)
@@ -61,49 +83,49 @@ def _sigmoid_pair(x):
 
 # --- simple ops ----------------------------------------------------------------------------
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def identity_f(x):
     """identity(x) = x."""
     return x
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def identity_df(x):
     """identity'(x) = 1."""
     return like(x, 1.0)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def neg_f(x):
     """neg(x) = -x."""
     return -x
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def neg_df(x):
     """neg'(x) = -1."""
     return like(x, -1.0)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def square_f(x):
     """square(x) = x * x."""
     return x * x
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def square_df(x):
     """square'(x) = 2x."""
     return x + x
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def abs_f(x):
     """abs(x) = |x|."""
     return abs(x)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def abs_df(x):
     """abs'(x) = sign(x). NOTE: abs'(0) = 0 (the sign convention of CONTRACTS.md)."""
     one = like(x, 1.0)
@@ -111,137 +133,137 @@ def abs_df(x):
     return one if x > 0 else (-one if x < 0 else zero)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def exp_f(x):
     """exp(x)."""
-    return fexp(x)
+    return exp(x)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def exp_df(x):
     """exp'(x) = exp(x)."""
-    return fexp(x)
+    return exp(x)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def log_f(x):
     """log(x); IEEE: log(0) = -inf, log(x < 0) = nan."""
-    return flog(x)
+    return log(x)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def log_df(x):
     """log'(x) = 1 / x."""
     return like(x, 1.0) / x
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def sqrt_f(x):
     """sqrt(x); IEEE: sqrt(x < 0) = nan."""
-    return math.sqrt(x)
+    return sqrt(x)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def sqrt_df(x):
     """sqrt'(x) = 1 / (2 sqrt(x)); inf at 0."""
-    return like(x, 0.5) / math.sqrt(x)
+    return like(x, 0.5) / sqrt(x)
 
 
 # --- activations ---------------------------------------------------------------------------
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def relu_f(x):
     """relu(x) = max(x, 0); NaN propagates (as in PyTorch)."""
     return like(x, 0.0) if x <= 0 else x
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def relu_df(x):
     """relu'(x). NOTE: 1 if x > 0 else 0, so relu'(0) = 0 (the Loom convention)."""
     return like(x, 1.0) if x > 0 else like(x, 0.0)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def leaky_relu_f(x, slope):
     """leaky_relu(x) = x if x > 0 else slope * x."""
     return x if x > 0 else x * like(x, slope)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def leaky_relu_df(x, slope):
     """leaky_relu'(x). NOTE: 1 if x > 0 else slope, so leaky_relu'(0) = slope."""
     return like(x, 1.0) if x > 0 else like(x, slope)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def sigmoid_f(x):
     """sigmoid(x) = 1 / (1 + exp(-x)), from exp(-|x|) so that it never overflows."""
     return _sigmoid_pair(x)[0]
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def sigmoid_df(x):
     """sigmoid'(x) = sigmoid(x) sigmoid(-x) = e / (1 + e)^2 with e = exp(-|x|)."""
-    e = fexp(-abs(x))
+    e = exp(-abs(x))
     d = like(x, 1.0) + e
     return e / (d * d)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def tanh_f(x):
     """tanh(x)."""
-    return ftanh(x)
+    return tanh(x)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def tanh_df(x):
     """tanh'(x) = sech^2(x) = 4e / (1 + e)^2 with e = exp(-2|x|) (no 1 - tanh^2 cancellation)."""
-    e = fexp(like(x, -2.0) * abs(x))
+    e = exp(like(x, -2.0) * abs(x))
     d = like(x, 1.0) + e
     return like(x, 4.0) * e / (d * d)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+@scalar_source(inline=True)
 def softplus_f(x):
     """softplus(x) = log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): finite for any finite x."""
     pos = x if x > 0 else like(x, 0.0)
-    return pos + flog1p(fexp(-abs(x)))
+    return pos + log1p(exp(-abs(x)))
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def softplus_df(x):
     """softplus'(x) = sigmoid(x)."""
     return _sigmoid_pair(x)[0]
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def silu_f(x):
     """silu(x) = x * sigmoid(x)."""
     return x * _sigmoid_pair(x)[0]
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def silu_df(x):
     """silu'(x) = s (1 + x sigmoid(-x)), s = sigmoid(x); its limit 0 at x = -inf."""
     s, sm = _sigmoid_pair(x)
     return s * (like(x, 1.0) + x * sm) if s != 0 else s
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+@scalar_source(inline=True)
 def gelu_f(x):
     """gelu(x) = x Phi(x) (exact GELU; Phi through erfc, accurate in the lower tail)."""
-    return x * fnormcdf(x)
+    return x * normcdf(x)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+@scalar_source(inline=True)
 def gelu_df(x):
     """gelu'(x) = Phi(x) + x phi(x); its limit 0 at x = -inf."""
-    pdf = fnormpdf(x)
-    cdf = fnormcdf(x)
+    pdf = normpdf(x)
+    cdf = normcdf(x)
     return cdf + x * pdf if pdf != 0 else cdf
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def gelu_tanh_f(x):
     """gelu_tanh(x) = x (1 + tanh(u)) / 2 = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
 
@@ -251,7 +273,7 @@ def gelu_tanh_f(x):
     return x * _sigmoid_pair(u2)[0]
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
+@scalar_source
 def gelu_tanh_df(x):
     """gelu_tanh'(x) = s + 2x s (1 - s) u', s = sigmoid(2u), u' = sqrt(2/pi)(1 + 3 a x^2)."""
     u2 = like(x, 2.0 * _SQRT_2_OVER_PI) * (x + like(x, _GELU_TANH_A) * x * x * x)

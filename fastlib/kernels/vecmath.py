@@ -6,27 +6,7 @@ float32 path uses branch-free polynomial implementations (Cephes' single-precisi
 coefficients, range reduction with a bit-cast exponent) that LLVM turns into AVX loops. The
 float64 path calls libm: float64 is the accuracy-first dtype and is not benchmarked.
 
-Public (inlined) functions, each generic over float32 / float64, same type in and out:
-
-``fexp(x)``, ``flog(x)``, ``flog1p(x)``, ``ftanh(x)``, ``fnormcdf(x)`` (Phi),
-``fnormpdf(x)`` (phi), and ``like(x, value)``: the constant ``value`` in ``x``'s type, so that
-generic code does not promote float32 to float64 through a Python float literal.
-
-Accuracy of the float32 path (measured against float64 references in
-tests/test_fastlib_ops_vecmath.py): ``fexp``, ``flog``, ``flog1p`` within 2 ulp, ``ftanh``
-within 7 ulp (3.5 eps relative; 0.9 ulp on average); ``fnormcdf`` and ``fnormpdf`` are
-computed in float64 (an erfc fit and an exp polynomial, relative error < 1e-10) and rounded
-once: within 1 ulp. NaN propagates, overflow
-gives inf, underflow gives subnormals or 0.
-
-Double-double arithmetic (float64 only, for the accuracy-first float64 VJPs whose formulas
-cancel; see the section below): ``two_sum``, ``fast_two_sum``, ``two_prod`` (error-free),
-``dd_add``, ``dd_add_d``, ``dd_mul``, ``dd_mul_d``, ``dd_div``, ``dd_sqrt`` (a few u^2 relative,
-u = 2**-53), ``dd_exp`` (1e-20 relative) and ``dd_log`` (2e-20 absolute), each on and to
-(hi, lo) pairs; tested against exact rationals and mpmath in tests/test_accuracy_bar_dd.py.
-
-NOTE: Numba's cache does not see edits to this module from kernels that inline it: after a
-change, delete ``fastlib/kernels/__pycache__/*.nb[ic]``.
+The long story: docs/fastlib.md, section ``fastlib/kernels/vecmath.py``.
 """
 from __future__ import annotations
 

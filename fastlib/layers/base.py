@@ -1,27 +1,6 @@
 """The fast layer protocol: parameters by name, initialisation, history capture, backward.
 
-Every fastlib layer is a ``Layer``. It owns a dict of named parameter arrays of one float dtype
-(float32 by default, float64 on request) and implements
-
-- ``forward(x)``: the unchecked forward. It records the layer's history, the input it received
-  and its pre-activation (Loom's ``histIn`` / ``histPre``), plus whatever else the backward
-  needs, so that backward needs no tape;
-- ``backward(grad_out, need_input_grad=True) -> (grad_in, grads)``: gradients from the history
-  of the last forward; ``grads`` is keyed like ``parameters()``;
-- ``infer_shape(shape) -> shape``: the output shape for an input shape, raising a clear
-  ``ValueError`` naming the layer and both shapes when the input does not fit.
-
-``model(x)`` is the public entry: it validates ``x`` once (dtype, finiteness, every layer's
-shape through ``infer_shape``) and then runs the unchecked ``forward``, so nested calls never
-re-validate. A training loop that validated its whole dataset up front may call
-``model.forward(x)`` on its batches directly.
-
-Outputs are the layers' own history arrays (no copy per call): modify them in place only after
-``backward``, or copy them first.
-
-Parameter layouts and config dicts are those of ``reflib.models`` (docs/CONTRACTS.md,
-docs/CONTRACTS.md), and so are the initial draws: the same seed gives the same values (drawn in
-float64, then rounded to the layer's dtype).
+The long story: docs/fastlib.md, section ``fastlib/layers/base.py``.
 """
 from __future__ import annotations
 
@@ -29,6 +8,8 @@ import difflib
 import numbers
 
 import numpy as np
+
+from fastlib.io import save_model
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -385,8 +366,6 @@ class Layer:
 
     def save(self, path):
         """Save architecture and weights to ``path`` (``fastlib.io.save_model``)."""
-        from fastlib.io import save_model
-
         return save_model(self, path)
 
     def __repr__(self):

@@ -2,22 +2,7 @@
 
 The dicts are reflib's (``reflib.models.config``): the keys are the constructors' keyword names.
 
-=====================  ======================================================================
-type                   other keys
-=====================  ======================================================================
-Dense                  in_features, out_features, activation
-RNN, LSTM              input_size, hidden_size, return_sequences
-MultiHeadAttention     d_model, heads, causal
-SwiGLU                 d, hidden, out
-LayerNorm, RMSNorm     d, eps
-Embedding              num, dim
-Softmax                axis
-Sequential             layers (list of configs)
-Parallel               layers (list of configs), combine
-=====================  ======================================================================
-
-Keys with a default may be left out. A ``"dtype"`` key is accepted and ignored (the dtype is an
-argument of ``from_config``), as in reflib.
+The long story: docs/fastlib.md, section ``fastlib/layers/config.py``.
 """
 from __future__ import annotations
 

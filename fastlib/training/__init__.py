@@ -14,6 +14,7 @@ that name would replace the function ``fastlib.train`` with a module whenever it
 from fastlib.training.algorithms import (ALGORITHMS, ALIASES, Algorithm, BatchResult,
                                          EpochStats, StepContext, TrainConfig, algorithm_names,
                                          evaluate_model, get_algorithm, register_algorithm)
+from fastlib.training import backprop  # noqa: F401 - registers "bp"
 from fastlib.training.clipping import clip_gradients
 from fastlib.training.early_stopping import PlateauPolicy
 from fastlib.training.loop import TrainingHistorySH, TrainingResult, train, train_sh

@@ -3,24 +3,10 @@
 An algorithm is a function ``train_one_batch(ctx, x_batch, y_batch) -> BatchResult`` plus
 optional hooks, registered under a name with :func:`register_algorithm`. ``train`` looks the
 name up, builds one :class:`StepContext` per run and calls the function once per mini-batch.
-Back-propagation (``"bp"``) is registered below exactly the way any other algorithm is; Target
-Propagation and contrastive divergence register themselves from their own modules.
+Back-propagation (``fastlib.training.backprop``), Target Propagation and contrastive divergence
+register themselves from their own modules, exactly the way any other algorithm does.
 
-The context gives an algorithm everything a step needs and nothing global:
-
-- ``model``, ``params`` (``model.parameters()``, writable views), ``loss_type``;
-- ``optimizer`` (a :class:`fastlib.optim.Optimizer`), ``opt_state`` (its explicit state; an
-  algorithm that updates parameters through the optimizer stores the returned state back),
-  ``lr`` (the current rate, which ``train_sh`` may lower);
-- ``config`` (the run's :class:`TrainConfig`: clipping, batch size, device, ...);
-- ``rng`` (the run's Generator, shared with shuffling and saved in checkpoints) and ``state``
-  (a dict for the algorithm's own arrays and numbers, also saved in checkpoints).
-
-Optional hooks: ``init(ctx)`` once before the first epoch (not on resume: the checkpoint restores
-``ctx.state``), ``evaluate(model, x, y, loss_type) -> (loss, acc or None)`` for validation
-(SINGA's ``TestOneBatch``; default: the model's loss and accuracy), and ``run_epoch(ctx, x, y,
-order) -> EpochStats or None`` for a whole-epoch fast path (None means "not applicable here",
-and the loop falls back to ``train_one_batch``).
+The long story: docs/fastlib.md, section ``fastlib/training/algorithms.py``.
 """
 from __future__ import annotations
 
@@ -29,8 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
-
-from fastlib.training.clipping import clip_gradients
 
 
 @dataclass(frozen=True)
@@ -186,7 +170,8 @@ def register_algorithm(name: str, train_one_batch: Callable, *, needs_targets: b
 
 # Algorithms registered by other modules on import (name -> module), so that
 # train(algorithm="targetprop") works without importing fastlib.targetprop first.
-_PROVIDERS = {"targetprop": "fastlib.targetprop", "cd": "fastlib.rbm"}
+_PROVIDERS = {"bp": "fastlib.training.backprop", "targetprop": "fastlib.targetprop",
+              "cd": "fastlib.rbm"}
 
 # Other systems' names for the same algorithms (SINGA's job.conf values ``alg: kBP`` and
 # ``alg: kCD``), compared case-insensitively like every algorithm name.
@@ -230,7 +215,7 @@ def get_algorithm(name) -> Algorithm:
 
 
 # ---------------------------------------------------------------------------------------------
-# back-propagation
+# what every algorithm shares: losses, accuracy, evaluation
 
 def _losses():
     from fastlib import losses
@@ -242,28 +227,6 @@ def correct_count(loss_type: str, pred: np.ndarray, target: np.ndarray) -> float
     """Number of correct predictions in a batch (None when the loss has no accuracy)."""
     acc = _losses().accuracy(loss_type, pred, target, check=False)
     return None if acc is None else float(acc) * pred.shape[0]
-
-
-def bp_train_one_batch(ctx: StepContext, x: np.ndarray, y: np.ndarray) -> BatchResult:
-    """Back-propagation: forward, loss, backward, clip, optimizer step (SINGA's kBP).
-
-    A non-finite loss is returned without touching the parameters (the loop stops); a
-    non-finite gradient skips the update and reports ``skipped=True``.
-    """
-    pred = ctx.model.forward(x)
-    # Targets were validated and normalised once for the whole data set (train's setup).
-    loss, dpred = _losses().loss_value_and_grad(ctx.loss_type, pred, y, check=False)
-    loss = float(loss)
-    correct = correct_count(ctx.loss_type, pred, y)
-    if not np.isfinite(loss):
-        return BatchResult(loss, correct, False)
-    _, grads = ctx.model.backward(dpred, need_input_grad=False)
-    grads = {k: np.ascontiguousarray(grads[k]) for k in ctx.params}
-    info = clip_gradients(grads, ctx.config.gradient_clip, ctx.config.clip_mode)
-    if not info.finite:
-        return BatchResult(loss, correct, True)
-    ctx.opt_state = ctx.optimizer.update(ctx.params, grads, ctx.opt_state, lr=ctx.lr)
-    return BatchResult(loss, correct, False)
 
 
 # Rows per forward chunk when evaluating: bounds memory on large validation sets.
@@ -290,14 +253,3 @@ def evaluate_model(model, x: np.ndarray, y: np.ndarray, loss_type: str,
         acc = losses.accuracy(loss_type, pred, yb, check=False)
         correct = None if acc is None or correct is None else correct + float(acc) * xb.shape[0]
     return total / n, (None if correct is None else correct / n)
-
-
-def _bp_run_epoch(ctx, x, y, order):
-    from fastlib.training.compiled_paths import run_compiled_epoch
-
-    return run_compiled_epoch(ctx, x, y, order)
-
-
-# option: fused=False turns off every whole-epoch compiled path (fastlib.training.compiled_paths)
-register_algorithm("bp", bp_train_one_batch, evaluate=evaluate_model, run_epoch=_bp_run_epoch,
-                   options=("fused",))

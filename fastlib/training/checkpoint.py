@@ -7,10 +7,7 @@ histories, the algorithm's own state, and (for ``train_sh``) the plateau policy 
 weights. Resuming restores all of it, so a run stopped after epoch k and resumed ends with the
 same weights, bit for bit, as one that never stopped.
 
-Reading validates every field and every array's header before any data is read (a
-``fastlib.errors.CorruptFileError`` names the file, the entry and the problem). Writing is one
-writer at a time: :class:`CheckpointLock` (held by ``train`` for the whole run) refuses a second
-writer with the holder's pid and host, and clears the temporary files killed writers left.
+The long story: docs/fastlib.md, section ``fastlib/training/checkpoint.py``.
 """
 from __future__ import annotations
 

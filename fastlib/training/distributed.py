@@ -8,48 +8,7 @@ own share of every batch. Gradients are summed across ranks before the optimizer
 every rank then applies to identical gradients, so every rank holds the same parameters after
 every step. Only rank 0 shows progress and writes checkpoints.
 
-Reproducibility: the summation order is fixed by the batch, never by the number of ranks.
-A global batch of ``n`` samples is cut into ``m = min(blocks, n)`` near-equal *blocks*
-(:func:`block_bounds`, ``blocks`` = :attr:`DataParallel.blocks`, 8 by default). Each block's
-gradient is a function of the parameters and the block's samples alone (one forward and
-backward on the block, its loss gradient scaled by ``n_block / n`` because the loss is the
-mean over the GLOBAL batch), and the batch's gradient is the sum of the block gradients over a
-fixed binary tree (:func:`tree_sum`: ``[lo, hi)`` splits at ``(lo + hi) // 2``). Ranks own
-contiguous runs of blocks (:func:`rank_blocks`); a rank sums the largest subtrees that lie
-inside its run (:func:`tree_nodes`), and the rest of the tree is combined after the exchange in
-the same order on every rank. So K ranks give, bit for bit, what one process gives with
-``distributed=True`` (which runs the same blocks), for any K, in float32 and float64, on
-machines with the same binaries. Against plain ``train`` (one product over the whole batch)
-the result differs by the reassociation of the batch sum; the README derives the bound.
-
-Shards: rank ``r`` owns blocks ``[r m / K, (r + 1) m / K)``. K must divide ``blocks``
-(:func:`check_ranks`; 1, 2, 4 or 8 ranks with the default 8): then every batch's shards are
-exactly the balanced split of the batch, sizes differing by at most one sample, the last
-partial batch included (a batch of ``n >= blocks`` samples has ``m = blocks`` blocks, which K
-divides; a smaller one has one sample per block). For other K, raise ``blocks`` to a multiple
-of K (and give the one-process run the same ``blocks``).
-
-Exchange per step (:meth:`_Session.reduce`): the flat gradient is cut into K chunks; an
-all-to-all sends every subtree's chunk ``c`` to rank ``c``, which combines its chunk over the
-tree, and an all-gather returns the combined chunks to everyone: about ``2 P`` numbers per rank
-and step when K divides ``m`` (``P`` parameters), the same as a ring ``Allreduce``, whose
-summation order would depend on K. The per-block losses and correct counts travel in one
-``Allreduce`` in which each block's entry is non-zero on exactly one rank (``x + 0`` is exact),
-so the batch loss is summed in block order on every rank.
-
-Failures never hang, and the message names the rank: every collective is non-blocking and
-polled against :attr:`DataParallel.timeout`. A rank that raises prints its rank and exception
-and aborts the job (``MPI_Abort``); a rank that stops answering is named by the others (they
-ping each other on a separate communicator; whoever does not answer is reported) before they
-abort; a rank killed by a signal cannot speak and ``mpiexec`` kills the others at once, so each
-rank has a sentinel process beside it (:mod:`fastlib.training.rank_sentinel`) that names its
-rank when it dies without a word. At start-up the ranks exchange their hosts and process IDs
-(rank 0's start-up line lists them).
-
-Not data-parallel: TargetProp and contrastive divergence (:data:`UNSUPPORTED`), and the fused
-whole-epoch MLP path: it runs a whole epoch's steps inside one compiled call, while the
-gradients must leave the process after every step, so distributed runs take the per-batch path
-(``result.fused`` is False) and say so at start-up.
+The long story: docs/fastlib.md, section ``fastlib/training/distributed.py``.
 """
 from __future__ import annotations
 

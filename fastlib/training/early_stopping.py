@@ -3,23 +3,7 @@
 A pure object: it sees one monitored value per epoch and answers what to do, so it is tested on
 constructed metric sequences without training anything.
 
-The policy (DataCode's ``train_sh``; epochs are numbered from 1):
-
-1. ``monitor`` is one of ``loss``, ``val_loss`` (lower is better) or ``acc``, ``val_acc``
-   (higher is better).
-2. The first epoch sets the best value. Later, epoch value ``x`` *improves* on the best ``b``
-   when it is strictly better and better by at least ``min_delta`` percent of ``|b|``:
-   ``b - x >= |b| * min_delta / 100`` for losses, ``x - b >= |b| * min_delta / 100`` for
-   accuracies. A non-finite value never improves. An improvement records the best value and
-   its epoch and resets both counters below.
-3. ``wait`` counts epochs without improvement since the last improvement *or* the last rate
-   reduction; ``since_best`` counts them since the last improvement only.
-4. When ``since_best`` reaches ``stop_patience`` (default ``2 * patience``), training stops.
-5. Otherwise, when ``wait`` reaches ``patience``, the learning rate is multiplied by
-   ``lr_factor`` (default 0.5), the reduction is counted and ``wait`` restarts from 0; if the new
-   rate is below ``min_lr`` (default 1e-6), training stops instead of continuing.
-6. At the end, ``restore_best=True`` puts back the weights of the best epoch (``train_sh`` keeps a
-   copy of them whenever the policy reports an improvement).
+The long story: docs/fastlib.md, section ``fastlib/training/early_stopping.py``.
 """
 from __future__ import annotations
 

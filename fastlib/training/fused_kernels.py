@@ -1,21 +1,6 @@
 """Numba kernels of the whole-epoch MLP path (:mod:`fastlib.training.fused_mlp`).
 
-Model parallelism inside one step, in the Megatron pattern: layers pair up, the first of a pair
-(``COL``, even index) cut by output columns into ``n_pieces`` pieces, the second (``ROW``, odd
-index) cut by input rows along the same boundaries. Piece ``p`` of a pair then runs without
-talking to the other pieces: ``h_p = f(x @ W0[:, p] + b0[p])``, ``z_p = h_p @ W1[p, :]``; the
-pieces' ``z_p`` are added (serially, in piece order) into the ROW layer's output. Backward
-mirrors it: ``dW1[p, :] = h_p^T dz``, ``dh_p = dz @ W1[p, :]^T``, ``dW0[:, p] = x^T (dh_p *
-f'(.))``, and below the first pair each piece's partial input cotangent is added in piece order.
-So a step costs one parallel region per pair forward and one per pair backward (a lone last
-layer is a COL layer of its own), and each thread reads and updates only its pieces' parameter
-blocks, which stay in its core's cache.
-
-Piece ``p`` of all layers owns the contiguous block ``w[blk[p]:blk[p + 1]]``: per layer, COL
-``W[:, cols]`` (row-major) then ``b[cols]``, ROW ``W[rows, :]`` then its share of ``b``
-(``cols[layer]`` cuts the ROW layer's bias; its rows are ``cols[layer - 1]``). The optimizer
-update and the guard's sums of squares run per block. Pieces, not threads, fix every
-summation order, so the result does not depend on how many threads ran them.
+The long story: docs/fastlib.md, section ``fastlib/training/fused_kernels.py``.
 """
 from __future__ import annotations
 

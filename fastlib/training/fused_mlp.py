@@ -1,31 +1,6 @@
 """The whole-epoch compiled path for MLPs: ``Sequential`` of ``Dense`` layers, back-propagation.
 
-At batch size 1 an epoch of MNIST is 60000 steps, so a step must cost ~100 µs including the
-optimizer update: Python must not be in the loop. For a model that is a flat ``Sequential`` of
-``Dense`` layers with activations in :data:`FUSED_ACTIVATIONS`, trained by ``"bp"`` on the CPU
-with ``cross_entropy``, ``categorical_cross_entropy``, ``mse`` or
-``binary_cross_entropy_with_logits`` on 2-D inputs, :func:`run_epoch` runs the epoch in one
-Numba call (:mod:`fastlib.training.fused_kernels`): gather the batch, forward (BLAS ``dot``
-plus the Dense epilogue), loss and its gradient, backward, finiteness check and clipping, and the
-optimizer update over all parameters at once. Models of at least :data:`SPLIT_MIN_PARAMS`
-parameters are cut into :data:`FUSED_PIECES` column/row pieces that run on their own threads
-(the kernels module explains the scheme). Anything else returns None and trains through the
-generic per-batch path.
-
-The math is the generic path's, operation for operation: the same activation functions and
-derivatives (``fastlib.kernels.scalar``, which Dense's epilogue also calls), float64
-accumulators for bias gradients and losses, the same clipping rules, and the same per-element
-optimizer rule (``fastlib.kernels.optim``) with the same coefficients
-(``Optimizer.coefficient_table``). The loss kernel is the kernels module's own log-sum-exp
-form, BLAS's summation order inside the matrix products may differ from NumPy's, and pieces add
-their partial products in piece order, so the two paths agree to rounding, not bit for bit
-(tested in float64). Like the optimizer kernels, the epoch
-runs with flush-to-zero (``fastlib.kernels.optim``'s NOTE): subnormal intermediates, which the
-generic path's NumPy code keeps, become 0 here.
-
-Parameters and optimizer state are copied into flat buffers at the start of the epoch and back
-at its end (a few hundred kilobytes, once per epoch), in the pieces' layout, so the kernel sees
-one contiguous block per piece. ``train(..., fused=False)`` turns this path off.
+The long story: docs/fastlib.md, section ``fastlib/training/fused_mlp.py``.
 """
 from __future__ import annotations
 

@@ -6,17 +6,7 @@ Generator, hands the batches to the selected algorithm (or the algorithm's whole
 path), evaluates the validation data, calls the callbacks, applies the policy and writes the
 checkpoint.
 
-Explosions (Loom's "gradient explosion detection and damping"): a step whose gradient holds
-NaN/Inf is skipped (the parameters and the optimizer state stay as they were) and the epoch
-ends with one warning counting such steps; a batch whose loss is NaN/Inf stops training at
-once: the parameters and optimizer state are put back to the end of the last complete epoch
-(the start of the run when it happens in the first), a ``RuntimeWarning`` says so, and the
-result has ``diverged=True``, ``stop_reason`` and ``restored_epoch``.
-
-Divergence while the loss is still finite (``DivergenceRules``: a loss above a threshold or grown
-a hundredfold over its best, weights or probe gradients beyond a magnitude) is checked after
-every epoch, on the batch-by-batch and the fused whole-epoch paths alike, and ends the same way,
-with ``divergence_rule`` naming the rule.
+The long story: docs/fastlib.md, section ``fastlib/training/loop.py``.
 """
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
 """Architecture configs: ``get_config()`` dicts and ``from_config`` that rebuilds any model.
 
-Config format (plain JSON-able dicts; the keys are the constructor's keyword names):
-
-=====================  ======================================================================
-type                   other keys
-=====================  ======================================================================
-Dense                  in_features, out_features, activation
-RNN, LSTM              input_size, hidden_size, return_sequences
-MultiHeadAttention     d_model, heads, causal
-SwiGLU                 d, hidden, out
-LayerNorm, RMSNorm     d, eps
-Embedding              num, dim
-Softmax                axis
-Sequential             layers (list of configs)
-Parallel               layers (list of configs), combine
-=====================  ======================================================================
-
-Keys with a default (activation, return_sequences, causal, eps, axis, combine) may be left out.
-A ``"dtype"`` key is accepted and ignored: it is the fast engine's storage type, and the
-reference computes in float64 or exact arithmetic.
+The long story: docs/reflib.md, section ``reflib/models/config.py``.
 """
 from __future__ import annotations
 

@@ -8,18 +8,7 @@
 - ``executor``: ``run(program, scope, dps=None)`` (or ``Executor(dps).run(program, scope)``) runs
   any program in float64 or exactly.
 
-Example
--------
->>> import numpy as np
->>> from reflib.program import NetOp, Operator, backward, run
->>> prog = NetOp([Operator("matmul", {"X": "x", "Y": "w"}, {"Out": "h"}),
-...               Operator("tanh", {"X": "h"}, {"Out": "y"}),
-...               Operator("sum", {"X": "y"}, {"Out": "loss"})])
->>> scope = run(prog, {"x": np.ones((2, 3)), "w": np.zeros((3, 4))})
->>> scope["loss@GRAD"] = np.array(1.0)
->>> grads = run(backward(prog), scope)
->>> grads["w@GRAD"].shape
-(3, 4)
+The long story: docs/reflib.md, section ``reflib/program/__init__.py``.
 """
 from reflib.program.backward import all_var_names, backward, final_outputs, required_seeds
 from reflib.program.executor import Executor, run

@@ -1,28 +1,6 @@
 """``backward(program, no_grad_vars)``: the backward program, built as PaddlePaddle builds it.
 
-The rules of PaddlePaddle's backward design document (Paddle's ``Backward`` / ``BackwardRecursive``), applied recursively:
-
-1. An op: its gradient op comes from the registry (``make_grad_op``). If every input's gradient
-   is in the no-grad set, or every output's gradient is, the result is a NOP. An output
-   gradient in the no-grad set that the gradient op still needs is made by an inserted
-   ``fill_zeros_like`` (renamed ``y@ZERO``); an input gradient in the no-grad set is sent to
-   ``@EMPTY@``.
-2. A net: the backward of each of its ops in reverse order, recursively. A gradient variable
-   written by several of them is renamed ``W@GRAD@RENAME@0``, ``@1``, ... in each producer, and a
-   ``sum`` op inserted after the last producer adds them into ``W@GRAD``.
-3. A recurrent op: its gradient op holds the backward of its step net, built with the same rules
-   in the step namespace.
-
-Three points differ from Paddle's code, for correctness (each marked NOTE below): a gradient that
-no op produces and nobody feeds (the output of an op whose consumers all became NOPs) counts as
-not computed, so rule 1 sees it; a NOP does not put its inputs' gradients in the no-grad set
-(another reader of the same input may still produce one); and when a net writes ``v`` and reads
-it internally while ``v`` is also read after the net, the gradient arriving from outside is
-added in (``sum`` over ``[v@GRAD, v@GRAD@RENAME@k, ...]``) instead of being overwritten.
-
-The backward program reads the forward variables and the *seeds*: ``t@GRAD`` for each target
-``t`` (by default the outputs of the last op, i.e. the loss; ``required_seeds`` lists them),
-which the caller puts in the scope (``loss@GRAD = 1``). Other outputs get no gradient.
+The long story: docs/reflib.md, section ``reflib/program/backward.py``.
 """
 from __future__ import annotations
 

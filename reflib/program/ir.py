@@ -6,12 +6,7 @@ hold others: ``NetOp`` runs a list of ops in order (a net is itself an op, so ne
 ``RnnOp`` runs a *step net* once per time step, slicing its sequence inputs along an axis,
 carrying memories (states) from one step to the next and stacking its outputs.
 
-Variables are found by name in a *scope* (a dict). Gradient variables follow Paddle's naming:
-``x@GRAD`` holds the gradient of ``x``; ``x@GRAD@RENAME@k`` is one of several partial gradients
-of ``x`` before an inserted ``sum`` op adds them; ``x@ZERO`` is a ``fill_zeros_like`` of ``x``;
-``@EMPTY@`` is where a gradient nobody wants is sent (writes to it are dropped).
-
-Operators are immutable: ``renamed`` and ``with_slots`` return new ones.
+The long story: docs/reflib.md, section ``reflib/program/ir.py``.
 """
 from __future__ import annotations
 

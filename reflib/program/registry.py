@@ -4,18 +4,7 @@ Paddle registers ``REGISTER_OP(mul, MulOp, MulOpMaker, mul_grad, MulOpGrad)``: t
 attributes, and the type of its backward op. Here ``register_op(OpInfo(...))`` does the same and
 derives the gradient op's own entry, so each op type is declared exactly once.
 
-Registered types:
-
-- every registry op of docs/CONTRACTS.md (read from ``reflib.ops.OPS``, so names, params and
-  defaults are those of the reference ops). Slots: the op's inputs in call order are ``X`` and
-  ``Y`` (``mse``: X = pred, Y = target; ``cross_entropy``: Y = class indices, no gradient); the
-  output is ``Out``. Its gradient op ``<name>_grad`` reads the forward inputs and ``Out@GRAD``
-  and writes ``X@GRAD`` (and ``Y@GRAD``) through ``reflib.vjp``;
-- ``sum`` doubles as Paddle's sum-of-gradients: its ``X`` slot takes one or more variables,
-  which are added elementwise (left to right) before the reduction over ``axis``. The builder
-  inserts ``sum`` with ``axis=()`` (reduce over no axis), i.e. ``Out = X[0] + X[1] + ...``;
-- ``fill_zeros_like`` (``X`` -> ``Out``, zeros shaped like X) and ``nop``;
-- ``recurrent`` (built by ``RnnOp``) and its gradient ``recurrent_grad`` (``RnnGradOp``).
+The long story: docs/reflib.md, section ``reflib/program/registry.py``.
 """
 from __future__ import annotations
 

@@ -9,32 +9,7 @@ NumPy (and ``scipy.special.erf`` for GELU) a user would otherwise write. The rat
 kernels' time over NumPy's (below 1: fastlib is faster); the api ratio adds the validation,
 which matters only for tiny inputs (the 256x10 losses: ~10 us per call).
 
-Layers, through their public ``forward`` / ``backward``:
-
-- ``Dense(784, 128, "relu")`` at batch 64, forward + backward (input and parameter gradients),
-  against the bare GEMMs of that step called from NumPy (``x @ W``, ``g @ W.T``, ``x.T @ g``;
-  no bias, no activation). The requirement is a ratio of at most 1.5.
-- ``LSTM(128, 128, return_sequences=True)`` at batch 32, seq 64, and ``MultiHeadAttention(128,
-  4)`` (with and without the causal mask) at batch 32, seq 64, forward and backward, against a
-  straightforward NumPy implementation of the same layer (``LSTM_NUMPY``, ``MHA_NUMPY``: the
-  input projections as one GEMM, the recurrence step by step, backward through time; batched
-  ``np.matmul`` over the heads with the full probability tensor kept for the backward). Before
-  timing, the NumPy outputs and gradients are checked against the layer's (float32 tolerance),
-  so that both sides compute the same thing. The requirement is a ratio of at most 1.
-
-Timing: the best of ``--repeat`` repeats, each the mean of enough calls to last ~5 ms (short
-repeats, so that on a shared machine some of them run undisturbed; the minimum is the least
-disturbed). The kernel, api and NumPy callables of a row are timed in turn within each repeat
-(interleaved), so that a burst of load elsewhere hits all three alike. Parallel kernels use
-the idle cores only (``fastlib.config.ADAPTIVE_THREADS``); ``--threads N`` fixes the count
-for the kernels and, through threadpoolctl, for both OpenBLAS pools (NumPy's, and SciPy's that
-``np.dot`` inside the Numba kernels calls), so that ``--threads 1`` compares one core with one
-core.
-
-Start-up: ``import fastlib`` plus the first forward and backward of a ``Dense(784, 128,
-"relu")`` and the first forward and VJP of the same step through the op table (matmul, add,
-relu), measured in fresh subprocesses: cold (an empty Numba cache: every kernel compiles) and
-warm (a second process on the same cache: ``cache=True`` loads the compiled kernels).
+The long story: docs/reports.md, section ``reports/bench/ops.py``.
 """
 from __future__ import annotations
 

@@ -9,9 +9,7 @@ same loop: shuffle, forward, loss, backward, Adam step, the last incomplete batc
 A measurement runs at most ``--max-steps`` steps and scales the time to a full epoch (said so in
 the output): batch 1 means 60000 steps per epoch, about a minute in PyTorch eager.
 
-``--device cuda`` times ``fastlib.train(..., device="cuda")`` (every step on the GPU) beside
-fastlib's CPU engine and PyTorch on the GPU where torch sees one. Without a GPU it prints one
-line saying so and measures nothing (numba's simulator counts as no GPU: it would time Python).
+The long story: docs/reports.md, section ``reports/bench/train.py``.
 """
 from __future__ import annotations
 

@@ -17,6 +17,8 @@ import math
 import sys
 import time
 
+from reports.render.markdown import format_table  # noqa: F401 - used here and by `verigrad spec`
+
 
 def add_arguments(parser):
     """Options of ``verigrad conform``."""
@@ -57,26 +59,6 @@ def add_arguments(parser):
                         help="run the checks (or mutants) as tasks on Dask: local:N (N worker "
                              "processes here) or a scheduler address tcp://host:8786; the rows "
                              "are a serial run's (needs verigrad[dask])")
-
-
-def format_table(headers, rows):
-    """A Markdown pipe table with aligned columns (readable in a terminal and in a .md file).
-
-    Parameters
-    ----------
-    headers : sequence of str
-    rows : sequence of sequence
-        Cells are converted with ``str``; ``|`` inside a cell is escaped.
-
-    Returns
-    -------
-    str
-    """
-    cells = [[str(h) for h in headers]] + [[str(c).replace("|", "\\|") for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
 
 
 class ProgressLine:
@@ -349,9 +331,9 @@ def run(args) -> int:
             print(f"verigrad conform: {exc}", file=sys.stderr)
             return 2
     if args.mutants:
-        from reports.conformance import mutants
+        from reports.commands import conform_mutants
 
-        return mutants.main(args)
+        return conform_mutants.run(args)
     problem = validate_request(args)
     if problem:
         print(f"verigrad conform: {problem}", file=sys.stderr)

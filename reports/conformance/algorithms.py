@@ -1,17 +1,6 @@
 """The TargetProp and contrastive-divergence rows of the suite (``targetprop``, ``cd``).
 
-The strategies and assert-style properties live in ``reports.conformance.targetprop`` and
-``reports.conformance.cd`` (shared with ``tests/test_targetprop.py`` and ``tests/test_rbm.py``);
-this module only says which of them run for which engine and wraps them into ``Result``s:
-
-- ``fastlib``: TargetProp targets and signals (chain-rule and pure), and two full steps with
-  momentum, against reflib, per layer kind; the pure route at and around its weight threshold
-  θ and the gate at and around its budget threshold τ, against reflib and the exact spec;
-  CD-k gradients (k = 1, 3) and a CD step followed by an optimizer update, against reflib;
-  float32 CD against reflib; CD's sampling h = [u < p] at p = 1/2 with u on it, one ulp
-  either side and nearby (float64 and float32), against reflib and the exact spec;
-- ``reflib``: the same TargetProp targets against ``spec.targetprop`` (exact), CD-k against
-  ``spec.rbm`` (exact), link budgets three ways.
+The long story: docs/reports.md, section ``reports/conformance/algorithms.py``.
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
-"""Contrastive divergence checks: fastlib.RBM against reflib.rbm against spec.rbm (issue 6 §3).
+"""Contrastive divergence checks: fastlib.RBM against reflib.rbm against spec.rbm.
 
 Moved here from ``tests/test_rbm.py`` (which imports them) so that ``verigrad conform`` runs
 them from an installed package. Oracles: ``spec.rbm.cd_step`` evaluates the CD-k chain and
 gradient in exact arithmetic (mpmath, 30 digits) on the same uniforms; ``reflib.rbm`` runs it
 in float64 with the reference ops.
 
-Tolerances: every entry is a sum of at most B·H ≤ 24 products of numbers in [0, 1] or
-O(1) weights, so float64 engines differ by < 24·eps64·scale ≈ 5e-15 of the array's scale:
-``F64_TOL = 1e-12``. float32 against float64: 24·eps32 ≈ 3e-6 of the scale, through at most
-three sigmoid layers of the chain (each 1-Lipschitz up to the weights, |W| ≤ ~3): 1e-4.
-
-Sampling is a comparison u < p, discontinuous in p. Two engines that compute p to within a
-few ulps draw the same states unless some u lies within that distance of its p, so the
-properties reject draws with |u − p| < 1e-9 (float64) or < 1e-4 (float32) at every step.
-
-The property functions (``prop_*``) assert; the strategy is ``rbm_cases``.
+The long story: docs/reports.md, section ``reports/conformance/cd.py``.
 """
 from __future__ import annotations
 

@@ -9,23 +9,7 @@ from the same initial weights:
 - ``fastlib.train(...)`` on the CPU (for plain MLPs, its whole-epoch fused path);
 - reflib's ``train_step`` in float64 on the same (dtype-rounded) weights and inputs.
 
-The device's weights after the epoch are measured against both, normwise per parameter,
-relative to ``max(||reference||, ||initial weights||)`` (the floor the CPU rows use: a gradient
-that is 0 in exact arithmetic leaves each engine its own rounding residue), in eps of the dtype.
-
-Bounds (derived from the dtype and the model's depth):
-
-- float64: ``TRAIN_TOL`` = 1e-9, exactly the CPU rows' bound (``properties.check_train_step``).
-- float32: ``4 (L + 1) k`` eps for a model of ``L`` layers trained ``k`` steps: each layer's
-  forward and backward rounds the gradient by a few eps relative, and the update adds one
-  rounding; the factor 4 covers forward, backward, the update and the loss. The normalising
-  optimizers (Adagrad, RMSprop, Adam, AdamW) divide by ``sqrt(v) + eps_opt``: where a
-  gradient entry is ~0 exactly, a float32 rounding residue of size eps32 ||g|| becomes a step
-  of up to lr (the update's condition number is ||g|| / (|g_i| + eps_opt)). No eps bound
-  holds there for any float32 engine, so the case's own conditioning is measured by the CPU
-  engine: the bound against the referee is the larger of ``4 (L + 1) k`` eps and twice the
-  CPU float32 engine's error on the same case, and against the CPU the larger of ``4 (L + 1)
-  k`` eps and three times it (the two engines' errors add).
+The long story: docs/reports.md, section ``reports/conformance/device_training.py``.
 """
 from __future__ import annotations
 

@@ -1,30 +1,7 @@
 """The engine registry: every engine the suite (and ``verigrad report``) can hold to the spec.
 
-An engine answers two questions for registry ops (docs/CONTRACTS.md's table)::
-
-    forward(name, inputs, **params) -> ndarray
-    vjp(name, inputs, grad, **params) -> tuple[ndarray | None, ...]   # one per input
-
-and says what it covers: ``name`` (str), ``dtypes`` (the float dtypes it computes in; the
-inputs' dtype selects one) and ``supports(op) -> (bool, reason)``. An op it does not support
-must raise :class:`UnsupportedOpError` (a ``NotImplementedError``) from ``forward`` and
-``vjp``; the suite checks that claim both ways. Optionally an engine also runs the
-optimizers: ``supports_optimizer(name) -> (bool, reason)`` and
-``optimizer_step(name, w, g, state, t, **hyper) -> (w_new, state_new)`` (one update in the
-engine form of ``spec.engine_step``; state keyed by spec's names: ``v``, ``G``, ``E``, ``m``).
-An engine may also declare inputs of an op it gives no gradient for, with the reason:
-``no_gradient = {"categorical_cross_entropy": {"target": "labels take no gradient here"}}``;
-its VJP may return None there, and the op's other inputs are still checked.
-
-Built-in engines (``ENGINES``): ``reflib`` (float64), ``fastlib`` (CPU, float32/float64),
-``fastlib-cuda`` (unavailable, with the reason, where there is no GPU or simulator),
-``torch`` and ``jax`` (adapters, when those packages are installed). A user's engine is named
-``"my_module:MyEngine"`` (or ``"path/to/file.py:MyEngine"``): a class, a zero-argument factory
-or an instance with the attributes above (see docs/engines.md).
-
->>> engine = get_engine("reflib")
->>> engine.supports("tanh")
-(True, '')
+An engine answers two questions for registry ops (docs/CONTRACTS.md's table), listed in
+docs/reports.md, section ``reports/conformance/engines.py``, with the long story.
 """
 from __future__ import annotations
 

@@ -6,24 +6,7 @@ pick other members of the Clarke subdifferential (autograd's relu'(0) = 0.5, tor
 split of a tied maximum); those are conventions, not bugs. A VJP outside the subdifferential
 (a tie gradient doubled or lost) is a bug under any convention.
 
-Two modes (``verigrad conform --kinks``):
-
-- ``strict``: the registry's conventions, element for element (the default for verigrad's own
-  engines);
-- ``subgradient``: any member of the Clarke subdifferential passes and is reported as the
-  engine's convention (``relu'(0) = 0.5``).
-
-In both modes a kink element outside the subdifferential fails with a message that says so;
-in strict mode a kink element that is a valid subgradient but not the registry's convention
-fails with a message that names the convention found and the flag that accepts it.
-
-The subdifferentials, per kink element with cotangent g:
-
-- relu at 0: ``[0, 1] g``; abs at 0: ``[-1, 1] g``; leaky_relu at 0: ``[min(s, 1), max(s, 1)] g``;
-- maximum at a tie a == b: ``(θ g, (1 - θ) g)`` with θ in [0, 1]. With broadcasting the VJPs
-  sum these over the broadcast axes, so each entry of d/da must lie between its sum with every
-  θ at 0 and with every θ at 1 (and the same for d/db), and the two VJPs together must carry
-  the whole cotangent: ``Σ d/da + Σ d/db = Σ g`` (a doubled or lost tie gradient breaks this).
+The long story: docs/reports.md, section ``reports/conformance/kinks.py``.
 """
 from __future__ import annotations
 

@@ -7,14 +7,7 @@ module that mentions it (Numba does not track calls across files, so a cached ca
 the old code), and run ``verigrad conform`` on the ``fastlib`` engine in a subprocess whose
 working directory is the copy, so that ``import fastlib`` finds the mutated package first.
 
-A ``HookMutant`` (a bug planted by monkeypatching, e.g. a training mutant) needs no copy: the
-subprocess runs in the project root, enters the mutant's ``apply()`` context manager and then
-runs the same ``verigrad conform`` command line in-process, so fastlib carries the bug while
-every row runs.
-
-A mutant is *caught* when the run exits 1 with a failing row; the first failing row, the number
-of examples drawn and the seconds it took are kept. An unmutated copy runs first as the control:
-it must pass, or every verdict would be meaningless.
+The long story: docs/reports.md, section ``reports/conformance/mutant_runner.py``.
 """
 from __future__ import annotations
 

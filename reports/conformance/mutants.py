@@ -8,24 +8,18 @@ must occur exactly once in the current fastlib (``check_targets``, run by the fa
 refactor of fastlib cannot silently turn a mutant into a no-op. ``first`` only orders the run
 (the checks most likely to fail go first); every check stays in.
 
-A second kind, ``HookMutant``, plants its bug by monkeypatching a running fastlib instead: it
-names a ``TrainingMutant`` of ``reports.conformance.training_mutants`` (whose ``apply()`` is a
-context manager), and the runner enters it in the subprocess before the same dev-profile run.
-``all_mutants()`` is the one list of both kinds that every run, test and table consumes.
+The long story: docs/reports.md, section ``reports/conformance/mutants.py``.
 """
 from __future__ import annotations
 
 import importlib
-import json
-import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from reports.conformance.mutant_runner import (MutantError, check_targets, run_control,
                                                run_mutant)
 
 __all__ = ["Mutant", "HookMutant", "MUTANTS", "MUTANT_MODULES", "HOOK_MODULES", "all_mutants",
-           "hook_mutants", "main", "run_all", "check_targets", "MutantError"]
+           "hook_mutants", "run_all", "check_targets", "MutantError"]
 
 
 @dataclass(frozen=True)
@@ -143,11 +137,11 @@ MUTANTS = (
            ("sigmoid",)),
     Mutant("softplus-no-log1p", "softplus as max(x, 0) + log(1 + exp(-|x|)), log instead of "
            "log1p (0 for x < -37 in float64)", "kernels/scalar.py",
-           "    return pos + flog1p(fexp(-abs(x)))\n",
-           "    return pos + flog(like(x, 1.0) + fexp(-abs(x)))\n", ("softplus",)),
+           "    return pos + log1p(exp(-abs(x)))\n",
+           "    return pos + log(like(x, 1.0) + exp(-abs(x)))\n", ("softplus",)),
     Mutant("tanh-flush-tiny", "tanh flushes |x| < 1e-100 to 0 (a tiny result lost)",
-           "kernels/scalar.py", '    """tanh(x)."""\n    return ftanh(x)\n',
-           '    """tanh(x)."""\n    return like(x, 0.0) if abs(x) < 1e-100 else ftanh(x)\n',
+           "kernels/scalar.py", '    """tanh(x)."""\n    return tanh(x)\n',
+           '    """tanh(x)."""\n    return like(x, 0.0) if abs(x) < 1e-100 else tanh(x)\n',
            ("tanh",)),
     Mutant("large-vjp-entry", "a unary VJP of >= PARALLEL_MIN_SIZE entries has its smallest "
            "nonzero entry 1e-3 (relative) off", "kernels/elementwise.py",
@@ -278,15 +272,6 @@ def all_mutants():
         out += list(importlib.import_module(name).MUTANTS)
     return tuple(out) + hook_mutants()
 
-def _table(results):
-    from reports.commands.conform import format_table
-
-    rows = [(r.key, r.what, "caught" if r.caught else "SURVIVED", r.failed_row or "-",
-             r.examples, f"{r.seconds:.1f}") for r in results]
-    return format_table(("mutant", "bug", "verdict", "first failing check", "examples",
-                         "seconds"), rows)
-
-
 def run_all(mutants=None, profile="dev", seed=0, progress=None, control=True):
     """Run the control and every mutant (default ``all_mutants()``); return (control result or
     None, [MutantResult])."""
@@ -308,55 +293,3 @@ def run_all(mutants=None, profile="dev", seed=0, progress=None, control=True):
                 progress(m.key)
             results.append(run_mutant(m, profile, seed, cache))
     return ctrl, results
-
-
-def main(args):
-    """``verigrad conform --mutants``: the table of verdicts; exit 1 if any mutant survived."""
-    chosen = all_mutants()
-    if args.ops:
-        known = {m.key: m for m in chosen}
-        unknown = [k for k in args.ops if k not in known]
-        if unknown:
-            print(f"verigrad conform --mutants: unknown mutant(s) {unknown}; known: "
-                  f"{', '.join(known)}", file=sys.stderr)
-            return 2
-        chosen = tuple(known[k] for k in args.ops)
-    start = time.perf_counter()
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(chosen) + 1, unit="mutant", file=sys.stderr, leave=False)
-
-    def progress(key):
-        if bar is not None:
-            bar.set_description_str(key)
-            bar.update(0 if key == "control" else 1)
-
-    try:
-        run = run_all
-        if getattr(args, "cluster", None):  # each mutant a task on a Dask cluster
-            from reports.distributed import cluster
-
-            run = cluster.run_mutants(args.cluster)
-        ctrl, results = run(chosen, args.profile, args.seed, progress)
-    except MutantError as exc:
-        print(f"verigrad conform --mutants: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        if bar is not None:
-            bar.close()
-    elapsed = time.perf_counter() - start
-    print(_table(results))
-    caught = sum(r.caught for r in results)
-    verdict = "passes" if not ctrl.caught else f"FAILS: {ctrl.failed_row} {ctrl.detail}"
-    print(f"\ncontrol (fastlib unchanged): {verdict} in {ctrl.seconds:.1f} s")
-    print(f"{caught} of {len(results)} mutants caught by the {args.profile} profile "
-          f"(median {sorted(r.seconds for r in results)[len(results) // 2]:.1f} s per mutant); "
-          f"{elapsed:.0f} s in all")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"profile": args.profile, "seed": args.seed, "seconds": round(elapsed, 1),
-                       "control": asdict(ctrl), "mutants": [asdict(r) for r in results]}, f,
-                      indent=1)
-    return 0 if caught == len(results) and not ctrl.caught else 1

@@ -5,22 +5,7 @@ whether all hold. The runner and ``tests/conformance`` wrap them in Hypothesis; 
 case can be replayed by calling the function again (the reproduction the runner prints does
 exactly that).
 
-Ops (any engine):
-
-- :func:`check_call`: forward and every VJP against the exact values (``oracle``) under the
-  bounds of ``bounds``; also the engine's contract (shapes, dtypes, None for class indices,
-  no exception on a valid call, no NaN/Inf);
-- :func:`check_jvp`: ``<t, Jᵀc> = <J t, c>`` along a random direction ``t``, with ``J t`` by
-  central differences of the *forward* formula at 50 digits (``h = 1e-20``: truncation
-  O(h²) ~ 1e-40, cancellation loses 20 of the 70 working digits), so the engine's VJP is held
-  against the derivative of the forward and not against the registry's VJP formula. Central
-  differences rather than the complex step: the registry's formulas use ``where``, ``maximum``
-  and ``abs``, which have no complex extension, and the inputs keep 1e-2 from every kink;
-- :func:`check_unsupported`: an op an engine declares unsupported raises ``UnsupportedOpError``.
-
-Beyond ops: :func:`check_optimizer` (k steps against ``spec.step``), :func:`check_tape_laws`
-(random DAGs on reflib's and fastlib's tapes); training runs are checked in ``training_rows``
-(``check_train_step`` is re-exported here), TargetProp / CD in ``algorithms``.
+The long story: docs/reports.md, section ``reports/conformance/properties.py``.
 """
 from __future__ import annotations
 
@@ -627,7 +612,7 @@ def _tape(engine):
 
 
 def check_tape_laws(engine, dag, seed):
-    """The tape laws of DESIGN.md on one random DAG, for ``engine`` ("reflib" or "fastlib").
+    """The tape laws (docs/semantics.md) on one random DAG, for ``engine`` ("reflib" or "fastlib").
 
     1. backward_dense reaches exactly the nodes graph reachability says (others None);
     2. the sparse form has the same keys and values as the dense form;

@@ -1,19 +1,7 @@
 """Run the suite: build the rows for the chosen engines and profile, run each under Hypothesis,
 and collect what the table, the JSON and the reproductions need.
 
-A *row* is one check of one subject on one engine in one dtype: ``exact`` (forward and VJPs
-against exact values on random draws, with broadcasting and kink values), ``jvp`` (the
-inner-product identity), ``special`` (the special-values table), ``optimizer`` (k steps against
-``spec.step``), ``tape`` (the tape laws on random DAGs), ``train`` (a training step of fastlib
-against reflib's, per layer type), ``targetprop`` and ``cd`` (TargetProp and contrastive
-divergence, ``algorithms``), and ``completeness`` (every op implemented, or declared unsupported
-and raising). Every row of a subject draws the same examples for every engine (one seed per
-run), so exact values are computed once.
-
-A failing op row keeps searching: every example runs, and up to ``MAX_FAILURES`` failures of
-different forms (``strategies.case_form``; a special case's label and value) are reported, the
-smallest kept as a ready-to-paste Python reproduction; other rows are shrunk by Hypothesis to a
-minimal case. Every failure also gets the ``verigrad conform`` command line that finds it again.
+The long story: docs/reports.md, section ``reports/conformance/runner.py``.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Target Propagation checks: fastlib against reflib against spec, step by step (issue 6 §5).
+"""Target Propagation checks: fastlib against reflib against spec, step by step.
 
 Moved here from ``tests/test_targetprop.py`` (which imports them) so that ``verigrad conform``
 runs them from an installed package. Oracles, independent of the engine under test:
@@ -9,17 +9,7 @@ runs them from an installed package. Oracles, independent of the engine under te
 - ``reflib.targetprop``: each layer traced on its own reference tape (float64), pure routes in
   plain NumPy.
 
-Tolerances. Arrays are compared normwise against the largest magnitude of the expected array
-(``_close``): both float64 engines evaluate each entry as sums of at most ~60 products of O(1)
-factors through at most three layers, with routes divided by Σ|W| > 0.01, so each entry's
-rounding error stays below ~60·3·eps64 ≈ 4e-14 of the array's scale; ``F64_TOL = 1e-11`` leaves
-two orders of margin. Link budgets and rates are single float64 reductions (error < 1e-15).
-float32 fastlib against float64 reflib: eps32 = 1.2e-7 with the same term counts gives ~2e-5 of
-the scale; ``F32_TOL = 2e-4`` (the routes' division by Σ|W| and softmax/attention chains add a
-factor of a few).
-
-The property functions (``prop_*``) are plain functions of a drawn case (they assert); the
-strategies are ``tp_cases`` and ``budget_pairs``.
+The long story: docs/reports.md, section ``reports/conformance/targetprop.py``.
 """
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
 """Training runs to check: models of every layer type, whole epochs, and the sizes that cross
 the boundaries of fastlib's kernels.
 
-A :class:`EpochCase` is everything ``fastlib.train`` is called with (a model config and its
-parameter seed, data, loss, optimizer, rate, batch size, epochs, shuffling, clipping, dtype,
-and which path it must take). :func:`epoch_cases` draws them with Hypothesis;
-:func:`boundary_cases` builds the explicit cases whose batch sizes, sequence lengths and
-parameter counts sit on each side of a boundary of the kernels. The boundaries are read from
-the kernels' own constants when the cases are built (never copied here), so a change of a
-block or piece size moves the cases with it:
-
-- ``fastlib.kernels.recurrent._PIECE``: RNN / LSTM batches run in pieces of that many rows;
-- ``fastlib.training.fused_mlp.SPLIT_MIN_PARAMS`` / ``FUSED_PIECES``: the fused epoch cuts a
-  model of that many parameters into pieces on their own threads (and a layer narrower than
-  the number of pieces leaves a piece empty);
-- ``fastlib.kernels.reduce._BLOCK``: float64 pairwise sums (the losses' means, attention's
-  bias gradients) run in blocks of that many terms;
-- ``fastlib.config.PARALLEL_MIN_SIZE``: elementwise, row-wise and optimizer kernels go
-  parallel from that many elements.
+The long story: docs/reports.md, section ``reports/conformance/training_cases.py``.
 """
 from __future__ import annotations
 

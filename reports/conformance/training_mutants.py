@@ -1,18 +1,7 @@
 """Plausible training bugs, planted in a running fastlib by monkeypatching: the ``train`` rows
 (``training_rows``) must fail under each.
 
-Each mutant is a context manager: inside ``with MUTANTS[name].apply():`` fastlib has the bug,
-and on exit the original functions are back. They patch Python-level functions only (no
-kernel source), so they run in the calling process and need no copy of the package:
-
-- ``step-1e-7-one-tensor``: the optimizer's step on one tensor (the last parameter) lands
-  1e-7 (relative to the step) past where it should;
-- ``gradient-1e-10``: one entry of a Dense weight gradient is 1e-10 (relative) off;
-- ``small-term-1e-7``: the bias gradients (the small tensors) lose a 1e-7-relative term;
-- ``fused-float32-leak``: a float64 fused epoch starts from parameters rounded to float32;
-- ``clipping-disabled``: ``gradient_clip`` is accepted and ignored;
-- ``shuffle-repeats-sample``: the epoch's order repeats its first sample in place of its last;
-- ``partial-batch-dropped``: the last, incomplete batch of every epoch is not trained on.
+The long story: docs/reports.md, section ``reports/conformance/training_mutants.py``.
 """
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """The suite on a Dask cluster: ``--cluster local:N`` or ``--cluster tcp://host:8786``.
 
-``verigrad conform``, ``verigrad conform --mutants`` and ``verigrad report`` split their work
-into independent tasks: one per conformance row (op x engine x dtype x check), one per mutant
-(and the control), one per op of the report. A task names its work (engine, check, subject,
-dtype; the mutant's key; the op) and the worker rebuilds it from the registry and runs it with
-the seed the serial run would use: a row's draws depend on the run's seed and the row alone
-(``runner.run_property`` seeds Hypothesis per row; the report seeds each op from the run's seed
-and the op's name). So the rows, the counterexamples, the mutant verdicts and the report are
-those of a serial run, whatever the number of workers and whatever order they finish in; only
-the seconds differ. Results are put back in the serial order.
-
-One progress bar counts finished tasks. A worker that dies (a crash in native code, the OOM
-killer) has its task run again on another worker; a task that kills its worker twice
-(:data:`SCHEDULER_CONFIG` and :data:`RESOURCE`, set for ``local:N``; set them on your own
-cluster) is reported as a failing row with the reason, never lost.
-
-``local:N`` starts a ``LocalCluster`` of N single-threaded worker processes here; an address
-connects to a running scheduler, whose workers must have verigrad (the same version)
-installed. Needs the optional extra ``verigrad[dask]``.
+The long story: docs/reports.md, section ``reports/distributed/cluster.py``.
 """
 from __future__ import annotations
 

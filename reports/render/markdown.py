@@ -33,6 +33,26 @@ def table(headers, rows):
     return "\n".join(lines)
 
 
+def format_table(headers, rows):
+    """A Markdown pipe table with aligned columns (readable in a terminal and in a .md file).
+
+    Parameters
+    ----------
+    headers : sequence of str
+    rows : sequence of sequence
+        Cells are converted with ``str``; ``|`` inside a cell is escaped.
+
+    Returns
+    -------
+    str
+    """
+    cells = [[str(h) for h in headers]] + [[str(c).replace("|", "\\|") for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
 def summary_table(report):
     """Op × (engine, dtype): ``median / max`` ULPs per cell."""
     cols = columns(report)

@@ -1,21 +1,7 @@
 """What the peer adapters (paddle, tinygrad, mygrad, autograd) share: one op table per engine,
 the engine's own autograd, and a record of every place the adapter had to compose.
 
-A peer adapter is a :class:`PeerEngine` with
-
-- ``ops``: registry name -> function of the engine's tensors taking the op's params as
-  keywords, calling the engine's *stock* function for the op wherever the engine has one;
-- ``composed``: registry name -> why that entry is composed from the engine's primitives
-  rather than one stock call (the engine has no such op, or its stock op treats an input the
-  registry differentiates as a constant label). Nothing else is composed, and nothing the
-  engine computes is corrected: the suite measures the engine as its users get it;
-- ``label_parts``: for ops whose stock function gives no gradient to an input the registry
-  differentiates (a loss's target): ``(positions, fn)``, ``fn`` a function of the same inputs
-  whose derivative in those inputs is the loss's; the adapter takes their gradients from it
-  through the engine's own autograd (and lists the op in ``composed``);
-- ``unsupported``: op -> why the engine cannot run it;
-- the hooks ``_tensor``, ``_numpy`` and ``_gradients`` (the engine's tensor in, NumPy out,
-  and its reverse mode).
+The long story: docs/reports.md, section ``reports/conformance/adapters/_peer.py``.
 """
 from __future__ import annotations
 

@@ -8,10 +8,7 @@ normalisations and losses are composed from those functions the way an autograd 
 write them; ``COMPOSED`` says so per op. Nothing is corrected: ``relu`` is
 ``np.maximum(x, 0)``, ``abs`` is ``np.abs``, so their kink conventions are autograd's.
 
-Optimizers (``autograd.misc.optimizers``): ``sgd(mass=0)`` is the registry's SGD and is run;
-``sgd(mass=beta)`` (Momentum) and ``adam`` keep their velocity / moments inside their loop
-where the check cannot read them, and ``rmsprop`` puts eps outside the square root, so those
-are declared unsupported with the reason.
+The long story: docs/reports.md, section ``reports/conformance/adapters/autograd.py``.
 """
 from __future__ import annotations
 

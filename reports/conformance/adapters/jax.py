@@ -1,26 +1,6 @@
 """JAX as an engine: every registry op through ``jax.numpy`` and ``jax.vjp`` (CPU).
 
-64-bit mode is switched on when the adapter is built (``jax_enable_x64``) so that float64
-inputs stay float64; float32 inputs compute in float32. Where stock JAX follows another
-convention than the registry, the adapter composes primitives that meet the contract:
-
-- NOTE: ``jnp.maximum`` splits the gradient evenly between tied arguments; the registry sends
-  it to the first argument: ``jnp.where(a >= b, a, b)``.
-- NOTE: ``jax.nn.leaky_relu`` uses ``x >= 0``, slope 1 at 0; the registry's derivative at 0 is
-  the negative slope: ``jnp.where(x > 0, x, slope * x)``.
-- NOTE: ``jnp.abs`` has derivative 1 at 0; the registry's is sign(0) = 0: ``x * jnp.sign(x)``
-  (the same value, and sign's derivative is 0).
-- ``binary_cross_entropy_with_logits`` is written ``softplus(z) - z t``: smooth at z = 0,
-  where ``max(z, 0) + log1p(exp(-|z|))`` would hit both conventions above.
-
-Each (op, params) pair is compiled once per input shape with ``jax.jit`` (forward, and the VJP
-as one function), which is much faster than dispatching every primitive eagerly.
-
-Optimizers come from optax (``pip install optax``), JAX's optimizer library, when it is
-installed: ``sgd``, ``rmsprop`` (ε inside the root, initial scale 0), ``adagrad`` (initial
-accumulator 0), ``adam`` and ``adamw`` follow the registry's equations and run one step from
-the registry's state; ``sgd(momentum=β)`` keeps ``v = βv + g`` (no (1 − β)) and its Nesterov
-form differs, so Momentum and NAG are declared unsupported with that reason.
+The long story: docs/reports.md, section ``reports/conformance/adapters/jax.py``.
 """
 from __future__ import annotations
 

@@ -1,24 +1,7 @@
 """PaddlePaddle (CPU) as an engine: stock ``paddle`` / ``paddle.nn.functional`` ops, VJPs by
 ``paddle.grad`` (dynamic graph mode). Install: ``pip install 'verigrad[paddle]'``.
 
-Every op is one stock call with the stock defaults (``F.softplus``'s ``threshold=20``,
-``paddle.maximum``'s tie rule, ...); nothing is corrected. Composed, and why (``COMPOSED``):
-
-- ``identity``: Paddle has no identity op; ``paddle.assign`` (a differentiable copy);
-- ``layer_norm`` of a 1-D input: Paddle's norm needs a leading axis, so the adapter adds one
-  of size 1 and takes it off again (a reshape; no value changes);
-- ``rms_norm``: ``F.rms_norm`` has no CPU kernel, so ``x * rsqrt(mean(square(x)) + eps)``;
-- ``sum`` / ``mean`` / ``logsumexp`` with ``axis=()``: NumPy reduces no axis, Paddle reads an
-  empty axis list as every axis, so the adapter copies with ``paddle.assign`` there;
-- the targets of ``categorical_cross_entropy``, ``binary_cross_entropy`` and
-  ``binary_cross_entropy_with_logits``: Paddle's losses treat the target as a label and give
-  it no gradient; the forward and the logits' (probabilities') gradient are the stock loss's,
-  the target's gradient is ``paddle.grad`` of the loss's target-dependent term.
-
-Optimizers (``paddle.optimizer``): SGD, RMSProp (ε inside the square root, as the registry),
-Adam and AdamW are run step by step; their state is read from the optimizer's accumulators.
-Momentum (``v = βv + g``, no (1 − β)) and Adagrad (ε outside the root) follow other
-equations and are declared unsupported with that reason; NAG has no Paddle optimizer.
+The long story: docs/reports.md, section ``reports/conformance/adapters/paddle.py``.
 """
 from __future__ import annotations
 

@@ -9,20 +9,7 @@ small arrays the time goes into compiling, so PYTHON finishes the dev profile in
 of CPU's time here (the README times both), and it needs nothing installed. ``DEV=CPU`` checks
 the compiled backend, whose long sums differ (see the README).
 
-Every op is one stock call with the stock defaults; nothing is corrected. Composed, and why
-(``COMPOSED``):
-
-- ``identity``: no identity op; ``Tensor.clone`` (a differentiable copy);
-- ``mse``: no stock MSE loss; ``((p - t) ** 2).mean()``;
-- ``sum`` / ``mean`` / ``logsumexp`` with ``axis=()``: NumPy reduces no axis; tinygrad reads
-  an empty tuple as every axis, so the adapter clones there;
-- ``rms_norm``: the stock ``tinygrad.nn.RMSNorm(dim, eps, elementwise_affine=False)`` (no
-  ``Tensor`` method), called as a layer.
-
-Optimizers (``tinygrad.nn.optim``): SGD, Adam and AdamW (``LAMB(adam=True)``) are run step by
-step, their moments read from the optimizer. Momentum and NAG (``SGD(momentum=...)`` keeps
-``b = βb + g``, no (1 − β); its Nesterov form differs too), Adagrad and RMSprop (tinygrad has
-none) are declared unsupported with the reason.
+The long story: docs/reports.md, section ``reports/conformance/adapters/tinygrad.py``.
 """
 from __future__ import annotations
 

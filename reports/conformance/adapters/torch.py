@@ -1,20 +1,6 @@
 """PyTorch as an engine: every registry op through ``torch`` and ``torch.autograd.grad``.
 
-``TORCH_OPS`` maps each registry op to a function of torch tensors taking the op's params as
-keywords. Where stock PyTorch follows another convention than the registry, the adapter
-composes torch primitives that meet the registry's contract, and says so:
-
-- NOTE: ``torch.maximum`` splits the gradient evenly between tied arguments; the registry sends
-  it all to the first argument, so ``maximum`` is ``torch.where(a >= b, a, b)``.
-- NOTE: ``F.softplus`` returns ``x`` itself above ``threshold=20``, an error of
-  log1p(exp(-x)) ~ 2e-9 at x = 20, far above float64's eps (about 1e7 eps there); the adapter
-  passes ``threshold=40`` for float64 (exp(-40) ~ 4e-18 is below eps64 relative to x) and keeps
-  20 for float32. ``tests/conformance/test_engines.py`` shows that the suite catches both stock
-  behaviours.
-
-Optimizers: ``torch.optim`` implements SGD, Adam and AdamW exactly as the registry states them;
-its Momentum (no (1 - beta) on the first step), NAG (another look-ahead form), Adagrad and
-RMSprop (eps outside the square root) differ, so those are declared unsupported with the reason.
+The long story: docs/reports.md, section ``reports/conformance/adapters/torch.py``.
 """
 from __future__ import annotations
 
