@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib._ops_common import OpDef, broadcast_shape, require_domain, unbroadcast
+from reflib._ops_common import broadcast_shape, require_domain, unbroadcast
 
 
 def add(F, a, b):
@@ -57,9 +57,9 @@ def maximum_vjp(F, a, b, out, g):
 
 _AB = ("a", "b")
 OPS = {
-    "add": OpDef(_AB, add, add_vjp),
-    "sub": OpDef(_AB, sub, sub_vjp),
-    "mul": OpDef(_AB, mul, mul_vjp),
-    "div": OpDef(_AB, div, div_vjp),
-    "maximum": OpDef(_AB, maximum, maximum_vjp),
+    "add": (add, add_vjp),
+    "sub": (sub, sub_vjp),
+    "mul": (mul, mul_vjp),
+    "div": (div, div_vjp),
+    "maximum": (maximum, maximum_vjp),
 }

@@ -7,12 +7,12 @@ from typing import Callable
 
 import numpy as np
 
-REQUIRED = object()  # marks a param with no default (reshape's ``shape``)
+from optable import REQUIRED  # noqa: F401 (a param with no default; reflib.program reads it here)
 
 
 @dataclass(frozen=True)
 class OpDef:
-    """One reference op: input names, params with defaults, forward and VJP.
+    """One reference op: input names, params with defaults (the op table's), forward and VJP.
 
     ``forward(F, *inputs, **params) -> array`` validates shapes and domains, then computes.
     ``vjp(F, *inputs, out, g, **params) -> tuple`` gets the forward's ``out`` and the cotangent

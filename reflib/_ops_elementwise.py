@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib._ops_common import OpDef, check_real, require_domain
+from reflib._ops_common import check_real, require_domain
 
 # gelu_tanh's cubic coefficient, as a decimal (exact in mpmath, the nearest double in float64).
 GELU_TANH_CUBIC = "0.044715"
@@ -163,19 +163,19 @@ def identity_vjp(F, x, out, g):
 
 _X = ("x",)
 OPS = {
-    "neg": OpDef(_X, neg, neg_vjp),
-    "exp": OpDef(_X, exp, exp_vjp),
-    "log": OpDef(_X, log, log_vjp),
-    "sqrt": OpDef(_X, sqrt, sqrt_vjp),
-    "square": OpDef(_X, square, square_vjp),
-    "abs": OpDef(_X, abs_, abs_vjp),
-    "relu": OpDef(_X, relu, relu_vjp),
-    "leaky_relu": OpDef(_X, leaky_relu, leaky_relu_vjp, {"negative_slope": 0.01}),
-    "silu": OpDef(_X, silu, silu_vjp),
-    "gelu": OpDef(_X, gelu, gelu_vjp),
-    "gelu_tanh": OpDef(_X, gelu_tanh, gelu_tanh_vjp),
-    "tanh": OpDef(_X, tanh, tanh_vjp),
-    "sigmoid": OpDef(_X, sigmoid, sigmoid_vjp),
-    "softplus": OpDef(_X, softplus, softplus_vjp),
-    "identity": OpDef(_X, identity, identity_vjp),
+    "neg": (neg, neg_vjp),
+    "exp": (exp, exp_vjp),
+    "log": (log, log_vjp),
+    "sqrt": (sqrt, sqrt_vjp),
+    "square": (square, square_vjp),
+    "abs": (abs_, abs_vjp),
+    "relu": (relu, relu_vjp),
+    "leaky_relu": (leaky_relu, leaky_relu_vjp),
+    "silu": (silu, silu_vjp),
+    "gelu": (gelu, gelu_vjp),
+    "gelu_tanh": (gelu_tanh, gelu_tanh_vjp),
+    "tanh": (tanh, tanh_vjp),
+    "sigmoid": (sigmoid, sigmoid_vjp),
+    "softplus": (softplus, softplus_vjp),
+    "identity": (identity, identity_vjp),
 }

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from reflib._ops_common import OpDef, expand_to, fail, reduce_axes
+from reflib._ops_common import expand_to, fail, reduce_axes
 
 
 def _axes(op, x, axis, keepdims, nonempty=False):
@@ -74,7 +74,7 @@ def logsumexp_vjp(F, x, out, g, axis=None, keepdims=False):
 
 _REDUCE = {"axis": None, "keepdims": False}
 OPS = {
-    "sum": OpDef(("x",), sum_, sum_vjp, dict(_REDUCE)),
-    "mean": OpDef(("x",), mean, mean_vjp, dict(_REDUCE)),
-    "logsumexp": OpDef(("x",), logsumexp, logsumexp_vjp, dict(_REDUCE)),
+    "sum": (sum_, sum_vjp),
+    "mean": (mean, mean_vjp),
+    "logsumexp": (logsumexp, logsumexp_vjp),
 }

@@ -17,25 +17,16 @@ elementwise ops follow IEEE instead; the two agree wherever both accept an input
 """
 from __future__ import annotations
 
-import difflib
 import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+import optable
+from optable import REQUIRED, UnknownOpError  # noqa: F401 (public names of this module)
+
 from . import device, elementwise, linalg, loss, norm, reduce, structure
-
-try:  # one exception class for both engines, so `except fastlib.UnknownOpError` catches ours
-    from fastlib.ops import UnknownOpError
-except ImportError:  # fastlib.ops not importable: keep the same contract with a local class
-    class UnknownOpError(KeyError):
-        """An op name that is not in the table; the message lists the closest names."""
-
-        def __str__(self):
-            return str(self.args[0])
-
-REQUIRED = object()  # marks a param without a default (reshape's ``shape``)
 
 
 @dataclass(frozen=True)
@@ -135,8 +126,7 @@ def _unary(name):
         _domain(name, "x", arrays[0], arrays[0] > 0,
                 "> 0 for the VJP (the derivative 1/(2 sqrt x) is infinite at 0)")
 
-    return CudaOp(("x",), check, forward, vjp,
-                  {"negative_slope": 0.01} if name == "leaky_relu" else {},
+    return CudaOp(("x",), check, forward, vjp, optable.OPS[name].defaults,
                   check_vjp=check_vjp if name == "sqrt" else None)
 
 
@@ -374,8 +364,7 @@ def _ce_vjp(arrays, grad, p):
 # ---------------------------------------------------------------------------------------------
 # the table
 
-UNARY = ("neg", "exp", "log", "sqrt", "square", "abs", "relu", "leaky_relu", "silu", "gelu",
-         "gelu_tanh", "tanh", "sigmoid", "softplus", "identity")
+UNARY = optable.names(category="unary")
 
 OPS: dict[str, CudaOp] = {name: _unary(name) for name in UNARY}
 OPS.update({name: _binary(name) for name in elementwise.BINARY})
@@ -428,26 +417,11 @@ OPS.update({
 
 def lookup(name) -> CudaOp:
     """The table entry of ``name``, or :class:`UnknownOpError` listing the closest names."""
-    op = OPS.get(name) if isinstance(name, str) else None
-    if op is None:
-        close = difflib.get_close_matches(str(name), OPS, n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-        raise UnknownOpError(f"unknown op {name!r}; {hint}known ops: {', '.join(sorted(OPS))}")
-    return op
+    return optable.lookup(OPS, name)
 
 
 def _params(name, op, params):
-    unknown = [k for k in params if k not in op.params]
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], op.params, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        allowed = ", ".join(op.params) if op.params else "none"
-        raise ValueError(f"{name}: unknown param {unknown[0]!r}; {hint}its params are: {allowed}")
-    merged = {**op.params, **params}
-    missing = [k for k, v in merged.items() if v is REQUIRED]
-    if missing:
-        raise ValueError(f"{name}: param {missing[0]!r} is required (e.g. {missing[0]}=(2, 3))")
-    return merged
+    return optable.resolve_params(name, op.params, params)
 
 
 def _float_array(what, value):
@@ -463,11 +437,7 @@ def _float_array(what, value):
 
 
 def _inputs(name, op, inputs):
-    if isinstance(inputs, np.ndarray) or not hasattr(inputs, "__len__"):
-        raise TypeError(f"{name}: inputs must be a sequence of arrays in the order {op.inputs}, "
-                        f"e.g. [x]; got {type(inputs).__name__}")
-    if len(inputs) != len(op.inputs):
-        raise ValueError(f"{name}: takes {len(op.inputs)} input(s) {op.inputs}; got {len(inputs)}")
+    optable.check_input_list(name, op.inputs, inputs)
     arrays, dtype = [], None
     for iname, value in zip(op.inputs, inputs):
         what = f"{name}: input {iname}"
@@ -540,12 +510,7 @@ def vjp(name, inputs, grad, **params):
     arrays, dtype = _inputs(name, op, inputs)
     out_shape, normalised = op.check(arrays, merged)
     g = _float_array(f"{name}: grad", grad)
-    if g.dtype != dtype:
-        raise TypeError(f"{name}: grad is {g.dtype} but the inputs are {dtype}; cast the "
-                        f"cotangent to {dtype}")
-    if g.shape != tuple(out_shape):
-        raise ValueError(f"{name}: grad has shape {g.shape} but the output has shape "
-                         f"{tuple(out_shape)}; pass a cotangent shaped like the output")
+    optable.check_grad(name, g.shape, g.dtype, out_shape, dtype)
     if op.check_vjp is not None:
         op.check_vjp(arrays)
     device.require_device()
