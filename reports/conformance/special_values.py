@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import optable
+
 from reports.conformance.strategies import OpExample
 
 __all__ = ["special_cases", "CATEGORIES"]
@@ -41,8 +43,8 @@ CATEGORIES = ("saturation", "logits ±1e4", "tiny", "huge", "zeros", "kinks", "t
               "long reduction", "long elementwise", "broadcast", "zero cotangent", "dominant logit",
               "targets at the domain's edge")
 
-SATURATING = ("exp", "tanh", "sigmoid", "softplus", "silu", "gelu", "gelu_tanh")
-SCALE_FREE = ("neg", "abs", "relu", "leaky_relu", "identity", "square", "sqrt", "log")
+SATURATING = optable.names(saturating=True)       # the op table's flags
+SCALE_FREE = optable.names(scale_free=True)
 LONG = 4096
 LONG_PERIOD = 64   # distinct (x, cotangent) pairs of the long elementwise case
 

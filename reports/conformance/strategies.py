@@ -21,6 +21,8 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import optable
+
 __all__ = [
     "UNARY", "BINARY", "REDUCTIONS", "ALONG_AXIS", "LAST_AXIS", "SAME_SHAPE_LOSSES",
     "ROW_LOSSES", "STRUCTURE", "op_case", "case_form", "edge_decades", "EDGE_RANGE",
@@ -30,15 +32,15 @@ __all__ = [
     "OPTIMIZER_NAMES", "LAYER_KINDS", "ModelCase", "model_cases", "mlp_cases",
 ]
 
-UNARY = {"neg", "exp", "log", "sqrt", "square", "abs", "relu", "leaky_relu", "silu", "gelu",
-         "gelu_tanh", "tanh", "sigmoid", "softplus", "identity"}
-BINARY = {"add", "sub", "mul", "div", "maximum"}
-REDUCTIONS = {"sum", "mean", "logsumexp"}
-ALONG_AXIS = {"softmax", "log_softmax"}
-LAST_AXIS = {"layer_norm", "rms_norm"}
-SAME_SHAPE_LOSSES = {"mse", "binary_cross_entropy", "binary_cross_entropy_with_logits"}
-ROW_LOSSES = {"cross_entropy", "categorical_cross_entropy"}
-STRUCTURE = {"transpose", "reshape", "concat", "slice"}
+# the op groups by shape form, read from the op table
+UNARY = set(optable.names(category="unary"))
+BINARY = set(optable.names(category="binary"))
+REDUCTIONS = set(optable.names(category="reduction"))
+ALONG_AXIS = set(optable.names(shape="along_axis"))
+LAST_AXIS = set(optable.names(shape="last_axis"))
+SAME_SHAPE_LOSSES = set(optable.names(shape="same_shape_loss"))
+ROW_LOSSES = set(optable.names(shape="class_index_loss") + optable.names(shape="distribution_loss"))
+STRUCTURE = set(optable.names(category="structure")) - {"matmul"}
 
 
 # ---------------------------------------------------------------------------------------------
