@@ -119,7 +119,7 @@ TANH = spec.OPS["tanh"]
     (dict(examples=(Example([(3,)]),)), r"at least two examples"),
     (dict(examples=(Example([(3,)]), Example([(2,), (2,)]))), r"rejected by its own shape rule"),
     (dict(examples=(Example([(3,)]), Example([(3,)], {"axis": 0}))),
-     r"rejected.*unknown parameter 'axis'"),
+     r"rejected.*unknown param 'axis'"),
     (dict(name="Tanh"), r"lower_snake_case"),
     (dict(inputs=("x", "x")), r"distinct names"),
     (dict(params=(Param("eps", 1.0, "positve"),)), r"unknown kind 'positve'; did you mean"),
