@@ -69,6 +69,10 @@ class OpSignature:
     single_rounding : bool
         The VJP is exact or a single rounding of exact operands, so an engine can round every
         element correctly (the accuracy bar asks for it).
+    edge : str
+        How far the conformance suite's edge draws go: ``"full"`` (the dtype's whole range),
+        ``"sum"`` (two decades below overflow), ``"square"`` (the square root of the range),
+        ``"cube"`` (its cube root), ``"exp"`` (up to exp's overflow threshold).
     """
 
     name: str
@@ -83,6 +87,7 @@ class OpSignature:
     saturating: bool = False
     scale_free: bool = False
     single_rounding: bool = False
+    edge: str = "full"
 
     def __post_init__(self):
         object.__setattr__(self, "inputs", tuple(self.inputs))

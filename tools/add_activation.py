@@ -141,8 +141,9 @@ def _run(cmd, cwd, label):
     env = dict(os.environ, PYTHONPATH=str(cwd), NUMBA_CACHE_DIR=str(cwd / ".numba-cache"))
     print(f"$ {' '.join(cmd)}   ({label})", flush=True)
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-    print(tail, flush=True)
+    print("\n".join(proc.stdout.strip().splitlines()[-15:]), flush=True)
+    if proc.returncode:
+        print("\n".join(proc.stderr.strip().splitlines()[-15:]), flush=True)
     return proc.returncode == 0
 
 

@@ -162,20 +162,7 @@ class OpExample:
 # below overflow: a sum of up to 64 terms stays finite), "square" (the square root of the
 # range: ops that square or multiply their inputs, or whose VJP does), "exp" (up to the
 # overflow threshold of exp). The contract of docs/CONTRACTS.md states the same ranges.
-EDGE_RANGE = {
-    **{n: "full" for n in ("neg", "abs", "relu", "leaky_relu", "identity", "log", "sqrt",
-                           "tanh", "sigmoid", "softplus", "silu", "gelu",
-                           "maximum", "transpose", "reshape", "concat", "slice", "softmax",
-                           "log_softmax", "binary_cross_entropy_with_logits",
-                           "binary_cross_entropy")},
-    **{n: "sum" for n in ("add", "sub", "sum", "mean", "logsumexp", "cross_entropy",
-                          "categorical_cross_entropy")},
-    **{n: "square" for n in ("square", "mul", "div", "matmul", "layer_norm", "rms_norm",
-                             "mse")},
-    "exp": "exp",
-    # NOTE: gelu_tanh's formula cubes x (x + 0.044715 x³): the cube root of the range
-    "gelu_tanh": "cube",
-}
+EDGE_RANGE = {name: sig.edge for name, sig in optable.OPS.items()}   # the op table's
 
 
 def edge_decades(name, dtype):
