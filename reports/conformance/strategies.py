@@ -412,8 +412,8 @@ def optimizer_cases(draw, names=OPTIMIZER_NAMES):
 
 LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNorm", "RMSNorm",
                "Embedding", "Softmax", "Parallel", "Sequential")
-ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
-               "softplus")
+# the op table's activations but softmax (a layer kind of its own here)
+ACTIVATIONS = tuple(n for n in optable.ACTIVATIONS if n != "softmax")
 LOSSES_2D = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
              "binary_cross_entropy_with_logits")
 LOSSES_3D = ("mse", "binary_cross_entropy", "binary_cross_entropy_with_logits")
