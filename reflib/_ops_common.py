@@ -26,6 +26,13 @@ class OpDef:
     class_index: frozenset = frozenset()  # inputs that hold class indices (not differentiable)
 
 
+def implementations(namespace, names):
+    """``{op name: (forward, vjp)}`` of the functions named ``name`` (or ``name_``, where the
+    name is a Python builtin) and ``name_vjp`` in ``namespace`` (a module's ``globals()``)."""
+    return {n: (namespace[n] if n in namespace else namespace[n + "_"], namespace[n + "_vjp"])
+            for n in names.split()}
+
+
 def fail(op, message):
     """Raise the ValueError every bad shape / param / domain gets: ``op: what to fix``."""
     raise ValueError(f"{op}: {message}")

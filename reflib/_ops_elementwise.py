@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib._ops_common import check_real, require_domain
+from reflib._ops_common import check_real, implementations, require_domain
 
 # gelu_tanh's cubic coefficient, as a decimal (exact in mpmath, the nearest double in float64).
 GELU_TANH_CUBIC = "0.044715"
@@ -161,21 +161,8 @@ def identity_vjp(F, x, out, g):
     return (g,)
 
 
-_X = ("x",)
-OPS = {
-    "neg": (neg, neg_vjp),
-    "exp": (exp, exp_vjp),
-    "log": (log, log_vjp),
-    "sqrt": (sqrt, sqrt_vjp),
-    "square": (square, square_vjp),
-    "abs": (abs_, abs_vjp),
-    "relu": (relu, relu_vjp),
-    "leaky_relu": (leaky_relu, leaky_relu_vjp),
-    "silu": (silu, silu_vjp),
-    "gelu": (gelu, gelu_vjp),
-    "gelu_tanh": (gelu_tanh, gelu_tanh_vjp),
-    "tanh": (tanh, tanh_vjp),
-    "sigmoid": (sigmoid, sigmoid_vjp),
-    "softplus": (softplus, softplus_vjp),
-    "identity": (identity, identity_vjp),
-}
+# op name -> (forward, vjp), paired by name (``abs_`` / ``abs_vjp``)
+OPS = implementations(globals(), (
+    "neg exp log sqrt square abs relu leaky_relu silu gelu gelu_tanh tanh sigmoid "
+    "softplus identity"
+))

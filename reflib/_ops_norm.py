@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib._ops_common import check_real, fail, one_axis
+from reflib._ops_common import check_real, fail, implementations, one_axis
 from reflib._ops_reduce import shifted_exp
 
 
@@ -84,9 +84,5 @@ def rms_norm_vjp(F, x, out, g, eps=1e-6):
     return (r * (g - out * mgy),)
 
 
-OPS = {
-    "softmax": (softmax, softmax_vjp),
-    "log_softmax": (log_softmax, log_softmax_vjp),
-    "layer_norm": (layer_norm, layer_norm_vjp),
-    "rms_norm": (rms_norm, rms_norm_vjp),
-}
+# op name -> (forward, vjp), paired by name (``abs_`` / ``abs_vjp``)
+OPS = implementations(globals(), "softmax log_softmax layer_norm rms_norm")

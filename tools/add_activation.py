@@ -24,7 +24,7 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-# (file, anchor line already in the file, text inserted after the anchor's line)
+# (file, anchor line already in the file, text inserted after it; None: see BEFORE)
 EDITS = (
     ("optable/table.py",
      '    _unary("identity", 14, "copy", scale_free=True, single_rounding=True),\n',
@@ -37,10 +37,7 @@ EDITS = (
      '                                      0 * grad)),\n'),
     ("reflib/_ops_elementwise.py",
      'def relu_vjp(F, x, out, g):\n',
-     None),   # functions go before relu (below), the table entry after identity's
-    ("reflib/_ops_elementwise.py",
-     '    "identity": (identity, identity_vjp),\n',
-     '    "hardtanh": (hardtanh, hardtanh_vjp),\n'),
+     None),   # the functions go before relu's VJP (BEFORE); the name joins the list (REPLACE)
     ("fastlib/kernels/scalar.py",
      '# --- activations ---------------------------------------------------------------------------\n',
      '\n@njit(cache=True, error_model="numpy", fastmath=_FM)\n'
@@ -66,13 +63,10 @@ EDITS = (
      '            out[i] = g[i] * S.hardtanh_df(x[i])\n'),
     ("fastlib/cuda/scalar.py",
      '#: name -> (value, derivative); leaky_relu\'s pair takes the slope as a second argument.\n',
-     None),   # device functions go before the map (below), the map entry after gelu_tanh's
+     None),   # the device functions go before the map (BEFORE), the map entry after gelu_tanh's
     ("fastlib/cuda/scalar.py",
      '    "gelu_tanh": (gelu_tanh_f, gelu_tanh_df),\n',
      '    "hardtanh": (hardtanh_f, hardtanh_df),\n'),
-    ("docs/CONTRACTS.md",
-     '| neg exp log sqrt square abs relu silu gelu gelu_tanh tanh sigmoid softplus identity |',
-     None),   # the op joins the unary row (below)
 )
 
 BEFORE = {   # text inserted *before* the anchor
@@ -91,12 +85,14 @@ BEFORE = {   # text inserted *before* the anchor
         '    return 1.0 if -1 < x < 1 else 0.0\n\n\n',
 }
 
-REPLACE = {
-    "docs/CONTRACTS.md": (
-        '| neg exp log sqrt square abs relu silu gelu gelu_tanh tanh sigmoid softplus identity |',
-        '| neg exp log sqrt square abs relu silu gelu gelu_tanh tanh sigmoid softplus identity '
-        'hardtanh |'),
-}
+# (file, old text, new text): the op joins a list
+REPLACE = (
+    ("reflib/_ops_elementwise.py", '    "softplus identity"\n', '    "softplus identity hardtanh"\n'),
+    ("docs/CONTRACTS.md",
+     '| neg exp log sqrt square abs relu silu gelu gelu_tanh tanh sigmoid softplus identity |',
+     '| neg exp log sqrt square abs relu silu gelu gelu_tanh tanh sigmoid softplus identity '
+     'hardtanh |'),
+)
 
 
 def copy_repository(dest):
@@ -115,26 +111,27 @@ def apply_edits(dest):
     """Make every edit; return the sorted relative paths of the files that changed."""
     touched = set()
     for rel, anchor, after in EDITS:
-        path = dest / rel
-        text = path.read_text(encoding="utf-8")
-        if anchor not in text:
-            raise SystemExit(f"add_activation: {rel} no longer holds the line {anchor!r}; "
-                             f"update tools/add_activation.py to the file's new form")
+        text = _holding(dest, rel, anchor)
         if (rel, anchor) in BEFORE:
             text = text.replace(anchor, BEFORE[(rel, anchor)] + anchor, 1)
-        if rel in REPLACE:
-            old, new = REPLACE[rel]
-            text = text.replace(old, new, 1)
         if after is not None:
-            if anchor.endswith("\n"):
-                text = text.replace(anchor, anchor + after, 1)
-            else:   # anchor ends mid-line: insert after the end of its line
-                i = text.index(anchor)
-                j = text.index("\n", i) + 1
-                text = text[:j] + after + text[j:]
-        path.write_text(text, encoding="utf-8")
+            text = text.replace(anchor, anchor + after, 1)
+        (dest / rel).write_text(text, encoding="utf-8")
+        touched.add(rel)
+    for rel, old, new in REPLACE:
+        text = _holding(dest, rel, old)
+        (dest / rel).write_text(text.replace(old, new, 1), encoding="utf-8")
         touched.add(rel)
     return sorted(touched)
+
+
+def _holding(dest, rel, anchor):
+    """The text of ``rel``, which must hold ``anchor`` (else the tool is out of date)."""
+    text = (dest / rel).read_text(encoding="utf-8")
+    if anchor not in text:
+        raise SystemExit(f"add_activation: {rel} no longer holds the line {anchor!r}; "
+                         f"update tools/add_activation.py to the file's new form")
+    return text
 
 
 def _run(cmd, cwd, label):
