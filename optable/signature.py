@@ -27,6 +27,20 @@ REQUIRED = _Required()
 NON_DIFFERENTIABLE_DOMAINS = frozenset({"class_index"})
 
 
+def freeze(record, tuples=(), mappings=()):
+    """Make a frozen dataclass's ``tuples`` fields tuples and its ``mappings`` fields read-only
+    mappings (callers may pass lists and dicts)."""
+    for name in tuples:
+        object.__setattr__(record, name, tuple(getattr(record, name)))
+    for name in mappings:
+        object.__setattr__(record, name, MappingProxyType(dict(getattr(record, name))))
+
+
+def param_defaults(params):
+    """``{param name: default}`` of ``Param`` records (``REQUIRED`` where there is none)."""
+    return {p.name: p.default for p in params}
+
+
 @dataclass(frozen=True)
 class Param:
     """A keyword parameter: name, default (or ``REQUIRED``) and kind (how its value is checked:
@@ -90,15 +104,12 @@ class OpSignature:
     edge: str = "full"
 
     def __post_init__(self):
-        object.__setattr__(self, "inputs", tuple(self.inputs))
-        object.__setattr__(self, "domains", MappingProxyType(dict(self.domains)))
-        object.__setattr__(self, "params", tuple(self.params))
-        object.__setattr__(self, "kinks", tuple(self.kinks))
+        freeze(self, tuples=("inputs", "params", "kinks"), mappings=("domains",))
 
     @property
     def defaults(self):
         """``{param name: default}`` (``REQUIRED`` for a parameter without default)."""
-        return {p.name: p.default for p in self.params}
+        return param_defaults(self.params)
 
     @property
     def class_index(self):

@@ -21,7 +21,8 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 import optable
-from optable import REQUIRED, Param
+from optable import REQUIRED, Param  # noqa: F401 (public names of spec.opspec)
+from optable.signature import freeze, param_defaults
 from spec import shapes as _shapes
 
 
@@ -80,19 +81,14 @@ class OpSpec:
     math: str = ""              # the forward in one line, for listings
 
     def __post_init__(self):
-        object.__setattr__(self, "inputs", tuple(self.inputs))
-        object.__setattr__(self, "domains", MappingProxyType(dict(self.domains)))
-        object.__setattr__(self, "vjp", MappingProxyType(dict(self.vjp)))
-        object.__setattr__(self, "examples", tuple(self.examples))
-        object.__setattr__(self, "params", tuple(self.params))
-        object.__setattr__(self, "kinks", tuple(self.kinks))
+        freeze(self, tuples=("inputs", "examples", "params", "kinks"), mappings=("domains", "vjp"))
 
     # -- parameters ----------------------------------------------------------------------------
 
     @property
     def defaults(self):
         """``{param name: default}`` (``REQUIRED`` for a parameter without default)."""
-        return {p.name: p.default for p in self.params}
+        return param_defaults(self.params)
 
     @property
     def differentiable(self):

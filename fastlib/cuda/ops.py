@@ -25,6 +25,7 @@ import numpy as np
 
 import optable
 from optable import REQUIRED, UnknownOpError  # noqa: F401 (public names of this module)
+from optable.checks import check_int, check_real, fail, one_axis, reduce_axes, require_domain
 
 from . import device, elementwise, linalg, loss, norm, reduce, structure
 
@@ -47,60 +48,6 @@ class CudaOp:
     check_vjp: Callable | None = None      # extra domain of the VJP (sqrt's derivative at 0)
 
 
-def fail(op, message):
-    """The ValueError every bad shape / param / domain gets: ``op: what to fix``."""
-    raise ValueError(f"{op}: {message}")
-
-
-# ---------------------------------------------------------------------------------------------
-# param and shape helpers
-
-def _int(op, pname, value, minimum=None):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(op, f"param {pname} must be an int; got {value!r}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        fail(op, f"param {pname} must be >= {minimum}; got {value}")
-    return value
-
-
-def _real(op, pname, value, minimum=None):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or not np.isfinite(float(value)):
-        fail(op, f"param {pname} must be a finite real number; got {value!r}")
-    if minimum is not None and value < minimum:
-        fail(op, f"param {pname} must be >= {minimum}; got {value!r}")
-    return float(value)
-
-
-def _axis(op, axis, ndim, pname="axis"):
-    axis = _int(op, pname, axis)
-    if not -ndim <= axis < ndim:
-        fail(op, f"{pname}={axis} is out of range for an input with {ndim} dimension(s); use "
-                 f"-{ndim} <= {pname} < {ndim}")
-    return axis % ndim
-
-
-def _reduce_axes(op, axis, ndim):
-    if axis is None:
-        return tuple(range(ndim))
-    if isinstance(axis, (list, tuple)):
-        axes = tuple(_axis(op, a, ndim) for a in axis)
-    else:
-        axes = (_axis(op, axis, ndim),)
-    if len(set(axes)) != len(axes):
-        fail(op, f"axis={axis!r} repeats an axis; name each axis once")
-    return tuple(sorted(axes))
-
-
-def _domain(op, name, x, ok, what):
-    ok = np.asarray(ok, dtype=bool)
-    if not ok.all():
-        idx = tuple(int(i) for i in np.argwhere(~ok)[0])
-        fail(op, f"{name} must be {what}; {name}[{idx}] = {x[idx]}" if idx else
-                 f"{name} must be {what}; got {x[()]}")
-
-
 # ---------------------------------------------------------------------------------------------
 # unary and binary
 
@@ -109,11 +56,12 @@ def _unary(name):
         (x,) = arrays
         out = dict(params)
         if name == "leaky_relu":
-            out["negative_slope"] = _real(name, "negative_slope", params["negative_slope"])
+            slope = check_real(name, "negative_slope", params["negative_slope"])
+            out["negative_slope"] = float(slope)
         if name == "log":
-            _domain(name, "x", x, x > 0, "> 0 (log is real only on positive numbers)")
+            require_domain(name, "x", x, x > 0, "> 0 (log is real only on positive numbers)")
         if name == "sqrt":
-            _domain(name, "x", x, x >= 0, ">= 0 (sqrt is real only on non-negative numbers)")
+            require_domain(name, "x", x, x >= 0, ">= 0 (sqrt is real only on non-negative numbers)")
         return x.shape, out
 
     def forward(arrays, params):
@@ -123,8 +71,8 @@ def _unary(name):
         return elementwise.unary_vjp(name, arrays[0], grad, params.get("negative_slope", 0.0))
 
     def check_vjp(arrays):
-        _domain(name, "x", arrays[0], arrays[0] > 0,
-                "> 0 for the VJP (the derivative 1/(2 sqrt x) is infinite at 0)")
+        require_domain(name, "x", arrays[0], arrays[0] > 0,
+                       "> 0 for the VJP (the derivative 1/(2 sqrt x) is infinite at 0)")
 
     return CudaOp(("x",), check, forward, vjp, optable.OPS[name].defaults,
                   check_vjp=check_vjp if name == "sqrt" else None)
@@ -139,7 +87,7 @@ def _binary(name):
             fail(name, f"shapes {a.shape} and {b.shape} do not broadcast (NumPy rules); make "
                        f"trailing dimensions equal or 1")
         if name == "div":
-            _domain(name, "b", b, b != 0, "nonzero (the divisor)")
+            require_domain(name, "b", b, b != 0, "nonzero (the divisor)")
         return shape, params
 
     return CudaOp(("a", "b"), check,
@@ -156,7 +104,7 @@ def _reduction(name, fwd, bwd):
         keepdims = params["keepdims"]
         if not isinstance(keepdims, (bool, np.bool_)):
             fail(name, f"param keepdims must be True or False; got {keepdims!r}")
-        axes = _reduce_axes(name, params["axis"], x.ndim)
+        axes = reduce_axes(name, params["axis"], x.ndim)
         shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape)) if keepdims else \
             tuple(d for k, d in enumerate(x.shape) if k not in axes)
         return shape, {"axes": axes, "keepdims": bool(keepdims)}
@@ -192,7 +140,7 @@ def _check_transpose(arrays, params):
     else:
         if not isinstance(axes, (list, tuple)):
             fail("transpose", f"param axes must be None or a sequence of ints; got {axes!r}")
-        axes = tuple(_axis("transpose", a, x.ndim, "axes") for a in axes) if x.ndim else ()
+        axes = tuple(one_axis("transpose", a, x.ndim, "axes") for a in axes) if x.ndim else ()
         if sorted(axes) != list(range(x.ndim)):
             fail("transpose", f"axes={tuple(params['axes'])!r} is not a permutation of the "
                               f"{x.ndim} axes of an input of shape {x.shape}")
@@ -206,7 +154,7 @@ def _check_reshape(arrays, params):
         shape = (shape,)
     if not isinstance(shape, (list, tuple)):
         fail("reshape", f"param shape must be a tuple of ints (one may be -1); got {shape!r}")
-    shape = tuple(_int("reshape", "shape", d, minimum=-1) for d in shape)
+    shape = tuple(check_int("reshape", "shape", d, minimum=-1) for d in shape)
     if shape.count(-1) > 1:
         fail("reshape", f"shape={shape} holds more than one -1; at most one dimension can be "
                         f"inferred")
@@ -227,7 +175,7 @@ def _check_concat(arrays, params):
     if a.ndim != b.ndim or a.ndim == 0:
         fail("concat", f"inputs need the same number (>= 1) of dimensions; got shapes {a.shape} "
                        f"and {b.shape}")
-    axis = _axis("concat", params["axis"], a.ndim)
+    axis = one_axis("concat", params["axis"], a.ndim)
     if any(da != db for k, (da, db) in enumerate(zip(a.shape, b.shape)) if k != axis):
         fail("concat", f"shapes {a.shape} and {b.shape} differ off axis {axis}; all other "
                        f"dimensions must match")
@@ -240,10 +188,10 @@ def _check_slice(arrays, params):
     (x,) = arrays
     if x.ndim == 0:
         fail("slice", "cannot slice a 0-d input; it has no axis")
-    axis = _axis("slice", params["axis"], x.ndim)
-    start = None if params["start"] is None else _int("slice", "start", params["start"])
-    stop = None if params["stop"] is None else _int("slice", "stop", params["stop"])
-    step = _int("slice", "step", params["step"], minimum=1)
+    axis = one_axis("slice", params["axis"], x.ndim)
+    start = None if params["start"] is None else check_int("slice", "start", params["start"])
+    stop = None if params["stop"] is None else check_int("slice", "stop", params["stop"])
+    step = check_int("slice", "step", params["step"], minimum=1)
     shape = list(x.shape)
     shape[axis] = len(range(*slice(start, stop, step).indices(x.shape[axis])))
     return tuple(shape), {"axis": axis, "start": start, "stop": stop, "step": step}
@@ -257,7 +205,7 @@ def _check_softmax(name):
         (x,) = arrays
         if x.ndim == 0:
             fail(name, "needs an input with at least one axis; got a 0-d input")
-        return x.shape, {"axis": _axis(name, params["axis"], x.ndim)}
+        return x.shape, {"axis": one_axis(name, params["axis"], x.ndim)}
     return check
 
 
@@ -266,7 +214,7 @@ def _check_last_axis(name):
         (x,) = arrays
         if x.ndim == 0:
             fail(name, "needs an input with at least one axis; got a 0-d input")
-        eps = _real(name, "eps", params["eps"], minimum=0.0)
+        eps = float(check_real(name, "eps", params["eps"], minimum=0.0))
         if eps == 0.0:
             rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
             spread = rows - rows.mean(axis=1, keepdims=True) if name == "layer_norm" else rows
@@ -295,10 +243,10 @@ def _check_same_shape(name, names):
             fail(name, f"{names[0]} and {names[1]} need the same shape; got {a.shape} and "
                        f"{b.shape}")
         if name == "binary_cross_entropy":
-            _domain(name, "p", a, (a > 0) & (a < 1), "strictly inside (0, 1) (probabilities; "
-                    "for logits use binary_cross_entropy_with_logits)")
+            require_domain(name, "p", a, (a > 0) & (a < 1), "strictly inside (0, 1) "
+                           "(probabilities; for logits use binary_cross_entropy_with_logits)")
         if name.startswith("binary_cross_entropy"):
-            _domain(name, "target", b, (b >= 0) & (b <= 1), "in [0, 1] (binary targets)")
+            require_domain(name, "target", b, (b >= 0) & (b <= 1), "in [0, 1] (binary targets)")
         return (), params
     return check
 
