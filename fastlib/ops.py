@@ -1,9 +1,10 @@
 """fastlib's op table and the engine protocol: ``forward``, ``vjp``, ``value_and_vjp``.
 
-``OPS`` maps every registry op name (docs/CONTRACTS.md; the same names as ``spec.OPS``) to an
-``OpEntry``: input names, params with defaults, a checker and the kernel launchers of
+``OPS`` maps every op of the op table (``optable``; docs/optable.md) to an ``OpEntry``: input
+names and params with defaults (the table's), a checker and the kernel launchers of
 ``fastlib.kernels``. This module is the public wrapper around the private kernels: it looks the
-name up, converts and checks the inputs, params and cotangent, and only then calls a kernel, so
+name up, converts and checks the inputs, params and cotangent (the boundary's checks and
+messages are ``optable.boundary``'s), and only then calls a kernel, so
 bad input gets a ``ValueError`` / ``TypeError`` / ``UnknownOpError`` that names the problem and
 the fix, never an error from inside Numba.
 

@@ -1,10 +1,12 @@
 """The reference engine protocol: ``forward(name, inputs, ...)`` and ``vjp(name, inputs, grad, ...)``.
 
 Every registry op has one hand-written forward and one hand-written VJP in the ``reflib._ops_*``
-modules (elementwise, binary, reduce, structure, norm, loss). This module holds the name table
-and does what every op needs at the boundary: look the name up, check the inputs (count, dtype,
-finiteness), the params (names, defaults) and the cotangent's shape, pick the precision, and
-hand back fresh arrays: float64 for ``dps=None``, object arrays of ``mpmath.mpf`` otherwise.
+modules (elementwise, binary, reduce, structure, norm, loss). This module joins them with the
+op table's signatures (``optable``) and does what every op needs at the boundary, with the
+checks and messages every engine shares (``optable.boundary``): look the name up, check the
+inputs (count, dtype, finiteness), the params (names, defaults) and the cotangent's shape, pick
+the precision, and hand back fresh arrays: float64 for ``dps=None``, object arrays of
+``mpmath.mpf`` otherwise.
 """
 from __future__ import annotations
 
