@@ -1,9 +1,9 @@
 """The CUDA engine's op table and its boundary: names, inputs, params, shapes and domains.
 
 ``OPS`` maps every registry name (docs/CONTRACTS.md) to a :class:`CudaOp`: its input names,
-params with defaults (the op table's, ``optable``), a ``check`` that validates shapes / params / domains and returns the
-output shape with the normalised params, and the host functions of the kernel modules that do
-the work. :func:`forward` and :func:`vjp` look the name up, check everything on the host (so a
+params with defaults (the op table's, ``optable``), a ``check`` that validates shapes / params /
+domains and returns the output shape with the normalised params, and the host functions of the
+kernel modules that do the work. :func:`forward` and :func:`vjp` look the name up, check everything on the host (so a
 bad call gets a ValueError / TypeError that says what to change, never an error from inside a
 kernel) and only then touch the device.
 
