@@ -16,9 +16,22 @@ from types import MappingProxyType
 from optable.boundary import (check_class_index, check_grad, check_input_list, common_dtype,
                               float_dtype, lookup, resolve_params)
 from optable.errors import UnknownOpError, close_names, did_you_mean
-from optable.signature import REQUIRED, Activation, OpSignature, Param
+from optable.signature import CATEGORIES, KINK_KINDS, REQUIRED, Activation, OpSignature, Param
 from optable.table import ACTIVATION_LIST, SIGNATURES
 from optable.targetprop import TargetPropConfig
+
+
+def _check_signature(sig):
+    """Raise a ValueError naming what to fix in one op's signature."""
+    where = f"optable: op {sig.name!r}"
+    if set(sig.domains) != set(sig.inputs):
+        raise ValueError(f"{where}: domains name {sorted(sig.domains)}, inputs are "
+                         f"{list(sig.inputs)}; give each input one domain")
+    if sig.category not in CATEGORIES:
+        raise ValueError(f"{where}: category {sig.category!r} is not one of {CATEGORIES}")
+    bad = [k for k in sig.kinks if k not in KINK_KINDS]
+    if bad:
+        raise ValueError(f"{where}: kink kinds {bad} are not among {KINK_KINDS}")
 
 
 def _index(entries, what):
@@ -26,6 +39,8 @@ def _index(entries, what):
     for e in entries:
         if e.name in table:
             raise ValueError(f"optable: {what} {e.name!r} is listed twice; list each once")
+        if isinstance(e, OpSignature):
+            _check_signature(e)
         table[e.name] = e
     codes = [e.code for e in entries]
     if len(set(codes)) != len(codes):
@@ -37,6 +52,9 @@ def _index(entries, what):
 OPS = _index(SIGNATURES, "op")
 #: activation name -> Activation (name, code, op), in code order.
 ACTIVATIONS = _index(ACTIVATION_LIST, "activation")
+_unknown = [a.name for a in ACTIVATIONS.values() if a.op not in OPS]
+if _unknown:
+    raise ValueError(f"optable: activations {_unknown} apply ops that are not in the table")
 
 
 def names(**where):

@@ -23,6 +23,12 @@ class _Required:
 
 REQUIRED = _Required()
 
+#: Kink kinds: an input equals 0 (``"zero"``), or two inputs are equal (``"tie"``).
+KINK_KINDS = ("zero", "tie")
+
+#: Op categories.
+CATEGORIES = ("unary", "binary", "reduction", "structure", "normalisation", "loss")
+
 #: Domains whose inputs are not differentiable (they hold indices, not numbers).
 NON_DIFFERENTIABLE_DOMAINS = frozenset({"class_index"})
 

@@ -13,13 +13,14 @@ from types import MappingProxyType
 import numpy as np
 
 import optable
+import optable.signature
 from spec import domains as _domains
 from spec.errors import RegistryError, did_you_mean
 from spec.opspec import Example, Kink, OpSpec, Param, formula_arguments
 from spec.shapes import PARAM_KINDS
 
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-KINK_KINDS = ("zero", "tie")
+KINK_KINDS = optable.signature.KINK_KINDS
 
 
 def _fail(op_name, message):

@@ -38,6 +38,19 @@ def test_codes_are_unique_and_duplicates_are_refused():
                        "activation")
 
 
+@pytest.mark.parametrize("change, message", [
+    (dict(domains={"y": "real"}), "give each input one domain"),
+    (dict(category="elementwise"), "category 'elementwise' is not one of"),
+    (dict(kinks=("corner",)), r"kink kinds \['corner'\] are not among"),
+])
+def test_a_broken_signature_is_refused(change, message):
+    import dataclasses
+
+    broken = dataclasses.replace(optable.OPS["relu"], **change)
+    with pytest.raises(ValueError, match=message):
+        optable._index((broken,), "op")
+
+
 def test_every_activation_applies_an_op_of_the_table():
     assert set(a.op for a in optable.ACTIVATIONS.values()) <= set(optable.OPS)
 
