@@ -20,14 +20,21 @@ PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 STAMP_NAME = "verigrad-numba-sources.sha256"
 
 
+#: The op table's package: the kernels compile its codes in as constants, so it is hashed too.
+OPTABLE_DIR = PACKAGE_DIR.parent / "optable"
+
+
 def source_fingerprint(root: pathlib.Path = PACKAGE_DIR) -> str:
-    """SHA-256 over the relative path and bytes of every ``.py`` file under ``root``."""
+    """SHA-256 over the relative path and bytes of every ``.py`` file under ``root`` (and, for
+    fastlib itself, under the op table's package, whose codes the kernels compile in)."""
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(b"\0")
-        digest.update(path.read_bytes())
-        digest.update(b"\0")
+    roots = [root] + ([OPTABLE_DIR] if root == PACKAGE_DIR and OPTABLE_DIR.is_dir() else [])
+    for base in roots:
+        for path in sorted(base.rglob("*.py")):
+            digest.update(str(path.relative_to(base.parent)).encode())
+            digest.update(b"\0")
+            digest.update(path.read_bytes())
+            digest.update(b"\0")
     return digest.hexdigest()
 
 

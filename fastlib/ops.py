@@ -1,9 +1,10 @@
 """fastlib's op table and the engine protocol: ``forward``, ``vjp``, ``value_and_vjp``.
 
-``OPS`` maps every registry op name (docs/CONTRACTS.md; the same names as ``spec.OPS``) to an
-``OpEntry``: input names, params with defaults, a checker and the kernel launchers of
+``OPS`` maps every op of the op table (``optable``; docs/optable.md) to an ``OpEntry``: input
+names and params with defaults (the table's), a checker and the kernel launchers of
 ``fastlib.kernels``. This module is the public wrapper around the private kernels: it looks the
-name up, converts and checks the inputs, params and cotangent, and only then calls a kernel, so
+name up, converts and checks the inputs, params and cotangent (the boundary's checks and
+messages are ``optable.boundary``'s), and only then calls a kernel, so
 bad input gets a ``ValueError`` / ``TypeError`` / ``UnknownOpError`` that names the problem and
 the fix, never an error from inside Numba.
 
@@ -25,7 +26,6 @@ Results are always new arrays: no output aliases an input (reshape and identity 
 """
 from __future__ import annotations
 
-import difflib
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+import optable
 from fastlib.kernels import binary as _binary
 from fastlib.kernels import elementwise as _elementwise
 from fastlib.kernels import linalg as _linalg
@@ -41,24 +42,12 @@ from fastlib.kernels import loss as _loss
 from fastlib.kernels import norm as _norm
 from fastlib.kernels import reduce as _reduce
 from fastlib.kernels import structure as _structure
+from optable import REQUIRED, UnknownOpError  # noqa: F401 (public names of fastlib.ops)
 
 __all__ = ["OPS", "OpEntry", "UnknownOpError", "forward", "vjp", "value_and_vjp", "bind",
            "BoundOp", "op_names"]
 
 
-class UnknownOpError(KeyError):
-    """An op name that is not in ``OPS``; the message lists the closest names."""
-
-    def __str__(self):  # KeyError would print the message in quotes
-        return str(self.args[0])
-
-
-class _Required:
-    def __repr__(self):
-        return "<required>"
-
-
-REQUIRED = _Required()
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -191,7 +180,9 @@ def _check_last_axis_for(name):
     return check
 
 
-def _check_same_shape_loss_for(name, first, second):
+def _check_same_shape_loss_for(name):
+    first, second = optable.OPS[name].inputs
+
     def check(a, p):
         if a[0].shape != a[1].shape:
             _fail(name, f"{first} has shape {a[0].shape} but {second} has shape {a[1].shape}; "
@@ -257,29 +248,39 @@ def _check_categorical(a, p):
 
 # --- launchers -----------------------------------------------------------------------------------
 
-def _unary_entry(name, params=None):
+def _entry(name, check, forward, vjp, **flags):
+    """An ``OpEntry`` whose inputs and params (with defaults) are the op table's."""
+    sig = optable.OPS[name]
+    return OpEntry(name, sig.inputs, sig.defaults, check, forward, vjp, **flags)
+
+
+def _unary_entry(name):
+    sig = optable.OPS[name]
     return OpEntry(
-        name=name, inputs=("x",), params=params or {}, check=_check_unary,
+        name=name, inputs=sig.inputs, params=sig.defaults, check=_check_unary,
         forward=lambda a, c: _elementwise.unary_forward(name, a[0], **c),
         vjp=lambda a, g, c: (_elementwise.unary_vjp(name, a[0], g, **c),))
 
 
 def _binary_entry(name):
     return OpEntry(
-        name=name, inputs=("a", "b"), params={}, check=_check_binary_for(name),
+        name=name, inputs=optable.OPS[name].inputs, params={}, check=_check_binary_for(name),
         forward=lambda a, c: _binary.binary_forward(name, a[0], a[1]),
         vjp=lambda a, g, c: _binary.binary_vjp(name, a[0], a[1], g))
 
 
 def _reduction_entry(name, fwd, bwd, finite_only=False):
+    sig = optable.OPS[name]
     return OpEntry(
-        name=name, inputs=("x",), params={"axis": None, "keepdims": False},
+        name=name, inputs=sig.inputs, params=sig.defaults,
         check=_check_reduction_for(name), finite_only=finite_only,
         forward=lambda a, c: fwd(a[0], c["axes"], c["keepdims"]),
         vjp=lambda a, g, c: (bwd(a[0], c["axes"], g),))
 
 
-def _loss_entry(name, inputs, check, fn, class_index=(), finite_only=True):
+def _loss_entry(name, check, fn, finite_only=True):
+    class_index = optable.OPS[name].class_index
+
     def value_and_vjp(a, g, c):
         args = (a[0], c["index"]) if class_index else (a[0], a[1])
         return fn(*args, grad=g)
@@ -288,63 +289,58 @@ def _loss_entry(name, inputs, check, fn, class_index=(), finite_only=True):
         args = (a[0], c["index"]) if class_index else (a[0], a[1])
         return fn(*args)[0]
 
-    return OpEntry(name=name, inputs=inputs, params={}, check=check, forward=forward,
+    return OpEntry(name=name, inputs=optable.OPS[name].inputs, params={}, check=check,
+                   forward=forward,
                    vjp=lambda a, g, c: value_and_vjp(a, g, c)[1],
                    value_and_vjp=value_and_vjp, finite_only=finite_only,
-                   class_index=frozenset(class_index))
+                   class_index=class_index)
 
 
 def _build_table():
-    entries = [_unary_entry(n) for n in _elementwise.UNARY_OPS if n != "leaky_relu"]
-    entries.append(_unary_entry("leaky_relu", {"negative_slope": 0.01}))
+    entries = [_unary_entry(n) for n in _elementwise.UNARY_OPS]
     entries += [_binary_entry(n) for n in _binary.BINARY_OPS]
     entries += [
         _reduction_entry("sum", _reduce.sum_forward, _reduce.sum_vjp),
         _reduction_entry("mean", _reduce.mean_forward, _reduce.mean_vjp),
         _reduction_entry("logsumexp", _reduce.logsumexp_forward, _reduce.logsumexp_vjp,
                          finite_only=True),
-        OpEntry("matmul", ("a", "b"), {}, _check_matmul,
-                lambda a, c: _linalg.matmul_forward(a[0], a[1]),
-                lambda a, g, c: _linalg.matmul_vjp(a[0], a[1], g)),
-        OpEntry("transpose", ("x",), {"axes": None}, _check_transpose,
-                lambda a, c: _structure.transpose_forward(a[0], c["perm"]),
-                lambda a, g, c: (_structure.transpose_vjp(a[0], c["perm"], g),)),
-        OpEntry("reshape", ("x",), {"shape": REQUIRED}, _check_reshape,
-                lambda a, c: _structure.reshape_forward(a[0], c["shape"]),
-                lambda a, g, c: (_structure.reshape_vjp(a[0], c["shape"], g),)),
-        OpEntry("concat", ("a", "b"), {"axis": -1}, _check_concat,
-                lambda a, c: _structure.concat_forward(a[0], a[1], c["axis"]),
-                lambda a, g, c: _structure.concat_vjp(a[0], a[1], c["axis"], g)),
-        OpEntry("slice", ("x",), {"axis": 0, "start": 0, "stop": None, "step": 1},
-                _check_slice,
-                lambda a, c: _structure.slice_forward(a[0], c["plan"]),
-                lambda a, g, c: (_structure.slice_vjp(a[0], c["plan"], g),)),
-        OpEntry("softmax", ("x",), {"axis": -1}, _check_along_axis_for("softmax"),
-                lambda a, c: _norm.softmax_forward(a[0], c["axis"]),
-                lambda a, g, c: (_norm.softmax_vjp(a[0], c["axis"], g),), finite_only=True),
-        OpEntry("log_softmax", ("x",), {"axis": -1}, _check_along_axis_for("log_softmax"),
-                lambda a, c: _norm.log_softmax_forward(a[0], c["axis"]),
-                lambda a, g, c: (_norm.log_softmax_vjp(a[0], c["axis"], g),),
-                finite_only=True),
-        OpEntry("layer_norm", ("x",), {"eps": 1e-5}, _check_last_axis_for("layer_norm"),
-                lambda a, c: _norm.layer_norm_forward(a[0], c["eps"]),
-                lambda a, g, c: (_norm.layer_norm_vjp(a[0], c["eps"], g),), finite_only=True),
-        OpEntry("rms_norm", ("x",), {"eps": 1e-6}, _check_last_axis_for("rms_norm"),
-                lambda a, c: _norm.rms_norm_forward(a[0], c["eps"]),
-                lambda a, g, c: (_norm.rms_norm_vjp(a[0], c["eps"], g),), finite_only=True),
-        _loss_entry("mse", ("pred", "target"),
-                    _check_same_shape_loss_for("mse", "pred", "target"), _loss.mse),
-        _loss_entry("cross_entropy", ("logits", "target"), _check_cross_entropy,
-                    _loss.cross_entropy, class_index=("target",)),
-        _loss_entry("categorical_cross_entropy", ("logits", "target"), _check_categorical,
+        _entry("matmul", _check_matmul,
+               lambda a, c: _linalg.matmul_forward(a[0], a[1]),
+               lambda a, g, c: _linalg.matmul_vjp(a[0], a[1], g)),
+        _entry("transpose", _check_transpose,
+               lambda a, c: _structure.transpose_forward(a[0], c["perm"]),
+               lambda a, g, c: (_structure.transpose_vjp(a[0], c["perm"], g),)),
+        _entry("reshape", _check_reshape,
+               lambda a, c: _structure.reshape_forward(a[0], c["shape"]),
+               lambda a, g, c: (_structure.reshape_vjp(a[0], c["shape"], g),)),
+        _entry("concat", _check_concat,
+               lambda a, c: _structure.concat_forward(a[0], a[1], c["axis"]),
+               lambda a, g, c: _structure.concat_vjp(a[0], a[1], c["axis"], g)),
+        _entry("slice", _check_slice,
+               lambda a, c: _structure.slice_forward(a[0], c["plan"]),
+               lambda a, g, c: (_structure.slice_vjp(a[0], c["plan"], g),)),
+        _entry("softmax", _check_along_axis_for("softmax"),
+               lambda a, c: _norm.softmax_forward(a[0], c["axis"]),
+               lambda a, g, c: (_norm.softmax_vjp(a[0], c["axis"], g),), finite_only=True),
+        _entry("log_softmax", _check_along_axis_for("log_softmax"),
+               lambda a, c: _norm.log_softmax_forward(a[0], c["axis"]),
+               lambda a, g, c: (_norm.log_softmax_vjp(a[0], c["axis"], g),),
+               finite_only=True),
+        _entry("layer_norm", _check_last_axis_for("layer_norm"),
+               lambda a, c: _norm.layer_norm_forward(a[0], c["eps"]),
+               lambda a, g, c: (_norm.layer_norm_vjp(a[0], c["eps"], g),), finite_only=True),
+        _entry("rms_norm", _check_last_axis_for("rms_norm"),
+               lambda a, c: _norm.rms_norm_forward(a[0], c["eps"]),
+               lambda a, g, c: (_norm.rms_norm_vjp(a[0], c["eps"], g),), finite_only=True),
+        _loss_entry("mse", _check_same_shape_loss_for("mse"), _loss.mse),
+        _loss_entry("cross_entropy", _check_cross_entropy, _loss.cross_entropy),
+        _loss_entry("categorical_cross_entropy", _check_categorical,
                     _loss.categorical_cross_entropy),
         # the [0, 1] range checks of the binary losses also reject NaN and inf
-        _loss_entry("binary_cross_entropy", ("p", "target"),
-                    _check_same_shape_loss_for("binary_cross_entropy", "p", "target"),
+        _loss_entry("binary_cross_entropy", _check_same_shape_loss_for("binary_cross_entropy"),
                     _loss.binary_cross_entropy, finite_only=()),
-        _loss_entry("binary_cross_entropy_with_logits", ("logits", "target"),
-                    _check_same_shape_loss_for("binary_cross_entropy_with_logits", "logits",
-                                               "target"),
+        _loss_entry("binary_cross_entropy_with_logits",
+                    _check_same_shape_loss_for("binary_cross_entropy_with_logits"),
                     _loss.binary_cross_entropy_with_logits, finite_only=("logits",)),
     ]
     return MappingProxyType({e.name: e for e in entries})
@@ -361,27 +357,11 @@ def op_names():
 # --- the boundary: name, params, inputs, grad -----------------------------------------------
 
 def _lookup(name):
-    entry = OPS.get(name) if isinstance(name, str) else None
-    if entry is None:
-        close = difflib.get_close_matches(str(name), list(OPS), n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-        raise UnknownOpError(f"unknown op {name!r}; {hint}known ops: {', '.join(sorted(OPS))}")
-    return entry
+    return optable.lookup(OPS, name)
 
 
 def _resolve_params(entry, params):
-    for k in params:
-        if k not in entry.params:
-            close = difflib.get_close_matches(k, list(entry.params), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            allowed = ", ".join(entry.params) if entry.params else "none"
-            raise ValueError(f"{entry.name}: unknown param {k!r}; {hint}its params are: "
-                             f"{allowed}")
-    merged = {**entry.params, **params}
-    for k, v in merged.items():
-        if v is REQUIRED:
-            raise ValueError(f"{entry.name}: param {k!r} is required, e.g. {k}=(2, 3)")
-    return merged
+    return optable.resolve_params(entry.name, entry.params, params)
 
 
 def _as_float_array(op, what, value):
@@ -390,17 +370,14 @@ def _as_float_array(op, what, value):
         if arr.dtype.kind == "f" and arr.dtype.itemsize in (4, 8):   # non-native byte order
             arr = arr.astype(arr.dtype.newbyteorder("="))
         else:
-            raise TypeError(f"{op}: {what} has dtype {arr.dtype}; fastlib computes in float32 "
-                            f"or float64, cast it with .astype(np.float32) (or np.float64)")
+            optable.float_dtype(f"{op}: {what}", arr, _FLOATS, "fastlib")
     # NOTE: not np.ascontiguousarray, which turns a 0-d array into shape (1,)
     return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def _as_class_index(op, what, value):
     arr = np.asarray(value)
-    if arr.dtype.kind not in "iuf":
-        raise TypeError(f"{op}: {what} has dtype {arr.dtype}; pass integer class indices (an "
-                        f"int array, or floats holding whole numbers)")
+    optable.check_class_index(f"{op}: {what}", arr)
     return arr
 
 
@@ -424,12 +401,7 @@ def _check_finite(op, what, arr):
 def _prepare(name, inputs, params):
     entry = _lookup(name)
     merged = _resolve_params(entry, params)
-    if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple)):
-        raise TypeError(f"{name}: inputs must be a list or tuple of arrays in the order "
-                        f"{entry.inputs}, e.g. [x]; got {type(inputs).__name__}")
-    if len(inputs) != len(entry.inputs):
-        raise ValueError(f"{name}: takes {len(entry.inputs)} input(s) {entry.inputs}; got "
-                         f"{len(inputs)}")
+    optable.check_input_list(name, entry.inputs, inputs, container=(list, tuple))
     arrays = []
     for iname, value in zip(entry.inputs, inputs):
         if iname in entry.class_index:
@@ -437,11 +409,7 @@ def _prepare(name, inputs, params):
         else:
             arrays.append(_as_float_array(name, f"input {iname!r}", value))
     floats = [(n, a) for n, a in zip(entry.inputs, arrays) if n not in entry.class_index]
-    dtypes = {a.dtype for _, a in floats}
-    if len(dtypes) > 1:
-        listed = ", ".join(f"{n} {a.dtype}" for n, a in floats)
-        raise TypeError(f"{name}: inputs have mixed dtypes ({listed}); cast them to one dtype, "
-                        f"e.g. .astype(np.float32)")
+    optable.common_dtype(name, floats)
     if entry.finite_only:
         for n, a in floats:
             if entry.finite_only is True or n in entry.finite_only:
@@ -452,12 +420,7 @@ def _prepare(name, inputs, params):
 
 def _prepare_grad(entry, grad, out_shape, dtype):
     g = _as_float_array(entry.name, "grad", grad)
-    if g.dtype != dtype:
-        raise TypeError(f"{entry.name}: grad has dtype {g.dtype} but the inputs are {dtype}; "
-                        f"pass a cotangent of the inputs' dtype")
-    if g.shape != tuple(out_shape):
-        raise ValueError(f"{entry.name}: grad has shape {g.shape} but the output has shape "
-                         f"{tuple(out_shape)}; pass a cotangent shaped like the output")
+    optable.check_grad(entry.name, g.shape, g.dtype, out_shape, dtype)
     if entry.finite_only:
         _check_finite(entry.name, "grad", g)
     return g

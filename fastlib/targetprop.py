@@ -11,10 +11,11 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import numpy as np
 
+from optable.targetprop import NORMALISATIONS, TargetPropConfig
 from fastlib.kernels import dense as dense_kernels
 from fastlib.kernels import targetprop as kernels
 from fastlib.layers.attention import MultiHeadAttention
@@ -32,70 +33,6 @@ __all__ = ["TargetPropConfig", "TargetPropState", "targetprop_forward", "targetp
 SUPPORTED = (Dense, RNN, LSTM, MultiHeadAttention, SwiGLU)
 LOSS_TYPES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
               "binary_cross_entropy_with_logits")
-UPDATES = ("gradient", "loom")          # first = default
-NORMALISATIONS = ("row", "column")      # first = default
-_NUMBERS = ("gradient_scale", "depth_scale_factor", "budget_threshold", "momentum",
-            "weight_threshold")
-
-
-@dataclass(frozen=True)
-class TargetPropConfig:
-    """TargetProp settings (Loom's TargetPropConfig; defaults of ``spec.TARGETPROP_DEFAULTS``).
-
-    Attributes
-    ----------
-    use_chain_rule : bool, default True
-        True: t_in = x + gradient_scale · (layer backward of the signal); False: pure targets
-        through the weights, no derivatives.
-    gradient_scale : float, default 0.1
-        Loom's GradientScale.
-    depth_scale_factor : float, default 1.1
-        Layer ℓ (0 = first) learns at depth_scale_factor^ℓ times the rate; 1.0 turns it off.
-    budget_threshold : float, default 0.2
-        Layers whose link budget is below it are not updated.
-    momentum : float, default 0.9
-        μ in v ← μ v + (1 − μ) delta.
-    weight_threshold : float, default 0.01
-        A route's row (column, with ``normalisation="column"``) whose Σ |W| does not exceed it
-        routes nothing.
-    update : {"gradient", "loom"}, default "gradient"
-        The local update d_θ of a layer that passes the gate. ``"gradient"``: d_θ = J_θᵀ(t −
-        y)/B, the layer's own backward of its gap (descent on ‖y − t‖²/2B; every layer type).
-        ``"loom"``: Loom's delta = lr·input·gap for Dense layers, d_W = xᵀ(t − y)/B and d_b =
-        Σ(t − y)/B, without the activation derivative (Dense-only models).
-    normalisation : {"row", "column"}, default "row"
-        Pure mode's route N(W, v): ``"row"`` divides by each input row's Σ_j |W[i,j]| (Loom's
-        engine); ``"column"`` divides each output's v[j] by its column's Σ_i |W[i,j]| (Loom's
-        document, ``/ totalWeight[j]``).
-    """
-
-    use_chain_rule: bool = True
-    gradient_scale: float = 0.1
-    depth_scale_factor: float = 1.1
-    budget_threshold: float = 0.2
-    momentum: float = 0.9
-    weight_threshold: float = 0.01
-    update: str = "gradient"
-    normalisation: str = "row"
-
-    def __post_init__(self):
-        if not isinstance(self.use_chain_rule, (bool, np.bool_)):
-            raise TypeError(f"TargetPropConfig: use_chain_rule must be True or False, got "
-                            f"{self.use_chain_rule!r}")
-        for name, choices in (("update", UPDATES), ("normalisation", NORMALISATIONS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"TargetPropConfig: {name} must be one of "
-                                 f"{', '.join(map(repr, choices))}, got {getattr(self, name)!r}")
-        for name in _NUMBERS:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-                raise ValueError(f"TargetPropConfig: {name} must be a finite number, got {v!r}")
-        if self.gradient_scale <= 0 or self.depth_scale_factor <= 0:
-            raise ValueError("TargetPropConfig: gradient_scale and depth_scale_factor must be > 0")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"TargetPropConfig: momentum must be in [0, 1), got {self.momentum}")
-        if self.budget_threshold < 0 or self.weight_threshold < 0:
-            raise ValueError("TargetPropConfig: budget_threshold and weight_threshold must be >= 0")
 
 
 def flatten(model):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib._ops_common import OpDef, broadcast_shape, require_domain, unbroadcast
+from reflib._ops_common import broadcast_shape, implementations, require_domain, unbroadcast
 
 
 def add(F, a, b):
@@ -55,11 +55,5 @@ def maximum_vjp(F, a, b, out, g):
     return unbroadcast(np.where(first, g, 0.0), a.shape), unbroadcast(np.where(first, 0.0, g), b.shape)
 
 
-_AB = ("a", "b")
-OPS = {
-    "add": OpDef(_AB, add, add_vjp),
-    "sub": OpDef(_AB, sub, sub_vjp),
-    "mul": OpDef(_AB, mul, mul_vjp),
-    "div": OpDef(_AB, div, div_vjp),
-    "maximum": OpDef(_AB, maximum, maximum_vjp),
-}
+# op name -> (forward, vjp), paired by name (``abs_`` / ``abs_vjp``)
+OPS = implementations(globals(), "add sub mul div maximum")

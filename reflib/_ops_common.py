@@ -1,18 +1,20 @@
 """Shared pieces of the reference ops: the op record, axis handling, broadcasting, checks."""
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-REQUIRED = object()  # marks a param with no default (reshape's ``shape``)
+from optable import REQUIRED  # noqa: F401 (a param with no default; reflib.program reads it here)
+from optable import checks as _checks
+# the param and domain checks every engine shares
+from optable.checks import check_int, check_real, fail, one_axis, reduce_axes  # noqa: F401
 
 
 @dataclass(frozen=True)
 class OpDef:
-    """One reference op: input names, params with defaults, forward and VJP.
+    """One reference op: input names, params with defaults (the op table's), forward and VJP.
 
     ``forward(F, *inputs, **params) -> array`` validates shapes and domains, then computes.
     ``vjp(F, *inputs, out, g, **params) -> tuple`` gets the forward's ``out`` and the cotangent
@@ -26,48 +28,11 @@ class OpDef:
     class_index: frozenset = frozenset()  # inputs that hold class indices (not differentiable)
 
 
-def fail(op, message):
-    """Raise the ValueError every bad shape / param / domain gets: ``op: what to fix``."""
-    raise ValueError(f"{op}: {message}")
-
-
-def check_int(op, pname, value, minimum=None):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(op, f"param {pname} must be an int; got {value!r}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        fail(op, f"param {pname} must be >= {minimum}; got {value}")
-    return value
-
-
-def check_real(op, pname, value, positive=False):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(float(value)):
-        fail(op, f"param {pname} must be a finite real number; got {value!r}")
-    if positive and value <= 0:
-        fail(op, f"param {pname} must be > 0; got {value!r}")
-    return value
-
-
-def one_axis(op, axis, ndim, pname="axis"):
-    """Normalise a single axis to 0..ndim-1 (negative counts from the end, as in NumPy)."""
-    axis = check_int(op, pname, axis)
-    if not -ndim <= axis < ndim:
-        fail(op, f"{pname}={axis} is out of range for an input with {ndim} dimension(s); "
-                 f"use -{ndim} <= {pname} < {ndim}")
-    return axis % ndim
-
-
-def reduce_axes(op, axis, ndim):
-    """Normalise ``axis`` (None, int or tuple of ints) to a sorted tuple of distinct axes."""
-    if axis is None:
-        return tuple(range(ndim))
-    if isinstance(axis, (list, tuple)):
-        axes = tuple(one_axis(op, a, ndim) for a in axis)
-    else:
-        axes = (one_axis(op, axis, ndim),)
-    if len(set(axes)) != len(axes):
-        fail(op, f"axis={axis!r} repeats an axis; name each axis once")
-    return tuple(sorted(axes))
+def implementations(namespace, names):
+    """``{op name: (forward, vjp)}`` of the functions named ``name`` (or ``name_``, where the
+    name is a Python builtin) and ``name_vjp`` in ``namespace`` (a module's ``globals()``)."""
+    return {n: (namespace[n] if n in namespace else namespace[n + "_"], namespace[n + "_vjp"])
+            for n in names.split()}
 
 
 def keepdims_shape(shape, axes):
@@ -101,9 +66,5 @@ def unbroadcast(g, shape):
 
 
 def require_domain(F, op, name, x, test, what):
-    """Raise unless ``test`` holds elementwise on ``x``; the message names the first offender."""
-    ok = np.asarray(test, dtype=bool)
-    if not ok.all():
-        idx = tuple(int(i) for i in np.argwhere(~ok)[0])
-        fail(op, f"{name} must be {what}; {name}[{idx}] = {x[idx]}" if idx else
-                 f"{name} must be {what}; got {x[()]}")
+    """Raise unless ``test`` holds elementwise on ``x`` (``F``, the numeric, is not needed)."""
+    _checks.require_domain(op, name, x, test, what)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib._ops_common import OpDef, check_real, require_domain
+from reflib._ops_common import check_real, implementations, require_domain
 
 # gelu_tanh's cubic coefficient, as a decimal (exact in mpmath, the nearest double in float64).
 GELU_TANH_CUBIC = "0.044715"
@@ -161,21 +161,8 @@ def identity_vjp(F, x, out, g):
     return (g,)
 
 
-_X = ("x",)
-OPS = {
-    "neg": OpDef(_X, neg, neg_vjp),
-    "exp": OpDef(_X, exp, exp_vjp),
-    "log": OpDef(_X, log, log_vjp),
-    "sqrt": OpDef(_X, sqrt, sqrt_vjp),
-    "square": OpDef(_X, square, square_vjp),
-    "abs": OpDef(_X, abs_, abs_vjp),
-    "relu": OpDef(_X, relu, relu_vjp),
-    "leaky_relu": OpDef(_X, leaky_relu, leaky_relu_vjp, {"negative_slope": 0.01}),
-    "silu": OpDef(_X, silu, silu_vjp),
-    "gelu": OpDef(_X, gelu, gelu_vjp),
-    "gelu_tanh": OpDef(_X, gelu_tanh, gelu_tanh_vjp),
-    "tanh": OpDef(_X, tanh, tanh_vjp),
-    "sigmoid": OpDef(_X, sigmoid, sigmoid_vjp),
-    "softplus": OpDef(_X, softplus, softplus_vjp),
-    "identity": OpDef(_X, identity, identity_vjp),
-}
+# op name -> (forward, vjp), paired by name (``abs_`` / ``abs_vjp``)
+OPS = implementations(globals(), (
+    "neg exp log sqrt square abs relu leaky_relu silu gelu gelu_tanh tanh sigmoid "
+    "softplus identity"
+))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib._ops_common import OpDef, fail, require_domain
+from reflib._ops_common import fail, implementations, require_domain
 from reflib._ops_reduce import shifted_exp
 
 
@@ -111,13 +111,8 @@ def binary_cross_entropy_with_logits_vjp(F, logits, target, out, g):
     return g * (F.sigmoid(logits) - target) / n, -g * logits / n
 
 
-OPS = {
-    "mse": OpDef(("pred", "target"), mse, mse_vjp),
-    "cross_entropy": OpDef(("logits", "target"), cross_entropy, cross_entropy_vjp,
-                           class_index=frozenset({"target"})),
-    "categorical_cross_entropy": OpDef(("logits", "target"), categorical_cross_entropy,
-                                       categorical_cross_entropy_vjp),
-    "binary_cross_entropy": OpDef(("p", "target"), binary_cross_entropy, binary_cross_entropy_vjp),
-    "binary_cross_entropy_with_logits": OpDef(("logits", "target"), binary_cross_entropy_with_logits,
-                                              binary_cross_entropy_with_logits_vjp),
-}
+# op name -> (forward, vjp), paired by name (``abs_`` / ``abs_vjp``)
+OPS = implementations(globals(), (
+    "mse cross_entropy categorical_cross_entropy binary_cross_entropy "
+    "binary_cross_entropy_with_logits"
+))

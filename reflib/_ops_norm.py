@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib._ops_common import OpDef, check_real, fail, one_axis
+from reflib._ops_common import check_real, fail, implementations, one_axis
 from reflib._ops_reduce import shifted_exp
 
 
@@ -84,9 +84,5 @@ def rms_norm_vjp(F, x, out, g, eps=1e-6):
     return (r * (g - out * mgy),)
 
 
-OPS = {
-    "softmax": OpDef(("x",), softmax, softmax_vjp, {"axis": -1}),
-    "log_softmax": OpDef(("x",), log_softmax, log_softmax_vjp, {"axis": -1}),
-    "layer_norm": OpDef(("x",), layer_norm, layer_norm_vjp, {"eps": 1e-5}),
-    "rms_norm": OpDef(("x",), rms_norm, rms_norm_vjp, {"eps": 1e-6}),
-}
+# op name -> (forward, vjp), paired by name (``abs_`` / ``abs_vjp``)
+OPS = implementations(globals(), "softmax log_softmax layer_norm rms_norm")

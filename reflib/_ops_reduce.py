@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from reflib._ops_common import OpDef, expand_to, fail, reduce_axes
+from reflib._ops_common import expand_to, fail, implementations, reduce_axes
 
 
 def _axes(op, x, axis, keepdims, nonempty=False):
@@ -72,9 +72,5 @@ def logsumexp_vjp(F, x, out, g, axis=None, keepdims=False):
     return (expand_to(g, x.shape, axes) * F.exp(x - expand_to(out, x.shape, axes)),)
 
 
-_REDUCE = {"axis": None, "keepdims": False}
-OPS = {
-    "sum": OpDef(("x",), sum_, sum_vjp, dict(_REDUCE)),
-    "mean": OpDef(("x",), mean, mean_vjp, dict(_REDUCE)),
-    "logsumexp": OpDef(("x",), logsumexp, logsumexp_vjp, dict(_REDUCE)),
-}
+# op name -> (forward, vjp), paired by name (``abs_`` / ``abs_vjp``)
+OPS = implementations(globals(), "sum mean logsumexp")

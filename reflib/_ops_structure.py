@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from reflib._ops_common import REQUIRED, OpDef, check_int, fail, one_axis
+from reflib._ops_common import check_int, fail, implementations, one_axis
 
 
 def _matmul_shapes(a, b):
@@ -121,10 +121,5 @@ def slice_vjp(F, x, out, g, axis=0, start=0, stop=None, step=1):
     return (gx,)
 
 
-OPS = {
-    "matmul": OpDef(("a", "b"), matmul, matmul_vjp),
-    "transpose": OpDef(("x",), transpose, transpose_vjp, {"axes": None}),
-    "reshape": OpDef(("x",), reshape, reshape_vjp, {"shape": REQUIRED}),
-    "concat": OpDef(("a", "b"), concat, concat_vjp, {"axis": -1}),
-    "slice": OpDef(("x",), slice_, slice_vjp, {"axis": 0, "start": 0, "stop": None, "step": 1}),
-}
+# op name -> (forward, vjp), paired by name (``abs_`` / ``abs_vjp``)
+OPS = implementations(globals(), "matmul transpose reshape concat slice")

@@ -1,34 +1,42 @@
 """The reference engine protocol: ``forward(name, inputs, ...)`` and ``vjp(name, inputs, grad, ...)``.
 
 Every registry op has one hand-written forward and one hand-written VJP in the ``reflib._ops_*``
-modules (elementwise, binary, reduce, structure, norm, loss). This module holds the name table
-and does what every op needs at the boundary: look the name up, check the inputs (count, dtype,
-finiteness), the params (names, defaults) and the cotangent's shape, pick the precision, and
-hand back fresh arrays: float64 for ``dps=None``, object arrays of ``mpmath.mpf`` otherwise.
+modules (elementwise, binary, reduce, structure, norm, loss). This module joins them with the
+op table's signatures (``optable``) and does what every op needs at the boundary, with the
+checks and messages every engine shares (``optable.boundary``): look the name up, check the
+inputs (count, dtype, finiteness), the params (names, defaults) and the cotangent's shape, pick
+the precision, and hand back fresh arrays: float64 for ``dps=None``, object arrays of
+``mpmath.mpf`` otherwise.
 """
 from __future__ import annotations
 
-import difflib
-
 import numpy as np
 
+import optable
+from optable import UnknownOpError
 from reflib import _ops_binary, _ops_elementwise, _ops_loss, _ops_norm, _ops_reduce, _ops_structure
-from reflib._ops_common import REQUIRED, OpDef
+from reflib._ops_common import OpDef
 from reflib.numeric import FLOAT64, GUARD_DIGITS, numeric_for
 from spec.precision import converge
 
 __all__ = ["forward", "vjp", "vjp_from_output", "OPS", "UnknownOpError", "op_names"]
 
-OPS: dict[str, OpDef] = {}
-for _module in (_ops_elementwise, _ops_binary, _ops_reduce, _ops_structure, _ops_norm, _ops_loss):
-    OPS.update(_module.OPS)
+
+def _build_table():
+    """``{name: OpDef}``: each module's ``{name: (forward, vjp)}`` joined with the op table's
+    signature (inputs, params and defaults, class-index inputs), so those are written once."""
+    impls = {}
+    for module in (_ops_elementwise, _ops_binary, _ops_reduce, _ops_structure, _ops_norm,
+                   _ops_loss):
+        impls.update(module.OPS)
+    table = {}
+    for name, (fwd, bwd) in impls.items():
+        sig = optable.lookup(optable.OPS, name)
+        table[name] = OpDef(sig.inputs, fwd, bwd, sig.defaults, sig.class_index)
+    return table
 
 
-class UnknownOpError(KeyError):
-    """An op name that is not in the table; the message lists the closest names."""
-
-    def __str__(self):  # KeyError would quote the message
-        return str(self.args[0])
+OPS: dict[str, OpDef] = _build_table()
 
 
 def op_names():
@@ -37,43 +45,21 @@ def op_names():
 
 
 def _lookup(name):
-    op = OPS.get(name) if isinstance(name, str) else None
-    if op is None:
-        close = difflib.get_close_matches(str(name), OPS, n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-        raise UnknownOpError(f"unknown op {name!r}; {hint}known ops: {', '.join(sorted(OPS))}")
-    return op
+    return optable.lookup(OPS, name)
 
 
 def _params(name, op, params):
-    unknown = [k for k in params if k not in op.params]
-    if unknown:
-        k = unknown[0]
-        close = difflib.get_close_matches(k, op.params, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        allowed = ", ".join(op.params) if op.params else "none"
-        raise ValueError(f"{name}: unknown param {k!r}; {hint}its params are: {allowed}")
-    merged = {**op.params, **params}
-    missing = [k for k, v in merged.items() if v is REQUIRED]
-    if missing:
-        raise ValueError(f"{name}: param {missing[0]!r} is required (e.g. {missing[0]}=(2, 3))")
-    return merged
+    return optable.resolve_params(name, op.params, params)
 
 
 def _inputs(name, op, inputs, F):
-    if isinstance(inputs, np.ndarray) or not hasattr(inputs, "__len__"):
-        raise TypeError(f"{name}: inputs must be a sequence of arrays in the order "
-                        f"{op.inputs}, e.g. [x]; got {type(inputs).__name__}")
-    if len(inputs) != len(op.inputs):
-        raise ValueError(f"{name}: takes {len(op.inputs)} input(s) {op.inputs}; got {len(inputs)}")
+    optable.check_input_list(name, op.inputs, inputs)
     arrays = []
     for iname, value in zip(op.inputs, inputs):
         what = f"{name}: input {iname}"
         if iname in op.class_index:
             arr = np.asarray(value)  # kept as given; the op validates the indices
-            if arr.dtype.kind not in "iufO":
-                raise TypeError(f"{what} has dtype {arr.dtype}; pass integer class indices "
-                                f"(an int array, or floats holding whole numbers)")
+            optable.check_class_index(what, arr, kinds="iufO")
         else:
             arr = F.asarray(value, what)
             finite = F.isfinite(arr)
@@ -189,9 +175,7 @@ def _vjp(name, inputs, output, grad, dps, params):
         else:
             out = np.asarray(op.forward(F, *arrays, **merged), dtype=F.dtype)
         g = F.asarray(grad, f"{name}: grad")
-        if g.shape != out.shape:
-            raise ValueError(f"{name}: grad has shape {g.shape} but the output has shape "
-                             f"{out.shape}; pass a cotangent shaped like the output")
+        optable.check_grad(name, g.shape, None, out.shape)
         finite = F.isfinite(g)
         if not finite.all():
             idx = tuple(int(i) for i in np.argwhere(~finite)[0])

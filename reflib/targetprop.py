@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
 
 import numpy as np
 
+from optable.targetprop import TargetPropConfig
 from reflib import ops
 from reflib.models.base import Layer, close_matches, input_array
 from reflib.models.containers import Sequential
@@ -28,65 +28,6 @@ __all__ = ["TargetPropConfig", "TargetPropState", "targetprop_forward", "targetp
 SUPPORTED = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU")
 LOSS_TYPES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
               "binary_cross_entropy_with_logits")
-UPDATES = ("gradient", "loom")          # first = default
-NORMALISATIONS = ("row", "column")      # first = default
-_NUMBERS = ("gradient_scale", "depth_scale_factor", "budget_threshold", "momentum",
-            "weight_threshold")
-
-
-@dataclass(frozen=True)
-class TargetPropConfig:
-    """TargetProp settings (names and defaults as fastlib's and ``spec.TARGETPROP_DEFAULTS``).
-
-    Attributes
-    ----------
-    use_chain_rule : bool
-        True: targets from the chain rule (t = y + s·J_xᵀ g); False: pure targets.
-    gradient_scale : float
-        s, the step from an activation toward its chain-rule target.
-    depth_scale_factor : float
-        F: layer ℓ's rate is multiplied by F^ℓ (1.0 turns it off).
-    budget_threshold : float
-        τ: a layer whose link budget is below τ is not updated.
-    momentum : float
-        μ of the velocity v ← μ v + (1 − μ) delta.
-    weight_threshold : float
-        θ: a route's row (column) with Σ |W| <= θ routes nothing.
-    update : {"gradient", "loom"}
-        d_θ = J_θᵀ(t − y)/B from the layer's tape, or Loom's Dense delta d_W = xᵀ(t − y)/B,
-        d_b = Σ(t − y)/B (Dense-only models).
-    normalisation : {"row", "column"}
-        Pure routes divide by each input row's Σ_j |W[i,j]| or each output column's
-        Σ_i |W[i,j]|.
-    """
-
-    use_chain_rule: bool = True
-    gradient_scale: float = 0.1
-    depth_scale_factor: float = 1.1
-    budget_threshold: float = 0.2
-    momentum: float = 0.9
-    weight_threshold: float = 0.01
-    update: str = "gradient"
-    normalisation: str = "row"
-
-    def __post_init__(self):
-        if not isinstance(self.use_chain_rule, (bool, np.bool_)):
-            raise TypeError(f"TargetPropConfig: use_chain_rule must be True or False, got "
-                            f"{self.use_chain_rule!r}")
-        for name, choices in (("update", UPDATES), ("normalisation", NORMALISATIONS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"TargetPropConfig: {name} must be one of "
-                                 f"{', '.join(map(repr, choices))}, got {getattr(self, name)!r}")
-        for name in _NUMBERS:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-                raise ValueError(f"TargetPropConfig: {name} must be a finite number, got {v!r}")
-        if self.gradient_scale <= 0 or self.depth_scale_factor <= 0:
-            raise ValueError("TargetPropConfig: gradient_scale and depth_scale_factor must be > 0")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"TargetPropConfig: momentum must be in [0, 1), got {self.momentum}")
-        if self.budget_threshold < 0 or self.weight_threshold < 0:
-            raise ValueError("TargetPropConfig: budget_threshold and weight_threshold must be >= 0")
 
 
 def flatten(model):

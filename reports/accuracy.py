@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 import mpmath
 import numpy as np
 
+import optable
+
 SCHEMA_VERSION = 1
 SOURCES = ("uniform", "log_uniform", "special")
 DTYPES = ("float32", "float64")
@@ -82,8 +84,7 @@ REGRESSION_FLOOR_ULP = 0.5                   # baselines below half an ULP count
 # engine can return the correctly rounded value on every element (the bar asks for it there).
 # NOTE: binary ops are left out (a broadcast operand's VJP is a sum), and so is leaky_relu
 # (its float64 slope 0.01 is not a float32 number, so float32 engines round it first).
-SINGLE_ROUNDING_OPS = ("neg", "identity", "abs", "relu", "square", "sum", "mean", "transpose",
-                       "reshape", "concat", "slice")
+SINGLE_ROUNDING_OPS = optable.names(single_rounding=True)     # the op table's flag
 
 # Histogram of ULP errors: exact zeros, then these edges, then infinite errors.
 HIST_EDGES = tuple([0.0] + [10.0 ** (k / 2) for k in range(-6, 35)] + [math.inf])

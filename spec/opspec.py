@@ -17,29 +17,14 @@ import functools
 import inspect
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
+import optable
+from optable import REQUIRED, Param  # noqa: F401 (public names of spec.opspec)
+from optable.signature import freeze, param_defaults
 from spec import shapes as _shapes
-from spec.errors import did_you_mean
 
 
-class _Required:
-    """Sentinel default of a parameter that must be given (``reshape``'s ``shape``)."""
-
-    def __repr__(self):
-        return "<required>"
-
-
-REQUIRED = _Required()
-
-
-@dataclass(frozen=True)
-class Param:
-    """A keyword parameter: name, default (or ``REQUIRED``) and kind (see ``shapes.PARAM_KINDS``)."""
-
-    name: str
-    default: Any
-    kind: str
 
 
 @dataclass(frozen=True)
@@ -95,19 +80,14 @@ class OpSpec:
     math: str = ""              # the forward in one line, for listings
 
     def __post_init__(self):
-        object.__setattr__(self, "inputs", tuple(self.inputs))
-        object.__setattr__(self, "domains", MappingProxyType(dict(self.domains)))
-        object.__setattr__(self, "vjp", MappingProxyType(dict(self.vjp)))
-        object.__setattr__(self, "examples", tuple(self.examples))
-        object.__setattr__(self, "params", tuple(self.params))
-        object.__setattr__(self, "kinks", tuple(self.kinks))
+        freeze(self, tuples=("inputs", "examples", "params", "kinks"), mappings=("domains", "vjp"))
 
     # -- parameters ----------------------------------------------------------------------------
 
     @property
     def defaults(self):
         """``{param name: default}`` (``REQUIRED`` for a parameter without default)."""
-        return {p.name: p.default for p in self.params}
+        return param_defaults(self.params)
 
     @property
     def differentiable(self):
@@ -116,21 +96,9 @@ class OpSpec:
 
     def resolve_params(self, params=None):
         """Defaults merged with ``params``, each checked; ``ValueError`` names the problem."""
-        params = dict(params or {})
-        known = {p.name: p for p in self.params}
-        for name in params:
-            if name not in known:
-                expected = ", ".join(known) if known else "none"
-                raise ValueError(f"{self.name}: unknown parameter {name!r}"
-                                 f"{did_you_mean(name, known)} (parameters: {expected})")
-        out = {}
-        for p in self.params:
-            value = params.get(p.name, p.default)
-            if value is REQUIRED:
-                raise ValueError(f"{self.name}: parameter {p.name!r} is required, e.g. "
-                                 f"{p.name}=(2, 3)")
-            out[p.name] = _shapes.PARAM_KINDS[p.kind](self.name, p.name, value)
-        return out
+        merged = optable.resolve_params(self.name, self.defaults, dict(params or {}))
+        return {p.name: _shapes.PARAM_KINDS[p.kind](self.name, p.name, merged[p.name])
+                for p in self.params}
 
     # -- shapes --------------------------------------------------------------------------------
 
@@ -187,6 +155,42 @@ class OpSpec:
         env.update(M=M, result=result, grad=grad)
         return tuple(None if self.vjp.get(n) is None else call_formula(self.vjp[n], env)
                      for n in self.inputs)
+
+
+#: shape-rule names of the op table -> the rules in ``spec.shapes``
+SHAPE_RULES = {
+    "same_shape": _shapes.same_shape, "broadcast": _shapes.broadcast,
+    "reduction": _shapes.reduction, "matmul": _shapes.matmul,
+    "transpose": _shapes.transpose, "reshape": _shapes.reshape, "concat": _shapes.concat,
+    "slice": _shapes.slice_, "along_axis": _shapes.along_axis, "last_axis": _shapes.last_axis,
+    "same_shape_loss": _shapes.same_shape_loss, "class_index_loss": _shapes.class_index_loss,
+    "distribution_loss": _shapes.distribution_loss,
+}
+
+
+def declare(name, *, forward, vjp, examples, kinks=(), math=""):
+    """The ``OpSpec`` of op ``name``: its signature from the op table, spec's formulas added.
+
+    Parameters
+    ----------
+    name : str
+        An op of ``optable.OPS``; its category, inputs, domains, params and shape rule are
+        read from there, so they are written once.
+    forward, vjp, examples, kinks, math
+        As for :class:`OpSpec`.
+
+    Raises
+    ------
+    optable.UnknownOpError
+        ``name`` is not in the op table (add its signature to optable/table.py first).
+    """
+    sig = optable.lookup(optable.OPS, name)
+    if sig.shape not in SHAPE_RULES:
+        raise ValueError(f"{name}: the op table names shape rule {sig.shape!r}, which spec does "
+                         f"not have; add it to spec.opspec.SHAPE_RULES")
+    return OpSpec(name=name, category=sig.category, inputs=sig.inputs, domains=sig.domains,
+                  forward=forward, vjp=vjp, shape_rule=SHAPE_RULES[sig.shape],
+                  examples=examples, params=sig.params, kinks=kinks, math=math)
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,13 +12,15 @@ from types import MappingProxyType
 
 import numpy as np
 
+import optable
+import optable.signature
 from spec import domains as _domains
 from spec.errors import RegistryError, did_you_mean
 from spec.opspec import Example, Kink, OpSpec, Param, formula_arguments
 from spec.shapes import PARAM_KINDS
 
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-KINK_KINDS = ("zero", "tie")
+KINK_KINDS = optable.signature.KINK_KINDS
 
 
 def _fail(op_name, message):
@@ -141,6 +143,10 @@ def validate_op(op):
         if not kink.convention.strip():
             _fail(op.name, "a kink must state its convention in words")
         _check_formula(op, "kink slopes", kink.slopes, set(param_names))
+    signature = optable.OPS.get(op.name)
+    if signature is not None and tuple(k.kind for k in op.kinks) != signature.kinks:
+        _fail(op.name, f"kinks of kinds {[k.kind for k in op.kinks]} but the op table says "
+                       f"{list(signature.kinks)}; make optable/table.py and the formulas agree")
     return op
 
 
@@ -160,3 +166,11 @@ def validate_registry(ops):
                                 f"declared once (remove or rename one)")
         table[op.name] = op
     return MappingProxyType(table)
+
+
+def check_covers_table(table):
+    """Raise ``RegistryError`` unless ``table`` declares exactly the op table's ops."""
+    missing = [n for n in optable.OPS if n not in table]
+    if missing:
+        raise RegistryError(f"the op table lists {missing} but spec declares no formulas for "
+                            f"them; add each to spec/ops/<family>.py with spec.opspec.declare")

@@ -20,6 +20,7 @@ from typing import Callable, Mapping
 import mpmath
 import numpy as np
 
+import optable
 from spec.backends import MPMATH, SYMPY
 from spec.evaluate import _check_dps, _mpf_array, as_array, GUARD_DIGITS
 from spec.opspec import call_formula
@@ -386,9 +387,9 @@ def _local_params(leaf, params):
 # ---------------------------------------------------------------------------------------------
 # Layer forwards, composed from registry op formulas.
 
-_ACTIVATION_OPS = {"linear": None, "relu": "relu", "leaky_relu": "leaky_relu", "tanh": "tanh",
-                   "sigmoid": "sigmoid", "silu": "silu", "gelu": "gelu",
-                   "gelu_tanh": "gelu_tanh", "softplus": "softplus", "softmax": "softmax"}
+# activation name -> registry op (None: no op at all), from the op table's activations
+_ACTIVATION_OPS = {a.name: None if a.op == "identity" else a.op
+                   for a in optable.ACTIVATIONS.values()}
 
 
 def _affine(M, x, W, b=None):

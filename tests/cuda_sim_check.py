@@ -44,6 +44,9 @@ import traceback
 import numpy as np
 from numba import cuda  # a module global: the simulator swaps it inside simulated kernels
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # checkout
+import optable  # noqa: E402  (the op table: NumPy only, no device needed)
+
 E64 = 2.0 ** -52
 EPS = {"float32": 2.0 ** -23, "float64": E64}
 DTYPES = ("float32", "float64")
@@ -55,10 +58,9 @@ DPS_TAILS = 320
 # ---------------------------------------------------------------------------------------------
 # input cases: tiny shapes (the simulator runs each CUDA thread as a Python thread)
 
-UNARY = ("neg", "exp", "log", "sqrt", "square", "abs", "relu", "leaky_relu", "silu", "gelu",
-         "gelu_tanh", "tanh", "sigmoid", "softplus", "identity")
-BINARY = ("add", "sub", "mul", "div", "maximum")
-POSITIVE = ("log", "sqrt")
+UNARY = optable.names(category="unary")                    # the op table's groups
+BINARY = optable.names(category="binary")
+POSITIVE = tuple(n for n in UNARY if optable.OPS[n].domains["x"] == "positive")
 
 
 def _f32(a):

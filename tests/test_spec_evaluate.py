@@ -436,7 +436,7 @@ def test_unknown_op_lists_close_names():
      r"grad has shape \(2,\).*\(3,\)"),
     (lambda: spec.evaluate("tanh", [np.zeros(3)], np.array([np.inf, 0, 0])), ValueError, "finite"),
     (lambda: spec.evaluate("sum", [np.zeros(3)], np.zeros(()), {"axsi": 0}), ValueError,
-     r"unknown parameter 'axsi'; did you mean 'axis'"),
+     r"unknown param 'axsi'; did you mean 'axis'"),
     (lambda: spec.evaluate("sum", [np.zeros(3)], np.zeros(()), {"axis": 2}), ValueError,
      "out of range"),
     (lambda: spec.evaluate("reshape", [np.zeros(6)], np.zeros(6)), ValueError,

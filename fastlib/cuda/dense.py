@@ -19,6 +19,8 @@ import functools
 import numpy as np
 from numba import cuda, float64
 
+import optable
+
 from . import device
 from .elementwise import unary_vjp_device
 from .linalg import gemm_device
@@ -27,9 +29,7 @@ from .reduce import reduce_device
 from .scalar import ACTIVATIONS, WITH_PARAM
 
 #: Activation names a Dense layer takes (docs/CONTRACTS.md) -> the scalar twin's name.
-DENSE_ACTIVATIONS = {"linear": "identity", "relu": "relu", "leaky_relu": "leaky_relu",
-                     "tanh": "tanh", "sigmoid": "sigmoid", "silu": "silu", "gelu": "gelu",
-                     "gelu_tanh": "gelu_tanh", "softplus": "softplus", "softmax": "softmax"}
+DENSE_ACTIVATIONS = {a.name: a.op for a in optable.ACTIVATIONS.values()}
 
 
 @functools.lru_cache(maxsize=None)

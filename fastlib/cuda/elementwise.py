@@ -14,6 +14,8 @@ import functools
 import numpy as np
 from numba import cuda, float64
 
+import optable
+
 from . import device
 from .device import kernel, signatures, strided_offset
 from .reduce import sum_to_shape_device
@@ -92,8 +94,9 @@ def unary_vjp(name, x, grad, param=0.0):
 # ---------------------------------------------------------------------------------------------
 # binary
 
-ADD, SUB, MUL, DIV, MAXIMUM = range(5)
-BINARY = {"add": ADD, "sub": SUB, "mul": MUL, "div": DIV, "maximum": MAXIMUM}
+# the op table's codes (compiled in as constants)
+BINARY = optable.codes(optable.names(category="binary"))
+ADD, SUB, MUL, DIV, MAXIMUM = (BINARY[n] for n in ("add", "sub", "mul", "div", "maximum"))
 
 
 @cuda.jit(device=True)

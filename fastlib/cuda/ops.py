@@ -1,9 +1,9 @@
 """The CUDA engine's op table and its boundary: names, inputs, params, shapes and domains.
 
 ``OPS`` maps every registry name (docs/CONTRACTS.md) to a :class:`CudaOp`: its input names,
-params with defaults, a ``check`` that validates shapes / params / domains and returns the
-output shape with the normalised params, and the host functions of the kernel modules that do
-the work. :func:`forward` and :func:`vjp` look the name up, check everything on the host (so a
+params with defaults (the op table's, ``optable``), a ``check`` that validates shapes / params /
+domains and returns the output shape with the normalised params, and the host functions of the
+kernel modules that do the work. :func:`forward` and :func:`vjp` look the name up, check everything on the host (so a
 bad call gets a ValueError / TypeError that says what to change, never an error from inside a
 kernel) and only then touch the device.
 
@@ -17,25 +17,17 @@ elementwise ops follow IEEE instead; the two agree wherever both accept an input
 """
 from __future__ import annotations
 
-import difflib
 import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+import optable
+from optable import REQUIRED, UnknownOpError  # noqa: F401 (public names of this module)
+from optable.checks import check_int, check_real, fail, one_axis, reduce_axes, require_domain
+
 from . import device, elementwise, linalg, loss, norm, reduce, structure
-
-try:  # one exception class for both engines, so `except fastlib.UnknownOpError` catches ours
-    from fastlib.ops import UnknownOpError
-except ImportError:  # fastlib.ops not importable: keep the same contract with a local class
-    class UnknownOpError(KeyError):
-        """An op name that is not in the table; the message lists the closest names."""
-
-        def __str__(self):
-            return str(self.args[0])
-
-REQUIRED = object()  # marks a param without a default (reshape's ``shape``)
 
 
 @dataclass(frozen=True)
@@ -56,60 +48,6 @@ class CudaOp:
     check_vjp: Callable | None = None      # extra domain of the VJP (sqrt's derivative at 0)
 
 
-def fail(op, message):
-    """The ValueError every bad shape / param / domain gets: ``op: what to fix``."""
-    raise ValueError(f"{op}: {message}")
-
-
-# ---------------------------------------------------------------------------------------------
-# param and shape helpers
-
-def _int(op, pname, value, minimum=None):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(op, f"param {pname} must be an int; got {value!r}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        fail(op, f"param {pname} must be >= {minimum}; got {value}")
-    return value
-
-
-def _real(op, pname, value, minimum=None):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or not np.isfinite(float(value)):
-        fail(op, f"param {pname} must be a finite real number; got {value!r}")
-    if minimum is not None and value < minimum:
-        fail(op, f"param {pname} must be >= {minimum}; got {value!r}")
-    return float(value)
-
-
-def _axis(op, axis, ndim, pname="axis"):
-    axis = _int(op, pname, axis)
-    if not -ndim <= axis < ndim:
-        fail(op, f"{pname}={axis} is out of range for an input with {ndim} dimension(s); use "
-                 f"-{ndim} <= {pname} < {ndim}")
-    return axis % ndim
-
-
-def _reduce_axes(op, axis, ndim):
-    if axis is None:
-        return tuple(range(ndim))
-    if isinstance(axis, (list, tuple)):
-        axes = tuple(_axis(op, a, ndim) for a in axis)
-    else:
-        axes = (_axis(op, axis, ndim),)
-    if len(set(axes)) != len(axes):
-        fail(op, f"axis={axis!r} repeats an axis; name each axis once")
-    return tuple(sorted(axes))
-
-
-def _domain(op, name, x, ok, what):
-    ok = np.asarray(ok, dtype=bool)
-    if not ok.all():
-        idx = tuple(int(i) for i in np.argwhere(~ok)[0])
-        fail(op, f"{name} must be {what}; {name}[{idx}] = {x[idx]}" if idx else
-                 f"{name} must be {what}; got {x[()]}")
-
-
 # ---------------------------------------------------------------------------------------------
 # unary and binary
 
@@ -118,11 +56,12 @@ def _unary(name):
         (x,) = arrays
         out = dict(params)
         if name == "leaky_relu":
-            out["negative_slope"] = _real(name, "negative_slope", params["negative_slope"])
+            slope = check_real(name, "negative_slope", params["negative_slope"])
+            out["negative_slope"] = float(slope)
         if name == "log":
-            _domain(name, "x", x, x > 0, "> 0 (log is real only on positive numbers)")
+            require_domain(name, "x", x, x > 0, "> 0 (log is real only on positive numbers)")
         if name == "sqrt":
-            _domain(name, "x", x, x >= 0, ">= 0 (sqrt is real only on non-negative numbers)")
+            require_domain(name, "x", x, x >= 0, ">= 0 (sqrt is real only on non-negative numbers)")
         return x.shape, out
 
     def forward(arrays, params):
@@ -132,11 +71,10 @@ def _unary(name):
         return elementwise.unary_vjp(name, arrays[0], grad, params.get("negative_slope", 0.0))
 
     def check_vjp(arrays):
-        _domain(name, "x", arrays[0], arrays[0] > 0,
-                "> 0 for the VJP (the derivative 1/(2 sqrt x) is infinite at 0)")
+        require_domain(name, "x", arrays[0], arrays[0] > 0,
+                       "> 0 for the VJP (the derivative 1/(2 sqrt x) is infinite at 0)")
 
-    return CudaOp(("x",), check, forward, vjp,
-                  {"negative_slope": 0.01} if name == "leaky_relu" else {},
+    return CudaOp(("x",), check, forward, vjp, optable.OPS[name].defaults,
                   check_vjp=check_vjp if name == "sqrt" else None)
 
 
@@ -149,7 +87,7 @@ def _binary(name):
             fail(name, f"shapes {a.shape} and {b.shape} do not broadcast (NumPy rules); make "
                        f"trailing dimensions equal or 1")
         if name == "div":
-            _domain(name, "b", b, b != 0, "nonzero (the divisor)")
+            require_domain(name, "b", b, b != 0, "nonzero (the divisor)")
         return shape, params
 
     return CudaOp(("a", "b"), check,
@@ -166,7 +104,7 @@ def _reduction(name, fwd, bwd):
         keepdims = params["keepdims"]
         if not isinstance(keepdims, (bool, np.bool_)):
             fail(name, f"param keepdims must be True or False; got {keepdims!r}")
-        axes = _reduce_axes(name, params["axis"], x.ndim)
+        axes = reduce_axes(name, params["axis"], x.ndim)
         shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape)) if keepdims else \
             tuple(d for k, d in enumerate(x.shape) if k not in axes)
         return shape, {"axes": axes, "keepdims": bool(keepdims)}
@@ -202,7 +140,7 @@ def _check_transpose(arrays, params):
     else:
         if not isinstance(axes, (list, tuple)):
             fail("transpose", f"param axes must be None or a sequence of ints; got {axes!r}")
-        axes = tuple(_axis("transpose", a, x.ndim, "axes") for a in axes) if x.ndim else ()
+        axes = tuple(one_axis("transpose", a, x.ndim, "axes") for a in axes) if x.ndim else ()
         if sorted(axes) != list(range(x.ndim)):
             fail("transpose", f"axes={tuple(params['axes'])!r} is not a permutation of the "
                               f"{x.ndim} axes of an input of shape {x.shape}")
@@ -216,7 +154,7 @@ def _check_reshape(arrays, params):
         shape = (shape,)
     if not isinstance(shape, (list, tuple)):
         fail("reshape", f"param shape must be a tuple of ints (one may be -1); got {shape!r}")
-    shape = tuple(_int("reshape", "shape", d, minimum=-1) for d in shape)
+    shape = tuple(check_int("reshape", "shape", d, minimum=-1) for d in shape)
     if shape.count(-1) > 1:
         fail("reshape", f"shape={shape} holds more than one -1; at most one dimension can be "
                         f"inferred")
@@ -237,7 +175,7 @@ def _check_concat(arrays, params):
     if a.ndim != b.ndim or a.ndim == 0:
         fail("concat", f"inputs need the same number (>= 1) of dimensions; got shapes {a.shape} "
                        f"and {b.shape}")
-    axis = _axis("concat", params["axis"], a.ndim)
+    axis = one_axis("concat", params["axis"], a.ndim)
     if any(da != db for k, (da, db) in enumerate(zip(a.shape, b.shape)) if k != axis):
         fail("concat", f"shapes {a.shape} and {b.shape} differ off axis {axis}; all other "
                        f"dimensions must match")
@@ -250,10 +188,10 @@ def _check_slice(arrays, params):
     (x,) = arrays
     if x.ndim == 0:
         fail("slice", "cannot slice a 0-d input; it has no axis")
-    axis = _axis("slice", params["axis"], x.ndim)
-    start = None if params["start"] is None else _int("slice", "start", params["start"])
-    stop = None if params["stop"] is None else _int("slice", "stop", params["stop"])
-    step = _int("slice", "step", params["step"], minimum=1)
+    axis = one_axis("slice", params["axis"], x.ndim)
+    start = None if params["start"] is None else check_int("slice", "start", params["start"])
+    stop = None if params["stop"] is None else check_int("slice", "stop", params["stop"])
+    step = check_int("slice", "step", params["step"], minimum=1)
     shape = list(x.shape)
     shape[axis] = len(range(*slice(start, stop, step).indices(x.shape[axis])))
     return tuple(shape), {"axis": axis, "start": start, "stop": stop, "step": step}
@@ -267,7 +205,7 @@ def _check_softmax(name):
         (x,) = arrays
         if x.ndim == 0:
             fail(name, "needs an input with at least one axis; got a 0-d input")
-        return x.shape, {"axis": _axis(name, params["axis"], x.ndim)}
+        return x.shape, {"axis": one_axis(name, params["axis"], x.ndim)}
     return check
 
 
@@ -276,7 +214,7 @@ def _check_last_axis(name):
         (x,) = arrays
         if x.ndim == 0:
             fail(name, "needs an input with at least one axis; got a 0-d input")
-        eps = _real(name, "eps", params["eps"], minimum=0.0)
+        eps = float(check_real(name, "eps", params["eps"], minimum=0.0))
         if eps == 0.0:
             rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
             spread = rows - rows.mean(axis=1, keepdims=True) if name == "layer_norm" else rows
@@ -305,10 +243,10 @@ def _check_same_shape(name, names):
             fail(name, f"{names[0]} and {names[1]} need the same shape; got {a.shape} and "
                        f"{b.shape}")
         if name == "binary_cross_entropy":
-            _domain(name, "p", a, (a > 0) & (a < 1), "strictly inside (0, 1) (probabilities; "
-                    "for logits use binary_cross_entropy_with_logits)")
+            require_domain(name, "p", a, (a > 0) & (a < 1), "strictly inside (0, 1) "
+                           "(probabilities; for logits use binary_cross_entropy_with_logits)")
         if name.startswith("binary_cross_entropy"):
-            _domain(name, "target", b, (b >= 0) & (b <= 1), "in [0, 1] (binary targets)")
+            require_domain(name, "target", b, (b >= 0) & (b <= 1), "in [0, 1] (binary targets)")
         return (), params
     return check
 
@@ -374,8 +312,7 @@ def _ce_vjp(arrays, grad, p):
 # ---------------------------------------------------------------------------------------------
 # the table
 
-UNARY = ("neg", "exp", "log", "sqrt", "square", "abs", "relu", "leaky_relu", "silu", "gelu",
-         "gelu_tanh", "tanh", "sigmoid", "softplus", "identity")
+UNARY = optable.names(category="unary")
 
 OPS: dict[str, CudaOp] = {name: _unary(name) for name in UNARY}
 OPS.update({name: _binary(name) for name in elementwise.BINARY})
@@ -428,26 +365,11 @@ OPS.update({
 
 def lookup(name) -> CudaOp:
     """The table entry of ``name``, or :class:`UnknownOpError` listing the closest names."""
-    op = OPS.get(name) if isinstance(name, str) else None
-    if op is None:
-        close = difflib.get_close_matches(str(name), OPS, n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-        raise UnknownOpError(f"unknown op {name!r}; {hint}known ops: {', '.join(sorted(OPS))}")
-    return op
+    return optable.lookup(OPS, name)
 
 
 def _params(name, op, params):
-    unknown = [k for k in params if k not in op.params]
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], op.params, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        allowed = ", ".join(op.params) if op.params else "none"
-        raise ValueError(f"{name}: unknown param {unknown[0]!r}; {hint}its params are: {allowed}")
-    merged = {**op.params, **params}
-    missing = [k for k, v in merged.items() if v is REQUIRED]
-    if missing:
-        raise ValueError(f"{name}: param {missing[0]!r} is required (e.g. {missing[0]}=(2, 3))")
-    return merged
+    return optable.resolve_params(name, op.params, params)
 
 
 def _float_array(what, value):
@@ -463,11 +385,7 @@ def _float_array(what, value):
 
 
 def _inputs(name, op, inputs):
-    if isinstance(inputs, np.ndarray) or not hasattr(inputs, "__len__"):
-        raise TypeError(f"{name}: inputs must be a sequence of arrays in the order {op.inputs}, "
-                        f"e.g. [x]; got {type(inputs).__name__}")
-    if len(inputs) != len(op.inputs):
-        raise ValueError(f"{name}: takes {len(op.inputs)} input(s) {op.inputs}; got {len(inputs)}")
+    optable.check_input_list(name, op.inputs, inputs)
     arrays, dtype = [], None
     for iname, value in zip(op.inputs, inputs):
         what = f"{name}: input {iname}"
@@ -540,12 +458,7 @@ def vjp(name, inputs, grad, **params):
     arrays, dtype = _inputs(name, op, inputs)
     out_shape, normalised = op.check(arrays, merged)
     g = _float_array(f"{name}: grad", grad)
-    if g.dtype != dtype:
-        raise TypeError(f"{name}: grad is {g.dtype} but the inputs are {dtype}; cast the "
-                        f"cotangent to {dtype}")
-    if g.shape != tuple(out_shape):
-        raise ValueError(f"{name}: grad has shape {g.shape} but the output has shape "
-                         f"{tuple(out_shape)}; pass a cotangent shaped like the output")
+    optable.check_grad(name, g.shape, g.dtype, out_shape, dtype)
     if op.check_vjp is not None:
         op.check_vjp(arrays)
     device.require_device()

@@ -18,14 +18,16 @@ import functools
 import numpy as np
 from numba import njit, prange
 
+import optable
 from fastlib import config
 from fastlib.kernels.reduce import copy_and_sum_to_shape, scaled_copies, sum_to_shape
 
 _FM = config.FASTMATH
 
-BINARY_OPS = ("add", "sub", "mul", "div", "maximum")
-CODES = {name: code for code, name in enumerate(BINARY_OPS)}
-_ADD, _SUB, _MUL, _DIV, _MAX = range(len(BINARY_OPS))
+# op name -> code: the op table's stable codes (compiled into the kernels as constants)
+BINARY_OPS = optable.names(category="binary")
+CODES = optable.codes(BINARY_OPS)
+_ADD, _SUB, _MUL, _DIV, _MAX = (CODES[n] for n in ("add", "sub", "mul", "div", "maximum"))
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)

@@ -16,12 +16,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+import optable
 from fastlib.config import FASTMATH
 from fastlib.kernels import scalar
 from fastlib.kernels.vecmath import fexp
 
-# codes (fastlib.layers.activations.ACTIVATIONS)
-_LINEAR, _RELU, _LEAKY, _TANH, _SIGMOID, _SILU, _GELU, _GELU_TANH, _SOFTPLUS, _SOFTMAX = range(10)
+# activation codes: the op table's (optable.ACTIVATIONS), compiled in as constants
+_CODE = optable.activation_codes()
+_LINEAR, _RELU, _LEAKY, _TANH = _CODE["linear"], _CODE["relu"], _CODE["leaky_relu"], _CODE["tanh"]
+_SIGMOID, _SILU, _GELU = _CODE["sigmoid"], _CODE["silu"], _CODE["gelu"]
+_GELU_TANH, _SOFTPLUS, _SOFTMAX = _CODE["gelu_tanh"], _CODE["softplus"], _CODE["softmax"]
 
 _FASTMATH = set(FASTMATH)  # numba takes a set (config holds a frozenset)
 

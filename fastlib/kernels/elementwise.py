@@ -16,17 +16,20 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+import optable
 from fastlib import config
 from fastlib.kernels import scalar as S
 
 _FM = config.FASTMATH
 
-# op name -> code (the order is fixed by this tuple)
-UNARY_OPS = ("neg", "exp", "log", "sqrt", "square", "abs", "relu", "leaky_relu", "silu",
-             "gelu", "gelu_tanh", "tanh", "sigmoid", "softplus", "identity")
-CODES = {name: code for code, name in enumerate(UNARY_OPS)}
-(_NEG, _EXP, _LOG, _SQRT, _SQUARE, _ABS, _RELU, _LEAKY, _SILU, _GELU, _GELU_TANH, _TANH,
- _SIGMOID, _SOFTPLUS, _IDENTITY) = range(len(UNARY_OPS))
+# op name -> code: the op table's stable codes (compiled into the kernels as constants)
+UNARY_OPS = optable.names(category="unary")
+CODES = optable.codes(UNARY_OPS)
+_NEG, _EXP, _LOG, _SQRT, _SQUARE = (CODES[n] for n in ("neg", "exp", "log", "sqrt", "square"))
+_ABS, _RELU, _LEAKY, _SILU, _GELU = (CODES[n] for n in ("abs", "relu", "leaky_relu", "silu",
+                                                        "gelu"))
+_GELU_TANH, _TANH, _SIGMOID = (CODES[n] for n in ("gelu_tanh", "tanh", "sigmoid"))
+_SOFTPLUS, _IDENTITY = CODES["softplus"], CODES["identity"]
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)

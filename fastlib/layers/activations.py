@@ -1,18 +1,16 @@
 """Activation names of Dense (docs/CONTRACTS.md) and their integer codes in the fused kernels."""
 from __future__ import annotations
 
+import optable
 from fastlib.layers.base import close_matches
 
-# name -> code understood by fastlib.kernels.dense (one table; the kernels switch on the code)
-ACTIVATIONS = {
-    "linear": 0, "relu": 1, "leaky_relu": 2, "tanh": 3, "sigmoid": 4, "silu": 5, "gelu": 6,
-    "gelu_tanh": 7, "softplus": 8, "softmax": 9,
-}
+# name -> code understood by fastlib.kernels.dense: the op table's activations and codes
+ACTIVATIONS = optable.activation_codes()
 LINEAR = ACTIVATIONS["linear"]
 SOFTMAX = ACTIVATIONS["softmax"]
 
-#: leaky_relu's slope inside Dense: the registry's default negative_slope.
-LEAKY_SLOPE = 0.01
+#: leaky_relu's slope inside Dense: the op table's default negative_slope.
+LEAKY_SLOPE = optable.OPS["leaky_relu"].defaults["negative_slope"]
 
 
 def check_activation(name, owner):

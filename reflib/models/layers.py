@@ -9,15 +9,12 @@ import numbers
 
 import numpy as np
 
+import optable
 from reflib.models.base import (RELU_FAMILY, Layer, check_eps, check_positive_int,
                                 close_matches, he_normal, input_shape, make_rng, xavier_uniform)
 
-# activation name -> registry op (None: no op at all)
-ACTIVATIONS = {
-    "linear": None, "relu": "relu", "leaky_relu": "leaky_relu", "tanh": "tanh",
-    "sigmoid": "sigmoid", "silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_tanh",
-    "softplus": "softplus", "softmax": "softmax",
-}
+# activation name -> registry op (None: no op at all), from the op table's activations
+ACTIVATIONS = {a.name: None if a.op == "identity" else a.op for a in optable.ACTIVATIONS.values()}
 
 
 def check_activation(name, owner):

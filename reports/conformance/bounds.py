@@ -62,32 +62,26 @@ import math
 
 import numpy as np
 
+import optable
+
 __all__ = ["admissible", "pairwise", "K_TRANSCENDENTAL", "FAMILIES", "family_of", "entrywise",
            "underflow_floor", "ulp"]
 
 K_TRANSCENDENTAL = 8.0
 
-FAMILIES = {
-    "copy": ("neg", "abs", "relu", "identity", "transpose", "reshape", "concat", "slice"),
-    "rounded": ("leaky_relu", "square", "sqrt"),
-    "arithmetic": ("add", "sub", "mul", "div", "maximum"),
-    "transcendental": ("exp", "log", "tanh", "sigmoid", "softplus", "silu", "gelu",
-                       "gelu_tanh"),
-    "reduction": ("sum", "mean"),
-    "log-sum-exp": ("logsumexp", "softmax", "log_softmax", "cross_entropy",
-                    "categorical_cross_entropy"),
-    "normalisation": ("layer_norm", "rms_norm"),
-    "matmul": ("matmul",),
-    "loss": ("mse", "binary_cross_entropy", "binary_cross_entropy_with_logits"),
-}
+_FAMILY_ORDER = ("copy", "rounded", "arithmetic", "transcendental", "reduction", "log-sum-exp",
+                 "normalisation", "matmul", "loss")
+#: family -> its ops, from the op table's ``family`` field (each family's bound is below)
+FAMILIES = {family: optable.names(family=family) for family in _FAMILY_ORDER}
 
 
 def family_of(name):
     """The bound family of op ``name`` (a key of ``FAMILIES``)."""
-    for family, names in FAMILIES.items():
-        if name in names:
-            return family
-    raise KeyError(f"no bound family for op {name!r}; add it to bounds.FAMILIES")
+    sig = optable.OPS.get(name)
+    if sig is None or sig.family not in FAMILIES:
+        raise KeyError(f"no bound family for op {name!r}; set its family in optable/table.py "
+                       f"(one of {', '.join(FAMILIES)})")
+    return sig.family
 
 
 BLOCK = 128

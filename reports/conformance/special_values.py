@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import optable
+
 from reports.conformance.strategies import OpExample
 
 __all__ = ["special_cases", "CATEGORIES"]
@@ -41,8 +43,8 @@ CATEGORIES = ("saturation", "logits ±1e4", "tiny", "huge", "zeros", "kinks", "t
               "long reduction", "long elementwise", "broadcast", "zero cotangent", "dominant logit",
               "targets at the domain's edge")
 
-SATURATING = ("exp", "tanh", "sigmoid", "softplus", "silu", "gelu", "gelu_tanh")
-SCALE_FREE = ("neg", "abs", "relu", "leaky_relu", "identity", "square", "sqrt", "log")
+SATURATING = optable.names(saturating=True)       # the op table's flags
+SCALE_FREE = optable.names(scale_free=True)
 LONG = 4096
 LONG_PERIOD = 64   # distinct (x, cotangent) pairs of the long elementwise case
 
@@ -96,7 +98,7 @@ def _raw_cases(name, dtype):
             cases.append(("near 1", [a([1.0, 1.0 + 2.0 ** -20, 1.0 - 2.0 ** -20])], {}))
         else:
             cases.append(("zeros", [a([0.0, -0.0, 1.0])], {}))
-        if name in ("relu", "abs", "leaky_relu"):
+        if "zero" in optable.OPS[name].kinks:
             cases.append(("kinks", [a([0.0, -0.0, 0.5, -0.5])],
                           {"negative_slope": 0.2} if name == "leaky_relu" else {}))
     if name in SATURATING or name in SCALE_FREE:
@@ -107,7 +109,7 @@ def _raw_cases(name, dtype):
                   np.concatenate([np.geomspace(1e-3, 20.0, LONG_PERIOD - 21),
                                   -np.geomspace(1e-3, 20.0, 21)]))
         cases.append(("long elementwise", [np.resize(period, n)], {}))
-    if name in ("add", "sub", "mul", "div", "maximum"):
+    if optable.OPS[name].category == "binary":
         x = a([[1.5, -2.0, 0.25], [3.0, -0.5, 1.0]])
         cases += [("huge & tiny", [a([huge, -huge, 1.0]), a([tiny, 1.0, -tiny])], {}),
                   ("zeros", [a([0.0, -0.0, 2.0]), a([1.0, 2.0, -1.0]) if name == "div"

@@ -21,6 +21,8 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import optable
+
 __all__ = [
     "UNARY", "BINARY", "REDUCTIONS", "ALONG_AXIS", "LAST_AXIS", "SAME_SHAPE_LOSSES",
     "ROW_LOSSES", "STRUCTURE", "op_case", "case_form", "edge_decades", "EDGE_RANGE",
@@ -30,15 +32,15 @@ __all__ = [
     "OPTIMIZER_NAMES", "LAYER_KINDS", "ModelCase", "model_cases", "mlp_cases",
 ]
 
-UNARY = {"neg", "exp", "log", "sqrt", "square", "abs", "relu", "leaky_relu", "silu", "gelu",
-         "gelu_tanh", "tanh", "sigmoid", "softplus", "identity"}
-BINARY = {"add", "sub", "mul", "div", "maximum"}
-REDUCTIONS = {"sum", "mean", "logsumexp"}
-ALONG_AXIS = {"softmax", "log_softmax"}
-LAST_AXIS = {"layer_norm", "rms_norm"}
-SAME_SHAPE_LOSSES = {"mse", "binary_cross_entropy", "binary_cross_entropy_with_logits"}
-ROW_LOSSES = {"cross_entropy", "categorical_cross_entropy"}
-STRUCTURE = {"transpose", "reshape", "concat", "slice"}
+# the op groups by shape form, read from the op table
+UNARY = set(optable.names(category="unary"))
+BINARY = set(optable.names(category="binary"))
+REDUCTIONS = set(optable.names(category="reduction"))
+ALONG_AXIS = set(optable.names(shape="along_axis"))
+LAST_AXIS = set(optable.names(shape="last_axis"))
+SAME_SHAPE_LOSSES = set(optable.names(shape="same_shape_loss"))
+ROW_LOSSES = set(optable.names(shape="class_index_loss") + optable.names(shape="distribution_loss"))
+STRUCTURE = set(optable.names(category="structure")) - {"matmul"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,20 +162,7 @@ class OpExample:
 # below overflow: a sum of up to 64 terms stays finite), "square" (the square root of the
 # range: ops that square or multiply their inputs, or whose VJP does), "exp" (up to the
 # overflow threshold of exp). The contract of docs/CONTRACTS.md states the same ranges.
-EDGE_RANGE = {
-    **{n: "full" for n in ("neg", "abs", "relu", "leaky_relu", "identity", "log", "sqrt",
-                           "tanh", "sigmoid", "softplus", "silu", "gelu",
-                           "maximum", "transpose", "reshape", "concat", "slice", "softmax",
-                           "log_softmax", "binary_cross_entropy_with_logits",
-                           "binary_cross_entropy")},
-    **{n: "sum" for n in ("add", "sub", "sum", "mean", "logsumexp", "cross_entropy",
-                          "categorical_cross_entropy")},
-    **{n: "square" for n in ("square", "mul", "div", "matmul", "layer_norm", "rms_norm",
-                             "mse")},
-    "exp": "exp",
-    # NOTE: gelu_tanh's formula cubes x (x + 0.044715 x³): the cube root of the range
-    "gelu_tanh": "cube",
-}
+EDGE_RANGE = {name: sig.edge for name, sig in optable.OPS.items()}   # the op table's
 
 
 def edge_decades(name, dtype):
@@ -423,8 +412,8 @@ def optimizer_cases(draw, names=OPTIMIZER_NAMES):
 
 LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNorm", "RMSNorm",
                "Embedding", "Softmax", "Parallel", "Sequential")
-ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
-               "softplus")
+# the op table's activations but softmax (a layer kind of its own here)
+ACTIVATIONS = tuple(n for n in optable.ACTIVATIONS if n != "softmax")
 LOSSES_2D = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
              "binary_cross_entropy_with_logits")
 LOSSES_3D = ("mse", "binary_cross_entropy", "binary_cross_entropy_with_logits")

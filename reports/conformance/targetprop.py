@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 from hypothesis import strategies as st
 
+import optable
 import fastlib
 import fastlib.targetprop as ft
 import reflib.targetprop as rt
@@ -29,8 +30,7 @@ F64_TOL = 1e-11    # float64 engines against each other and against exact (modul
 F32_TOL = 2e-4     # float32 fastlib against float64 reflib (module doc)
 SPEC_DPS = 30      # exact values to 30 digits: far beyond float64's 16
 KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU")
-ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
-               "softplus", "softmax")
+ACTIVATIONS = tuple(optable.ACTIVATIONS)            # every activation of the op table
 
 
 class Case(NamedTuple):

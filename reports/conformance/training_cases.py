@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from hypothesis import strategies as st
 
+import optable
 __all__ = ["EpochCase", "epoch_cases", "fused_cases", "boundary_cases", "kernel_boundaries",
            "OPTIMIZERS", "LAYER_KINDS"]
 
@@ -19,7 +20,8 @@ LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNor
 # smooth activations only: a pre-activation that the engine's rounding moves across a relu
 # kink changes a gradient by O(1), which is not an accuracy error (the kinks' conventions have
 # their own rows)
-SMOOTH = ("linear", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh", "softplus")
+SMOOTH = tuple(n for n, a in optable.ACTIVATIONS.items()
+               if a.op != "softmax" and not optable.OPS[a.op].kinks)
 FUSED_SMOOTH = ("linear", "tanh", "sigmoid")
 
 

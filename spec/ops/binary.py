@@ -5,9 +5,8 @@ Every VJP is the pointwise derivative times ``grad``, summed back to its input's
 """
 from __future__ import annotations
 
-from spec import shapes
 from spec.backends import sum_to_shape
-from spec.opspec import Example, Kink, OpSpec
+from spec.opspec import Example, Kink, declare
 
 # Same shapes, a trailing-axis broadcast, an outer broadcast, a 0-d operand.
 EXAMPLES = (
@@ -18,11 +17,10 @@ EXAMPLES = (
 )
 
 
-def _binary(name, math, forward, vjp_a, vjp_b, *, domain_b="real", kinks=()):
-    return OpSpec(name=name, category="binary", inputs=("a", "b"),
-                  domains={"a": "real", "b": domain_b}, forward=forward,
-                  vjp={"a": vjp_a, "b": vjp_b}, shape_rule=shapes.broadcast,
-                  examples=EXAMPLES, kinks=kinks, math=math)
+def _binary(name, math, forward, vjp_a, vjp_b, *, kinks=()):
+    # inputs and domains come from the op table (optable)
+    return declare(name, forward=forward, vjp={"a": vjp_a, "b": vjp_b}, examples=EXAMPLES,
+                   kinks=kinks, math=math)
 
 
 OPS = (
@@ -41,8 +39,7 @@ OPS = (
     _binary("div", "a / b",
             lambda M, a, b: a / b,
             lambda M, grad, a, b: sum_to_shape(M, grad / b, a.shape),
-            lambda M, grad, a, b: sum_to_shape(M, -grad * a / b**2, b.shape),
-            domain_b="nonzero"),
+            lambda M, grad, a, b: sum_to_shape(M, -grad * a / b**2, b.shape)),
     # NOTE: a tie (a == b) sends the whole gradient to the first argument a.
     _binary("maximum", "max(a, b)",
             lambda M, a, b: M.maximum(a, b),

@@ -8,8 +8,7 @@ Tanh 1 − tanh(x)²; Sigmoid σ(x)(1 − σ(x)); Linear 1.
 """
 from __future__ import annotations
 
-from spec import shapes
-from spec.opspec import Example, Kink, OpSpec, Param
+from spec.opspec import Example, Kink, declare
 
 EXAMPLES = (Example([(3,)]), Example([(2, 2)]), Example([()]))
 
@@ -37,10 +36,10 @@ def _gelu_tanh_dinner(M, x):
     return M.sqrt(2 / M.pi) * (1 + 3 * M.num(44715, 1000000) * x**2)
 
 
-def _unary(name, math, forward, vjp, *, domain="real", params=(), kinks=()):
-    return OpSpec(name=name, category="unary", inputs=("x",), domains={"x": domain},
-                  forward=forward, vjp={"x": vjp}, shape_rule=shapes.same_shape,
-                  examples=EXAMPLES, params=params, kinks=kinks, math=math)
+def _unary(name, math, forward, vjp, *, kinks=()):
+    # inputs, domain and params come from the op table (optable)
+    return declare(name, forward=forward, vjp={"x": vjp}, examples=EXAMPLES, kinks=kinks,
+                   math=math)
 
 
 OPS = (
@@ -52,12 +51,10 @@ OPS = (
            lambda M, grad, result: grad * result),
     _unary("log", "log(x)",
            lambda M, x: M.log(x),
-           lambda M, grad, x: grad / x,
-           domain="positive"),
+           lambda M, grad, x: grad / x),
     _unary("sqrt", "sqrt(x)",
            lambda M, x: M.sqrt(x),
-           lambda M, grad, result: grad / (2 * result),
-           domain="positive"),
+           lambda M, grad, result: grad / (2 * result)),
     _unary("square", "x²",
            lambda M, x: x**2,
            lambda M, grad, x: 2 * grad * x),
@@ -76,7 +73,6 @@ OPS = (
            lambda M, x, negative_slope: M.where(M.gt(x, 0), x, M.param(negative_slope) * x),
            lambda M, grad, x, negative_slope:
                M.where(M.gt(x, 0), grad, M.param(negative_slope) * grad),
-           params=[Param("negative_slope", 0.01, "real")],
            kinks=[Kink("zero", ["x"], "leaky_relu'(0) = negative_slope (1 if x > 0 else "
                        "negative_slope)", lambda negative_slope: {"x": negative_slope})]),
     _unary("silu", "x·σ(x)",

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec import shapes
-from spec.opspec import Example, OpSpec
+from spec.opspec import Example, declare
 
 
 def _log_softmax_rows(M, z):
@@ -38,31 +37,26 @@ def _sigmoid(M, x):
 
 
 OPS = (
-    OpSpec(
-        name="mse", category="loss", inputs=("pred", "target"),
-        domains={"pred": "real", "target": "real"},
+    declare(
+        "mse",
         forward=lambda M, pred, target: M.sum((pred - target)**2) / pred.size,
         vjp={"pred": lambda M, grad, pred, target: grad * 2 * (pred - target) / pred.size,
              "target": lambda M, grad, pred, target: -grad * 2 * (pred - target) / pred.size},
-        shape_rule=shapes.same_shape_loss,
         examples=(Example([(3,), (3,)]), Example([(2, 2), (2, 2)])),
         math="mean((pred - target)²) over all elements"),
-    OpSpec(
-        name="cross_entropy", category="loss", inputs=("logits", "target"),
-        domains={"logits": "real", "target": "class_index"},
+    declare(
+        "cross_entropy",
         forward=lambda M, logits, target:
             -M.sum(_picked(_log_softmax_rows(M, logits), target)) / logits.shape[0],
         vjp={"logits": lambda M, grad, logits, target:
              grad * (_softmax_rows(M, logits) - _onehot(target, logits.shape)) / logits.shape[0],
              "target": None},
-        shape_rule=shapes.class_index_loss,
         examples=(Example([(2, 3), (2, 1)]), Example([(3, 2), (3,)])),
         math="mean over rows of -log_softmax(logits)[n, target[n]]"),
     # NOTE: the logits' VJP is stated as (softmax · Σ_c t - t) / N, the derivative for any
     # target; on the domain (rows summing to 1) it is the familiar (softmax - t) / N.
-    OpSpec(
-        name="categorical_cross_entropy", category="loss", inputs=("logits", "target"),
-        domains={"logits": "real", "target": "distribution"},
+    declare(
+        "categorical_cross_entropy",
         forward=lambda M, logits, target:
             -M.sum(target * _log_softmax_rows(M, logits)) / logits.shape[0],
         vjp={"logits": lambda M, grad, logits, target:
@@ -70,29 +64,24 @@ OPS = (
              / logits.shape[0],
              "target": lambda M, grad, logits:
              -grad * _log_softmax_rows(M, logits) / logits.shape[0]},
-        shape_rule=shapes.distribution_loss,
         examples=(Example([(2, 3), (2, 3)]), Example([(1, 4), (1, 4)])),
         math="-(1/N) Σ target · log_softmax(logits)"),
-    OpSpec(
-        name="binary_cross_entropy", category="loss", inputs=("p", "target"),
-        domains={"p": "unit_open", "target": "unit_closed"},
+    declare(
+        "binary_cross_entropy",
         forward=lambda M, p, target:
             -M.sum(target * M.log(p) + (1 - target) * M.log(1 - p)) / p.size,
         vjp={"p": lambda M, grad, p, target: grad * (p - target) / (p * (1 - p)) / p.size,
              "target": lambda M, grad, p: grad * (M.log(1 - p) - M.log(p)) / p.size},
-        shape_rule=shapes.same_shape_loss,
         examples=(Example([(3,), (3,)]), Example([(2, 2), (2, 2)])),
         math="mean of -(t·log p + (1 - t)·log(1 - p))"),
-    OpSpec(
-        name="binary_cross_entropy_with_logits", category="loss", inputs=("logits", "target"),
-        domains={"logits": "real", "target": "unit_closed"},
+    declare(
+        "binary_cross_entropy_with_logits",
         forward=lambda M, logits, target: M.sum(
             M.maximum(logits, M.num(0)) - logits * target + M.log(1 + M.exp(-M.abs(logits)))
         ) / logits.size,
         vjp={"logits": lambda M, grad, logits, target:
              grad * (_sigmoid(M, logits) - target) / logits.size,
              "target": lambda M, grad, logits: -grad * logits / logits.size},
-        shape_rule=shapes.same_shape_loss,
         examples=(Example([(3,), (3,)]), Example([(2, 2), (2, 2)])),
         math="mean of max(z, 0) - z·t + log(1 + exp(-|z|))"),
 )

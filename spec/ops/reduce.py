@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import math
 
-from spec import shapes
 from spec.backends import expand_reduced, normalize_axes
-from spec.opspec import Example, OpSpec, Param
-
-PARAMS = (Param("axis", None, "axis"), Param("keepdims", False, "bool"))
+from spec.opspec import Example, declare
 
 # Every axis of a 2-D input, both keepdims, a tuple of axes, a negative axis, a 0-d input.
 EXAMPLES = (
@@ -33,9 +30,8 @@ def _count(x, axis):
 
 
 def _reduction(name, math_, forward, vjp):
-    return OpSpec(name=name, category="reduction", inputs=("x",), domains={"x": "real"},
-                  forward=forward, vjp={"x": vjp}, shape_rule=shapes.reduction,
-                  examples=EXAMPLES, params=PARAMS, math=math_)
+    # inputs, domain and params (axis, keepdims) come from the op table (optable)
+    return declare(name, forward=forward, vjp={"x": vjp}, examples=EXAMPLES, math=math_)
 
 
 OPS = (

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec import shapes
 from spec.backends import sum_to_shape
-from spec.opspec import REQUIRED, Example, OpSpec, Param
+from spec.opspec import Example, declare
 
 
 def _T(x):
@@ -47,53 +46,41 @@ def _slice_vjp(M, grad, x, axis, start, stop, step):
 
 
 OPS = (
-    OpSpec(
-        name="matmul", category="structure", inputs=("a", "b"),
-        domains={"a": "real", "b": "real"},
+    declare(
+        "matmul",
         forward=lambda M, a, b: np.matmul(a, b),
         vjp={"a": lambda M, grad, b: np.matmul(grad, _T(b)),
              "b": lambda M, grad, a, b: sum_to_shape(M, np.matmul(_T(a), grad), b.shape)},
-        shape_rule=shapes.matmul,
         examples=(Example([(2, 3), (3, 2)]),
                   Example([(2, 2, 2), (2, 2, 2)]),         # batched, equal batch shapes
                   Example([(2, 1, 3), (3, 2)])),           # batched a, shared b
         math="a @ b"),
-    OpSpec(
-        name="transpose", category="structure", inputs=("x",), domains={"x": "real"},
+    declare(
+        "transpose",
         forward=lambda M, x, axes: np.transpose(x, axes) + 0,
         vjp={"x": lambda M, grad, x, axes: np.transpose(grad, _inverse_axes(axes, x.ndim)) + 0},
-        shape_rule=shapes.transpose,
-        params=[Param("axes", None, "axes")],
         examples=(Example([(2, 3)]), Example([(2, 1, 3)], {"axes": (1, 2, 0)}),
                   Example([(2, 3, 1)], {"axes": (0, -1, 1)})),
         math="np.transpose(x, axes)"),
-    OpSpec(
-        name="reshape", category="structure", inputs=("x",), domains={"x": "real"},
+    declare(
+        "reshape",
         forward=lambda M, x, shape: x.reshape(shape) + 0,
         vjp={"x": lambda M, grad, x: grad.reshape(x.shape) + 0},
-        shape_rule=shapes.reshape,
-        params=[Param("shape", REQUIRED, "shape")],
         examples=(Example([(2, 3)], {"shape": (3, 2)}), Example([(2, 3)], {"shape": (-1,)}),
                   Example([(4,)], {"shape": (2, 1, -1)})),
         math="np.reshape(x, shape)"),
-    OpSpec(
-        name="concat", category="structure", inputs=("a", "b"),
-        domains={"a": "real", "b": "real"},
+    declare(
+        "concat",
         forward=lambda M, a, b, axis: np.concatenate([a, b], axis=axis),
         vjp={"a": lambda M, grad, a, axis: _concat_part(grad, a, axis, True),
              "b": lambda M, grad, b, axis: _concat_part(grad, b, axis, False)},
-        shape_rule=shapes.concat,
-        params=[Param("axis", -1, "int")],
         examples=(Example([(2, 1), (2, 2)]), Example([(1, 3), (2, 3)], {"axis": 0}),
                   Example([(2,), (3,)])),
         math="np.concatenate([a, b], axis)"),
-    OpSpec(
-        name="slice", category="structure", inputs=("x",), domains={"x": "real"},
+    declare(
+        "slice",
         forward=_slice_forward,
         vjp={"x": _slice_vjp},
-        shape_rule=shapes.slice_,
-        params=[Param("axis", 0, "int"), Param("start", 0, "optional_int"),
-                Param("stop", None, "optional_int"), Param("step", 1, "int")],
         examples=(Example([(5,)], {"start": 1, "stop": 4, "step": 2}),
                   Example([(2, 4)], {"axis": 1, "start": -3}),
                   Example([(3, 2)], {"stop": -1})),

@@ -57,6 +57,14 @@ class PeerEngine(Engine):
         raise NotImplementedError
 
     # -- the protocol ---------------------------------------------------------------------------
+    def supports(self, op):
+        """As ``Engine.supports``; an op of the table missing from ``ops`` is declared, not a
+        KeyError later."""
+        ok, reason = super().supports(op)
+        if ok and op not in self.ops:
+            return False, f"the {self.name} adapter has no mapping for {op!r} yet"
+        return ok, reason
+
     def _tensors(self, name, inputs, track):
         fixed = class_index_inputs(name)
         return [self._tensor(np.array(np.asarray(x), dtype=np.int64) if i in fixed

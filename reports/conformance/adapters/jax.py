@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import optable
+
 from reports.conformance.engines import FLOAT32, FLOAT64, Engine
 
 __all__ = ["JaxEngine", "jax_ops"]
@@ -78,7 +80,8 @@ def jax_ops(jax, jnp):
     }
 
 
-CLASS_INDEX = {"cross_entropy": 1}   # op -> position of its class-index input
+# op -> position of its class-index input (the op table's)
+CLASS_INDEX = {n: sig.inputs.index(i) for n, sig in optable.OPS.items() for i in sig.class_index}
 
 
 _OPTAX_REASONS = {
@@ -134,6 +137,10 @@ class JaxEngine(Engine):
 
         self._jax, self._jnp = jax, jnp
         self._ops = jax_ops(jax, jnp)
+        # an op of the table that this adapter does not map yet is declared, not a KeyError
+        self.unsupported = {**self.unsupported, **{
+            n: "the jax adapter has no mapping for it yet (jax_ops)" for n in optable.OPS
+            if n not in self._ops}}
         self._cache = {}
         self._calls = 0
 

@@ -1,0 +1,44 @@
+"""Adding a parameterless activation end to end: how many files it takes, and that it conforms.
+
+tools/add_activation.py makes the edits in a scratch copy; the count is the measure of how
+widely one op's knowledge is spread (the op table holds everything that is not mathematics).
+"""
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# the files a new activation needs: its signature, spec's formulas, reflib's reference code,
+# fastlib's scalar functions and kernel branches, fastlib.cuda's device functions, the contract
+EXPECTED = {"optable/table.py", "spec/ops/elementwise.py", "reflib/_ops_elementwise.py",
+            "fastlib/kernels/scalar.py", "fastlib/kernels/elementwise.py",
+            "fastlib/cuda/scalar.py", "docs/CONTRACTS.md"}
+MOST_FILES = 8
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("add_activation",
+                                                  ROOT / "tools" / "add_activation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_adding_an_activation_touches_at_most_eight_files(tmp_path):
+    out = tmp_path / "result.json"
+    assert _tool().main(["--keep", str(tmp_path / "copy"), "--no-conform",
+                         "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["files"]) == EXPECTED
+    assert result["count"] == len(EXPECTED) <= MOST_FILES
+
+
+@pytest.mark.slow
+def test_the_added_activation_is_proven_and_conforms(tmp_path):
+    out = tmp_path / "result.json"
+    status = _tool().main(["--keep", str(tmp_path / "copy"), "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert result["checks"] == {"proof": True, "conform": True}
+    assert status == 0
