@@ -80,7 +80,8 @@ def add_arguments(parser):
       help="data-parallel over MPI: launch as mpiexec -n K verigrad train --distributed "
            "(needs verigrad[mpi]); only rank 0 prints, plots and saves")
     a("--blocks", type=int, default=8,
-      help="with --distributed: blocks per batch, the fixed summation order (default 8)")
+      help="with --distributed: blocks per batch, the fixed summation order; the number of "
+           "ranks must divide it (default 8)")
 
 
 def _load(args, dtype):
