@@ -18,8 +18,8 @@ __all__ = ["load", "build_model"]
 def build_model(meta: dict, arrays: dict, path="<memory>"):
     """Rebuild a fastlib model from the metadata and arrays of ``fastlib.io.model_entries``.
 
-    Call after ``fastlib.io.check_model_entries`` passed (``load`` does): the constructors then only
-    see sizes already checked against the stored arrays and the size limit.
+    Call after ``fastlib.io.check_model_entries`` passed (``load`` does): the constructors
+    then only see sizes already checked against the stored arrays and the size limit.
     """
     io.check_model_entries(meta, arrays, path)
     names = meta["parameters"]
