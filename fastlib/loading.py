@@ -16,10 +16,10 @@ __all__ = ["load", "build_model"]
 
 
 def build_model(meta: dict, arrays: dict, path="<memory>"):
-    """Rebuild a fastlib model from :func:`model_entries`'s metadata and arrays.
+    """Rebuild a fastlib model from the metadata and arrays of ``fastlib.io.model_entries``.
 
-    Call after :func:`check_model_entries` passed (``load`` does): the constructors then only
-    see sizes already checked against the stored arrays and the size limit.
+    Call after ``fastlib.io.check_model_entries`` passed (``load`` does): the constructors
+    then only see sizes already checked against the stored arrays and the size limit.
     """
     io.check_model_entries(meta, arrays, path)
     names = meta["parameters"]
@@ -35,9 +35,9 @@ def build_model(meta: dict, arrays: dict, path="<memory>"):
 def load(path, *, max_bytes=None):
     """Load a model saved by ``model.save(path)`` (or the model inside a training checkpoint).
 
-    The whole file is validated before anything is built (see :func:`read_archive` and
-    :func:`check_model_entries`): a corrupt or hostile file costs a few milliseconds and one
-    clear error, never a large allocation.
+    The whole file is validated before anything is built (``fastlib.io.read_archive`` and
+    ``fastlib.io.check_model_entries``): a corrupt or hostile file costs a few milliseconds
+    and one clear error, never a large allocation.
 
     Parameters
     ----------

@@ -21,7 +21,6 @@ def _table(results):
                          "seconds"), rows)
 
 
-
 def run(args):
     """``verigrad conform --mutants``: the table of verdicts; exit 1 if any mutant survived."""
     chosen = mutants.all_mutants()

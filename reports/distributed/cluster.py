@@ -277,7 +277,8 @@ def _run_mutant_task(key, profile, seed):
 
 
 def run_mutants(spec):
-    """A ``run_all`` for ``mutants.main`` that runs the control and each mutant as a task."""
+    """A ``run_all`` for ``verigrad conform --mutants`` that runs the control and each
+    mutant as a task."""
 
     def run_all(chosen, profile="dev", seed=0, progress=None, control=True):
         from reports.conformance.mutant_runner import MutantError, MutantResult, check_targets
