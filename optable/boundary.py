@@ -101,7 +101,7 @@ def check_grad(name, grad_shape, grad_dtype, out_shape, dtype=None):
     """Raise unless the cotangent has the output's shape (and the inputs' ``dtype``, if given)."""
     if dtype is not None and grad_dtype != dtype:
         raise TypeError(f"{name}: grad has dtype {grad_dtype} but the inputs are {dtype}; "
-                        f"pass a cotangent of the inputs' dtype")
+                        f"cast the cotangent to {dtype}")
     if tuple(grad_shape) != tuple(out_shape):
         raise ValueError(f"{name}: grad has shape {tuple(grad_shape)} but the output has shape "
                          f"{tuple(out_shape)}; pass a cotangent shaped like the output")
