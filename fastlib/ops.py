@@ -352,6 +352,14 @@ def _build_table():
 
 OPS = _build_table()
 
+#: ``{op: {path: dtypes}}``: the results (``"forward"`` or ``"vjp"``) fastlib returns as the
+#: exact value rounded once, in those dtypes, up to float64 rounding. Read from the kernel
+#: modules' own promises (their NOTEs say why they hold); the conformance suite holds fastlib
+#: to the single-rounding bound there (docs/engines.md, "Declaring results rounded once").
+ROUNDED_ONCE = MappingProxyType(
+    {**{n: {"vjp": _binary.ROUNDED_ONCE_VJP_DTYPES} for n in _binary.BINARY_OPS},
+     **{n: {"forward": _reduce.ROUNDED_ONCE_FORWARD_DTYPES} for n in ("sum", "mean")}})
+
 
 def op_names():
     """The names of every op in the table, sorted."""

@@ -24,6 +24,12 @@ from fastlib.kernels.reduce import copy_and_sum_to_shape, scaled_copies, sum_to_
 _FM = config.FASTMATH
 
 BINARY_OPS = ("add", "sub", "mul", "div", "maximum")
+# NOTE (a promise the conformance suite holds fastlib to): in these dtypes every VJP of a binary
+# op is the exact value rounded once, up to float64 rounding: products and quotients are formed
+# in float64 (exact products of float32 numbers) and summed back over broadcast axes there
+# (``binary_vjp``, ``reduce.sum_to_shape``), then rounded to the dtype. float64 makes no such
+# promise (its sums are pairwise in float64).
+ROUNDED_ONCE_VJP_DTYPES = ("float32",)
 CODES = {name: code for code, name in enumerate(BINARY_OPS)}
 _ADD, _SUB, _MUL, _DIV, _MAX = range(len(BINARY_OPS))
 

@@ -14,7 +14,11 @@ optimizers: ``supports_optimizer(name) -> (bool, reason)`` and
 engine form of ``spec.engine_step``; state keyed by spec's names: ``v``, ``G``, ``E``, ``m``).
 An engine may also declare inputs of an op it gives no gradient for, with the reason:
 ``no_gradient = {"categorical_cross_entropy": {"target": "labels take no gradient here"}}``;
-its VJP may return None there, and the op's other inputs are still checked.
+its VJP may return None there, and the op's other inputs are still checked. An engine that
+promises more than the general bound may say so, and is then held to it:
+``rounded_once = {"mul": {"vjp": ("float32",)}}`` declares op results (``"forward"`` or
+``"vjp"``) that are the exact value rounded once in those dtypes (up to float64 accumulation),
+checked against ``bounds.rounded_once`` instead of the general bound.
 
 Built-in engines (``ENGINES``): ``reflib`` (float64), ``fastlib`` (CPU, float32/float64),
 ``fastlib-cuda`` (unavailable, with the reason, where there is no GPU or simulator),
@@ -100,6 +104,7 @@ class Engine:
     optimizers: tuple = ()
     optimizer_reasons: dict = {}
     no_gradient: dict = {}       # {op: {input: reason}}: inputs without a gradient here
+    rounded_once: dict = {}      # {op: {"forward"|"vjp": dtype names}}: results rounded once
 
     # -- coverage -----------------------------------------------------------------------------
     def supports(self, op):
@@ -195,6 +200,13 @@ class FastlibEngine(Engine):
     description = "the fast engine (Numba, CPU)"
     optimizers = _OPTIMIZER_NAMES
 
+    @property
+    def rounded_once(self):
+        """fastlib's own single-rounding promises (``fastlib.ops.ROUNDED_ONCE``)."""
+        from fastlib.ops import ROUNDED_ONCE
+
+        return ROUNDED_ONCE
+
     def _forward(self, name, inputs, **params):
         import fastlib
 
@@ -222,6 +234,7 @@ class FastlibCudaEngine(FastlibEngine):
 
     name = "fastlib-cuda"
     description = "the fast engine on CUDA (numba.cuda; GPU or NUMBA_ENABLE_CUDASIM=1)"
+    rounded_once = {}      # its own kernels: held to the general bound (no such promise)
 
     def __init__(self):
         import fastlib.cuda as fc

@@ -121,6 +121,9 @@ MUTANTS = (
            ".reshape(kept)\n",
            "    if kind == \"middle\":\n        return np.cumsum(arr, axis=1, dtype=arr.dtype)"
            "[:, -1].astype(np.float64).reshape(kept)\n", ("sum", "mean")),
+    Mutant("broadcast-vjp-f32-terms", "float32 mul/div VJP terms rounded before they are summed "
+           "back over broadcast axes (the promised single rounding broken)", "kernels/binary.py",
+           "work = np.float64 if reduced else a.dtype", "work = a.dtype", ("mul", "div")),
     Mutant("softmax-no-shift", "softmax without the max shift (exp overflows at logits 1e4)",
            "kernels/norm.py",
            "        m = _row_max(v)\n        for j in range(d):\n"

@@ -21,6 +21,9 @@ forward and every VJP against the exact values, under the bounds of ``bounds``. 
   (broadcast too): the conventions of docs/CONTRACTS.md, which the exact oracle follows;
 - ``broadcast``: the binary ops on (2, 3) with (3,) and (2, 1) with (1, 3); matmul of a batch
   against a shared (k, n) matrix and of two batches (the VJPs sum over what was broadcast);
+- ``broadcast sum``: the binary ops on a (130, 1) column against a (1, 24) row with random
+  values, so each VJP sums 24 or 130 terms of both signs (an engine's rounded-once promise is
+  held to half an ulp there);
 - ``long reduction``: sums over 4096 entries, one 1 and the rest half an ulp of 1
   (2**-25 in float32, 2**-54 in float64): recursive accumulation in the dtype loses every
   half ulp (error ~2000 eps), pairwise or wider accumulation loses none; rows and columns
@@ -38,13 +41,14 @@ from reports.conformance.strategies import OpExample
 __all__ = ["special_cases", "CATEGORIES"]
 
 CATEGORIES = ("saturation", "logits ±1e4", "tiny", "huge", "zeros", "kinks", "ties",
-              "long reduction", "long elementwise", "broadcast", "zero cotangent", "dominant logit",
+              "long reduction", "long elementwise", "broadcast", "broadcast sum", "zero cotangent", "dominant logit",
               "targets at the domain's edge")
 
 SATURATING = ("exp", "tanh", "sigmoid", "softplus", "silu", "gelu", "gelu_tanh")
 SCALE_FREE = ("neg", "abs", "relu", "leaky_relu", "identity", "square", "sqrt", "log")
 LONG = 4096
 LONG_PERIOD = 64   # distinct (x, cotangent) pairs of the long elementwise case
+BROADCAST_ROWS, BROADCAST_COLS = 130, 24   # the "broadcast sum" case of the binary ops
 
 
 def _parallel_min_size():
@@ -119,6 +123,12 @@ def _raw_cases(name, dtype):
                       ("ties", [a(2.0), a([2.0, 1.0, 3.0])], {})]
         if name in ("add", "sub"):
             cases.append(("cancellation", [x, -x if name == "add" else x.copy()], {}))
+        # long broadcast sums: a column against a row, each VJP summed over the other's length
+        # (BROADCAST_ROWS terms past the bounds' summation block): random signs cancel, so a
+        # VJP an engine promises rounded once cannot hide a float32 accumulation in the slack
+        rng = np.random.default_rng(7)
+        cases.append(("broadcast sum", [rng.standard_normal((BROADCAST_ROWS, 1)),
+                                        rng.standard_normal((1, BROADCAST_COLS))], {}))
     if name in ("sum", "mean"):
         v = np.full(LONG, _half_ulp(dtype))
         v[0] = 1.0
