@@ -21,6 +21,8 @@ forward and every VJP against the exact values, under the bounds of ``bounds``. 
   (broadcast too): the conventions of docs/CONTRACTS.md, which the exact oracle follows;
 - ``broadcast``: the binary ops on (2, 3) with (3,) and (2, 1) with (1, 3); matmul of a batch
   against a shared (k, n) matrix and of two batches (the VJPs sum over what was broadcast);
+- ``long row``: sums, log-sum-exps and normalisations of two random rows of fastlib's
+  summation block plus 37 entries (every entry counts, unlike the long reduction's);
 - ``broadcast sum``: the binary ops on a (130, 1) column against a (1, 24) row with random
   values, so each VJP sums 24 or 130 terms of both signs (an engine's rounded-once promise is
   held to half an ulp there);
@@ -41,7 +43,7 @@ from reports.conformance.strategies import OpExample
 __all__ = ["special_cases", "CATEGORIES"]
 
 CATEGORIES = ("saturation", "logits ±1e4", "tiny", "huge", "zeros", "kinks", "ties",
-              "long reduction", "long elementwise", "broadcast", "broadcast sum", "zero cotangent", "dominant logit",
+              "long reduction", "long row", "long elementwise", "broadcast", "broadcast sum", "zero cotangent", "dominant logit",
               "targets at the domain's edge")
 
 SATURATING = ("exp", "tanh", "sigmoid", "softplus", "silu", "gelu", "gelu_tanh")
@@ -57,6 +59,14 @@ def _parallel_min_size():
     from fastlib.config import PARALLEL_MIN_SIZE
 
     return int(PARALLEL_MIN_SIZE)
+
+
+def _sum_block():
+    """fastlib's pairwise-summation block (read from the engine, so the "long row" case
+    crosses the block boundary whatever the constant becomes)."""
+    from fastlib.kernels.reduce import _BLOCK
+
+    return int(_BLOCK)
 
 
 def _magnitudes(dtype):
@@ -142,6 +152,13 @@ def _raw_cases(name, dtype):
                   ("long reduction", [np.stack([v, -v])], {"axis": 1, "keepdims": True}),
                   ("cancellation", [a([huge, 1.0, -huge])], {}),
                   ("tiny", [a([[tiny, 2 * tiny], [-tiny, tiny]])], {"axis": 0})]
+    if name in ("sum", "mean", "logsumexp", "softmax", "log_softmax", "layer_norm",
+                "rms_norm"):
+        # random rows one summation block and a ragged tail long (fastlib's own block size):
+        # every entry matters, so a block that drops, repeats or misplaces one entry fails
+        rng = np.random.default_rng(11)
+        row = {"axis": 1} if name in ("sum", "mean", "logsumexp") else {}
+        cases.append(("long row", [rng.standard_normal((2, _sum_block() + 37))], row))
     if name == "mse":
         v = np.full(LONG, np.sqrt(_half_ulp(dtype)))
         v[0] = 1.0
