@@ -6,7 +6,8 @@ this module only says which of them run for which engine and wraps them into ``R
 
 - ``fastlib``: TargetProp targets and signals (chain-rule and pure), and two full steps with
   momentum, against reflib, per layer kind; the pure route at and around its weight threshold
-  θ and the gate at and around its budget threshold τ, against reflib and the exact spec;
+  θ (every layer kind's routed matrices, row and column normalisation) and the gate at and
+  around its budget threshold τ, against reflib and the exact spec;
   CD-k gradients (k = 1, 3) and a CD step followed by an optimizer update, against reflib;
   float32 CD against reflib; CD's sampling h = [u < p] at p = 1/2 with u on it, one ulp
   either side and nearby (float64 and float32), against reflib and the exact spec;
@@ -82,6 +83,12 @@ def _tp_rows(engine):
             "targetprop", "route at threshold", "float64", tp.route_threshold_cases(),
             lambda c: as_result(tp.prop_route_at_threshold, c),
             lambda c: _repro("targetprop", "prop_route_at_threshold", f"({c!r},)")))
+        for kind in tp.KINDS:    # every kind's routes, row and column normalisation
+            rows.append(AlgorithmRow(
+                "targetprop", f"route at threshold {kind}", "float64",
+                tp.route_threshold_kind_cases(kind),
+                lambda c: as_result(tp.prop_route_kind_at_threshold, *c),
+                lambda c: _repro("targetprop", "prop_route_kind_at_threshold", repr(c))))
         rows.append(AlgorithmRow(
             "targetprop", "gate at threshold", "float64", tp.gate_threshold_cases(),
             lambda c: as_result(tp.prop_gate_at_threshold, *c),
