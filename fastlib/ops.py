@@ -40,6 +40,7 @@ from fastlib.kernels import linalg as _linalg
 from fastlib.kernels import loss as _loss
 from fastlib.kernels import norm as _norm
 from fastlib.kernels import reduce as _reduce
+from fastlib.kernels import scalar as _scalar
 from fastlib.kernels import structure as _structure
 
 __all__ = ["OPS", "OpEntry", "UnknownOpError", "forward", "vjp", "value_and_vjp", "bind",
@@ -358,7 +359,8 @@ OPS = _build_table()
 #: to the single-rounding bound there (docs/engines.md, "Declaring results rounded once").
 ROUNDED_ONCE = MappingProxyType(
     {**{n: {"vjp": _binary.ROUNDED_ONCE_VJP_DTYPES} for n in _binary.BINARY_OPS},
-     **{n: {"forward": _reduce.ROUNDED_ONCE_FORWARD_DTYPES} for n in ("sum", "mean")}})
+     **{n: {"forward": _reduce.ROUNDED_ONCE_FORWARD_DTYPES} for n in ("sum", "mean")},
+     **{n: {"vjp": d} for n, d in _scalar.ROUNDED_ONCE_VJP_DTYPES.items()}})
 
 
 def op_names():

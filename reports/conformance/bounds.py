@@ -57,7 +57,9 @@ Rounded once. An engine may declare results it returns as the exact value rounde
 working precision the engine accumulates in (float64), whatever the terms' cancellation:
 ``|G|/2 + (eps64 / eps) (m + 3) S``, with S the summed magnitudes of the m terms (any
 summation order). The general bound above forgives ``P(m) S`` instead, which a float32
-accumulation meets but a single rounding does not need.
+accumulation meets but a single rounding does not need. A unary VJP ``g f'(x)`` declared rounded
+once: ``|G|/2 + (eps64 / eps) 256 (|G| + |g| (1 + |x|))`` (float64 internals; the general
+bound forgives 8 roundings, which a float32 evaluation meets).
 
 ``admissible(name, inputs, grad, params, exact_out, exact_grads)`` returns ``(A_out,
 [A_grad | None])`` for one call; ``inputs``/``grad`` are float64 (the engine's values, exactly)
@@ -359,7 +361,11 @@ def admissible(name, inputs, grad, params, exact_out, exact_grads):
 #: binary ops' VJPs summed back over broadcast axes; the reductions' forward). A declaration
 #: outside these is refused with a message naming them.
 ROUNDED_ONCE_OPS = {**{n: ("forward", "vjp") for n in FAMILIES["arithmetic"]},
-                    "sum": ("forward",), "mean": ("forward",)}
+                    "sum": ("forward",), "mean": ("forward",),
+                    **{n: ("vjp",) for n in FAMILIES["rounded"] + FAMILIES["transcendental"]}}
+# float64 internals of a unary VJP g f'(x): a float64 primitive (exp within ~1e-14) and a few
+# roundings, on the terms' scale |G| + |g| (1 + |x|) (f' may cancel: Φ(x) + x φ(x))
+K_WORKING_UNARY = 256.0
 WORKING_EPS = float(np.finfo(np.float64).eps)   # the accumulation precision of the promise
 
 
@@ -391,6 +397,12 @@ def rounded_once(name, inputs, grad, params, exact_out, exact_grads, dtype):
                 if axes else np.abs(x[0])
             out = _once(y, np.reshape(S, y.shape) / (m if name == "mean" else 1), m, ratio)
             return out, [None if e is None else np.zeros(np.shape(e)) for e in exact_grads]
+        if len(x) == 1:         # a unary VJP: one product, no sum
+            G = np.asarray(exact_grads[0], np.float64)
+            terms = np.abs(G) + np.abs(g) * (1 + np.abs(x[0]))
+            out = np.zeros(y.shape)      # forward: not declarable (ROUNDED_ONCE_OPS)
+            return out, [np.nan_to_num(0.5 * np.abs(G) + ratio * K_WORKING_UNARY * terms,
+                                       posinf=np.finfo(float).max)]
         a, b = x
         ab = np.broadcast_to(a, y.shape), np.broadcast_to(b, y.shape)
         gb = np.broadcast_to(g, y.shape)
