@@ -298,9 +298,12 @@ def _loss(name, x, g, p_, y, G):
     if name == "mse":
         return np.asarray(f * abs(float(y))), [2 * np.abs(G[0]), 2 * np.abs(G[1])]
     if name == "binary_cross_entropy":
-        with np.errstate(divide="ignore"):
-            terms = (np.abs(t * np.log(pred)) + np.abs((1 - t) * np.log1p(-pred))
-                     + np.abs(t) + np.abs(1 - t))
+        # NOTE: every term -t log p, -(1 - t) log1p(-p) is >= 0 (no cancellation) and each is
+        # held relative to itself: a loss of tiny terms (p = 1e-20, t = 0: log(1 - p) is 0,
+        # log1p(-p) is -1e-20) keeps its relative accuracy
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = (np.nan_to_num(np.abs(t * np.log(pred)))
+                     + np.nan_to_num(np.abs((1 - t) * np.log1p(-pred))))
         grad_p = 4 * ag * (np.abs(pred) + np.abs(t)) / (pred * (1 - pred)) / n
         grad_t = 4 * ag * (np.abs(np.log1p(-pred)) + np.abs(np.log(pred)) + 1) / n
         return np.asarray(f * (abs(float(y)) + terms.sum() / n)), [grad_p, grad_t]

@@ -200,6 +200,8 @@ def _raw_cases(name, dtype):
         below = float(np.nextafter(np.asarray(1.0, dtype), np.asarray(0.0, dtype)))
         cases.append(("targets at the domain's edge",
                       [a([below, below, subnormal, subnormal]), a([1.0, 0.0, 0.0, 1.0])], {}))
+        # a loss of tiny terms only (about 1e-20): log(1 - p) instead of log1p(-p) returns 0
+        cases.append(("tiny", [a([1e-20, 3e-21, below]), a([0.0, 0.0, 1.0])], {}))
     if name == "binary_cross_entropy_with_logits":
         cases.append(("dominant logit", [a([40.0 if f64 else 16.0, -40.0 if f64 else -16.0]),
                                          a([1.0, 0.0])], {}))
