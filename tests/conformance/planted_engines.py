@@ -189,3 +189,17 @@ def _sum_back_f32(t, shape):
     for ax in sorted(axes, reverse=True):
         t = np.cumsum(t, axis=ax, dtype=t.dtype).take([-1], axis=ax)
     return t.reshape(shape)
+
+
+class SigmoidVjpFloat32(_Planted):
+    """sigmoid's float32 VJP g e / (1 + e)^2 evaluated in float32 (five roundings): within the
+    general transcendental bound, not within the single rounding fastlib promises."""
+
+    name = "planted-sigmoid-vjp-f32"
+    op = "sigmoid"
+
+    def _bad_vjp(self, inputs, grad):
+        (x,) = inputs
+        e = np.exp(-np.abs(x)).astype(x.dtype)
+        d = (1 + e).astype(x.dtype)
+        return ((grad * e / (d * d)).astype(x.dtype),)

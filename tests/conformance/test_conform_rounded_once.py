@@ -1,6 +1,7 @@
 """Results an engine declares rounded once are held to half an ulp, not the general bound.
 
-fastlib declares its float32 binary-op VJPs rounded once (``fastlib.ops.ROUNDED_ONCE``). A
+fastlib declares its float32 binary-op VJPs (and sqrt's, sigmoid's and silu's) rounded once
+(``fastlib.ops.ROUNDED_ONCE``). A
 float32 accumulation of a broadcast VJP sum (``planted_engines.BroadcastVjpFloat32``) stays
 inside the general binary-op bound (``P(m)`` roundings of the summed magnitudes) but not inside
 the single rounding: the same wrong answer passes an engine that promises nothing and fails
@@ -29,9 +30,10 @@ class _Undeclared(P.BroadcastVjpFloat32):
 
 def test_fastlib_declares_its_float32_binary_vjps_rounded_once():
     engine = FastlibEngine()
-    for op in ("add", "sub", "mul", "div", "maximum"):
+    for op in ("add", "sub", "mul", "div", "maximum", "sqrt", "sigmoid", "silu"):
         assert declared_rounded_once(engine, op, np.float32) == {"vjp"}
         assert declared_rounded_once(engine, op, np.float64) == set()
+    assert declared_rounded_once(engine, "sum", np.float32) == {"forward"}
 
 
 @pytest.mark.parametrize("op", ["mul", "div"])
@@ -45,6 +47,22 @@ def test_float32_accumulation_fails_only_where_a_single_rounding_is_promised():
     assert not declared.ok
     assert "d/d" in declared.describe() and "ulp" in declared.describe()
     assert check_call(_Undeclared(), ex).ok         # the general bound forgives it
+
+
+def test_a_float32_unary_vjp_fails_only_where_a_single_rounding_is_promised():
+    from reports.conformance.strategies import OpExample
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-6, 6, 256).astype(np.float32)
+    ex = OpExample("sigmoid", (x,), rng.standard_normal(256).astype(np.float32), {}, 0, False,
+                   "planted")
+
+    class Undeclared(P.SigmoidVjpFloat32):
+        rounded_once = {}
+
+    assert check_call(FastlibEngine(), ex).ok
+    assert not check_call(P.SigmoidVjpFloat32(), ex).ok
+    assert check_call(Undeclared(), ex).ok
 
 
 def test_single_rounding_bound_is_half_an_ulp_plus_float64_accumulation():
@@ -61,7 +79,8 @@ def test_single_rounding_bound_is_half_an_ulp_plus_float64_accumulation():
 
 def test_a_declaration_the_suite_cannot_hold_is_refused_with_the_ops_it_can():
     class Overpromise(FastlibEngine):
-        rounded_once = {"tanh": {"vjp": ("float32",)}}
+        rounded_once = {"matmul": {"vjp": ("float32",)}, "tanh": {"forward": ("float32",)}}
 
-    with pytest.raises(ValueError, match="no rounded-once bound.*mul: forward, vjp"):
-        declared_rounded_once(Overpromise(), "tanh", np.float32)
+    for op in ("matmul", "tanh"):
+        with pytest.raises(ValueError, match="no rounded-once bound.*mul: forward, vjp"):
+            declared_rounded_once(Overpromise(), op, np.float32)
