@@ -41,6 +41,7 @@ from fastlib.kernels import linalg as _linalg
 from fastlib.kernels import loss as _loss
 from fastlib.kernels import norm as _norm
 from fastlib.kernels import reduce as _reduce
+from fastlib.kernels import scalar as _scalar
 from fastlib.kernels import structure as _structure
 from optable import REQUIRED, UnknownOpError  # noqa: F401 (public names of fastlib.ops)
 
@@ -347,6 +348,15 @@ def _build_table():
 
 
 OPS = _build_table()
+
+#: ``{op: {path: dtypes}}``: the results (``"forward"`` or ``"vjp"``) fastlib returns as the
+#: exact value rounded once, in those dtypes, up to float64 rounding. Read from the kernel
+#: modules' own promises (their NOTEs say why they hold); the conformance suite holds fastlib
+#: to the single-rounding bound there (docs/engines.md, "Declaring results rounded once").
+ROUNDED_ONCE = MappingProxyType(
+    {**{n: {"vjp": _binary.ROUNDED_ONCE_VJP_DTYPES} for n in _binary.BINARY_OPS},
+     **{n: {"forward": _reduce.ROUNDED_ONCE_FORWARD_DTYPES} for n in ("sum", "mean")},
+     **{n: {"vjp": d} for n, d in _scalar.ROUNDED_ONCE_VJP_DTYPES.items()}})
 
 
 def op_names():

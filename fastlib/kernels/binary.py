@@ -28,6 +28,12 @@ _FM = config.FASTMATH
 BINARY_OPS = optable.names(category="binary")
 CODES = optable.codes(BINARY_OPS)
 _ADD, _SUB, _MUL, _DIV, _MAX = (CODES[n] for n in ("add", "sub", "mul", "div", "maximum"))
+# NOTE (a promise the conformance suite holds fastlib to): in these dtypes every VJP of a binary
+# op is the exact value rounded once, up to float64 rounding: products and quotients are formed
+# in float64 (exact products of float32 numbers) and summed back over broadcast axes there
+# (``binary_vjp``, ``reduce.sum_to_shape``), then rounded to the dtype. float64 makes no such
+# promise (its sums are pairwise in float64).
+ROUNDED_ONCE_VJP_DTYPES = ("float32",)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)

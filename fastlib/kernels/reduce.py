@@ -24,6 +24,9 @@ _FM = config.FASTMATH
 # partial sums (the error bound below holds for any order within a block).
 _FM_BLOCK = config.FASTMATH | {"reassoc"}
 _BLOCK = 512
+# NOTE (a promise the conformance suite holds fastlib to): in these dtypes ``sum`` and ``mean``
+# return the exact result rounded once, up to the float64 accumulation error (module NOTE).
+ROUNDED_ONCE_FORWARD_DTYPES = ("float32",)
 _STACK = 64          # pairwise levels: enough for 2**64 blocks
 
 

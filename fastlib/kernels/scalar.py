@@ -338,6 +338,12 @@ overload(sqrt_vjp, inline="always")(_sqrt_vjp_typer)
 #   formulas were 4-6 ULPs off where the derivative is well conditioned. float32 is
 #   ``g * <name>_df(x)`` (its Phi and phi are already float64 inside).
 #
+# NOTE (a promise the conformance suite holds fastlib to, ``fastlib.ops.ROUNDED_ONCE``): the
+# VJPs below, in these dtypes, are the exact value rounded once up to float64 rounding.
+# (float32 gelu and gelu_tanh round twice; float64 gelu's double-double covers part of the
+# line only, so neither is declared.)
+ROUNDED_ONCE_VJP_DTYPES = {"sqrt": ("float32",), "sigmoid": ("float32",), "silu": ("float32",)}
+#
 # The ``*_df`` functions stay as they are for the fused layer kernels (their speed matters
 # more there). Pure-Python bodies serve interpreted callers.
 

@@ -71,6 +71,12 @@ def _tp_rows(engine):
             "targetprop", "route at threshold", "float64", tp.route_threshold_cases(),
             lambda c: as_result(tp.prop_route_at_threshold, c),
             lambda c: _repro("targetprop", "prop_route_at_threshold", f"({c!r},)")))
+        for kind in tp.KINDS:    # every kind's routes, row and column normalisation
+            rows.append(AlgorithmRow(
+                "targetprop", f"route at threshold {kind}", "float64",
+                tp.route_threshold_kind_cases(kind),
+                lambda c: as_result(tp.prop_route_kind_at_threshold, *c),
+                lambda c: _repro("targetprop", "prop_route_kind_at_threshold", repr(c))))
         rows.append(AlgorithmRow(
             "targetprop", "gate at threshold", "float64", tp.gate_threshold_cases(),
             lambda c: as_result(tp.prop_gate_at_threshold, *c),

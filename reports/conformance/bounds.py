@@ -52,6 +52,15 @@ silu / gelu may err by ``u |x|`` absolutely, the accuracy PyTorch's own tests de
 mutated formula, a dropped term, a wrong axis or a transposed gradient produces (errors of
 1e-3 .. 1 relative, i.e. 1e4 .. 1e16 eps) is far outside every bound.
 
+Rounded once. An engine may declare results it returns as the exact value rounded once
+(``rounded_once``, docs/engines.md): those are held to half an ulp plus the error of the
+working precision the engine accumulates in (float64), whatever the terms' cancellation:
+``|G|/2 + (eps64 / eps) (m + 3) S``, with S the summed magnitudes of the m terms (any
+summation order). The general bound above forgives ``P(m) S`` instead, which a float32
+accumulation meets but a single rounding does not need. A unary VJP ``g f'(x)`` declared rounded
+once: ``|G|/2 + (eps64 / eps) 256 (|G| + |g| (1 + |x|))`` (float64 internals; the general
+bound forgives 8 roundings, which a float32 evaluation meets).
+
 ``admissible(name, inputs, grad, params, exact_out, exact_grads)`` returns ``(A_out,
 [A_grad | None])`` for one call; ``inputs``/``grad`` are float64 (the engine's values, exactly)
 and the exact values are the ``hi`` parts of ``oracle.exact_vjp``.
@@ -64,7 +73,8 @@ import numpy as np
 
 import optable
 
-__all__ = ["admissible", "pairwise", "K_TRANSCENDENTAL", "FAMILIES", "family_of", "entrywise",
+__all__ = ["admissible", "rounded_once", "ROUNDED_ONCE_OPS", "pairwise", "K_TRANSCENDENTAL",
+           "FAMILIES", "family_of", "entrywise",
            "underflow_floor", "ulp"]
 
 K_TRANSCENDENTAL = 8.0
@@ -283,9 +293,12 @@ def _loss(name, x, g, p_, y, G):
     if name == "mse":
         return np.asarray(f * abs(float(y))), [2 * np.abs(G[0]), 2 * np.abs(G[1])]
     if name == "binary_cross_entropy":
-        with np.errstate(divide="ignore"):
-            terms = (np.abs(t * np.log(pred)) + np.abs((1 - t) * np.log1p(-pred))
-                     + np.abs(t) + np.abs(1 - t))
+        # NOTE: every term -t log p, -(1 - t) log1p(-p) is >= 0 (no cancellation) and each is
+        # held relative to itself: a loss of tiny terms (p = 1e-20, t = 0: log(1 - p) is 0,
+        # log1p(-p) is -1e-20) keeps its relative accuracy
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = (np.nan_to_num(np.abs(t * np.log(pred)))
+                     + np.nan_to_num(np.abs((1 - t) * np.log1p(-pred))))
         grad_p = 4 * ag * (np.abs(pred) + np.abs(t)) / (pred * (1 - pred)) / n
         grad_t = 4 * ag * (np.abs(np.log1p(-pred)) + np.abs(np.log(pred)) + 1) / n
         return np.asarray(f * (abs(float(y)) + terms.sum() / n)), [grad_p, grad_t]
@@ -337,6 +350,71 @@ def admissible(name, inputs, grad, params, exact_out, exact_grads):
              for a, e in zip(grads, exact_grads)]
     return np.nan_to_num(np.broadcast_to(out, np.shape(exact_out)),
                          posinf=np.finfo(float).max), grads
+
+
+# ---------------------------------------------------------------------------------------------
+# results an engine declares rounded once
+
+#: ``{op: paths}``: where :func:`rounded_once` knows the terms a result is summed from (the
+#: binary ops' VJPs summed back over broadcast axes; the reductions' forward). A declaration
+#: outside these is refused with a message naming them.
+ROUNDED_ONCE_OPS = {**{n: ("forward", "vjp") for n in FAMILIES["arithmetic"]},
+                    "sum": ("forward",), "mean": ("forward",),
+                    **{n: ("vjp",) for n in FAMILIES["rounded"] + FAMILIES["transcendental"]}}
+# float64 internals of a unary VJP g f'(x): a float64 primitive (exp within ~1e-14) and a few
+# roundings, on the terms' scale |G| + |g| (1 + |x|) (f' may cancel: Φ(x) + x φ(x))
+K_WORKING_UNARY = 256.0
+WORKING_EPS = float(np.finfo(np.float64).eps)   # the accumulation precision of the promise
+
+
+def _once(exact, S, m, ratio):
+    """Half an ulp of ``exact`` plus a float64 accumulation of ``m`` terms of magnitude ``S``
+    (recursive summation's bound, so any order passes), in eps units of the result dtype."""
+    return 0.5 * np.abs(exact) + ratio * (m + 3) * S
+
+
+def rounded_once(name, inputs, grad, params, exact_out, exact_grads, dtype):
+    """Per-entry admissible errors (eps units) of results declared rounded once.
+
+    Same arguments as :func:`admissible`, plus ``dtype`` (the engine's). Returns ``(A_out,
+    [A_grad | None])``: each result's exact value to half an ulp, plus ``(eps64 / eps)(m + 3)``
+    times the magnitudes of the ``m`` terms it sums (module docstring, "Rounded once").
+    """
+    if name not in ROUNDED_ONCE_OPS:
+        raise KeyError(f"no rounded-once bound for op {name!r}; ops with one: "
+                       f"{', '.join(ROUNDED_ONCE_OPS)}")
+    ratio = WORKING_EPS / float(np.finfo(np.dtype(dtype)).eps)
+    x = [np.asarray(v, dtype=np.float64) for v in inputs]
+    g = np.asarray(grad, np.float64)
+    y = np.asarray(exact_out, np.float64)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        if name in ("sum", "mean"):
+            axes = _axes(params.get("axis"), x[0].ndim)
+            m = _reduced_count(x[0].shape, axes)
+            S = np.sum(np.abs(x[0]), axis=axes, keepdims=params.get("keepdims", False)) \
+                if axes else np.abs(x[0])
+            out = _once(y, np.reshape(S, y.shape) / (m if name == "mean" else 1), m, ratio)
+            return out, [None if e is None else np.zeros(np.shape(e)) for e in exact_grads]
+        if len(x) == 1:         # a unary VJP: one product, no sum
+            G = np.asarray(exact_grads[0], np.float64)
+            terms = np.abs(G) + np.abs(g) * (1 + np.abs(x[0]))
+            out = np.zeros(y.shape)      # forward: not declarable (ROUNDED_ONCE_OPS)
+            return out, [np.nan_to_num(0.5 * np.abs(G) + ratio * K_WORKING_UNARY * terms,
+                                       posinf=np.finfo(float).max)]
+        a, b = x
+        ab = np.broadcast_to(a, y.shape), np.broadcast_to(b, y.shape)
+        gb = np.broadcast_to(g, y.shape)
+        partials = {"add": (1.0, 1.0), "sub": (1.0, 1.0), "maximum": (1.0, 1.0),
+                    "mul": (np.abs(ab[1]), np.abs(ab[0])),
+                    "div": (1 / np.abs(ab[1]), np.abs(ab[0]) / ab[1] ** 2)}[name]
+        grads = []
+        for d, xi, e in zip(partials, (a, b), exact_grads):
+            m = int(np.prod(y.shape, dtype=np.int64)) // max(int(np.size(xi)), 1)
+            S = _sum_to_shape(np.abs(gb) * d, np.shape(xi))
+            grads.append(np.nan_to_num(_once(np.asarray(e, np.float64), S, m, ratio),
+                                       posinf=np.finfo(float).max))
+        out = np.zeros(y.shape) if name == "maximum" else 0.5 * np.abs(y)
+    return out, grads
 
 
 # ---------------------------------------------------------------------------------------------

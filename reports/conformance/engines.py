@@ -77,6 +77,7 @@ class Engine:
     optimizers: tuple = ()
     optimizer_reasons: dict = {}
     no_gradient: dict = {}       # {op: {input: reason}}: inputs without a gradient here
+    rounded_once: dict = {}      # {op: {"forward"|"vjp": dtype names}}: results rounded once
 
     # -- coverage -----------------------------------------------------------------------------
     def supports(self, op):
@@ -172,6 +173,13 @@ class FastlibEngine(Engine):
     description = "the fast engine (Numba, CPU)"
     optimizers = _OPTIMIZER_NAMES
 
+    @property
+    def rounded_once(self):
+        """fastlib's own single-rounding promises (``fastlib.ops.ROUNDED_ONCE``)."""
+        from fastlib.ops import ROUNDED_ONCE
+
+        return ROUNDED_ONCE
+
     def _forward(self, name, inputs, **params):
         import fastlib
 
@@ -199,6 +207,7 @@ class FastlibCudaEngine(FastlibEngine):
 
     name = "fastlib-cuda"
     description = "the fast engine on CUDA (numba.cuda; GPU or NUMBA_ENABLE_CUDASIM=1)"
+    rounded_once = {}      # its own kernels: held to the general bound (no such promise)
 
     def __init__(self):
         import fastlib.cuda as fc

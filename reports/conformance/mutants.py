@@ -115,6 +115,25 @@ MUTANTS = (
            ".reshape(kept)\n",
            "    if kind == \"middle\":\n        return np.cumsum(arr, axis=1, dtype=arr.dtype)"
            "[:, -1].astype(np.float64).reshape(kept)\n", ("sum", "mean")),
+    Mutant("broadcast-vjp-f32-terms", "float32 mul/div VJP terms rounded before they are summed "
+           "back over broadcast axes (the promised single rounding broken)", "kernels/binary.py",
+           "work = np.float64 if reduced else a.dtype", "work = a.dtype", ("mul", "div")),
+    Mutant("pairwise-block-short", "a pairwise sum's blocks stop one entry short of the end "
+           "(sums longer than one block lose their last entry)", "kernels/reduce.py",
+           "s = _block_sum(v, start, min(start + _BLOCK, hi))",
+           "s = _block_sum(v, start, min(start + _BLOCK, hi - 1))", ("sum", "mean")),
+    Mutant("gelu-tanh-coefficient", "gelu_tanh's cubic coefficient 0.044725 (wrong in the 4th "
+           "digit)", "kernels/scalar.py", "_GELU_TANH_A = 0.044715", "_GELU_TANH_A = 0.044725",
+           ("gelu_tanh",)),
+    Mutant("sigmoid-vjp-float32", "float32 sigmoid VJP evaluated in float32 (a few roundings, "
+           "not the promised one)", "kernels/scalar.py",
+           "    y = np.float32(np.float64(g) * e / (d * d))\n    return y if x == x else x",
+           "    y = np.float32(g) * np.float32(e) / (np.float32(d) * np.float32(d))\n"
+           "    return y if x == x else x", ("sigmoid",)),
+    Mutant("bce-log-not-log1p", "binary_cross_entropy's (1 - t) term as log(1 - p), not "
+           "log1p(-p) (a loss of tiny terms comes out 0)", "kernels/loss.py",
+           "        lq[i] = flog1p(-p[i])", "        lq[i] = math.log(1.0 - p[i])",
+           ("binary_cross_entropy",)),
     Mutant("softmax-no-shift", "softmax without the max shift (exp overflows at logits 1e4)",
            "kernels/norm.py",
            "        m = _row_max(v)\n        for j in range(d):\n"
@@ -191,6 +210,9 @@ MUTANTS = (
     Mutant("adagrad-eps-outside", "Adagrad with eps outside the square root", "kernels/optim.py",
            "a = a + g * g\n    return w - lr / math.sqrt(a + eps) * g, a",
            "a = a + g * g\n    return w - lr / (math.sqrt(a) + eps) * g, a", ("Adagrad",)),
+    Mutant("adam-v-bias-lag", "Adam's second-moment bias correction one step behind",
+           "optim.py", "c[:, 6] = [1.0 / (1.0 - b2 ** t) for t in steps]",
+           "c[:, 6] = [1.0 / (1.0 - b2 ** max(t - 1, 1)) for t in steps]", ("Adam",)),
     Mutant("momentum-dampening", "Momentum without DataCode's (1 - beta)", "optim.py",
            "c[:, 1], c[:, 2] = self.beta, 1.0 - self.beta", "c[:, 1], c[:, 2] = self.beta, 1.0",
            ("Momentum",)),
@@ -207,6 +229,10 @@ MUTANTS = (
            "self.hist_in, self.hist_pre, self.hist_post = x, pre, post",
            "self.hist_in = x if self.hist_in is None else self.hist_in\n"
            "        self.hist_pre, self.hist_post = pre, post", ("train",)),
+    Mutant("clip-norm-float32", "the global gradient norm for clipping rounded to float32 "
+           "(in a float64 run)", "training/clipping.py",
+           "norm = math.sqrt(total) if finite else math.nan",
+           "norm = float(np.float32(math.sqrt(total))) if finite else math.nan", ("train",)),
     Mutant("fused-row-bias", "the fused MLP epoch leaves out the second layer's bias",
            "training/fused_kernels.py", "z = pre_f[i, j] + bias[j - c0]", "z = pre_f[i, j]",
            ("train",)),

@@ -109,6 +109,26 @@ def declared_no_gradient(engine, name):
     return dict(declared.get(name, {}))
 
 
+def declared_rounded_once(engine, name, dtype):
+    """The paths (``"forward"``, ``"vjp"``) of op ``name`` in ``dtype`` that ``engine``
+    declares rounded once (its optional ``rounded_once`` attribute, docs/engines.md).
+
+    Raises ``ValueError`` for a declaration the suite cannot hold (an op or path without a
+    rounded-once bound), naming what it can.
+    """
+    declared = (getattr(engine, "rounded_once", None) or {}).get(name) or {}
+    paths = {path for path, dtypes in declared.items()
+             if np.dtype(dtype).name in {np.dtype(d).name for d in dtypes}}
+    allowed = _bounds.ROUNDED_ONCE_OPS.get(name, ())
+    bad = sorted(p for p in declared if p not in allowed)
+    if bad:
+        raise ValueError(
+            f"{getattr(engine, 'name', engine)}: rounded_once declares {name} {bad}, which has "
+            f"no rounded-once bound; declare only these: "
+            + "; ".join(f"{op}: {', '.join(ps)}" for op, ps in _bounds.ROUNDED_ONCE_OPS.items()))
+    return paths
+
+
 def _value_at(x, shape, index):
     """``x``'s entry that lands on ``index`` of an array of ``shape`` (or a short summary)."""
     x = np.asarray(x)
@@ -166,6 +186,14 @@ def check_call(engine, ex, kinks="strict"):
     a_out, a_grads = _bounds.admissible(ex.name, inputs64, _oracle.as_float64(ex.grad),
                                         ex.params, exact.out[0],
                                         [None if g is None else g[0] for g in exact.grads])
+    once = declared_rounded_once(engine, ex.name, dtype)
+    if once:        # the engine promises a single rounding there: hold it to that
+        o_out, o_grads = _bounds.rounded_once(ex.name, inputs64, _oracle.as_float64(ex.grad),
+                                              ex.params, exact.out[0],
+                                              [None if g is None else g[0]
+                                               for g in exact.grads], dtype)
+        a_out = o_out if "forward" in once else a_out
+        a_grads = o_grads if "vjp" in once else a_grads
     out = _call(result, "forward", lambda: engine.forward(ex.name, list(ex.inputs), **ex.params))
     if out is not None:
         m = _oracle.measure("output", out, exact.out, a_out, dtype)

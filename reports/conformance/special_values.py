@@ -21,6 +21,11 @@ forward and every VJP against the exact values, under the bounds of ``bounds``. 
   (broadcast too): the conventions of docs/CONTRACTS.md, which the exact oracle follows;
 - ``broadcast``: the binary ops on (2, 3) with (3,) and (2, 1) with (1, 3); matmul of a batch
   against a shared (k, n) matrix and of two batches (the VJPs sum over what was broadcast);
+- ``long row``: sums, log-sum-exps and normalisations of two random rows of fastlib's
+  summation block plus 37 entries (every entry counts, unlike the long reduction's);
+- ``broadcast sum``: the binary ops on a (130, 1) column against a (1, 24) row with random
+  values, so each VJP sums 24 or 130 terms of both signs (an engine's rounded-once promise is
+  held to half an ulp there);
 - ``long reduction``: sums over 4096 entries, one 1 and the rest half an ulp of 1
   (2**-25 in float32, 2**-54 in float64): recursive accumulation in the dtype loses every
   half ulp (error ~2000 eps), pairwise or wider accumulation loses none; rows and columns
@@ -40,13 +45,14 @@ from reports.conformance.strategies import OpExample
 __all__ = ["special_cases", "CATEGORIES"]
 
 CATEGORIES = ("saturation", "logits ±1e4", "tiny", "huge", "zeros", "kinks", "ties",
-              "long reduction", "long elementwise", "broadcast", "zero cotangent", "dominant logit",
+              "long reduction", "long row", "long elementwise", "broadcast", "broadcast sum", "zero cotangent", "dominant logit",
               "targets at the domain's edge")
 
 SATURATING = optable.names(saturating=True)       # the op table's flags
 SCALE_FREE = optable.names(scale_free=True)
 LONG = 4096
 LONG_PERIOD = 64   # distinct (x, cotangent) pairs of the long elementwise case
+BROADCAST_ROWS, BROADCAST_COLS = 130, 24   # the "broadcast sum" case of the binary ops
 
 
 def _parallel_min_size():
@@ -55,6 +61,14 @@ def _parallel_min_size():
     from fastlib.config import PARALLEL_MIN_SIZE
 
     return int(PARALLEL_MIN_SIZE)
+
+
+def _sum_block():
+    """fastlib's pairwise-summation block (read from the engine, so the "long row" case
+    crosses the block boundary whatever the constant becomes)."""
+    from fastlib.kernels.reduce import _BLOCK
+
+    return int(_BLOCK)
 
 
 def _magnitudes(dtype):
@@ -121,6 +135,12 @@ def _raw_cases(name, dtype):
                       ("ties", [a(2.0), a([2.0, 1.0, 3.0])], {})]
         if name in ("add", "sub"):
             cases.append(("cancellation", [x, -x if name == "add" else x.copy()], {}))
+        # long broadcast sums: a column against a row, each VJP summed over the other's length
+        # (BROADCAST_ROWS terms past the bounds' summation block): random signs cancel, so a
+        # VJP an engine promises rounded once cannot hide a float32 accumulation in the slack
+        rng = np.random.default_rng(7)
+        cases.append(("broadcast sum", [rng.standard_normal((BROADCAST_ROWS, 1)),
+                                        rng.standard_normal((1, BROADCAST_COLS))], {}))
     if name in ("sum", "mean"):
         v = np.full(LONG, _half_ulp(dtype))
         v[0] = 1.0
@@ -134,6 +154,13 @@ def _raw_cases(name, dtype):
                   ("long reduction", [np.stack([v, -v])], {"axis": 1, "keepdims": True}),
                   ("cancellation", [a([huge, 1.0, -huge])], {}),
                   ("tiny", [a([[tiny, 2 * tiny], [-tiny, tiny]])], {"axis": 0})]
+    if name in ("sum", "mean", "logsumexp", "softmax", "log_softmax", "layer_norm",
+                "rms_norm"):
+        # random rows one summation block and a ragged tail long (fastlib's own block size):
+        # every entry matters, so a block that drops, repeats or misplaces one entry fails
+        rng = np.random.default_rng(11)
+        row = {"axis": 1} if name in ("sum", "mean", "logsumexp") else {}
+        cases.append(("long row", [rng.standard_normal((2, _sum_block() + 37))], row))
     if name == "mse":
         v = np.full(LONG, np.sqrt(_half_ulp(dtype)))
         v[0] = 1.0
@@ -175,6 +202,8 @@ def _raw_cases(name, dtype):
         below = float(np.nextafter(np.asarray(1.0, dtype), np.asarray(0.0, dtype)))
         cases.append(("targets at the domain's edge",
                       [a([below, below, subnormal, subnormal]), a([1.0, 0.0, 0.0, 1.0])], {}))
+        # a loss of tiny terms only (about 1e-20): log(1 - p) instead of log1p(-p) returns 0
+        cases.append(("tiny", [a([1e-20, 3e-21, below]), a([0.0, 0.0, 1.0])], {}))
     if name == "binary_cross_entropy_with_logits":
         cases.append(("dominant logit", [a([40.0 if f64 else 16.0, -40.0 if f64 else -16.0]),
                                          a([1.0, 0.0])], {}))

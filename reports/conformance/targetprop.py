@@ -347,6 +347,100 @@ def prop_route_at_threshold(case):
         _close(got, want, F64_TOL, f"{name} input_target")
 
 
+# the matrices each kind's pure route divides by Σ|W| (per row, or per column under
+# normalisation="column"): Dense through its weight; RNN and LSTM through w_hh (back in time)
+# and w_ih; SwiGLU through w_down and [w_gate | w_up] side by side; attention through w_o and
+# w_v (its route through the attention probabilities compares a sum of rounded exps, never
+# exactly θ, and is covered by the random rows)
+ROUTED = {"Dense": ("weight",), "RNN": ("w_hh", "w_ih"), "LSTM": ("w_hh", "w_ih"),
+          "SwiGLU": ("w_down", "w_gate"), "MultiHeadAttention": ("w_o", "w_v")}
+
+
+def _threshold_line(rng, n, den, halves):
+    """``n`` entries whose absolute values sum to ``den`` exactly (one entry, or two halves)."""
+    line = np.zeros(n)
+    cols = rng.permutation(n)
+    signs = rng.choice([-1.0, 1.0], 2)
+    if halves and n > 1:
+        line[cols[0]], line[cols[1]] = signs[0] * den / 2, signs[1] * den / 2
+    else:
+        line[cols[0]] = signs[0] * den
+    return line
+
+
+@st.composite
+def route_threshold_kind_cases(draw, kind, column=None):
+    """``(case, options)``: a lone layer of ``kind`` in pure mode whose routed matrices
+    (``ROUTED``) have rows (or, with ``normalisation="column"``, columns) summing in |.| to θ
+    moved by ``THRESHOLD_OFFSETS``: the first exactly on θ, the rest drawn, the others random.
+
+    The sums are exact in float64 (one entry, or two equal halves, the rest 0), so the spec's
+    exact comparison and the engines' float comparison see the same number. SwiGLU's w_up
+    rows (columns) beside a threshold line of w_gate are zeroed, so the pair's sum is θ's.
+    """
+    theta = ft.TargetPropConfig().weight_threshold
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    column = draw(st.booleans()) if column is None else column
+    width = draw(st.integers(2, 3))
+    hidden = draw(st.integers(2, 3))
+    seq = draw(st.integers(2, 3))
+    if kind == "Dense":
+        layer, x_shape = Dense(width, hidden, "linear"), (width,)
+    elif kind in ("RNN", "LSTM"):
+        cls = RNN if kind == "RNN" else LSTM
+        layer = cls(width, hidden, return_sequences=draw(st.booleans()))
+        x_shape = (seq, width)
+    elif kind == "SwiGLU":
+        layer, x_shape = SwiGLU(width, hidden, draw(st.integers(1, 2))), (width,)
+    else:
+        heads = draw(st.integers(1, 2))
+        layer = MultiHeadAttention(2 * heads, heads, causal=draw(st.booleans()))
+        x_shape = (seq, 2 * heads)
+    model = Sequential([layer], dtype=np.float64, seed=0)
+    params = {k: rng.normal(0.0, 0.6, v.shape) for k, v in model.parameters().items()}
+    for name in ROUTED[kind]:
+        W = params["0." + name]
+        lines = W.T if column else W               # a view: writing a line writes W
+        count = lines.shape[0]
+        offsets = [0.0] + draw(st.lists(st.sampled_from(THRESHOLD_OFFSETS),
+                                        max_size=max(count - 2, 0)))
+        picks = rng.permutation(count)[:len(offsets)]
+        for i, offset in zip(picks, offsets):
+            lines[i] = _threshold_line(rng, lines.shape[1], _at(theta, offset),
+                                       draw(st.booleans()))
+            if name == "w_gate":
+                up = params["0.w_up"]
+                (up.T if column else up)[i] = 0.0
+    model.load_parameters(params)
+    x = rng.normal(size=(draw(st.integers(1, 2)),) + x_shape)
+    target = model(x) + rng.normal(0, 0.5, model(x).shape)
+    return Case(model, x, target), {"use_chain_rule": False,
+                                    "normalisation": "column" if column else "row"}
+
+
+def _targets(engine, case, options):
+    """(backward_targets, input_target) of one pure-mode backward with ``options``."""
+    mod, model = (ft, _fast_copy(case.model)) if engine == "fastlib" else (rt, twin(case.model))
+    state = mod.TargetPropState(model, mod.TargetPropConfig(**options))
+    mod.targetprop_forward(model, state, case.x)
+    mod.targetprop_backward(model, state, case.target, input_target=True)
+    return state.backward_targets, state.input_target
+
+
+def prop_route_kind_at_threshold(case, options):
+    """Pure mode around θ, any layer kind: fastlib's and reflib's targets equal the exact
+    spec's (which routes exactly the lines whose Σ|W| exceeds θ); a line on θ routed, or one
+    just above it dropped, moves the target by the routed gap, far beyond the tolerance."""
+    exact = stp.backward(case.model.get_config(), case.model.parameters(), case.x, case.target,
+                         options, dps=SPEC_DPS, input_target=True)
+    for engine in ("fastlib", "reflib"):
+        targets, input_target = _targets(engine, case, options)
+        for l, t in enumerate(targets):
+            _close(t, exact["backward_targets"][l], F64_TOL, f"{engine} backward_targets[{l}]")
+        _close(input_target, exact["input_target"], F64_TOL,
+               f"{engine} input_target ({options['normalisation']} normalisation)")
+
+
 @st.composite
 def gate_threshold_cases(draw):
     """(offset, lr): a lone Dense(1, 2) whose output y = [1, 0] has the target t = [a, 4]

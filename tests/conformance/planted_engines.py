@@ -163,3 +163,43 @@ PLANTED = (
     (TanhTinyZero, "tanh"), (TanhSmallByExp, "tanh"), (MatmulOneEntryOff, "matmul"),
     (SoftmaxLseRounded, "softmax"), (MaximumTieDoubled, "maximum"),
 )
+
+
+class BroadcastVjpFloat32(_Planted):
+    """mul's float32 VJP summed back over broadcast axes in float32 (each product rounded,
+    then a float32 running sum): within the general binary-op bound, not within the single
+    rounding fastlib promises."""
+
+    name = "planted-broadcast-vjp-f32"
+    op = "mul"
+
+    def _bad_vjp(self, inputs, grad):
+        a, b = inputs
+        shape = np.broadcast_shapes(a.shape, b.shape)
+        g = np.broadcast_to(grad, shape)
+        terms = (g * np.broadcast_to(b, shape), g * np.broadcast_to(a, shape))
+        return tuple(_sum_back_f32(t, x.shape) for t, x in zip(terms, inputs))
+
+
+def _sum_back_f32(t, shape):
+    """Sum ``t`` back to ``shape`` with a running sum in t's dtype (recursive accumulation)."""
+    lead = t.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                      if n == 1 and t.shape[lead + i] != 1)
+    for ax in sorted(axes, reverse=True):
+        t = np.cumsum(t, axis=ax, dtype=t.dtype).take([-1], axis=ax)
+    return t.reshape(shape)
+
+
+class SigmoidVjpFloat32(_Planted):
+    """sigmoid's float32 VJP g e / (1 + e)^2 evaluated in float32 (five roundings): within the
+    general transcendental bound, not within the single rounding fastlib promises."""
+
+    name = "planted-sigmoid-vjp-f32"
+    op = "sigmoid"
+
+    def _bad_vjp(self, inputs, grad):
+        (x,) = inputs
+        e = np.exp(-np.abs(x)).astype(x.dtype)
+        d = (1 + e).astype(x.dtype)
+        return ((grad * e / (d * d)).astype(x.dtype),)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from reports.conformance import cd, targetprop as tp, training_cases as tc
@@ -178,6 +178,37 @@ def test_route_check_catches_a_route_that_keeps_a_row_on_the_threshold(case):
     try:
         with pytest.raises(AssertionError, match="must route nothing"):
             tp.prop_route_at_threshold(case)
+    finally:
+        kernels.route_scales = original
+
+
+@pytest.mark.parametrize("kind", tp.KINDS)
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_route_at_threshold_in_every_kind(kind, data):
+    tp.prop_route_kind_at_threshold(*data.draw(tp.route_threshold_kind_cases(kind)))
+
+
+@pytest.mark.parametrize("kind, column", [("LSTM", False), ("SwiGLU", True),
+                                          ("MultiHeadAttention", True)])
+def test_route_check_of_every_kind_catches_a_line_on_the_threshold_kept(kind, column):
+    """A route that keeps a line whose Σ|W| equals θ (">=" where the rule says ">") fails the
+    check in a recurrent, a gated and an attention layer, row and column normalisation."""
+    import fastlib.kernels.targetprop as kernels
+
+    def at_least(W, threshold, scales):
+        total = np.sum(np.abs(W), axis=1)
+        scales[:] = np.where(total >= threshold, 1.0 / np.where(total > 0, total, 1.0), 0.0)
+
+    @settings(max_examples=1, deadline=None, database=None, phases=[Phase.generate])
+    @given(case=tp.route_threshold_kind_cases(kind, column))
+    def run(case):
+        tp.prop_route_kind_at_threshold(*case)
+
+    original, kernels.route_scales = kernels.route_scales, at_least
+    try:
+        with pytest.raises(AssertionError, match="input_target|backward_targets"):
+            run()
     finally:
         kernels.route_scales = original
 
