@@ -32,11 +32,28 @@ FUSED_CODES = frozenset((_LINEAR, _RELU, _LEAKY, _TANH, _SIGMOID))
 def _loss_and_grad(code, z, yi, yf, rows, dz):
     """Mean loss of the logits ``z`` (rows x C) and its gradient into ``dz``; correct count."""
     n, c = z.shape
+    total, correct = loss_terms(code, z, yi, yf, rows, dz, n)
+    if code == CE or code == CCE:
+        return total / n, correct
+    return total / (n * c), correct
+
+
+@njit(cache=True, error_model="numpy")
+def loss_terms(code, z, yi, yf, rows, dz, n_mean):
+    """The float64 sum of the loss terms of the logits ``z`` (rows x C) and the correct count;
+    the gradient of the mean over ``n_mean`` rows into ``dz``.
+
+    ``n_mean`` is the row count the loss averages over, which may exceed ``z``'s rows when a
+    batch is cut into pieces (the recurrent path): dividing the pieces' summed terms by it
+    gives the batch's mean. ``rows[i]`` is the row of ``yi`` / ``yf`` that holds row i's target.
+    """
+    c = z.shape[1]
+    n = z.shape[0]
     total = 0.0
     correct = 0.0
     one = z.dtype.type(1)
     if code == CE or code == CCE:
-        inv_n = one / z.dtype.type(n)
+        inv_n = one / z.dtype.type(n_mean)
         for i in range(n):
             m = z[i, 0]
             arg = 0
@@ -70,8 +87,8 @@ def _loss_and_grad(code, z, yi, yf, rows, dz):
                     dz[i, j] = (math.exp(z[i, j] - lse) * t_sum - yf[r, j]) * inv_n
                 if arg == t_arg:
                     correct += 1.0
-        return total / n, correct
-    inv_m = one / z.dtype.type(n * c)
+        return total, correct
+    inv_m = one / z.dtype.type(n_mean * c)
     for i in range(n):
         r = rows[i]
         hits = 0
@@ -91,7 +108,7 @@ def _loss_and_grad(code, z, yi, yf, rows, dz):
                     hits += 1
         if code == BCE_LOGITS:
             correct += hits / c
-    return total / (n * c), correct
+    return total, correct
 
 
 @njit(inline="always", error_model="numpy")

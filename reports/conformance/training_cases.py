@@ -11,8 +11,9 @@ import numpy as np
 from hypothesis import strategies as st
 
 import optable
-__all__ = ["EpochCase", "epoch_cases", "fused_cases", "boundary_cases", "kernel_boundaries",
-           "OPTIMIZERS", "LAYER_KINDS"]
+
+__all__ = ["EpochCase", "epoch_cases", "fused_cases", "recurrent_cases", "boundary_cases",
+           "kernel_boundaries", "OPTIMIZERS", "LAYER_KINDS"]
 
 OPTIMIZERS = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW")
 LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNorm", "RMSNorm",
@@ -61,13 +62,15 @@ class EpochCase:
 def kernel_boundaries():
     """The kernels' block and piece sizes, read now from the modules that define them."""
     from fastlib import config
-    from fastlib.kernels import recurrent, reduce
-    from fastlib.training import fused_mlp
+    from fastlib.kernels import recurrent, recurrent_pieces, reduce
+    from fastlib.training import fused_mlp, recurrent_kernels
 
     return {"recurrent_piece": int(recurrent._PIECE), "reduce_block": int(reduce._BLOCK),
             "split_min_params": int(fused_mlp.SPLIT_MIN_PARAMS),
             "fused_pieces": int(fused_mlp.FUSED_PIECES),
-            "parallel_min_size": int(config.PARALLEL_MIN_SIZE)}
+            "parallel_min_size": int(config.PARALLEL_MIN_SIZE),
+            "compiled_recurrent_piece": int(recurrent_pieces.PIECE),
+            "compiled_recurrent_block": int(recurrent_kernels.BLOCK)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,6 +203,52 @@ def fused_cases(draw, dtype="float64", path="fused"):
                      path=path, label=f"MLP {path}", **_options(draw, n))
 
 
+@st.composite
+def recurrent_cases(draw, dtype="float64"):
+    """A model the compiled recurrent epoch trains (``path="fused"``): token ids through an
+    Embedding or features (optionally a per-step Dense first), one or two RNN / LSTM layers
+    (the last with or without ``return_sequences``), sometimes nested in a Sequential, and a
+    linear Dense; batches of up to a piece and a few rows, so some batches cross a piece."""
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    piece = kernel_boundaries()["compiled_recurrent_piece"]
+    n = draw(st.sampled_from([3, 5, piece - 1, piece + 1, piece + 3]))
+    steps = draw(st.integers(1, 3))
+    width = draw(st.integers(1, 3))
+    layers = []
+    if draw(st.booleans()):
+        num = draw(st.integers(2, 5))
+        layers.append({"type": "Embedding", "num": num, "dim": width})
+        x = rng.integers(0, num, size=(n, steps))
+    else:
+        x = rng.uniform(-2, 2, size=(n, steps, width))
+        if draw(st.booleans()):
+            out = draw(st.integers(1, 3))
+            layers.append({"type": "Dense", "in_features": width, "out_features": out,
+                           "activation": draw(st.sampled_from(FUSED_SMOOTH))})
+            width = out
+    n_rec = draw(st.integers(1, 2))
+    tail = []
+    for k in range(n_rec):
+        hidden = draw(st.integers(1, 3))
+        seqs = True if k < n_rec - 1 else draw(st.booleans())
+        tail.append({"type": draw(st.sampled_from(["RNN", "LSTM"])), "input_size": width,
+                     "hidden_size": hidden, "return_sequences": seqs})
+        width = hidden
+    classes = draw(st.integers(2, 3))
+    tail.append({"type": "Dense", "in_features": width, "out_features": classes,
+                 "activation": "linear"})
+    layers += [{"type": "Sequential", "layers": tail}] if draw(st.booleans()) else tail
+    rank = 3 if tail[-2]["return_sequences"] else 2
+    out_shape = (n, steps, classes) if rank == 3 else (n, classes)
+    loss = draw(st.sampled_from(["mse", "binary_cross_entropy_with_logits"] if rank == 3 else
+                                ["mse", "cross_entropy", "categorical_cross_entropy",
+                                 "binary_cross_entropy_with_logits"]))
+    y = _targets(rng, loss, classes, out_shape)
+    return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
+                     path="fused", label="compiled recurrent", **_options(draw, n))
+
+
 # ---------------------------------------------------------------------------------------------
 # the boundaries
 
@@ -265,6 +314,26 @@ def boundary_cases(dtype):
                                "cross_entropy", 13, dtype, "Adam", 0.05, 3, 2, True,
                                0.5, "norm", "pieces", label="MLP 3-1-4-2 in pieces, partial "
                                                             "batch, norm clip"))
+        # the compiled recurrent epoch: batches of a piece less one, a piece plus one (the
+        # second piece one sequence long) and two pieces plus one, a partial last batch
+        cp = b["compiled_recurrent_piece"]
+        for kind, n, bs, seqs, opt, clip_mode in (
+                ("LSTM", 2 * cp + 1, cp + 1, True, "Adam", "norm"),
+                ("RNN", cp + 1, cp, False, "SGD", "value"),
+                ("LSTM", cp - 1, cp - 1, False, "Momentum", "value"),
+                ("RNN", 2 * cp + 1, 2 * cp + 1, True, "RMSprop", "norm")):
+            x = seq_data(n, 3, 2)
+            y = (rng.uniform(-1, 1, (n, 3, 2)) if seqs else rng.uniform(-1, 1, (n, 2)))
+            cases.append(EpochCase(_recurrent(kind, 2, 2, seqs), x, y, "mse", 15, dtype, opt,
+                                   0.05, bs, 1, True, 0.5, clip_mode, "fused",
+                                   label=f"compiled {kind} batch {bs} of {n} (PIECE {cp})"))
+        # tokens: an Embedding whose rows repeat across the pieces
+        x = rng.integers(0, 3, size=(cp + 2, 3))
+        cfg = _recurrent("LSTM", 2, 2, False)
+        cfg["layers"].insert(0, {"type": "Embedding", "num": 3, "dim": 2})
+        cases.append(EpochCase(cfg, x, rng.integers(0, 2, (cp + 2, 1)), "cross_entropy", 16,
+                               dtype, "AdamW", 0.05, cp + 1, 1, True, 0.5, "value", "fused",
+                               label=f"compiled Embedding + LSTM batch {cp + 1} (PIECE {cp})"))
         # causal and non-causal attention, a sequence over two recurrent-piece lengths
         for causal in (True, False):
             x = seq_data(5, piece + 1, 2)
@@ -299,6 +368,22 @@ def boundary_cases(dtype):
     cases.append(EpochCase(_recurrent("LSTM", 3, 3, False), x,
                            rng.uniform(-1, 1, (len(x), 2)), "mse", 23, dtype, "Adagrad", 0.05,
                            piece + 1, 1, True, label=f"LSTM batch {piece + 1} of {len(x)}"))
+    # the compiled recurrent epoch's update blocks: LSTM(2, h) + Dense(h, 2) with a parameter
+    # vector on each side of one block, batches of two pieces (the second partial)
+    cp, block = b["compiled_recurrent_piece"], b["compiled_recurrent_block"]
+
+    def lstm_params(h):
+        return 4 * h * (2 + h + 1) + (h + 1) * 2
+    h = 1
+    while lstm_params(h + 1) < block:
+        h += 1
+    for hidden in (h, h + 1):          # the largest below one block, the smallest past it
+        x = seq_data(cp + 3, 2, 2)
+        cases.append(EpochCase(_recurrent("LSTM", 2, hidden, False), x,
+                               rng.integers(0, 2, (cp + 3, 1)), "cross_entropy", 25, dtype,
+                               "Adam", 0.01, cp + 1, 1, True, 0.5, "norm", "fused",
+                               label=f"compiled LSTM(2, {hidden}), {lstm_params(hidden)} "
+                                     f"weights (update blocks of {block})"))
     # a parameter of parallel_min_size entries (the optimizer kernel runs in chunks) and
     # LayerNorm rows over parallel_min_size entries, in the generic loop
     par = b["parallel_min_size"]

@@ -515,7 +515,7 @@ def check_epochs(case: EpochCase):
         if cut is not None:
             fused_mlp.SPLIT_MIN_PARAMS = cut
     if case.path != "generic" and not run.fused:
-        result.fail(f"fastlib.train did not take the fused path for a plain MLP ({case.label})")
+        result.fail(f"fastlib.train did not take a whole-epoch compiled path ({case.label})")
     if case.path == "generic" and run.fused:
         result.fail("fastlib.train(fused=False) took the fused path")
     if rec is not None:
@@ -654,7 +654,9 @@ def train_rows(kinds):
     rows = [row(kind, "float64", lambda kind=kind: tc.epoch_cases(kind)) for kind in kinds]
     rows.append(row("fused MLP", "float64", lambda: st.sampled_from(["fused", "pieces"]).flatmap(
         lambda p: tc.fused_cases("float64", p))))
+    rows.append(row("compiled recurrent", "float64", lambda: tc.recurrent_cases("float64")))
     rows.append(fixed("float64"))
+    rows.append(row("compiled recurrent", "float32", lambda: tc.recurrent_cases("float32")))
     rows.append(row("fused MLP", "float32", lambda: st.sampled_from(["fused", "pieces"]).flatmap(
         lambda p: tc.fused_cases("float32", p))))
     rows.append(row("generic", "float32", lambda: st.sampled_from(list(kinds)).flatmap(

@@ -151,6 +151,41 @@ def test_drawn_fused_runs_pass(case):
     assert result.ok, result.describe()
 
 
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=st.sampled_from(["float64", "float32"]).flatmap(tc.recurrent_cases))
+def test_drawn_compiled_recurrent_runs_pass(case):
+    result = tr.check_epochs(case)
+    assert result.ok, result.describe()
+
+
+def test_compiled_recurrent_boundaries_follow_the_kernels_constants(monkeypatch):
+    from fastlib.kernels import recurrent_pieces
+    from fastlib.training import recurrent_kernels
+
+    b = tc.kernel_boundaries()
+    piece, block = b["compiled_recurrent_piece"], b["compiled_recurrent_block"]
+    cases64 = [c for c in tc.boundary_cases("float64") if c.path == "fused"
+               and "compiled" in c.label]
+    assert {piece - 1, piece, piece + 1, 2 * piece + 1} <= {c.batch_size for c in cases64}
+    assert any(len(c.x) > c.batch_size > piece for c in cases64)   # a partial second piece
+    sizes = sorted(sum(np.prod(v.shape) for v in fastlib_params(c).values())
+                   for c in tc.boundary_cases("float32") if "update blocks" in c.label)
+    assert sizes[0] < block <= sizes[1]
+    monkeypatch.setattr(recurrent_pieces, "PIECE", 5)
+    monkeypatch.setattr(recurrent_kernels, "BLOCK", 4096)
+    moved = [c for c in tc.boundary_cases("float64") if "compiled" in c.label]
+    assert {4, 5, 6, 11} <= {c.batch_size for c in moved}
+    sizes = sorted(sum(np.prod(v.shape) for v in fastlib_params(c).values())
+                   for c in tc.boundary_cases("float32") if "update blocks" in c.label)
+    assert sizes[0] < 4096 <= sizes[1]
+
+
+def fastlib_params(case):
+    import fastlib
+
+    return fastlib.layers.from_config(case.config, dtype=np.float64, seed=0).parameters()
+
+
 # ---------------------------------------------------------------------------------------------
 # TargetProp and CD at their thresholds
 

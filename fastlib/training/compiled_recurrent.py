@@ -1,0 +1,313 @@
+"""The whole-epoch compiled path for recurrent models: RNN, LSTM, Embedding and Dense in a
+``Sequential``, trained by back-propagation on the CPU.
+
+Which models: a ``Sequential`` (nested ``Sequential`` s are read as one chain) of ``RNN``,
+``LSTM`` (``return_sequences`` either way), ``Dense`` layers with an activation of
+``fused_kernels.FUSED_ACTIVATIONS`` (on per-step rows or on the last state), and an
+``Embedding`` as the first layer, holding at least one recurrent layer or the Embedding;
+inputs ``(N, T, features)`` (or ``(N, T)`` token ids); the losses of
+``fused_kernels.LOSS_CODES`` (``mse`` and ``binary_cross_entropy_with_logits`` also on a
+per-step output); any optimizer and clipping mode. Anything else (``Parallel``, attention,
+norms, other activations, ``binary_cross_entropy``) returns None and trains through the
+generic per-batch path; so does ``train(..., fused=False)``.
+
+How: one Numba call per epoch (:mod:`fastlib.training.recurrent_kernels` explains the
+scheme): each batch is cut into pieces of ``recurrent_pieces.PIECE`` sequences that run the
+whole model, loss and backward on their own threads into partial gradients, which fixed
+blocks of the parameter vector then add, clip and apply. Buffers are planned once per batch
+size and sequence length and kept for the run; parameters and optimizer state are copied
+into one flat vector at the start of each epoch and back at its end.
+
+The math is the generic path's, operation for operation (the layers' cell formulas, the MLP
+path's loss, clipping and optimizer kernels, float64 bias sums); the two agree to rounding,
+not bit for bit: BLAS sums the products in other orders, the batch's loss and gradients add
+the pieces' partials in piece order, and the epoch runs with flush-to-zero, like the MLP path.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fastlib import config
+from fastlib.kernels.recurrent_pieces import PIECE
+from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
+from fastlib.training import fused_kernels as fk
+from fastlib.training import recurrent_kernels as rk
+from fastlib.training.algorithms import EpochStats
+from fastlib.training.compiled_paths import register_compiled_path
+
+_ALIGN = 16  # buffer offsets in entries: 64-byte rows for float32
+
+
+def _chain(model, prefix=""):
+    """``[(layer, name prefix)]`` of a Sequential read as one chain, or None."""
+    from fastlib.layers import Sequential
+
+    if type(model) is not Sequential:
+        return None
+    out = []
+    for i, layer in enumerate(model.layers):
+        if type(layer) is Sequential:
+            inner = _chain(layer, f"{prefix}{i}.")
+            if inner is None:
+                return None
+            out += inner
+        else:
+            out.append((layer, f"{prefix}{i}."))
+    return out
+
+
+class _Plan:
+    """The model as a table of layers (``recurrent_kernels.meta`` without buffer offsets),
+    the flat parameter layout, and the loss."""
+
+    def __init__(self, chain, dtype, loss_code):
+        from fastlib.layers import LSTM, Dense, Embedding
+
+        self.dtype = dtype
+        self.loss_code = loss_code
+        self.tokens = type(chain[0][0]) is Embedding
+        rows = []
+        seq = True
+        self.names = []
+        self.shapes = []
+        for layer, prefix in chain:
+            m = np.zeros(rk.N_META, np.int64)
+            m[rk.SEQ_IN] = seq
+            if type(layer) is Embedding:
+                m[rk.KIND], m[rk.DIN], m[rk.DOUT] = rk.EMBEDDING, layer.num, layer.dim
+                names = ["weight"]
+            elif type(layer) is Dense:
+                m[rk.KIND], m[rk.DIN], m[rk.DOUT] = rk.DENSE, layer.in_features, \
+                    layer.out_features
+                m[rk.ACT] = ACTIVATIONS[layer.activation]
+                names = ["weight", "bias"]
+            else:
+                m[rk.KIND] = rk.LSTM if type(layer) is LSTM else rk.RNN
+                m[rk.DIN], m[rk.DOUT] = layer.input_size, layer.hidden_size
+                seq = layer.return_sequences
+                names = ["w_ih", "w_hh", "b"]
+            m[rk.SEQ_OUT] = seq
+            params = layer.parameters()
+            for n in names:
+                self.names.append(prefix + n)
+                self.shapes.append(params[n].shape)
+            rows.append(m)
+        self.meta = np.array(rows, np.int64)
+        self.seq_out = bool(seq)
+        sizes = [int(np.prod(s)) for s in self.shapes]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.size = int(self.offsets[-1])
+        k = 0
+        for row, (layer, _) in zip(self.meta, chain):
+            n = 1 if row[rk.KIND] == rk.EMBEDDING else (2 if row[rk.KIND] == rk.DENSE else 3)
+            row[rk.W_OFF] = self.offsets[k]
+            row[rk.W2_OFF] = self.offsets[k + 1] if n == 3 else -1
+            row[rk.B_OFF] = self.offsets[k + n - 1] if n > 1 else -1
+            k += n
+        blocks = list(range(0, self.size, rk.BLOCK)) + [self.size]
+        self.blk = np.array(blocks, np.int64)
+        self._buffers = None
+
+    def flatten(self, arrays):
+        """The arrays of ``names`` as one flat vector of the model's dtype."""
+        return np.concatenate([np.asarray(arrays[n]).reshape(-1) for n in self.names]).astype(
+            self.dtype, copy=False)
+
+    def unflatten(self, flat, arrays):
+        """Copy the flat vector back into the arrays of ``names``, in place."""
+        for i, n in enumerate(self.names):
+            lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+            np.copyto(arrays[n], flat[lo:hi].reshape(arrays[n].shape))
+
+    def buffers(self, batch, steps):
+        """Workspaces for batches of ``batch`` sequences of ``steps`` steps (planned once per
+        shape, kept for the run): the per-piece rows, offsets and scratch."""
+        key = (batch, steps)
+        if self._buffers is not None and self._buffers[0] == key:
+            return self._buffers[1]
+        meta = self.meta
+        off = [0]
+
+        def take(n):
+            start = off[0]
+            off[0] += -(-int(n) // _ALIGN) * _ALIGN
+            return start
+
+        cap_t = steps * PIECE
+        widths = [int(r[rk.DOUT]) * (4 if r[rk.KIND] == rk.LSTM else 1) for r in meta]
+        hidden = max([int(r[rk.DOUT]) for r in meta] + [1])
+        scratch = np.zeros(rk.N_SCRATCH, np.int64)
+        scratch[rk.S_IN] = take(0 if self.tokens else cap_t * meta[0, rk.DIN])
+        scratch[rk.S_Z] = take(PIECE * max(widths))
+        scratch[rk.S_DH] = take(PIECE * hidden)
+        scratch[rk.S_DC] = take(PIECE * hidden)
+        wide64 = max(widths)
+        for r in meta:
+            kind, dout = r[rk.KIND], r[rk.DOUT]
+            rows_in = cap_t if r[rk.SEQ_IN] else PIECE
+            rows_out = cap_t if r[rk.SEQ_OUT] else PIECE
+            if kind == rk.EMBEDDING:
+                r[rk.O_OUT] = take(cap_t * dout)
+                wide64 = max(wide64, int(r[rk.DIN] * dout))
+            elif kind == rk.DENSE:
+                r[rk.O_PRE] = take(rows_in * dout)
+                r[rk.O_OUT] = take(rows_out * dout)
+            else:
+                width = dout * (4 if kind == rk.LSTM else 1)
+                r[rk.O_PRE] = take(cap_t * width)
+                if kind == rk.LSTM:
+                    r[rk.O_HS] = take(cap_t * dout)
+                    r[rk.O_C] = take(cap_t * dout)
+                    r[rk.O_TC] = take(cap_t * dout)
+                else:
+                    r[rk.O_HS] = r[rk.O_PRE]
+                r[rk.O_OUT] = r[rk.O_HS] if r[rk.SEQ_OUT] else take(PIECE * dout)
+                r[rk.O_DZ] = take(cap_t * width)
+            r[rk.O_GOUT] = take(rows_out * dout)
+        pieces = -(-batch // PIECE)
+        bufs = {"meta": meta, "scratch": scratch,
+                "ws": np.zeros((pieces, off[0]), self.dtype),
+                "ws64": np.zeros((pieces, wide64), np.float64),
+                "gp": np.zeros((pieces, self.size), self.dtype),
+                "g": np.zeros(self.size, self.dtype),
+                "rows": np.zeros((pieces, cap_t), np.int64)}
+        self._buffers = (key, bufs)
+        return bufs
+
+
+def plan_for(ctx):
+    """A :class:`_Plan` when the recurrent path applies to this run's model, else None
+    (decided once per run)."""
+    if "recurrent_plan" not in ctx.scratch:
+        ctx.scratch["recurrent_plan"] = _make_plan(ctx)
+    return ctx.scratch["recurrent_plan"]
+
+
+def _make_plan(ctx):
+    from fastlib.layers import LSTM, RNN, Dense, Embedding
+
+    model, cfg = ctx.model, ctx.config
+    if not cfg.extra.get("fused", True) or cfg.device != "cpu" or cfg.algorithm != "bp":
+        return None
+    if ctx.loss_type not in fk.LOSS_CODES:
+        return None
+    chain = _chain(model)
+    if not chain:
+        return None
+    kinds = [type(layer) for layer, _ in chain]
+    if not any(k in (RNN, LSTM, Embedding) for k in kinds):
+        return None                      # a plain MLP: the MLP path's (or the generic) model
+    if any(k not in (RNN, LSTM, Dense, Embedding) for k in kinds) or Embedding in kinds[1:]:
+        return None
+    seq = True
+    for layer, _ in chain:
+        if type(layer) in (RNN, LSTM):
+            if not seq:
+                return None              # the generic path will say why (a 2-D input)
+            seq = layer.return_sequences
+        elif type(layer) is Dense and ACTIVATIONS[layer.activation] not in fk.FUSED_CODES:
+            return None
+    if seq and ctx.loss_type not in ("mse", "binary_cross_entropy_with_logits"):
+        return None
+    plan = _Plan(chain, np.dtype(model.dtype), fk.LOSS_CODES[ctx.loss_type])
+    if list(ctx.params) != plan.names:
+        return None
+    return plan
+
+
+def run_epoch(ctx, x, y, order):
+    """Train one epoch in the compiled kernel; None when the model or run does not fit it.
+
+    Parameters
+    ----------
+    ctx : StepContext
+        The run's context (model, optimizer and its state, rate, clipping).
+    x : ndarray
+        Inputs ``(N, T, features)`` in the model's dtype, or ``(N, T)`` token ids for a model
+        that starts with an Embedding (validated by ``train``; ids are range-checked here).
+    y : ndarray
+        Targets as ``fastlib.losses.validate_targets`` normalised them.
+    order : ndarray or None
+        The epoch's sample order (None: 0..N-1).
+
+    Returns
+    -------
+    EpochStats or None
+    """
+    plan = plan_for(ctx)
+    if plan is None:
+        return None
+    if plan.tokens:
+        if x.ndim != 2:
+            return None
+        # NOTE: the kernel indexes the table without checks: the layer's own validation
+        # (whole numbers in [0, num)) runs first, with its message
+        idx = _indices(ctx.model, x)
+        x3 = np.zeros((0, 0, 0), plan.dtype)
+    else:
+        if x.ndim != 3 or x.shape[2] != plan.meta[0, rk.DIN]:
+            return None
+        x3 = np.ascontiguousarray(x, dtype=plan.dtype)
+        idx = np.zeros((0, 0), np.int64)
+    n, steps = x.shape[0], x.shape[1]
+    if steps < 1 or n < 1:
+        return None
+    dtype = plan.dtype
+    bs = min(ctx.config.batch_size, n)
+    order = np.arange(n, dtype=np.int64) if order is None else np.ascontiguousarray(
+        order, dtype=np.int64)
+    if plan.loss_code == fk.CE:
+        yi, yf = np.ascontiguousarray(y, dtype=np.int64).reshape(-1), np.zeros((0, 0), dtype)
+    else:
+        rows = n * steps if plan.seq_out else n
+        yi, yf = np.zeros(0, np.int64), np.ascontiguousarray(y, dtype=dtype).reshape(rows, -1)
+    bufs = plan.buffers(bs, steps)
+    params, opt, state = ctx.params, ctx.optimizer, ctx.opt_state
+    w = plan.flatten(params)
+    slots = [plan.flatten(state.slots[s]) for s in opt.state_names]
+    while len(slots) < 2:
+        slots.append(np.zeros(0, dtype))
+    n_batches = -(-n // bs)
+    coeffs = opt.coefficient_table(state.t + 1, n_batches, ctx.lr, dtype)
+    clip = ctx.config.gradient_clip
+    clip_mode = fk.CLIP_NONE if clip == 0 else (fk.CLIP_VALUE if ctx.config.clip_mode == "value"
+                                                else fk.CLIP_NORM)
+    threads = max(1, config.num_threads())
+    args = (x3, idx, yi, yf, order, bs, steps, PIECE, threads, bufs["meta"], bufs["scratch"],
+            dtype.type(LEAKY_SLOPE), plan.loss_code, opt.kind, coeffs, clip_mode, float(clip),
+            w, slots[0], slots[1], bufs["g"], bufs["gp"], bufs["ws"], bufs["ws64"],
+            bufs["rows"], plan.blk)
+    if threads > 1 and bs > PIECE:
+        from fastlib.training.fused_mlp import _single_threaded_blas
+
+        with _single_threaded_blas():
+            out = rk.epoch(*args)
+    else:
+        out = rk.epoch(*args)
+    loss_sum, correct, skipped, updates, diverged, bad_loss = out
+    plan.unflatten(w, params)
+    for s, flat in zip(opt.state_names, slots):
+        plan.unflatten(flat, state.slots[s])
+    state.t += int(updates)
+    ctx.step += n_batches if diverged < 0 else diverged + 1
+    samples = n if diverged < 0 else diverged * bs
+    if ctx.loss_type == "mse":
+        correct = None
+    elif plan.seq_out:
+        correct = float(correct) / steps   # per-step rows: the generic accuracy x batch rows
+    return EpochStats(loss_sum=float(loss_sum), correct=None if correct is None else
+                      float(correct), count=samples, skipped=int(skipped),
+                      diverged_batch=int(diverged), diverged_loss=float(bad_loss), fused=True)
+
+
+def _indices(model, x):
+    """``x`` as checked int64 token ids of the model's first (Embedding) layer."""
+    from fastlib.layers import Sequential
+
+    first = model
+    while type(first) is Sequential:
+        first = first.layers[0]
+    return np.ascontiguousarray(first.indices(x))
+
+
+register_compiled_path("recurrent", run_epoch)
