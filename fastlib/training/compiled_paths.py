@@ -14,6 +14,7 @@ from typing import Callable
 # The modules that hold compiled paths, imported lazily (Numba kernels compile on first use).
 PATH_MODULES = (
     "fastlib.training.fused_mlp",
+    "fastlib.training.compiled_attention",
 )
 
 _PATHS: list[tuple[str, Callable]] = []
