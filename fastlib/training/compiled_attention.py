@@ -5,10 +5,11 @@ Models built from ``MultiHeadAttention`` (causal or not), ``LayerNorm``, ``RMSNo
 by ``Sequential`` and ``Parallel`` (``add`` or ``concat``) to any depth, trained by ``"bp"`` on
 the CPU with ``mse``, ``cross_entropy``, ``categorical_cross_entropy`` or
 ``binary_cross_entropy_with_logits``, any of the seven optimizers and either clipping mode,
-run their epochs here: the model is compiled once per run and batch shape into a program
-(:mod:`fastlib.kernels.transformer` explains it) whose forward, loss, backward, guard,
-clipping and optimizer update run in compiled code, step after step, with every buffer
-allocated once. Anything else (a plain MLP takes the MLP path first; RNN / LSTM, Softmax
+run their epochs here when they hold at least one attention, norm or SwiGLU layer: the model
+is compiled once per run and batch shape into a program (:mod:`fastlib.kernels.transformer`
+explains it) whose forward, loss, backward, guard, clipping and optimizer update run in
+compiled code, step after step, with every buffer allocated once. Anything else (models of
+Dense and Embedding layers alone belong to the other paths; RNN / LSTM, Softmax
 layers, ``binary_cross_entropy``, other devices or algorithms) returns None and trains
 elsewhere. ``train(..., fused=False)`` turns this path off.
 
@@ -264,12 +265,16 @@ def _model_steps(x, tokens):
     return None, None
 
 
-def _contains_attention(layer):
-    from fastlib.layers import MultiHeadAttention
-
-    if isinstance(layer, MultiHeadAttention):
+def _contains(layer, kinds):
+    if isinstance(layer, kinds):
         return True
-    return any(_contains_attention(c) for c in getattr(layer, "layers", ()))
+    return any(_contains(c, kinds) for c in getattr(layer, "layers", ()))
+
+
+def _kinds():
+    from fastlib.layers import LayerNorm, MultiHeadAttention, RMSNorm, SwiGLU
+
+    return MultiHeadAttention, (MultiHeadAttention, LayerNorm, RMSNorm, SwiGLU)
 
 
 def program_for(ctx, x):
@@ -294,7 +299,10 @@ def _make_program(ctx, x):
     steps, d_in = _model_steps(x, tokens)
     if steps is None or steps < 1:
         return None
-    if x.ndim == 2 and not tokens and _contains_attention(model):
+    attention, own = _kinds()
+    if not _contains(model, own):
+        return None   # Dense / Embedding models alone belong to other paths
+    if x.ndim == 2 and not tokens and _contains(model, attention):
         return None   # attention needs (batch, seq, d): the generic path says so
     bs = ctx.config.batch_size
     # the largest piece of any batch (a partial last batch below MIN_PIECE_ROWS is one piece)
