@@ -12,7 +12,9 @@ kernel source), so they run in the calling process and need no copy of the packa
 - ``fused-float32-leak``: a float64 fused epoch starts from parameters rounded to float32;
 - ``clipping-disabled``: ``gradient_clip`` is accepted and ignored;
 - ``shuffle-repeats-sample``: the epoch's order repeats its first sample in place of its last;
-- ``partial-batch-dropped``: the last, incomplete batch of every epoch is not trained on.
+- ``partial-batch-dropped``: the last, incomplete batch of every epoch is not trained on;
+- ``compiled-attention-unmasked``: the compiled attention path trains a causal attention
+  layer without its mask (the program loses the layer's causal flag).
 """
 from __future__ import annotations
 
@@ -155,6 +157,21 @@ def partial_batch_dropped():
     return _patched(loop._Loop, "__init__", wrap)
 
 
+def compiled_attention_unmasked():
+    """The compiled attention path's program drops every attention layer's causal flag."""
+    from fastlib.kernels import transformer as kt
+    from fastlib.training import compiled_attention
+
+    def wrap(grad_modes):
+        def grad_modes_unmasked(self):
+            grad_modes(self)
+            for row in self.rows:
+                if row[kt.F_OP] == kt.OP_ATTENTION:
+                    row[kt.F_INT1] = 0
+        return grad_modes_unmasked
+    return _patched(compiled_attention._Program, "_grad_modes", wrap)
+
+
 MUTANTS = {m.name: m for m in (
     TrainingMutant("step-1e-7-one-tensor", "an optimizer step 1e-7 off on one tensor",
                    step_off_on_one_tensor),
@@ -169,4 +186,7 @@ MUTANTS = {m.name: m for m in (
                    shuffle_repeats_sample),
     TrainingMutant("partial-batch-dropped", "the last partial batch is dropped",
                    partial_batch_dropped),
+    TrainingMutant("compiled-attention-unmasked",
+                   "the compiled attention path ignores the causal mask",
+                   compiled_attention_unmasked),
 )}

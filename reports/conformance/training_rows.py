@@ -717,10 +717,12 @@ def train_rows(kinds):
     rows = [row(kind, "float64", lambda kind=kind: tc.epoch_cases(kind)) for kind in kinds]
     rows.append(row("fused MLP", "float64", lambda: st.sampled_from(["fused", "pieces"]).flatmap(
         lambda p: tc.fused_cases("float64", p))))
+    rows.append(row("compiled attention", "float64", lambda: tc.attention_cases("float64")))
     rows.append(fixed("float64"))
     rows.append(row("fused MLP", "float32", lambda: st.sampled_from(["fused", "pieces"]).flatmap(
         lambda p: tc.fused_cases("float32", p))))
     rows.append(row("generic", "float32", lambda: st.sampled_from(list(kinds)).flatmap(
         lambda k: tc.epoch_cases(k, "float32"))))
+    rows.append(row("compiled attention", "float32", lambda: tc.attention_cases("float32")))
     rows.append(fixed("float32"))
     return rows
