@@ -15,6 +15,7 @@ from typing import Callable
 PATH_MODULES = (
     "fastlib.training.fused_mlp",
     "fastlib.training.compiled_recurrent",
+    "fastlib.training.compiled_attention",
 )
 
 _PATHS: list[tuple[str, Callable]] = []

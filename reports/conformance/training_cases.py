@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import optable
 
-__all__ = ["EpochCase", "epoch_cases", "fused_cases", "recurrent_cases", "boundary_cases",
-           "kernel_boundaries", "OPTIMIZERS", "LAYER_KINDS"]
+__all__ = ["EpochCase", "epoch_cases", "fused_cases", "recurrent_cases", "attention_cases",
+           "boundary_cases", "kernel_boundaries", "OPTIMIZERS", "LAYER_KINDS"]
 
 OPTIMIZERS = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW")
 LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNorm", "RMSNorm",
@@ -34,7 +34,8 @@ class EpochCase:
     (its largest entry for ``"value"``, its global norm for ``"norm"``), rounded to float32, so
     clipping is active and the threshold is a number both dtypes hold exactly. ``path`` is
     ``"fused"`` (must take the whole-epoch fused path), ``"pieces"`` (the same, cut into
-    pieces whatever the size), or ``"generic"`` (``fused=False``: the per-batch loop).
+    pieces whatever the size), ``"compiled"`` (must take a whole-epoch compiled path: the
+    attention models') or ``"generic"`` (``fused=False``: the per-batch loop).
     """
 
     config: dict
@@ -63,14 +64,16 @@ def kernel_boundaries():
     """The kernels' block and piece sizes, read now from the modules that define them."""
     from fastlib import config
     from fastlib.kernels import recurrent, recurrent_pieces, reduce
-    from fastlib.training import fused_mlp, recurrent_kernels
+    from fastlib.training import compiled_attention, fused_mlp, recurrent_kernels
 
     return {"recurrent_piece": int(recurrent._PIECE), "reduce_block": int(reduce._BLOCK),
             "split_min_params": int(fused_mlp.SPLIT_MIN_PARAMS),
             "fused_pieces": int(fused_mlp.FUSED_PIECES),
             "parallel_min_size": int(config.PARALLEL_MIN_SIZE),
             "compiled_recurrent_piece": int(recurrent_pieces.PIECE),
-            "compiled_recurrent_block": int(recurrent_kernels.BLOCK)}
+            "compiled_recurrent_block": int(recurrent_kernels.BLOCK),
+            "attention_min_piece_rows": int(compiled_attention.MIN_PIECE_ROWS),
+            "attention_chunk_min_params": int(compiled_attention.CHUNK_MIN_PARAMS)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,6 +252,41 @@ def recurrent_cases(draw, dtype="float64"):
                      path="fused", label="compiled recurrent", **_options(draw, n))
 
 
+@st.composite
+def attention_cases(draw, dtype="float64"):
+    """A model the compiled attention path trains: (an Embedding,) causal or non-causal
+    attention, alone or added to a Dense branch (a Parallel ``add``), a LayerNorm, RMSNorm or
+    SwiGLU, and a Dense head; ``mse`` or ``binary_cross_entropy_with_logits``."""
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    n, seq = draw(st.integers(3, 6)), draw(st.integers(1, 4))
+    width = draw(st.sampled_from([2, 4]))
+    layers = []
+    if draw(st.booleans()):
+        num = draw(st.integers(2, 5))
+        layers.append({"type": "Embedding", "num": num, "dim": width})
+        x = rng.integers(0, num, size=(n, seq))
+    else:
+        x = rng.uniform(-2, 2, size=(n, seq, width))
+    attention = {"type": "MultiHeadAttention", "d_model": width,
+                 "heads": draw(st.sampled_from([1, 2])), "causal": draw(st.booleans())}
+    if draw(st.booleans()):
+        attention = {"type": "Parallel", "combine": "add", "layers": [
+            attention, {"type": "Dense", "in_features": width, "out_features": width,
+                        "activation": draw(st.sampled_from(SMOOTH))}]}
+    layers.append(attention)
+    cfg, width, _ = _block(draw, draw(st.sampled_from(["LayerNorm", "RMSNorm", "SwiGLU"])),
+                           width, 3)
+    layers.append(cfg)
+    classes = draw(st.integers(2, 3))
+    layers.append({"type": "Dense", "in_features": width, "out_features": classes,
+                   "activation": "linear"})
+    loss = draw(st.sampled_from(["mse", "binary_cross_entropy_with_logits"]))
+    y = _targets(rng, loss, classes, (n, seq, classes))
+    return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
+                     path="compiled", label="compiled attention", **_options(draw, n))
+
+
 # ---------------------------------------------------------------------------------------------
 # the boundaries
 
@@ -341,6 +379,16 @@ def boundary_cases(dtype):
                                    rng.uniform(-1, 1, (5, piece + 1, 2)), "mse", 14, dtype,
                                    "AdamW", 0.05, 2, 1, True, 0.5, "value",
                                    label=f"attention causal={causal} seq {piece + 1}"))
+        # the compiled attention path: batches of rows one below and at the size that cuts
+        # them into pieces (sequences of 4, the last batch partial), causal and not
+        rows = b["attention_min_piece_rows"]
+        for causal, bs in ((True, rows // 4 - 1), (False, rows // 4)):
+            n = bs + 2
+            cases.append(EpochCase(_attention_block(2, 2, causal), seq_data(n, 4, 2),
+                                   rng.uniform(-1, 1, (n, 4, 2)), "mse", 15, dtype, "Adam",
+                                   0.05, bs, 1, True, 0.5, "norm", "compiled",
+                                   label=f"compiled attention causal={causal}, batch {bs} x 4 "
+                                         f"rows (pieces from {rows})"))
         return cases
 
     # float32: sizes past the thresholds, against the float64 referee
@@ -399,4 +447,34 @@ def boundary_cases(dtype):
     cases.append(EpochCase(cfg, x, rng.uniform(-1, 1, (rows, 2)), "mse", 24, dtype, "Adam",
                            0.01, rows, 1, False, label=f"Dense {width}x{par // width} "
                                                        f"({par} weights), {rows} rows"))
+    # the compiled attention path's gradient chunks: a model of width d with parameters on
+    # each side of attention_chunk_min_params, in pieces (batches past the piece size)
+    chunk = b["attention_chunk_min_params"]
+    steps = 4
+    bs = -(-b["attention_min_piece_rows"] // steps)
+    for d in _attention_widths(chunk):
+        cfg = _attention_block(d, 2, True)
+        n_params = 4 * d * d + 7 * d + 2
+        x = seq_data(bs + 1, steps, d)
+        cases.append(EpochCase(cfg, x, rng.uniform(-1, 1, (len(x), steps, 2)), "mse", 25,
+                               dtype, "Adam", 0.01, bs, 1, True, 0.5, "value", "compiled",
+                               label=f"compiled attention d={d}, {n_params} weights "
+                                     f"({'>=' if n_params >= chunk else '<'} {chunk})"))
     return [c.with_(referee="float64") for c in cases]
+
+
+def _attention_block(d, heads, causal):
+    """Attention, an RMSNorm and a Dense head: 4 d^2 + 7 d + 2 parameters."""
+    return {"type": "Sequential", "layers": [
+        {"type": "MultiHeadAttention", "d_model": d, "heads": heads, "causal": causal},
+        {"type": "RMSNorm", "d": d, "eps": 1e-5},
+        {"type": "Dense", "in_features": d, "out_features": 2, "activation": "linear"}]}
+
+
+def _attention_widths(chunk):
+    """The largest even width whose ``_attention_block`` stays below ``chunk`` parameters,
+    and the next even width (at or past it)."""
+    d = 2
+    while 4 * (d + 2) ** 2 + 7 * (d + 2) + 2 < chunk:
+        d += 2
+    return d, d + 2

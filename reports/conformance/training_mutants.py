@@ -144,6 +144,21 @@ def partial_batch_dropped():
     return _patched(loop._Loop, "__init__", wrap)
 
 
+def compiled_attention_unmasked():
+    """The compiled attention path's program drops every attention layer's causal flag."""
+    from fastlib.kernels import transformer as kt
+    from fastlib.training import compiled_attention
+
+    def wrap(grad_modes):
+        def grad_modes_unmasked(self):
+            grad_modes(self)
+            for row in self.rows:
+                if row[kt.F_OP] == kt.OP_ATTENTION:
+                    row[kt.F_INT1] = 0
+        return grad_modes_unmasked
+    return _patched(compiled_attention._Program, "_grad_modes", wrap)
+
+
 MUTANTS = {m.name: m for m in (
     TrainingMutant("step-1e-7-one-tensor", "an optimizer step 1e-7 off on one tensor",
                    step_off_on_one_tensor),
@@ -158,4 +173,7 @@ MUTANTS = {m.name: m for m in (
                    shuffle_repeats_sample),
     TrainingMutant("partial-batch-dropped", "the last partial batch is dropped",
                    partial_batch_dropped),
+    TrainingMutant("compiled-attention-unmasked",
+                   "the compiled attention path ignores the causal mask",
+                   compiled_attention_unmasked),
 )}

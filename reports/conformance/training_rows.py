@@ -655,11 +655,13 @@ def train_rows(kinds):
     rows.append(row("fused MLP", "float64", lambda: st.sampled_from(["fused", "pieces"]).flatmap(
         lambda p: tc.fused_cases("float64", p))))
     rows.append(row("compiled recurrent", "float64", lambda: tc.recurrent_cases("float64")))
+    rows.append(row("compiled attention", "float64", lambda: tc.attention_cases("float64")))
     rows.append(fixed("float64"))
     rows.append(row("compiled recurrent", "float32", lambda: tc.recurrent_cases("float32")))
     rows.append(row("fused MLP", "float32", lambda: st.sampled_from(["fused", "pieces"]).flatmap(
         lambda p: tc.fused_cases("float32", p))))
     rows.append(row("generic", "float32", lambda: st.sampled_from(list(kinds)).flatmap(
         lambda k: tc.epoch_cases(k, "float32"))))
+    rows.append(row("compiled attention", "float32", lambda: tc.attention_cases("float32")))
     rows.append(fixed("float32"))
     return rows

@@ -34,7 +34,23 @@ def _witnesses():
                                     ("Momentum", "value", "fused"), ("SGD", "norm", "pieces"))]
 
 
-WITNESSES = _witnesses()
+# a causal attention model on the compiled attention path (seven samples, batches of three,
+# shuffled, clipped, two epochs)
+_ATTENTION = {"type": "Sequential", "layers": [
+    {"type": "Dense", "in_features": 2, "out_features": 4, "activation": "tanh"},
+    {"type": "LayerNorm", "d": 4, "eps": 1e-5},
+    {"type": "MultiHeadAttention", "d_model": 4, "heads": 2, "causal": True},
+    {"type": "Dense", "in_features": 4, "out_features": 2, "activation": "linear"}]}
+
+
+def _attention_witness():
+    rng = np.random.default_rng(6)
+    return EpochCase(_ATTENTION, rng.uniform(-1, 1, (7, 3, 2)), rng.uniform(-1, 1, (7, 3, 2)),
+                     "mse", 3, "float64", "Adam", 0.05, 3, 2, True, 0.5, "norm", "compiled",
+                     label="Adam norm compiled attention")
+
+
+WITNESSES = _witnesses() + [_attention_witness()]
 
 
 @pytest.mark.parametrize("case", WITNESSES, ids=lambda c: c.label)
@@ -47,7 +63,8 @@ def test_the_clean_engine_passes_the_witnesses(case):
 
 # which witnesses each mutant touches: the fused epoch has its own optimizer kernel (the
 # generic Optimizer.update is not on its path) and the float32 leak is a fused-path bug
-_TOUCHES = {"step-1e-7-one-tensor": ("generic",), "fused-float32-leak": ("fused", "pieces")}
+_TOUCHES = {"step-1e-7-one-tensor": ("generic",), "fused-float32-leak": ("fused", "pieces"),
+            "compiled-attention-unmasked": ("compiled",)}
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
@@ -133,6 +150,13 @@ def test_boundary_cases_straddle_every_threshold():
     piece = b["recurrent_piece"]
     assert {piece - 1, piece, piece + 1} <= batches
     assert any(len(c.x) > b["reduce_block"] for c in cases64)
+    # the compiled attention path: batches of rows on each side of its piece size, and
+    # models on each side of its chunk size
+    rows = sorted(c.batch_size * c.x.shape[1] for c in cases64 if c.path == "compiled")
+    assert rows[0] < b["attention_min_piece_rows"] <= rows[-1]
+    weights = sorted(int(c.label.split(", ")[1].split()[0]) for c in cases32
+                     if c.path == "compiled")
+    assert weights[0] < b["attention_chunk_min_params"] <= weights[1]
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))

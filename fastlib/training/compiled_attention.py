@@ -1,0 +1,422 @@
+"""The compiled training path for attention models: whole epochs of back-propagation in Numba.
+
+Models built from ``MultiHeadAttention`` (causal or not), ``LayerNorm``, ``RMSNorm``,
+``SwiGLU``, ``Embedding`` (first layer) and ``Dense`` (any activation but softmax), composed
+by ``Sequential`` and ``Parallel`` (``add`` or ``concat``) to any depth, trained by ``"bp"`` on
+the CPU with ``mse``, ``cross_entropy``, ``categorical_cross_entropy`` or
+``binary_cross_entropy_with_logits``, any of the seven optimizers and either clipping mode,
+run their epochs here when they hold at least one attention, norm or SwiGLU layer: the model
+is compiled once per run and batch shape into a program (:mod:`fastlib.kernels.transformer`
+explains it) whose forward, loss, backward, guard, clipping and optimizer update run in
+compiled code, step after step, with every buffer allocated once. Anything else (models of
+Dense and Embedding layers alone belong to the other paths; RNN / LSTM, Softmax
+layers, ``binary_cross_entropy``, other devices or algorithms) returns None and trains
+elsewhere. ``train(..., fused=False)`` turns this path off.
+
+Parameters live in one flat vector in the path's own layout: attention's ``w_q | w_k | w_v``
+side by side as one ``(d, 3d)`` block (and their biases as one ``3d`` block), SwiGLU's
+``w_gate | w_up`` as one ``(d, 2h)`` block, so each is one product; they and the optimizer's
+state are copied in at the start of an epoch and back at its end.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fastlib import config
+from fastlib.kernels import transformer as kt
+from fastlib.training import fused_kernels as fk
+from fastlib.training.algorithms import EpochStats
+from fastlib.training.compiled_paths import register_compiled_path
+
+# NOTE (speed): a batch is cut into MAX_PIECES pieces of samples that run on their own
+# threads from MIN_PIECE_ROWS rows (samples x positions) up; below that one piece is faster
+# (a parallel region costs a few microseconds). Two because this machine has two cores. The
+# pieces depend on the batch's shape only, never on the cores idle now, so a run's result is
+# the same whatever the machine's load.
+MAX_PIECES = 2
+MIN_PIECE_ROWS = 64
+# the gradient is added up and the optimizer applied in this many chunks of the parameter
+# vector from CHUNK_MIN_PARAMS parameters up (one chunk below)
+CHUNKS = 2
+CHUNK_MIN_PARAMS = 1 << 14
+
+_SOFTMAX_CODE = 9  # fastlib.layers.activations.ACTIVATIONS["softmax"]
+
+
+class _Unsupported(Exception):
+    """The model holds something this path does not compile (the generic path trains it)."""
+
+
+class _Program:
+    """A model compiled for one batch shape: program rows, buffer sizes, parameter layout."""
+
+    def __init__(self, model, dtype, steps, max_samples, d_in, tokens):
+        self.dtype = dtype
+        self.steps = steps
+        self.max_rows = max_samples * steps
+        self.max_samples = max_samples
+        self.rows, self.fpar = [], []
+        self.act_size = 0
+        self.tmp_size = 0
+        self.acc_size = 0
+        self.sc_size = 0
+        self.param_size = 0
+        self.layout = {}     # name -> (offset, block rows, block cols, col0, col1, shape)
+        self.tokens = tokens
+        self.input_slot = self._slot(1 if tokens else d_in)
+        out, width = self._emit(model, (self.input_slot, d_in), "")
+        self.out_slot, self.out_w = out, width
+        self._grad_modes()
+        self.prog = np.array(self.rows, np.int64).reshape(-1, kt.N_FIELDS)
+        self.fpar_arr = np.array(self.fpar, np.float64)
+
+    # -- building ------------------------------------------------------------------------------
+    def _slot(self, width):
+        off = self.act_size
+        self.act_size += self.max_rows * width
+        return off
+
+    def _block(self, rows, cols):
+        off = self.param_size
+        self.param_size += rows * cols
+        return off
+
+    def _param(self, name, off, rows, cols, c0, c1, shape):
+        self.layout[name] = (off, rows, cols, c0, c1, tuple(shape))
+
+    def _row(self, op, src, out, out_w, aux=(0, 0, 0), params=(0, 0, 0, 0), ints=(0, 0),
+             fpar=0.0, src_b=-1):
+        row = [0] * kt.N_FIELDS
+        row[kt.F_OP] = op
+        row[kt.F_IN], row[kt.F_IN_W] = src
+        row[kt.F_OUT], row[kt.F_OUT_W] = out, out_w
+        row[kt.F_AUX1], row[kt.F_AUX2], row[kt.F_AUX3] = aux
+        row[kt.F_P0], row[kt.F_P1], row[kt.F_P2], row[kt.F_P3] = params
+        row[kt.F_INT0], row[kt.F_INT1] = ints
+        if src_b >= 0:
+            row[kt.F_AUX1] = src_b
+        self.rows.append(row)
+        self.fpar.append(float(fpar))
+        self.tmp_size = max(self.tmp_size, self.max_rows * src[1])
+
+    def _emit(self, layer, src, prefix):
+        """Rows for ``layer`` on the slot ``src = (offset, width)``; returns its output slot."""
+        from fastlib.layers import (Dense, Embedding, LayerNorm, MultiHeadAttention, Parallel,
+                                    RMSNorm, Sequential, SwiGLU)
+        from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
+
+        kind = type(layer)
+        if kind is Sequential:
+            for i, child in enumerate(layer.layers):
+                src = self._emit(child, src, f"{prefix}{i}.")
+            return src
+        if kind is Parallel:
+            return self._parallel(layer, src, prefix)
+        if self.tokens and src[0] == self.input_slot and kind is not Embedding:
+            raise _Unsupported
+        if kind is Embedding:
+            if not (self.tokens and src[0] == self.input_slot):
+                raise _Unsupported
+            off = self._block(layer.num, layer.dim)
+            self._param(prefix + "weight", off, layer.num, layer.dim, 0, layer.dim,
+                        (layer.num, layer.dim))
+            out = self._slot(layer.dim)
+            self._row(kt.OP_EMBEDDING, src, out, layer.dim, params=(off, 0, 0, 0),
+                      ints=(layer.num, 0))
+            self.acc_size = max(self.acc_size, layer.num * layer.dim)
+            return out, layer.dim
+        d = src[1]
+        if kind is Dense:
+            code = ACTIVATIONS[layer.activation]
+            if code == _SOFTMAX_CODE:
+                raise _Unsupported
+            dout = layer.out_features
+            ow = self._block(d, dout)
+            ob = self._block(1, dout)
+            self._param(prefix + "weight", ow, d, dout, 0, dout, (d, dout))
+            self._param(prefix + "bias", ob, 1, dout, 0, dout, (dout,))
+            out = self._slot(dout)
+            pre = out if code == 0 else self._slot(dout)
+            self._row(kt.OP_DENSE, src, out, dout, aux=(pre, 0, 0), params=(ow, ob, 0, 0),
+                      ints=(code, 0), fpar=LEAKY_SLOPE)
+            self.acc_size = max(self.acc_size, dout)
+            return out, dout
+        if kind is LayerNorm:
+            ow, ob = self._block(1, d), self._block(1, d)
+            self._param(prefix + "weight", ow, 1, d, 0, d, (d,))
+            self._param(prefix + "bias", ob, 1, d, 0, d, (d,))
+            xhat, rstd, out = self._slot(d), self._slot(1), self._slot(d)
+            self._row(kt.OP_LAYER_NORM, src, out, d, aux=(xhat, rstd, 0), params=(ow, ob, 0, 0),
+                      fpar=layer.eps)
+            self.acc_size = max(self.acc_size, 2 * d)
+            return out, d
+        if kind is RMSNorm:
+            ow = self._block(1, d)
+            self._param(prefix + "weight", ow, 1, d, 0, d, (d,))
+            rinv, out = self._slot(1), self._slot(d)
+            self._row(kt.OP_RMS_NORM, src, out, d, aux=(rinv, 0, 0), params=(ow, 0, 0, 0),
+                      fpar=layer.eps)
+            self.acc_size = max(self.acc_size, d)
+            return out, d
+        if kind is SwiGLU:
+            h, dout = layer.hidden, layer.out
+            ogu, odn = self._block(d, 2 * h), self._block(h, dout)
+            self._param(prefix + "w_gate", ogu, d, 2 * h, 0, h, (d, h))
+            self._param(prefix + "w_up", ogu, d, 2 * h, h, 2 * h, (d, h))
+            self._param(prefix + "w_down", odn, h, dout, 0, dout, (h, dout))
+            au, hidden, out = self._slot(2 * h), self._slot(h), self._slot(dout)
+            self._row(kt.OP_SWIGLU, src, out, dout, aux=(au, hidden, 0), params=(ogu, odn, 0, 0),
+                      ints=(h, 0))
+            return out, dout
+        if kind is MultiHeadAttention:
+            if self.steps < 1:
+                raise _Unsupported
+            heads, dh = layer.heads, d // layer.heads
+            oqkv, oo = self._block(d, 3 * d), self._block(d, d)
+            obqkv, obo = self._block(1, 3 * d), self._block(1, d)
+            for i, n in enumerate("qkv"):
+                self._param(f"{prefix}w_{n}", oqkv, d, 3 * d, i * d, (i + 1) * d, (d, d))
+                self._param(f"{prefix}b_{n}", obqkv, 1, 3 * d, i * d, (i + 1) * d, (d,))
+            self._param(prefix + "w_o", oo, d, d, 0, d, (d, d))
+            self._param(prefix + "b_o", obo, 1, d, 0, d, (d,))
+            qkv, att, out = self._slot(3 * d), self._slot(d), self._slot(d)
+            probs = self.act_size   # per sample and head a (T, T) block
+            self.act_size += self.max_samples * heads * self.steps * self.steps
+            scale = float(self.dtype.type(1.0 / np.sqrt(dh)))
+            self._row(kt.OP_ATTENTION, src, out, d, aux=(qkv, att, probs),
+                      params=(oqkv, oo, obqkv, obo), ints=(heads, int(layer.causal)),
+                      fpar=scale)
+            self.acc_size = max(self.acc_size, 3 * d)
+            self.sc_size = max(self.sc_size, 4 * self.steps * dh + self.steps * self.steps)
+            self.tmp_size = max(self.tmp_size, self.max_rows * d)
+            return out, d
+        raise _Unsupported
+
+    def _parallel(self, layer, src, prefix):
+        outs = [self._emit(child, src, f"{prefix}{i}.") for i, child in enumerate(layer.layers)]
+        from fastlib.layers import Embedding
+
+        if any(type(c) is Embedding for c in layer.layers) and len(outs) > 1:
+            raise _Unsupported  # two lookups of one index slot: left to the generic path
+        if layer.combine == "add":
+            # summed left to right, as the layer does
+            acc = outs[0]
+            if len(outs) == 1:
+                out = self._slot(acc[1])
+                self._row(kt.OP_COLUMNS, acc, out, acc[1])
+                return out, acc[1]
+            for nxt in outs[1:]:
+                out = self._slot(acc[1])
+                self._row(kt.OP_ADD, acc, out, acc[1], src_b=nxt[0])
+                acc = (out, acc[1])
+            return acc
+        total = sum(w for _, w in outs)
+        out = self._slot(total)
+        c0 = 0
+        for o in outs:
+            self._row(kt.OP_COLUMNS, o, out, total, ints=(c0, 0))
+            c0 += o[1]
+        return out, total
+
+    def _grad_modes(self):
+        """Per row and input: write the cotangent, add it (a later consumer, in forward
+        order, wrote first in the backward) or skip it (the model's input)."""
+        written = set()
+        for row in reversed(self.rows):
+            if row[kt.F_OP] == kt.OP_EMBEDDING:
+                continue
+            operands = [(kt.F_IN, kt.F_GRAD_A)]
+            if row[kt.F_OP] == kt.OP_ADD:
+                operands.append((kt.F_AUX1, kt.F_GRAD_B))
+            for field, mode in operands:
+                slot = row[field]
+                if slot == self.input_slot:
+                    row[mode] = kt.GRAD_SKIP
+                elif slot in written:
+                    row[mode] = kt.GRAD_ADD
+                else:
+                    row[mode] = kt.GRAD_WRITE
+                    written.add(slot)
+
+    # -- parameters ----------------------------------------------------------------------------
+    def _views(self, flat):
+        for name, (off, rows, cols, c0, c1, shape) in self.layout.items():
+            yield name, flat[off:off + rows * cols].reshape(rows, cols)[:, c0:c1].reshape(shape)
+
+    def flatten(self, arrays):
+        flat = np.zeros(self.param_size, self.dtype)
+        for name, view in self._views(flat):
+            view[...] = arrays[name]
+        return flat
+
+    def unflatten(self, flat, arrays):
+        for name, view in self._views(flat):
+            np.copyto(arrays[name], view)
+
+
+def _model_steps(x, tokens):
+    """(positions per sample, feature width per position) of the data ``x``."""
+    if tokens:
+        return (x.shape[1], 0) if x.ndim == 2 else (None, None)
+    if x.ndim == 3:
+        return x.shape[1], x.shape[2]
+    if x.ndim == 2:
+        return 1, x.shape[1]
+    return None, None
+
+
+def _contains(layer, kinds):
+    if isinstance(layer, kinds):
+        return True
+    return any(_contains(c, kinds) for c in getattr(layer, "layers", ()))
+
+
+def _kinds():
+    from fastlib.layers import LayerNorm, MultiHeadAttention, RMSNorm, SwiGLU
+
+    return MultiHeadAttention, (MultiHeadAttention, LayerNorm, RMSNorm, SwiGLU)
+
+
+def program_for(ctx, x):
+    """The run's :class:`_Program` for data ``x`` (cached per run and shape), or None when the
+    model or run is outside this path."""
+    key = ("attention_program", x.shape[1:], x.dtype.kind)
+    if key in ctx.scratch:
+        return ctx.scratch[key]
+    ctx.scratch[key] = prog = _make_program(ctx, x)
+    return prog
+
+
+def _make_program(ctx, x):
+    from fastlib.layers import Sequential
+
+    model, cfg = ctx.model, ctx.config
+    if not cfg.extra.get("fused", True) or cfg.device != "cpu" or cfg.algorithm != "bp":
+        return None
+    if ctx.loss_type not in fk.LOSS_CODES or type(model) is not Sequential:
+        return None
+    tokens = bool(model.takes_indices)
+    steps, d_in = _model_steps(x, tokens)
+    if steps is None or steps < 1:
+        return None
+    attention, own = _kinds()
+    if not _contains(model, own):
+        return None   # Dense / Embedding models alone belong to other paths
+    if x.ndim == 2 and not tokens and _contains(model, attention):
+        return None   # attention needs (batch, seq, d): the generic path says so
+    bs = ctx.config.batch_size
+    # the largest piece of any batch (a partial last batch below MIN_PIECE_ROWS is one piece)
+    max_samples = max(-(-bs // MAX_PIECES), min(bs, (MIN_PIECE_ROWS - 1) // steps))
+    try:
+        prog = _Program(model, np.dtype(model.dtype), steps, max_samples, d_in, tokens)
+    except _Unsupported:
+        return None
+    if set(prog.layout) != set(ctx.params):
+        return None
+    return prog
+
+
+def run_epoch(ctx, x, y, order):
+    """Train one epoch in compiled code; None when the model or run does not fit this path.
+
+    Parameters
+    ----------
+    ctx : StepContext
+        The run's context (model, optimizer and its state, rate, clipping).
+    x : ndarray
+        Inputs ``(N, T, d)`` or ``(N, d)`` in the model's dtype, or token indices ``(N, T)``
+        for a model that starts with an Embedding.
+    y : ndarray
+        Targets as ``fastlib.losses.validate_targets`` normalised them.
+    order : ndarray or None
+        The epoch's sample order (None: 0..N-1).
+
+    Returns
+    -------
+    EpochStats or None
+    """
+    prog = program_for(ctx, x)
+    if prog is None:
+        return None
+    dtype = prog.dtype
+    n = x.shape[0]
+    bs = ctx.config.batch_size
+    steps = prog.steps
+    if order is None:
+        order = np.arange(n, dtype=np.int64)
+    if prog.tokens:
+        xi = _first_embedding(ctx.model).indices(x)   # the layer's own checks and errors
+        xf = np.zeros((1, 1), dtype)
+    else:
+        xi = np.zeros((1, 1), np.int64)
+        xf = np.ascontiguousarray(x, dtype=dtype).reshape(n, -1)
+    code = fk.LOSS_CODES[ctx.loss_type]
+    if code == fk.CE:
+        yi, yf = np.ascontiguousarray(y, dtype=np.int64).reshape(-1), np.zeros((0, 0), dtype)
+    else:
+        yi, yf = np.zeros(0, np.int64), np.ascontiguousarray(y, dtype=dtype).reshape(n, -1)
+    params, opt, state = ctx.params, ctx.optimizer, ctx.opt_state
+    w = prog.flatten(params)
+    slots = [prog.flatten(state.slots[s]) for s in opt.state_names]
+    while len(slots) < 2:
+        slots.append(np.zeros(0, dtype))
+    buffers = _buffers(ctx, prog, bs)
+    n_batches = -(-n // bs)
+    coeffs = opt.coefficient_table(state.t + 1, n_batches, ctx.lr, dtype)
+    clip = ctx.config.gradient_clip
+    clip_mode = fk.CLIP_NONE if clip == 0 else (fk.CLIP_VALUE if ctx.config.clip_mode == "value"
+                                                else fk.CLIP_NORM)
+    threads = min(MAX_PIECES, config.num_threads())
+    chunks = CHUNKS if prog.param_size >= CHUNK_MIN_PARAMS else 1
+    args = (xf, xi, prog.tokens, yi, yf, np.ascontiguousarray(order, dtype=np.int64), bs, steps,
+            threads, MIN_PIECE_ROWS, MAX_PIECES, chunks, prog.prog, prog.fpar_arr, prog.out_slot,
+            prog.out_w, code, opt.kind, coeffs, clip_mode, float(clip), w, slots[0], slots[1],
+            *buffers)
+    from fastlib.training.fused_mlp import _single_threaded_blas
+
+    with _single_threaded_blas():
+        out = kt.epoch(*args)
+    loss_sum, correct, skipped, updates, diverged, bad_loss = out
+    prog.unflatten(w, params)
+    for s, flat in zip(opt.state_names, slots):
+        prog.unflatten(flat, state.slots[s])
+    state.t += int(updates)
+    batches_run = n_batches if diverged < 0 else diverged + 1
+    ctx.step += batches_run
+    samples = n if diverged < 0 else diverged * bs
+    return EpochStats(loss_sum=float(loss_sum),
+                      correct=None if ctx.loss_type == "mse" else float(correct),
+                      count=samples, skipped=int(skipped), diverged_batch=int(diverged),
+                      diverged_loss=float(bad_loss), fused=True)
+
+
+def _first_embedding(model):
+    while hasattr(model, "layers"):
+        model = model.layers[0]
+    return model
+
+
+def _buffers(ctx, prog, bs):
+    """Every buffer of the epoch, allocated once per run and shape."""
+    key = ("attention_buffers", id(prog), bs)
+    if key in ctx.scratch:
+        return ctx.scratch[key]
+    dtype = prog.dtype
+    pieces = MAX_PIECES
+    g = np.zeros(prog.param_size, dtype)
+    part = np.zeros((pieces, prog.param_size), dtype)
+    act = np.zeros((pieces, max(prog.act_size, 1)), dtype)
+    gact = np.zeros((pieces, max(prog.act_size, 1)), dtype)
+    tok = np.zeros((pieces, max(prog.max_rows, 1)), np.int64)
+    acc = np.zeros((pieces, max(prog.acc_size, 1)), np.float64)
+    tmp = np.zeros((pieces, max(prog.tmp_size, 1)), dtype)
+    sc = np.zeros((pieces, max(prog.sc_size, 1)), dtype)
+    width = prog.steps * prog.out_w
+    out_all = np.zeros(bs * width, dtype)
+    dz_all = np.zeros(bs * width, dtype)
+    sumsq = np.zeros(CHUNKS, np.float64)
+    ctx.scratch[key] = buffers = (g, part, act, gact, tok, acc, tmp, sc, out_all, dz_all, sumsq)
+    return buffers
+
+
+register_compiled_path("attention", run_epoch)
