@@ -1,13 +1,4 @@
-"""`verigrad bench train`: seconds per training epoch, fastlib against plain NumPy and PyTorch.
-
-The benchmark model: a 784-128-10 ReLU MLP, cross_entropy, Adam (lr 1e-3), float32, on
-MNIST-shaped data (the real MNIST training images when ``--data-dir`` or
-``../shared/data/mnist`` has them, else random data of the same shape), at batch sizes 1, 64
-and 256, with every engine limited to ``--threads`` threads (default 2). Every engine runs the
-same loop: shuffle, forward, loss, backward, Adam step, the last incomplete batch included.
-
-A measurement runs at most ``--max-steps`` steps and scales the time to a full epoch (said so in
-the output): batch 1 means 60000 steps per epoch, about a minute in PyTorch eager.
+"""`verigrad bench train`: seconds per training epoch, fastlib against NumPy, PyTorch and JAX.
 
 The long story: docs/reports.md, section ``reports/bench/train.py``.
 """
@@ -16,102 +7,48 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
+import statistics
 import sys
-import time
 
-import numpy as np
+from reports.bench.models import MODELS, load
 
-TARGETS = {64: 0.4, 1: 6.0}  # seconds per epoch: the targets the README reports against
-DEFAULT_MNIST_DIR = pathlib.Path("..") / "shared" / "data" / "mnist"
-ENGINES = ("fastlib", "numpy", "torch")
+TARGETS = {64: 0.4, 1: 6.0}  # the MLP's seconds per epoch: the targets the README reports
+RATIO_TARGETS = {"torch": 0.5, "jax": 1.0}  # fastlib / peer at RATIO_BATCH, every model
+RATIO_BATCH = 32
+FLOOR_BATCH, FLOOR_TARGET = 64, 2.0  # the MLP within 2x of the arithmetic floor at batch 64
 
 
 def add_arguments(parser):
     """Options of ``verigrad bench train``."""
     a = parser.add_argument
-    a("--batch-sizes", default="1,64,256", help="comma-separated batch sizes (default 1,64,256)")
-    a("--samples", type=int, default=60000, help="samples per epoch (default 60000)")
+    a("--model", default="mlp", help=f"model to train: {', '.join(MODELS)} (default mlp)")
+    a("--batch-sizes", default=None,
+      help="comma-separated batch sizes (default: the model's, 1,32,64,128 for mlp, "
+           "1,32,128 for the others)")
+    a("--samples", type=int, default=None,
+      help="samples per epoch (default: 60000 for mlp, 1024 sequences for the others)")
     a("--max-steps", type=int, default=6000,
       help="steps measured per case; longer epochs are scaled from them (default 6000)")
     a("--threads", type=int, default=2, help="threads for every engine (default 2)")
-    a("--engines", default="fastlib,numpy,torch", help="engines to run (default all)")
-    a("--data-dir", default=None, help="MNIST folder (default $VERIGRAD_MNIST_DIR or "
+    a("--engines", default=None,
+      help="engines to run (default: all of the model's: fastlib,numpy,torch,jax for mlp, "
+           "fastlib,torch,jax for the others)")
+    a("--repeats", type=int, default=3,
+      help="interleaved rounds per batch size; the median is reported (default 3)")
+    a("--data-dir", default=None, help="mlp: MNIST folder (default $VERIGRAD_MNIST_DIR or "
                                        "../shared/data/mnist; random data when absent)")
     a("--json", action="store_true", help="print the results as JSON instead of a table")
     a("--device", choices=("cpu", "cuda"), default="cpu",
-      help="cuda: fastlib on the GPU beside the CPU engine and PyTorch CUDA (default cpu)")
+      help="cuda (mlp only): fastlib on the GPU beside the CPU engine and PyTorch CUDA")
     # tests only: let --device cuda run on numba's simulator (tiny sizes; timings meaningless)
     a("--allow-simulator", action="store_true", help=argparse.SUPPRESS)
     a("--distributed", action="store_true",
-      help="data-parallel fastlib under mpiexec at each of --ranks (needs verigrad[mpi])")
+      help="mlp: data-parallel fastlib under mpiexec at each of --ranks (needs verigrad[mpi])")
     a("--ranks", default="1,2", help="with --distributed: rank counts (default 1,2)")
     a("--blocks", type=int, default=8, help="with --distributed: blocks per batch (default 8)")
 
 
 # ---------------------------------------------------------------------------------------------
-# the engines: each returns seconds for `steps` steps of batch `bs`
-
-def _steps_for(n, bs, max_steps):
-    steps = -(-n // bs)
-    return min(steps, max_steps), steps
-
-
-def _bench_fastlib(x, y, bs, max_steps, seed=0):
-    import fastlib
-
-    used, _ = _steps_for(len(x), bs, max_steps)
-    n = min(len(x), used * bs)
-    model = fastlib.Sequential([fastlib.Dense(784, 128, "relu"), fastlib.Dense(128, 10)],
-                               dtype=np.float32, seed=seed)
-    # warm-up: compile (or load the cached kernels) outside the timing
-    fastlib.train(model, x[:2 * bs], y[:2 * bs], 1, bs, 1e-3, "cross_entropy", optimizer="Adam",
-                  verbose=False)
-    result = fastlib.train(model, x[:n], y[:n], 1, bs, 1e-3, "cross_entropy", optimizer="Adam",
-                           verbose=False, seed=seed)
-    return result.epoch_times[0], used
-
-
-def _bench_fastlib_cuda(x, y, bs, max_steps, seed=0):
-    """fastlib.train(device="cuda"); the data's one upload per run is outside the epoch time."""
-    import fastlib
-
-    used, _ = _steps_for(len(x), bs, max_steps)
-    n = min(len(x), used * bs)
-    model = fastlib.Sequential([fastlib.Dense(784, 128, "relu"), fastlib.Dense(128, 10)],
-                               dtype=np.float32, seed=seed)
-    fastlib.train(model, x[:2 * bs], y[:2 * bs], 1, bs, 1e-3, "cross_entropy", optimizer="Adam",
-                  verbose=False, device="cuda")  # warm-up: kernels compile at first launch
-    result = fastlib.train(model, x[:n], y[:n], 1, bs, 1e-3, "cross_entropy", optimizer="Adam",
-                           verbose=False, seed=seed, device="cuda")
-    return result.epoch_times[0], used
-
-
-def _bench_torch_cuda(x, y, bs, max_steps, seed=0):
-    import torch
-
-    used, _ = _steps_for(len(x), bs, max_steps)
-    n = min(len(x), used * bs)
-    torch.manual_seed(seed)
-    dev = torch.device("cuda")
-    model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 10)).to(dev)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    xt = torch.from_numpy(np.ascontiguousarray(x[:n])).to(dev)
-    yt = torch.from_numpy(np.ascontiguousarray(y[:n].reshape(-1))).to(dev)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    order = torch.randperm(n, device=dev)
-    for s in range(0, n, bs):
-        idx = order[s:s + bs]
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xt[idx]), yt[idx])
-        loss.backward()
-        opt.step()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0, used
-
 
 def _cuda_engines(args):
     """(engines for --device cuda, None) or (None, the one line saying why nothing runs)."""
@@ -135,94 +72,31 @@ def _cuda_engines(args):
     return engines, None
 
 
-def _bench_numpy(x, y, bs, max_steps, seed=0):
-    rng = np.random.default_rng(seed)
-    used, _ = _steps_for(len(x), bs, max_steps)
-    n = min(len(x), used * bs)
-    f32 = np.float32
-    w1 = (rng.standard_normal((784, 128)) * np.sqrt(2 / 784)).astype(f32)
-    w2 = (rng.standard_normal((128, 10)) * np.sqrt(2 / 128)).astype(f32)
-    params = [w1, np.zeros(128, f32), w2, np.zeros(10, f32)]
-    m = [np.zeros_like(p) for p in params]
-    v = [np.zeros_like(p) for p in params]
-    labels = y.reshape(-1)
-    t0 = time.perf_counter()
-    order = rng.permutation(n)
-    t = 0
-    for s in range(0, n, bs):
-        idx = order[s:s + bs]
-        xb, yb = x[idx], labels[idx]
-        h_pre = xb @ params[0] + params[1]
-        h = np.maximum(h_pre, 0)
-        z = h @ params[2] + params[3]
-        z = z - z.max(axis=1, keepdims=True)
-        p = np.exp(z)
-        p /= p.sum(axis=1, keepdims=True)
-        p[np.arange(len(idx)), yb] -= 1
-        dz = p / f32(len(idx))
-        dh = (dz @ params[2].T) * (h_pre > 0)
-        grads = [xb.T @ dh, dh.sum(0), h.T @ dz, dz.sum(0)]
-        t += 1
-        bc1, bc2 = 1 - 0.9 ** t, 1 - 0.999 ** t
-        for p_, g, m_, v_ in zip(params, grads, m, v):
-            m_ *= f32(0.9)
-            m_ += f32(0.1) * g
-            v_ *= f32(0.999)
-            v_ += f32(0.001) * g * g
-            p_ -= f32(1e-3) * (m_ / f32(bc1)) / (np.sqrt(v_ / f32(bc2)) + f32(1e-8))
-    return time.perf_counter() - t0, used
+def _pin_jax_threads(threads):
+    """Pin XLA's CPU pool to ``threads`` before JAX is imported; returns how (for the report).
+
+    One thread: XLA's documented flags. Fewer threads than CPUs: the process's CPU affinity
+    (XLA sizes its pool by the schedulable CPUs; the other engines' pools are already pinned,
+    so they lose nothing). As many as the CPUs: XLA's default pool is that size.
+    """
+    if "jax" in sys.modules:
+        return "not pinned (JAX was imported before the benchmark)"
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if threads == 1:
+        flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
+        return f"XLA_FLAGS={flags}"
+    if cpus and threads < len(cpus):
+        os.sched_setaffinity(0, cpus[:threads])
+        return f"CPU affinity {cpus[:threads]}"
+    return f"XLA's default pool ({len(cpus) or os.cpu_count()} CPUs)"
 
 
-def _bench_torch(x, y, bs, max_steps, seed=0):
-    import torch
-
-    used, _ = _steps_for(len(x), bs, max_steps)
-    n = min(len(x), used * bs)
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 10))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    xt = torch.from_numpy(np.ascontiguousarray(x[:n]))
-    yt = torch.from_numpy(np.ascontiguousarray(y[:n].reshape(-1)))
-    t0 = time.perf_counter()
-    order = torch.randperm(n)
-    for s in range(0, n, bs):
-        idx = order[s:s + bs]
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xt[idx]), yt[idx])
-        loss.backward()
-        opt.step()
-    return time.perf_counter() - t0, used
-
-
-BENCH = {"fastlib": _bench_fastlib, "numpy": _bench_numpy, "torch": _bench_torch,
-         "fastlib-cuda": _bench_fastlib_cuda, "torch-cuda": _bench_torch_cuda}
-
-
-# ---------------------------------------------------------------------------------------------
-
-def _data(args):
-    from fastlib import datasets
-
-    folder = args.data_dir or os.environ.get("VERIGRAD_MNIST_DIR") or DEFAULT_MNIST_DIR
-    try:
-        x, y = datasets.load_mnist("train", folder)
-        source = f"MNIST train images from {folder}"
-    except (FileNotFoundError, ValueError):
-        rng = np.random.default_rng(0)
-        x = rng.random((60000, 784), dtype=np.float32)
-        y = rng.integers(0, 10, size=(60000, 1))
-        source = "random MNIST-shaped data (no MNIST folder found)"
-    reps = -(-args.samples // len(x))
-    x, y = np.concatenate([x] * reps)[:args.samples], np.concatenate([y] * reps)[:args.samples]
-    return np.ascontiguousarray(x), np.ascontiguousarray(y), source
-
-
-def _limit_threads(threads):
+def _limit_threads(threads, engines=()):
     import numba
     from threadpoolctl import threadpool_limits
 
+    jax_pin = _pin_jax_threads(threads) if "jax" in engines else None
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     limiter = threadpool_limits(threads)
     try:
@@ -231,21 +105,57 @@ def _limit_threads(threads):
         torch.set_num_threads(threads)
     except ImportError:
         pass
-    return limiter
+    return limiter, jax_pin
+
+
+def _loadavg():
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:  # pragma: no cover - platforms without it
+        return None
+
+
+def _error(message, code):
+    print(f"verigrad bench train: error: {message}", file=sys.stderr)
+    return code
+
+
+def _options(args):
+    """(model module, batch sizes, engines) or an exit code after printing the problem."""
+    from reports.commands import checks
+
+    problem = checks.unknown_names([args.model], MODELS, "--model", "model")
+    if problem:
+        return _error(problem, 2)
+    model = load(args.model)
+    if args.samples is None:
+        args.samples = model.SAMPLES
+    if args.batch_sizes is None:
+        args.batch_sizes = model.BATCH_SIZES
+    if args.model != "mlp" and (args.device == "cuda" or args.distributed):
+        option = "--device cuda" if args.device == "cuda" else "--distributed"
+        return _error(f"{option} times the mlp model only; drop it or pass --model mlp", 2)
+    try:
+        sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
+        engines = ([e.strip() for e in args.engines.split(",") if e.strip()]
+                   if args.engines else list(model.CPU_ENGINES))
+        bad = [e for e in engines if e not in model.ENGINES]
+        if (bad or not sizes or min(sizes) < 1 or args.max_steps < 1 or args.samples < 1
+                or args.repeats < 1):
+            raise ValueError(f"engines must be among {', '.join(model.CPU_ENGINES)} for "
+                             f"--model {args.model} (got {bad}); batch sizes, --samples, "
+                             "--max-steps and --repeats must be >= 1")
+    except ValueError as exc:
+        return _error(exc, 1)
+    return model, sizes, engines
 
 
 def run(args) -> int:
-    """Run the benchmark; print a table (or JSON); 0 on success, 1 on bad options."""
-    try:
-        sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
-        engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-        bad = [e for e in engines if e not in BENCH]
-        if bad or not sizes or min(sizes) < 1 or args.max_steps < 1 or args.samples < 1:
-            raise ValueError(f"engines must be among {', '.join(ENGINES)} (got {bad}); batch "
-                             "sizes, --samples and --max-steps must be >= 1")
-    except ValueError as exc:
-        print(f"verigrad bench train: error: {exc}", file=sys.stderr)
-        return 1
+    """Run the benchmark; print a table (or JSON); 0 on success, 1 or 2 on bad options."""
+    chosen = _options(args)
+    if isinstance(chosen, int):
+        return chosen
+    model, sizes, engines = chosen
     if args.device == "cuda":
         engines, why = _cuda_engines(args)
         if engines is None:
@@ -255,49 +165,135 @@ def run(args) -> int:
         from reports.distributed import bench
 
         return bench.run(args, sizes)
-    if "torch" in engines:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            engines.remove("torch")
-            print("verigrad bench train: PyTorch is not installed; skipping it "
-                  "(pip install torch==2.13.0)", file=sys.stderr)
-    _limit_threads(args.threads)
-    x, y, source = _data(args)
-    rows = []
-    for bs in sizes:
-        row = {"batch_size": bs, "steps_per_epoch": -(-len(x) // bs)}
-        for engine in engines:
-            seconds, used = BENCH[engine](x, y, bs, args.max_steps)
-            row[engine] = seconds * row["steps_per_epoch"] / used
-            row[f"{engine}_steps_measured"] = used
-        for engine in engines:
-            if engine != "fastlib" and "fastlib" in row:
-                row[f"{engine}_over_fastlib"] = row[engine] / row["fastlib"]
-        if bs in TARGETS and "fastlib" in row:
-            row["target_s"] = TARGETS[bs]
-            row["meets_target"] = row["fastlib"] < TARGETS[bs]
-        rows.append(row)
-    report = {"model": "784-128-10 relu, cross_entropy, Adam lr=1e-3, float32",
-              "data": source, "samples": len(x), "threads": args.threads, "engines": engines,
-              "results": rows}
+    skipped = {}
+    for engine in list(engines):
+        why = model.missing(engine)
+        if why is None and engine == "torch":
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                why = "not installed: pip install torch==2.13.0"
+        if why:
+            engines.remove(engine)
+            skipped[engine] = why
+            print(f"verigrad bench train: {engine}: {why}; skipping it", file=sys.stderr)
+    _, jax_pin = _limit_threads(args.threads, engines)
+    load_start = _loadavg()
+    x, y, source = model.data(args)
+    rows = [_measure(model, engines, x, y, bs, args) for bs in sizes]
+    floor = _floor(rows, len(x)) if args.model == "mlp" and args.device == "cpu" else None
+    report = {"model": model.DESCRIPTION, "model_name": args.model, "data": source,
+              "samples": len(x), "threads": args.threads, "jax_threads": jax_pin,
+              "repeats": args.repeats, "engines": engines, "skipped": skipped,
+              "load_average": {"start": load_start, "end": _loadavg()}, "results": rows,
+              "targets": _targets(rows), "floor": floor}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"verigrad bench train: {report['model']}; {source}; {len(x)} samples per epoch; "
-          f"{args.threads} threads")
+    _print_table(report, args)
+    return 0
+
+
+def _measure(model, engines, x, y, bs, args):
+    """One batch size: ``--repeats`` interleaved rounds, the engine order rotated each round."""
+    row = {"batch_size": bs, "steps_per_epoch": -(-len(x) // bs), "load_1min": None}
+    runs = {e: [] for e in engines}
+    for r in range(args.repeats):
+        k = r % len(engines)
+        for engine in engines[k:] + engines[:k]:
+            result = model.ENGINES[engine](x, y, bs, args.max_steps)
+            runs[engine].append((result.seconds * row["steps_per_epoch"] / result.steps,
+                                 result))
+    row["load_1min"] = (_loadavg() or [None])[0]
+    for engine in engines:
+        row[engine] = statistics.median(s for s, _ in runs[engine])
+        row[f"{engine}_runs"] = [s for s, _ in runs[engine]]
+        row[f"{engine}_steps_measured"] = runs[engine][0][1].steps
+        row[f"{engine}_loss"] = statistics.median(res.loss for _, res in runs[engine])
+    for engine in engines:
+        if engine != "fastlib" and "fastlib" in row:
+            row[f"{engine}_over_fastlib"] = row[engine] / row["fastlib"]
+            row[f"fastlib_over_{engine}"] = row["fastlib"] / row[engine]
+    if args.model == "mlp" and bs in TARGETS and "fastlib" in row:
+        row["target_s"] = TARGETS[bs]
+        row["meets_target"] = row["fastlib"] < TARGETS[bs]
+    return row
+
+
+def _targets(rows):
+    """The ratio targets at batch 32 for the peers measured: fastlib / peer against the limit."""
+    out = []
+    for row in rows:
+        if row["batch_size"] != RATIO_BATCH or "fastlib" not in row:
+            continue
+        for peer, limit in RATIO_TARGETS.items():
+            if peer in row:
+                ratio = row[f"fastlib_over_{peer}"]
+                out.append({"batch_size": RATIO_BATCH, "peer": peer, "limit": limit,
+                            "ratio": ratio, "met": ratio <= limit})
+    return out
+
+
+def _floor(rows, samples):
+    """The MLP's arithmetic floor and fastlib's ratio to it, when batch 64 was measured."""
+    from reports.bench.models import mlp
+
+    row = next((r for r in rows if r["batch_size"] == FLOOR_BATCH and "fastlib" in r), None)
+    if row is None:
+        return None
+    floor = mlp.arithmetic_floor(samples, FLOOR_BATCH)
+    floor["fastlib_s"] = row["fastlib"]
+    floor["fastlib_over_floor"] = row["fastlib"] / floor["floor_s"]
+    floor["target"] = FLOOR_TARGET
+    floor["met"] = floor["fastlib_over_floor"] <= FLOOR_TARGET
+    return floor
+
+
+def _verdict(met, ratio, limit):
+    return "yes" if met else f"NO (misses by {ratio / limit:.2f}x)"
+
+
+def _print_table(report, args):
+    engines = report["engines"]
+    load = report["load_average"]
+    print(f"verigrad bench train --model {report['model_name']}: {report['model']}; "
+          f"{report['data']}; {report['samples']} samples per epoch; {args.threads} threads; "
+          f"median of {args.repeats} interleaved runs; load average at start {load['start']}")
+    peers = [e for e in engines if e != "fastlib"] if "fastlib" in engines else []
     head = f"{'batch':>6}" + "".join(f"  {e + ' s/epoch':>16}" for e in engines)
-    head += "".join(f"  {e + '/fastlib':>15}" for e in engines if e != "fastlib")
-    print(head + "  target")
+    head += "".join(f"  {'fastlib/' + e:>15}" for e in peers)
+    print(head + "  load" + ("  target" if report["model_name"] == "mlp" else ""))
+    rows = report["results"]
     for row in rows:
         line = f"{row['batch_size']:>6}" + "".join(f"  {row[e]:>16.3f}" for e in engines)
-        line += "".join(f"  {row[e + '_over_fastlib']:>15.1f}" for e in engines
-                        if e != "fastlib" and "fastlib" in row)
+        line += "".join(f"  {row['fastlib_over_' + e]:>15.2f}" for e in peers)
+        line += f"  {row['load_1min'] if row['load_1min'] is not None else '?':>4}"
         if "target_s" in row:
             line += f"  < {row['target_s']} s: {'yes' if row['meets_target'] else 'NO'}"
         print(line)
+    print("mean batch loss of the timed epoch (the engines train the same model from the same "
+          "weights):")
+    for row in rows:
+        print(f"  batch {row['batch_size']}: " +
+              ", ".join(f"{e} {row[e + '_loss']:.4f}" for e in engines))
+    for t in report["targets"]:
+        print(f"target at batch {t['batch_size']}: fastlib <= {t['limit']}x {t['peer']}: "
+              f"{t['ratio']:.2f}x: {_verdict(t['met'], t['ratio'], t['limit'])}")
+    floor = report["floor"]
+    if floor:
+        print(f"arithmetic floor at batch {floor['batch_size']}: "
+              f"{floor['flops_per_epoch'] / 1e9:.1f} GFLOP per epoch (GEMMs, forward and "
+              f"backward) at {floor['gemm_gflops_peak']:.0f} GFLOP/s (1024^3 sgemm, "
+              f"{args.threads} threads) = {floor['floor_s']:.3f} s; at the MLP's own GEMM "
+              f"shapes {floor['gemm_gflops_at_mlp_shapes']:.0f} GFLOP/s = "
+              f"{floor['floor_at_mlp_shapes_s']:.3f} s")
+        print(f"target: fastlib within {floor['target']:.0f}x of the floor: "
+              f"{floor['fastlib_over_floor']:.2f}x: "
+              f"{_verdict(floor['met'], floor['fastlib_over_floor'], floor['target'])}")
+    for engine, why in report["skipped"].items():
+        print(f"{engine}: {why}")
     scaled = [r["batch_size"] for r in rows
               if any(r[f"{e}_steps_measured"] < r["steps_per_epoch"] for e in engines)]
     if scaled:
         print(f"(batch sizes {scaled}: {args.max_steps} steps measured, scaled to a full epoch)")
-    return 0
+    print(f"load average at the end {load['end']}")

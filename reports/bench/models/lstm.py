@@ -1,0 +1,122 @@
+"""lstm: LSTM(32 -> 128) + Dense(128 -> 10), cross_entropy, Adam lr 1e-3, float32.
+
+Settings (the compiled recurrent path is measured at these): 1024 sequences of 64 time steps,
+32 features each, batch sizes 1, 32 and 128. The loss is cross_entropy on the Dense layer's
+logits of the LSTM's **last** state (``return_sequences=False``), one label per sequence.
+
+Data (generated, seed 0): features standard normal; the label is the feature among the first
+10 with the largest sum over the 64 steps, so the task needs the whole sequence.
+
+Weights: fastlib's draws (Xavier-uniform ``w_ih (32, 512)`` and ``w_hh (128, 512)``, gates
+i, f, g, o; zero bias; Xavier-uniform Dense), copied into every engine. PyTorch runs
+``torch.nn.LSTM`` (its fused CPU kernel) with ``bias_ih`` = fastlib's bias and ``bias_hh``
+fixed at zero (not trained, so both have the same parameters); JAX scans the time loop with
+``lax.scan`` inside the jitted epoch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from reports.bench.models import common
+
+DESCRIPTION = ("LSTM(32 -> 128, last state) + Dense(128 -> 10), cross_entropy, Adam lr=1e-3, "
+               "float32, 64 steps")
+BATCH_SIZES = "1,32,128"
+SAMPLES = 1024
+STEPS, FEATURES, HIDDEN, CLASSES = 64, 32, 128, 10
+
+
+def build(seed=0):
+    """The fastlib model."""
+    import fastlib
+
+    return fastlib.Sequential([fastlib.LSTM(FEATURES, HIDDEN), fastlib.Dense(HIDDEN, CLASSES)],
+                              dtype=np.float32, seed=seed)
+
+
+def data(args):
+    """``x (samples, 64, 32)`` float32, ``y (samples, 1)`` class indices."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.samples, STEPS, FEATURES)).astype(np.float32)
+    y = np.argmax(x[:, :, :CLASSES].sum(axis=1), axis=1).reshape(-1, 1)
+    return x, y, f"generated sequences ({STEPS} steps x {FEATURES} features, seed 0)"
+
+
+def _labels(y):
+    return np.ascontiguousarray(y.reshape(-1).astype(np.int64))
+
+
+def bench_fastlib(x, y, bs, max_steps, seed=0):
+    return common.bench_fastlib(build, "cross_entropy", x, y, bs, max_steps, seed)
+
+
+def _torch_setup(seed):
+    def setup(dev):
+        import torch
+
+        p = common.initial_parameters(build, seed)
+        lstm = torch.nn.LSTM(FEATURES, HIDDEN, batch_first=True).to(dev)
+        with torch.no_grad():
+            lstm.weight_ih_l0.copy_(torch.from_numpy(p["0.w_ih"].T.copy()))
+            lstm.weight_hh_l0.copy_(torch.from_numpy(p["0.w_hh"].T.copy()))
+            lstm.bias_ih_l0.copy_(torch.from_numpy(p["0.b"]))
+            lstm.bias_hh_l0.zero_()
+        lstm.bias_hh_l0.requires_grad_(False)
+        dense = common.torch_parameters({k: p[k] for k in ("1.weight", "1.bias")}, dev)
+        w, b = dense["1.weight"], dense["1.bias"]
+
+        def forward(xb):
+            out, _ = lstm(xb)
+            return torch.addmm(b, out[:, -1], w)
+
+        params = [lstm.weight_ih_l0, lstm.weight_hh_l0, lstm.bias_ih_l0, w, b]
+        return params, forward
+    return setup
+
+
+def _torch_loss(out, yb):
+    import torch
+
+    return torch.nn.functional.cross_entropy(out, yb)
+
+
+def bench_torch(x, y, bs, max_steps, seed=0):
+    return common.bench_torch(_torch_setup(seed), _torch_loss, x, _labels(y), bs, max_steps,
+                              seed)
+
+
+def jax_forward(p, xb):
+    import jax
+    import jax.numpy as jnp
+
+    batch = xb.shape[0]
+    xw = jnp.einsum("bti,ig->tbg", xb, p["0.w_ih"]) + p["0.b"]
+
+    def step(carry, z_in):
+        h, c = carry
+        z = z_in + h @ p["0.w_hh"]
+        i, f, g, o = jnp.split(z, 4, axis=-1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), None
+
+    zeros = jnp.zeros((batch, HIDDEN), xb.dtype)
+    (h, _), _ = jax.lax.scan(step, (zeros, zeros), xw)
+    return h @ p["1.weight"] + p["1.bias"]
+
+
+def bench_jax(x, y, bs, max_steps, seed=0):
+    from reports.bench.models.mlp import jax_cross_entropy
+
+    return common.bench_jax("lstm", jax_forward, jax_cross_entropy,
+                            common.initial_parameters(build, seed), x,
+                            _labels(y).astype(np.int32), bs, max_steps, seed)
+
+
+ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch, "jax": bench_jax}
+CPU_ENGINES = tuple(ENGINES)
+
+
+def missing(engine):
+    """None when ``engine`` can run here, else the line saying what to install."""
+    return common.jax_missing() if engine == "jax" else None
