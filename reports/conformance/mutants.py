@@ -255,6 +255,13 @@ MUTANTS = (
     Mutant("lstm-cell-carry", "LSTM backward carries the cell gradient through i, not f",
            "kernels/recurrent.py", "dc_carry[b, j] = dc * gf", "dc_carry[b, j] = dc * gi",
            ("LSTM",)),
+    Mutant("rnn-piece-carry", "RNN backward: a batch's second piece starts from the first "
+           "piece's leftover carry (not reset to 0)", "kernels/recurrent.py",
+           "        carry = carry_all[:b1 - b0]                       # dL/dh_t arriving from "
+           "step t + 1\n        for b in range(b1 - b0):",
+           "        carry = carry_all[:b1 - b0]                       # dL/dh_t arriving from "
+           "step t + 1\n        for b in range(b1 - b0 if piece == 0 else 0):",
+           ("boundaries", "RNN")),
     Mutant("attention-scale", "attention scores scaled by 1/sqrt(d), not 1/sqrt(d/heads)",
            "layers/attention.py", "scale = self.dtype.type(1.0 / np.sqrt(d // self.heads))",
            "scale = self.dtype.type(1.0 / np.sqrt(d))", ("MultiHeadAttention",)),

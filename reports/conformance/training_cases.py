@@ -328,7 +328,10 @@ def boundary_cases(dtype):
     if dtype == "float64":
         # recurrent pieces: batches of piece - 1, piece, piece + 1 rows, and two pieces plus a
         # row; the epoch's last batch is partial so a batch ends inside a piece
+        # (each kind with a batch of two pieces, so the second piece's backward starts from
+        # its own zero carry)
         for kind, n, bs, opt in (("RNN", piece + 1, piece, "Adam"),
+                                 ("RNN", 2 * piece + 1, piece + 1, "SGD"),
                                  ("LSTM", 2 * piece + 1, piece + 1, "Momentum"),
                                  ("LSTM", piece - 1, piece - 1, "NAG")):
             x = seq_data(n, 3, 2)

@@ -133,7 +133,7 @@ def test_boundary_cases_follow_the_kernels_constants(monkeypatch):
     before = [c.batch_size for c in tc.boundary_cases("float64") if "pieces of" in c.label]
     monkeypatch.setattr(recurrent, "_PIECE", 5)
     after = [c for c in tc.boundary_cases("float64") if "pieces of" in c.label]
-    assert [c.batch_size for c in after] == [5, 6, 4] and before != [5, 6, 4]
+    assert [c.batch_size for c in after] == [5, 6, 6, 4] and before != [5, 6, 6, 4]
     assert all("pieces of 5" in c.label for c in after)
 
 
@@ -149,6 +149,9 @@ def test_boundary_cases_straddle_every_threshold():
     batches = {c.batch_size for c in cases64}
     piece = b["recurrent_piece"]
     assert {piece - 1, piece, piece + 1} <= batches
+    # each recurrent kind has a batch of two pieces (a carry reset per piece is exercised)
+    for kind in ("RNN", "LSTM"):
+        assert any(c.label.startswith(kind) and c.batch_size > piece for c in cases64), kind
     assert any(len(c.x) > b["reduce_block"] for c in cases64)
     # the compiled attention path: batches of rows on each side of its piece size, and
     # models on each side of its chunk size
