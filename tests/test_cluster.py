@@ -193,7 +193,7 @@ def _strip_seconds(value):
     return value
 
 
-@pytest.mark.slow  # ~30 s here: the report's plots, twice
+@pytest.mark.slow  # 100 s here at load 14: the report and its plots, twice
 def test_report_with_a_scheduler_address_writes_the_serial_report(client, tmp_path):
     """``verigrad report --cluster tcp://...``: the same report.json as the serial command
     (but for its timings)."""
@@ -211,7 +211,7 @@ def test_report_with_a_scheduler_address_writes_the_serial_report(client, tmp_pa
     assert _strip_seconds(done) == _strip_seconds(serial)
 
 
-@pytest.mark.slow  # ~25 s here: the dev profile under the mutant, on the cluster and serially
+@pytest.mark.slow  # 23 s here at load 14: the dev profile under the mutant, twice
 def test_a_mutant_on_the_cluster_gets_the_serial_verdict(client):
     """``verigrad conform --mutants --cluster``'s runner (the control left out: it is the whole
     dev profile) against the serial runner, one mutant: the same verdict, row and detail."""

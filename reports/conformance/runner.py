@@ -171,7 +171,9 @@ def run_property(strategy, check, max_examples, seed, reproduce=None, examples=(
     for case in reversed(list(examples)):
         prop = hypothesis.example(case)(prop)
     out = RowResult()
-    with hypothesis.reporting.with_reporter(lambda *a, **k: None):
+    from reports.conformance.draws import seed_only
+
+    with hypothesis.reporting.with_reporter(lambda *a, **k: None), seed_only():
         try:
             prop()
         except ConformanceFailure:
