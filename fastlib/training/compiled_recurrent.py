@@ -277,12 +277,14 @@ def run_epoch(ctx, x, y, order):
             dtype.type(LEAKY_SLOPE), plan.loss_code, opt.kind, coeffs, clip_mode, float(clip),
             w, slots[0], slots[1], bufs["g"], bufs["gp"], bufs["ws"], bufs["ws64"],
             bufs["rows"], plan.blk)
-    if threads > 1 and bs > PIECE:
-        from fastlib.training.fused_mlp import _single_threaded_blas
+    # NOTE: BLAS on the calling thread only, whatever our thread count: the products inside a
+    # piece are small (8 x 128 @ 128 x 512 per step), and a multi-threaded OpenBLAS splits them
+    # anyway; on a loaded machine its workers' hand-offs made a batch-32 epoch 2.3x slower than
+    # the generic path (measured, load 14: 13.8 s against 5.9 s), and in parallel pieces they
+    # contend with our threads (fused_mlp's NOTE)
+    from fastlib.training.fused_mlp import _single_threaded_blas
 
-        with _single_threaded_blas():
-            out = rk.epoch(*args)
-    else:
+    with _single_threaded_blas():
         out = rk.epoch(*args)
     loss_sum, correct, skipped, updates, diverged, bad_loss = out
     plan.unflatten(w, params)

@@ -63,7 +63,8 @@ class TrainingResult:
     skipped_steps : int
         Optimizer steps skipped because the gradient was not finite.
     fused : bool
-        At least one epoch ran in a whole-epoch fast path (``fastlib.training.fused_mlp``).
+        At least one epoch ran in a whole-epoch compiled path
+        (``fastlib.training.compiled_paths``: the MLP and the recurrent paths).
     """
 
     loss_history: list = field(default_factory=list)
@@ -213,8 +214,9 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
         Options for the algorithm, in ``ctx.config.extra`` (e.g. ``cd_k=1``; ``"targetprop"``
         takes the fields of ``fastlib.TargetPropConfig``, e.g. ``use_chain_rule=False,
         update="loom", normalisation="column"``). ``"bp"`` takes
-        ``fused`` (default True): False turns off the whole-epoch compiled path for
-        Sequential-of-Dense MLPs and trains batch by batch through the layers.
+        ``fused`` (default True): False turns off the whole-epoch compiled paths (for
+        Sequential-of-Dense MLPs, and for RNN / LSTM / Embedding / Dense chains) and trains
+        batch by batch through the layers.
 
     Returns
     -------
