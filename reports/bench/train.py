@@ -297,3 +297,9 @@ def _print_table(report, args):
     if scaled:
         print(f"(batch sizes {scaled}: {args.max_steps} steps measured, scaled to a full epoch)")
     print(f"load average at the end {load['end']}")
+    busiest = max([r["load_1min"] or 0 for r in rows] + [(load["start"] or [0])[0]])
+    cpus = os.cpu_count() or 1
+    if busiest > cpus:
+        print(f"note: the machine was loaded (1-minute load up to {busiest} on {cpus} CPUs): "
+              "threads wait for cores, and the figures measure that contention as much as "
+              "the engines; measure on an idle machine")
