@@ -52,7 +52,7 @@ def data(args):
 # the layers, written once for PyTorch and once for JAX, on fastlib's parameter names
 
 def stacked(params, prefix):
-    """``params`` with ``prefix + w_q/w_k/w_v`` (and the biases) stacked into ``w_qkv``/``b_qkv``."""
+    """``params`` with ``prefix`` + ``w_q w_k w_v`` (and biases) stacked as ``w_qkv``, ``b_qkv``."""
     out = {k: v for k, v in params.items()
            if not (k.startswith(prefix) and k[len(prefix):] in
                    ("w_q", "w_k", "w_v", "b_q", "b_k", "b_v"))}

@@ -136,7 +136,7 @@ def jax_missing():
 
 
 def _jax_epoch(forward, loss_fn):
-    """``epoch(params, m, v, t, xs, ys) -> (params, m, v, t, batch losses)`` over stacked batches."""
+    """``epoch(params, m, v, t, xs, ys) -> (params, m, v, t, losses)`` over stacked batches."""
     import jax
     import jax.numpy as jnp
 
