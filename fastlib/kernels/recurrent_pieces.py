@@ -1,19 +1,6 @@
 """RNN and LSTM cells over one piece of a batch, on caller-owned buffers (no allocation).
 
-The compiled recurrent training path (``fastlib.training.recurrent_kernels``) cuts every
-batch into pieces of :data:`PIECE` sequences and runs each piece's whole forward and backward
-on one thread. These kernels are the sequential part of one recurrent layer for one piece:
-the recurrence ``h_{t-1} @ w_hh`` (BLAS ``np.dot``, the four LSTM gates as one product) fused
-with the cell's elementwise work. The input projections of all time steps are one GEMM done
-by the caller, which leaves them (bias added) in the buffer these kernels activate in place.
-
-Layout: a piece of ``nb`` sequences is time-major, row ``t * nb + b`` holds step ``t`` of
-sequence ``b``, so step ``t`` is the contiguous block ``[t * nb, (t + 1) * nb)``.
-
-The arithmetic is that of ``fastlib.kernels.recurrent`` (the layers' kernels), operation for
-operation: the same activations (``fastlib.kernels.scalar``), the same gate derivatives from
-the saved outputs, the same order of additions; only the products' summation order inside
-BLAS may differ.
+The long story: docs/fastlib.md, section ``fastlib/kernels/recurrent_pieces.py``.
 """
 from __future__ import annotations
 

@@ -1,32 +1,7 @@
 """Numba kernels of the compiled training path for attention models
 (:mod:`fastlib.training.compiled_attention`).
 
-A model is compiled into a *program*: one row of ``prog`` per layer operation (Dense,
-LayerNorm, RMSNorm, SwiGLU, MultiHeadAttention, Embedding, and the ``add`` / column copies of
-``Parallel``), whose fields name the slots it reads and writes in a flat activation buffer and
-its parameters' offsets in the flat parameter vector. :func:`_forward_piece` and
-:func:`_backward_piece` interpret the program over the rows of one *piece* of the batch.
-
-Data parallelism inside one step: the batch's samples are cut into ``n_pieces`` near-equal
-pieces, each with its own activation, cotangent and scratch buffers and its own partial
-gradient vector. Rows of different samples never meet before the loss (attention mixes the
-positions of one sample only), so a piece runs its whole forward and backward without
-talking to the others: attention's score / softmax / value chain runs per (sample, head)
-block of the piece, fused (the probabilities of a block stay in its buffer for the
-backward). The loss runs serially over the whole batch between the two regions (the MLP
-path's loss kernel), and the pieces' partial gradients are added in piece order. Pieces, not
-threads, fix every summation order, and the number of pieces depends on the batch's shape
-only, so a run gives the same bits on one thread or two.
-
-Per step: one parallel region forward (each piece gathers its samples first), the loss, one
-region backward, one region that adds the partial gradients (and their float64 sums of
-squares) over fixed chunks of the parameter vector, the guard, and one region that clips and
-applies the optimizer chunk by chunk (``fastlib.kernels.optim``'s per-element rules, under
-flush-to-zero as everywhere the optimizer runs). Every buffer is allocated once per run by the
-caller. The arithmetic of each layer is the generic layers' (``fastlib.kernels.dense``):
-the same float64 accumulators for bias, norm and embedding gradients and norm statistics, the
-same activation functions; BLAS's summation order inside a product may differ with the
-product's shape, so the two paths agree to rounding, not bit for bit.
+The long story: docs/fastlib.md, section ``fastlib/kernels/transformer.py``.
 """
 from __future__ import annotations
 

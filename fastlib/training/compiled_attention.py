@@ -1,22 +1,6 @@
 """The compiled training path for attention models: whole epochs of back-propagation in Numba.
 
-Models built from ``MultiHeadAttention`` (causal or not), ``LayerNorm``, ``RMSNorm``,
-``SwiGLU``, ``Embedding`` (first layer) and ``Dense`` (any activation but softmax), composed
-by ``Sequential`` and ``Parallel`` (``add`` or ``concat``) to any depth, trained by ``"bp"`` on
-the CPU with ``mse``, ``cross_entropy``, ``categorical_cross_entropy`` or
-``binary_cross_entropy_with_logits``, any of the seven optimizers and either clipping mode,
-run their epochs here when they hold at least one attention, norm or SwiGLU layer: the model
-is compiled once per run and batch shape into a program (:mod:`fastlib.kernels.transformer`
-explains it) whose forward, loss, backward, guard, clipping and optimizer update run in
-compiled code, step after step, with every buffer allocated once. Anything else (models of
-Dense and Embedding layers alone belong to the other paths; RNN / LSTM, Softmax
-layers, ``binary_cross_entropy``, other devices or algorithms) returns None and trains
-elsewhere. ``train(..., fused=False)`` turns this path off.
-
-Parameters live in one flat vector in the path's own layout: attention's ``w_q | w_k | w_v``
-side by side as one ``(d, 3d)`` block (and their biases as one ``3d`` block), SwiGLU's
-``w_gate | w_up`` as one ``(d, 2h)`` block, so each is one product; they and the optimizer's
-state are copied in at the start of an epoch and back at its end.
+The long story: docs/fastlib.md, section ``fastlib/training/compiled_attention.py``.
 """
 from __future__ import annotations
 

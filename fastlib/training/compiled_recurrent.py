@@ -1,27 +1,7 @@
 """The whole-epoch compiled path for recurrent models: RNN, LSTM, Embedding and Dense in a
 ``Sequential``, trained by back-propagation on the CPU.
 
-Which models: a ``Sequential`` (nested ``Sequential`` s are read as one chain) of ``RNN``,
-``LSTM`` (``return_sequences`` either way), ``Dense`` layers with an activation of
-``fused_kernels.FUSED_ACTIVATIONS`` (on per-step rows or on the last state), and an
-``Embedding`` as the first layer, holding at least one recurrent layer or the Embedding;
-inputs ``(N, T, features)`` (or ``(N, T)`` token ids); the losses of
-``fused_kernels.LOSS_CODES`` (``mse`` and ``binary_cross_entropy_with_logits`` also on a
-per-step output); any optimizer and clipping mode. Anything else (``Parallel``, attention,
-norms, other activations, ``binary_cross_entropy``) returns None and trains through the
-generic per-batch path; so does ``train(..., fused=False)``.
-
-How: one Numba call per epoch (:mod:`fastlib.training.recurrent_kernels` explains the
-scheme): each batch is cut into pieces of ``recurrent_pieces.PIECE`` sequences that run the
-whole model, loss and backward on their own threads into partial gradients, which fixed
-blocks of the parameter vector then add, clip and apply. Buffers are planned once per batch
-size and sequence length and kept for the run; parameters and optimizer state are copied
-into one flat vector at the start of each epoch and back at its end.
-
-The math is the generic path's, operation for operation (the layers' cell formulas, the MLP
-path's loss, clipping and optimizer kernels, float64 bias sums); the two agree to rounding,
-not bit for bit: BLAS sums the products in other orders, the batch's loss and gradients add
-the pieces' partials in piece order, and the epoch runs with flush-to-zero, like the MLP path.
+The long story: docs/fastlib.md, section ``fastlib/training/compiled_recurrent.py``.
 """
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
 """The sentinel of one MPI rank: names the rank when it dies without a word.
 
-A rank killed by a signal (SIGKILL, the OOM killer, a crash in native code) cannot say anything,
-and ``mpiexec`` then kills the other ranks at once, so they cannot either; mpiexec itself names
-a process ID only. So each rank of a data-parallel run (:mod:`fastlib.training.distributed`)
-starts this small process beside it (standard library only, run by path with ``python -I -S``:
-it starts in milliseconds and imports nothing of fastlib). The rank holds the write end of the
-sentinel's stdin; the sentinel blocks reading it. When training ends, or when the rank has
-reported its own failure, the rank writes a word and the sentinel leaves quietly. End of file
-with no word means the rank died.
-
-Which dead rank died first: ``mpiexec`` kills the others only after it has seen the first death,
-so when the sentinel of the first rank wakes, the other ranks on its host are still running,
-while the sentinels of the ranks mpiexec killed find a rank already dead. The first failure on
-a host is claimed with an exclusive file create (the claim file named on the command line); a
-rank that reports its own exception or names a silent rank claims it first, so the sentinels
-of the ranks mpiexec then kills stay quiet. A sentinel that finds its host's other ranks dead
-(or has none beside it) waits a moment for the claim of the one that died first, and if no one
-claims, says only what it knows.
-
-The message goes to the launcher's stderr (``/proc/<parent>/fd/2``, the rank's parent being
-mpiexec's proxy), not the rank's: a process holding the rank's own stderr open would delay
-mpiexec's view of the death, and mpiexec was then seen naming a PID that was not the first to
-die.
-
-Usage: ``python -I -S rank_sentinel.py RANK SIZE HOST PID CLAIM OUT [PEER_PID ...]`` with
-``OUT`` the file to write to or ``-`` for this process's stderr.
+The long story: docs/fastlib.md, section ``fastlib/training/rank_sentinel.py``.
 """
 import os
 import sys

@@ -1,26 +1,6 @@
 """Numba kernels of the whole-epoch recurrent path (:mod:`fastlib.training.compiled_recurrent`).
 
-Data parallelism inside one step: the rows of a batch are independent sequences, so the batch
-is cut into pieces of ``recurrent_pieces.PIECE`` sequences and each piece runs the whole model
-on its own, forward, loss and backward, on one thread: gather its inputs (or look up its
-tokens), per layer one GEMM for all time steps' input projections (or a Dense layer's
-product), the recurrence, the loss terms with the batch's mean, and back down the layers to
-its own partial weight gradients (one GEMM per weight over the piece's time steps). Pieces
-talk to nobody; threads take whole pieces.
-
-Then, over fixed blocks of the flat parameter vector (:data:`BLOCK` entries): the pieces'
-partial gradients are added in piece order and each block's float64 sum of squares is taken;
-serially, the blocks' sums are added in block order (the step's guard and norm clipping); and
-over the same blocks, clipping and the optimizer update (``fused_kernels._update_piece``).
-Three parallel regions per step. Pieces and blocks depend on the shapes only, never on how
-many threads ran them, so every summation order, and with it every bit of the result, is the
-same on one thread or two.
-
-Per piece, one flat workspace row ``ws[p]`` holds every layer's buffers at offsets planned
-once per shape (the columns of ``meta`` below; ``compiled_recurrent._Plan`` lays them out),
-and ``ws64[p]`` the float64 accumulators. A piece of ``nb <= PIECE`` sequences uses the first
-``rows * nb`` rows of each buffer, time-major: row ``t * nb + b`` is step ``t`` of sequence
-``b``.
+The long story: docs/fastlib.md, section ``fastlib/training/recurrent_kernels.py``.
 """
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
 """attention: causal MultiHeadAttention(64, 4 heads) + LayerNorm(64) + SwiGLU(64, 128, 64), mse.
 
-Settings (the compiled attention path is measured at these): Adam lr 1e-3, float32, 1024
-sequences of 64 positions, d_model 64, batch sizes 1, 32 and 128. The model is the chain
-``Sequential([MultiHeadAttention(64, 4, causal=True), LayerNorm(64), SwiGLU(64, 128, 64)])``
-(no residuals: the layer sequence the fastlib-against-PyTorch figures were first taken on).
-
-Data (generated, seed 0): inputs standard normal ``(1024, 64, 64)``; the target at position t
-is the mean of the inputs at positions 0..t (what causal attention with equal weights gives),
-so the task is learnable and needs the causal mask. mse is the mean over every element.
-
-Weights: fastlib's draws (Xavier-uniform ``w_q w_k w_v w_o``, zero biases, LayerNorm ones and
-zeros, Xavier-uniform SwiGLU), copied into every engine. PyTorch and JAX keep q, k and v as one
-stacked ``(64, 192)`` weight (the usual in-projection; Adam is elementwise, so the updates are
-the same as for three) and run PyTorch's ``scaled_dot_product_attention(is_causal=True)`` /
-a masked softmax that XLA fuses.
+The long story: docs/reports.md, section ``reports/bench/models/attention.py``.
 """
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
 """lstm: LSTM(32 -> 128) + Dense(128 -> 10), cross_entropy, Adam lr 1e-3, float32.
 
-Settings (the compiled recurrent path is measured at these): 1024 sequences of 64 time steps,
-32 features each, batch sizes 1, 32 and 128. The loss is cross_entropy on the Dense layer's
-logits of the LSTM's **last** state (``return_sequences=False``), one label per sequence.
-
-Data (generated, seed 0): features standard normal; the label is the feature among the first
-10 with the largest sum over the 64 steps, so the task needs the whole sequence.
-
-Weights: fastlib's draws (Xavier-uniform ``w_ih (32, 512)`` and ``w_hh (128, 512)``, gates
-i, f, g, o; zero bias; Xavier-uniform Dense), copied into every engine. PyTorch runs
-``torch.nn.LSTM`` (its fused CPU kernel) with ``bias_ih`` = fastlib's bias and ``bias_hh``
-fixed at zero (not trained, so both have the same parameters); JAX scans the time loop with
-``lax.scan`` inside the jitted epoch.
+The long story: docs/reports.md, section ``reports/bench/models/lstm.py``.
 """
 from __future__ import annotations
 

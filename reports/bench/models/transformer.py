@@ -1,30 +1,6 @@
 """transformer: a small pre-norm decoder block on a character-level next-character task.
 
-Settings (the compiled path for this composition is measured at these): vocabulary 29
-characters (space, full stop, comma, a-z), 1024 windows of 64 characters, d_model 64, 4
-heads, SwiGLU hidden 128, Adam lr 1e-3, float32, batch sizes 1, 32 and 128. The model::
-
-    Sequential([
-        Embedding(29, 64),
-        Parallel([Dense(64, 64), Sequential([LayerNorm(64),
-                                             MultiHeadAttention(64, 4, causal=True)])], "add"),
-        Parallel([Dense(64, 64), Sequential([LayerNorm(64), SwiGLU(64, 128, 64)])], "add"),
-        LayerNorm(64),
-        Dense(64, 29),                      # output projection: one logit per character
-    ])
-
-Two departures from a textbook block, both because of what fastlib's layers can express
-today, and taken by every engine alike: the residual connections are ``Parallel(...,
-combine="add")`` with a linear shortcut branch (fastlib has no identity layer), whose weight
-starts as the identity and zero bias, so at the start it is exactly ``x + f(x)`` and it trains
-like the other weights; and the loss is ``binary_cross_entropy_with_logits`` against the
-one-hot next character at every position (the mean over every element), because fastlib's
-``cross_entropy`` takes 2-D logits ``[batch, classes]`` and the block's are
-``[batch, 64, 29]``.
-
-Text: generated, deterministic (:func:`generated_text`): sentences drawn by a fixed seed from a
-small grammar over a fixed word list, nothing downloaded or shipped. Window i is characters
-``64 i .. 64 i + 63``; its target is the same window shifted by one character.
+The long story: docs/reports.md, section ``reports/bench/models/transformer.py``.
 """
 from __future__ import annotations
 
