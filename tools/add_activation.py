@@ -2,7 +2,8 @@
 
 Measures what adding an op costs: copies the repository's tracked files to a scratch folder,
 makes every edit the op needs (its signature in the op table, spec's formulas, reflib's
-reference code, fastlib's scalar functions and kernel branches, fastlib.cuda's device functions,
+reference code, fastlib's scalar functions (fastlib.cuda compiles the same sources as device
+functions) and kernel branches,
 the contract's table), lists the files it touched, then runs spec's derivative proof and
 ``verigrad conform --ops hardtanh --profile dev`` for reflib and fastlib in the copy.
 
@@ -40,11 +41,11 @@ EDITS = (
      None),   # the functions go before relu's VJP (BEFORE); the name joins the list (REPLACE)
     ("fastlib/kernels/scalar.py",
      '# --- activations ---------------------------------------------------------------------------\n',
-     '\n@njit(cache=True, error_model="numpy", fastmath=_FM)\n'
+     '\n@scalar_source\n'
      'def hardtanh_f(x):\n'
      '    """hardtanh(x) = min(max(x, -1), 1); NaN propagates."""\n'
      '    return like(x, -1.0) if x <= -1 else (like(x, 1.0) if x >= 1 else x)\n\n\n'
-     '@njit(cache=True, error_model="numpy", fastmath=_FM)\n'
+     '@scalar_source\n'
      'def hardtanh_df(x):\n'
      '    """hardtanh\'(x): 1 inside (-1, 1), else 0."""\n'
      '    return like(x, 1.0) if -1 < x < 1 else like(x, 0.0)\n\n'),
@@ -61,12 +62,6 @@ EDITS = (
      '    elif op == _HARDTANH:\n'
      '        for i in range(n):\n'
      '            out[i] = g[i] * S.hardtanh_df(x[i])\n'),
-    ("fastlib/cuda/scalar.py",
-     '#: name -> (value, derivative); leaky_relu\'s pair takes the slope as a second argument.\n',
-     None),   # the device functions go before the map (BEFORE), the map entry after gelu_tanh's
-    ("fastlib/cuda/scalar.py",
-     '    "gelu_tanh": (gelu_tanh_f, gelu_tanh_df),\n',
-     '    "hardtanh": (hardtanh_f, hardtanh_df),\n'),
 )
 
 BEFORE = {   # text inserted *before* the anchor
@@ -75,14 +70,6 @@ BEFORE = {   # text inserted *before* the anchor
         '    return np.where(x >= 1, 1.0, np.where(x <= -1, -1.0, x))\n\n\n'
         'def hardtanh_vjp(F, x, out, g):\n'
         '    return (np.where((x > -1) & (x < 1), g, 0.0),)\n\n\n',
-    ("fastlib/cuda/scalar.py",
-     '#: name -> (value, derivative); leaky_relu\'s pair takes the slope as a second argument.\n'):
-        '@cuda.jit(device=True)\n'
-        'def hardtanh_f(x):\n'
-        '    return -1.0 if x <= -1 else (1.0 if x >= 1 else x)\n\n\n'
-        '@cuda.jit(device=True)\n'
-        'def hardtanh_df(x):\n'
-        '    return 1.0 if -1 < x < 1 else 0.0\n\n\n',
 }
 
 # (file, old text, new text): the op joins a list
