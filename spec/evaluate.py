@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import mpmath
 import numpy as np
 
-from spec import domains as _domains
+import spec.domains as _domains
 from spec.backends import MPMATH
 from spec.errors import UnknownOpError, did_you_mean
 from spec.opspec import OpSpec
@@ -26,7 +26,7 @@ MIN_DPS = 15
 
 def lookup(name):
     """The ``OpSpec`` for ``name`` (or ``name`` itself when it is an OpSpec)."""
-    from spec import OPS
+    from spec.catalog import OPS
 
     if isinstance(name, OpSpec):
         return name

@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 import optable
 from optable import REQUIRED, Param  # noqa: F401 (public names of spec.opspec)
 from optable.signature import freeze, param_defaults
-from spec import shapes as _shapes
+import spec.shapes as _shapes
 
 
 

@@ -292,7 +292,7 @@ def prove_all(names=None, *, progress=None, **options):
     -------
     list of ProofResult
     """
-    from spec import OPS
+    from spec.catalog import OPS
 
     names = list(OPS) if names is None else [lookup(n).name for n in names]
     results = []

@@ -14,7 +14,7 @@ import numpy as np
 
 import optable
 import optable.signature
-from spec import domains as _domains
+import spec.domains as _domains
 from spec.errors import RegistryError, did_you_mean
 from spec.opspec import Example, Kink, OpSpec, Param, formula_arguments
 from spec.shapes import PARAM_KINDS

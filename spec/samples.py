@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec import domains as _domains
+import spec.domains as _domains
 from spec.evaluate import lookup
 
 KINK_MARGIN = 1e-2

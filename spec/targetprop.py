@@ -46,7 +46,7 @@ LOSS_TYPES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross
 
 def _op(M, name, *arrays, **params):
     """The registry forward of op ``name`` (the formula ``spec.prove`` proves)."""
-    from spec import OPS
+    from spec.catalog import OPS
 
     op = OPS[name]
     out = op.run_forward(M, [np.asarray(a, dtype=object) for a in arrays],

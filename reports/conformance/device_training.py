@@ -152,9 +152,9 @@ def _reproduce(case_and_more, dtype, mlp):
     from reports.conformance import repro
 
     text = repro.train(case_and_more)
-    return text.replace("from reports.conformance import properties\n",
+    return text.replace("from reports.conformance import training_rows\n",
                         "from reports.conformance import device_training\n").replace(
-        "properties.check_train_step(case, ", "device_training.check_device_train(case, ").replace(
+        "training_rows.check_train_step(case, ", "device_training.check_device_train(case, ").replace(
         "))\n", f", dtype={dtype!r}, mlp={mlp!r}))\n")
 
 
@@ -178,7 +178,7 @@ def device_train_rows(kinds):
     """The ``train`` rows of ``fastlib-cuda``: one per layer kind and dtype, and the fused MLP."""
     from hypothesis import strategies as st
 
-    from reports.conformance.runner import Row, run_property
+    from reports.conformance.rows import Row, run_property
     from reports.conformance.strategies import OPTIMIZER_NAMES, mlp_cases, model_cases
 
     rows = []

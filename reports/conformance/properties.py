@@ -20,7 +20,7 @@ from reports.conformance import oracle as _oracle
 
 __all__ = ["Result", "check_call", "check_jvp", "check_nonfinite", "check_unsupported",
            "check_optimizer",
-           "check_tape_laws", "check_train_step", "TAPE_ENGINES"]
+           "check_tape_laws", "TAPE_ENGINES"]
 
 
 @dataclass
@@ -722,7 +722,3 @@ def check_tape_laws(engine, dag, seed):
     # at 1e-3 of the largest slot absorbs slots that cancel to ~0 (x - x).
     result.measures.append(worst)
     return result
-
-
-# the training rows live in their own module; re-exported for callers of the former check
-from reports.conformance.training_rows import check_train_step  # noqa: E402,F401

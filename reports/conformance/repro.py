@@ -92,9 +92,9 @@ def tape(engine, case):
 def train(case):
     """A snippet that rebuilds the model case and checks the training step."""
     model, optimizer_name, lr = case
-    return ("import numpy as np\nfrom reports.conformance import properties\n"
+    return ("import numpy as np\nfrom reports.conformance import training_rows\n"
             + "from reports.conformance.strategies import ModelCase\n"
             + f"case = ModelCase({literal(model.config)},\n    {literal(model.x)},\n"
               f"    {literal(model.y)}, {model.loss!r}, {model.seed}, "
               f"frozenset({literal(model.kinds)}))\n"
-            + f"print(properties.check_train_step(case, {optimizer_name!r}, {lr!r}))\n")
+            + f"print(training_rows.check_train_step(case, {optimizer_name!r}, {lr!r}))\n")

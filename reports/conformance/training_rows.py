@@ -637,7 +637,7 @@ def train_rows(kinds):
     from hypothesis import strategies as st
 
     from reports.conformance import training_cases as tc
-    from reports.conformance.runner import Row, run_cases, run_property
+    from reports.conformance.rows import Row, run_cases, run_property
 
     def row(name, dtype, strategy):
         def run(profile, seed):

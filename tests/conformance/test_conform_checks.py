@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import spec
-from reports.conformance import algorithms, bounds, engines, oracle, properties
+from reports.conformance import algorithms, bounds, engines, oracle, properties, training_rows
 from reports.conformance.special_values import CATEGORIES, special_cases
 from reports.conformance.strategies import (LAYER_KINDS, OPTIMIZER_NAMES, dags, make_example,
                                             mlp_cases, model_cases, optimizer_cases)
@@ -66,7 +66,7 @@ def test_tape_laws_on_random_dags(engine, dag, seed):
 def test_training_step_matches_reflib(kind, data, optimizer, lr):
     model = data.draw(model_cases(kind), label="model")
     assert kind in model.kinds
-    result = properties.check_train_step(model, optimizer, lr)
+    result = training_rows.check_train_step(model, optimizer, lr)
     assert result.ok, result.describe()
 
 
@@ -74,7 +74,7 @@ def test_training_step_matches_reflib(kind, data, optimizer, lr):
 @given(model=mlp_cases(), optimizer=st.sampled_from(OPTIMIZER_NAMES),
        lr=st.sampled_from([0.01, 0.1]))
 def test_fused_mlp_training_matches_reflib_whole_and_in_pieces(model, optimizer, lr):
-    result = properties.check_train_step(model, optimizer, lr, require_fused=True)
+    result = training_rows.check_train_step(model, optimizer, lr, require_fused=True)
     assert result.ok, result.describe()
     assert any("in pieces" in m.what for m in result.measures)
 
@@ -87,9 +87,9 @@ def test_the_fused_mlp_row_fails_a_model_the_fused_path_refuses():
         {"type": "Dense", "in_features": 3, "out_features": 2, "activation": "linear"}]},
         np.array([[0.5, -1.0], [1.5, 0.25]]), np.array([[0], [1]]), "cross_entropy", 0,
         frozenset(("Dense", "Sequential")))
-    result = properties.check_train_step(gelu, "sgd", 0.1, require_fused=True)
+    result = training_rows.check_train_step(gelu, "sgd", 0.1, require_fused=True)
     assert not result.ok and "did not take the fused path" in result.describe()
-    assert properties.check_train_step(gelu, "sgd", 0.1).ok
+    assert training_rows.check_train_step(gelu, "sgd", 0.1).ok
 
 
 @pytest.mark.parametrize("engine", ["fastlib", "reflib"])
