@@ -143,7 +143,8 @@ def test_plan_covers_every_op_and_check_for_the_default_engines():
             assert covered == {(n, d) for n in spec.OPS for d in dtypes}
     trains = {r.name for r in rows if r.kind == "train"}
     from reports.conformance.strategies import LAYER_KINDS
-    assert trains == set(LAYER_KINDS) | {"fused MLP", "generic", "boundaries"}
+    assert trains == set(LAYER_KINDS) | {"fused MLP", "generic", "boundaries",
+                                           "compiled recurrent", "compiled attention"}
 
 
 def test_proofs_come_first_and_follow_ops(capsys):
