@@ -198,6 +198,12 @@ class _Comm:
         """``MPI_Abort`` after ``on_abort`` (the session claims the failure for this rank)."""
         if self.on_abort is not None:
             self.on_abort()
+        # NOTE: mpiexec relays a rank's output through its own pipes and drops what it has not
+        # relayed yet when the job is torn down: flush, and give it a moment, so the message
+        # naming the failed rank is never the part that is lost (seen on a loaded machine).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(ABORT_GRACE)
         self.MPI.COMM_WORLD.Abort(code)
 
     def _silent_ranks_abort(self, what):
@@ -263,6 +269,9 @@ def _mpi_type(dtype):
 
     return from_numpy_dtype(dtype)
 
+
+# seconds a rank waits between writing its failure message and MPI_Abort (see _Comm.abort)
+ABORT_GRACE = 0.5
 
 def _report(message):
     sys.stderr.write(f"verigrad distributed: {message}\n")
@@ -481,9 +490,10 @@ class _Session:
         except BaseException as exc:  # noqa: BLE001 - any failure must stop every rank
             import traceback
 
-            traceback.print_exc(file=sys.stderr)
+            # the one line that names the rank first, then the traceback behind it
             _report(f"rank {self.rank} of {self.size} raised {type(exc).__name__}: {exc}; "
                     "aborting every rank")
+            traceback.print_exc(file=sys.stderr)
             self.comm.abort(4)
             raise
         self.finish()

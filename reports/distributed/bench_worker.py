@@ -29,7 +29,7 @@ def main(argv=None):
 
     import fastlib
     from fastlib.training.distributed import DataParallel, world
-    from reports.bench.train import _data
+    from reports.bench.models.mlp import data as _data
 
     rank, size = world()
     x, y, source = _data(argparse.Namespace(data_dir=args.data_dir, samples=args.samples))
