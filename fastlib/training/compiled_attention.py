@@ -9,7 +9,7 @@ import numpy as np
 from fastlib import config
 from fastlib.kernels import transformer as kt
 from fastlib.training import fused_kernels as fk
-from fastlib.training.algorithms import EpochStats
+from fastlib.training.epoch_state import epoch_settings, finish_epoch, flat_state, single_threaded_blas
 from fastlib.training.compiled_paths import register_compiled_path
 
 # NOTE (speed): a batch is cut into MAX_PIECES pieces of samples that run on their own
@@ -339,39 +339,19 @@ def run_epoch(ctx, x, y, order):
         yi, yf = np.ascontiguousarray(y, dtype=np.int64).reshape(-1), np.zeros((0, 0), dtype)
     else:
         yi, yf = np.zeros(0, np.int64), np.ascontiguousarray(y, dtype=dtype).reshape(n, -1)
-    params, opt, state = ctx.params, ctx.optimizer, ctx.opt_state
-    w = prog.flatten(params)
-    slots = [prog.flatten(state.slots[s]) for s in opt.state_names]
-    while len(slots) < 2:
-        slots.append(np.zeros(0, dtype))
+    opt = ctx.optimizer
+    w, slots = flat_state(ctx, prog, dtype)
     buffers = _buffers(ctx, prog, bs)
-    n_batches = -(-n // bs)
-    coeffs = opt.coefficient_table(state.t + 1, n_batches, ctx.lr, dtype)
-    clip = ctx.config.gradient_clip
-    clip_mode = fk.CLIP_NONE if clip == 0 else (fk.CLIP_VALUE if ctx.config.clip_mode == "value"
-                                                else fk.CLIP_NORM)
+    coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
     threads = min(MAX_PIECES, config.num_threads())
     chunks = CHUNKS if prog.param_size >= CHUNK_MIN_PARAMS else 1
     args = (xf, xi, prog.tokens, yi, yf, np.ascontiguousarray(order, dtype=np.int64), bs, steps,
             threads, MIN_PIECE_ROWS, MAX_PIECES, chunks, prog.prog, prog.fpar_arr, prog.out_slot,
             prog.out_w, code, opt.kind, coeffs, clip_mode, float(clip), w, slots[0], slots[1],
             *buffers)
-    from fastlib.training.fused_mlp import _single_threaded_blas
-
-    with _single_threaded_blas():
+    with single_threaded_blas():
         out = kt.epoch(*args)
-    loss_sum, correct, skipped, updates, diverged, bad_loss = out
-    prog.unflatten(w, params)
-    for s, flat in zip(opt.state_names, slots):
-        prog.unflatten(flat, state.slots[s])
-    state.t += int(updates)
-    batches_run = n_batches if diverged < 0 else diverged + 1
-    ctx.step += batches_run
-    samples = n if diverged < 0 else diverged * bs
-    return EpochStats(loss_sum=float(loss_sum),
-                      correct=None if ctx.loss_type == "mse" else float(correct),
-                      count=samples, skipped=int(skipped), diverged_batch=int(diverged),
-                      diverged_loss=float(bad_loss), fused=True)
+    return finish_epoch(ctx, prog, w, slots, out, n, bs)
 
 
 def _first_embedding(model):

@@ -12,7 +12,7 @@ from fastlib.kernels.recurrent_pieces import PIECE
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
 from fastlib.training import fused_kernels as fk
 from fastlib.training import recurrent_kernels as rk
-from fastlib.training.algorithms import EpochStats
+from fastlib.training.epoch_state import epoch_settings, finish_epoch, flat_state, single_threaded_blas
 from fastlib.training.compiled_paths import register_compiled_path
 
 _ALIGN = 16  # buffer offsets in entries: 64-byte rows for float32
@@ -242,16 +242,9 @@ def run_epoch(ctx, x, y, order):
         rows = n * steps if plan.seq_out else n
         yi, yf = np.zeros(0, np.int64), np.ascontiguousarray(y, dtype=dtype).reshape(rows, -1)
     bufs = plan.buffers(bs, steps)
-    params, opt, state = ctx.params, ctx.optimizer, ctx.opt_state
-    w = plan.flatten(params)
-    slots = [plan.flatten(state.slots[s]) for s in opt.state_names]
-    while len(slots) < 2:
-        slots.append(np.zeros(0, dtype))
-    n_batches = -(-n // bs)
-    coeffs = opt.coefficient_table(state.t + 1, n_batches, ctx.lr, dtype)
-    clip = ctx.config.gradient_clip
-    clip_mode = fk.CLIP_NONE if clip == 0 else (fk.CLIP_VALUE if ctx.config.clip_mode == "value"
-                                                else fk.CLIP_NORM)
+    opt = ctx.optimizer
+    w, slots = flat_state(ctx, plan, dtype)
+    coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
     threads = max(1, config.num_threads())
     args = (x3, idx, yi, yf, order, bs, steps, PIECE, threads, bufs["meta"], bufs["scratch"],
             dtype.type(LEAKY_SLOPE), plan.loss_code, opt.kind, coeffs, clip_mode, float(clip),
@@ -262,24 +255,10 @@ def run_epoch(ctx, x, y, order):
     # anyway; on a loaded machine its workers' hand-offs made a batch-32 epoch 2.3x slower than
     # the generic path (measured, load 14: 13.8 s against 5.9 s), and in parallel pieces they
     # contend with our threads (fused_mlp's NOTE)
-    from fastlib.training.fused_mlp import _single_threaded_blas
-
-    with _single_threaded_blas():
+    with single_threaded_blas():
         out = rk.epoch(*args)
-    loss_sum, correct, skipped, updates, diverged, bad_loss = out
-    plan.unflatten(w, params)
-    for s, flat in zip(opt.state_names, slots):
-        plan.unflatten(flat, state.slots[s])
-    state.t += int(updates)
-    ctx.step += n_batches if diverged < 0 else diverged + 1
-    samples = n if diverged < 0 else diverged * bs
-    if ctx.loss_type == "mse":
-        correct = None
-    elif plan.seq_out:
-        correct = float(correct) / steps   # per-step rows: the generic accuracy x batch rows
-    return EpochStats(loss_sum=float(loss_sum), correct=None if correct is None else
-                      float(correct), count=samples, skipped=int(skipped),
-                      diverged_batch=int(diverged), diverged_loss=float(bad_loss), fused=True)
+    # per-step rows: the generic path's accuracy counts a sequence's steps as one row each
+    return finish_epoch(ctx, plan, w, slots, out, n, bs, steps if plan.seq_out else 1.0)
 
 
 def _indices(model, x):

@@ -9,8 +9,9 @@ import numpy as np
 from fastlib import config
 from fastlib.layers.activations import ACTIVATIONS
 from fastlib.training import fused_kernels as fk
-from fastlib.training.algorithms import EpochStats
 from fastlib.training.compiled_paths import register_compiled_path
+from fastlib.training.epoch_state import (epoch_settings, finish_epoch, flat_state,
+                                          single_threaded_blas)
 from fastlib.training.fused_kernels import FUSED_ACTIVATIONS, LOSS_CODES  # noqa: F401 - public
 
 # NOTE (speed): every layer pair is cut into FUSED_PIECES pieces that run on up to that many
@@ -136,23 +137,8 @@ def pieces_for(model):
     return FUSED_PIECES if n_params >= SPLIT_MIN_PARAMS else 1
 
 
-_BLAS = {}
-
-
-def _single_threaded_blas():
-    """A context in which BLAS runs on the calling thread only (our threads run the pieces).
-
-    NOTE: Numba's ``np.dot`` calls SciPy's OpenBLAS; two of our threads each calling a
-    multi-threaded OpenBLAS took 100x longer (its workers spin and contend), and OpenBLAS's own
-    split of these small products is no faster than ours. The controller is built once, after
-    SciPy's BLAS is loaded, because building it scans every loaded library (~1 ms).
-    """
-    if "controller" not in _BLAS:
-        import scipy.linalg.cython_blas  # noqa: F401 - load the library Numba's np.dot uses
-        from threadpoolctl import ThreadpoolController
-
-        _BLAS["controller"] = ThreadpoolController()
-    return _BLAS["controller"].limit(limits=1, user_api="blas")
+# the MLP path was the first to need it; the other compiled paths import it from epoch_state
+_single_threaded_blas = single_threaded_blas
 
 
 def run_epoch(ctx, x, y, order):
@@ -185,11 +171,8 @@ def run_epoch(ctx, x, y, order):
         yi, yf = np.ascontiguousarray(y, dtype=np.int64).reshape(-1), np.zeros((0, 0), dtype)
     else:
         yi, yf = np.zeros(0, np.int64), np.ascontiguousarray(y, dtype=dtype).reshape(n, -1)
-    params, opt, state = ctx.params, ctx.optimizer, ctx.opt_state
-    w = plan.flatten(params)
-    slots = [plan.flatten(state.slots[s]) for s in opt.state_names]
-    while len(slots) < 2:
-        slots.append(np.zeros(0, dtype))
+    opt = ctx.optimizer
+    w, slots = flat_state(ctx, plan, dtype)
     g = np.zeros_like(w)
     dims = plan.dims
     n_pieces = plan.n_pieces
@@ -207,11 +190,7 @@ def run_epoch(ctx, x, y, order):
     post, pre, gout = (np.zeros(act_size, dtype) for _ in range(3))
     part = np.zeros(sum(part_sizes), dtype)
     logits, dz = np.zeros(bs * int(dims[-1]), dtype), np.zeros(bs * int(dims[-1]), dtype)
-    n_batches = -(-n // bs)
-    coeffs = opt.coefficient_table(state.t + 1, n_batches, ctx.lr, dtype)
-    clip = ctx.config.gradient_clip
-    clip_mode = fk.CLIP_NONE if clip == 0 else (fk.CLIP_VALUE if ctx.config.clip_mode == "value"
-                                                else fk.CLIP_NORM)
+    coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
     threads = min(n_pieces, config.num_threads())
     args = (x, yi, yf, np.ascontiguousarray(order, dtype=np.int64), bs, threads, dims, plan.cols,
             plan.w_off, plan.b_off, plan.blk, act_off, part_off, plan.codes,
@@ -222,19 +201,7 @@ def run_epoch(ctx, x, y, order):
             out = fk.epoch(*args)
     else:
         out = fk.epoch(*args)
-    loss_sum, correct, skipped, updates, diverged, bad_loss = out
-    plan.unflatten(w, params)
-    for s, flat in zip(opt.state_names, slots):
-        plan.unflatten(flat, state.slots[s])
-    state.t += int(updates)
-    batches_run = n_batches if diverged < 0 else diverged + 1
-    ctx.step += batches_run
-    samples = n if diverged < 0 else diverged * bs
-    stats = EpochStats(loss_sum=float(loss_sum),
-                       correct=None if ctx.loss_type == "mse" else float(correct),
-                       count=samples, skipped=int(skipped), diverged_batch=int(diverged),
-                       diverged_loss=float(bad_loss), fused=True)
-    return stats
+    return finish_epoch(ctx, plan, w, slots, out, n, bs)
 
 
 register_compiled_path("mlp", run_epoch)

@@ -1,0 +1,71 @@
+"""What every whole-epoch compiled path does around its kernel call: the run's parameters and
+optimizer state in and out of flat buffers, the epoch's optimizer coefficients and clipping,
+BLAS held to the calling thread, and the epoch's statistics.
+
+Each path supplies a layout with ``flatten(arrays) -> flat`` and ``unflatten(flat, arrays)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fastlib.training import fused_kernels as fk
+from fastlib.training.algorithms import EpochStats
+
+_BLAS = {}
+
+
+def single_threaded_blas():
+    """A context in which BLAS runs on the calling thread only (our threads run the pieces).
+
+    NOTE: Numba's ``np.dot`` calls SciPy's OpenBLAS; two of our threads each calling a
+    multi-threaded OpenBLAS took 100x longer (its workers spin and contend), and OpenBLAS's own
+    split of these small products is no faster than ours. The controller is built once, after
+    SciPy's BLAS is loaded, because building it scans every loaded library (~1 ms).
+    """
+    if "controller" not in _BLAS:
+        import scipy.linalg.cython_blas  # noqa: F401 - load the library Numba's np.dot uses
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS["controller"] = ThreadpoolController()
+    return _BLAS["controller"].limit(limits=1, user_api="blas")
+
+
+def flat_state(ctx, layout, dtype):
+    """``(w, [slot0, slot1])``: the parameters and the optimizer's state slots, flattened by
+    ``layout`` (an optimizer with fewer than two slots gets empty ones: the kernels take two)."""
+    w = layout.flatten(ctx.params)
+    slots = [layout.flatten(ctx.opt_state.slots[s]) for s in ctx.optimizer.state_names]
+    while len(slots) < 2:
+        slots.append(np.zeros(0, dtype))
+    return w, slots
+
+
+def epoch_settings(ctx, n_batches, dtype):
+    """``(coefficients, clip_mode, clip)`` of an epoch of ``n_batches`` steps: the optimizer's
+    per-step coefficients (``Optimizer.coefficient_table``) and the clipping code and value."""
+    coeffs = ctx.optimizer.coefficient_table(ctx.opt_state.t + 1, n_batches, ctx.lr, dtype)
+    clip = ctx.config.gradient_clip
+    clip_mode = fk.CLIP_NONE if clip == 0 else (fk.CLIP_VALUE if ctx.config.clip_mode == "value"
+                                                else fk.CLIP_NORM)
+    return coeffs, clip_mode, clip
+
+
+def finish_epoch(ctx, layout, w, slots, out, n, bs, correct_per_row=1.0):
+    """Write the epoch's parameters and state back and return its :class:`EpochStats`.
+
+    ``out`` is the kernels' ``(loss_sum, correct, skipped, updates, diverged, bad_loss)``;
+    ``diverged`` is the batch that stopped the epoch (-1: none). ``correct_per_row`` divides
+    the correct count (a path whose rows are time steps reports per-sequence accuracy sums).
+    """
+    loss_sum, correct, skipped, updates, diverged, bad_loss = out
+    layout.unflatten(w, ctx.params)
+    for s, flat in zip(ctx.optimizer.state_names, slots):
+        layout.unflatten(flat, ctx.opt_state.slots[s])
+    ctx.opt_state.t += int(updates)
+    n_batches = -(-n // bs)
+    ctx.step += n_batches if diverged < 0 else diverged + 1
+    samples = n if diverged < 0 else diverged * bs
+    return EpochStats(loss_sum=float(loss_sum),
+                      correct=None if ctx.loss_type == "mse" else float(correct) / correct_per_row,
+                      count=samples, skipped=int(skipped), diverged_batch=int(diverged),
+                      diverged_loss=float(bad_loss), fused=True)
