@@ -51,6 +51,7 @@ def _kill_during_writes(tmp_path, kills):
         finally:
             proc.kill()
             proc.wait()
+            proc.stderr.close()
         landed += bool(_temporaries(ck))
         if ck.exists():
             c = checkpoint.load_checkpoint(ck)  # never truncated
@@ -112,6 +113,7 @@ def test_a_second_writer_fails_naming_the_holder(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+        holder.stdout.close()
     # the holder died without releasing: the kernel dropped its lock, so the next run goes
     _train(ck)
     assert checkpoint.load_checkpoint(ck).epoch == 1
@@ -159,6 +161,8 @@ def test_sigterm_during_a_write_removes_the_temporary_file(tmp_path):
         assert proc.wait(timeout=30) == -signal.SIGTERM  # still ends by the signal
     finally:
         proc.kill()
+        proc.wait()
+        proc.stdout.close()
     assert list(tmp_path.iterdir()) == []
 
 
