@@ -5,7 +5,9 @@ transcendental functions and constants; ordinary arithmetic (``+ - * /``, compar
 ``np.sum``, ``np.matmul``, ``np.where``) works on both float64 arrays and object arrays of mpf,
 so the op code reads the same in both precisions.
 
-``numeric_for(dps)`` returns ``FLOAT64`` for ``dps=None`` and an ``Exact(dps)`` otherwise.
+``numeric_for(dps)`` returns ``FLOAT64`` for ``dps=None`` and an ``Exact(dps)`` for an int; a
+``reflib.running_error.RunningError`` (float64 values that carry a bound on the rounding error
+of the same formula at a given unit roundoff) passed as ``dps`` is returned as is.
 Exact work must run inside ``F.context()`` (``mpmath.workdps``), because mpf arithmetic rounds to
 the precision of the global mpmath context; ``F.result(value)`` rounds a finished result.
 """
@@ -189,6 +191,11 @@ FLOAT64 = Float64()
 
 
 def numeric_for(dps):
-    """The numeric object for ``dps``: ``FLOAT64`` when None, else ``Exact(dps)``."""
+    """The numeric object for ``dps``: ``FLOAT64`` when None, ``Exact(dps)`` for an int, and a
+    ``reflib.running_error.RunningError`` as given (its ``dps`` is itself)."""
+    from reflib.running_error import RunningError
+
+    if isinstance(dps, RunningError):
+        return dps
     dps = check_dps(dps)
     return FLOAT64 if dps is None else Exact(dps)
