@@ -6,8 +6,9 @@ transcendental functions and constants; ordinary arithmetic (``+ - * /``, compar
 so the op code reads the same in both precisions.
 
 ``numeric_for(dps)`` returns ``FLOAT64`` for ``dps=None`` and an ``Exact(dps)`` for an int; a
-``reflib.running_error.RunningError`` (float64 values that carry a bound on the rounding error
-of the same formula at a given unit roundoff) passed as ``dps`` is returned as is.
+numeric object passed as ``dps`` is returned as is: ``reflib.running_error.RunningError``
+(float64 values that carry a bound on the rounding error of the same formulas at a given unit
+roundoff), or one a caller supplies (the tests evaluate reflib's formulas in float32 so).
 Exact work must run inside ``F.context()`` (``mpmath.workdps``), because mpf arithmetic rounds to
 the precision of the global mpmath context; ``F.result(value)`` rounds a finished result.
 """
@@ -20,6 +21,12 @@ import mpmath
 import numpy as np
 
 __all__ = ["Float64", "Exact", "FLOAT64", "numeric_for", "check_dps", "is_real_scalar"]
+
+
+def _is_numeric(obj):
+    """A numeric object rather than a ``dps``: it has the interface the ops use."""
+    return all(hasattr(obj, name) for name in ("context", "asarray", "result", "const", "zeros",
+                                                "isfinite", "exp", "log", "sqrt", "tanh"))
 
 
 def check_dps(dps):
@@ -191,11 +198,10 @@ FLOAT64 = Float64()
 
 
 def numeric_for(dps):
-    """The numeric object for ``dps``: ``FLOAT64`` when None, ``Exact(dps)`` for an int, and a
-    ``reflib.running_error.RunningError`` as given (its ``dps`` is itself)."""
-    from reflib.running_error import RunningError
-
-    if isinstance(dps, RunningError):
+    """The numeric object for ``dps``: ``FLOAT64`` when None, ``Exact(dps)`` for an int; a
+    numeric object itself (``reflib.running_error.RunningError``, whose ``dps`` is itself, or
+    another object with this module's interface) is returned as is."""
+    if _is_numeric(dps):
         return dps
     dps = check_dps(dps)
     return FLOAT64 if dps is None else Exact(dps)
