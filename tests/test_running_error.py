@@ -157,6 +157,28 @@ def test_elementary_functions_are_within_their_radius(name):
 # ---------------------------------------------------------------------------------------------
 # whole formulas
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_function_of_a_computed_argument_carries_its_error(seed):
+    # exp and tanh of a float32 product of 60 terms of size ~15: the argument's absolute error
+    # (tens of u) becomes exp's relative error, and tanh's where it is not saturated; the radius
+    # must carry it through |f'| (a radius of u |f| alone is far too small)
+    rng = np.random.default_rng(500 + seed)
+    a = f32(rng.uniform(0.5, 1.5, (40, 60)))
+    w = f32(rng.uniform(-1, 1, (60, 3)) * 0.5)
+    for name, fn in (("exp", mpmath.exp), ("tanh", mpmath.tanh)):
+        op = OPS[name]
+        got = np.asarray(op.forward(F32, np.matmul(a, w)), np.float64)
+        with RE.context():
+            r = radii(op.forward(RE, OPS["matmul"].forward(RE, bounded(a), bounded(w))))
+        with mpmath.workdps(40):
+            arg = [[mpmath.fsum(mpmath.mpf(float(a[i, k])) * float(w[k, j]) for k in range(60))
+                    for j in range(3)] for i in range(40)]
+            exact = np.array([[float(fn(v)) for v in row] for row in arg])
+        check(got, exact, K_ORDER * r)
+        if name == "exp":   # the argument's error dominates: more than the 4 u libm may add
+            assert np.max(np.abs(got - exact) / exact) > K_ORDER * U
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_softmax_of_spread_logits_is_within_its_radius(seed):
     rng = np.random.default_rng(200 + seed)
