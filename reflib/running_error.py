@@ -159,9 +159,12 @@ class Bounded:
 
 def _divide(a, ar, b, br):
     v = a / b
-    # |a/b - a'/b'| <= (|a - a'| + |a/b| |b - b'|) / |b'|, |b'| >= |b| - br (the interval bound)
-    low = abs(b) - br
-    r = (ar + abs(v) * br) / low if low > 0 else math.inf
+    # |a/b - a'/b'| <= (|a - a'| + |a/b| |b - b'|) / |b'|, |b'| >= |b| - br (the interval
+    # bound); NOTE: a divisor within its radius of 0 has no finite bound, and the first-order
+    # one (|b'| taken as |b| / 2 at worst) is kept rather than an infinity that would excuse
+    # any error downstream
+    low = max(abs(b) - br, 0.5 * abs(b))
+    r = (ar + abs(v) * br) / low
     if not (br == 0.0 and _exact_factor(b)):
         r += _u() * abs(v)
     return Bounded(v, r)

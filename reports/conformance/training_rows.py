@@ -320,13 +320,18 @@ def running_radius(model, x, y, loss, dtype):
     """The running error bound (``reflib.running_error``) of reflib's loss and gradient of
     ``model`` on one batch, at the unit roundoff of ``dtype``: ``({name: radii}, loss radius)``.
     It bounds, to first order, the rounding error of the same formulas evaluated in ``dtype``
-    from the model's current parameters, entry by entry."""
+    from the model's current parameters, entry by entry. A radius that is not finite (a
+    formula with no first-order bound there) counts as 0: it must not excuse every error."""
     from reflib.running_error import RunningError, radii
     from reflib.train import value_and_grad
 
+    def finite(r):
+        return np.where(np.isfinite(r), r, 0.0)
+
     with np.errstate(all="ignore"):
         loss_value, grads = value_and_grad(model, x, y, loss, dps=RunningError(_eps(dtype) / 2))
-    return {k: radii(g) for k, g in grads.items()}, float(loss_value.r)
+    return ({k: finite(radii(g)) for k, g in grads.items()},
+            float(finite(np.array(loss_value.r))))
 
 
 def _condition(case, params, x, y):
