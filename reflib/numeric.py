@@ -5,10 +5,8 @@ transcendental functions and constants; ordinary arithmetic (``+ - * /``, compar
 ``np.sum``, ``np.matmul``, ``np.where``) works on both float64 arrays and object arrays of mpf,
 so the op code reads the same in both precisions.
 
-``numeric_for(dps)`` returns ``FLOAT64`` for ``dps=None`` and an ``Exact(dps)`` for an int; a
-numeric object passed as ``dps`` is returned as is: ``reflib.running_error.RunningError``
-(float64 values that carry a bound on the rounding error of the same formulas at a given unit
-roundoff), or one a caller supplies (the tests evaluate reflib's formulas in float32 so).
+``numeric_for(dps)`` returns ``FLOAT64`` for ``dps=None``, an ``Exact(dps)`` for an int, and a
+numeric object passed as ``dps`` as is (``reflib.running_error.RunningError``, or a caller's own).
 Exact work must run inside ``F.context()`` (``mpmath.workdps``), because mpf arithmetic rounds to
 the precision of the global mpmath context; ``F.result(value)`` rounds a finished result.
 """

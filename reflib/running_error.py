@@ -1,28 +1,12 @@
 """Running error analysis: reflib's own formulas evaluated with a bound on their rounding error.
 
-``RunningError(u)`` is a numeric (see reflib.numeric) whose array entries are ``Bounded``
-scalars: a value (float64) and a radius. The radius bounds, to first order, how far an
-evaluation of the *same formula* in a binary floating-point format of unit roundoff ``u``
-(float32: ``2**-24``; float64: ``2**-53``) can land from the exact value of that formula, when
-every operation is rounded to nearest (the model ``fl(a op b) = (a op b)(1 + δ)``, ``|δ| <= u``)
-and the leaves (inputs, parameters, targets) are exact. Each operation
+``RunningError(u)`` is a numeric (see reflib.numeric) whose entries are ``Bounded`` scalars, a
+float64 value and a radius. The radius bounds, to first order, how far an evaluation of the
+same formula at unit roundoff ``u`` (float32: ``2**-24``) can land from its exact value, each
+operation rounded to nearest: inputs' radii carried through ``|derivative|``, plus ``u`` times
+the result for every operation that rounds. Pass it where reflib takes ``dps``.
 
-- propagates its inputs' radii through the absolute value of its partial derivatives, and
-- adds its own rounding, ``u * |result|``, unless the result is exact in any binary format
-  (a sum with an exact 0, a product with an exact 0, 1 or power of two).
-
-A sum of ``n`` terms is ``n - 1`` additions, each adding the rounding of its partial sum: the
-running error bound of recursive summation (Higham, *Accuracy and Stability of Numerical
-Algorithms*, section 3.3). ``np.sum`` and ``np.matmul`` over object arrays add left to right,
-so reflib's reductions and matrix products take that form unchanged.
-
-The values are float64 evaluations; the radius is a first-order bound (its error is of order
-``u * radius``), which is what a bound on rounding needs as long as the formula is not so badly
-conditioned that the radius is comparable to the value. Work runs inside ``F.context()``, as
-exact work runs inside mpmath's precision context: the unit roundoff is set there.
-
-The long story (how the train rows use it): docs/reports.md, section
-``reports/conformance/training_rows.py``.
+The long story: docs/reflib.md, section ``reflib/running_error.py``.
 """
 from __future__ import annotations
 
