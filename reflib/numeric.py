@@ -5,7 +5,8 @@ transcendental functions and constants; ordinary arithmetic (``+ - * /``, compar
 ``np.sum``, ``np.matmul``, ``np.where``) works on both float64 arrays and object arrays of mpf,
 so the op code reads the same in both precisions.
 
-``numeric_for(dps)`` returns ``FLOAT64`` for ``dps=None`` and an ``Exact(dps)`` otherwise.
+``numeric_for(dps)`` returns ``FLOAT64`` for ``dps=None``, an ``Exact(dps)`` for an int, and a
+numeric object passed as ``dps`` as is (``reflib.running_error.RunningError``, or a caller's own).
 Exact work must run inside ``F.context()`` (``mpmath.workdps``), because mpf arithmetic rounds to
 the precision of the global mpmath context; ``F.result(value)`` rounds a finished result.
 """
@@ -18,6 +19,12 @@ import mpmath
 import numpy as np
 
 __all__ = ["Float64", "Exact", "FLOAT64", "numeric_for", "check_dps", "is_real_scalar"]
+
+
+def _is_numeric(obj):
+    """A numeric object rather than a ``dps``: it has the interface the ops use."""
+    return all(hasattr(obj, name) for name in ("context", "asarray", "result", "const", "zeros",
+                                                "isfinite", "exp", "log", "sqrt", "tanh"))
 
 
 def check_dps(dps):
@@ -189,6 +196,10 @@ FLOAT64 = Float64()
 
 
 def numeric_for(dps):
-    """The numeric object for ``dps``: ``FLOAT64`` when None, else ``Exact(dps)``."""
+    """The numeric object for ``dps``: ``FLOAT64`` when None, ``Exact(dps)`` for an int; a
+    numeric object itself (``reflib.running_error.RunningError``, whose ``dps`` is itself, or
+    another object with this module's interface) is returned as is."""
+    if _is_numeric(dps):
+        return dps
     dps = check_dps(dps)
     return FLOAT64 if dps is None else Exact(dps)

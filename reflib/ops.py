@@ -16,7 +16,7 @@ import optable
 from optable import UnknownOpError
 from reflib import _ops_binary, _ops_elementwise, _ops_loss, _ops_norm, _ops_reduce, _ops_structure
 from reflib._ops_common import OpDef
-from reflib.numeric import FLOAT64, GUARD_DIGITS, numeric_for
+from reflib.numeric import GUARD_DIGITS, Exact, numeric_for
 from spec.precision import converge
 
 __all__ = ["forward", "vjp", "vjp_from_output", "OPS", "UnknownOpError", "op_names"]
@@ -121,7 +121,7 @@ def _at_converged_precision(F, compute):
     """Run ``compute`` once in float64, or, exactly, at a working precision that grows until
     its results stop moving (spec.precision: saturated tails such as 1 - tanh(80)^2 cancel at
     any fixed number of guard digits)."""
-    if F is FLOAT64:
+    if not isinstance(F, Exact):   # float64, or running error bounds (reflib.running_error)
         with F.context():
             return compute()
     return converge(compute, F.dps, GUARD_DIGITS)
@@ -166,7 +166,7 @@ def _vjp(name, inputs, output, grad, dps, params):
     merged = _params(name, op, params)
     # NOTE: exactly, a given output is not used: it was rounded to dps digits, and formulas such
     # as tanh's 1 - result^2 would cancel in it; the forward is recomputed at working precision.
-    use_output = output is not None and F is FLOAT64
+    use_output = output is not None and not isinstance(F, Exact)
 
     def compute():
         arrays = _inputs(name, op, inputs, F)

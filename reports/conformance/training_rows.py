@@ -15,12 +15,14 @@ from reports.conformance.training_cases import EpochCase
 
 __all__ = ["check_epochs", "reference_run", "chain_ops", "depth_factor", "gradient_allowance",
            "loss_condition", "parameter_bounds", "feedback", "check_train_step", "train_rows", "reproduction", "EXACT_DPS", "K_GRAD", "K_STEP",
-           "EXAMPLES"]
+           "K_ORDER", "EXAMPLES", "running_radius"]
 
 EXACT_DPS = 30          # exact references: 30 digits, 14 beyond float64
 K_GRAD = 16.0           # roundings per operation on the chain (module doc)
 K_STEP = 32.0           # roundings per optimizer step (spec.optimizers' table: ~10 per element)
-K_MEASURED = 32.0        # times the error an independent float64 evaluation made (module doc)
+K_ORDER = 4.0           # times the running error bound of reflib's formulas: the bound
+                        # assumes each rounding <= u |result| (correctly rounded); libm's
+                        # exp, log, log1p, tanh, erf may be 2 ulp off, <= 4 u |result| (module doc)
 EPS64 = 2.0 ** -52
 TENSOR_ZERO = 1e-6      # a tensor below this fraction of its layer's scale is "0 as a whole"
 LAYER_ZERO = 1e-4       # a layer below this fraction of the model's scale: its terms cancel
@@ -151,19 +153,19 @@ def tensor_scales(grads, floor=0.0, at_layer=None):
             for k, r in rms.items()}
 
 
-def gradient_allowance(grads, dtype, depth, condition=(1.0, 0.0), error64=None,
+def gradient_allowance(grads, dtype, depth, condition=(1.0, 0.0), radius=None,
                        at_layer=None):
     """Admissible error ``A`` of every gradient entry (module doc); ``condition`` is the
-    batch's ``loss_condition`` (factor, terms' scale), ``error64`` the entries' error in an
-    independent float64 evaluation (None when there is none)."""
+    batch's ``loss_condition`` (factor, terms' scale), ``radius`` the entries' running error
+    bound at the dtype's unit roundoff (``running_radius``; None when there is none)."""
     condition, terms = condition
     scales = tensor_scales(grads, terms, at_layer)
     eps = _eps(dtype)
     out = {}
     for k, g in grads.items():
         a = K_GRAD * eps * (depth + condition) * (np.abs(_f(g)) + scales[k])
-        if error64 is not None:
-            a = a + K_MEASURED * (eps / EPS64) * error64[k]
+        if radius is not None:
+            a = a + K_ORDER * radius[k]
         out[k] = a
     return out
 
@@ -304,15 +306,32 @@ def reference_run(case, params0, exact):
             step = {"rows": idx, "loss": float(loss), "grads": grads,
                     "params": {k: _f(v) for k, v in params.items()},
                     "condition": _condition(case, before, x[idx], y[idx])}
-            if exact:   # an independent float64 evaluation, for its error (module doc)
+            if exact:   # the rounding error bound of the same formulas (module doc)
                 model.load_parameters(before)
-                loss64, grads64 = value_and_grad(model, x[idx], y[idx], case.loss)
-                step["error64"] = {k: np.abs(grads64[k] - _f(g)) for k, g in grads.items()}
-                step["loss_error64"] = abs(loss64 - float(loss))
+                step["radius"], step["loss_radius"] = running_radius(
+                    model, x[idx], y[idx], case.loss, case.dtype)
                 model.load_parameters(params)
             steps.append(step)
         losses.append(float(total / n))
     return Reference(steps, losses, orders, clip, params)
+
+
+def running_radius(model, x, y, loss, dtype):
+    """The running error bound (``reflib.running_error``) of reflib's loss and gradient of
+    ``model`` on one batch, at the unit roundoff of ``dtype``: ``({name: radii}, loss radius)``.
+    It bounds, to first order, the rounding error of the same formulas evaluated in ``dtype``
+    from the model's current parameters, entry by entry. A radius that is not finite (a
+    formula with no first-order bound there) counts as 0: it must not excuse every error."""
+    from reflib.running_error import RunningError, radii
+    from reflib.train import value_and_grad
+
+    def finite(r):
+        return np.where(np.isfinite(r), r, 0.0)
+
+    with np.errstate(all="ignore"):
+        loss_value, grads = value_and_grad(model, x, y, loss, dps=RunningError(_eps(dtype) / 2))
+    return ({k: finite(radii(g)) for k, g in grads.items()},
+            float(finite(np.array(loss_value.r))))
 
 
 def _condition(case, params, x, y):
@@ -488,7 +507,7 @@ def check_epochs(case: EpochCase):
         return result.fail(f"fastlib.value_and_grad raised {type(exc).__name__}: {exc}")
     at_layer = layer_scaled(case.config)
     allowances = [gradient_allowance(s["grads"], dtype, depth, s["condition"],
-                                     s.get("error64"), at_layer) for s in ref.steps]
+                                     s.get("radius"), at_layer) for s in ref.steps]
     scales = tensor_scales(first["grads"], first["condition"][1], at_layer)
     for k, g in first["grads"].items():
         if k not in grads:
@@ -536,7 +555,7 @@ def check_epochs(case: EpochCase):
             drift = sum(float(np.sum(np.abs(_f(step["grads"][k])) * before[k])) for k in before)
             allowed += len(step["rows"]) / n * (
                 K_GRAD * eps * depth * abs(step["loss"]) + drift
-                + K_MEASURED * (eps / EPS64) * step.get("loss_error64", 0.0))
+                + K_ORDER * step.get("loss_radius", 0.0))
         got = run.loss_history[e] if e < len(run.loss_history) else math.nan
         result.measures.append(_measure(f"loss epoch {e + 1}", np.array(got),
                                         np.array(ref.epoch_losses[e]),

@@ -120,6 +120,45 @@ def test_attention_key_bias_rows_pass_with_an_exactly_zero_gradient():
     assert any(m.what == "gradient 0.b_k" for m in result.measures)
 
 
+def _cancelling_cases():
+    """Clean runs whose gradients cancel inside the model: a two-wide LayerNorm over two inputs
+    1e-3 apart around 2..8 (its mean's rounding is divided by their tiny spread), and
+    attention feeding a two-wide LayerNorm."""
+    rng = np.random.default_rng(11)
+    a = rng.uniform(2, 8, (6, 1))
+    x = np.concatenate([a, a + rng.uniform(1e-3, 3e-3, (6, 1))], axis=1)
+    norm = EpochCase({"type": "Sequential", "layers": [
+        {"type": "LayerNorm", "d": 2, "eps": 1e-5},
+        {"type": "Dense", "in_features": 2, "out_features": 2, "activation": "linear"}]},
+        x, rng.uniform(-1, 1, (6, 2)), "mse", 3, "float64", "Adam", 0.01, 3, 2, True,
+        label="two-wide LayerNorm over nearly equal inputs")
+    rng = np.random.default_rng(12)
+    attention = EpochCase({"type": "Sequential", "layers": [
+        {"type": "MultiHeadAttention", "d_model": 2, "heads": 1, "causal": False},
+        {"type": "LayerNorm", "d": 2, "eps": 1e-5},
+        {"type": "Dense", "in_features": 2, "out_features": 2, "activation": "linear"}]},
+        np.array([[[0.5478467492858172, -0.9208531449445188],
+                   [-1.8361059042552212, -1.9338894578858836]],
+                  [[1.2530809568010897, 1.6510223091108869],
+                   [0.42654310306871945, 0.9179862439359936]],
+                  [[0.17449996586169148, 1.740289695151073],
+                   [1.2634142164861286, -1.9890459993194076]]]),
+        rng.uniform(-1, 1, (3, 2, 2)), "mse", 0, "float64", "SGD", 0.01, 1, 2, True,
+        path="compiled", label="attention into a two-wide LayerNorm")
+    return [norm, attention]
+
+
+@pytest.mark.parametrize("case", _cancelling_cases(), ids=lambda c: c.label)
+def test_the_running_error_term_is_what_admits_a_cancelling_clean_run(case, monkeypatch):
+    # the clean engine's error here is rounding amplified by the formula's conditioning: the
+    # running error bound of reflib's formulas admits it; without that term the first,
+    # conditioning-blind term alone rejects the clean engine
+    result = tr.check_epochs(case)
+    assert result.ok, result.describe()
+    monkeypatch.setattr(tr, "K_ORDER", 0.0)
+    assert not tr.check_epochs(case).ok
+
+
 def test_loss_condition_grows_as_the_fit_closes():
     y = np.array([[0], [1]])
     far, terms = tr.loss_condition("cross_entropy", np.zeros((2, 2)), y)
