@@ -25,6 +25,10 @@ class MultiHeadAttention(Layer):
         As for ``Dense``.
     """
 
+    _in_attr = _out_attr = "d_model"
+    _label_attrs = ("d_model", "heads")
+    _input_rank, _feature_name = 3, "d_model"
+
     def __init__(self, d_model, heads, causal=False, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
         owner = "MultiHeadAttention"
@@ -42,22 +46,6 @@ class MultiHeadAttention(Layer):
         params = {f"w_{n}": xavier_uniform(rng, (d, d)) for n in "qkvo"}
         params.update({f"b_{n}": np.zeros(d) for n in "qkvo"})
         return params
-
-    @property
-    def in_width(self):
-        return self.d_model
-
-    def out_width(self, in_width):
-        return self.d_model
-
-    def infer_shape(self, shape):
-        if len(shape) != 3 or shape[-1] != self.d_model:
-            raise ValueError(f"MultiHeadAttention({self.d_model}, {self.heads}): expected input "
-                             f"(batch, seq, d_model) = (batch, seq, {self.d_model}), got shape "
-                             f"{tuple(shape)}")
-        if shape[1] < 1:
-            raise ValueError(f"MultiHeadAttention: the sequence is empty (shape {tuple(shape)})")
-        return tuple(shape)
 
     def _stacked_qkv(self):
         """``[w_q | w_k | w_v]`` (d, 3d) and ``[b_q | b_k | b_v]`` (3d,): one GEMM for all three

@@ -96,6 +96,16 @@ def check_eps(value, owner):
     return float(value)
 
 
+def require_sequence(shape, width, owner, what="features"):
+    """Check a ``(batch, seq, width)`` input with at least one step; raise a ValueError."""
+    if len(shape) != 3 or shape[-1] != width:
+        raise ValueError(f"{owner}: expected input (batch, seq, {what}) = (batch, seq, "
+                         f"{width}), got shape {tuple(shape)}")
+    if shape[1] < 1:
+        raise ValueError(f"{owner}: the sequence is empty (shape {tuple(shape)}); pass at "
+                         "least one time step")
+
+
 def require_last(shape, last, owner, what="features", ndim=None):
     """Check an input shape's rank and last axis; raise a ValueError naming both shapes."""
     if ndim is not None and len(shape) != ndim:
@@ -324,22 +334,50 @@ class Layer:
         raise NotImplementedError(f"{type(self).__name__} must implement backward")
 
     def infer_shape(self, shape):
-        """Output shape for input ``shape``; ValueError when the input does not fit."""
-        raise NotImplementedError(f"{type(self).__name__} must implement infer_shape")
+        """Output shape for input ``shape``; ValueError when the input does not fit.
+
+        The default serves the layers that declare their widths (``_in_attr``, below): the
+        input's last axis must be ``in_width`` (and its rank ``_input_rank`` when set), and the
+        output is the input with that axis replaced by ``out_width``.
+        """
+        if self._in_attr is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement infer_shape")
+        width, label = self.in_width, self._shape_label()
+        if self._input_rank == 3:
+            require_sequence(shape, width, label, self._feature_name)
+        else:
+            require_last(shape, width, label, self._feature_name, ndim=self._input_rank)
+        return tuple(shape[:-1]) + (self.out_width(width),)
 
     def get_config(self):
         """Architecture as a plain dict with a ``"type"`` key (``fastlib.layers.from_config``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_config")
 
     # -- widths known without an input, for container checks at construction ------------------
+    # NOTE: declared, not written per layer: a layer names the attributes holding its input and
+    # output widths, and the ones that label it in shape errors ("Dense(3, 2)"); in_width,
+    # out_width and infer_shape read them. None keeps the defaults (any width, unchanged).
+    _in_attr = None
+    _out_attr = None
+    _label_attrs = ()
+    #: The rank the input must have (3: a sequence ``(batch, seq, features)``; None: any).
+    _input_rank = None
+    #: What the entries of the input's last axis are called in shape errors.
+    _feature_name = "features"
+
     @property
     def in_width(self):
         """Size of the input's last axis this layer requires, or None when any size fits."""
-        return None
+        return None if self._in_attr is None else getattr(self, self._in_attr)
 
     def out_width(self, in_width):
         """Size of the output's last axis for an input last axis ``in_width`` (None: unknown)."""
-        return in_width
+        return in_width if self._out_attr is None else getattr(self, self._out_attr)
+
+    def _shape_label(self):
+        """The layer as shape errors name it: its class and sizes, e.g. ``Dense(3, 2)``."""
+        sizes = ", ".join(str(getattr(self, a)) for a in self._label_attrs)
+        return f"{type(self).__name__}({sizes})"
 
     # -- misc ---------------------------------------------------------------------------------
     def _cotangent(self, grad_out):

@@ -9,8 +9,7 @@ import numpy as np
 
 from fastlib.kernels import dense as kernels
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE, LINEAR, check_activation
-from fastlib.layers.base import (RELU_FAMILY, Layer, check_positive_int, he_normal, require_last,
-                                 xavier_uniform)
+from fastlib.layers.base import RELU_FAMILY, Layer, check_positive_int, he_normal, xavier_uniform
 
 
 def as_matrix(x, width):
@@ -38,6 +37,9 @@ class Dense(Layer):
     Input ``(..., in_features)``, output ``(..., out_features)``.
     """
 
+    _in_attr, _out_attr = "in_features", "out_features"
+    _label_attrs = ("in_features", "out_features")
+
     def __init__(self, in_features, out_features, activation="linear", *, dtype=np.float32,
                  seed=None, rng=None):
         super().__init__(dtype)
@@ -52,17 +54,6 @@ class Dense(Layer):
         shape = (self.in_features, self.out_features)
         draw = he_normal if self.activation in RELU_FAMILY else xavier_uniform
         return {"weight": draw(rng, shape), "bias": np.zeros(self.out_features)}
-
-    @property
-    def in_width(self):
-        return self.in_features
-
-    def out_width(self, in_width):
-        return self.out_features
-
-    def infer_shape(self, shape):
-        require_last(shape, self.in_features, f"Dense({self.in_features}, {self.out_features})")
-        return tuple(shape[:-1]) + (self.out_features,)
 
     def forward(self, x):
         w, b = self._params["weight"], self._params["bias"]

@@ -22,6 +22,7 @@ class Embedding(Layer):
     """
 
     takes_indices = True
+    _out_attr = "dim"
 
     def __init__(self, num, dim, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
@@ -31,9 +32,6 @@ class Embedding(Layer):
 
     def _init_parameters(self, rng):
         return {"weight": xavier_uniform(rng, (self.num, self.dim))}
-
-    def out_width(self, in_width):
-        return self.dim
 
     def infer_shape(self, shape):
         return tuple(shape) + (self.dim,)

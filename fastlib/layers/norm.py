@@ -6,7 +6,7 @@ import numbers
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, check_eps, check_positive_int, make_rng, require_last
+from fastlib.layers.base import Layer, check_eps, check_positive_int, make_rng
 from fastlib.layers.dense import as_matrix
 
 
@@ -22,6 +22,9 @@ class LayerNorm(Layer):
         As for ``Dense`` (nothing is drawn; accepted for a uniform signature).
     """
 
+    _in_attr = _out_attr = "d"
+    _label_attrs = ("d",)
+
     def __init__(self, d, eps=1e-5, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
         self.d = check_positive_int(d, "d", "LayerNorm")
@@ -30,17 +33,6 @@ class LayerNorm(Layer):
 
     def _init_parameters(self, rng):
         return {"weight": np.ones(self.d), "bias": np.zeros(self.d)}
-
-    @property
-    def in_width(self):
-        return self.d
-
-    def out_width(self, in_width):
-        return self.d
-
-    def infer_shape(self, shape):
-        require_last(shape, self.d, f"LayerNorm({self.d})")
-        return tuple(shape)
 
     def forward(self, x):
         x2 = as_matrix(x, self.d)
@@ -78,6 +70,9 @@ class RMSNorm(Layer):
         As for ``LayerNorm``.
     """
 
+    _in_attr = _out_attr = "d"
+    _label_attrs = ("d",)
+
     def __init__(self, d, eps=1e-6, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
         self.d = check_positive_int(d, "d", "RMSNorm")
@@ -86,17 +81,6 @@ class RMSNorm(Layer):
 
     def _init_parameters(self, rng):
         return {"weight": np.ones(self.d)}
-
-    @property
-    def in_width(self):
-        return self.d
-
-    def out_width(self, in_width):
-        return self.d
-
-    def infer_shape(self, shape):
-        require_last(shape, self.d, f"RMSNorm({self.d})")
-        return tuple(shape)
 
     def forward(self, x):
         x2 = as_matrix(x, self.d)

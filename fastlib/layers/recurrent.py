@@ -18,6 +18,9 @@ class _Recurrent(Layer):
     """Shared shell of RNN and LSTM: sizes, shapes, layout changes and the GEMMs."""
 
     _gates = 1  # columns of w_ih per hidden unit (LSTM: 4)
+    _in_attr, _out_attr = "input_size", "hidden_size"
+    _label_attrs = ("input_size", "hidden_size")
+    _input_rank = 3
 
     def __init__(self, input_size, hidden_size, return_sequences=False, *, dtype=np.float32,
                  seed=None, rng=None):
@@ -33,24 +36,9 @@ class _Recurrent(Layer):
         return {"w_ih": xavier_uniform(rng, (i, k * h)), "w_hh": xavier_uniform(rng, (h, k * h)),
                 "b": np.zeros(k * h)}
 
-    @property
-    def in_width(self):
-        return self.input_size
-
-    def out_width(self, in_width):
-        return self.hidden_size
-
     def infer_shape(self, shape):
-        owner = f"{type(self).__name__}({self.input_size}, {self.hidden_size})"
-        if len(shape) != 3 or shape[-1] != self.input_size:
-            raise ValueError(f"{owner}: expected input (batch, seq, features) = (batch, seq, "
-                             f"{self.input_size}), got shape {tuple(shape)}")
-        if shape[1] < 1:
-            raise ValueError(f"{owner}: the sequence is empty (shape {tuple(shape)}); pass at "
-                             "least one time step")
-        if self.return_sequences:
-            return (shape[0], shape[1], self.hidden_size)
-        return (shape[0], self.hidden_size)
+        out = super().infer_shape(shape)
+        return out if self.return_sequences else (out[0], out[2])
 
     def get_config(self):
         return {"type": type(self).__name__, "input_size": self.input_size,
