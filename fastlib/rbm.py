@@ -19,7 +19,7 @@ from fastlib.kernels import dense as dense_kernels
 from fastlib.kernels import rbm as kernels
 from fastlib.layers import config as layer_config
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
-from fastlib.layers.base import Layer, check_positive_int
+from fastlib.layers.base import Layer, set_sizes
 from fastlib.training.algorithms import BatchResult, EpochStats, register_algorithm
 from fastlib.training.clipping import clip_gradients
 
@@ -61,8 +61,7 @@ class RBM(Layer):
 
     def __init__(self, visible, hidden, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        self.visible = check_positive_int(visible, "visible", "RBM")
-        self.hidden = check_positive_int(hidden, "hidden", "RBM")
+        set_sizes(self, visible=visible, hidden=hidden)
         self.hist_post = None
         self.history = {"reconstruction_error": [], "free_energy": []}
         self.reset_parameters(seed, rng)

@@ -5,7 +5,7 @@ import numpy as np
 
 from fastlib.kernels import attention as kernels
 from fastlib.kernels import reduce as _reduce
-from fastlib.layers.base import Layer, check_bool, check_positive_int, xavier_uniform
+from fastlib.layers.base import Layer, check_bool, check_heads, set_sizes, xavier_uniform
 
 
 class MultiHeadAttention(Layer):
@@ -31,14 +31,9 @@ class MultiHeadAttention(Layer):
 
     def __init__(self, d_model, heads, causal=False, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        owner = "MultiHeadAttention"
-        self.d_model = check_positive_int(d_model, "d_model", owner)
-        self.heads = check_positive_int(heads, "heads", owner)
-        if self.d_model % self.heads:
-            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
-            raise ValueError(f"{owner}: heads ({heads}) must divide d_model ({d_model}); pick "
-                             f"one of {divisors}")
-        self.causal = check_bool(causal, "causal", owner)
+        set_sizes(self, d_model=d_model, heads=heads)
+        check_heads(self)
+        self.causal = check_bool(causal, "causal", "MultiHeadAttention")
         self.reset_parameters(seed, rng)
 
     def _init_parameters(self, rng):

@@ -4,24 +4,17 @@ The long story: docs/fastlib.md, section ``fastlib/layers/base.py``.
 """
 from __future__ import annotations
 
-import difflib
 import numbers
 
 import numpy as np
 
 from fastlib.io import save_model
+# the constructor checks and initial draws reflib's layers make too (one seed, one draw)
+from optable.layers import (RELU_FAMILY, check_bool, check_eps, check_heads,  # noqa: F401
+                            check_positive_int, close_matches, he_normal, set_sizes,
+                            xavier_uniform)
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-# NOTE: "relu-family" for He initialisation is exactly relu and leaky_relu, as in reflib.models,
-# so that one seed gives both engines the same initial parameters.
-RELU_FAMILY = frozenset({"relu", "leaky_relu"})
-
-
-def close_matches(name, options):
-    """A ``"; did you mean ...?"`` suffix for an unknown ``name`` among ``options``."""
-    found = difflib.get_close_matches(str(name), [str(o) for o in options], n=3, cutoff=0.5)
-    return f"; did you mean {', '.join(repr(f) for f in found)}?" if found else ""
 
 
 def check_dtype(dtype, owner):
@@ -59,41 +52,6 @@ def make_rng(seed=None, rng=None):
         raise TypeError(f"seed must be an int or a numpy.random.Generator, got "
                         f"{type(seed).__name__}; use seed=0 or numpy.random.default_rng(0)")
     return np.random.default_rng(int(seed))
-
-
-def he_normal(rng, shape):
-    """He (Kaiming) normal: N(0, 2 / fan_in) with fan_in = shape[0] (``y = x @ W``)."""
-    return rng.standard_normal(shape) * np.sqrt(2.0 / shape[0])
-
-
-def xavier_uniform(rng, shape):
-    """Xavier (Glorot) uniform: U(-a, a) with a = sqrt(6 / (shape[0] + shape[1]))."""
-    limit = np.sqrt(6.0 / (shape[0] + shape[1]))
-    return rng.uniform(-limit, limit, size=shape)
-
-
-def check_positive_int(value, what, owner):
-    """A size argument of a layer constructor as an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{owner}: {what} must be a positive int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{owner}: {what} must be >= 1, got {value}")
-    return int(value)
-
-
-def check_bool(value, what, owner):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{owner}: {what} must be True or False, got {value!r}")
-    return bool(value)
-
-
-def check_eps(value, owner):
-    """A normalisation epsilon: a positive finite float."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{owner}: eps must be a positive float, got {value!r}")
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"{owner}: eps must be positive and finite, got {value!r}")
-    return float(value)
 
 
 def require_sequence(shape, width, owner, what="features"):

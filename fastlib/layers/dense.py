@@ -9,7 +9,7 @@ import numpy as np
 
 from fastlib.kernels import dense as kernels
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE, LINEAR, check_activation
-from fastlib.layers.base import RELU_FAMILY, Layer, check_positive_int, he_normal, xavier_uniform
+from fastlib.layers.base import RELU_FAMILY, Layer, he_normal, set_sizes, xavier_uniform
 
 
 def as_matrix(x, width):
@@ -43,8 +43,7 @@ class Dense(Layer):
     def __init__(self, in_features, out_features, activation="linear", *, dtype=np.float32,
                  seed=None, rng=None):
         super().__init__(dtype)
-        self.in_features = check_positive_int(in_features, "in_features", "Dense")
-        self.out_features = check_positive_int(out_features, "out_features", "Dense")
+        set_sizes(self, in_features=in_features, out_features=out_features)
         self.activation = check_activation(activation, "Dense")
         self._code = ACTIVATIONS[self.activation]
         self.hist_post = None

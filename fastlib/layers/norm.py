@@ -6,7 +6,7 @@ import numbers
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, check_eps, check_positive_int, make_rng
+from fastlib.layers.base import Layer, check_eps, make_rng, set_sizes
 from fastlib.layers.dense import as_matrix
 
 
@@ -27,7 +27,7 @@ class LayerNorm(Layer):
 
     def __init__(self, d, eps=1e-5, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        self.d = check_positive_int(d, "d", "LayerNorm")
+        set_sizes(self, d=d)
         self.eps = check_eps(eps, "LayerNorm")
         self.reset_parameters(seed, rng)
 
@@ -75,7 +75,7 @@ class RMSNorm(Layer):
 
     def __init__(self, d, eps=1e-6, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        self.d = check_positive_int(d, "d", "RMSNorm")
+        set_sizes(self, d=d)
         self.eps = check_eps(eps, "RMSNorm")
         self.reset_parameters(seed, rng)
 

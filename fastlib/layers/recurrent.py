@@ -11,7 +11,7 @@ import numpy as np
 
 from fastlib.kernels import recurrent as kernels
 from fastlib.kernels import reduce as _reduce
-from fastlib.layers.base import Layer, check_bool, check_positive_int, xavier_uniform
+from fastlib.layers.base import Layer, check_bool, set_sizes, xavier_uniform
 
 
 class _Recurrent(Layer):
@@ -26,8 +26,7 @@ class _Recurrent(Layer):
                  seed=None, rng=None):
         super().__init__(dtype)
         owner = type(self).__name__
-        self.input_size = check_positive_int(input_size, "input_size", owner)
-        self.hidden_size = check_positive_int(hidden_size, "hidden_size", owner)
+        set_sizes(self, input_size=input_size, hidden_size=hidden_size)
         self.return_sequences = check_bool(return_sequences, "return_sequences", owner)
         self.reset_parameters(seed, rng)
 

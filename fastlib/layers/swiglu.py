@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, check_positive_int, xavier_uniform
+from fastlib.layers.base import Layer, set_sizes, xavier_uniform
 from fastlib.layers.dense import as_matrix
 
 
@@ -27,9 +27,7 @@ class SwiGLU(Layer):
 
     def __init__(self, d, hidden, out, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        self.d = check_positive_int(d, "d", "SwiGLU")
-        self.hidden = check_positive_int(hidden, "hidden", "SwiGLU")
-        self.out = check_positive_int(out, "out", "SwiGLU")
+        set_sizes(self, d=d, hidden=hidden, out=out)
         self.reset_parameters(seed, rng)
 
     def _init_parameters(self, rng):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib.models.base import Layer, check_positive_int, input_shape, make_rng, xavier_uniform
+from reflib.models.base import (Layer, check_bool, check_heads, input_shape, set_sizes,
+                                xavier_uniform)
 from reflib.models.layers import affine
 
 
@@ -29,16 +30,10 @@ class MultiHeadAttention(Layer):
 
     def __init__(self, d_model, heads, causal=False, *, seed=None, rng=None):
         super().__init__()
-        self.d_model = check_positive_int(d_model, "d_model", "MultiHeadAttention")
-        self.heads = check_positive_int(heads, "heads", "MultiHeadAttention")
-        if self.d_model % self.heads:
-            raise ValueError(f"MultiHeadAttention: heads ({heads}) must divide d_model "
-                             f"({d_model}); pick a divisor such as "
-                             f"{[h for h in range(1, self.d_model + 1) if self.d_model % h == 0]}")
-        if not isinstance(causal, (bool, np.bool_)):
-            raise TypeError(f"MultiHeadAttention: causal must be True or False, got {causal!r}")
-        self.causal = bool(causal)
-        self._init_parameters(make_rng(seed, rng))
+        set_sizes(self, d_model=d_model, heads=heads)
+        check_heads(self)
+        self.causal = check_bool(causal, "causal", "MultiHeadAttention")
+        self.reset_parameters(seed, rng)
 
     def _init_parameters(self, rng):
         d = self.d_model

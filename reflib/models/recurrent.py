@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib.models.base import Layer, check_positive_int, input_shape, make_rng, xavier_uniform
+from reflib.models.base import Layer, check_bool, input_shape, set_sizes, xavier_uniform
 
 
 def time_step(tape, x, t, features):
@@ -27,12 +27,6 @@ def stack_steps(tape, steps):
     return out
 
 
-def check_return_sequences(value, owner):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{owner}: return_sequences must be True or False, got {value!r}")
-    return bool(value)
-
-
 class RNN(Layer):
     """Elman RNN: ``h_t = tanh(x_t @ w_ih + h_{t-1} @ w_hh + b)``, ``h_0 = 0``.
 
@@ -50,10 +44,9 @@ class RNN(Layer):
 
     def __init__(self, input_size, hidden_size, return_sequences=False, *, seed=None, rng=None):
         super().__init__()
-        self.input_size = check_positive_int(input_size, "input_size", "RNN")
-        self.hidden_size = check_positive_int(hidden_size, "hidden_size", "RNN")
-        self.return_sequences = check_return_sequences(return_sequences, "RNN")
-        self._init_parameters(make_rng(seed, rng))
+        set_sizes(self, input_size=input_size, hidden_size=hidden_size)
+        self.return_sequences = check_bool(return_sequences, "return_sequences", "RNN")
+        self.reset_parameters(seed, rng)
 
     def _init_parameters(self, rng):
         i, h = self.input_size, self.hidden_size
@@ -93,10 +86,9 @@ class LSTM(Layer):
 
     def __init__(self, input_size, hidden_size, return_sequences=False, *, seed=None, rng=None):
         super().__init__()
-        self.input_size = check_positive_int(input_size, "input_size", "LSTM")
-        self.hidden_size = check_positive_int(hidden_size, "hidden_size", "LSTM")
-        self.return_sequences = check_return_sequences(return_sequences, "LSTM")
-        self._init_parameters(make_rng(seed, rng))
+        set_sizes(self, input_size=input_size, hidden_size=hidden_size)
+        self.return_sequences = check_bool(return_sequences, "return_sequences", "LSTM")
+        self.reset_parameters(seed, rng)
 
     def _init_parameters(self, rng):
         i, h = self.input_size, self.hidden_size

@@ -1,0 +1,76 @@
+"""What fastlib's and reflib's layers share before any arithmetic: size checks and initial draws.
+
+Both engines build the same architectures from the same configs, and one seed must give both
+the same initial parameters; so the constructor checks (with their messages) and the
+initialisation rule are written here once. The layers' forward and backward stay each engine's
+own. NumPy only, like the rest of optable.
+"""
+from __future__ import annotations
+
+import difflib
+import numbers
+
+import numpy as np
+
+# NOTE: "relu-family" for He initialisation means exactly these two activations; every other
+# weight matrix (tanh, sigmoid, gelu, silu layers, recurrent, attention, SwiGLU and embedding
+# weights) is Xavier-uniform.
+RELU_FAMILY = frozenset({"relu", "leaky_relu"})
+
+
+def close_matches(name, options):
+    """A ``"; did you mean ...?"`` suffix for an unknown ``name`` among ``options``."""
+    found = difflib.get_close_matches(str(name), [str(o) for o in options], n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(repr(f) for f in found)}?" if found else ""
+
+
+def he_normal(rng, shape):
+    """He (Kaiming) normal: N(0, 2 / fan_in) with fan_in = shape[0] (``y = x @ W``)."""
+    return rng.standard_normal(shape) * np.sqrt(2.0 / shape[0])
+
+
+def xavier_uniform(rng, shape):
+    """Xavier (Glorot) uniform: U(-a, a) with a = sqrt(6 / (shape[0] + shape[1]))."""
+    limit = np.sqrt(6.0 / (shape[0] + shape[1]))
+    return rng.uniform(-limit, limit, size=shape)
+
+
+def check_positive_int(value, what, owner):
+    """A size argument of a layer constructor as an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner}: {what} must be a positive int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{owner}: {what} must be >= 1, got {value}")
+    return int(value)
+
+
+def set_sizes(layer, **sizes):
+    """Check each size argument (``check_positive_int``) and store it on ``layer`` by name."""
+    owner = type(layer).__name__
+    for name, value in sizes.items():
+        setattr(layer, name, check_positive_int(value, name, owner))
+
+
+def check_heads(layer):
+    """Raise unless ``layer.heads`` divides ``layer.d_model`` (heads are equal column slices)."""
+    d_model, heads = layer.d_model, layer.heads
+    if d_model % heads:
+        divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
+        raise ValueError(f"{type(layer).__name__}: heads ({heads}) must divide d_model "
+                         f"({d_model}); pick one of {divisors}")
+
+
+def check_bool(value, what, owner):
+    """A flag argument of a layer constructor: True or False (NumPy's bool too)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{owner}: {what} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_eps(value, owner):
+    """A normalisation epsilon: a positive finite float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: eps must be a positive float, got {value!r}")
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{owner}: eps must be positive and finite, got {value!r}")
+    return float(value)
