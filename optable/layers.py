@@ -74,3 +74,13 @@ def check_eps(value, owner):
     if not (np.isfinite(value) and value > 0):
         raise ValueError(f"{owner}: eps must be positive and finite, got {value!r}")
     return float(value)
+
+
+def layer_repr(layer):
+    """``Dense(in_features=3, ...)`` from the layer's config; a container lists its children."""
+    cfg = {k: v for k, v in layer.get_config().items() if k not in ("type", "layers")}
+    args = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
+    if layer._children:
+        inner = ", ".join(repr(c) for c in layer._children)
+        return f"{type(layer).__name__}([{inner}]{', ' if args else ''}{args})"
+    return f"{type(layer).__name__}({args})"

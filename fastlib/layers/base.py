@@ -9,25 +9,11 @@ import numbers
 import numpy as np
 
 from fastlib.io import save_model
+from fastlib.tape import check_dtype
 # the constructor checks and initial draws reflib's layers make too (one seed, one draw)
 from optable.layers import (RELU_FAMILY, check_bool, check_eps, check_heads,  # noqa: F401
-                            check_positive_int, close_matches, he_normal, set_sizes,
+                            check_positive_int, close_matches, he_normal, layer_repr, set_sizes,
                             xavier_uniform)
-
-_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def check_dtype(dtype, owner):
-    """The layer dtype as a numpy dtype: float32 or float64, else a TypeError."""
-    try:
-        resolved = np.dtype(dtype)
-    except TypeError as exc:
-        raise TypeError(f"{owner}: dtype must be float32 or float64, got {dtype!r}") from exc
-    if resolved not in _FLOAT_DTYPES:
-        raise TypeError(f"{owner}: dtype must be float32 or float64, got {resolved}; pass "
-                        "dtype=np.float32 (fast default) or dtype=np.float64")
-    return resolved
-
 
 def make_rng(seed=None, rng=None):
     """The generator to draw from.
@@ -364,11 +350,5 @@ class Layer:
         """Save architecture and weights to ``path`` (``fastlib.io.save_model``)."""
         return save_model(self, path)
 
-    def __repr__(self):
-        cfg = {k: v for k, v in self.get_config().items() if k not in ("type", "layers")}
-        args = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
-        if self._children:
-            inner = ", ".join(repr(c) for c in self._children)
-            return f"{type(self).__name__}([{inner}]{', ' if args else ''}{args})"
-        return f"{type(self).__name__}({args})"
+    __repr__ = layer_repr
 

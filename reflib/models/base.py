@@ -17,7 +17,7 @@ import numpy as np
 
 # the constructor checks and initial draws fastlib's layers make too (one seed, one draw)
 from optable.layers import (RELU_FAMILY, check_bool, check_eps, check_heads,  # noqa: F401
-                            check_positive_int, close_matches, he_normal, set_sizes,
+                            check_positive_int, close_matches, he_normal, layer_repr, set_sizes,
                             xavier_uniform)
 from reflib.tape import Tape
 
@@ -193,13 +193,7 @@ class Layer:
                                          requires_grad=False), ids)
         return tape.value(out)
 
-    def __repr__(self):
-        cfg = {k: v for k, v in self.get_config().items() if k not in ("type", "layers")}
-        args = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
-        if self._children:
-            inner = ", ".join(repr(c) for c in self._children)
-            return f"{type(self).__name__}([{inner}]{', ' if args else ''}{args})"
-        return f"{type(self).__name__}({args})"
+    __repr__ = layer_repr
 
 
 def input_array(x, owner):

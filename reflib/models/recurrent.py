@@ -27,7 +27,29 @@ def stack_steps(tape, steps):
     return out
 
 
-class RNN(Layer):
+class _Recurrent(Layer):
+    """Shared shell of RNN and LSTM: sizes, the flag, the parameters and the config."""
+
+    _gates = 1  # columns of w_ih per hidden unit (LSTM: 4)
+
+    def __init__(self, input_size, hidden_size, return_sequences=False, *, seed=None, rng=None):
+        super().__init__()
+        set_sizes(self, input_size=input_size, hidden_size=hidden_size)
+        self.return_sequences = check_bool(return_sequences, "return_sequences",
+                                           type(self).__name__)
+        self.reset_parameters(seed, rng)
+
+    def _init_parameters(self, rng):
+        i, h, k = self.input_size, self.hidden_size, self._gates
+        self._params = {"w_ih": xavier_uniform(rng, (i, k * h)),
+                        "w_hh": xavier_uniform(rng, (h, k * h)), "b": np.zeros(k * h)}
+
+    def get_config(self):
+        return {"type": type(self).__name__, "input_size": self.input_size,
+                "hidden_size": self.hidden_size, "return_sequences": self.return_sequences}
+
+
+class RNN(_Recurrent):
     """Elman RNN: ``h_t = tanh(x_t @ w_ih + h_{t-1} @ w_hh + b)``, ``h_0 = 0``.
 
     Parameters
@@ -42,17 +64,6 @@ class RNN(Layer):
     contribute exactly 0 to w_hh's gradient), so a length-1 sequence leaves w_hh unreached.
     """
 
-    def __init__(self, input_size, hidden_size, return_sequences=False, *, seed=None, rng=None):
-        super().__init__()
-        set_sizes(self, input_size=input_size, hidden_size=hidden_size)
-        self.return_sequences = check_bool(return_sequences, "return_sequences", "RNN")
-        self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        i, h = self.input_size, self.hidden_size
-        self._params = {"w_ih": xavier_uniform(rng, (i, h)), "w_hh": xavier_uniform(rng, (h, h)),
-                        "b": np.zeros(h)}
-
     def trace(self, tape, x, ids):
         seq = input_shape(tape, x, "RNN (batch, seq, features)", 3, self.input_size)[1]
         h, states = None, []
@@ -64,12 +75,9 @@ class RNN(Layer):
             states.append(h)
         return stack_steps(tape, states) if self.return_sequences else h
 
-    def get_config(self):
-        return {"type": "RNN", "input_size": self.input_size, "hidden_size": self.hidden_size,
-                "return_sequences": self.return_sequences}
 
 
-class LSTM(Layer):
+class LSTM(_Recurrent):
     """LSTM with gates ``x_t @ w_ih + h_{t-1} @ w_hh + b`` split as i, f, g, o (H columns each).
 
     ``i, f, o = sigmoid(.)``, ``g = tanh(.)``, ``c_t = f * c_{t-1} + i * g``,
@@ -84,16 +92,7 @@ class LSTM(Layer):
         False: the last ``h`` ``(batch, H)``; True: every ``h`` ``(batch, seq, H)``.
     """
 
-    def __init__(self, input_size, hidden_size, return_sequences=False, *, seed=None, rng=None):
-        super().__init__()
-        set_sizes(self, input_size=input_size, hidden_size=hidden_size)
-        self.return_sequences = check_bool(return_sequences, "return_sequences", "LSTM")
-        self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        i, h = self.input_size, self.hidden_size
-        self._params = {"w_ih": xavier_uniform(rng, (i, 4 * h)),
-                        "w_hh": xavier_uniform(rng, (h, 4 * h)), "b": np.zeros(4 * h)}
+    _gates = 4
 
     def trace(self, tape, x, ids):
         seq = input_shape(tape, x, "LSTM (batch, seq, features)", 3, self.input_size)[1]
@@ -115,6 +114,3 @@ class LSTM(Layer):
             states.append(h)
         return stack_steps(tape, states) if self.return_sequences else h
 
-    def get_config(self):
-        return {"type": "LSTM", "input_size": self.input_size, "hidden_size": self.hidden_size,
-                "return_sequences": self.return_sequences}
