@@ -8,6 +8,7 @@ own. NumPy only, like the rest of optable.
 from __future__ import annotations
 
 import difflib
+import inspect
 import numbers
 
 import numpy as np
@@ -84,3 +85,57 @@ def layer_repr(layer):
         inner = ", ".join(repr(c) for c in layer._children)
         return f"{type(layer).__name__}([{inner}]{', ' if args else ''}{args})"
     return f"{type(layer).__name__}({args})"
+
+
+#: Config keys every engine accepts and ignores (a fastlib model's config names its dtype).
+IGNORED_KEYS = frozenset({"dtype"})
+
+
+def parse_config(config, where, layer_types, not_config=("self", "seed", "rng")):
+    """Check one layer config of ``get_config()`` form; return ``(class, keyword arguments)``.
+
+    Parameters
+    ----------
+    config : dict
+        ``{"type": name, <constructor keyword>: value, ...}``; a container's ``"layers"`` must
+        be a list of configs (built by the caller, which recurses).
+    where : str
+        Where the config sits (``"config.layers[1]"``), to start every message with.
+    layer_types : Mapping[str, type]
+        The engine's layer classes by name; a config's keys are the constructor's keywords
+        except ``not_config``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the key or the type at fault and what is accepted.
+    """
+    if not isinstance(config, dict):
+        raise TypeError(f"{where}: a layer config must be a dict with a 'type' key, got "
+                        f"{type(config).__name__}")
+    if "type" not in config:
+        raise ValueError(f"{where}: config has no 'type' key; expected one of "
+                         f"{sorted(layer_types)}")
+    name = config["type"]
+    cls = layer_types.get(name)
+    if cls is None:
+        lowered = {k.lower(): k for k in layer_types}
+        hint = (f"; did you mean {lowered[name.lower()]!r}?"
+                if isinstance(name, str) and name.lower() in lowered
+                else close_matches(name, layer_types))
+        raise ValueError(f"{where}: unknown layer type {name!r}{hint}; known types: "
+                         f"{sorted(layer_types)}")
+    kwargs = {k: v for k, v in config.items() if k != "type" and k not in IGNORED_KEYS}
+    signature = inspect.signature(cls.__init__)
+    accepted = [p for p in signature.parameters if p not in not_config]
+    for key in kwargs:
+        if key not in accepted:
+            raise ValueError(f"{where}: {name} config has unknown key {key!r}"
+                             f"{close_matches(key, accepted)}; accepted keys: {accepted}")
+    required = [p for p in accepted if signature.parameters[p].default is inspect.Parameter.empty]
+    missing = [p for p in required if p not in kwargs]
+    if missing:
+        raise ValueError(f"{where}: {name} config is missing {missing}")
+    if "layers" in kwargs and not isinstance(kwargs["layers"], (list, tuple)):
+        raise TypeError(f"{where}: {name}'s 'layers' must be a list of configs")
+    return cls, kwargs
