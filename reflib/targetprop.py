@@ -15,19 +15,17 @@ import numbers
 
 import numpy as np
 
-from optable.targetprop import TargetPropConfig
+from optable.targetprop import (LOSS_TYPES, SUPPORTED_LAYERS, TargetPropConfig,  # noqa: F401
+                                check_loss_type, flatten_layers)
 from reflib import ops
-from reflib.models.base import Layer, close_matches, input_array
-from reflib.models.containers import Sequential
+from reflib.models.base import Layer, input_array
 from reflib.numeric import numeric_for
 from reflib.tape import Tape
 
 __all__ = ["TargetPropConfig", "TargetPropState", "targetprop_forward", "targetprop_backward",
            "apply_targetprop_gaps", "output_target", "flatten", "route"]
 
-SUPPORTED = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU")
-LOSS_TYPES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
-              "binary_cross_entropy_with_logits")
+SUPPORTED = SUPPORTED_LAYERS
 
 
 def flatten(model):
@@ -41,23 +39,7 @@ def flatten(model):
     if not isinstance(model, Layer):
         raise TypeError(f"reflib TargetProp needs a reflib model, got {type(model).__name__}; "
                         "use reflib.models.twin(model) for a fastlib model")
-    out = []
-
-    def walk(layer, prefix):
-        if isinstance(layer, Sequential):
-            for i, child in enumerate(layer.layers):
-                walk(child, f"{prefix}{i}.")
-            return
-        kind = type(layer).__name__
-        if kind not in SUPPORTED:
-            where = prefix.rstrip(".") or "the model"
-            raise ValueError(f"TargetProp: layer {kind!r} at {where!r} is not supported; "
-                             f"TargetProp trains {', '.join(SUPPORTED)} and nested Sequential "
-                             "models")
-        out.append((prefix, len(out), layer))
-
-    walk(model, "")
-    return out
+    return flatten_layers(model, lambda layer: type(layer).__name__, lambda seq: seq.layers)
 
 
 class TargetPropState:
@@ -427,9 +409,7 @@ def output_target(loss_type, pred, y, dps=None):
     categorical_cross_entropy: ``pred + onehot − softmax(pred)``;
     binary_cross_entropy_with_logits: ``pred + y − sigmoid(pred)``.
     """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"output_target: unknown loss_type {loss_type!r}"
-                         f"{close_matches(loss_type, LOSS_TYPES)}; use one of {LOSS_TYPES}")
+    check_loss_type(loss_type)
     num = numeric_for(dps)
     with num.context():
         p = num.asarray(pred, "pred")
