@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import difflib
 import math
-import numbers
 from dataclasses import fields
 
 import numpy as np
 
 from optable.targetprop import (LOSS_TYPES, NORMALISATIONS, TargetPropConfig,  # noqa: F401
-                                check_loss_type, flatten_layers)
+                                check_apply, check_fresh, check_loss_type,
+                                flatten_layers)
 from fastlib.kernels import dense as dense_kernels
 from fastlib.kernels import targetprop as kernels
 from fastlib.layers.attention import MultiHeadAttention
@@ -192,9 +192,7 @@ def targetprop_backward(model, state, target, input_target=False):
     _check_state(model, state)
     if not state.forward_acts:
         raise RuntimeError("targetprop_backward needs targetprop_forward first")
-    if state.applied:
-        raise RuntimeError("the parameters changed since targetprop_forward (apply_targetprop_gaps "
-                           "ran); run targetprop_forward again before another backward or apply")
+    check_fresh(state)
     y_last = state.forward_acts[-1]
     t = np.asarray(target)
     if t.dtype.kind not in "fiu":
@@ -344,12 +342,7 @@ def apply_targetprop_gaps(model, state, lr):
         ``state.updated``.
     """
     _check_state(model, state)
-    if state.applied:
-        raise RuntimeError("the parameters changed since targetprop_forward (apply_targetprop_gaps "
-                           "ran); run targetprop_forward again before another backward or apply")
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (math.isfinite(lr) and
-                                                                         lr > 0):
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    check_apply(state, lr)
     if len(state.backward_targets) != len(state.layers) or state.backward_targets[0] is None:
         raise RuntimeError("apply_targetprop_gaps needs targetprop_backward first")
     if len(state.link_budgets) != len(state.layers):

@@ -14,7 +14,7 @@ import numpy as np
 from optable.errors import did_you_mean
 
 __all__ = ["TargetPropConfig", "UPDATES", "NORMALISATIONS", "SUPPORTED_LAYERS", "LOSS_TYPES",
-           "check_loss_type", "flatten_layers"]
+           "check_loss_type", "flatten_layers", "check_fresh", "check_apply"]
 
 UPDATES = ("gradient", "loom")          # first = default
 NORMALISATIONS = ("row", "column")      # first = default
@@ -131,3 +131,18 @@ def flatten_layers(model, kind, children):
 
     walk(model, "")
     return out
+
+
+def check_fresh(state):
+    """Raise unless ``state`` holds a forward of the current parameters (none applied since)."""
+    if state.applied:
+        raise RuntimeError("the parameters changed since targetprop_forward (apply_targetprop_gaps "
+                           "ran); run targetprop_forward again before another backward or apply")
+
+
+def check_apply(state, lr):
+    """The preconditions of ``apply_targetprop_gaps``: a fresh state and a finite ``lr > 0``."""
+    check_fresh(state)
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (math.isfinite(lr) and
+                                                                         lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")

@@ -10,13 +10,11 @@ Usage (Loom's pattern) and the long story: docs/reflib.md, section ``reflib/targ
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import numpy as np
 
 from optable.targetprop import (LOSS_TYPES, SUPPORTED_LAYERS, TargetPropConfig,  # noqa: F401
-                                check_loss_type, flatten_layers)
+                                check_apply, check_fresh, check_loss_type,
+                                flatten_layers)
 from reflib import ops
 from reflib.models.base import Layer, input_array
 from reflib.numeric import numeric_for
@@ -181,9 +179,7 @@ def targetprop_backward(model, state, target, input_target=False):
     _check_state(model, state)
     if not state.forward_acts:
         raise RuntimeError("targetprop_backward needs targetprop_forward first")
-    if state.applied:
-        raise RuntimeError("the parameters changed since targetprop_forward (apply_targetprop_gaps "
-                           "ran); run targetprop_forward again before another backward or apply")
+    check_fresh(state)
     cfg, num = state.config, state.num
     y_last = state.forward_acts[-1]
     with num.context():
@@ -367,12 +363,7 @@ def apply_targetprop_gaps(model, state, lr):
         The new parameters (also loaded into ``model``).
     """
     _check_state(model, state)
-    if state.applied:
-        raise RuntimeError("the parameters changed since targetprop_forward (apply_targetprop_gaps "
-                           "ran); run targetprop_forward again before another backward or apply")
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (math.isfinite(lr) and
-                                                                         lr > 0):
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    check_apply(state, lr)
     if len(state.link_budgets) != len(state.layers):
         state.calculate_link_budgets()
     cfg, num = state.config, state.num
