@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from optable.errors import did_you_mean
+from optable.losses import LOSSES
 
 __all__ = ["TargetPropConfig", "UPDATES", "NORMALISATIONS", "SUPPORTED_LAYERS", "LOSS_TYPES",
            "check_loss_type", "flatten_layers", "check_fresh", "check_apply"]
@@ -20,9 +21,8 @@ UPDATES = ("gradient", "loom")          # first = default
 NORMALISATIONS = ("row", "column")      # first = default
 #: The layer types TargetProp trains, by class name (nested Sequential models are flattened).
 SUPPORTED_LAYERS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU")
-#: The losses whose output-layer target TargetProp forms from labels.
-LOSS_TYPES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
-              "binary_cross_entropy_with_logits")
+#: The losses whose output-layer target TargetProp forms from labels: every loss.
+LOSS_TYPES = LOSSES
 _NUMBERS = ("gradient_scale", "depth_scale_factor", "budget_threshold", "momentum",
             "weight_threshold")
 
