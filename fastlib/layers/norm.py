@@ -10,7 +10,22 @@ from fastlib.layers.base import Layer, check_eps, make_rng, set_sizes
 from fastlib.layers.dense import as_matrix
 
 
-class LayerNorm(Layer):
+class _Norm(Layer):
+    """Shared shell of LayerNorm and RMSNorm: the width ``d``, ``eps`` and the config."""
+
+    _in_attr = _out_attr = "d"
+    _label_attrs = ("d",)
+
+    def _setup(self, d, eps, seed, rng):
+        set_sizes(self, d=d)
+        self.eps = check_eps(eps, type(self).__name__)
+        self.reset_parameters(seed, rng)
+
+    def get_config(self):
+        return {"type": type(self).__name__, "d": self.d, "eps": self.eps}
+
+
+class LayerNorm(_Norm):
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis (biased variance).
 
     Parameters
@@ -22,14 +37,9 @@ class LayerNorm(Layer):
         As for ``Dense`` (nothing is drawn; accepted for a uniform signature).
     """
 
-    _in_attr = _out_attr = "d"
-    _label_attrs = ("d",)
-
     def __init__(self, d, eps=1e-5, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        set_sizes(self, d=d)
-        self.eps = check_eps(eps, "LayerNorm")
-        self.reset_parameters(seed, rng)
+        self._setup(d, eps, seed, rng)
 
     def _init_parameters(self, rng):
         return {"weight": np.ones(self.d), "bias": np.zeros(self.d)}
@@ -55,11 +65,8 @@ class LayerNorm(Layer):
                                     dw, db)
         return (dx.reshape(x.shape) if need_input_grad else None), {"weight": dw, "bias": db}
 
-    def get_config(self):
-        return {"type": "LayerNorm", "d": self.d, "eps": self.eps}
 
-
-class RMSNorm(Layer):
+class RMSNorm(_Norm):
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis; ``weight (d,)`` starts at 1.
 
     Parameters
@@ -70,14 +77,9 @@ class RMSNorm(Layer):
         As for ``LayerNorm``.
     """
 
-    _in_attr = _out_attr = "d"
-    _label_attrs = ("d",)
-
     def __init__(self, d, eps=1e-6, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        set_sizes(self, d=d)
-        self.eps = check_eps(eps, "RMSNorm")
-        self.reset_parameters(seed, rng)
+        self._setup(d, eps, seed, rng)
 
     def _init_parameters(self, rng):
         return {"weight": np.ones(self.d)}
@@ -99,9 +101,6 @@ class RMSNorm(Layer):
         kernels.rms_norm_backward(g, as_matrix(x, self.d), self.hist_pre, self._params["weight"],
                                   dx, dw)
         return (dx.reshape(x.shape) if need_input_grad else None), {"weight": dw}
-
-    def get_config(self):
-        return {"type": "RMSNorm", "d": self.d, "eps": self.eps}
 
 
 class Softmax(Layer):

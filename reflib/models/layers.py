@@ -121,7 +121,19 @@ class SwiGLU(Layer):
         return {"type": "SwiGLU", "d": self.d, "hidden": self.hidden, "out": self.out}
 
 
-class LayerNorm(Layer):
+class _Norm(Layer):
+    """Shared shell of LayerNorm and RMSNorm: the width ``d``, ``eps`` and the config."""
+
+    def _setup(self, d, eps, seed, rng):
+        set_sizes(self, d=d)
+        self.eps = check_eps(eps, type(self).__name__)
+        self.reset_parameters(seed, rng)
+
+    def get_config(self):
+        return {"type": type(self).__name__, "d": self.d, "eps": self.eps}
+
+
+class LayerNorm(_Norm):
     """``layer_norm(x, eps) * weight + bias`` over the last axis (biased variance).
 
     Parameters
@@ -134,9 +146,7 @@ class LayerNorm(Layer):
 
     def __init__(self, d, eps=1e-5, *, seed=None, rng=None):
         super().__init__()
-        set_sizes(self, d=d)
-        self.eps = check_eps(eps, "LayerNorm")
-        self.reset_parameters(seed, rng)
+        self._setup(d, eps, seed, rng)
 
     def _init_parameters(self, rng):
         self._params = {"weight": np.ones(self.d), "bias": np.zeros(self.d)}
@@ -146,18 +156,13 @@ class LayerNorm(Layer):
         y = tape.op("layer_norm", x, eps=self.eps)
         return tape.op("add", tape.op("mul", y, ids["weight"]), ids["bias"])
 
-    def get_config(self):
-        return {"type": "LayerNorm", "d": self.d, "eps": self.eps}
 
-
-class RMSNorm(Layer):
+class RMSNorm(_Norm):
     """``rms_norm(x, eps) * weight`` over the last axis; ``weight (d,)`` starts at ones."""
 
     def __init__(self, d, eps=1e-6, *, seed=None, rng=None):
         super().__init__()
-        set_sizes(self, d=d)
-        self.eps = check_eps(eps, "RMSNorm")
-        self.reset_parameters(seed, rng)
+        self._setup(d, eps, seed, rng)
 
     def _init_parameters(self, rng):
         self._params = {"weight": np.ones(self.d)}
@@ -165,9 +170,6 @@ class RMSNorm(Layer):
     def trace(self, tape, x, ids):
         input_shape(tape, x, "RMSNorm", None, self.d)
         return tape.op("mul", tape.op("rms_norm", x, eps=self.eps), ids["weight"])
-
-    def get_config(self):
-        return {"type": "RMSNorm", "d": self.d, "eps": self.eps}
 
 
 class Embedding(Layer):
