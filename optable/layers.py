@@ -139,3 +139,21 @@ def parse_config(config, where, layer_types, not_config=("self", "seed", "rng"))
     if "layers" in kwargs and not isinstance(kwargs["layers"], (list, tuple)):
         raise TypeError(f"{where}: {name}'s 'layers' must be a list of configs")
     return cls, kwargs
+
+
+class NormShell:
+    """What both engines' LayerNorm and RMSNorm share: the width ``d``, ``eps`` and the config.
+
+    A mixin placed before each engine's ``Layer``; the normalisation itself stays the engine's.
+    """
+
+    _in_attr = _out_attr = "d"        # fastlib's declared widths (reflib does not read them)
+    _label_attrs = ("d",)
+
+    def _setup(self, d, eps, seed, rng):
+        set_sizes(self, d=d)
+        self.eps = check_eps(eps, type(self).__name__)
+        self.reset_parameters(seed, rng)
+
+    def get_config(self):
+        return {"type": type(self).__name__, "d": self.d, "eps": self.eps}

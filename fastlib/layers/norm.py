@@ -6,26 +6,12 @@ import numbers
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, check_eps, make_rng, set_sizes
+from fastlib.layers.base import Layer, make_rng
 from fastlib.layers.dense import as_matrix
+from optable.layers import NormShell
 
 
-class _Norm(Layer):
-    """Shared shell of LayerNorm and RMSNorm: the width ``d``, ``eps`` and the config."""
-
-    _in_attr = _out_attr = "d"
-    _label_attrs = ("d",)
-
-    def _setup(self, d, eps, seed, rng):
-        set_sizes(self, d=d)
-        self.eps = check_eps(eps, type(self).__name__)
-        self.reset_parameters(seed, rng)
-
-    def get_config(self):
-        return {"type": type(self).__name__, "d": self.d, "eps": self.eps}
-
-
-class LayerNorm(_Norm):
+class LayerNorm(NormShell, Layer):
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis (biased variance).
 
     Parameters
@@ -66,7 +52,7 @@ class LayerNorm(_Norm):
         return (dx.reshape(x.shape) if need_input_grad else None), {"weight": dw, "bias": db}
 
 
-class RMSNorm(_Norm):
+class RMSNorm(NormShell, Layer):
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis; ``weight (d,)`` starts at 1.
 
     Parameters

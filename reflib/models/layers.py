@@ -10,8 +10,9 @@ import numbers
 import numpy as np
 
 import optable
-from reflib.models.base import (RELU_FAMILY, Layer, check_eps, close_matches, he_normal,
-                                input_shape, make_rng, set_sizes, xavier_uniform)
+from optable.layers import NormShell
+from reflib.models.base import (RELU_FAMILY, Layer, close_matches, he_normal, input_shape,
+                                make_rng, set_sizes, xavier_uniform)
 
 # activation name -> registry op (None: no op at all), from the op table's activations
 ACTIVATIONS = {a.name: None if a.op == "identity" else a.op for a in optable.ACTIVATIONS.values()}
@@ -121,19 +122,7 @@ class SwiGLU(Layer):
         return {"type": "SwiGLU", "d": self.d, "hidden": self.hidden, "out": self.out}
 
 
-class _Norm(Layer):
-    """Shared shell of LayerNorm and RMSNorm: the width ``d``, ``eps`` and the config."""
-
-    def _setup(self, d, eps, seed, rng):
-        set_sizes(self, d=d)
-        self.eps = check_eps(eps, type(self).__name__)
-        self.reset_parameters(seed, rng)
-
-    def get_config(self):
-        return {"type": type(self).__name__, "d": self.d, "eps": self.eps}
-
-
-class LayerNorm(_Norm):
+class LayerNorm(NormShell, Layer):
     """``layer_norm(x, eps) * weight + bias`` over the last axis (biased variance).
 
     Parameters
@@ -157,7 +146,7 @@ class LayerNorm(_Norm):
         return tape.op("add", tape.op("mul", y, ids["weight"]), ids["bias"])
 
 
-class RMSNorm(_Norm):
+class RMSNorm(NormShell, Layer):
     """``rms_norm(x, eps) * weight`` over the last axis; ``weight (d,)`` starts at ones."""
 
     def __init__(self, d, eps=1e-6, *, seed=None, rng=None):
