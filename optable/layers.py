@@ -157,3 +157,58 @@ class NormShell:
 
     def get_config(self):
         return {"type": type(self).__name__, "d": self.d, "eps": self.eps}
+
+
+class RecurrentShell:
+    """What both engines' RNN and LSTM share: sizes, the flag, the initial draw, the config.
+
+    ``_init_parameters`` returns the parameters (``w_ih`` and ``w_hh`` Xavier-uniform, drawn in
+    that order, ``b`` zeros), which each engine's ``reset_parameters`` stores.
+    """
+
+    _gates = 1  # columns of w_ih per hidden unit (LSTM: 4)
+    _in_attr, _out_attr = "input_size", "hidden_size"
+    _label_attrs = ("input_size", "hidden_size")
+    _input_rank = 3
+
+    def _setup(self, input_size, hidden_size, return_sequences, seed, rng):
+        set_sizes(self, input_size=input_size, hidden_size=hidden_size)
+        self.return_sequences = check_bool(return_sequences, "return_sequences",
+                                           type(self).__name__)
+        self.reset_parameters(seed, rng)
+
+    def _init_parameters(self, rng):
+        i, h, k = self.input_size, self.hidden_size, self._gates
+        return {"w_ih": xavier_uniform(rng, (i, k * h)), "w_hh": xavier_uniform(rng, (h, k * h)),
+                "b": np.zeros(k * h)}
+
+    def get_config(self):
+        return {"type": type(self).__name__, "input_size": self.input_size,
+                "hidden_size": self.hidden_size, "return_sequences": self.return_sequences}
+
+
+class AttentionShell:
+    """What both engines' MultiHeadAttention share: sizes, heads, the flag, draw and config.
+
+    ``w_q w_k w_v w_o`` Xavier-uniform, drawn in that order; ``b_q b_k b_v b_o`` zeros.
+    """
+
+    _in_attr = _out_attr = "d_model"
+    _label_attrs = ("d_model", "heads")
+    _input_rank, _feature_name = 3, "d_model"
+
+    def _setup(self, d_model, heads, causal, seed, rng):
+        set_sizes(self, d_model=d_model, heads=heads)
+        check_heads(self)
+        self.causal = check_bool(causal, "causal", type(self).__name__)
+        self.reset_parameters(seed, rng)
+
+    def _init_parameters(self, rng):
+        d = self.d_model
+        params = {f"w_{n}": xavier_uniform(rng, (d, d)) for n in "qkvo"}
+        params.update({f"b_{n}": np.zeros(d) for n in "qkvo"})
+        return params
+
+    def get_config(self):
+        return {"type": type(self).__name__, "d_model": self.d_model, "heads": self.heads,
+                "causal": self.causal}

@@ -5,10 +5,11 @@ import numpy as np
 
 from fastlib.kernels import attention as kernels
 from fastlib.kernels import reduce as _reduce
-from fastlib.layers.base import Layer, check_bool, check_heads, set_sizes, xavier_uniform
+from fastlib.layers.base import Layer
+from optable.layers import AttentionShell
 
 
-class MultiHeadAttention(Layer):
+class MultiHeadAttention(AttentionShell, Layer):
     """Self-attention: ``y = concat_h(softmax(q_h k_h^T / sqrt(dh)) v_h) @ w_o + b_o``.
 
     ``q = x @ w_q + b_q`` (likewise k, v); head h uses columns ``h*dh:(h+1)*dh``,
@@ -25,22 +26,9 @@ class MultiHeadAttention(Layer):
         As for ``Dense``.
     """
 
-    _in_attr = _out_attr = "d_model"
-    _label_attrs = ("d_model", "heads")
-    _input_rank, _feature_name = 3, "d_model"
-
     def __init__(self, d_model, heads, causal=False, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        set_sizes(self, d_model=d_model, heads=heads)
-        check_heads(self)
-        self.causal = check_bool(causal, "causal", "MultiHeadAttention")
-        self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        d = self.d_model
-        params = {f"w_{n}": xavier_uniform(rng, (d, d)) for n in "qkvo"}
-        params.update({f"b_{n}": np.zeros(d) for n in "qkvo"})
-        return params
+        self._setup(d_model, heads, causal, seed, rng)
 
     def _stacked_qkv(self):
         """``[w_q | w_k | w_v]`` (d, 3d) and ``[b_q | b_k | b_v]`` (3d,): one GEMM for all three
@@ -100,6 +88,3 @@ class MultiHeadAttention(Layer):
         ordered = {name: grads[name] for name in p}  # keyed in parameters() order
         return dx, ordered
 
-    def get_config(self):
-        return {"type": "MultiHeadAttention", "d_model": self.d_model, "heads": self.heads,
-                "causal": self.causal}

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib.models.base import (Layer, check_bool, check_heads, input_shape, set_sizes,
-                                xavier_uniform)
+from optable.layers import AttentionShell
+from reflib.models.base import Layer, input_shape
 from reflib.models.layers import affine
 
 
-class MultiHeadAttention(Layer):
+class MultiHeadAttention(AttentionShell, Layer):
     """Self-attention over ``(batch, seq, d_model)`` with ``heads`` contiguous slices of d.
 
     ``q = x @ w_q + b_q`` (likewise k, v); head ``h`` uses columns ``h*dh:(h+1)*dh`` with
@@ -30,16 +30,7 @@ class MultiHeadAttention(Layer):
 
     def __init__(self, d_model, heads, causal=False, *, seed=None, rng=None):
         super().__init__()
-        set_sizes(self, d_model=d_model, heads=heads)
-        check_heads(self)
-        self.causal = check_bool(causal, "causal", "MultiHeadAttention")
-        self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        d = self.d_model
-        params = {f"w_{n}": xavier_uniform(rng, (d, d)) for n in "qkvo"}
-        params.update({f"b_{n}": np.zeros(d) for n in "qkvo"})
-        self._params = params
+        self._setup(d_model, heads, causal, seed, rng)
 
     def trace(self, tape, x, ids):
         batch, seq, d = input_shape(tape, x, "MultiHeadAttention (batch, seq, d_model)", 3,
@@ -72,6 +63,3 @@ class MultiHeadAttention(Layer):
         weights = tape.op("softmax", tape.op("div", scores, root_dh), axis=-1)
         return tape.op("matmul", weights, v)
 
-    def get_config(self):
-        return {"type": "MultiHeadAttention", "d_model": self.d_model, "heads": self.heads,
-                "causal": self.causal}

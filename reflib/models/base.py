@@ -155,12 +155,14 @@ class Layer:
     def reset_parameters(self, seed=None, rng=None):
         """Re-draw every parameter, children in order, from one generator (see ``init``)."""
         gen = make_rng(seed, rng)
-        self._init_parameters(gen)
+        drawn = self._init_parameters(gen)
+        if drawn is not None:          # a shared shell returns its parameters (optable.layers)
+            self._params = drawn
         for child in self._children:
             child.reset_parameters(rng=gen)
 
     def _init_parameters(self, rng):
-        """Leaf layers fill ``self._params`` here, drawing in declaration order."""
+        """Leaf layers fill ``self._params`` here (or return it), drawing in declaration order."""
 
     # -- tracing ----------------------------------------------------------------------------
     def attach(self, tape, requires_grad=True):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib.models.base import Layer, check_bool, input_shape, set_sizes, xavier_uniform
+from optable.layers import RecurrentShell
+from reflib.models.base import Layer, input_shape
 
 
 def time_step(tape, x, t, features):
@@ -27,26 +28,12 @@ def stack_steps(tape, steps):
     return out
 
 
-class _Recurrent(Layer):
-    """Shared shell of RNN and LSTM: sizes, the flag, the parameters and the config."""
-
-    _gates = 1  # columns of w_ih per hidden unit (LSTM: 4)
+class _Recurrent(RecurrentShell, Layer):
+    """Shared shell of RNN and LSTM (sizes, draw, config: ``optable.layers.RecurrentShell``)."""
 
     def __init__(self, input_size, hidden_size, return_sequences=False, *, seed=None, rng=None):
         super().__init__()
-        set_sizes(self, input_size=input_size, hidden_size=hidden_size)
-        self.return_sequences = check_bool(return_sequences, "return_sequences",
-                                           type(self).__name__)
-        self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        i, h, k = self.input_size, self.hidden_size, self._gates
-        self._params = {"w_ih": xavier_uniform(rng, (i, k * h)),
-                        "w_hh": xavier_uniform(rng, (h, k * h)), "b": np.zeros(k * h)}
-
-    def get_config(self):
-        return {"type": type(self).__name__, "input_size": self.input_size,
-                "hidden_size": self.hidden_size, "return_sequences": self.return_sequences}
+        self._setup(input_size, hidden_size, return_sequences, seed, rng)
 
 
 class RNN(_Recurrent):
