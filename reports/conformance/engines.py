@@ -198,8 +198,12 @@ class FastlibEngine(Engine):
         slots = {s: {"w": np.array((state or {}).get(s, np.zeros_like(params["w"])),
                                    dtype=params["w"].dtype, copy=True)}
                  for s in opt.state_names}
-        opt.update(params, {"w": np.asarray(g)}, optim.OptState(t - 1, slots))
+        self._apply_update(opt, params, {"w": np.asarray(g)}, optim.OptState(t - 1, slots))
         return params["w"], {s: slots[s]["w"] for s in opt.state_names}
+
+    def _apply_update(self, opt, params, grads, state):
+        """One optimizer step in place (the CPU kernels; the CUDA engine runs its own)."""
+        opt.update(params, grads, state)
 
 
 class FastlibCudaEngine(FastlibEngine):
@@ -222,17 +226,8 @@ class FastlibCudaEngine(FastlibEngine):
     def _vjp(self, name, inputs, grad, **params):
         return self._cuda.vjp(name, inputs, grad, **params)
 
-    def _optimizer_step(self, name, w, g, state, t, **hyper):
-        from fastlib import optim
-
-        opt = optim.get(name, **hyper)
-        params = {"w": np.array(w, copy=True)}
-        slots = {s: {"w": np.array((state or {}).get(s, np.zeros_like(params["w"])),
-                                   dtype=params["w"].dtype, copy=True)}
-                 for s in opt.state_names}
-        self._cuda.optimizer_update(opt, params, {"w": np.asarray(g)},
-                                    optim.OptState(t - 1, slots))
-        return params["w"], {s: slots[s]["w"] for s in opt.state_names}
+    def _apply_update(self, opt, params, grads, state):
+        self._cuda.optimizer_update(opt, params, grads, state)
 
 
 def _cuda_reason():
