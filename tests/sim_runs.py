@@ -69,3 +69,17 @@ def simulate_with_retry(script, *extra, timeout=900):
             results[name] = (ok, detail if ok else
                              f"{detail} (failed on both runs; first: {results[name][1]})")
     return results
+
+
+def assert_passed(results, check, script):
+    """``check`` was reported by ``script``'s run and passed."""
+    assert check in results, f"{check} was not reported by {script.name}"
+    ok, detail = results[check]
+    assert ok, f"{check}: {detail}"
+
+
+def assert_only_known(results, known):
+    """Every reported name is a known check (a crashed group reports ``group:<name>`` with its
+    traceback, so any unknown name is a failure)."""
+    extra = {name: detail for name, (ok, detail) in results.items() if name not in set(known)}
+    assert not extra, f"unexpected reports (crashes?): {extra}"

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 import fastlib.cuda as fc
 from fastlib.cuda import ops as cuda_ops
-from tests.sim_runs import load_script, run_python, simulate_with_retry
+from tests.sim_runs import (assert_only_known, assert_passed, load_script, run_python,
+                             simulate_with_retry)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIM_SCRIPT = ROOT / "tests" / "cuda_sim_check.py"
@@ -45,16 +46,11 @@ def sim_results():
 
 @pytest.mark.parametrize("check", SIM_CHECKS)
 def test_simulated(sim_results, check):
-    assert check in sim_results, f"{check} was not reported by {SIM_SCRIPT.name}"
-    ok, detail = sim_results[check]
-    assert ok, f"{check}: {detail}"
+    assert_passed(sim_results, check, SIM_SCRIPT)
 
 
 def test_simulator_reports_only_known_checks(sim_results):
-    # a crashed group reports "group:<name>" with its traceback; any unknown name is a failure
-    extra = {name: detail for name, (ok, detail) in sim_results.items()
-             if name not in set(SIM_CHECKS)}
-    assert not extra, f"unexpected reports (crashes?): {extra}"
+    assert_only_known(sim_results, SIM_CHECKS)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ import pathlib
 
 import pytest
 
-from tests.sim_runs import load_script, run_python, simulate_with_retry
+from tests.sim_runs import (assert_only_known, assert_passed, load_script, run_python,
+                             simulate_with_retry)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "cuda_train_sim_check.py"
@@ -42,14 +43,11 @@ def sim_results():
 
 @pytest.mark.parametrize("check", CHECKS)
 def test_device_training(sim_results, check):
-    assert check in sim_results, f"{check} was not reported by {SCRIPT.name}"
-    ok, detail = sim_results[check]
-    assert ok, f"{check}: {detail}"
+    assert_passed(sim_results, check, SCRIPT)
 
 
 def test_simulator_reports_only_known_checks(sim_results):
-    extra = {n: d for n, (ok, d) in sim_results.items() if n not in set(CHECKS)}
-    assert not extra, f"unexpected reports (crashes?): {extra}"
+    assert_only_known(sim_results, CHECKS)
 
 
 _NO_DEVICE = """
