@@ -5,9 +5,8 @@ cheap and never imports SymPy or ``spec`` (a test checks ``sys.modules``).
 """
 from __future__ import annotations
 
-import importlib
-
 from fastlib.cache_guard import ensure_fresh_cache as _ensure_fresh_cache
+from optable.lazy import lazy_namespace
 
 # before any kernel module loads: stale cached kernels (an edited or upgraded callee) crash
 _ensure_fresh_cache()
@@ -44,16 +43,4 @@ _SUBMODULES = ("ops", "tape", "layers", "grad", "losses", "optim", "training", "
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module(f"fastlib.{name}")
-    raise AttributeError(f"module 'fastlib' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
+__getattr__, __dir__ = lazy_namespace("fastlib", _EXPORTS, _SUBMODULES)

@@ -4,56 +4,18 @@ The long story: docs/fastlib.md, section ``fastlib/losses.py``.
 """
 from __future__ import annotations
 
-import difflib
-import warnings
-
 import numpy as np
+
+# the names are the op table's, shared with reflib
+from optable.losses import DEPRECATED_ALIASES, LOSSES, resolve_loss  # noqa: F401
 
 __all__ = ["LOSSES", "resolve_loss", "validate_targets", "loss_value_and_grad", "loss_value",
            "accuracy", "onehot"]
 
-LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
-          "binary_cross_entropy_with_logits")
-DEPRECATED_ALIASES = {"sparse_cross_entropy": "cross_entropy"}
 
 # NOTE: rows of a categorical target must sum to 1 within 1e-5 (reflib's tolerance): that admits
 # float32 label smoothing (rounding ~1e-7 per entry) and rejects class indices or raw scores.
 _ROW_SUM_TOL = 1e-5
-
-
-def resolve_loss(name):
-    """The canonical loss name for ``name`` (case-insensitive; the deprecated alias warns).
-
-    Parameters
-    ----------
-    name : str
-
-    Returns
-    -------
-    str
-        One of ``LOSSES``.
-
-    Raises
-    ------
-    TypeError
-        ``name`` is not a string.
-    ValueError
-        Unknown name; the message lists close matches and every valid name.
-    """
-    if not isinstance(name, str):
-        raise TypeError(f"loss_type must be a name (str), got {name!r}")
-    key = name.strip().lower()
-    if key in DEPRECATED_ALIASES:
-        new = DEPRECATED_ALIASES[key]
-        warnings.warn(f"loss_type {name!r} is deprecated; use {new!r} (same class-index "
-                      "targets)", DeprecationWarning, stacklevel=3)
-        return new
-    if key not in LOSSES:
-        found = difflib.get_close_matches(key, LOSSES + tuple(DEPRECATED_ALIASES), n=3,
-                                          cutoff=0.5)
-        hint = f"; did you mean {', '.join(repr(f) for f in found)}?" if found else ""
-        raise ValueError(f"unknown loss_type {name!r}{hint}; choose one of {list(LOSSES)}")
-    return key
 
 
 def _dims(shape):

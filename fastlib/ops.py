@@ -1,28 +1,10 @@
 """fastlib's op table and the engine protocol: ``forward``, ``vjp``, ``value_and_vjp``.
 
-``OPS`` maps every op of the op table (``optable``; docs/optable.md) to an ``OpEntry``: input
-names and params with defaults (the table's), a checker and the kernel launchers of
-``fastlib.kernels``. This module is the public wrapper around the private kernels: it looks the
-name up, converts and checks the inputs, params and cotangent (the boundary's checks and
-messages are ``optable.boundary``'s), and only then calls a kernel, so
-bad input gets a ``ValueError`` / ``TypeError`` / ``UnknownOpError`` that names the problem and
-the fix, never an error from inside Numba.
+The public wrapper around the private Numba kernels: it looks the op up and checks inputs,
+params and cotangent at the boundary (``optable.boundary``) before any kernel runs, so bad input
+gets an error that names the fix, never one from inside Numba.
 
-Dtypes: inputs are float32 or float64 (array-likes are converted with ``np.asarray``; Python
-floats become float64) and all must share one dtype, which is the dtype of the computation and
-of the results; ``grad`` must have it too. ``cross_entropy``'s class indices are the exception:
-any integer dtype, or floats holding whole numbers.
-
-Non-finite inputs. Elementwise, binary, structure ops, sum, mean and matmul follow IEEE
-arithmetic like NumPy (NaN propagates, log(0) = -inf), because a check would cost a full pass
-on every call and those results stay local. These ops reject NaN and +-inf with a ValueError
-naming the first bad index: ``logsumexp softmax log_softmax layer_norm rms_norm`` and the five
-losses. They reduce over an axis, so one bad entry silently poisons a whole row (the max shift
-of log-sum-exp turns inf - inf into NaN everywhere), and a non-finite loss input is the usual
-sign of a diverged model, which is better reported where it first appears. The binary
-cross-entropies also reject values outside [0, 1].
-
-Results are always new arrays: no output aliases an input (reshape and identity copy).
+The long story: docs/fastlib.md, section ``fastlib/ops.py``.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from fastlib.kernels import dense as dense_kernels
 from fastlib.kernels import rbm as kernels
 from fastlib.layers import config as layer_config
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
-from fastlib.layers.base import Layer, check_positive_int, require_last
+from fastlib.layers.base import Layer, set_sizes
 from fastlib.training.algorithms import BatchResult, EpochStats, register_algorithm
 from fastlib.training.clipping import clip_gradients
 
@@ -55,10 +55,13 @@ class RBM(Layer):
     ['hidden_bias', 'visible_bias', 'weight']
     """
 
+    _in_attr, _out_attr = "visible", "hidden"
+    _label_attrs = ("visible", "hidden")
+    _input_rank, _feature_name = 2, "visible units"
+
     def __init__(self, visible, hidden, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        self.visible = check_positive_int(visible, "visible", "RBM")
-        self.hidden = check_positive_int(hidden, "hidden", "RBM")
+        set_sizes(self, visible=visible, hidden=hidden)
         self.hist_post = None
         self.history = {"reconstruction_error": [], "free_energy": []}
         self.reset_parameters(seed, rng)
@@ -66,18 +69,6 @@ class RBM(Layer):
     def _init_parameters(self, rng):
         return {"weight": rng.normal(0.0, INIT_STD, (self.visible, self.hidden)),
                 "visible_bias": np.zeros(self.visible), "hidden_bias": np.zeros(self.hidden)}
-
-    @property
-    def in_width(self):
-        return self.visible
-
-    def out_width(self, in_width):
-        return self.hidden
-
-    def infer_shape(self, shape):
-        require_last(shape, self.visible, f"RBM({self.visible}, {self.hidden})",
-                     "visible units", ndim=2)
-        return (shape[0], self.hidden)
 
     def get_config(self):
         return {"type": "RBM", "visible": self.visible, "hidden": self.hidden}

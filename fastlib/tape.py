@@ -20,6 +20,18 @@ __all__ = ["Tape", "AutogradError"]
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def check_dtype(dtype, owner):
+    """A layer's or a tape's dtype as a numpy dtype: float32 or float64, else a TypeError."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"{owner}: dtype must be float32 or float64, got {dtype!r}") from exc
+    if resolved not in _FLOAT_DTYPES:
+        raise TypeError(f"{owner}: dtype must be float32 or float64, got {resolved}; pass "
+                        "dtype=np.float32 or dtype=np.float64")
+    return resolved
+
+
 class AutogradError(ValueError):
     """A misuse of the tape: an invalid id, or a gradient whose shape or count is wrong."""
 
@@ -47,14 +59,7 @@ class Tape:
     """
 
     def __init__(self, dtype=np.float64):
-        try:
-            resolved = np.dtype(dtype)
-        except TypeError as exc:
-            raise TypeError(f"Tape dtype must be float32 or float64, got {dtype!r}") from exc
-        if resolved not in _FLOAT_DTYPES:
-            raise TypeError(f"Tape dtype must be float32 or float64, got {resolved}: "
-                            "pass dtype=np.float32 or dtype=np.float64")
-        self.dtype = resolved
+        self.dtype = check_dtype(dtype, "Tape")
         self._values = []
         self._parents = []
         self._backward = []

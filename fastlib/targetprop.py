@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import difflib
 import math
-import numbers
 from dataclasses import fields
 
 import numpy as np
 
-from optable.targetprop import NORMALISATIONS, TargetPropConfig
+from optable.targetprop import (LOSS_TYPES, NORMALISATIONS, TargetPropConfig,  # noqa: F401
+                                check_apply, check_fresh, check_loss_type,
+                                flatten_layers)
 from fastlib.kernels import dense as dense_kernels
 from fastlib.kernels import targetprop as kernels
 from fastlib.layers.attention import MultiHeadAttention
 from fastlib.layers.base import Layer
-from fastlib.layers.containers import Sequential
 from fastlib.layers.dense import Dense
 from fastlib.layers.recurrent import LSTM, RNN
 from fastlib.layers.swiglu import SwiGLU
@@ -31,8 +31,6 @@ __all__ = ["TargetPropConfig", "TargetPropState", "targetprop_forward", "targetp
            "targetprop_train_one_batch"]
 
 SUPPORTED = (Dense, RNN, LSTM, MultiHeadAttention, SwiGLU)
-LOSS_TYPES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
-              "binary_cross_entropy_with_logits")
 
 
 def flatten(model):
@@ -47,22 +45,7 @@ def flatten(model):
     """
     if not isinstance(model, Layer):
         raise TypeError(f"TargetProp needs a fastlib model, got {type(model).__name__}")
-    out = []
-
-    def walk(layer, prefix):
-        if isinstance(layer, Sequential):
-            for i, child in enumerate(layer.layers):
-                walk(child, f"{prefix}{i}.")
-            return
-        if not isinstance(layer, SUPPORTED):
-            where = prefix.rstrip(".") or "the model"
-            names = ", ".join(c.__name__ for c in SUPPORTED)
-            raise ValueError(f"TargetProp: layer {type(layer).__name__!r} at {where!r} is not "
-                             f"supported; TargetProp trains {names} and nested Sequential models")
-        out.append((prefix, len(out), layer))
-
-    walk(model, "")
-    return out
+    return flatten_layers(model, lambda layer: type(layer).__name__, lambda seq: seq.layers)
 
 
 class TargetPropState:
@@ -209,9 +192,7 @@ def targetprop_backward(model, state, target, input_target=False):
     _check_state(model, state)
     if not state.forward_acts:
         raise RuntimeError("targetprop_backward needs targetprop_forward first")
-    if state.applied:
-        raise RuntimeError("the parameters changed since targetprop_forward (apply_targetprop_gaps "
-                           "ran); run targetprop_forward again before another backward or apply")
+    check_fresh(state)
     y_last = state.forward_acts[-1]
     t = np.asarray(target)
     if t.dtype.kind not in "fiu":
@@ -361,12 +342,7 @@ def apply_targetprop_gaps(model, state, lr):
         ``state.updated``.
     """
     _check_state(model, state)
-    if state.applied:
-        raise RuntimeError("the parameters changed since targetprop_forward (apply_targetprop_gaps "
-                           "ran); run targetprop_forward again before another backward or apply")
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (math.isfinite(lr) and
-                                                                         lr > 0):
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    check_apply(state, lr)
     if len(state.backward_targets) != len(state.layers) or state.backward_targets[0] is None:
         raise RuntimeError("apply_targetprop_gaps needs targetprop_backward first")
     if len(state.link_budgets) != len(state.layers):
@@ -428,11 +404,7 @@ def output_target(loss_type, pred, y):
     """
     from fastlib.ops import forward
 
-    if loss_type not in LOSS_TYPES:
-        close = difflib.get_close_matches(str(loss_type), LOSS_TYPES, n=2)
-        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"output_target: unknown loss_type {loss_type!r}{hint}; use one of "
-                         f"{', '.join(LOSS_TYPES)}")
+    check_loss_type(loss_type)
     pred = np.asarray(pred)
     if loss_type == "cross_entropy":
         idx = np.asarray(y).reshape(-1).astype(np.int64)

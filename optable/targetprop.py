@@ -11,10 +11,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TargetPropConfig", "UPDATES", "NORMALISATIONS"]
+from optable.errors import did_you_mean
+from optable.losses import LOSSES
+
+__all__ = ["TargetPropConfig", "UPDATES", "NORMALISATIONS", "SUPPORTED_LAYERS", "LOSS_TYPES",
+           "check_loss_type", "flatten_layers", "check_fresh", "check_apply"]
 
 UPDATES = ("gradient", "loom")          # first = default
 NORMALISATIONS = ("row", "column")      # first = default
+#: The layer types TargetProp trains, by class name (nested Sequential models are flattened).
+SUPPORTED_LAYERS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU")
+#: The losses whose output-layer target TargetProp forms from labels: every loss.
+LOSS_TYPES = LOSSES
 _NUMBERS = ("gradient_scale", "depth_scale_factor", "budget_threshold", "momentum",
             "weight_threshold")
 
@@ -77,3 +85,64 @@ class TargetPropConfig:
             raise ValueError(f"TargetPropConfig: momentum must be in [0, 1), got {self.momentum}")
         if self.budget_threshold < 0 or self.weight_threshold < 0:
             raise ValueError("TargetPropConfig: budget_threshold and weight_threshold must be >= 0")
+
+
+def check_loss_type(loss_type):
+    """Raise a ValueError naming the close names unless ``loss_type`` is in ``LOSS_TYPES``."""
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"output_target: unknown loss_type {loss_type!r}"
+                         f"{did_you_mean(loss_type, LOSS_TYPES)}; use one of {LOSS_TYPES}")
+
+
+def flatten_layers(model, kind, children):
+    """``[(prefix, depth, layer)]``: the layers TargetProp trains, in forward order.
+
+    The one walk of a model (an engine's layer objects, or spec's config dicts): nested
+    ``Sequential`` models are flattened depth first, their layers named ``"<i>."`` prefixes.
+
+    Parameters
+    ----------
+    model : object
+        The model's root.
+    kind : callable
+        ``kind(layer)`` -> the layer's type name (``"Dense"``, ``"Sequential"``, ...).
+    children : callable
+        ``children(sequential)`` -> its layers, in order.
+
+    Raises
+    ------
+    ValueError
+        A layer whose type is not in ``SUPPORTED_LAYERS`` (Parallel, norms, Embedding, ...).
+    """
+    out = []
+
+    def walk(layer, prefix):
+        name = kind(layer)
+        if name == "Sequential":
+            for i, child in enumerate(children(layer)):
+                walk(child, f"{prefix}{i}.")
+            return
+        if name not in SUPPORTED_LAYERS:
+            where = prefix.rstrip(".") or "the model"
+            raise ValueError(f"TargetProp: layer {name!r} at {where!r} is not supported; "
+                             f"TargetProp trains {', '.join(SUPPORTED_LAYERS)} and nested "
+                             "Sequential models")
+        out.append((prefix, len(out), layer))
+
+    walk(model, "")
+    return out
+
+
+def check_fresh(state):
+    """Raise unless ``state`` holds a forward of the current parameters (none applied since)."""
+    if state.applied:
+        raise RuntimeError("the parameters changed since targetprop_forward (apply_targetprop_gaps "
+                           "ran); run targetprop_forward again before another backward or apply")
+
+
+def check_apply(state, lr):
+    """The preconditions of ``apply_targetprop_gaps``: a fresh state and a finite ``lr > 0``."""
+    check_fresh(state)
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (math.isfinite(lr) and
+                                                                         lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")

@@ -4,7 +4,7 @@ Public names are resolved lazily from the module that defines them.
 """
 from __future__ import annotations
 
-import importlib
+from optable.lazy import lazy_namespace
 
 # public name -> module that defines it (one table; ``__all__`` is derived from it)
 _EXPORTS = {
@@ -25,16 +25,4 @@ _SUBMODULES = ("ops", "tape", "program", "models", "losses", "optim", "train", "
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module(f"reflib.{name}")
-    raise AttributeError(f"module 'reflib' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
+__getattr__, __dir__ = lazy_namespace("reflib", _EXPORTS, _SUBMODULES)

@@ -8,42 +8,16 @@ The long story: docs/reflib.md, section ``reflib/losses.py``.
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
-from reflib.models.base import close_matches
+# the names are the op table's, shared with fastlib
+from optable.losses import DEPRECATED_ALIASES, LOSSES, resolve_loss  # noqa: F401
 from reflib.tape import Tape
 
-LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
-          "binary_cross_entropy_with_logits")
-DEPRECATED_ALIASES = {"sparse_cross_entropy": "cross_entropy"}
 
 # NOTE: rows of a categorical target must sum to 1; 1e-5 admits float32 label smoothing
 # (rounding ~1e-7 per entry) while rejecting class-index or unnormalised targets.
 _ROW_SUM_TOL = 1e-5
-
-
-def resolve_loss(loss_type):
-    """Canonical loss name for ``loss_type`` (warns for the deprecated alias).
-
-    Raises
-    ------
-    ValueError
-        For an unknown name, listing the close names and every valid one.
-    """
-    if not isinstance(loss_type, str):
-        raise TypeError(f"loss_type must be a name (str), got {loss_type!r}")
-    key = loss_type.lower()
-    if key in DEPRECATED_ALIASES:
-        new = DEPRECATED_ALIASES[key]
-        warnings.warn(f"loss_type {loss_type!r} is deprecated; use {new!r} (same class-index "
-                      "targets)", DeprecationWarning, stacklevel=3)
-        return new
-    if key not in LOSSES:
-        raise ValueError(f"unknown loss_type {loss_type!r}{close_matches(key, LOSSES)}; "
-                         f"choose one of {list(LOSSES)}")
-    return key
 
 
 def _values(arr):

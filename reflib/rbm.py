@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from reflib import ops
-from reflib.models.base import Layer, check_positive_int, input_shape, make_rng
+from reflib.models.base import Layer, input_shape, set_sizes
 from reflib.numeric import numeric_for
 
 __all__ = ["RBM", "CDResult", "cd_step", "cd_train_step", "free_energy",
@@ -39,9 +39,8 @@ class RBM(Layer):
 
     def __init__(self, visible, hidden, *, seed=None, rng=None):
         super().__init__()
-        self.visible = check_positive_int(visible, "visible", "RBM")
-        self.hidden = check_positive_int(hidden, "hidden", "RBM")
-        self._init_parameters(make_rng(seed, rng))
+        set_sizes(self, visible=visible, hidden=hidden)
+        self.reset_parameters(seed, rng)
 
     def _init_parameters(self, rng):
         self._params = {"weight": rng.normal(0.0, INIT_STD, (self.visible, self.hidden)),

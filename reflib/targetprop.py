@@ -10,24 +10,20 @@ Usage (Loom's pattern) and the long story: docs/reflib.md, section ``reflib/targ
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import numpy as np
 
-from optable.targetprop import TargetPropConfig
+from optable.targetprop import (LOSS_TYPES, SUPPORTED_LAYERS, TargetPropConfig,  # noqa: F401
+                                check_apply, check_fresh, check_loss_type,
+                                flatten_layers)
 from reflib import ops
-from reflib.models.base import Layer, close_matches, input_array
-from reflib.models.containers import Sequential
+from reflib.models.base import Layer, input_array
 from reflib.numeric import numeric_for
 from reflib.tape import Tape
 
 __all__ = ["TargetPropConfig", "TargetPropState", "targetprop_forward", "targetprop_backward",
            "apply_targetprop_gaps", "output_target", "flatten", "route"]
 
-SUPPORTED = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU")
-LOSS_TYPES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
-              "binary_cross_entropy_with_logits")
+SUPPORTED = SUPPORTED_LAYERS
 
 
 def flatten(model):
@@ -41,23 +37,7 @@ def flatten(model):
     if not isinstance(model, Layer):
         raise TypeError(f"reflib TargetProp needs a reflib model, got {type(model).__name__}; "
                         "use reflib.models.twin(model) for a fastlib model")
-    out = []
-
-    def walk(layer, prefix):
-        if isinstance(layer, Sequential):
-            for i, child in enumerate(layer.layers):
-                walk(child, f"{prefix}{i}.")
-            return
-        kind = type(layer).__name__
-        if kind not in SUPPORTED:
-            where = prefix.rstrip(".") or "the model"
-            raise ValueError(f"TargetProp: layer {kind!r} at {where!r} is not supported; "
-                             f"TargetProp trains {', '.join(SUPPORTED)} and nested Sequential "
-                             "models")
-        out.append((prefix, len(out), layer))
-
-    walk(model, "")
-    return out
+    return flatten_layers(model, lambda layer: type(layer).__name__, lambda seq: seq.layers)
 
 
 class TargetPropState:
@@ -199,9 +179,7 @@ def targetprop_backward(model, state, target, input_target=False):
     _check_state(model, state)
     if not state.forward_acts:
         raise RuntimeError("targetprop_backward needs targetprop_forward first")
-    if state.applied:
-        raise RuntimeError("the parameters changed since targetprop_forward (apply_targetprop_gaps "
-                           "ran); run targetprop_forward again before another backward or apply")
+    check_fresh(state)
     cfg, num = state.config, state.num
     y_last = state.forward_acts[-1]
     with num.context():
@@ -385,12 +363,7 @@ def apply_targetprop_gaps(model, state, lr):
         The new parameters (also loaded into ``model``).
     """
     _check_state(model, state)
-    if state.applied:
-        raise RuntimeError("the parameters changed since targetprop_forward (apply_targetprop_gaps "
-                           "ran); run targetprop_forward again before another backward or apply")
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (math.isfinite(lr) and
-                                                                         lr > 0):
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    check_apply(state, lr)
     if len(state.link_budgets) != len(state.layers):
         state.calculate_link_budgets()
     cfg, num = state.config, state.num
@@ -427,9 +400,7 @@ def output_target(loss_type, pred, y, dps=None):
     categorical_cross_entropy: ``pred + onehot − softmax(pred)``;
     binary_cross_entropy_with_logits: ``pred + y − sigmoid(pred)``.
     """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"output_target: unknown loss_type {loss_type!r}"
-                         f"{close_matches(loss_type, LOSS_TYPES)}; use one of {LOSS_TYPES}")
+    check_loss_type(loss_type)
     num = numeric_for(dps)
     with num.context():
         p = num.asarray(pred, "pred")

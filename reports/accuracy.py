@@ -1,30 +1,10 @@
 """Gradient accuracy: every op's VJP, per engine and dtype, held against exact values.
 
-The pipeline, one op at a time (:func:`measure_op`):
+Each VJP element of sampled and special cases is compared with spec's exact value at 50 digits
+(ULP and relative error, correct rounding, conditioning), beside the floor of a correctly
+rounded answer and finite differences; the result is one JSON-ready dict for the renderers.
 
-1. **Cases.** ``samples`` draws from the op's domains in each random source (``uniform``: the
-   spec's samplers; ``log_uniform``: magnitudes 10**U(-6, 2) with random signs), plus the
-   special-values table (``special``). Float inputs and cotangents are rounded to float32 once,
-   so they are exact in every dtype and one exact answer serves every engine.
-2. **Exact.** ``spec.evaluate`` at 50 digits (through the conformance suite's cached oracle)
-   gives each VJP element, kept as a float64 pair (hi + lo), its correctly rounded float32 and
-   float64 values, and its componentwise relative condition number kappa (how much the exact
-   VJP moves when every input and cotangent entry is perturbed relatively: the error a
-   backward-stable algorithm may make, in units of u).
-3. **Engines.** Each engine × dtype computes the VJPs of the same cases; per element we record
-   the error in ULPs of the dtype, the relative error, and whether the result is the correctly
-   rounded value.
-4. **References beside the engines.** The floor ("exact, then rounded to the dtype": the best
-   any engine can return) and central finite differences at several step sizes on a
-   correctly rounded forward (where they fail).
-5. **Figures.** Per row: median / p99 / max of the ULP and relative errors, the share correctly
-   rounded, the same restricted to well-conditioned elements (kappa <= ``KAPPA_WELL``), per source,
-   per input-magnitude decade, a histogram of the ULP errors, and the worst element with its
-   inputs. :func:`bar` checks fastlib against the issue's bar; :func:`compare` finds
-   regressions against a baseline report.
-
-The result is one JSON-ready ``dict`` (schema: ``reports.schema``), rendered by
-``reports.render``.
+The long story: docs/reports.md, section ``reports/accuracy.py``.
 """
 from __future__ import annotations
 
@@ -1165,7 +1145,7 @@ def _find(report, op, engine, dtype):
 
 
 def bar(report, engine="fastlib", rival="torch"):
-    """The issue's bar for ``engine``, op by op.
+    """The accuracy bar for ``engine``, op by op.
 
     - ``float64``: max ULP error on well-conditioned elements <= ``FEW_ULPS``;
     - ``float32``: median ULP error <= the ``rival``'s on the same inputs (when measured);

@@ -21,6 +21,8 @@ import mpmath
 import numpy as np
 
 import optable
+from optable.targetprop import (LOSS_TYPES, NORMALISATIONS, SUPPORTED_LAYERS,  # noqa: F401
+                                UPDATES, check_loss_type, flatten_layers)
 from spec.backends import MPMATH, SYMPY
 from spec.evaluate import _check_dps, _mpf_array, as_array, GUARD_DIGITS
 from spec.opspec import call_formula
@@ -32,13 +34,9 @@ TARGETPROP_DEFAULTS = MappingProxyType({
     "budget_threshold": 0.2, "momentum": 0.9, "weight_threshold": 0.01,
     "update": "gradient", "normalisation": "row",
 })
-# The choices of the two named settings (first = default).
-UPDATES = ("gradient", "loom")
-NORMALISATIONS = ("row", "column")
-
-SUPPORTED_LAYERS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU")
-LOSS_TYPES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
-              "binary_cross_entropy_with_logits")
+# The choices of the two named settings (first = default), the layer types TargetProp trains
+# and the losses it forms output targets for are optable.targetprop's (UPDATES, NORMALISATIONS,
+# SUPPORTED_LAYERS, LOSS_TYPES), shared with the engines.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,24 +357,14 @@ def leaves(model_config):
     ValueError
         A layer type TargetProp does not support (``Parallel``, norms, ``Embedding``, ...).
     """
-    out = []
+    return [Leaf(prefix, depth, dict(cfg)) for prefix, depth, cfg in
+            flatten_layers(model_config, _config_type, lambda seq: seq["layers"])]
 
-    def walk(cfg, prefix):
-        if not isinstance(cfg, Mapping) or "type" not in cfg:
-            raise TypeError(f"TargetProp: a model config is a dict with a 'type' key, got {cfg!r}")
-        if cfg["type"] == "Sequential":
-            for i, child in enumerate(cfg["layers"]):
-                walk(child, f"{prefix}{i}.")
-            return
-        if cfg["type"] not in SUPPORTED_LAYERS:
-            where = prefix.rstrip(".") or "the model"
-            raise ValueError(f"TargetProp: layer {cfg['type']!r} at {where!r} is not supported; "
-                             f"TargetProp trains {', '.join(SUPPORTED_LAYERS)} and nested "
-                             "Sequential models")
-        out.append(Leaf(prefix, len(out), dict(cfg)))
 
-    walk(model_config, "")
-    return out
+def _config_type(cfg):
+    if not isinstance(cfg, Mapping) or "type" not in cfg:
+        raise TypeError(f"TargetProp: a model config is a dict with a 'type' key, got {cfg!r}")
+    return cfg["type"]
 
 
 def _local_params(leaf, params):
@@ -755,10 +743,7 @@ def output_target(loss_type, pred, y, dps=50):
     ``cross_entropy`` takes class indices ``(N,)`` or ``(N, 1)``; the other losses take ``y``
     shaped like ``pred``.
     """
-    if loss_type not in LOSS_TYPES:
-        from spec.errors import did_you_mean
-        raise ValueError(f"output_target: unknown loss_type {loss_type!r}"
-                         f"{did_you_mean(loss_type, LOSS_TYPES)}; use one of {LOSS_TYPES}")
+    check_loss_type(loss_type)
     dps = _check_dps(dps)
     with mpmath.workdps(dps + GUARD_DIGITS):
         p = _exact(pred, "pred")

@@ -118,27 +118,42 @@ def test_a_failing_row_keeps_its_counterexample(client):
     assert results(done) == results(serial)
 
 
-def test_a_check_that_kills_its_worker_twice_is_a_failure_and_others_are_rerun(client):
+def _crashing_rows():
+    """The dev profile and the exact rows of tanh (always crashes) and exp (crashes once)."""
     from reports.conformance import runner
-    from reports.distributed import cluster
 
     profile = runner.PROFILES["dev"]
     planned, _ = runner.plan_rows([CRASHING], ops=["tanh", "exp"], dtype="float64")
     planned = {r.name: r for r in planned if r.kind == "exact"}
     assert sorted(planned) == ["exp", "tanh"]
+    return profile, planned
+
+
+def _judged(client, planned, exp, tanh):
+    """tanh, which kills its worker every time, failed; exp, which killed it once, passed on
+    its rerun elsewhere, with the result a serial run gives."""
+    from reports.conformance import runner
+    from reports.distributed import cluster
+
+    assert tanh.status == "FAIL" and cluster.KILLED_TWICE in tanh.detail
+    assert math.isinf(tanh.error) and "--ops tanh" in tanh.command
+    assert client.marker.exists() and exp.status == "pass", exp.detail
+    again, _ = runner.plan_rows([CRASHING], ops=["exp"], dtype="float64")
+    again = [r for r in again if r.kind == "exact"]
+    runner.run_rows(again, runner.PROFILES["dev"], 0)  # the marker exists now: no crash here
+    assert results([planned["exp"]]) == results(again)
+
+
+def test_a_check_that_kills_its_worker_twice_is_a_failure_and_others_are_rerun(client):
+    from reports.distributed import cluster
+
+    profile, planned = _crashing_rows()
     # one after the other (side by side: the slow test below)
     exp = cluster.run_rows(client, [planned["exp"]], profile, 0, ops=["tanh", "exp"],
                            dtype="float64")[0].result
     tanh = cluster.run_rows(client, [planned["tanh"]], profile, 0, ops=["tanh", "exp"],
                             dtype="float64")[0].result
-    assert tanh.status == "FAIL" and cluster.KILLED_TWICE in tanh.detail
-    assert math.isinf(tanh.error) and "--ops tanh" in tanh.command
-    # exp's first run killed its worker; the rerun elsewhere passed, with the serial result
-    assert client.marker.exists() and exp.status == "pass", exp.detail
-    again, _ = runner.plan_rows([CRASHING], ops=["exp"], dtype="float64")
-    again = [r for r in again if r.kind == "exact"]
-    runner.run_rows(again, profile, 0)  # the marker exists now: no crash in this process
-    assert results([planned["exp"]]) == results(again)
+    _judged(client, planned, exp, tanh)
 
 
 @pytest.mark.slow  # ~30 s: four worker deaths and restarts
@@ -155,25 +170,14 @@ def test_two_crashing_checks_side_by_side_are_judged_alone(tmp_path, monkeypatch
 
 
 def _side_by_side(client):
-    from reports.conformance import runner
     from reports.distributed import cluster
 
-    profile = runner.PROFILES["dev"]
-    planned, _ = runner.plan_rows([CRASHING], ops=["tanh", "exp"], dtype="float64")
-    planned = {r.name: r for r in planned if r.kind == "exact"}
-    assert sorted(planned) == ["exp", "tanh"]
+    profile, planned = _crashing_rows()
     # side by side: tanh kills its worker every time, exp once (its rerun passes)
     done = cluster.run_rows(client, [planned["exp"], planned["tanh"]], profile, 0,
                             ops=["tanh", "exp"], dtype="float64")
     exp, tanh = done[0].result, done[1].result
-    assert tanh.status == "FAIL" and cluster.KILLED_TWICE in tanh.detail
-    assert math.isinf(tanh.error) and "--ops tanh" in tanh.command
-    # exp's first run killed its worker; the rerun elsewhere passed, with the serial result
-    assert client.marker.exists() and exp.status == "pass", exp.detail
-    again, _ = runner.plan_rows([CRASHING], ops=["exp"], dtype="float64")
-    again = [r for r in again if r.kind == "exact"]
-    runner.run_rows(again, profile, 0)  # the marker exists now: no crash in this process
-    assert results([planned["exp"]]) == results(again)
+    _judged(client, planned, exp, tanh)
 
 
 def test_conform_rejects_a_bad_cluster_spec(capsys):

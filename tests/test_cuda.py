@@ -16,12 +16,8 @@ Three parts:
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -30,80 +26,31 @@ from hypothesis import strategies as st
 
 import fastlib.cuda as fc
 from fastlib.cuda import ops as cuda_ops
+from tests.sim_runs import (assert_only_known, assert_passed, load_script, run_python,
+                             simulate_with_retry)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIM_SCRIPT = ROOT / "tests" / "cuda_sim_check.py"
-
-
-def _load_sim_script():
-    spec = importlib.util.spec_from_file_location("cuda_sim_check", SIM_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SIM_CHECKS = _load_sim_script().check_names()
-
-
-def _run(code_or_args, env_update, drop=()):
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(env_update)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    args = code_or_args if isinstance(code_or_args, list) else ["-c", code_or_args]
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
+SIM_CHECKS = load_script(SIM_SCRIPT).check_names()
 
 
 # ---------------------------------------------------------------------------------------------
 # 1. the simulator
 
-def _simulate():
-    proc = _run([str(SIM_SCRIPT)], {"NUMBA_ENABLE_CUDASIM": "1"})
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            row = json.loads(line)
-            results[row["check"]] = (row["ok"], row["detail"])
-    if proc.returncode != 0 or not results:
-        pytest.fail(f"the simulator run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return results
-
-
 @pytest.fixture(scope="module")
 def sim_results():
-    """Run every simulator check; {check name: (ok, detail)}.
-
-    NOTE: the simulator has a race of its own (it swaps a device function's global ``cuda``
-    for a fake module and back around each call, and simulated threads are Python threads that
-    overlap; see cuda_sim_check._past_simulator_race). Besides the AttributeError, the race
-    can hand one thread a private ``cuda.shared.array`` instead of the block's, which silently
-    breaks a tiled kernel for that launch. So a check that fails is run once more in a fresh
-    process and must pass there too; a real kernel bug fails both runs (the second run's
-    failure detail is the one reported, with the first's beside it).
-    """
-    results = _simulate()
-    failed = [name for name, (ok, _) in results.items() if not ok]
-    if failed:
-        again = _simulate()
-        for name in failed:
-            ok, detail = again.get(name, (False, "not reported on the second run"))
-            results[name] = (ok, detail if ok else
-                             f"{detail} (failed on both runs; first: {results[name][1]})")
-    return results
+    """Run every simulator check; {check name: (ok, detail)} (a failed check runs twice:
+    ``sim_runs.simulate_with_retry`` says why)."""
+    return simulate_with_retry(SIM_SCRIPT)
 
 
 @pytest.mark.parametrize("check", SIM_CHECKS)
 def test_simulated(sim_results, check):
-    assert check in sim_results, f"{check} was not reported by {SIM_SCRIPT.name}"
-    ok, detail = sim_results[check]
-    assert ok, f"{check}: {detail}"
+    assert_passed(sim_results, check, SIM_SCRIPT)
 
 
 def test_simulator_reports_only_known_checks(sim_results):
-    # a crashed group reports "group:<name>" with its traceback; any unknown name is a failure
-    extra = {name: detail for name, (ok, detail) in sim_results.items()
-             if name not in set(SIM_CHECKS)}
-    assert not extra, f"unexpected reports (crashes?): {extra}"
+    assert_only_known(sim_results, SIM_CHECKS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,7 +86,7 @@ print(json.dumps({"available": fc.is_available(), "reason": fc.unavailable_reaso
 
 
 def test_without_gpu_or_simulator_everything_says_why():
-    proc = _run(_NO_DEVICE, {}, drop=("NUMBA_ENABLE_CUDASIM",))
+    proc = run_python(_NO_DEVICE, {}, drop=("NUMBA_ENABLE_CUDASIM",))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     if report["available"]:
@@ -157,7 +104,7 @@ def test_without_gpu_or_simulator_everything_says_why():
 def test_simulator_requested_too_late_is_explained():
     code = ("import os, numba; os.environ['NUMBA_ENABLE_CUDASIM'] = '1'; "
             "import fastlib.cuda as fc; print(fc.is_available()); print(fc.unavailable_reason())")
-    proc = _run(code, {}, drop=("NUMBA_ENABLE_CUDASIM",))
+    proc = run_python(code, {}, drop=("NUMBA_ENABLE_CUDASIM",))
     assert proc.returncode == 0, proc.stderr
     available, reason = proc.stdout.strip().splitlines()[-2:]
     if available == "True":

@@ -13,66 +13,27 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
+from tests.sim_runs import (assert_only_known, assert_passed, load_script, run_python,
+                             simulate_with_retry)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "cuda_train_sim_check.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("cuda_train_sim_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CHECKS = _load_script().check_names()
-SLOW_CHECKS = [c for c in _load_script().check_names(slow=True) if c not in CHECKS]
+CHECKS = load_script(SCRIPT).check_names()
+SLOW_CHECKS = [c for c in load_script(SCRIPT).check_names(slow=True) if c not in CHECKS]
 
 
 def _run(args, env_update, drop=()):
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(env_update)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=3600)
-
-
-def _simulate(*extra):
-    proc = _run([str(SCRIPT), *extra], {"NUMBA_ENABLE_CUDASIM": "1"})
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            row = json.loads(line)
-            results[row["check"]] = (row["ok"], row["detail"])
-    if proc.returncode != 0 or not results:
-        pytest.fail(f"the simulator run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return results
+    return run_python(args, env_update, drop, timeout=3600)
 
 
 def _with_retry(*extra):
-    """Run the checks; a failed one runs again in a fresh process and must pass there too.
-
-    NOTE: numba's simulator has races of its own (see tests/test_cuda.py's sim_results): a
-    simulated thread can be handed a private shared array, silently breaking a tiled kernel
-    for one launch. A real bug fails both runs; the report keeps both details.
-    """
-    results = _simulate(*extra)
-    failed = [name for name, (ok, _) in results.items() if not ok]
-    if failed:
-        again = _simulate(*extra)
-        for name in failed:
-            ok, detail = again.get(name, (False, "not reported on the second run"))
-            results[name] = (ok, detail if ok else
-                             f"{detail} (failed on both runs; first: {results[name][1]})")
-    return results
+    """Run the checks; a failed one runs again in a fresh process and must pass there too."""
+    return simulate_with_retry(SCRIPT, *extra, timeout=3600)
 
 
 @pytest.fixture(scope="module")
@@ -82,14 +43,11 @@ def sim_results():
 
 @pytest.mark.parametrize("check", CHECKS)
 def test_device_training(sim_results, check):
-    assert check in sim_results, f"{check} was not reported by {SCRIPT.name}"
-    ok, detail = sim_results[check]
-    assert ok, f"{check}: {detail}"
+    assert_passed(sim_results, check, SCRIPT)
 
 
 def test_simulator_reports_only_known_checks(sim_results):
-    extra = {n: d for n, (ok, d) in sim_results.items() if n not in set(CHECKS)}
-    assert not extra, f"unexpected reports (crashes?): {extra}"
+    assert_only_known(sim_results, CHECKS)
 
 
 _NO_DEVICE = """

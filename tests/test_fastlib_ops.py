@@ -190,6 +190,17 @@ def _within(got, exact, bound, scale):
     return diff <= bound * ref + ABS_FLOOR * np.sqrt(exact.size)
 
 
+def _fast_call(name, data, dtype):
+    """Draw one call of op ``name`` in ``dtype`` and a cotangent; run fastlib's forward and
+    VJP on it. Returns ``(inputs, params, out, grad, grads)``."""
+    shapes, params, seed = data.draw(op_case(name))
+    inputs, rng = _inputs(name, shapes, params, seed, dtype)
+    out = fastlib.forward(name, inputs, **params)
+    assert out.dtype == dtype
+    grad = rng.standard_normal(out.shape).astype(dtype)
+    return inputs, params, out, grad, fastlib.vjp(name, inputs, grad, **params)
+
+
 def _close64(got, want, exact, scale):
     """fastlib within TOL64 (normwise, relative) of reflib; where the result is much smaller
     than the terms it sums, reflib's own error can exceed that, and then fastlib must be within
@@ -200,13 +211,9 @@ def _close64(got, want, exact, scale):
 @pytest.mark.parametrize("name", NAMES)
 @given(data=st.data())
 def test_float64_matches_reflib(name, data):
-    shapes, params, seed = data.draw(op_case(name))
-    inputs, rng = _inputs(name, shapes, params, seed, np.float64)
-    out = fastlib.forward(name, inputs, **params)
+    inputs, params, out, grad, grads = _fast_call(name, data, np.float64)
     want = reflib.forward(name, inputs, **params)
-    assert out.dtype == np.float64 and out.shape == want.shape
-    grad = rng.standard_normal(want.shape)
-    grads = fastlib.vjp(name, inputs, grad, **params)
+    assert out.shape == want.shape
     want_grads = reflib.vjp(name, inputs, grad, **params)
     cache = {}
 
@@ -260,12 +267,7 @@ def _k32(name, inputs, params):
 @pytest.mark.parametrize("name", NAMES)
 @given(data=st.data())
 def test_float32_within_eps_bound_of_exact(name, data):
-    shapes, params, seed = data.draw(op_case(name))
-    inputs, rng = _inputs(name, shapes, params, seed, np.float32)
-    out = fastlib.forward(name, inputs, **params)
-    assert out.dtype == np.float32
-    grad = rng.standard_normal(out.shape).astype(np.float32)
-    grads = fastlib.vjp(name, inputs, grad, **params)
+    inputs, params, out, grad, grads = _fast_call(name, data, np.float32)
     exact_inputs = [x.astype(np.float64) if x.dtype == np.float32 else x for x in inputs]
     exact_out, exact_grads = spec.evaluate(name, exact_inputs, grad.astype(np.float64),
                                            params=params, dps=30)

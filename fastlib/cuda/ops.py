@@ -1,19 +1,10 @@
 """The CUDA engine's op table and its boundary: names, inputs, params, shapes and domains.
 
-``OPS`` maps every registry name (docs/CONTRACTS.md) to a :class:`CudaOp`: its input names,
-params with defaults (the op table's, ``optable``), a ``check`` that validates shapes / params /
-domains and returns the output shape with the normalised params, and the host functions of the
-kernel modules that do the work. :func:`forward` and :func:`vjp` look the name up, check everything on the host (so a
-bad call gets a ValueError / TypeError that says what to change, never an error from inside a
-kernel) and only then touch the device.
+Everything is checked on the host (every input finite and inside its op's real domain, as
+reflib requires) before the device is touched, so a bad call gets an error that says what to
+change, never one from inside a kernel.
 
-NOTE (domains): every input must be finite and inside its op's real domain -- log x > 0,
-sqrt x >= 0 (> 0 for the VJP), div b != 0, binary_cross_entropy p in (0, 1), the binary
-targets in [0, 1], layer_norm / rms_norm rows with a nonzero normaliser -- as reflib requires.
-The inputs are on the host anyway, so the check is one pass next to the copy to the device; it
-also keeps the simulator from failing inside a kernel, where Python's math raises on log(0)
-and overflow instead of returning IEEE infinities. (fastlib's CPU engine lets the cheap
-elementwise ops follow IEEE instead; the two agree wherever both accept an input.)
+The long story: docs/fastlib.md, section ``fastlib/cuda/ops.py``.
 """
 from __future__ import annotations
 

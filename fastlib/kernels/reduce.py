@@ -46,6 +46,31 @@ def _block_sum(v, lo, hi):
     return s
 
 
+# The binary tree over block sums, kept as a stack of (partial sum, level): a new block sum
+# merges with every top entry of its level, as the recursive pairwise sum would pair them.
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _tree_push(stack, levels, top, s):
+    """Push block sum ``s`` (level 0), merging equal levels; return the new stack height."""
+    level = 0
+    while top > 0 and levels[top - 1] == level:
+        top -= 1
+        s = stack[top] + s
+        level += 1
+    stack[top] = s
+    levels[top] = level
+    return top + 1
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _tree_total(stack, top):
+    """The tree's total: the stack's partial sums added from the top down."""
+    s = stack[top - 1]
+    for k in range(top - 2, -1, -1):
+        s = stack[k] + s
+    return s
+
+
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
 def _pairwise_sum(v, lo, hi):
     """Pairwise float64 sum of v[lo:hi] (blocks of _BLOCK combined as a binary tree)."""
@@ -56,18 +81,8 @@ def _pairwise_sum(v, lo, hi):
     top = 0
     for start in range(lo, hi, _BLOCK):
         s = _block_sum(v, start, min(start + _BLOCK, hi))
-        level = 0
-        while top > 0 and levels[top - 1] == level:
-            top -= 1
-            s = stack[top] + s
-            level += 1
-        stack[top] = s
-        levels[top] = level
-        top += 1
-    s = stack[top - 1]
-    for k in range(top - 2, -1, -1):
-        s = stack[k] + s
-    return s
+        top = _tree_push(stack, levels, top, s)
+    return _tree_total(stack, top)
 
 
 # --- rows: (P, R) -> (P,) -----------------------------------------------------------------
@@ -127,18 +142,8 @@ def _row_sumexp(v, shift):
         for i in range(w.size):
             buf[i] = fexp(w[i] - shift)
         s = _block_sum(buf, 0, w.size)
-        level = 0
-        while top > 0 and levels[top - 1] == level:
-            top -= 1
-            s = stack[top] + s
-            level += 1
-        stack[top] = s
-        levels[top] = level
-        top += 1
-    s = stack[top - 1]
-    for k in range(top - 2, -1, -1):
-        s = stack[k] + s
-    return s
+        top = _tree_push(stack, levels, top, s)
+    return _tree_total(stack, top)
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")

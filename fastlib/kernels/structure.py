@@ -27,32 +27,29 @@ _BLOCK = 1 << 12  # elements per block of the slice VJP's zero-and-scatter pass 
 # --- kernels ------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True, inline="always")
+def _copy(d, s, n):
+    """``d[j] = s[j]`` for j < n: the one copy loop of the four stride patterns below."""
+    for j in range(n):
+        d[j] = s[j]
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _copy_run(src, so, si, dst, do, di, n):
     """``dst[do + j di] = src[so + j si]`` for j < n (n >= 1), one loop per stride pattern.
 
     NOTE: slice views, not offset indexing: ``src[so + j * si]`` keeps Numba's negative-index
     wraparound test in the loop, which stops it vectorising (3x slower for step-2 slices).
     """
+    # each branch hands _copy views of its own layout, so each call compiles its own loop
     if di == 1:
-        d = dst[do:do + n]
         if si == 1:
-            s = src[so:so + n]
-            for j in range(n):
-                d[j] = s[j]
+            _copy(dst[do:do + n], src[so:so + n], n)
         else:
-            s = src[so:so + (n - 1) * si + 1:si]
-            for j in range(n):
-                d[j] = s[j]
+            _copy(dst[do:do + n], src[so:so + (n - 1) * si + 1:si], n)
+    elif si == 1:
+        _copy(dst[do:do + (n - 1) * di + 1:di], src[so:so + n], n)
     else:
-        d = dst[do:do + (n - 1) * di + 1:di]
-        if si == 1:
-            s = src[so:so + n]
-            for j in range(n):
-                d[j] = s[j]
-        else:
-            s = src[so:so + (n - 1) * si + 1:si]
-            for j in range(n):
-                d[j] = s[j]
+        _copy(dst[do:do + (n - 1) * di + 1:di], src[so:so + (n - 1) * si + 1:si], n)
 
 
 @njit(cache=True, nogil=True)

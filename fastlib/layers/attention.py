@@ -5,10 +5,11 @@ import numpy as np
 
 from fastlib.kernels import attention as kernels
 from fastlib.kernels import reduce as _reduce
-from fastlib.layers.base import Layer, check_bool, check_positive_int, xavier_uniform
+from fastlib.layers.base import Layer
+from optable.layers import AttentionShell
 
 
-class MultiHeadAttention(Layer):
+class MultiHeadAttention(AttentionShell, Layer):
     """Self-attention: ``y = concat_h(softmax(q_h k_h^T / sqrt(dh)) v_h) @ w_o + b_o``.
 
     ``q = x @ w_q + b_q`` (likewise k, v); head h uses columns ``h*dh:(h+1)*dh``,
@@ -27,37 +28,7 @@ class MultiHeadAttention(Layer):
 
     def __init__(self, d_model, heads, causal=False, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        owner = "MultiHeadAttention"
-        self.d_model = check_positive_int(d_model, "d_model", owner)
-        self.heads = check_positive_int(heads, "heads", owner)
-        if self.d_model % self.heads:
-            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
-            raise ValueError(f"{owner}: heads ({heads}) must divide d_model ({d_model}); pick "
-                             f"one of {divisors}")
-        self.causal = check_bool(causal, "causal", owner)
-        self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        d = self.d_model
-        params = {f"w_{n}": xavier_uniform(rng, (d, d)) for n in "qkvo"}
-        params.update({f"b_{n}": np.zeros(d) for n in "qkvo"})
-        return params
-
-    @property
-    def in_width(self):
-        return self.d_model
-
-    def out_width(self, in_width):
-        return self.d_model
-
-    def infer_shape(self, shape):
-        if len(shape) != 3 or shape[-1] != self.d_model:
-            raise ValueError(f"MultiHeadAttention({self.d_model}, {self.heads}): expected input "
-                             f"(batch, seq, d_model) = (batch, seq, {self.d_model}), got shape "
-                             f"{tuple(shape)}")
-        if shape[1] < 1:
-            raise ValueError(f"MultiHeadAttention: the sequence is empty (shape {tuple(shape)})")
-        return tuple(shape)
+        self._setup(d_model, heads, causal, seed, rng)
 
     def _stacked_qkv(self):
         """``[w_q | w_k | w_v]`` (d, 3d) and ``[b_q | b_k | b_v]`` (3d,): one GEMM for all three
@@ -117,6 +88,3 @@ class MultiHeadAttention(Layer):
         ordered = {name: grads[name] for name in p}  # keyed in parameters() order
         return dx, ordered
 
-    def get_config(self):
-        return {"type": "MultiHeadAttention", "d_model": self.d_model, "heads": self.heads,
-                "causal": self.causal}

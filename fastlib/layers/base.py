@@ -4,37 +4,16 @@ The long story: docs/fastlib.md, section ``fastlib/layers/base.py``.
 """
 from __future__ import annotations
 
-import difflib
 import numbers
 
 import numpy as np
 
 from fastlib.io import save_model
-
-_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-# NOTE: "relu-family" for He initialisation is exactly relu and leaky_relu, as in reflib.models,
-# so that one seed gives both engines the same initial parameters.
-RELU_FAMILY = frozenset({"relu", "leaky_relu"})
-
-
-def close_matches(name, options):
-    """A ``"; did you mean ...?"`` suffix for an unknown ``name`` among ``options``."""
-    found = difflib.get_close_matches(str(name), [str(o) for o in options], n=3, cutoff=0.5)
-    return f"; did you mean {', '.join(repr(f) for f in found)}?" if found else ""
-
-
-def check_dtype(dtype, owner):
-    """The layer dtype as a numpy dtype: float32 or float64, else a TypeError."""
-    try:
-        resolved = np.dtype(dtype)
-    except TypeError as exc:
-        raise TypeError(f"{owner}: dtype must be float32 or float64, got {dtype!r}") from exc
-    if resolved not in _FLOAT_DTYPES:
-        raise TypeError(f"{owner}: dtype must be float32 or float64, got {resolved}; pass "
-                        "dtype=np.float32 (fast default) or dtype=np.float64")
-    return resolved
-
+from fastlib.tape import check_dtype
+# the constructor checks and initial draws reflib's layers make too (one seed, one draw)
+from optable.layers import (RELU_FAMILY, check_bool, check_eps, check_heads,  # noqa: F401
+                            check_positive_int, close_matches, he_normal, layer_repr, set_sizes,
+                            xavier_uniform)
 
 def make_rng(seed=None, rng=None):
     """The generator to draw from.
@@ -61,39 +40,14 @@ def make_rng(seed=None, rng=None):
     return np.random.default_rng(int(seed))
 
 
-def he_normal(rng, shape):
-    """He (Kaiming) normal: N(0, 2 / fan_in) with fan_in = shape[0] (``y = x @ W``)."""
-    return rng.standard_normal(shape) * np.sqrt(2.0 / shape[0])
-
-
-def xavier_uniform(rng, shape):
-    """Xavier (Glorot) uniform: U(-a, a) with a = sqrt(6 / (shape[0] + shape[1]))."""
-    limit = np.sqrt(6.0 / (shape[0] + shape[1]))
-    return rng.uniform(-limit, limit, size=shape)
-
-
-def check_positive_int(value, what, owner):
-    """A size argument of a layer constructor as an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{owner}: {what} must be a positive int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{owner}: {what} must be >= 1, got {value}")
-    return int(value)
-
-
-def check_bool(value, what, owner):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{owner}: {what} must be True or False, got {value!r}")
-    return bool(value)
-
-
-def check_eps(value, owner):
-    """A normalisation epsilon: a positive finite float."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{owner}: eps must be a positive float, got {value!r}")
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"{owner}: eps must be positive and finite, got {value!r}")
-    return float(value)
+def require_sequence(shape, width, owner, what="features"):
+    """Check a ``(batch, seq, width)`` input with at least one step; raise a ValueError."""
+    if len(shape) != 3 or shape[-1] != width:
+        raise ValueError(f"{owner}: expected input (batch, seq, {what}) = (batch, seq, "
+                         f"{width}), got shape {tuple(shape)}")
+    if shape[1] < 1:
+        raise ValueError(f"{owner}: the sequence is empty (shape {tuple(shape)}); pass at "
+                         "least one time step")
 
 
 def require_last(shape, last, owner, what="features", ndim=None):
@@ -324,22 +278,50 @@ class Layer:
         raise NotImplementedError(f"{type(self).__name__} must implement backward")
 
     def infer_shape(self, shape):
-        """Output shape for input ``shape``; ValueError when the input does not fit."""
-        raise NotImplementedError(f"{type(self).__name__} must implement infer_shape")
+        """Output shape for input ``shape``; ValueError when the input does not fit.
+
+        The default serves the layers that declare their widths (``_in_attr``, below): the
+        input's last axis must be ``in_width`` (and its rank ``_input_rank`` when set), and the
+        output is the input with that axis replaced by ``out_width``.
+        """
+        if self._in_attr is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement infer_shape")
+        width, label = self.in_width, self._shape_label()
+        if self._input_rank == 3:
+            require_sequence(shape, width, label, self._feature_name)
+        else:
+            require_last(shape, width, label, self._feature_name, ndim=self._input_rank)
+        return tuple(shape[:-1]) + (self.out_width(width),)
 
     def get_config(self):
         """Architecture as a plain dict with a ``"type"`` key (``fastlib.layers.from_config``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_config")
 
     # -- widths known without an input, for container checks at construction ------------------
+    # NOTE: declared, not written per layer: a layer names the attributes holding its input and
+    # output widths, and the ones that label it in shape errors ("Dense(3, 2)"); in_width,
+    # out_width and infer_shape read them. None keeps the defaults (any width, unchanged).
+    _in_attr = None
+    _out_attr = None
+    _label_attrs = ()
+    #: The rank the input must have (3: a sequence ``(batch, seq, features)``; None: any).
+    _input_rank = None
+    #: What the entries of the input's last axis are called in shape errors.
+    _feature_name = "features"
+
     @property
     def in_width(self):
         """Size of the input's last axis this layer requires, or None when any size fits."""
-        return None
+        return None if self._in_attr is None else getattr(self, self._in_attr)
 
     def out_width(self, in_width):
         """Size of the output's last axis for an input last axis ``in_width`` (None: unknown)."""
-        return in_width
+        return in_width if self._out_attr is None else getattr(self, self._out_attr)
+
+    def _shape_label(self):
+        """The layer as shape errors name it: its class and sizes, e.g. ``Dense(3, 2)``."""
+        sizes = ", ".join(str(getattr(self, a)) for a in self._label_attrs)
+        return f"{type(self).__name__}({sizes})"
 
     # -- misc ---------------------------------------------------------------------------------
     def _cotangent(self, grad_out):
@@ -368,11 +350,5 @@ class Layer:
         """Save architecture and weights to ``path`` (``fastlib.io.save_model``)."""
         return save_model(self, path)
 
-    def __repr__(self):
-        cfg = {k: v for k, v in self.get_config().items() if k not in ("type", "layers")}
-        args = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
-        if self._children:
-            inner = ", ".join(repr(c) for c in self._children)
-            return f"{type(self).__name__}([{inner}]{', ' if args else ''}{args})"
-        return f"{type(self).__name__}({args})"
+    __repr__ = layer_repr
 

@@ -7,18 +7,18 @@ The long story: docs/fastlib.md, section ``fastlib/layers/config.py``.
 from __future__ import annotations
 
 import importlib
-import inspect
 
 import numpy as np
 
 from fastlib.layers.attention import MultiHeadAttention
-from fastlib.layers.base import check_dtype, close_matches, make_rng
+from fastlib.layers.base import check_dtype, make_rng
 from fastlib.layers.containers import Parallel, Sequential
 from fastlib.layers.dense import Dense
 from fastlib.layers.embedding import Embedding
 from fastlib.layers.norm import LayerNorm, RMSNorm, Softmax
 from fastlib.layers.recurrent import LSTM, RNN
 from fastlib.layers.swiglu import SwiGLU
+from optable.layers import IGNORED_KEYS, parse_config  # noqa: F401 (IGNORED_KEYS: public)
 
 LAYER_TYPES = {cls.__name__: cls for cls in (Dense, RNN, LSTM, MultiHeadAttention, SwiGLU,
                                              LayerNorm, RMSNorm, Embedding, Softmax,
@@ -26,7 +26,6 @@ LAYER_TYPES = {cls.__name__: cls for cls in (Dense, RNN, LSTM, MultiHeadAttentio
 # Layer types defined outside fastlib.layers register themselves in LAYER_TYPES when their
 # module is imported; this names the module so that a saved model loads in a fresh process.
 _TYPES_ELSEWHERE = {"RBM": "fastlib.rbm"}
-IGNORED_KEYS = frozenset({"dtype"})
 _NOT_CONFIG = ("self", "dtype", "seed", "rng")
 
 
@@ -57,38 +56,11 @@ def from_config(config, dtype=np.float32, seed=0, rng=None):
 
 
 def _build(config, where, dtype):
-    if not isinstance(config, dict):
-        raise TypeError(f"{where}: a layer config must be a dict with a 'type' key, got "
-                        f"{type(config).__name__}")
-    if "type" not in config:
-        raise ValueError(f"{where}: config has no 'type' key; expected one of "
-                         f"{sorted(LAYER_TYPES)}")
-    name = config["type"]
+    name = config.get("type") if isinstance(config, dict) else None
     if name in _TYPES_ELSEWHERE and name not in LAYER_TYPES:
         importlib.import_module(_TYPES_ELSEWHERE[name])
-    cls = LAYER_TYPES.get(name)
-    if cls is None:
-        lowered = {k.lower(): k for k in LAYER_TYPES}
-        hint = (f"; did you mean {lowered[name.lower()]!r}?"
-                if isinstance(name, str) and name.lower() in lowered
-                else close_matches(name, LAYER_TYPES))
-        raise ValueError(f"{where}: unknown layer type {name!r}{hint}; known types: "
-                         f"{sorted(LAYER_TYPES)}")
-    kwargs = {k: v for k, v in config.items() if k != "type" and k not in IGNORED_KEYS}
-    signature = inspect.signature(cls.__init__)
-    accepted = [p for p in signature.parameters if p not in _NOT_CONFIG]
-    for key in kwargs:
-        if key not in accepted:
-            raise ValueError(f"{where}: {name} config has unknown key {key!r}"
-                             f"{close_matches(key, accepted)}; accepted keys: {accepted}")
-    required = [p for p in accepted if signature.parameters[p].default is inspect.Parameter.empty]
-    missing = [p for p in required if p not in kwargs]
-    if missing:
-        raise ValueError(f"{where}: {name} config is missing {missing}")
+    cls, kwargs = parse_config(config, where, LAYER_TYPES, _NOT_CONFIG)
     if cls in (Sequential, Parallel):
-        layers = kwargs.pop("layers")
-        if not isinstance(layers, (list, tuple)):
-            raise TypeError(f"{where}: {name}'s 'layers' must be a list of configs")
         kwargs["layers"] = [_build(c, f"{where}.layers[{i}]", dtype)
-                            for i, c in enumerate(layers)]
+                            for i, c in enumerate(kwargs["layers"])]
     return cls(**kwargs, dtype=dtype)

@@ -9,8 +9,7 @@ import numpy as np
 
 from fastlib.kernels import dense as kernels
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE, LINEAR, check_activation
-from fastlib.layers.base import (RELU_FAMILY, Layer, check_positive_int, he_normal, require_last,
-                                 xavier_uniform)
+from fastlib.layers.base import RELU_FAMILY, Layer, he_normal, set_sizes, xavier_uniform
 
 
 def as_matrix(x, width):
@@ -38,11 +37,13 @@ class Dense(Layer):
     Input ``(..., in_features)``, output ``(..., out_features)``.
     """
 
+    _in_attr, _out_attr = "in_features", "out_features"
+    _label_attrs = ("in_features", "out_features")
+
     def __init__(self, in_features, out_features, activation="linear", *, dtype=np.float32,
                  seed=None, rng=None):
         super().__init__(dtype)
-        self.in_features = check_positive_int(in_features, "in_features", "Dense")
-        self.out_features = check_positive_int(out_features, "out_features", "Dense")
+        set_sizes(self, in_features=in_features, out_features=out_features)
         self.activation = check_activation(activation, "Dense")
         self._code = ACTIVATIONS[self.activation]
         self.hist_post = None
@@ -52,17 +53,6 @@ class Dense(Layer):
         shape = (self.in_features, self.out_features)
         draw = he_normal if self.activation in RELU_FAMILY else xavier_uniform
         return {"weight": draw(rng, shape), "bias": np.zeros(self.out_features)}
-
-    @property
-    def in_width(self):
-        return self.in_features
-
-    def out_width(self, in_width):
-        return self.out_features
-
-    def infer_shape(self, shape):
-        require_last(shape, self.in_features, f"Dense({self.in_features}, {self.out_features})")
-        return tuple(shape[:-1]) + (self.out_features,)
 
     def forward(self, x):
         w, b = self._params["weight"], self._params["bias"]

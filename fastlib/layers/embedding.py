@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, check_positive_int, xavier_uniform
+from fastlib.layers.base import Layer, set_sizes, xavier_uniform
 
 
 class Embedding(Layer):
@@ -22,18 +22,15 @@ class Embedding(Layer):
     """
 
     takes_indices = True
+    _out_attr = "dim"
 
     def __init__(self, num, dim, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        self.num = check_positive_int(num, "num", "Embedding")
-        self.dim = check_positive_int(dim, "dim", "Embedding")
+        set_sizes(self, num=num, dim=dim)
         self.reset_parameters(seed, rng)
 
     def _init_parameters(self, rng):
         return {"weight": xavier_uniform(rng, (self.num, self.dim))}
-
-    def out_width(self, in_width):
-        return self.dim
 
     def infer_shape(self, shape):
         return tuple(shape) + (self.dim,)

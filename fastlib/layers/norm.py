@@ -6,11 +6,12 @@ import numbers
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, check_eps, check_positive_int, make_rng, require_last
+from fastlib.layers.base import Layer, make_rng
 from fastlib.layers.dense import as_matrix
+from optable.layers import NormShell
 
 
-class LayerNorm(Layer):
+class LayerNorm(NormShell, Layer):
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis (biased variance).
 
     Parameters
@@ -24,23 +25,10 @@ class LayerNorm(Layer):
 
     def __init__(self, d, eps=1e-5, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        self.d = check_positive_int(d, "d", "LayerNorm")
-        self.eps = check_eps(eps, "LayerNorm")
-        self.reset_parameters(seed, rng)
+        self._setup(d, eps, seed, rng)
 
     def _init_parameters(self, rng):
         return {"weight": np.ones(self.d), "bias": np.zeros(self.d)}
-
-    @property
-    def in_width(self):
-        return self.d
-
-    def out_width(self, in_width):
-        return self.d
-
-    def infer_shape(self, shape):
-        require_last(shape, self.d, f"LayerNorm({self.d})")
-        return tuple(shape)
 
     def forward(self, x):
         x2 = as_matrix(x, self.d)
@@ -63,11 +51,8 @@ class LayerNorm(Layer):
                                     dw, db)
         return (dx.reshape(x.shape) if need_input_grad else None), {"weight": dw, "bias": db}
 
-    def get_config(self):
-        return {"type": "LayerNorm", "d": self.d, "eps": self.eps}
 
-
-class RMSNorm(Layer):
+class RMSNorm(NormShell, Layer):
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis; ``weight (d,)`` starts at 1.
 
     Parameters
@@ -80,23 +65,10 @@ class RMSNorm(Layer):
 
     def __init__(self, d, eps=1e-6, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        self.d = check_positive_int(d, "d", "RMSNorm")
-        self.eps = check_eps(eps, "RMSNorm")
-        self.reset_parameters(seed, rng)
+        self._setup(d, eps, seed, rng)
 
     def _init_parameters(self, rng):
         return {"weight": np.ones(self.d)}
-
-    @property
-    def in_width(self):
-        return self.d
-
-    def out_width(self, in_width):
-        return self.d
-
-    def infer_shape(self, shape):
-        require_last(shape, self.d, f"RMSNorm({self.d})")
-        return tuple(shape)
 
     def forward(self, x):
         x2 = as_matrix(x, self.d)
@@ -115,9 +87,6 @@ class RMSNorm(Layer):
         kernels.rms_norm_backward(g, as_matrix(x, self.d), self.hist_pre, self._params["weight"],
                                   dx, dw)
         return (dx.reshape(x.shape) if need_input_grad else None), {"weight": dw}
-
-    def get_config(self):
-        return {"type": "RMSNorm", "d": self.d, "eps": self.eps}
 
 
 class Softmax(Layer):

@@ -11,50 +11,22 @@ import numpy as np
 
 from fastlib.kernels import recurrent as kernels
 from fastlib.kernels import reduce as _reduce
-from fastlib.layers.base import Layer, check_bool, check_positive_int, xavier_uniform
+from fastlib.layers.base import Layer
+from optable.layers import RecurrentShell
 
 
-class _Recurrent(Layer):
-    """Shared shell of RNN and LSTM: sizes, shapes, layout changes and the GEMMs."""
-
-    _gates = 1  # columns of w_ih per hidden unit (LSTM: 4)
+class _Recurrent(RecurrentShell, Layer):
+    """Shared shell of RNN and LSTM: shapes, layout changes and the GEMMs (sizes, the initial
+    draw and the config: ``optable.layers.RecurrentShell``)."""
 
     def __init__(self, input_size, hidden_size, return_sequences=False, *, dtype=np.float32,
                  seed=None, rng=None):
         super().__init__(dtype)
-        owner = type(self).__name__
-        self.input_size = check_positive_int(input_size, "input_size", owner)
-        self.hidden_size = check_positive_int(hidden_size, "hidden_size", owner)
-        self.return_sequences = check_bool(return_sequences, "return_sequences", owner)
-        self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        i, h, k = self.input_size, self.hidden_size, self._gates
-        return {"w_ih": xavier_uniform(rng, (i, k * h)), "w_hh": xavier_uniform(rng, (h, k * h)),
-                "b": np.zeros(k * h)}
-
-    @property
-    def in_width(self):
-        return self.input_size
-
-    def out_width(self, in_width):
-        return self.hidden_size
+        self._setup(input_size, hidden_size, return_sequences, seed, rng)
 
     def infer_shape(self, shape):
-        owner = f"{type(self).__name__}({self.input_size}, {self.hidden_size})"
-        if len(shape) != 3 or shape[-1] != self.input_size:
-            raise ValueError(f"{owner}: expected input (batch, seq, features) = (batch, seq, "
-                             f"{self.input_size}), got shape {tuple(shape)}")
-        if shape[1] < 1:
-            raise ValueError(f"{owner}: the sequence is empty (shape {tuple(shape)}); pass at "
-                             "least one time step")
-        if self.return_sequences:
-            return (shape[0], shape[1], self.hidden_size)
-        return (shape[0], self.hidden_size)
-
-    def get_config(self):
-        return {"type": type(self).__name__, "input_size": self.input_size,
-                "hidden_size": self.hidden_size, "return_sequences": self.return_sequences}
+        out = super().infer_shape(shape)
+        return out if self.return_sequences else (out[0], out[2])
 
     # -- shared pieces ------------------------------------------------------------------------
     def _project(self, x):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, check_positive_int, require_last, xavier_uniform
+from fastlib.layers.base import Layer, set_sizes, xavier_uniform
 from fastlib.layers.dense import as_matrix
 
 
@@ -22,28 +22,18 @@ class SwiGLU(Layer):
     Input ``(..., d)``, output ``(..., out)``.
     """
 
+    _in_attr, _out_attr = "d", "out"
+    _label_attrs = ("d", "hidden", "out")
+
     def __init__(self, d, hidden, out, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
-        self.d = check_positive_int(d, "d", "SwiGLU")
-        self.hidden = check_positive_int(hidden, "hidden", "SwiGLU")
-        self.out = check_positive_int(out, "out", "SwiGLU")
+        set_sizes(self, d=d, hidden=hidden, out=out)
         self.reset_parameters(seed, rng)
 
     def _init_parameters(self, rng):
         return {"w_gate": xavier_uniform(rng, (self.d, self.hidden)),
                 "w_up": xavier_uniform(rng, (self.d, self.hidden)),
                 "w_down": xavier_uniform(rng, (self.hidden, self.out))}
-
-    @property
-    def in_width(self):
-        return self.d
-
-    def out_width(self, in_width):
-        return self.out
-
-    def infer_shape(self, shape):
-        require_last(shape, self.d, f"SwiGLU({self.d}, {self.hidden}, {self.out})")
-        return tuple(shape[:-1]) + (self.out,)
 
     def forward(self, x):
         p = self._params

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib.models.base import Layer, check_positive_int, input_shape, make_rng, xavier_uniform
+from optable.layers import AttentionShell
+from reflib.models.base import Layer, input_shape
 from reflib.models.layers import affine
 
 
-class MultiHeadAttention(Layer):
+class MultiHeadAttention(AttentionShell, Layer):
     """Self-attention over ``(batch, seq, d_model)`` with ``heads`` contiguous slices of d.
 
     ``q = x @ w_q + b_q`` (likewise k, v); head ``h`` uses columns ``h*dh:(h+1)*dh`` with
@@ -29,22 +30,7 @@ class MultiHeadAttention(Layer):
 
     def __init__(self, d_model, heads, causal=False, *, seed=None, rng=None):
         super().__init__()
-        self.d_model = check_positive_int(d_model, "d_model", "MultiHeadAttention")
-        self.heads = check_positive_int(heads, "heads", "MultiHeadAttention")
-        if self.d_model % self.heads:
-            raise ValueError(f"MultiHeadAttention: heads ({heads}) must divide d_model "
-                             f"({d_model}); pick a divisor such as "
-                             f"{[h for h in range(1, self.d_model + 1) if self.d_model % h == 0]}")
-        if not isinstance(causal, (bool, np.bool_)):
-            raise TypeError(f"MultiHeadAttention: causal must be True or False, got {causal!r}")
-        self.causal = bool(causal)
-        self._init_parameters(make_rng(seed, rng))
-
-    def _init_parameters(self, rng):
-        d = self.d_model
-        params = {f"w_{n}": xavier_uniform(rng, (d, d)) for n in "qkvo"}
-        params.update({f"b_{n}": np.zeros(d) for n in "qkvo"})
-        self._params = params
+        self._setup(d_model, heads, causal, seed, rng)
 
     def trace(self, tape, x, ids):
         batch, seq, d = input_shape(tape, x, "MultiHeadAttention (batch, seq, d_model)", 3,
@@ -77,6 +63,3 @@ class MultiHeadAttention(Layer):
         weights = tape.op("softmax", tape.op("div", scores, root_dh), axis=-1)
         return tape.op("matmul", weights, v)
 
-    def get_config(self):
-        return {"type": "MultiHeadAttention", "d_model": self.d_model, "heads": self.heads,
-                "causal": self.causal}

@@ -10,24 +10,16 @@ Containers (``Sequential``, ``Parallel``) hold children and name their parameter
 """
 from __future__ import annotations
 
-import difflib
 import numbers
 
 import mpmath
 import numpy as np
 
+# the constructor checks and initial draws fastlib's layers make too (one seed, one draw)
+from optable.layers import (RELU_FAMILY, check_bool, check_eps, check_heads,  # noqa: F401
+                            check_positive_int, close_matches, he_normal, layer_repr, set_sizes,
+                            xavier_uniform)
 from reflib.tape import Tape
-
-# NOTE: "relu-family" for He initialisation means exactly these two activations; every other
-# weight matrix (including tanh/sigmoid/gelu/silu layers, recurrent, attention, SwiGLU and
-# embedding weights) is Xavier-uniform. fastlib follows the same rule so seeds give equal draws.
-RELU_FAMILY = frozenset({"relu", "leaky_relu"})
-
-
-def close_matches(name, options):
-    """A short ``"did you mean ...?"`` suffix for an unknown ``name`` among ``options``."""
-    found = difflib.get_close_matches(str(name), [str(o) for o in options], n=3, cutoff=0.5)
-    return f"; did you mean {', '.join(repr(f) for f in found)}?" if found else ""
 
 
 def make_rng(seed=None, rng=None):
@@ -51,35 +43,6 @@ def make_rng(seed=None, rng=None):
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     return np.random.default_rng(0 if seed is None else int(seed))
-
-
-def he_normal(rng, shape):
-    """He (Kaiming) normal: N(0, 2 / fan_in), fan_in = shape[0] (y = x @ W)."""
-    return rng.standard_normal(shape) * np.sqrt(2.0 / shape[0])
-
-
-def xavier_uniform(rng, shape):
-    """Xavier (Glorot) uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)) = shape[0], shape[1]."""
-    limit = np.sqrt(6.0 / (shape[0] + shape[1]))
-    return rng.uniform(-limit, limit, size=shape)
-
-
-def check_positive_int(value, what, owner):
-    """Validate a size argument of a layer constructor."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{owner}: {what} must be a positive int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{owner}: {what} must be >= 1, got {value}")
-    return int(value)
-
-
-def check_eps(value, owner):
-    """Validate a normalisation epsilon (a positive finite float)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{owner}: eps must be a positive float, got {value!r}")
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"{owner}: eps must be positive and finite, got {value!r}")
-    return float(value)
 
 
 def as_parameter(name, value, shape, owner):
@@ -192,12 +155,14 @@ class Layer:
     def reset_parameters(self, seed=None, rng=None):
         """Re-draw every parameter, children in order, from one generator (see ``init``)."""
         gen = make_rng(seed, rng)
-        self._init_parameters(gen)
+        drawn = self._init_parameters(gen)
+        if drawn is not None:          # a shared shell returns its parameters (optable.layers)
+            self._params = drawn
         for child in self._children:
             child.reset_parameters(rng=gen)
 
     def _init_parameters(self, rng):
-        """Leaf layers fill ``self._params`` here, drawing in declaration order."""
+        """Leaf layers fill ``self._params`` here (or return it), drawing in declaration order."""
 
     # -- tracing ----------------------------------------------------------------------------
     def attach(self, tape, requires_grad=True):
@@ -230,13 +195,7 @@ class Layer:
                                          requires_grad=False), ids)
         return tape.value(out)
 
-    def __repr__(self):
-        cfg = {k: v for k, v in self.get_config().items() if k not in ("type", "layers")}
-        args = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
-        if self._children:
-            inner = ", ".join(repr(c) for c in self._children)
-            return f"{type(self).__name__}([{inner}]{', ' if args else ''}{args})"
-        return f"{type(self).__name__}({args})"
+    __repr__ = layer_repr
 
 
 def input_array(x, owner):

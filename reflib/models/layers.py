@@ -10,8 +10,9 @@ import numbers
 import numpy as np
 
 import optable
-from reflib.models.base import (RELU_FAMILY, Layer, check_eps, check_positive_int,
-                                close_matches, he_normal, input_shape, make_rng, xavier_uniform)
+from optable.layers import NormShell
+from reflib.models.base import (RELU_FAMILY, Layer, close_matches, he_normal, input_shape,
+                                make_rng, set_sizes, xavier_uniform)
 
 # activation name -> registry op (None: no op at all), from the op table's activations
 ACTIVATIONS = {a.name: None if a.op == "identity" else a.op for a in optable.ACTIVATIONS.values()}
@@ -72,10 +73,9 @@ class Dense(Layer):
 
     def __init__(self, in_features, out_features, activation="linear", *, seed=None, rng=None):
         super().__init__()
-        self.in_features = check_positive_int(in_features, "in_features", "Dense")
-        self.out_features = check_positive_int(out_features, "out_features", "Dense")
+        set_sizes(self, in_features=in_features, out_features=out_features)
         self.activation = check_activation(activation, "Dense")
-        self._init_parameters(make_rng(seed, rng))
+        self.reset_parameters(seed, rng)
 
     def _init_parameters(self, rng):
         shape = (self.in_features, self.out_features)
@@ -104,10 +104,8 @@ class SwiGLU(Layer):
 
     def __init__(self, d, hidden, out, *, seed=None, rng=None):
         super().__init__()
-        self.d = check_positive_int(d, "d", "SwiGLU")
-        self.hidden = check_positive_int(hidden, "hidden", "SwiGLU")
-        self.out = check_positive_int(out, "out", "SwiGLU")
-        self._init_parameters(make_rng(seed, rng))
+        set_sizes(self, d=d, hidden=hidden, out=out)
+        self.reset_parameters(seed, rng)
 
     def _init_parameters(self, rng):
         self._params = {"w_gate": xavier_uniform(rng, (self.d, self.hidden)),
@@ -124,7 +122,7 @@ class SwiGLU(Layer):
         return {"type": "SwiGLU", "d": self.d, "hidden": self.hidden, "out": self.out}
 
 
-class LayerNorm(Layer):
+class LayerNorm(NormShell, Layer):
     """``layer_norm(x, eps) * weight + bias`` over the last axis (biased variance).
 
     Parameters
@@ -137,9 +135,7 @@ class LayerNorm(Layer):
 
     def __init__(self, d, eps=1e-5, *, seed=None, rng=None):
         super().__init__()
-        self.d = check_positive_int(d, "d", "LayerNorm")
-        self.eps = check_eps(eps, "LayerNorm")
-        self._init_parameters(make_rng(seed, rng))
+        self._setup(d, eps, seed, rng)
 
     def _init_parameters(self, rng):
         self._params = {"weight": np.ones(self.d), "bias": np.zeros(self.d)}
@@ -149,18 +145,13 @@ class LayerNorm(Layer):
         y = tape.op("layer_norm", x, eps=self.eps)
         return tape.op("add", tape.op("mul", y, ids["weight"]), ids["bias"])
 
-    def get_config(self):
-        return {"type": "LayerNorm", "d": self.d, "eps": self.eps}
 
-
-class RMSNorm(Layer):
+class RMSNorm(NormShell, Layer):
     """``rms_norm(x, eps) * weight`` over the last axis; ``weight (d,)`` starts at ones."""
 
     def __init__(self, d, eps=1e-6, *, seed=None, rng=None):
         super().__init__()
-        self.d = check_positive_int(d, "d", "RMSNorm")
-        self.eps = check_eps(eps, "RMSNorm")
-        self._init_parameters(make_rng(seed, rng))
+        self._setup(d, eps, seed, rng)
 
     def _init_parameters(self, rng):
         self._params = {"weight": np.ones(self.d)}
@@ -168,9 +159,6 @@ class RMSNorm(Layer):
     def trace(self, tape, x, ids):
         input_shape(tape, x, "RMSNorm", None, self.d)
         return tape.op("mul", tape.op("rms_norm", x, eps=self.eps), ids["weight"])
-
-    def get_config(self):
-        return {"type": "RMSNorm", "d": self.d, "eps": self.eps}
 
 
 class Embedding(Layer):
@@ -188,9 +176,8 @@ class Embedding(Layer):
 
     def __init__(self, num, dim, *, seed=None, rng=None):
         super().__init__()
-        self.num = check_positive_int(num, "num", "Embedding")
-        self.dim = check_positive_int(dim, "dim", "Embedding")
-        self._init_parameters(make_rng(seed, rng))
+        set_sizes(self, num=num, dim=dim)
+        self.reset_parameters(seed, rng)
 
     def _init_parameters(self, rng):
         self._params = {"weight": xavier_uniform(rng, (self.num, self.dim))}

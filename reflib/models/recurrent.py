@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reflib.models.base import Layer, check_positive_int, input_shape, make_rng, xavier_uniform
+from optable.layers import RecurrentShell
+from reflib.models.base import Layer, input_shape
 
 
 def time_step(tape, x, t, features):
@@ -27,13 +28,15 @@ def stack_steps(tape, steps):
     return out
 
 
-def check_return_sequences(value, owner):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{owner}: return_sequences must be True or False, got {value!r}")
-    return bool(value)
+class _Recurrent(RecurrentShell, Layer):
+    """Shared shell of RNN and LSTM (sizes, draw, config: ``optable.layers.RecurrentShell``)."""
+
+    def __init__(self, input_size, hidden_size, return_sequences=False, *, seed=None, rng=None):
+        super().__init__()
+        self._setup(input_size, hidden_size, return_sequences, seed, rng)
 
 
-class RNN(Layer):
+class RNN(_Recurrent):
     """Elman RNN: ``h_t = tanh(x_t @ w_ih + h_{t-1} @ w_hh + b)``, ``h_0 = 0``.
 
     Parameters
@@ -48,18 +51,6 @@ class RNN(Layer):
     contribute exactly 0 to w_hh's gradient), so a length-1 sequence leaves w_hh unreached.
     """
 
-    def __init__(self, input_size, hidden_size, return_sequences=False, *, seed=None, rng=None):
-        super().__init__()
-        self.input_size = check_positive_int(input_size, "input_size", "RNN")
-        self.hidden_size = check_positive_int(hidden_size, "hidden_size", "RNN")
-        self.return_sequences = check_return_sequences(return_sequences, "RNN")
-        self._init_parameters(make_rng(seed, rng))
-
-    def _init_parameters(self, rng):
-        i, h = self.input_size, self.hidden_size
-        self._params = {"w_ih": xavier_uniform(rng, (i, h)), "w_hh": xavier_uniform(rng, (h, h)),
-                        "b": np.zeros(h)}
-
     def trace(self, tape, x, ids):
         seq = input_shape(tape, x, "RNN (batch, seq, features)", 3, self.input_size)[1]
         h, states = None, []
@@ -71,12 +62,9 @@ class RNN(Layer):
             states.append(h)
         return stack_steps(tape, states) if self.return_sequences else h
 
-    def get_config(self):
-        return {"type": "RNN", "input_size": self.input_size, "hidden_size": self.hidden_size,
-                "return_sequences": self.return_sequences}
 
 
-class LSTM(Layer):
+class LSTM(_Recurrent):
     """LSTM with gates ``x_t @ w_ih + h_{t-1} @ w_hh + b`` split as i, f, g, o (H columns each).
 
     ``i, f, o = sigmoid(.)``, ``g = tanh(.)``, ``c_t = f * c_{t-1} + i * g``,
@@ -91,17 +79,7 @@ class LSTM(Layer):
         False: the last ``h`` ``(batch, H)``; True: every ``h`` ``(batch, seq, H)``.
     """
 
-    def __init__(self, input_size, hidden_size, return_sequences=False, *, seed=None, rng=None):
-        super().__init__()
-        self.input_size = check_positive_int(input_size, "input_size", "LSTM")
-        self.hidden_size = check_positive_int(hidden_size, "hidden_size", "LSTM")
-        self.return_sequences = check_return_sequences(return_sequences, "LSTM")
-        self._init_parameters(make_rng(seed, rng))
-
-    def _init_parameters(self, rng):
-        i, h = self.input_size, self.hidden_size
-        self._params = {"w_ih": xavier_uniform(rng, (i, 4 * h)),
-                        "w_hh": xavier_uniform(rng, (h, 4 * h)), "b": np.zeros(4 * h)}
+    _gates = 4
 
     def trace(self, tape, x, ids):
         seq = input_shape(tape, x, "LSTM (batch, seq, features)", 3, self.input_size)[1]
@@ -123,6 +101,3 @@ class LSTM(Layer):
             states.append(h)
         return stack_steps(tape, states) if self.return_sequences else h
 
-    def get_config(self):
-        return {"type": "LSTM", "input_size": self.input_size, "hidden_size": self.hidden_size,
-                "return_sequences": self.return_sequences}

@@ -39,10 +39,7 @@ def writable_dir(path, option: str) -> str | None:
     base = _nearest_existing(path)
     if not base.is_dir():
         return f"{option} {path}: {base} is a file, so the folder cannot be created there"
-    why = _can_create_in(base)
-    if why:
-        return f"{option} {path}: cannot write in {base} ({why}); pass a writable folder"
-    return None
+    return _cannot_write(option, path, base, "folder")
 
 
 def writable_file(path, option: str) -> str | None:
@@ -53,9 +50,14 @@ def writable_file(path, option: str) -> str | None:
     folder = path.absolute().parent
     if not folder.is_dir():
         return f"{option} {path}: folder {folder} does not exist; create it first"
+    return _cannot_write(option, path, folder, "path")
+
+
+def _cannot_write(option, path, folder, what):
+    """Why nothing can be created in the existing ``folder`` (for ``path``), or None."""
     why = _can_create_in(folder)
     if why:
-        return f"{option} {path}: cannot write in {folder} ({why}); pass a writable path"
+        return f"{option} {path}: cannot write in {folder} ({why}); pass a writable {what}"
     return None
 
 

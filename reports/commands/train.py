@@ -121,12 +121,7 @@ class _Table:
 
 
 def _plot(path, hist):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    plt, fig, (ax_loss, ax_acc) = _two_panels()
     epochs = np.arange(1, len(hist["loss"]) + 1)
     ax_loss.plot(epochs, hist["loss"], "o-", label="train")
     if hist["val_loss"]:
@@ -139,11 +134,7 @@ def _plot(path, hist):
             ax_acc.plot(epochs, hist["val_acc"], "s-", label="validation")
         ax_acc.legend()
     ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
-    for ax in (ax_loss, ax_acc):
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def _check_paths(args):
@@ -316,12 +307,7 @@ def _run_cd(args, data, train, val, epochs, batch_size, dtype, t0) -> int:
 
 def _plot_cd(path, history, val_recon):
     """Reconstruction error and mean free energy per epoch (CD training)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_rec, ax_fe) = plt.subplots(1, 2, figsize=(10, 4))
+    plt, fig, (ax_rec, ax_fe) = _two_panels()
     epochs = np.arange(1, len(history["reconstruction_error"]) + 1)
     ax_rec.plot(epochs, history["reconstruction_error"], "o-", label="train (CD chain)")
     if val_recon:
@@ -330,7 +316,23 @@ def _plot_cd(path, history, val_recon):
     ax_rec.legend()
     ax_fe.plot(epochs, history["free_energy"], "o-")
     ax_fe.set(xlabel="epoch", ylabel="mean F(v)", title="free energy of the training data")
-    for ax in (ax_rec, ax_fe):
+    _save(plt, fig, path)
+
+
+def _two_panels():
+    """``(pyplot, figure, (left, right))``: two panels side by side, drawn off-screen (Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    return plt, fig, axes
+
+
+def _save(plt, fig, path):
+    """Grid every panel of ``fig``, write it to ``path`` (PNG, 100 dpi) and free it."""
+    for ax in fig.axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

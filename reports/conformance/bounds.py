@@ -1,69 +1,10 @@
 """Error bounds per op family: how far from exact an engine's answer may be, entry by entry.
 
-Every bound is an *admissible error vector* ``A`` in units of the dtype's eps (eps32 = 2**-23,
-eps64 = 2**-52), shaped like the array it bounds. Every element is held to its own bound
-(:func:`entrywise`, the one rule the conformance rows and the accuracy report share):
+One rule, ``entrywise``: ``|got - exact| <= eps * A + tiny`` element by element, with the
+admissible error ``A`` derived per op family from the op's conditioning on the input at hand;
+the conformance rows and the accuracy report both judge by it.
 
-    |got_i - exact_i| <= eps * A_i + tiny
-
-with ``tiny`` the dtype's smallest normal number (an engine may flush a subnormal result to
-zero), never a floor scaled by the array's largest entry: a small entry is not drowned by a
-large one beside it. Per-element bounds, as PyTorch's OpInfo tolerances are per-op ``atol`` /
-``rtol`` pairs, but derived from the op's conditioning on the input at hand rather than fixed.
-``u = eps/2`` is
-the unit roundoff. ``P(m) = (min(m, 128) + ceil(log2 m)) / 2`` is the blocked-pairwise
-summation constant (0 for m = 1: a single term is exact), the standard an engine's sums must
-meet: NumPy's and PyTorch's pairwise sums and fastlib's float64 accumulation do; recursive
-accumulation in float32 over thousands of terms does not.
-
-Per family, the forward's ``A_out`` and each VJP's ``A_grad`` (y the exact output, G the exact
-VJP, g the cotangent, x the input):
-
-- copies (neg abs relu identity transpose reshape concat slice): 0 and 0, bit-exact.
-- leaky_relu square sqrt: ``|y|`` (one rounding) and ``|G|`` (sqrt: ``2|G|``).
-- add sub mul div maximum: ``|y| / 2`` (rounded once: half an ulp; maximum 0) and ``c |g ∂|``
-  summed back over the broadcast axes plus ``P(m)`` times the summed magnitudes (m the
-  broadcast count; c = 0 for add, sub, maximum; 1/2 for mul and div's a, one rounding each;
-  2 for div's b).
-- exp: ``K (1 + |x|) |y|`` (exp's condition number is |x|) and ``K (1 + |x|) |G|``.
-- log: ``K (|y| + 1)`` (an absolute u near x = 1) and ``K |G|``.
-- tanh sigmoid softplus: ``K (|y| + |x f'(x)|)`` (backward stable) and ``K (|G| + D |g|)``,
-  D = 2, 1/2, 1: the registry's VJPs use the rounded ``result``, which saturates.
-- silu gelu gelu_tanh: ``K (|y| + |x|)`` (an absolute u|x| where the output goes to 0, the
-  accuracy PyTorch's OpInfo demands) and ``K (|G| + |g|)``.
-- sum, mean: ``P(m) Σ|x|`` (mean: + one division) and 0 (sum) or ``|G|`` (mean).
-- logsumexp softmax log_softmax cross_entropy categorical_cross_entropy: ``4 + d + w + P(n)``
-  times the terms' magnitudes, d = max - x (the shift's rounding, which exp turns into a
-  relative error d u), w = Σ p d (its weight in the normaliser); the same factor on the VJPs.
-- layer_norm rms_norm: ``(4 + P(D)) (|y| + κ)`` with κ = max|x| / σ, the conditioning of
-  centring and scaling a row, and ``(4 + P(D)) (1 + κ)`` times the VJP's term magnitudes
-  ``(|g| + |mean g| + |y| mean|g y|) / σ``.
-- matmul: ``(k + 2) |a||b|`` (the dot-product bound, Higham eq. 3.13, on the terms'
-  magnitudes) and ``(n + 2) |g||b|ᵀ``, ``(m · batch + 2) |a|ᵀ|g|``.
-- mse binary_cross_entropy binary_cross_entropy_with_logits: ``4 + P(n)`` times the sum of the
-  terms' magnitudes over n, and 2-4 roundings of each gradient term (with its cancellation in
-  p - t).
-
-``K = 8`` for the transcendental functions: a libm-quality primitive is within 1-3 ulp and the
-op composes it with at most four more roundings. Where a function saturates (tanh, sigmoid near
-0 and 1) or has a zero (silu, gelu), the VJP formulas of the registry are in terms of the
-rounded ``result``, so the VJP may err by ``D u |g|`` in absolute terms; forward values of
-silu / gelu may err by ``u |x|`` absolutely, the accuracy PyTorch's own tests demand. Anything a
-mutated formula, a dropped term, a wrong axis or a transposed gradient produces (errors of
-1e-3 .. 1 relative, i.e. 1e4 .. 1e16 eps) is far outside every bound.
-
-Rounded once. An engine may declare results it returns as the exact value rounded once
-(``rounded_once``, docs/engines.md): those are held to half an ulp plus the error of the
-working precision the engine accumulates in (float64), whatever the terms' cancellation:
-``|G|/2 + (eps64 / eps) (m + 3) S``, with S the summed magnitudes of the m terms (any
-summation order). The general bound above forgives ``P(m) S`` instead, which a float32
-accumulation meets but a single rounding does not need. A unary VJP ``g f'(x)`` declared rounded
-once: ``|G|/2 + (eps64 / eps) 256 (|G| + |g| (1 + |x|))`` (float64 internals; the general
-bound forgives 8 roundings, which a float32 evaluation meets).
-
-``admissible(name, inputs, grad, params, exact_out, exact_grads)`` returns ``(A_out,
-[A_grad | None])`` for one call; ``inputs``/``grad`` are float64 (the engine's values, exactly)
-and the exact values are the ``hi`` parts of ``oracle.exact_vjp``.
+The long story: docs/reports.md, section ``reports/conformance/bounds.py``.
 """
 from __future__ import annotations
 

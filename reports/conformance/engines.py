@@ -198,8 +198,12 @@ class FastlibEngine(Engine):
         slots = {s: {"w": np.array((state or {}).get(s, np.zeros_like(params["w"])),
                                    dtype=params["w"].dtype, copy=True)}
                  for s in opt.state_names}
-        opt.update(params, {"w": np.asarray(g)}, optim.OptState(t - 1, slots))
+        self._apply_update(opt, params, {"w": np.asarray(g)}, optim.OptState(t - 1, slots))
         return params["w"], {s: slots[s]["w"] for s in opt.state_names}
+
+    def _apply_update(self, opt, params, grads, state):
+        """One optimizer step in place (the CPU kernels; the CUDA engine runs its own)."""
+        opt.update(params, grads, state)
 
 
 class FastlibCudaEngine(FastlibEngine):
@@ -222,17 +226,8 @@ class FastlibCudaEngine(FastlibEngine):
     def _vjp(self, name, inputs, grad, **params):
         return self._cuda.vjp(name, inputs, grad, **params)
 
-    def _optimizer_step(self, name, w, g, state, t, **hyper):
-        from fastlib import optim
-
-        opt = optim.get(name, **hyper)
-        params = {"w": np.array(w, copy=True)}
-        slots = {s: {"w": np.array((state or {}).get(s, np.zeros_like(params["w"])),
-                                   dtype=params["w"].dtype, copy=True)}
-                 for s in opt.state_names}
-        self._cuda.optimizer_update(opt, params, {"w": np.asarray(g)},
-                                    optim.OptState(t - 1, slots))
-        return params["w"], {s: slots[s]["w"] for s in opt.state_names}
+    def _apply_update(self, opt, params, grads, state):
+        self._cuda.optimizer_update(opt, params, grads, state)
 
 
 def _cuda_reason():
@@ -259,6 +254,13 @@ class _Registered:
     reason: Callable[[], str | None]  # None when available, else why not
 
 
+def _adapter(package, cls, description):
+    """The entry of ``reports/conformance/adapters/<package>.py``'s ``cls``: an optional extra
+    of the same name, available when ``package`` imports."""
+    return _Registered(package, f"reports.conformance.adapters.{package}:{cls}", description,
+                       lambda: _package_reason(package, package))
+
+
 ENGINES = {
     e.name: e for e in (
         _Registered("reflib", "reports.conformance.engines:ReflibEngine",
@@ -267,24 +269,14 @@ ENGINES = {
                     FastlibEngine.description, lambda: None),
         _Registered("fastlib-cuda", "reports.conformance.engines:FastlibCudaEngine",
                     FastlibCudaEngine.description, _cuda_reason),
-        _Registered("torch", "reports.conformance.adapters.torch:TorchEngine",
-                    "PyTorch (CPU) through torch.autograd",
-                    lambda: _package_reason("torch", "torch")),
-        _Registered("jax", "reports.conformance.adapters.jax:JaxEngine",
-                    "JAX (CPU, x64 enabled) through jax.vjp",
-                    lambda: _package_reason("jax", "jax")),
+        _adapter("torch", "TorchEngine", "PyTorch (CPU) through torch.autograd"),
+        _adapter("jax", "JaxEngine", "JAX (CPU, x64 enabled) through jax.vjp"),
         # the peers: other people's autograds, each an optional extra (docs/engines.md)
-        _Registered("paddle", "reports.conformance.adapters.paddle:PaddleEngine",
-                    "PaddlePaddle (CPU) through paddle.grad",
-                    lambda: _package_reason("paddle", "paddle")),
-        _Registered("tinygrad", "reports.conformance.adapters.tinygrad:TinygradEngine",
-                    "tinygrad through Tensor.gradient (DEV=PYTHON; DEV=CPU needs clang)",
-                    lambda: _package_reason("tinygrad", "tinygrad")),
-        _Registered("mygrad", "reports.conformance.adapters.mygrad:MygradEngine",
-                    "MyGrad through Tensor.backward", lambda: _package_reason("mygrad", "mygrad")),
-        _Registered("autograd", "reports.conformance.adapters.autograd:AutogradEngine",
-                    "HIPS autograd through autograd.make_vjp",
-                    lambda: _package_reason("autograd", "autograd")),
+        _adapter("paddle", "PaddleEngine", "PaddlePaddle (CPU) through paddle.grad"),
+        _adapter("tinygrad", "TinygradEngine",
+                 "tinygrad through Tensor.gradient (DEV=PYTHON; DEV=CPU needs clang)"),
+        _adapter("mygrad", "MygradEngine", "MyGrad through Tensor.backward"),
+        _adapter("autograd", "AutogradEngine", "HIPS autograd through autograd.make_vjp"),
     )
 }
 

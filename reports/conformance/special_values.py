@@ -1,40 +1,14 @@
 """The special-values table: inputs where engines usually go wrong, per op and dtype.
 
-Each case is a labelled, deterministic op call (an ``OpExample``) checked like a random one:
-forward and every VJP against the exact values, under the bounds of ``bounds``. Categories:
+Labelled, deterministic op calls (saturation, logits far apart, tiny and huge magnitudes,
+zeros, kinks and ties, broadcasting, long reductions), each checked like a random call:
+forward and every VJP against exact values, under the bounds of ``bounds``.
 
-- ``saturation``: the activations at ±10, ±25, ±30, ±80, -17 (and ±700 in float64), where exp
-  overflows if unguarded and 1 - tanh² or σ(1 - σ) cancel; each magnitude is a case of its own
-  (so a result at -80 is never judged beside one at +80), as are the tiny, huge and zero ones;
-- ``logits ±1e4``: softmax, log_softmax, logsumexp and the losses on logits so far apart that
-  every unshifted exp overflows or underflows; rows of ties and a shifted row (1000, 1001, 1002);
-- ``tiny`` / ``huge``: magnitudes 1e-15 / 1e15 (float32) and 1e-150 / 1e150 (float64), chosen
-  so that squares stay in range, ±1e-5, and a subnormal (three times the smallest): every op
-  must keep its relative accuracy there (tanh(1e-150) is 1e-150, not 0);
-- ``dominant logit``: cross-entropies of a logit 40 (float64) or 16 (float32) above the rest,
-  whose loss is about 1e-17 (float64);
-- ``targets at the domain's edge``: distribution rows that miss 1 by up to the validator's
-  tolerance, binary targets exactly 0 and 1 with predictions one ulp inside (0, 1);
-- ``zeros``: 0 and -0 inputs, constant and all-zero rows in the normalisations, a zero
-  cotangent (every VJP must then be exactly 0);
-- ``kinks`` and ``ties``: relu, abs, leaky_relu at exactly 0, ``maximum`` with a == b
-  (broadcast too): the conventions of docs/CONTRACTS.md, which the exact oracle follows;
-- ``broadcast``: the binary ops on (2, 3) with (3,) and (2, 1) with (1, 3); matmul of a batch
-  against a shared (k, n) matrix and of two batches (the VJPs sum over what was broadcast);
-- ``long row``: sums, log-sum-exps and normalisations of two random rows of fastlib's
-  summation block plus 37 entries (every entry counts, unlike the long reduction's);
-- ``broadcast sum``: the binary ops on a (130, 1) column against a (1, 24) row with random
-  values, so each VJP sums 24 or 130 terms of both signs (an engine's rounded-once promise is
-  held to half an ulp there);
-- ``long reduction``: sums over 4096 entries, one 1 and the rest half an ulp of 1
-  (2**-25 in float32, 2**-54 in float64): recursive accumulation in the dtype loses every
-  half ulp (error ~2000 eps), pairwise or wider accumulation loses none; rows and columns
-  layouts, ``sum`` ``mean`` and ``mse``.
-
-Cases whose exact output or gradient is not representable in the dtype (exp(80) in float32
-overflows) are left out by ``special_cases``, which evaluates the oracle to decide.
+The long story: docs/reports.md, section ``reports/conformance/special_values.py``.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -262,16 +236,53 @@ def special_cases(name, dtype):
 # ---------------------------------------------------------------------------------------------
 # non-finite inputs (docs/CONTRACTS.md, "Non-finite inputs")
 
+def _limits_at_infinity(name):
+    """``(f(+inf), f(-inf))`` of unary op ``name`` from spec's formula, by SymPy's ``limit``
+    (x = ±t with t > 0, so piecewise formulas pick their branch); ``None`` for -inf when the
+    op's domain is not the whole real line."""
+    import sympy
+
+    import spec
+    from spec.backends import SYMPY
+
+    op = spec.OPS[name]
+    x, t = sympy.Symbol("x", real=True), sympy.Symbol("t", positive=True)
+    f = op.run_forward(SYMPY, [np.array([x], dtype=object)], op.resolve_params({}))[0]
+    up = float(sympy.limit(f.subs(x, t), t, sympy.oo))
+    if op.domains["x"] != "real":
+        return up, None
+    return up, float(sympy.limit(f.subs(x, -t), t, sympy.oo))
+
+
+class _Limits(Mapping):
+    """Unary op name -> ``(f(+inf), f(-inf))``, each derived once, when first asked."""
+
+    def __init__(self):
+        self._names = optable.names(category="unary")
+        self._found = {}
+
+    def __getitem__(self, name):
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._found:
+            self._found[name] = _limits_at_infinity(name)
+        return self._found[name]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
+
+
 #: f(+inf), f(-inf) of the elementwise ops (None: outside the domain, not asked). An engine
-#: that propagates non-finite values must return these limits; NAN_ALLOWED lists where the
-#: op's formula is an indeterminate form (x·σ(x) at -inf is -inf · 0) and NaN is accepted.
-LIMITS = {
-    "neg": (-np.inf, np.inf), "identity": (np.inf, -np.inf), "abs": (np.inf, np.inf),
-    "relu": (np.inf, 0.0), "leaky_relu": (np.inf, -np.inf), "square": (np.inf, np.inf),
-    "exp": (np.inf, 0.0), "log": (np.inf, None), "sqrt": (np.inf, None),
-    "tanh": (1.0, -1.0), "sigmoid": (1.0, 0.0), "softplus": (np.inf, 0.0),
-    "silu": (np.inf, -0.0), "gelu": (np.inf, -0.0), "gelu_tanh": (np.inf, -0.0),
-}
+#: that propagates non-finite values must return these limits. They are not written here:
+#: spec's formulas know them, so a new unary op gets its limits with no edit (a zero limit
+#: is any zero: the check does not ask for its sign).
+LIMITS = _Limits()
+#: Where NaN is accepted instead of the limit: the op's formula, evaluated as written in
+#: floating point, is an indeterminate form there (x·σ(x) at -inf is -inf · 0). This is a fact
+#: about the floating-point formula, not the mathematical limit, so it is listed by hand.
 NAN_ALLOWED = {("silu", -1), ("gelu", -1), ("gelu_tanh", -1)}
 
 

@@ -1,17 +1,10 @@
 """Hypothesis strategies of the suite: op calls, random DAGs, models, optimizer runs.
 
-Shapes and params are drawn by Hypothesis (broadcasting through
-``hypothesis.extra.numpy.mutually_broadcastable_shapes``, size-1 axes, 0-d arrays, every axis
-form); values come from the op's declared domains through ``spec.sample_inputs`` with a
-Hypothesis-drawn seed, so they respect domains and kink margins and shrink by seed.
-Half of the draws (``edges=True``) replace every real input by magnitudes drawn log-uniformly
-across the dtype's whole range where the op's contract allows it (``EDGE_RANGE``: about
-1e-323..1e307 in float64 and 1e-45..1e38 in float32, subnormals included; ops that square
-their input internally stop at the square root of the range, exp at its overflow threshold),
-with random signs; probabilities come close to 0 and 1, distribution rows miss 1 by up to the
-validator's tolerance.
-The test modules import these (``tests/test_fastlib_ops.py``, ``tests/test_fastlib_tape.py``,
-``tests/test_fastlib_optim.py``, ``tests/conformance``): one copy of each strategy.
+Shapes and params come from Hypothesis, values from each op's declared domains
+(``spec.sample_inputs`` with a drawn seed), so draws respect domains and shrink; the tests
+import these, one copy of each strategy.
+
+The long story: docs/reports.md, section ``reports/conformance/strategies.py``.
 """
 from __future__ import annotations
 

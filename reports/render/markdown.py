@@ -74,40 +74,44 @@ def worst_table(report, n=WORST_ROWS):
                   "max ULP (well cond.)", "correctly rounded"], rows)
 
 
+def _pass_lines(entries, claim, what, miss):
+    """``- claim: k of n <what> pass.`` and one indented line per failing entry (``miss(e)``)."""
+    misses = [e for e in entries if e["status"] == "fail"]
+    return ([f"- {claim}: {len(entries) - len(misses)} of {len(entries)} {what} pass."]
+            + [f"  - {miss(e)}" for e in misses])
+
+
+def _others(e):
+    others = ", ".join(f"{k} {fmt_num(v)}" for k, v in e["others_max_ulp_well"].items())
+    return f" (same elements: {others})" if others else ""
+
+
 def bar_section(report):
     """The bar, op by op: what passes, what misses and by how much."""
     b = report["bar"]
     lines = []
     f64 = b["float64"]
     if f64:
-        misses = [e for e in f64 if e["status"] == "fail"]
-        lines.append(f"- **{b['engine']} float64 within {b['few_ulps']:g} ULPs on "
-                     f"well-conditioned elements (kappa <= {b['kappa_well']:g})**: "
-                     f"{len(f64) - len(misses)} of {len(f64)} ops pass.")
-        for e in misses:
-            others = ", ".join(f"{k} {fmt_num(v)}" for k, v in e["others_max_ulp_well"].items())
-            lines.append(f"  - `{e['op']}`: max {fmt_num(e['max_ulp_well'])} ULPs"
-                         + (f" (same elements: {others})" if others else ""))
+        lines += _pass_lines(
+            f64, f"**{b['engine']} float64 within {b['few_ulps']:g} ULPs on well-conditioned "
+                 f"elements (kappa <= {b['kappa_well']:g})**", "ops",
+            lambda e: f"`{e['op']}`: max {fmt_num(e['max_ulp_well'])} ULPs{_others(e)}")
     f32 = [e for e in b["float32"] if e["status"] != "not measured"]
     if f32:
-        misses = [e for e in f32 if e["status"] == "fail"]
-        lines.append(f"- **{b['engine']} float32 median no farther from exact than "
-                     f"{b['rival']} float32** (same inputs): {len(f32) - len(misses)} of "
-                     f"{len(f32)} ops pass.")
-        for e in misses:
-            lines.append(f"  - `{e['op']}`: median {fmt_num(e['median_ulp'])} ULPs vs "
-                         f"{fmt_num(e['rival_median_ulp'])}")
+        lines += _pass_lines(
+            f32, f"**{b['engine']} float32 median no farther from exact than {b['rival']} "
+                 "float32** (same inputs)", "ops",
+            lambda e: f"`{e['op']}`: median {fmt_num(e['median_ulp'])} ULPs vs "
+                      f"{fmt_num(e['rival_median_ulp'])}")
     elif b["float32"]:
         lines.append(f"- {b['engine']} float32 against {b['rival']} float32: not measured "
                      f"({b['rival']} was not run).")
     cr = b["correct_rounding"]
     if cr:
-        misses = [e for e in cr if e["status"] == "fail"]
-        lines.append(f"- **correctly rounded on every element** where one rounding suffices "
-                     f"({', '.join(f'`{o}`' for o in SINGLE_ROUNDING_OPS)}): "
-                     f"{len(cr) - len(misses)} of {len(cr)} op × dtype pass.")
-        for e in misses:
-            lines.append(f"  - `{e['op']}` {e['dtype']}: {fmt_share(e['correctly_rounded'])}")
+        lines += _pass_lines(
+            cr, "**correctly rounded on every element** where one rounding suffices "
+                f"({', '.join(f'`{o}`' for o in SINGLE_ROUNDING_OPS)})", "op × dtype",
+            lambda e: f"`{e['op']}` {e['dtype']}: {fmt_share(e['correctly_rounded'])}")
     return "\n".join(lines) if lines else f"{b['engine']} was not measured."
 
 

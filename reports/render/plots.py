@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from reports.accuracy import as_float
+from reports.render import columns as engine_columns
 
 # Display limits on log axes: an exact result is drawn at ZERO_AT (ULP axes) or REL_ZERO_AT
 # (relative-error axes), an infinite error at INF_AT, with the axes labelled accordingly.
@@ -220,12 +221,7 @@ def overview_figure(report):
     """Median ULP error heat map (op × engine/dtype) and FD error vs step, as PNG bytes."""
     plt = _pyplot()
     ops = list(report["ops"])
-    columns = []
-    for res in report["ops"].values():
-        for r in res["rows"]:
-            key = (r["engine"], r["dtype"])
-            if r["kind"] == "engine" and key not in columns:
-                columns.append(key)
+    columns = engine_columns(report)
     grid = np.full((len(ops), len(columns)), np.nan)
     for i, name in enumerate(ops):
         for r in report["ops"][name]["rows"]:

@@ -121,10 +121,7 @@ def _torch_setup(seed):
     return setup
 
 
-def _torch_mse(out, yb):
-    import torch
-
-    return torch.nn.functional.mse_loss(out, yb)
+_torch_mse = common.torch_loss("mse_loss")
 
 
 def bench_torch(x, y, bs, max_steps, seed=0):

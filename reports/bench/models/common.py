@@ -68,6 +68,20 @@ def bench_fastlib(build, loss, x, y, bs, max_steps, seed=0):
 # ---------------------------------------------------------------------------------------------
 # PyTorch eager
 
+def class_indices(y):
+    """Labels ``(N,)`` or ``(N, 1)`` as the contiguous int64 class indices PyTorch takes."""
+    return np.ascontiguousarray(y.reshape(-1).astype(np.int64))
+
+
+def torch_loss(name):
+    """``loss(out, yb)``: ``torch.nn.functional.<name>`` (torch imported when first called)."""
+    def loss(out, yb):
+        import torch
+
+        return getattr(torch.nn.functional, name)(out, yb)
+    return loss
+
+
 def bench_torch(setup, loss_fn, x, y, bs, max_steps, seed=0, device="cpu"):
     """Time a PyTorch eager epoch: ``setup() -> (parameters, forward)``, ``loss_fn(out, yb)``.
 

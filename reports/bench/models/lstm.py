@@ -31,10 +31,6 @@ def data(args):
     return x, y, f"generated sequences ({STEPS} steps x {FEATURES} features, seed 0)"
 
 
-def _labels(y):
-    return np.ascontiguousarray(y.reshape(-1).astype(np.int64))
-
-
 def bench_fastlib(x, y, bs, max_steps, seed=0):
     return common.bench_fastlib(build, "cross_entropy", x, y, bs, max_steps, seed)
 
@@ -63,15 +59,12 @@ def _torch_setup(seed):
     return setup
 
 
-def _torch_loss(out, yb):
-    import torch
-
-    return torch.nn.functional.cross_entropy(out, yb)
+_torch_loss = common.torch_loss("cross_entropy")
 
 
 def bench_torch(x, y, bs, max_steps, seed=0):
-    return common.bench_torch(_torch_setup(seed), _torch_loss, x, _labels(y), bs, max_steps,
-                              seed)
+    return common.bench_torch(_torch_setup(seed), _torch_loss, x, common.class_indices(y), bs,
+                              max_steps, seed)
 
 
 def jax_forward(p, xb):
@@ -99,7 +92,7 @@ def bench_jax(x, y, bs, max_steps, seed=0):
 
     return common.bench_jax("lstm", jax_forward, jax_cross_entropy,
                             common.initial_parameters(build, seed), x,
-                            _labels(y).astype(np.int32), bs, max_steps, seed)
+                            common.class_indices(y).astype(np.int32), bs, max_steps, seed)
 
 
 ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch, "jax": bench_jax}

@@ -53,10 +53,6 @@ def data(args):
     return np.ascontiguousarray(x), np.ascontiguousarray(y), source
 
 
-def _labels(y):
-    return np.ascontiguousarray(y.reshape(-1).astype(np.int64))
-
-
 # ---------------------------------------------------------------------------------------------
 
 def bench_fastlib(x, y, bs, max_steps, seed=0):
@@ -130,20 +126,17 @@ def _torch_setup(seed):
     return setup
 
 
-def _torch_loss(out, yb):
-    import torch
-
-    return torch.nn.functional.cross_entropy(out, yb)
+_torch_loss = common.torch_loss("cross_entropy")
 
 
 def bench_torch(x, y, bs, max_steps, seed=0):
-    return common.bench_torch(_torch_setup(seed), _torch_loss, x, _labels(y), bs, max_steps,
-                              seed)
+    return common.bench_torch(_torch_setup(seed), _torch_loss, x, common.class_indices(y), bs,
+                              max_steps, seed)
 
 
 def bench_torch_cuda(x, y, bs, max_steps, seed=0):
-    return common.bench_torch(_torch_setup(seed), _torch_loss, x, _labels(y), bs, max_steps,
-                              seed, device="cuda")
+    return common.bench_torch(_torch_setup(seed), _torch_loss, x, common.class_indices(y), bs,
+                              max_steps, seed, device="cuda")
 
 
 def jax_forward(p, xb):
@@ -165,7 +158,7 @@ def jax_cross_entropy(z, yb):
 def bench_jax(x, y, bs, max_steps, seed=0):
     return common.bench_jax("mlp", jax_forward, jax_cross_entropy,
                             common.initial_parameters(build, seed), x,
-                            _labels(y).astype(np.int32), bs, max_steps, seed)
+                            common.class_indices(y).astype(np.int32), bs, max_steps, seed)
 
 
 ENGINES = {"fastlib": bench_fastlib, "numpy": bench_numpy, "torch": bench_torch,

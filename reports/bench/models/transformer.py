@@ -119,10 +119,7 @@ def _torch_setup(seed):
     return setup
 
 
-def _torch_loss(out, yb):
-    import torch
-
-    return torch.nn.functional.binary_cross_entropy_with_logits(out, yb)
+_torch_loss = common.torch_loss("binary_cross_entropy_with_logits")
 
 
 def bench_torch(x, y, bs, max_steps, seed=0):
