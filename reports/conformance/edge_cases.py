@@ -1,28 +1,9 @@
-"""Calls placed where random draws never land: on the engine's own kernel boundaries and on the
-legal-but-rare parameter forms. They join each op's ``special`` row (beside the special-values
-table of ``special_values``) and are checked the same way: forward and every VJP, entry by entry,
-against the exact values.
-
-- ``axis=()``: ``sum`` ``mean`` ``logsumexp`` over no axis at all on an n-d input (the contract
-  says: the input itself for ``sum`` and ``mean``, x for ``logsumexp``), with and without
-  ``keepdims``. The drawn axis forms reach ``()`` only on 0-d inputs, where it means the same as
-  ``None``; an engine that reads ``()`` as "every axis" passes there.
-- ``dominant at every position``: the row-normalising ops (softmax, log_softmax, logsumexp
-  along a row, both cross-entropies) on a square block whose row i holds one entry ``DOMINANT``
-  above the rest at column i. A max-shift that misses the row's true maximum (a vector loop that
-  skips a lane group or the tail) turns exp of the shifted entry into an overflow; with the
-  dominant entry at every column, every lane, every group and the tail is visited, whatever
-  the width of the engine's vector lanes (up to ``SQUARE // 3``).
-- ``long row in pieces``: ``sum``, ``mean`` and ``logsumexp`` of one row long enough that
-  fastlib splits it into pieces (``fastlib.config``'s ``PARALLEL_MIN_CHUNK``: two pieces and a
-  ragged remainder). The log-sum-exp row puts its maximum, ``DOMINANT`` above the rest, in the
-  last piece, so pieces combined relative to anything but the largest piece maximum overflow;
-  the sums hold positive entries near 1, so an entry lost at a piece boundary moves the result
-  by far more than its bound.
-
-The sizes come from the engine's constants (read at call time), so a change of a constant
-moves the cases with it. ``edge_cases(name, dtype)`` returns the labelled ``OpExample`` list;
-``repro.edge`` prints a reproduction that rebuilds one by its index.
+"""Calls placed where random draws never land, added to each op's ``special`` row: ``axis=()``
+on an n-d input (``sum`` ``mean`` ``logsumexp``); a row-maximum shift tested with a dominant
+entry at every position of a row longer than the vector lanes (the row-normalising ops); and a
+row long enough that fastlib splits it into pieces (``sum`` ``mean``, and ``logsumexp`` with its
+maximum in the last piece). Sizes are read from fastlib's constants when the cases are built.
+Each case is checked like a special value: forward and every VJP, entry by entry, exactly.
 
 The long story: docs/reports.md, section ``reports/conformance/edge_cases.py``.
 """
