@@ -30,3 +30,16 @@ def test_float32_bias_gradient_is_the_exact_sum_rounded_once(activation):
     for j in range(2):
         exact = math.fsum(float(v) for v in g[:, j])        # exact: fsum is correctly rounded
         assert grads["bias"][j] == np.float32(exact), (j, grads["bias"][j], exact)
+
+
+def test_float32_column_sums_are_the_exact_sums_rounded_once():
+    """The same promise for the column-sum kernel TargetProp's Loom update uses for biases."""
+    from fastlib.kernels.dense import column_sums
+
+    g = np.full((BATCH, 2), 2.0 ** -25, np.float32)
+    g[0] = 1.0
+    g[:, 1] *= -3.0
+    out = np.empty(2, np.float32)
+    column_sums(g, out)
+    for j in range(2):
+        assert out[j] == np.float32(math.fsum(float(v) for v in g[:, j])), (j, out[j])
