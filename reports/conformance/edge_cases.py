@@ -17,9 +17,9 @@ __all__ = ["edge_cases", "EDGE_LABELS", "SQUARE", "DOMINANT"]
 
 EDGE_LABELS = ("axis=()", "dominant at every position", "long row in pieces")
 
-#: rows and columns of the "dominant at every position" block: three groups of 16 lanes and
-#: a ragged tail of 5 (a prime, so no lane width up to 17 divides it evenly)
-SQUARE = 53
+#: rows and columns of the "dominant at every position" block: two groups of 16 lanes and
+#: a ragged tail of 5 (37 is prime: no lane width divides it evenly)
+SQUARE = 37
 #: how far the dominant entry stands above the rest: exp of it overflows both float dtypes
 #: (exp(88.7) in float32, exp(709.8) in float64), so a shift by a smaller value cannot hide
 DOMINANT = 1.0e4
