@@ -281,6 +281,48 @@ MUTANTS = (
            "kernels/targetprop.py",
            "budget = (dot / (np.sqrt(na) * np.sqrt(nt)) + 1.0) / 2.0",
            "budget = dot / (np.sqrt(na) * np.sqrt(nt))", ("targetprop",)),
+    # -- a second, independent round: bugs written apart from the ones above ---------------------
+    Mutant("adamw-coupled-decay", "AdamW's weight decay folded into the gradient (L2, coupled "
+           "through the moments) instead of decoupled", "kernels/optim.py",
+           "    m = b1 * m + one_minus_b1 * g\n    v = b2 * v + one_minus_b2 * (g * g)\n"
+           "    m_hat = m * inv_bc1\n    v_hat = v * inv_bc2\n"
+           "    # NOTE: wd = 0 for Adam; AdamW's decoupled term uses the weight before the step.\n"
+           "    return w - lr * (m_hat / (math.sqrt(v_hat) + eps) + wd * w), m, v",
+           "    g = g + wd * w\n"
+           "    m = b1 * m + one_minus_b1 * g\n    v = b2 * v + one_minus_b2 * (g * g)\n"
+           "    m_hat = m * inv_bc1\n    v_hat = v * inv_bc2\n"
+           "    return w - lr * (m_hat / (math.sqrt(v_hat) + eps)), m, v", ("AdamW",)),
+    Mutant("adam-eps-inside", "Adam with eps inside the square root of v_hat",
+           "kernels/optim.py",
+           "return w - lr * (m_hat / (math.sqrt(v_hat) + eps) + wd * w), m, v",
+           "return w - lr * (m_hat / math.sqrt(v_hat + eps) + wd * w), m, v", ("Adam",)),
+    Mutant("categorical-ce-sum-one", "categorical_cross_entropy's float32 gradient assumes "
+           "every target row sums to 1 (softmax - t, not softmax·sum(t) - t)", "kernels/loss.py",
+           "gz[n, j] = (p * total - np.float64(tr[j])) * gscale",
+           "gz[n, j] = (p - np.float64(tr[j])) * gscale", ("categorical_cross_entropy",)),
+    Mutant("axis-empty-means-all", "axis=() read as axis=None (reduces every axis, not none)",
+           "kernels/reduce.py",
+           "    if axis is None:\n        return tuple(range(ndim))",
+           "    if axis is None or axis == ():\n        return tuple(range(ndim))",
+           ("sum", "mean", "logsumexp")),
+    Mutant("row-max-lane-group", "the vectorised row maximum skips its last group of 16 lanes "
+           "(a shift below the true maximum: exp overflows)", "kernels/reduce.py",
+           "for i in range(16, k, 16):", "for i in range(16, k - 16, 16):",
+           ("logsumexp", "softmax")),
+    Mutant("lse-pieces-first-max", "a long log-sum-exp row's pieces combined relative to the "
+           "first piece's maximum, not the largest", "kernels/reduce.py",
+           "        m = pmax[row, 0]\n        for k in range(1, pmax.shape[1]):\n"
+           "            m = max(m, pmax[row, k])\n",
+           "        m = pmax[row, 0]\n", ("logsumexp",)),
+    Mutant("targetprop-route-at-threshold", "the route's row gate opens at Σ|W| = θ (>= instead "
+           "of >)", "kernels/targetprop.py",
+           "scales[i] = 1.0 / total if total > threshold else 0.0",
+           "scales[i] = 1.0 / total if total >= threshold else 0.0", ("targetprop",)),
+    Mutant("cd-uniform-reuse", "CD-k's later Gibbs steps sample with the previous step's "
+           "uniforms", "rbm.py",
+           "kernels.sample_bernoulli(ph.reshape(-1), u[s].reshape(-1), h.reshape(-1))",
+           "kernels.sample_bernoulli(ph.reshape(-1), u[s - 1].reshape(-1), h.reshape(-1))",
+           ("cd",)),
 )
 
 

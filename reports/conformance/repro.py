@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["literal", "op_call", "special", "optimizer", "tape", "train"]
+__all__ = ["literal", "op_call", "special", "edge", "optimizer", "tape", "train"]
 
 _HEADER = "import numpy as np\nfrom reports.conformance import engines, properties\n"
 
@@ -59,6 +59,18 @@ def special(engine, ex, index, kinks=None):
               f"   # {ex.label}\n"
             + f"result = properties.check_call(engine, ex{extra})\n"
             + "print(ex.label, ex.inputs)\n"
+            + "print(result.describe().replace('; ', '\\n') or result)\n")
+
+
+def edge(engine, ex, index, kinks=None):
+    """A snippet that picks edge case ``index`` (``edge_cases``) of ``ex``'s op and checks it."""
+    extra = "" if kinks is None else f", {kinks!r}"
+    return (_HEADER + "from reports.conformance.edge_cases import edge_cases\n"
+            + _engine_line(engine)
+            + f"ex = edge_cases({ex.name!r}, np.{np.dtype(ex.dtype).name})[{index}]"
+              f"   # {ex.label}\n"
+            + f"result = properties.check_call(engine, ex{extra})\n"
+            + "print(ex.label, ex.params, [np.shape(x) for x in ex.inputs])\n"
             + "print(result.describe().replace('; ', '\\n') or result)\n")
 
 

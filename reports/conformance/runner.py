@@ -20,7 +20,7 @@ def _op_rows(engine, ref, dtypes, ops, kinks=None):
     import spec
 
     from reports.conformance import kinks as _kinks
-    from reports.conformance import properties, repro, special_values
+    from reports.conformance import edge_cases, properties, repro, special_values
     from reports.conformance.strategies import case_form, op_examples
 
     mode = kinks or _kinks.default_mode(engine.name if ":" not in ref else ref)
@@ -60,6 +60,9 @@ def _op_rows(engine, ref, dtypes, ops, kinks=None):
                 cases = special_values.special_cases(name, dtype)
                 n = len(cases)
                 cases += special_values.nonfinite_cases(name, dtype)
+                # the kernel-boundary and rare-parameter calls (edge_cases), after the table
+                first_edge = len(cases)
+                cases += edge_cases.edge_cases(name, dtype)
 
                 def check(ex):
                     if ex.label == "non-finite":
@@ -69,6 +72,8 @@ def _op_rows(engine, ref, dtypes, ops, kinks=None):
                 def reproduce(i, ex):
                     if ex.label == "non-finite":
                         return repro.nonfinite(ref, ex)
+                    if i >= first_edge:
+                        return repro.edge(ref, ex, i - first_edge, kinks=mode)
                     return repro.special(ref, ex, i, kinks=mode)
                 return run_cases(cases, check, reproduce)
 
