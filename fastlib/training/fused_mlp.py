@@ -190,12 +190,13 @@ def run_epoch(ctx, x, y, order):
     post, pre, gout = (np.zeros(act_size, dtype) for _ in range(3))
     part = np.zeros(sum(part_sizes), dtype)
     logits, dz = np.zeros(bs * int(dims[-1]), dtype), np.zeros(bs * int(dims[-1]), dtype)
+    acc64 = np.zeros((n_pieces + 1, int(dims.max())), np.float64)  # bias-gradient sums
     coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
     threads = min(n_pieces, config.num_threads())
     args = (x, yi, yf, np.ascontiguousarray(order, dtype=np.int64), bs, threads, dims, plan.cols,
             plan.w_off, plan.b_off, plan.blk, act_off, part_off, plan.codes,
             dtype.type(plan.slope), plan.loss_code, opt.kind, coeffs, clip_mode, float(clip), w,
-            slots[0], slots[1], g, a_in, post, pre, gout, part, logits, dz)
+            slots[0], slots[1], g, a_in, post, pre, gout, part, logits, dz, acc64)
     if n_pieces > 1:
         with _single_threaded_blas():
             out = fk.epoch(*args)
