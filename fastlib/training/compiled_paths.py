@@ -46,6 +46,12 @@ def compiled_paths() -> list[tuple[str, Callable]]:
     if not _loaded:
         for module in PATH_MODULES:
             importlib.import_module(module)
+        # NOTE: registration happens at import, and a program may import a path's module
+        # before this runs (the attention module before the recurrent one, say); the order
+        # of PATH_MODULES decides, so a chain the recurrent path runs never reaches the
+        # attention program
+        rank = {m: i for i, m in enumerate(PATH_MODULES)}
+        _PATHS.sort(key=lambda entry: rank.get(entry[1].__module__, len(rank)))
         _loaded = True
     return list(_PATHS)
 

@@ -281,6 +281,10 @@ MUTANTS = (
            "kernels/targetprop.py",
            "budget = (dot / (np.sqrt(na) * np.sqrt(nt)) + 1.0) / 2.0",
            "budget = dot / (np.sqrt(na) * np.sqrt(nt))", ("targetprop",)),
+    Mutant("compiled-program-recurrent-subpiece", "the compiled program's recurrent w_hh "
+           "gradient keeps only the last sub-piece of a piece (overwrites, not adds)",
+           "kernels/transformer.py", "                    gr[j] += pr[j]\n",
+           "                    gr[j] = pr[j]\n", ("train",)),
 )
 
 
