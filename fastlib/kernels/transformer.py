@@ -211,19 +211,26 @@ def _scatter_cols(block, r0, c0, dst):
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FM)
+def _head_block(qkv, r0, c0, d, steps, sc):
+    """The block's q, k, v gathered (contiguous, for BLAS) into the scratch ``sc`` of four
+    (T, dh) arrays, and the fourth array (the output, or the output's cotangent)."""
+    dh = sc.shape[0] // (4 * steps)
+    qh = sc[:steps * dh].reshape((steps, dh))
+    kh = sc[steps * dh:2 * steps * dh].reshape((steps, dh))
+    vh = sc[2 * steps * dh:3 * steps * dh].reshape((steps, dh))
+    _gather_cols(qkv, r0, c0, qh)
+    _gather_cols(qkv, r0, d + c0, kh)
+    _gather_cols(qkv, r0, 2 * d + c0, vh)
+    return qh, kh, vh, sc[3 * steps * dh:4 * steps * dh].reshape((steps, dh))
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
 def _attention_block_forward(qkv, r0, c0, d, scale, causal, p, att, sc):
     """Block (rows r0.., head columns c0..): ``p = softmax(q k^T scale [causal])`` kept in
     ``p`` (T, T), ``att[rows, head] = p v``. Masked keys are left out of the softmax (weight
     exactly 0), as the generic kernel and reflib do."""
     steps = p.shape[0]
-    dh = sc.shape[0] // (4 * steps)
-    qh = sc[:steps * dh].reshape((steps, dh))
-    kh = sc[steps * dh:2 * steps * dh].reshape((steps, dh))
-    vh = sc[2 * steps * dh:3 * steps * dh].reshape((steps, dh))
-    oh = sc[3 * steps * dh:4 * steps * dh].reshape((steps, dh))
-    _gather_cols(qkv, r0, c0, qh)
-    _gather_cols(qkv, r0, d + c0, kh)
-    _gather_cols(qkv, r0, 2 * d + c0, vh)
+    qh, kh, vh, oh = _head_block(qkv, r0, c0, d, steps, sc)
     np.dot(qh, kh.T, p)
     for i in range(steps):
         last = i + 1 if causal else steps
@@ -258,14 +265,7 @@ def _attention_block_backward(qkv, r0, c0, d, scale, causal, p, gatt, dqkv, dp, 
     times less accurate than the value gradients.
     """
     steps = p.shape[0]
-    dh = sc.shape[0] // (4 * steps)
-    qh = sc[:steps * dh].reshape((steps, dh))
-    kh = sc[steps * dh:2 * steps * dh].reshape((steps, dh))
-    vh = sc[2 * steps * dh:3 * steps * dh].reshape((steps, dh))
-    doh = sc[3 * steps * dh:4 * steps * dh].reshape((steps, dh))
-    _gather_cols(qkv, r0, c0, qh)
-    _gather_cols(qkv, r0, d + c0, kh)
-    _gather_cols(qkv, r0, 2 * d + c0, vh)
+    qh, kh, vh, doh = _head_block(qkv, r0, c0, d, steps, sc)
     _gather_cols(gatt, r0, c0, doh)
     np.dot(p.T, doh, vh)                      # vh now holds dv
     _scatter_cols(vh, r0, 2 * d + c0, dqkv)

@@ -10,7 +10,8 @@ from fastlib import config
 from fastlib.kernels import transformer as kt
 from fastlib.kernels.recurrent_pieces import PIECE
 from fastlib.training import fused_kernels as fk
-from fastlib.training.epoch_state import epoch_settings, finish_epoch, flat_state, single_threaded_blas
+from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
+                                          single_threaded_blas)
 from fastlib.training.compiled_paths import register_compiled_path
 
 # NOTE (speed): a batch is cut into MAX_PIECES pieces of samples that run on their own
@@ -347,15 +348,11 @@ def run_epoch(ctx, x, y, order):
 
     Parameters
     ----------
-    ctx : StepContext
-        The run's context (model, optimizer and its state, rate, clipping).
+    ctx, y, order
+        As for every compiled path (``compiled_paths.register_compiled_path``).
     x : ndarray
         Inputs ``(N, T, d)`` or ``(N, d)`` in the model's dtype, or token indices ``(N, T)``
         for a model that starts with an Embedding.
-    y : ndarray
-        Targets as ``fastlib.losses.validate_targets`` normalised them.
-    order : ndarray or None
-        The epoch's sample order (None: 0..N-1).
 
     Returns
     -------
@@ -368,8 +365,6 @@ def run_epoch(ctx, x, y, order):
     n = x.shape[0]
     bs = ctx.config.batch_size
     steps = prog.steps
-    if order is None:
-        order = np.arange(n, dtype=np.int64)
     if prog.tokens:
         xi = _first_embedding(ctx.model).indices(x)   # the layer's own checks and errors
         xf = np.zeros((1, 1), dtype)
@@ -377,17 +372,14 @@ def run_epoch(ctx, x, y, order):
         xi = np.zeros((1, 1), np.int64)
         xf = np.ascontiguousarray(x, dtype=dtype).reshape(n, -1)
     code = fk.LOSS_CODES[ctx.loss_type]
-    if code == fk.CE:
-        yi, yf = np.ascontiguousarray(y, dtype=np.int64).reshape(-1), np.zeros((0, 0), dtype)
-    else:
-        yi, yf = np.zeros(0, np.int64), np.ascontiguousarray(y, dtype=dtype).reshape(n, -1)
+    order, yi, yf = epoch_inputs(ctx, y, order, n, dtype)
     opt = ctx.optimizer
     w, slots = flat_state(ctx, prog, dtype)
     buffers = _buffers(ctx, prog, bs)
     coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
     threads = min(MAX_PIECES, config.num_threads())
     chunks = CHUNKS if prog.param_size >= CHUNK_MIN_PARAMS else 1
-    args = (xf, xi, prog.tokens, yi, yf, np.ascontiguousarray(order, dtype=np.int64), bs, steps,
+    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps,
             threads, MIN_PIECE_ROWS, MAX_PIECES, chunks, prog.prog, prog.fpar_arr, prog.out_slot,
             prog.out_w, code, opt.kind, coeffs, clip_mode, float(clip), w, slots[0], slots[1],
             *buffers)

@@ -31,7 +31,11 @@ def register_compiled_path(name: str, try_run_epoch: Callable) -> None:
         Short name reported in ``EpochStats.fused_path``-style diagnostics and error messages.
     try_run_epoch : callable
         Runs one epoch and returns its ``EpochStats``, or returns ``None`` (having changed
-        nothing) when the model, loss, optimizer or options are outside the path.
+        nothing) when the model, loss, optimizer or options are outside the path. It takes
+        ``ctx`` (the run's ``StepContext``: model, optimizer and its state, rate, clipping),
+        the inputs ``x`` in the form its path documents, ``y`` (the targets as
+        ``fastlib.losses.validate_targets`` normalised them) and ``order`` (the epoch's
+        sample order, None for 0..N-1).
     """
     for i, (existing, _) in enumerate(_PATHS):
         if existing == name:

@@ -140,15 +140,9 @@ def _backward_epilogue(gout, pre, code, slope, acc):
 @njit(cache=True, error_model="numpy")
 def column_sums_into(g, out, acc):
     """``out[j] = sum_i g[i, j]`` through the caller's float64 accumulator ``acc``, rows in
-    order (Dense's float64 bias-gradient sums, without allocating)."""
-    rows, cols = g.shape
-    for j in range(cols):
-        acc[j] = 0.0
-    for i in range(rows):
-        gr = g[i]
-        for j in range(cols):
-            acc[j] += gr[j]
-    for j in range(cols):
+    order (Dense's float64 bias-gradient sums, without allocating): the linear epilogue."""
+    _backward_epilogue(g, g, _LINEAR, 0.0, acc)
+    for j in range(g.shape[1]):
         out[j] = acc[j]
 
 
