@@ -71,20 +71,14 @@ def _dense_forward(x, w, b, pre, post, code, slope):
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FM)
-def _dense_backward(x, w, pre, g, gpre, gw, gb, acc, gx, mode, tmp, code, slope):
-    """``gpre = g f'(pre)`` (for linear ``gpre`` is ``g``), bias and weight gradients, and
-    the input's cotangent."""
-    if code != _LINEAR:
-        rows, cols = g.shape
-        for i in range(rows):
-            gr = g[i]
-            pr = pre[i]
-            out = gpre[i]
-            for j in range(cols):
-                out[j] = gr[j] * kd.activate_derivative(pr[j], code, slope)
-    fk.column_sums_into(gpre, gb, acc)
-    np.dot(x.T, gpre, gw)
-    _input_grad(gpre, w.T, gx, mode, tmp)
+def _dense_backward(x, w, pre, g, gw, gb, acc, gx, mode, tmp, code, slope):
+    """``g *= f'(pre)`` in place (the output's cotangent has no other reader), bias and
+    weight gradients, and the input's cotangent: the other compiled paths' Dense epilogue."""
+    fk._backward_epilogue(g, pre, code, slope, acc)
+    for j in range(gb.shape[0]):
+        gb[j] = acc[j]
+    np.dot(x.T, g, gw)
+    _input_grad(g, w.T, gx, mode, tmp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -574,7 +568,6 @@ def _backward_piece(prog, fpar, samples, steps, w, act, gact, tok, gpart, acc, t
         if op == OP_DENSE:
             _dense_backward(x, _view(w, prog[k, F_P0], win, wout),
                             _view(act, prog[k, F_AUX1], rows, wout), g,
-                            _view(gact, prog[k, F_AUX1], rows, wout),
                             _view(gpart, prog[k, F_P0], win, wout), gpart[prog[k, F_P1]:][:wout],
                             acc, gx, mode, tmp, prog[k, F_INT0], fpar[k])
         elif op == OP_LAYER_NORM:

@@ -346,17 +346,11 @@ def _make_program(ctx, x):
 def run_epoch(ctx, x, y, order):
     """Train one epoch in compiled code; None when the model or run does not fit this path.
 
-    Parameters
-    ----------
-    ctx, y, order
-        As for every compiled path (``compiled_paths.register_compiled_path``).
-    x : ndarray
-        Inputs ``(N, T, d)`` or ``(N, d)`` in the model's dtype, or token indices ``(N, T)``
-        for a model that starts with an Embedding.
-
-    Returns
-    -------
-    EpochStats or None
+    The contract of every compiled path (``compiled_paths.register_compiled_path``): the run's
+    context ``ctx``, the targets ``y`` and the epoch's ``order``; ``x`` holds inputs ``(N, T,
+    d)`` or ``(N, d)`` in the model's dtype, or token indices ``(N, T)`` for a model that
+    starts with an Embedding. Returns the epoch's ``EpochStats``, or None having changed
+    nothing.
     """
     prog = program_for(ctx, x)
     if prog is None:

@@ -199,17 +199,11 @@ def _make_plan(ctx):
 def run_epoch(ctx, x, y, order):
     """Train one epoch in the compiled kernel; None when the model or run does not fit it.
 
-    Parameters
-    ----------
-    ctx, y, order
-        As for every compiled path (``compiled_paths.register_compiled_path``).
-    x : ndarray
-        Inputs ``(N, T, features)`` in the model's dtype, or ``(N, T)`` token ids for a model
-        that starts with an Embedding (validated by ``train``; ids are range-checked here).
-
-    Returns
-    -------
-    EpochStats or None
+    The contract of every compiled path (``compiled_paths.register_compiled_path``): the run's
+    context ``ctx``, the targets ``y`` and the epoch's ``order``; ``x`` holds inputs ``(N, T,
+    features)`` in the model's dtype, or ``(N, T)`` token ids for a model that starts with an
+    Embedding (validated by ``train``; ids are range-checked here). Returns the epoch's
+    ``EpochStats``, or None having changed nothing.
     """
     plan = plan_for(ctx)
     if plan is None:

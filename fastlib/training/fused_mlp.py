@@ -144,16 +144,10 @@ _single_threaded_blas = single_threaded_blas
 def run_epoch(ctx, x, y, order):
     """Train one epoch in the compiled kernel; None when the model or run does not fit it.
 
-    Parameters
-    ----------
-    ctx, y, order
-        As for every compiled path (``compiled_paths.register_compiled_path``).
-    x : ndarray
-        Inputs ``[N, D]`` in the model's dtype (validated by ``train``).
-
-    Returns
-    -------
-    EpochStats or None
+    The contract of every compiled path (``compiled_paths.register_compiled_path``): the run's
+    context ``ctx``, the targets ``y`` and the epoch's ``order``; ``x`` holds inputs ``[N, D]``
+    in the model's dtype (validated by ``train``). Returns the epoch's ``EpochStats``, or None
+    having changed nothing.
     """
     plan = plan_for(ctx)
     if plan is None or x.ndim != 2:
