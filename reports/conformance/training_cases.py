@@ -23,7 +23,10 @@ LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNor
 # their own rows)
 SMOOTH = tuple(n for n, a in optable.ACTIVATIONS.items()
                if a.op != "softmax" and not optable.OPS[a.op].kinks)
-FUSED_SMOOTH = ("linear", "tanh", "sigmoid")
+# the compiled paths' Dense activations are the op table's elementwise ones
+# (fastlib.training.fused_kernels.FUSED_ACTIVATIONS): every smooth activation but softmax
+FUSED_SMOOTH = tuple(n for n in SMOOTH if optable.OPS[optable.ACTIVATIONS[n].op].category ==
+                     "unary")
 
 
 @dataclass(frozen=True)
