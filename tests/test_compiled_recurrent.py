@@ -208,16 +208,19 @@ def test_the_path_declines_what_it_does_not_run():
 
     assert fused(lstm_last(d))
     assert not fused(lstm_last(d), fused=False)
-    # a Dense activation the compiled kernels do not have, and a Parallel container
-    assert not fused(fastlib.Sequential([fastlib.LSTM(4, 5), fastlib.Dense(5, 3, "gelu")],
-                                        dtype=d))
+    # every elementwise activation of the op table is compiled (softmax is not); a Parallel
+    # container or a norm layer moves the model to the compiled attention program
+    # (tests/test_compiled_mixed.py follows which path runs)
+    assert fused(fastlib.Sequential([fastlib.LSTM(4, 5), fastlib.Dense(5, 3, "gelu")],
+                                    dtype=d))
+    assert not fused(fastlib.Sequential([fastlib.LSTM(4, 5), fastlib.Dense(5, 3, "softmax")],
+                                        dtype=d), loss="mse", yy=np.eye(3)[y[:, 0]])
     par = fastlib.Sequential([fastlib.LSTM(4, 5), fastlib.Parallel(
         [fastlib.Dense(5, 3), fastlib.Dense(5, 3)], combine="add")], dtype=d)
-    assert not fused(par)
-    # a norm layer (the attention and norm layers' own path, or the generic one)
+    assert fused(par)
     ln = fastlib.Sequential([fastlib.LSTM(4, 5), fastlib.LayerNorm(5), fastlib.Dense(5, 3)],
                             dtype=d)
-    assert not fused(ln)
+    assert fused(ln)
     # binary_cross_entropy on probabilities is not one of the compiled losses
     probs = fastlib.Sequential([fastlib.LSTM(4, 5), fastlib.Dense(5, 1, "sigmoid")], dtype=d)
     assert not fused(probs, yy=(y > 0).astype(d), loss="binary_cross_entropy")

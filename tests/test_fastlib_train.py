@@ -277,8 +277,11 @@ def test_fused_path_equals_generic_path(loss, opt_name, act, clip, mode, bs):
 def test_fused_path_is_used_only_where_it_applies():
     x, y = data()
     assert fastlib.train(mlp(), x, y, 1, 4, 0.1, "cross_entropy", **quiet()).fused
-    assert not fastlib.train(mlp(activation="gelu"), x, y, 1, 4, 0.1, "cross_entropy",
-                             **quiet()).fused
+    # every elementwise activation of the op table is fused; a softmax layer is not
+    assert fastlib.train(mlp(activation="gelu"), x, y, 1, 4, 0.1, "cross_entropy",
+                         **quiet()).fused
+    probs_sm = fastlib.Sequential([fastlib.Dense(5, 3, "softmax")], dtype=np.float64)
+    assert not fastlib.train(probs_sm, x, y, 1, 4, 0.1, "mse", **quiet()).fused
     nested = fastlib.Sequential([fastlib.Sequential([fastlib.Dense(5, 4, "relu")]),
                                  fastlib.Dense(4, 3)], dtype=np.float64)
     assert not fastlib.train(nested, x, y, 1, 4, 0.1, "cross_entropy", **quiet()).fused

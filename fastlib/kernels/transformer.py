@@ -13,6 +13,7 @@ from numba import njit, prange
 from fastlib.config import FASTMATH
 from fastlib.kernels import dense as kd
 from fastlib.kernels import optim as kopt
+from fastlib.kernels import recurrent_pieces as cells
 from fastlib.kernels import scalar
 from fastlib.kernels.reduce import _block_sum
 from fastlib.kernels.vecmath import fexp
@@ -22,11 +23,12 @@ _FM = set(FASTMATH)
 
 # operation codes (column F_OP of a program row)
 OP_DENSE, OP_LAYER_NORM, OP_RMS_NORM, OP_SWIGLU, OP_ATTENTION, OP_EMBEDDING, OP_ADD, \
-    OP_COLUMNS = range(8)
-# fields of a program row
+    OP_COLUMNS, OP_RNN, OP_LSTM = range(10)
+# fields of a program row. F_ROWS: rows per sample of the row's input (the sequence's steps,
+# or 1 for a slot without a time axis, such as a recurrent layer's last state)
 (F_OP, F_IN, F_IN_W, F_OUT, F_OUT_W, F_AUX1, F_AUX2, F_AUX3, F_P0, F_P1, F_P2, F_P3, F_INT0,
- F_INT1, F_GRAD_A, F_GRAD_B) = range(16)
-N_FIELDS = 16
+ F_INT1, F_GRAD_A, F_GRAD_B, F_ROWS, F_AUX4, F_AUX5) = range(19)
+N_FIELDS = 19
 # what the backward does with the cotangent of an input slot: write it, add it to what a
 # later consumer (in forward order) wrote, or skip it (the model's input)
 GRAD_WRITE, GRAD_ADD, GRAD_SKIP = range(3)
@@ -56,91 +58,32 @@ def _input_grad(a, bt, gx, mode, tmp):
             gr[j] += tr[j]
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM)
-def _column_sums(g, out, acc):
-    """``out[j] = sum_i g[i, j]`` through the float64 accumulator ``acc`` (as Dense's)."""
-    rows, cols = g.shape
-    for j in range(cols):
-        acc[j] = 0.0
-    for i in range(rows):
-        gr = g[i]
-        for j in range(cols):
-            acc[j] += gr[j]
-    for j in range(cols):
-        out[j] = acc[j]
-
-
-@njit(cache=True, error_model="numpy", fastmath=_FM)
-def _add_bias(y, b):
-    rows, cols = y.shape
-    for i in range(rows):
-        yr = y[i]
-        for j in range(cols):
-            yr[j] += b[j]
-
-
 # ---------------------------------------------------------------------------------------------
 # Dense
 
 @njit(cache=True, error_model="numpy", fastmath=_FM)
 def _dense_forward(x, w, b, pre, post, code, slope):
     np.dot(x, w, pre)
-    rows, cols = pre.shape
     if code == _LINEAR:  # pre and post are one slot
-        _add_bias(pre, b)
-        return
-    for i in range(rows):
-        pr = pre[i]
-        po = post[i]
-        for j in range(cols):
-            z = pr[j] + b[j]
-            pr[j] = z
-            po[j] = kd.activate(z, code, slope)
+        kd.add_bias(pre, b)
+    else:
+        kd.bias_activation(pre, b, post, code, slope)
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FM)
-def _dense_backward(x, w, pre, g, gpre, gw, gb, acc, gx, mode, tmp, code, slope):
-    """``gpre = g f'(pre)`` (for linear ``gpre`` is ``g``), bias and weight gradients, and
-    the input's cotangent."""
-    if code != _LINEAR:
-        rows, cols = g.shape
-        for i in range(rows):
-            gr = g[i]
-            pr = pre[i]
-            out = gpre[i]
-            for j in range(cols):
-                out[j] = gr[j] * kd.activate_derivative(pr[j], code, slope)
-    _column_sums(gpre, gb, acc)
-    np.dot(x.T, gpre, gw)
-    _input_grad(gpre, w.T, gx, mode, tmp)
+def _dense_backward(x, w, pre, g, gw, gb, acc, gx, mode, tmp, code, slope):
+    """``g *= f'(pre)`` in place (the output's cotangent has no other reader), bias and
+    weight gradients, and the input's cotangent: the other compiled paths' Dense epilogue."""
+    fk._backward_epilogue(g, pre, code, slope, acc)
+    for j in range(gb.shape[0]):
+        gb[j] = acc[j]
+    np.dot(x.T, g, gw)
+    _input_grad(g, w.T, gx, mode, tmp)
 
 
 # ---------------------------------------------------------------------------------------------
-# LayerNorm and RMSNorm: the arithmetic of fastlib.kernels.dense's layer kernels
-
-@njit(cache=True, error_model="numpy", fastmath=_FM)
-def _layer_norm_forward(x, weight, bias, eps, xhat, rstd, y):
-    rows, cols = x.shape
-    for i in range(rows):
-        xr = x[i]
-        mean = 0.0
-        for j in range(cols):
-            mean += xr[j]
-        mean /= cols
-        var = 0.0
-        for j in range(cols):
-            dev = xr[j] - mean
-            var += dev * dev
-        var /= cols
-        r = 1.0 / np.sqrt(var + eps)
-        rstd[i] = r
-        hr = xhat[i]
-        yr = y[i]
-        for j in range(cols):
-            xh = (xr[j] - mean) * r
-            hr[j] = xh
-            yr[j] = xh * weight[j] + bias[j]
-
+# LayerNorm and RMSNorm: the forward is fastlib.kernels.dense's; the backward is its
+# arithmetic without allocating and with the input cotangent written, added or skipped
 
 @njit(cache=True, error_model="numpy", fastmath=_FM)
 def _layer_norm_backward(dy, xhat, rstd, weight, dx, mode, dweight, dbias, acc):
@@ -174,21 +117,6 @@ def _layer_norm_backward(dy, xhat, rstd, weight, dx, mode, dweight, dbias, acc):
     for j in range(cols):
         dweight[j] = acc[j]
         dbias[j] = acc[cols + j]
-
-
-@njit(cache=True, error_model="numpy", fastmath=_FM)
-def _rms_norm_forward(x, weight, eps, rinv, y):
-    rows, cols = x.shape
-    for i in range(rows):
-        xr = x[i]
-        ms = 0.0
-        for j in range(cols):
-            ms += xr[j] * xr[j]
-        r = 1.0 / np.sqrt(ms / cols + eps)
-        rinv[i] = r
-        yr = y[i]
-        for j in range(cols):
-            yr[j] = xr[j] * r * weight[j]
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FM)
@@ -277,19 +205,26 @@ def _scatter_cols(block, r0, c0, dst):
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FM)
+def _head_block(qkv, r0, c0, d, steps, sc):
+    """The block's q, k, v gathered (contiguous, for BLAS) into the scratch ``sc`` of four
+    (T, dh) arrays, and the fourth array (the output, or the output's cotangent)."""
+    dh = sc.shape[0] // (4 * steps)
+    qh = sc[:steps * dh].reshape((steps, dh))
+    kh = sc[steps * dh:2 * steps * dh].reshape((steps, dh))
+    vh = sc[2 * steps * dh:3 * steps * dh].reshape((steps, dh))
+    _gather_cols(qkv, r0, c0, qh)
+    _gather_cols(qkv, r0, d + c0, kh)
+    _gather_cols(qkv, r0, 2 * d + c0, vh)
+    return qh, kh, vh, sc[3 * steps * dh:4 * steps * dh].reshape((steps, dh))
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
 def _attention_block_forward(qkv, r0, c0, d, scale, causal, p, att, sc):
     """Block (rows r0.., head columns c0..): ``p = softmax(q k^T scale [causal])`` kept in
     ``p`` (T, T), ``att[rows, head] = p v``. Masked keys are left out of the softmax (weight
     exactly 0), as the generic kernel and reflib do."""
     steps = p.shape[0]
-    dh = sc.shape[0] // (4 * steps)
-    qh = sc[:steps * dh].reshape((steps, dh))
-    kh = sc[steps * dh:2 * steps * dh].reshape((steps, dh))
-    vh = sc[2 * steps * dh:3 * steps * dh].reshape((steps, dh))
-    oh = sc[3 * steps * dh:4 * steps * dh].reshape((steps, dh))
-    _gather_cols(qkv, r0, c0, qh)
-    _gather_cols(qkv, r0, d + c0, kh)
-    _gather_cols(qkv, r0, 2 * d + c0, vh)
+    qh, kh, vh, oh = _head_block(qkv, r0, c0, d, steps, sc)
     np.dot(qh, kh.T, p)
     for i in range(steps):
         last = i + 1 if causal else steps
@@ -324,14 +259,7 @@ def _attention_block_backward(qkv, r0, c0, d, scale, causal, p, gatt, dqkv, dp, 
     times less accurate than the value gradients.
     """
     steps = p.shape[0]
-    dh = sc.shape[0] // (4 * steps)
-    qh = sc[:steps * dh].reshape((steps, dh))
-    kh = sc[steps * dh:2 * steps * dh].reshape((steps, dh))
-    vh = sc[2 * steps * dh:3 * steps * dh].reshape((steps, dh))
-    doh = sc[3 * steps * dh:4 * steps * dh].reshape((steps, dh))
-    _gather_cols(qkv, r0, c0, qh)
-    _gather_cols(qkv, r0, d + c0, kh)
-    _gather_cols(qkv, r0, 2 * d + c0, vh)
+    qh, kh, vh, doh = _head_block(qkv, r0, c0, d, steps, sc)
     _gather_cols(gatt, r0, c0, doh)
     np.dot(p.T, doh, vh)                      # vh now holds dv
     _scatter_cols(vh, r0, 2 * d + c0, dqkv)
@@ -358,7 +286,7 @@ def _attention_block_backward(qkv, r0, c0, d, scale, causal, p, gatt, dqkv, dp, 
 def _attention_forward(x, w_qkv, b_qkv, w_o, b_o, qkv, att, probs, y, samples, steps, heads,
                        scale, causal, sc):
     np.dot(x, w_qkv, qkv)
-    _add_bias(qkv, b_qkv)
+    kd.add_bias(qkv, b_qkv)
     d = att.shape[1]
     dh = d // heads
     for s in range(samples):
@@ -368,14 +296,14 @@ def _attention_forward(x, w_qkv, b_qkv, w_o, b_o, qkv, att, probs, y, samples, s
             _attention_block_forward(qkv, s * steps, h * dh, d, scale, causal, p, att,
                                      sc[:4 * steps * dh])
     np.dot(att, w_o, y)
-    _add_bias(y, b_o)
+    kd.add_bias(y, b_o)
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FM)
 def _attention_backward(x, w_qkv, w_o, qkv, att, probs, g, gatt, dqkv, gw_qkv, gb_qkv, gw_o,
                         gb_o, acc, gx, mode, tmp, samples, steps, heads, scale, causal, sc):
     np.dot(att.T, g, gw_o)
-    _column_sums(g, gb_o, acc)
+    fk.column_sums_into(g, gb_o, acc)
     np.dot(g, w_o.T, gatt)
     d = att.shape[1]
     dh = d // heads
@@ -387,19 +315,158 @@ def _attention_backward(x, w_qkv, w_o, qkv, att, probs, g, gatt, dqkv, gw_qkv, g
             _attention_block_backward(qkv, s * steps, h * dh, d, scale, causal, p, gatt, dqkv,
                                       dp, sc[:4 * steps * dh])
     np.dot(x.T, dqkv, gw_qkv)
-    _column_sums(dqkv, gb_qkv, acc)
+    fk.column_sums_into(dqkv, gb_qkv, acc)
     _input_grad(dqkv, w_qkv.T, gx, mode, tmp)
+
+
+# ---------------------------------------------------------------------------------------------
+# RNN and LSTM: the recurrence of fastlib.kernels.recurrent_pieces over sub-pieces of at most
+# cells.PIECE samples (its measured best product shape), each laid out time-major (row
+# t * n + b); the input projections, weight gradients and input cotangent are products over
+# the piece's sample-major rows (s * steps + t), as every other operation's
+
+@njit(cache=True, error_model="numpy")
+def _time_major_row(s, t, samples, steps):
+    """Row of sample ``s``, step ``t`` in the time-major sub-piece layout of a piece."""
+    q0 = (s // cells.PIECE) * cells.PIECE
+    return q0 * steps + t * min(cells.PIECE, samples - q0) + (s - q0)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def _reorder(a, b, samples, steps, to_time_major):
+    """``b = a`` with the rows moved from sample-major to time-major, or back."""
+    width = a.shape[1]
+    for s in range(samples):
+        for t in range(steps):
+            tm = _time_major_row(s, t, samples, steps)
+            src = a[s * steps + t] if to_time_major else a[tm]
+            dst = b[tm] if to_time_major else b[s * steps + t]
+            for j in range(width):
+                dst[j] = src[j]
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def _recurrent_forward(x, w_ih, w_hh, bias, work, gates, hs, cs, tcs, y, samples, steps, lstm,
+                       seq, sc):
+    """``gates = x @ w_ih + b`` (time-major), the recurrence, and the output ``y``: every
+    state (sample-major) or each sample's last. An RNN's ``hs`` is its ``gates`` (in place)."""
+    np.dot(x, w_ih, work)
+    kd.add_bias(work, bias)
+    _reorder(work, gates, samples, steps, True)
+    width, hidden = gates.shape[1], hs.shape[1]
+    z = sc[:cells.PIECE * width].reshape((cells.PIECE, width))
+    for q0 in range(0, samples, cells.PIECE):
+        n = min(cells.PIECE, samples - q0)
+        r0, r1 = q0 * steps, (q0 + n) * steps
+        if lstm:
+            cells.lstm_forward(gates[r0:r1], w_hh, cs[r0:r1], tcs[r0:r1], hs[r0:r1], z, steps, n)
+        else:
+            cells.rnn_forward(gates[r0:r1], w_hh, z, steps, n)
+        if not seq:
+            for b in range(n):
+                src, dst = hs[r1 - n + b], y[q0 + b]
+                for j in range(hidden):
+                    dst[j] = src[j]
+    if seq:
+        _reorder(hs, y, samples, steps, False)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def _recurrent_backward(x, w_ih, w_hh, gates, hs, cs, tcs, g, g_tm, dz_tm, dz, gw_ih, gw_hh, gb,
+                        acc, gx, mode, tmp, samples, steps, lstm, seq, sc):
+    """Backward through time per sub-piece into ``dz_tm``; ``w_hh``'s gradient summed over
+    the sub-pieces in order; then, sample-major, ``w_ih``'s and the bias's gradients and the
+    input's cotangent."""
+    width, hidden = gates.shape[1], hs.shape[1]
+    if seq:
+        _reorder(g, g_tm, samples, steps, True)
+    dh = sc[:cells.PIECE * hidden].reshape((cells.PIECE, hidden))
+    dc = sc[cells.PIECE * hidden:2 * cells.PIECE * hidden].reshape((cells.PIECE, hidden))
+    part = tmp[:hidden * width].reshape((hidden, width))
+    for q0 in range(0, samples, cells.PIECE):
+        n = min(cells.PIECE, samples - q0)
+        r0, r1 = q0 * steps, (q0 + n) * steps
+        gq = g_tm[r0:r1] if seq else g[q0:q0 + n]
+        if lstm:
+            cells.lstm_backward(gq, seq, gates[r0:r1], cs[r0:r1], tcs[r0:r1], w_hh, dz_tm[r0:r1],
+                                dh, dc, steps, n)
+        else:
+            cells.rnn_backward(gq, seq, hs[r0:r1], w_hh, dz_tm[r0:r1], dh, steps, n)
+        # w_hh pairs the state of step t - 1 with the cotangent of step t
+        if q0 == 0:
+            if steps > 1:
+                np.dot(hs[r0:r1 - n].T, dz_tm[r0 + n:r1], gw_hh)
+            else:
+                gw_hh[:] = 0.0
+        elif steps > 1:
+            np.dot(hs[r0:r1 - n].T, dz_tm[r0 + n:r1], part)
+            for i in range(hidden):
+                gr, pr = gw_hh[i], part[i]
+                for j in range(width):
+                    gr[j] += pr[j]
+    _reorder(dz_tm, dz, samples, steps, False)
+    np.dot(x.T, dz, gw_ih)
+    fk.column_sums_into(dz, gb, acc)
+    _input_grad(dz, w_ih.T, gx, mode, tmp)
 
 
 # ---------------------------------------------------------------------------------------------
 # the program, over the rows of one piece
 
+@njit(inline="always")
+def _recurrent_views(prog, k, samples, steps, w, act):
+    """Row ``k`` (an RNN or LSTM): whether it is an LSTM, whether it returns every state, its
+    input, ``w_ih``, ``w_hh``, and its slots: AUX1 the gates (time-major; an RNN's states), AUX2
+    the states, AUX3 / AUX4 an LSTM's cells and their tanh (in the cotangents, AUX3 holds the
+    output's, time-major), AUX5 sample-major work (the projections forward, the gates'
+    cotangent backward)."""
+    lstm = prog[k, F_OP] == OP_LSTM
+    din, hidden = prog[k, F_IN_W], prog[k, F_OUT_W]
+    width = 4 * hidden if lstm else hidden
+    rows = samples * steps
+    return (lstm, prog[k, F_INT1] != 0, _view(act, prog[k, F_IN], rows, din),
+            _view(w, prog[k, F_P0], din, width), _view(w, prog[k, F_P1], hidden, width),
+            _view(act, prog[k, F_AUX1], rows, width), _view(act, prog[k, F_AUX2], rows, hidden),
+            _view(act, prog[k, F_AUX3], rows, hidden), _view(act, prog[k, F_AUX4], rows, hidden))
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def _recurrent_op_forward(prog, k, samples, steps, w, act, sc):
+    lstm, seq, x, w_ih, w_hh, gates, hs, cs, tcs = _recurrent_views(prog, k, samples, steps, w,
+                                                                    act)
+    width, hidden = gates.shape[1], hs.shape[1]
+    _recurrent_forward(x, w_ih, w_hh, w[prog[k, F_P2]:][:width],
+                       _view(act, prog[k, F_AUX5], samples * steps, width), gates, hs, cs, tcs,
+                       _view(act, prog[k, F_OUT], samples * (steps if seq else 1), hidden),
+                       samples, steps, lstm, seq, sc)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def _recurrent_op_backward(prog, k, samples, steps, w, act, gact, gpart, acc, tmp, sc):
+    lstm, seq, x, w_ih, w_hh, gates, hs, cs, tcs = _recurrent_views(prog, k, samples, steps, w,
+                                                                    act)
+    rows, width, hidden = samples * steps, gates.shape[1], hs.shape[1]
+    _recurrent_backward(x, w_ih, w_hh, gates, hs, cs, tcs,
+                        _view(gact, prog[k, F_OUT], samples * (steps if seq else 1), hidden),
+                        _view(gact, prog[k, F_AUX3], rows, hidden),
+                        _view(gact, prog[k, F_AUX1], rows, width),
+                        _view(gact, prog[k, F_AUX5], rows, width),
+                        _view(gpart, prog[k, F_P0], x.shape[1], width),
+                        _view(gpart, prog[k, F_P1], hidden, width),
+                        gpart[prog[k, F_P2]:][:width], acc,
+                        _view(gact, prog[k, F_IN], rows, x.shape[1]), prog[k, F_GRAD_A], tmp,
+                        samples, steps, lstm, seq, sc)
+
+
 @njit(cache=True, error_model="numpy", fastmath=_FM)
 def _forward_piece(prog, fpar, samples, steps, w, act, tok, sc):
-    rows = samples * steps
     for k in range(prog.shape[0]):
         op = prog[k, F_OP]
         win, wout = prog[k, F_IN_W], prog[k, F_OUT_W]
+        rows = samples * prog[k, F_ROWS]
+        if op == OP_RNN or op == OP_LSTM:
+            _recurrent_op_forward(prog, k, samples, steps, w, act, sc)
+            continue
         y = _view(act, prog[k, F_OUT], rows, wout)
         if op == OP_EMBEDDING:
             table = _view(w, prog[k, F_P0], prog[k, F_INT0], wout)
@@ -414,11 +481,11 @@ def _forward_piece(prog, fpar, samples, steps, w, act, tok, sc):
             _dense_forward(x, _view(w, prog[k, F_P0], win, wout), w[prog[k, F_P1]:][:wout],
                            _view(act, prog[k, F_AUX1], rows, wout), y, prog[k, F_INT0], fpar[k])
         elif op == OP_LAYER_NORM:
-            _layer_norm_forward(x, w[prog[k, F_P0]:][:win], w[prog[k, F_P1]:][:win], fpar[k],
+            kd.layer_norm_forward(x, w[prog[k, F_P0]:][:win], w[prog[k, F_P1]:][:win], fpar[k],
                                 _view(act, prog[k, F_AUX1], rows, win),
                                 act[prog[k, F_AUX2]:][:rows], y)
         elif op == OP_RMS_NORM:
-            _rms_norm_forward(x, w[prog[k, F_P0]:][:win], fpar[k], act[prog[k, F_AUX1]:][:rows],
+            kd.rms_norm_forward(x, w[prog[k, F_P0]:][:win], fpar[k], act[prog[k, F_AUX1]:][:rows],
                               y)
         elif op == OP_SWIGLU:
             hid = prog[k, F_INT0]
@@ -470,11 +537,14 @@ def _pass_grad(g, gx, mode):
 def _backward_piece(prog, fpar, samples, steps, w, act, gact, tok, gpart, acc, tmp, sc):
     """The program backward over one piece; parameter gradients into ``gpart`` (every entry
     written), cotangents into ``gact`` (the slots' layout, as ``act``)."""
-    rows = samples * steps
     for k in range(prog.shape[0] - 1, -1, -1):
         op = prog[k, F_OP]
         win, wout = prog[k, F_IN_W], prog[k, F_OUT_W]
         mode = prog[k, F_GRAD_A]
+        rows = samples * prog[k, F_ROWS]
+        if op == OP_RNN or op == OP_LSTM:
+            _recurrent_op_backward(prog, k, samples, steps, w, act, gact, gpart, acc, tmp, sc)
+            continue
         g = _view(gact, prog[k, F_OUT], rows, wout)
         if op == OP_EMBEDDING:
             num = prog[k, F_INT0]
@@ -498,7 +568,6 @@ def _backward_piece(prog, fpar, samples, steps, w, act, gact, tok, gpart, acc, t
         if op == OP_DENSE:
             _dense_backward(x, _view(w, prog[k, F_P0], win, wout),
                             _view(act, prog[k, F_AUX1], rows, wout), g,
-                            _view(gact, prog[k, F_AUX1], rows, wout),
                             _view(gpart, prog[k, F_P0], win, wout), gpart[prog[k, F_P1]:][:wout],
                             acc, gx, mode, tmp, prog[k, F_INT0], fpar[k])
         elif op == OP_LAYER_NORM:
@@ -577,9 +646,9 @@ def _forward_one(p, n_pieces, nb, start, order, x, xi, use_tokens, steps, prog, 
             for j in range(width):
                 dst[j] = src[j]
     _forward_piece(prog, fpar, samples, steps, w, a, tok[p], sc[p])
-    n = samples * steps * out_w
+    n = samples * out_w
     src = a[out_slot:out_slot + n]
-    dst = out_all[s0 * steps * out_w:s0 * steps * out_w + n]
+    dst = out_all[s0 * out_w:s0 * out_w + n]
     for j in range(n):
         dst[j] = src[j]
 
@@ -605,8 +674,8 @@ def _backward_one(p, n_pieces, nb, steps, prog, fpar, w, act, gact, tok, part, a
     samples = s1 - s0
     if samples == 0:
         return
-    n = samples * steps * out_w
-    src = dz_all[s0 * steps * out_w:s0 * steps * out_w + n]
+    n = samples * out_w
+    src = dz_all[s0 * out_w:s0 * out_w + n]
     dst = gact[p][out_slot:out_slot + n]
     for j in range(n):
         dst[j] = src[j]
@@ -703,8 +772,10 @@ def epoch(x, xi, use_tokens, yi, yf, order, batch_size, steps, threads, min_rows
           g, part, act, gact, tok, acc, tmp, sc, out_all, dz_all, sumsq):
     """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
 
-    NaN/Inf rules: a non-finite loss returns at once (the caller restores the weights); a
-    non-finite gradient skips the update (``skipped``), as the generic path does.
+    ``out_w`` is the model output's width per sample (its positions times its features, or
+    its features alone when the output has no time axis). NaN/Inf rules: a non-finite loss
+    returns at once (the caller restores the weights); a non-finite gradient skips the update
+    (``skipped``), as the generic path does.
     """
     n_samples = order.shape[0]
     loss_sum = 0.0
@@ -718,9 +789,8 @@ def epoch(x, xi, use_tokens, yi, yf, order, batch_size, steps, threads, min_rows
         th = min(threads, n_pieces)
         _forward_region(th, n_pieces, nb, start, order, x, xi, use_tokens, steps, prog, fpar, w,
                         act, tok, sc, out_slot, out_w, out_all)
-        width = steps * out_w
-        z = out_all[:nb * width].reshape((nb, width))
-        dz = dz_all[:nb * width].reshape((nb, width))
+        z = out_all[:nb * out_w].reshape((nb, out_w))
+        dz = dz_all[:nb * out_w].reshape((nb, out_w))
         loss, correct = fk._loss_and_grad(loss_code, z, yi, yf, order[start:start + nb], dz)
         if not math.isfinite(loss):
             return loss_sum, correct_sum, skipped, updates, batch, loss

@@ -8,8 +8,10 @@ import numpy as np
 
 from fastlib import config
 from fastlib.kernels import transformer as kt
+from fastlib.kernels.recurrent_pieces import PIECE
 from fastlib.training import fused_kernels as fk
-from fastlib.training.epoch_state import epoch_settings, finish_epoch, flat_state, single_threaded_blas
+from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
+                                          single_threaded_blas)
 from fastlib.training.compiled_paths import register_compiled_path
 
 # NOTE (speed): a batch is cut into MAX_PIECES pieces of samples that run on their own
@@ -34,7 +36,7 @@ class _Unsupported(Exception):
 class _Program:
     """A model compiled for one batch shape: program rows, buffer sizes, parameter layout."""
 
-    def __init__(self, model, dtype, steps, max_samples, d_in, tokens):
+    def __init__(self, model, dtype, steps, max_samples, d_in, tokens, d_in_seq):
         self.dtype = dtype
         self.steps = steps
         self.max_rows = max_samples * steps
@@ -47,17 +49,22 @@ class _Program:
         self.param_size = 0
         self.layout = {}     # name -> (offset, block rows, block cols, col0, col1, shape)
         self.tokens = tokens
-        self.input_slot = self._slot(1 if tokens else d_in)
-        out, width = self._emit(model, (self.input_slot, d_in), "")
-        self.out_slot, self.out_w = out, width
+        # a slot is (offset, width, whether it has a time axis); the data has one when it is
+        # tokens or (N, T, d), not when it is (N, d)
+        seq_in = tokens or d_in_seq
+        self.input_slot = self._slot(1 if tokens else d_in, seq_in)
+        out, width, seq = self._emit(model, (self.input_slot, d_in, seq_in), "")
+        self.out_slot = out
+        # the output's width per sample: every position's features, or the last state's
+        self.out_w = width * (steps if seq else 1)
         self._grad_modes()
         self.prog = np.array(self.rows, np.int64).reshape(-1, kt.N_FIELDS)
         self.fpar_arr = np.array(self.fpar, np.float64)
 
     # -- building ------------------------------------------------------------------------------
-    def _slot(self, width):
+    def _slot(self, width, seq=True):
         off = self.act_size
-        self.act_size += self.max_rows * width
+        self.act_size += self.max_samples * (self.steps if seq else 1) * width
         return off
 
     def _block(self, rows, cols):
@@ -69,10 +76,12 @@ class _Program:
         self.layout[name] = (off, rows, cols, c0, c1, tuple(shape))
 
     def _row(self, op, src, out, out_w, aux=(0, 0, 0), params=(0, 0, 0, 0), ints=(0, 0),
-             fpar=0.0, src_b=-1):
+             fpar=0.0, src_b=-1, aux_more=(0, 0)):
         row = [0] * kt.N_FIELDS
         row[kt.F_OP] = op
-        row[kt.F_IN], row[kt.F_IN_W] = src
+        row[kt.F_IN], row[kt.F_IN_W], seq = src
+        row[kt.F_ROWS] = self.steps if seq else 1
+        row[kt.F_AUX4], row[kt.F_AUX5] = aux_more
         row[kt.F_OUT], row[kt.F_OUT_W] = out, out_w
         row[kt.F_AUX1], row[kt.F_AUX2], row[kt.F_AUX3] = aux
         row[kt.F_P0], row[kt.F_P1], row[kt.F_P2], row[kt.F_P3] = params
@@ -84,9 +93,10 @@ class _Program:
         self.tmp_size = max(self.tmp_size, self.max_rows * src[1])
 
     def _emit(self, layer, src, prefix):
-        """Rows for ``layer`` on the slot ``src = (offset, width)``; returns its output slot."""
-        from fastlib.layers import (Dense, Embedding, LayerNorm, MultiHeadAttention, Parallel,
-                                    RMSNorm, Sequential, SwiGLU)
+        """Rows for ``layer`` on the slot ``src = (offset, width, seq)``; returns its output
+        slot."""
+        from fastlib.layers import (LSTM, RNN, Dense, Embedding, LayerNorm, MultiHeadAttention,
+                                    Parallel, RMSNorm, Sequential, SwiGLU)
         from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
 
         kind = type(layer)
@@ -108,8 +118,8 @@ class _Program:
             self._row(kt.OP_EMBEDDING, src, out, layer.dim, params=(off, 0, 0, 0),
                       ints=(layer.num, 0))
             self.acc_size = max(self.acc_size, layer.num * layer.dim)
-            return out, layer.dim
-        d = src[1]
+            return out, layer.dim, True
+        d, seq = src[1], src[2]
         if kind is Dense:
             code = ACTIVATIONS[layer.activation]
             if code == _SOFTMAX_CODE:
@@ -119,42 +129,44 @@ class _Program:
             ob = self._block(1, dout)
             self._param(prefix + "weight", ow, d, dout, 0, dout, (d, dout))
             self._param(prefix + "bias", ob, 1, dout, 0, dout, (dout,))
-            out = self._slot(dout)
-            pre = out if code == 0 else self._slot(dout)
+            out = self._slot(dout, seq)
+            pre = out if code == 0 else self._slot(dout, seq)
             self._row(kt.OP_DENSE, src, out, dout, aux=(pre, 0, 0), params=(ow, ob, 0, 0),
                       ints=(code, 0), fpar=LEAKY_SLOPE)
             self.acc_size = max(self.acc_size, dout)
-            return out, dout
+            return out, dout, seq
         if kind is LayerNorm:
             ow, ob = self._block(1, d), self._block(1, d)
             self._param(prefix + "weight", ow, 1, d, 0, d, (d,))
             self._param(prefix + "bias", ob, 1, d, 0, d, (d,))
-            xhat, rstd, out = self._slot(d), self._slot(1), self._slot(d)
+            xhat, rstd, out = self._slot(d, seq), self._slot(1, seq), self._slot(d, seq)
             self._row(kt.OP_LAYER_NORM, src, out, d, aux=(xhat, rstd, 0), params=(ow, ob, 0, 0),
                       fpar=layer.eps)
             self.acc_size = max(self.acc_size, 2 * d)
-            return out, d
+            return out, d, seq
         if kind is RMSNorm:
             ow = self._block(1, d)
             self._param(prefix + "weight", ow, 1, d, 0, d, (d,))
-            rinv, out = self._slot(1), self._slot(d)
+            rinv, out = self._slot(1, seq), self._slot(d, seq)
             self._row(kt.OP_RMS_NORM, src, out, d, aux=(rinv, 0, 0), params=(ow, 0, 0, 0),
                       fpar=layer.eps)
             self.acc_size = max(self.acc_size, d)
-            return out, d
+            return out, d, seq
         if kind is SwiGLU:
             h, dout = layer.hidden, layer.out
             ogu, odn = self._block(d, 2 * h), self._block(h, dout)
             self._param(prefix + "w_gate", ogu, d, 2 * h, 0, h, (d, h))
             self._param(prefix + "w_up", ogu, d, 2 * h, h, 2 * h, (d, h))
             self._param(prefix + "w_down", odn, h, dout, 0, dout, (h, dout))
-            au, hidden, out = self._slot(2 * h), self._slot(h), self._slot(dout)
+            au, hidden, out = self._slot(2 * h, seq), self._slot(h, seq), self._slot(dout, seq)
             self._row(kt.OP_SWIGLU, src, out, dout, aux=(au, hidden, 0), params=(ogu, odn, 0, 0),
                       ints=(h, 0))
-            return out, dout
+            return out, dout, seq
+        if kind in (RNN, LSTM):
+            return self._recurrent(layer, kind is LSTM, src, prefix)
         if kind is MultiHeadAttention:
-            if self.steps < 1:
-                raise _Unsupported
+            if not seq:
+                raise _Unsupported   # attention needs (batch, seq, d): the generic path says so
             heads, dh = layer.heads, d // layer.heads
             oqkv, oo = self._block(d, 3 * d), self._block(d, d)
             obqkv, obo = self._block(1, 3 * d), self._block(1, d)
@@ -173,8 +185,34 @@ class _Program:
             self.acc_size = max(self.acc_size, 3 * d)
             self.sc_size = max(self.sc_size, 4 * self.steps * dh + self.steps * self.steps)
             self.tmp_size = max(self.tmp_size, self.max_rows * d)
-            return out, d
+            return out, d, True
         raise _Unsupported
+
+    def _recurrent(self, layer, lstm, src, prefix):
+        """An RNN or LSTM: its parameters (``w_ih``, ``w_hh``, ``b``), the time-major slots of
+        its gates, states and cells, and its output (every state, or the last)."""
+        d = src[1]
+        if not src[2] or layer.input_size != d:
+            raise _Unsupported   # no time axis, or a width mismatch: the generic path says so
+        h = layer.hidden_size
+        width = 4 * h if lstm else h
+        ow, oh, ob = self._block(d, width), self._block(h, width), self._block(1, width)
+        self._param(prefix + "w_ih", ow, d, width, 0, width, (d, width))
+        self._param(prefix + "w_hh", oh, h, width, 0, width, (h, width))
+        self._param(prefix + "b", ob, 1, width, 0, width, (width,))
+        gates = self._slot(width)
+        hs = self._slot(h) if lstm else gates      # an RNN's states overwrite its gates
+        cs = self._slot(h)                         # an RNN's holds its output's cotangent only
+        tcs = self._slot(h) if lstm else cs
+        work = self._slot(width)
+        seq = bool(layer.return_sequences)
+        out = self._slot(h, seq)
+        self._row(kt.OP_LSTM if lstm else kt.OP_RNN, src, out, h, aux=(gates, hs, cs),
+                  params=(ow, oh, ob, 0), ints=(0, int(seq)), aux_more=(tcs, work))
+        self.acc_size = max(self.acc_size, width)
+        self.sc_size = max(self.sc_size, PIECE * max(width, 2 * h))
+        self.tmp_size = max(self.tmp_size, h * width)
+        return out, h, seq
 
     def _parallel(self, layer, src, prefix):
         outs = [self._emit(child, src, f"{prefix}{i}.") for i, child in enumerate(layer.layers)]
@@ -182,25 +220,30 @@ class _Program:
 
         if any(type(c) is Embedding for c in layer.layers) and len(outs) > 1:
             raise _Unsupported  # two lookups of one index slot: left to the generic path
+        seq = outs[0][2]
+        if any(o[2] != seq for o in outs):
+            raise _Unsupported  # a branch with a time axis and one without: the generic path's
         if layer.combine == "add":
+            if any(o[1] != outs[0][1] for o in outs):
+                raise _Unsupported
             # summed left to right, as the layer does
             acc = outs[0]
             if len(outs) == 1:
-                out = self._slot(acc[1])
+                out = self._slot(acc[1], seq)
                 self._row(kt.OP_COLUMNS, acc, out, acc[1])
-                return out, acc[1]
+                return out, acc[1], seq
             for nxt in outs[1:]:
-                out = self._slot(acc[1])
+                out = self._slot(acc[1], seq)
                 self._row(kt.OP_ADD, acc, out, acc[1], src_b=nxt[0])
-                acc = (out, acc[1])
+                acc = (out, acc[1], seq)
             return acc
-        total = sum(w for _, w in outs)
-        out = self._slot(total)
+        total = sum(o[1] for o in outs)
+        out = self._slot(total, seq)
         c0 = 0
         for o in outs:
             self._row(kt.OP_COLUMNS, o, out, total, ints=(c0, 0))
             c0 += o[1]
-        return out, total
+        return out, total, seq
 
     def _grad_modes(self):
         """Per row and input: write the cotangent, add it (a later consumer, in forward
@@ -255,10 +298,12 @@ def _contains(layer, kinds):
     return any(_contains(c, kinds) for c in getattr(layer, "layers", ()))
 
 
-def _kinds():
-    from fastlib.layers import LayerNorm, MultiHeadAttention, RMSNorm, SwiGLU
+def _own_kinds():
+    """The layers that bring a model to this path (Dense / Embedding chains, and chains of
+    RNN / LSTM / Dense / Embedding, are other paths' models; tried first, they keep them)."""
+    from fastlib.layers import LSTM, RNN, LayerNorm, MultiHeadAttention, Parallel, RMSNorm, SwiGLU
 
-    return MultiHeadAttention, (MultiHeadAttention, LayerNorm, RMSNorm, SwiGLU)
+    return MultiHeadAttention, LayerNorm, RMSNorm, SwiGLU, RNN, LSTM, Parallel
 
 
 def program_for(ctx, x):
@@ -283,16 +328,14 @@ def _make_program(ctx, x):
     steps, d_in = _model_steps(x, tokens)
     if steps is None or steps < 1:
         return None
-    attention, own = _kinds()
-    if not _contains(model, own):
+    if not _contains(model, _own_kinds()):
         return None   # Dense / Embedding models alone belong to other paths
-    if x.ndim == 2 and not tokens and _contains(model, attention):
-        return None   # attention needs (batch, seq, d): the generic path says so
     bs = ctx.config.batch_size
     # the largest piece of any batch (a partial last batch below MIN_PIECE_ROWS is one piece)
     max_samples = max(-(-bs // MAX_PIECES), min(bs, (MIN_PIECE_ROWS - 1) // steps))
     try:
-        prog = _Program(model, np.dtype(model.dtype), steps, max_samples, d_in, tokens)
+        prog = _Program(model, np.dtype(model.dtype), steps, max_samples, d_in, tokens,
+                        x.ndim == 3)
     except _Unsupported:
         return None
     if set(prog.layout) != set(ctx.params):
@@ -303,21 +346,11 @@ def _make_program(ctx, x):
 def run_epoch(ctx, x, y, order):
     """Train one epoch in compiled code; None when the model or run does not fit this path.
 
-    Parameters
-    ----------
-    ctx : StepContext
-        The run's context (model, optimizer and its state, rate, clipping).
-    x : ndarray
-        Inputs ``(N, T, d)`` or ``(N, d)`` in the model's dtype, or token indices ``(N, T)``
-        for a model that starts with an Embedding.
-    y : ndarray
-        Targets as ``fastlib.losses.validate_targets`` normalised them.
-    order : ndarray or None
-        The epoch's sample order (None: 0..N-1).
-
-    Returns
-    -------
-    EpochStats or None
+    The contract of every compiled path (``compiled_paths.register_compiled_path``): the run's
+    context ``ctx``, the targets ``y`` and the epoch's ``order``; ``x`` holds inputs ``(N, T,
+    d)`` or ``(N, d)`` in the model's dtype, or token indices ``(N, T)`` for a model that
+    starts with an Embedding. Returns the epoch's ``EpochStats``, or None having changed
+    nothing.
     """
     prog = program_for(ctx, x)
     if prog is None:
@@ -326,8 +359,6 @@ def run_epoch(ctx, x, y, order):
     n = x.shape[0]
     bs = ctx.config.batch_size
     steps = prog.steps
-    if order is None:
-        order = np.arange(n, dtype=np.int64)
     if prog.tokens:
         xi = _first_embedding(ctx.model).indices(x)   # the layer's own checks and errors
         xf = np.zeros((1, 1), dtype)
@@ -335,17 +366,14 @@ def run_epoch(ctx, x, y, order):
         xi = np.zeros((1, 1), np.int64)
         xf = np.ascontiguousarray(x, dtype=dtype).reshape(n, -1)
     code = fk.LOSS_CODES[ctx.loss_type]
-    if code == fk.CE:
-        yi, yf = np.ascontiguousarray(y, dtype=np.int64).reshape(-1), np.zeros((0, 0), dtype)
-    else:
-        yi, yf = np.zeros(0, np.int64), np.ascontiguousarray(y, dtype=dtype).reshape(n, -1)
+    order, yi, yf = epoch_inputs(ctx, y, order, n, dtype)
     opt = ctx.optimizer
     w, slots = flat_state(ctx, prog, dtype)
     buffers = _buffers(ctx, prog, bs)
     coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
     threads = min(MAX_PIECES, config.num_threads())
     chunks = CHUNKS if prog.param_size >= CHUNK_MIN_PARAMS else 1
-    args = (xf, xi, prog.tokens, yi, yf, np.ascontiguousarray(order, dtype=np.int64), bs, steps,
+    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps,
             threads, MIN_PIECE_ROWS, MAX_PIECES, chunks, prog.prog, prog.fpar_arr, prog.out_slot,
             prog.out_w, code, opt.kind, coeffs, clip_mode, float(clip), w, slots[0], slots[1],
             *buffers)
@@ -375,7 +403,7 @@ def _buffers(ctx, prog, bs):
     acc = np.zeros((pieces, max(prog.acc_size, 1)), np.float64)
     tmp = np.zeros((pieces, max(prog.tmp_size, 1)), dtype)
     sc = np.zeros((pieces, max(prog.sc_size, 1)), dtype)
-    width = prog.steps * prog.out_w
+    width = prog.out_w
     out_all = np.zeros(bs * width, dtype)
     dz_all = np.zeros(bs * width, dtype)
     sumsq = np.zeros(CHUNKS, np.float64)

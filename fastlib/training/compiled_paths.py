@@ -31,7 +31,11 @@ def register_compiled_path(name: str, try_run_epoch: Callable) -> None:
         Short name reported in ``EpochStats.fused_path``-style diagnostics and error messages.
     try_run_epoch : callable
         Runs one epoch and returns its ``EpochStats``, or returns ``None`` (having changed
-        nothing) when the model, loss, optimizer or options are outside the path.
+        nothing) when the model, loss, optimizer or options are outside the path. It takes
+        ``ctx`` (the run's ``StepContext``: model, optimizer and its state, rate, clipping),
+        the inputs ``x`` in the form its path documents, ``y`` (the targets as
+        ``fastlib.losses.validate_targets`` normalised them) and ``order`` (the epoch's
+        sample order, None for 0..N-1).
     """
     for i, (existing, _) in enumerate(_PATHS):
         if existing == name:
@@ -46,6 +50,12 @@ def compiled_paths() -> list[tuple[str, Callable]]:
     if not _loaded:
         for module in PATH_MODULES:
             importlib.import_module(module)
+        # NOTE: registration happens at import, and a program may import a path's module
+        # before this runs (the attention module before the recurrent one, say); the order
+        # of PATH_MODULES decides, so a chain the recurrent path runs never reaches the
+        # attention program
+        rank = {m: i for i, m in enumerate(PATH_MODULES)}
+        _PATHS.sort(key=lambda entry: rank.get(entry[1].__module__, len(rank)))
         _loaded = True
     return list(_PATHS)
 

@@ -12,7 +12,8 @@ from fastlib.kernels.recurrent_pieces import PIECE
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
 from fastlib.training import fused_kernels as fk
 from fastlib.training import recurrent_kernels as rk
-from fastlib.training.epoch_state import epoch_settings, finish_epoch, flat_state, single_threaded_blas
+from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
+                                          single_threaded_blas)
 from fastlib.training.compiled_paths import register_compiled_path
 
 _ALIGN = 16  # buffer offsets in entries: 64-byte rows for float32
@@ -198,21 +199,11 @@ def _make_plan(ctx):
 def run_epoch(ctx, x, y, order):
     """Train one epoch in the compiled kernel; None when the model or run does not fit it.
 
-    Parameters
-    ----------
-    ctx : StepContext
-        The run's context (model, optimizer and its state, rate, clipping).
-    x : ndarray
-        Inputs ``(N, T, features)`` in the model's dtype, or ``(N, T)`` token ids for a model
-        that starts with an Embedding (validated by ``train``; ids are range-checked here).
-    y : ndarray
-        Targets as ``fastlib.losses.validate_targets`` normalised them.
-    order : ndarray or None
-        The epoch's sample order (None: 0..N-1).
-
-    Returns
-    -------
-    EpochStats or None
+    The contract of every compiled path (``compiled_paths.register_compiled_path``): the run's
+    context ``ctx``, the targets ``y`` and the epoch's ``order``; ``x`` holds inputs ``(N, T,
+    features)`` in the model's dtype, or ``(N, T)`` token ids for a model that starts with an
+    Embedding (validated by ``train``; ids are range-checked here). Returns the epoch's
+    ``EpochStats``, or None having changed nothing.
     """
     plan = plan_for(ctx)
     if plan is None:
@@ -234,13 +225,7 @@ def run_epoch(ctx, x, y, order):
         return None
     dtype = plan.dtype
     bs = min(ctx.config.batch_size, n)
-    order = np.arange(n, dtype=np.int64) if order is None else np.ascontiguousarray(
-        order, dtype=np.int64)
-    if plan.loss_code == fk.CE:
-        yi, yf = np.ascontiguousarray(y, dtype=np.int64).reshape(-1), np.zeros((0, 0), dtype)
-    else:
-        rows = n * steps if plan.seq_out else n
-        yi, yf = np.zeros(0, np.int64), np.ascontiguousarray(y, dtype=dtype).reshape(rows, -1)
+    order, yi, yf = epoch_inputs(ctx, y, order, n, dtype, n * steps if plan.seq_out else n)
     bufs = plan.buffers(bs, steps)
     opt = ctx.optimizer
     w, slots = flat_state(ctx, plan, dtype)

@@ -30,6 +30,18 @@ def single_threaded_blas():
     return _BLAS["controller"].limit(limits=1, user_api="blas")
 
 
+def epoch_inputs(ctx, y, order, n, dtype, rows=None):
+    """``(order, yi, yf)`` as the kernels take them: the epoch's sample order as contiguous
+    int64 (``0..n-1`` when None), and the targets: ``cross_entropy``'s class indices in
+    ``yi`` (``yf`` empty), else ``yf`` of ``rows`` rows (default ``n``) in ``dtype``."""
+    order = np.arange(n, dtype=np.int64) if order is None else np.ascontiguousarray(
+        order, dtype=np.int64)
+    if fk.LOSS_CODES[ctx.loss_type] == fk.CE:
+        return order, np.ascontiguousarray(y, dtype=np.int64).reshape(-1), np.zeros((0, 0), dtype)
+    yf = np.ascontiguousarray(y, dtype=dtype).reshape(n if rows is None else rows, -1)
+    return order, np.zeros(0, np.int64), yf
+
+
 def flat_state(ctx, layout, dtype):
     """``(w, [slot0, slot1])``: the parameters and the optimizer's state slots, flattened by
     ``layout`` (an optimizer with fewer than two slots gets empty ones: the kernels take two)."""

@@ -9,8 +9,9 @@ import math
 import numpy as np
 from numba import njit, prange
 
+import optable
+from fastlib.kernels import dense as kd
 from fastlib.kernels import optim as kopt
-from fastlib.kernels import scalar
 from fastlib.layers.activations import ACTIVATIONS
 
 # loss codes of the kernel
@@ -19,10 +20,13 @@ LOSS_CODES = {"cross_entropy": CE, "categorical_cross_entropy": CCE, "mse": MSE,
               "binary_cross_entropy_with_logits": BCE_LOGITS}
 CLIP_NONE, CLIP_VALUE, CLIP_NORM = range(3)
 
-# Activations the fused kernel handles (others train through the generic path).
-FUSED_ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid")
-_LINEAR, _RELU, _LEAKY, _TANH, _SIGMOID = (ACTIVATIONS[a] for a in FUSED_ACTIVATIONS)
-FUSED_CODES = frozenset((_LINEAR, _RELU, _LEAKY, _TANH, _SIGMOID))
+# Activations the compiled paths apply elementwise: the op table's activations whose op is
+# unary (softmax normalises a whole row and trains through the generic path). The kernels
+# call Dense's own activation functions, which switch on the table's codes.
+FUSED_ACTIVATIONS = tuple(a.name for a in optable.ACTIVATIONS.values()
+                          if optable.OPS[a.op].category == "unary")
+FUSED_CODES = frozenset(ACTIVATIONS[a] for a in FUSED_ACTIVATIONS)
+_LINEAR = ACTIVATIONS["linear"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,37 +115,19 @@ def loss_terms(code, z, yi, yf, rows, dz, n_mean):
     return total, correct
 
 
-@njit(inline="always", error_model="numpy")
-def _act(z, code, slope):
-    # NOTE: the scalar functions Dense's epilogue uses (fastlib.kernels.scalar), restricted to
-    # the activations of FUSED_ACTIVATIONS so the compiled epoch stays small.
-    if code == _RELU:
-        return scalar.relu_f(z)
-    if code == _LEAKY:
-        return scalar.leaky_relu_f(z, slope)
-    if code == _TANH:
-        return scalar.tanh_f(z)
-    if code == _SIGMOID:
-        return scalar.sigmoid_f(z)
-    return z
-
-
-@njit(inline="always", error_model="numpy")
-def _act_derivative(z, code, slope):
-    if code == _RELU:
-        return scalar.relu_df(z)
-    if code == _LEAKY:
-        return scalar.leaky_relu_df(z, slope)
-    if code == _TANH:
-        return scalar.tanh_df(z)
-    return scalar.sigmoid_df(z)
+# NOTE: Dense's epilogue functions (inlined), so the compiled paths and the layer apply one
+# formula per activation code
+_act = kd.activate
+_act_derivative = kd.activate_derivative
 
 
 @njit(cache=True, error_model="numpy")
-def _backward_epilogue(gout, pre, gbias, code, slope):
-    """``gout *= f'(pre)`` in place and ``gbias = column sums``, as Dense's backward."""
+def _backward_epilogue(gout, pre, code, slope, acc):
+    """``gout *= f'(pre)`` in place and its column sums into the caller's float64 ``acc``
+    (the bias gradient, as Dense's backward: float64 sums, rows in order)."""
     rows, cols = gout.shape
-    acc = np.zeros(cols, np.float64)  # NOTE: float64 bias-gradient sums, as Dense's kernel
+    for j in range(cols):
+        acc[j] = 0.0
     for i in range(rows):
         for j in range(cols):
             v = gout[i, j]
@@ -149,8 +135,15 @@ def _backward_epilogue(gout, pre, gbias, code, slope):
                 v = v * _act_derivative(pre[i, j], code, slope)
                 gout[i, j] = v
             acc[j] += v
-    for j in range(cols):
-        gbias[j] = acc[j]
+
+
+@njit(cache=True, error_model="numpy")
+def column_sums_into(g, out, acc):
+    """``out[j] = sum_i g[i, j]`` through the caller's float64 accumulator ``acc``, rows in
+    order (Dense's float64 bias-gradient sums, without allocating): the linear epilogue."""
+    _backward_epilogue(g, g, _LINEAR, 0.0, acc)
+    for j in range(g.shape[1]):
+        out[j] = acc[j]
 
 
 @njit(cache=True, error_model="numpy")
@@ -253,7 +246,7 @@ def _forward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off
 
 @njit(cache=True, error_model="numpy")
 def _backward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off, codes, slope,
-                    w, g, a_in, post, pre, gout, part, dz):
+                    w, g, a_in, post, pre, gout, part, dz, acc64):
     """Piece ``p`` of the pair starting at COL layer ``layer``, backward: with a ROW layer
     above (whose full cotangent is ready), its rows' weight gradient and this piece's
     cotangent ``dz @ W1[p, :]^T``, else the loss gradient's columns; then Dense's backward of
@@ -278,8 +271,11 @@ def _backward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_of
         for i in range(nb):
             for j in range(width):
                 gp[i, j] = dz[i, c0 + j]
-    _backward_epilogue(gp, pre[op:op + nb * width].reshape((nb, width)),
-                       g[b_off[layer, p]:b_off[layer, p] + width], codes[layer], slope)
+    _backward_epilogue(gp, pre[op:op + nb * width].reshape((nb, width)), codes[layer], slope,
+                       acc64[p])
+    gbias = g[b_off[layer, p]:b_off[layer, p] + width]
+    for j in range(width):
+        gbias[j] = acc64[p, j]
     ow = w_off[layer, p]
     _weight_gradient(_pair_input(layer, nb, dims, act_off, a_in, post), gp,
                      g[ow:ow + din * width].reshape((din, width)))
@@ -345,7 +341,7 @@ def _join_forward(layer, nb, bs, n_pieces, dims, cols, b_off, act_off, part_off,
 
 @njit(cache=True, error_model="numpy")
 def _join_backward(layer, nb, bs, n_pieces, dims, cols, b_off, act_off, part_off, codes, slope,
-                   g, pre, gout, part, dz):
+                   g, pre, gout, part, dz, acc64):
     """ROW layer ``layer``: its full cotangent (the loss gradient, or the sum of the next COL
     layer's partials), times ``f'(pre)``, and its bias gradient into the pieces' blocks."""
     n_layers = codes.shape[0]
@@ -358,12 +354,12 @@ def _join_backward(layer, nb, bs, n_pieces, dims, cols, b_off, act_off, part_off
                 gf[i, j] = dz[i, j]
     else:
         _sum_pieces(gf, part, part_off[layer + 1], bs, cols[layer + 1], n_pieces)
-    gbias = np.empty(dout, gf.dtype)
-    _backward_epilogue(gf, pre[o:o + nb * dout].reshape((nb, dout)), gbias, codes[layer], slope)
+    _backward_epilogue(gf, pre[o:o + nb * dout].reshape((nb, dout)), codes[layer], slope,
+                       acc64)
     for q in range(n_pieces):
         c0, c1 = cols[layer, q], cols[layer, q + 1]
         for j in range(c0, c1):
-            g[b_off[layer, q] + j - c0] = gbias[j]
+            g[b_off[layer, q] + j - c0] = acc64[j]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,7 +396,7 @@ def _forward_pair(threads, layer, update, nb, bs, n_pieces, dims, cols, w_off, b
 @njit(cache=True, parallel=True, error_model="numpy")
 def _backward_pair(threads, layer, nb, bs, n_pieces, dims, cols, w_off, b_off, act_off,
                    part_off, codes, slope, w, g, a_in, post, pre, gout, part, dz, blk, sumsq, x,
-                   order, next_start, next_nb, a_next):
+                   order, next_start, next_nb, a_next, acc64):
     """The pair starting at ``layer`` backward; at the first pair, each piece's sum of squared
     gradients (float64) into ``sumsq`` for the step's guard and norm clipping, and each
     thread's share of the next batch's rows gathered into ``a_next`` (the other buffer: this
@@ -409,7 +405,7 @@ def _backward_pair(threads, layer, nb, bs, n_pieces, dims, cols, w_off, b_off, a
         old = kopt.enter_ftz()
         for p in range(n_pieces):
             _backward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off,
-                            codes, slope, w, g, a_in, post, pre, gout, part, dz)
+                            codes, slope, w, g, a_in, post, pre, gout, part, dz, acc64)
             if layer == 0:
                 sumsq[p] = kopt._sum_squares(g[blk[p]:blk[p + 1]])
         if layer == 0:
@@ -420,7 +416,7 @@ def _backward_pair(threads, layer, nb, bs, n_pieces, dims, cols, w_off, b_off, a
         old = kopt.enter_ftz()
         for p in range(t, n_pieces, threads):
             _backward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off,
-                            codes, slope, w, g, a_in, post, pre, gout, part, dz)
+                            codes, slope, w, g, a_in, post, pre, gout, part, dz, acc64)
             if layer == 0:
                 sumsq[p] = kopt._sum_squares(g[blk[p]:blk[p + 1]])
         if layer == 0:
@@ -435,7 +431,7 @@ def _backward_pair(threads, layer, nb, bs, n_pieces, dims, cols, w_off, b_off, a
 @njit(cache=True, error_model="numpy")
 def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, act_off,
           part_off, codes, slope, loss_code, kind, coeffs, clip_mode, clip, w, a, b, g, a_in,
-          post, pre, gout, part, logits_buf, dz_buf):
+          post, pre, gout, part, logits_buf, dz_buf, acc64):
     """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
 
     Per step: gather the batch; per pair, one forward region and the serial join of the ROW
@@ -446,7 +442,8 @@ def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, 
     layer (bs x width: COL layers piece by piece, ROW layers whole); ``part`` the pieces'
     partial products (ROW layers, forward) and partial input cotangents (COL layers above the
     first); ``logits_buf`` a lone last COL layer's output joined for the loss; ``dz_buf`` the
-    loss gradient. NaN/Inf rules: a non-finite loss returns at once (the caller restores
+    loss gradient; ``acc64`` (pieces + 1, widest layer) float64, the bias gradients' sums of
+    each piece and of the joins. NaN/Inf rules: a non-finite loss returns at once (the caller restores
     weights); a non-finite gradient skips the update (``skipped``), as the generic path does.
     """
     # NOTE: flush-to-zero (see fastlib.kernels.optim) for the serial parts of the epoch, and
@@ -512,11 +509,11 @@ def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, 
         for layer in range(last - last % 2, -1, -2):
             if layer + 1 < n_layers:
                 _join_backward(layer + 1, nb, bs, n_pieces, dims, cols, b_off, act_off,
-                               part_off, codes, slope, g, pre, gout, part, dz)
+                               part_off, codes, slope, g, pre, gout, part, dz, acc64[n_pieces])
             kopt.leave_ftz(old_fp)
             _backward_pair(threads, layer, nb, bs, n_pieces, dims, cols, w_off, b_off, act_off,
                            part_off, codes, slope, w, g, step_in, post, pre, gout, part, dz, blk,
-                           sumsq, x, order, start + bs, next_nb, next_in)
+                           sumsq, x, order, start + bs, next_nb, next_in, acc64)
             kopt.enter_ftz()
         # -- the guard (the rules of fastlib.training.clipping): the step is applied whole or
         # not at all; the pieces' sums are added in piece order

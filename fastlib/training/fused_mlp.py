@@ -10,7 +10,7 @@ from fastlib import config
 from fastlib.layers.activations import ACTIVATIONS
 from fastlib.training import fused_kernels as fk
 from fastlib.training.compiled_paths import register_compiled_path
-from fastlib.training.epoch_state import (epoch_settings, finish_epoch, flat_state,
+from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
                                           single_threaded_blas)
 from fastlib.training.fused_kernels import FUSED_ACTIVATIONS, LOSS_CODES  # noqa: F401 - public
 
@@ -144,20 +144,10 @@ _single_threaded_blas = single_threaded_blas
 def run_epoch(ctx, x, y, order):
     """Train one epoch in the compiled kernel; None when the model or run does not fit it.
 
-    Parameters
-    ----------
-    ctx : StepContext
-        The run's context (model, optimizer and its state, rate, clipping).
-    x : ndarray
-        Inputs ``[N, D]`` in the model's dtype (validated by ``train``).
-    y : ndarray
-        Targets as ``fastlib.losses.validate_targets`` normalised them.
-    order : ndarray or None
-        The epoch's sample order (None: 0..N-1).
-
-    Returns
-    -------
-    EpochStats or None
+    The contract of every compiled path (``compiled_paths.register_compiled_path``): the run's
+    context ``ctx``, the targets ``y`` and the epoch's ``order``; ``x`` holds inputs ``[N, D]``
+    in the model's dtype (validated by ``train``). Returns the epoch's ``EpochStats``, or None
+    having changed nothing.
     """
     plan = plan_for(ctx)
     if plan is None or x.ndim != 2:
@@ -165,12 +155,7 @@ def run_epoch(ctx, x, y, order):
     dtype = plan.dtype
     n = x.shape[0]
     bs = ctx.config.batch_size
-    if order is None:
-        order = np.arange(n, dtype=np.int64)
-    if plan.loss_code == fk.CE:
-        yi, yf = np.ascontiguousarray(y, dtype=np.int64).reshape(-1), np.zeros((0, 0), dtype)
-    else:
-        yi, yf = np.zeros(0, np.int64), np.ascontiguousarray(y, dtype=dtype).reshape(n, -1)
+    order, yi, yf = epoch_inputs(ctx, y, order, n, dtype)
     opt = ctx.optimizer
     w, slots = flat_state(ctx, plan, dtype)
     g = np.zeros_like(w)
@@ -190,12 +175,13 @@ def run_epoch(ctx, x, y, order):
     post, pre, gout = (np.zeros(act_size, dtype) for _ in range(3))
     part = np.zeros(sum(part_sizes), dtype)
     logits, dz = np.zeros(bs * int(dims[-1]), dtype), np.zeros(bs * int(dims[-1]), dtype)
+    acc64 = np.zeros((n_pieces + 1, int(dims.max())), np.float64)  # bias-gradient sums
     coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
     threads = min(n_pieces, config.num_threads())
-    args = (x, yi, yf, np.ascontiguousarray(order, dtype=np.int64), bs, threads, dims, plan.cols,
+    args = (x, yi, yf, order, bs, threads, dims, plan.cols,
             plan.w_off, plan.b_off, plan.blk, act_off, part_off, plan.codes,
             dtype.type(plan.slope), plan.loss_code, opt.kind, coeffs, clip_mode, float(clip), w,
-            slots[0], slots[1], g, a_in, post, pre, gout, part, logits, dz)
+            slots[0], slots[1], g, a_in, post, pre, gout, part, logits, dz, acc64)
     if n_pieces > 1:
         with _single_threaded_blas():
             out = fk.epoch(*args)

@@ -120,21 +120,6 @@ def _forward(meta, scratch, layer, steps, nb, first, order, idx, slope, w, row):
 
 
 @njit(cache=True, error_model="numpy")
-def _column_sums(a, acc, out):
-    """``out[j] = sum_i a[i, j]`` accumulated in float64 (``acc``), rows in order: the sums
-    of the layers' bias gradients (``reduce.sum_forward`` / Dense's float64 column sums)."""
-    rows, cols = a.shape
-    for j in range(cols):
-        acc[j] = 0.0
-    for i in range(rows):
-        r = a[i]
-        for j in range(cols):
-            acc[j] += r[j]
-    for j in range(cols):
-        out[j] = acc[j]
-
-
-@njit(cache=True, error_model="numpy")
 def _backward(meta, scratch, layer, steps, nb, first, order, idx, slope, w, row, row64, grow):
     """Layer ``layer`` of one piece, backward: its partial parameter gradients into ``grow``
     and, above layer 0, the cotangent of its input (the previous layer's output)."""
@@ -164,8 +149,12 @@ def _backward(meta, scratch, layer, steps, nb, first, order, idx, slope, w, row,
     rows_in = steps * nb if meta[layer, SEQ_IN] else nb
     inp = _view(row, scratch[S_IN] if layer == 0 else meta[layer - 1, O_OUT], rows_in, din)
     if kind == DENSE:
+        # NOTE: the bias sums through the piece's float64 row (no allocation per call)
         fk._backward_epilogue(g, _view(row, meta[layer, O_PRE], rows_in, dout),
-                              grow[ob:ob + dout], meta[layer, ACT], slope)
+                              meta[layer, ACT], slope, row64)
+        gbias = grow[ob:ob + dout]
+        for j in range(dout):
+            gbias[j] = row64[j]
         w_mat = w[ow:ow + din * dout].reshape((din, dout))
         fk._weight_gradient(inp, g, grow[ow:ow + din * dout].reshape((din, dout)))
         if layer > 0:
@@ -195,7 +184,7 @@ def _backward(meta, scratch, layer, steps, nb, first, order, idx, slope, w, row,
         for i in range(hidden):
             for j in range(width):
                 dw_hh[i, j] = 0.0
-    _column_sums(dz, row64, grow[ob:ob + width])
+    fk.column_sums_into(dz, grow[ob:ob + width], row64)
     if layer > 0:
         w_ih = w[ow:ow + din * width].reshape((din, width))
         np.dot(dz, w_ih.T, _view(row, meta[layer - 1, O_GOUT], rows_in, din))

@@ -323,6 +323,10 @@ MUTANTS = (
            "kernels.sample_bernoulli(ph.reshape(-1), u[s].reshape(-1), h.reshape(-1))",
            "kernels.sample_bernoulli(ph.reshape(-1), u[s - 1].reshape(-1), h.reshape(-1))",
            ("cd",)),
+    Mutant("compiled-program-recurrent-subpiece", "the compiled program's recurrent w_hh "
+           "gradient keeps only the last sub-piece of a piece (overwrites, not adds)",
+           "kernels/transformer.py", "                    gr[j] += pr[j]\n",
+           "                    gr[j] = pr[j]\n", ("train",)),
 )
 
 

@@ -23,7 +23,10 @@ LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNor
 # their own rows)
 SMOOTH = tuple(n for n, a in optable.ACTIVATIONS.items()
                if a.op != "softmax" and not optable.OPS[a.op].kinks)
-FUSED_SMOOTH = ("linear", "tanh", "sigmoid")
+# the compiled paths' Dense activations are the op table's elementwise ones
+# (fastlib.training.fused_kernels.FUSED_ACTIVATIONS): every smooth activation but softmax
+FUSED_SMOOTH = tuple(n for n in SMOOTH if optable.OPS[optable.ACTIVATIONS[n].op].category ==
+                     "unary")
 
 
 @dataclass(frozen=True)
@@ -255,8 +258,10 @@ def recurrent_cases(draw, dtype="float64"):
 @st.composite
 def attention_cases(draw, dtype="float64"):
     """A model the compiled attention path trains: (an Embedding,) causal or non-causal
-    attention, alone or added to a Dense branch (a Parallel ``add``), a LayerNorm, RMSNorm or
-    SwiGLU, and a Dense head; ``mse`` or ``binary_cross_entropy_with_logits``."""
+    attention, alone or added to a Dense or RNN / LSTM branch (a Parallel ``add``), an RNN or
+    LSTM before it, a LayerNorm, RMSNorm or SwiGLU, maybe an RNN or LSTM after it (every state
+    or the last), and a Dense head; ``mse`` or ``binary_cross_entropy_with_logits`` on every
+    position, any loss on a last state."""
     seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
     n, seq = draw(st.integers(3, 6)), draw(st.integers(1, 4))
@@ -268,23 +273,39 @@ def attention_cases(draw, dtype="float64"):
         x = rng.integers(0, num, size=(n, seq))
     else:
         x = rng.uniform(-2, 2, size=(n, seq, width))
+    # where a recurrent layer stands in the model (the compiled program's RNN / LSTM rows)
+    recurrent = draw(st.sampled_from(["none", "before", "branch", "after"]))
+    kind = draw(st.sampled_from(["RNN", "LSTM"]))
+    if recurrent == "before":
+        layers.append({"type": kind, "input_size": width, "hidden_size": width,
+                       "return_sequences": True})
     attention = {"type": "MultiHeadAttention", "d_model": width,
                  "heads": draw(st.sampled_from([1, 2])), "causal": draw(st.booleans())}
-    if draw(st.booleans()):
+    if recurrent == "branch":
+        attention = {"type": "Parallel", "combine": "add", "layers": [
+            attention, {"type": kind, "input_size": width, "hidden_size": width,
+                        "return_sequences": True}]}
+    elif draw(st.booleans()):
         attention = {"type": "Parallel", "combine": "add", "layers": [
             attention, {"type": "Dense", "in_features": width, "out_features": width,
                         "activation": draw(st.sampled_from(SMOOTH))}]}
     layers.append(attention)
-    cfg, width, _ = _block(draw, draw(st.sampled_from(["LayerNorm", "RMSNorm", "SwiGLU"])),
-                           width, 3)
+    cfg, width, rank = _block(draw, draw(st.sampled_from(["LayerNorm", "RMSNorm", "SwiGLU"])),
+                              width, 3)
     layers.append(cfg)
+    if recurrent == "after":
+        cfg, width, rank = _block(draw, kind, width, rank)
+        layers.append(cfg)
     classes = draw(st.integers(2, 3))
     layers.append({"type": "Dense", "in_features": width, "out_features": classes,
                    "activation": "linear"})
-    loss = draw(st.sampled_from(["mse", "binary_cross_entropy_with_logits"]))
-    y = _targets(rng, loss, classes, (n, seq, classes))
+    loss = draw(st.sampled_from(["mse", "binary_cross_entropy_with_logits"] if rank == 3 else
+                                ["mse", "cross_entropy", "categorical_cross_entropy",
+                                 "binary_cross_entropy_with_logits"]))
+    y = _targets(rng, loss, classes, (n, seq, classes) if rank == 3 else (n, classes))
     return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
-                     path="compiled", label="compiled attention", **_options(draw, n))
+                     path="compiled", label=f"compiled attention (recurrent {recurrent})",
+                     **_options(draw, n))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,6 +413,19 @@ def boundary_cases(dtype):
                                    0.05, bs, 1, True, 0.5, "norm", "compiled",
                                    label=f"compiled attention causal={causal}, batch {bs} x 4 "
                                          f"rows (pieces from {rows})"))
+        # the compiled program's recurrent rows: batches of sequences of 4 one row below the
+        # size that cuts them into pieces (one piece of more than a recurrent sub-piece) and
+        # past it (two pieces, each a sub-piece plus one), the last batch partial
+        sub = b["compiled_recurrent_piece"]
+        for causal, bs, (kind, seqs) in ((True, rows // 4 - 1, ("LSTM", False)),
+                                         (False, 2 * sub + 2, ("RNN", True))):
+            n = bs + 2
+            y = rng.uniform(-1, 1, (n, 4, 2) if seqs else (n, 2))
+            cases.append(EpochCase(_mixed(2, causal, kind, seqs), seq_data(n, 4, 2), y, "mse",
+                                   17, dtype, "Adam" if causal else "SGD", 0.05, bs, 1, True,
+                                   0.5, "norm" if causal else "value", "compiled",
+                                   label=f"compiled {kind} + attention, batch {bs} x 4 rows "
+                                         f"(pieces from {rows}, sub-pieces of {sub})"))
         return cases
 
     # float32: sizes past the thresholds, against the float64 referee
@@ -463,7 +497,37 @@ def boundary_cases(dtype):
                                dtype, "Adam", 0.01, bs, 1, True, 0.5, "value", "compiled",
                                label=f"compiled attention d={d}, {n_params} weights "
                                      f"({'>=' if n_params >= chunk else '<'} {chunk})"))
+    # the same chunks with an LSTM in the compiled program: LSTM(2, h) + RMSNorm + Dense(h, 2)
+    # on each side of attention_chunk_min_params
+    def mixed_params(h):
+        return 4 * h * (2 + h + 1) + h + (h + 1) * 2
+    h = 1
+    while mixed_params(h + 1) < chunk:
+        h += 1
+    for hidden in (h, h + 1):
+        cfg = {"type": "Sequential", "layers": [
+            {"type": "LSTM", "input_size": 2, "hidden_size": hidden, "return_sequences": True},
+            {"type": "RMSNorm", "d": hidden, "eps": 1e-5},
+            {"type": "Dense", "in_features": hidden, "out_features": 2, "activation": "linear"}]}
+        x = seq_data(bs + 1, steps, 2)
+        cases.append(EpochCase(cfg, x, rng.uniform(-1, 1, (len(x), steps, 2)), "mse", 26,
+                               dtype, "Adam", 0.01, bs, 1, True, 0.5, "norm", "compiled",
+                               label=f"compiled LSTM(2, {hidden}) + RMSNorm, "
+                                     f"{mixed_params(hidden)} weights "
+                                     f"({'>=' if mixed_params(hidden) >= chunk else '<'} "
+                                     f"{chunk})"))
     return [c.with_(referee="float64") for c in cases]
+
+
+def _mixed(d, causal, kind, seqs):
+    """A residual block whose branches are an LSTM and attention (a Parallel ``add``), then
+    an RNN or LSTM (every state or the last) and a Dense head."""
+    return {"type": "Sequential", "layers": [
+        {"type": "Parallel", "combine": "add", "layers": [
+            {"type": "LSTM", "input_size": d, "hidden_size": d, "return_sequences": True},
+            {"type": "MultiHeadAttention", "d_model": d, "heads": 1, "causal": causal}]},
+        {"type": kind, "input_size": d, "hidden_size": d, "return_sequences": seqs},
+        {"type": "Dense", "in_features": d, "out_features": 2, "activation": "linear"}]}
 
 
 def _attention_block(d, heads, causal):
