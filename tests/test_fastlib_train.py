@@ -281,7 +281,8 @@ def test_fused_path_is_used_only_where_it_applies():
     assert fastlib.train(mlp(activation="gelu"), x, y, 1, 4, 0.1, "cross_entropy",
                          **quiet()).fused
     probs_sm = fastlib.Sequential([fastlib.Dense(5, 3, "softmax")], dtype=np.float64)
-    assert not fastlib.train(probs_sm, x, y, 1, 4, 0.1, "mse", **quiet()).fused
+    assert not fastlib.train(probs_sm, x, fastlib.onehot(y, 3), 1, 4, 0.1, "mse",
+                             **quiet()).fused
     nested = fastlib.Sequential([fastlib.Sequential([fastlib.Dense(5, 4, "relu")]),
                                  fastlib.Dense(4, 3)], dtype=np.float64)
     assert not fastlib.train(nested, x, y, 1, 4, 0.1, "cross_entropy", **quiet()).fused
