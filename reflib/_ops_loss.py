@@ -50,8 +50,28 @@ def class_indices(op, target, n, c):
 
 
 def _log_softmax_rows(F, z):
-    zm, _, s = shifted_exp(F, z, (1,))
-    return zm - F.log(s)
+    zm, e, _ = shifted_exp(F, z, (1,))
+    # log s = log1p(s - 1), s - 1 summed without the max's own exp(0) = 1: in float64,
+    # log(1 + 1e-17) rounds to 0 and a dominant logit's loss of 1e-17 would be lost
+    below = np.sum(np.where(zm < 0, e, 0 * e), axis=1, keepdims=True)
+    ties = np.sum(zm == 0, axis=1, keepdims=True) - 1
+    return zm - F.log1p(below + ties)
+
+
+def _softmax_minus_onehot(F, z, t):
+    """softmax(z) - onehot(t) per row, the target's entry as minus the others' share (no
+    1 - p cancellation at a dominant logit)."""
+    n = z.shape[0]
+    zm, e, _ = shifted_exp(F, z, (1,))
+    below = np.sum(np.where(zm < 0, e, 0 * e), axis=1, keepdims=True)
+    ties = np.sum(zm == 0, axis=1, keepdims=True) - 1
+    s = 1 + (below + ties)
+    p = e / s
+    rows = np.arange(n)
+    at_max = zm[rows, t] == 0
+    others = (below + ties)[:, 0] / s[:, 0]
+    p[rows, t] = np.where(at_max, -others, p[rows, t] - 1)
+    return p
 
 
 def cross_entropy(F, logits, target):
@@ -64,9 +84,7 @@ def cross_entropy(F, logits, target):
 def cross_entropy_vjp(F, logits, target, out, g):
     n, c = logits.shape
     t = class_indices("cross_entropy", target, n, c)
-    p = F.exp(_log_softmax_rows(F, logits))
-    p[np.arange(n), t] = p[np.arange(n), t] - 1  # softmax - onehot
-    return g * p / n, None
+    return g * _softmax_minus_onehot(F, logits, t) / n, None
 
 
 def categorical_cross_entropy(F, logits, target):

@@ -95,14 +95,34 @@ def elementwise_loss_vjp(name, p, t, grad):
 # ---------------------------------------------------------------------------------------------
 # row losses: cross_entropy (class indices) and categorical_cross_entropy (distributions)
 
+@cuda.jit(device=True)
+def _row_rest(shared, z, base, c, m):
+    """sum exp(z - m) over the row but for one of its maxima (whose term is exp(0) = 1): the
+    part of s = 1 + rest that log1p needs, since log(1 + 1e-17) rounds to 0 and would lose a
+    cross-entropy of 1e-17 at a dominant logit."""
+    below = 0.0
+    ties = 0.0
+    r = cuda.threadIdx.x
+    while r < c:
+        v = float64(z[base + r])
+        if v < m:
+            below += math.exp(v - m)
+        else:
+            ties += 1.0
+        r += cuda.blockDim.x
+    below = block_sum(shared, below)
+    return below + (block_sum(shared, ties) - 1.0)
+
+
 def _ce_body(z, target, out, rows, c):
     shared = cuda.shared.array(_RB, float64)
     row = cuda.blockIdx.x
     while row < rows:
         m, total = row_max_sum(shared, z, row * c, c, 1)
+        rest = _row_rest(shared, z, row * c, c, m)
         if cuda.threadIdx.x == 0:
             # (m - z_t) + log(s): both terms >= 0, no cancellation against a rounded lse
-            out[row] = (m - float64(z[row * c + target[row]])) + math.log(total)
+            out[row] = (m - float64(z[row * c + target[row]])) + math.log1p(rest)
         row += cuda.gridDim.x
 
 
@@ -112,11 +132,14 @@ def _ce_vjp_body(z, target, gz, rows, c, s):
     while row < rows:
         base = row * c
         m, total = row_max_sum(shared, z, base, c, 1)
+        rest = _row_rest(shared, z, base, c, m)
+        total = 1.0 + rest
         r = cuda.threadIdx.x
         while r < c:
             y = math.exp(float64(z[base + r]) - m) / total  # softmax (fastlib.cuda.norm NOTE)
             if r == target[row]:
-                y -= 1.0
+                # p_t - 1 = -(the others' share): at a maximum, -rest / s without cancelling
+                y = -rest / total if float64(z[base + r]) == m else y - 1.0
             gz[base + r] = s * y
             r += cuda.blockDim.x
         row += cuda.gridDim.x
@@ -128,7 +151,7 @@ def _cce_body(z, t, out, rows, c):
     while row < rows:
         base = row * c
         m, total = row_max_sum(shared, z, base, c, 1)
-        log_s = math.log(total)
+        log_s = math.log1p(_row_rest(shared, z, base, c, m))
         acc = 0.0
         r = cuda.threadIdx.x
         while r < c:
@@ -146,7 +169,9 @@ def _cce_vjp_body(z, t, gz, gt, rows, c, s):
     while row < rows:
         base = row * c
         m, total = row_max_sum(shared, z, base, c, 1)
-        log_s = math.log(total)
+        rest = _row_rest(shared, z, base, c, m)
+        total = 1.0 + rest
+        log_s = math.log1p(rest)
         acc = 0.0
         r = cuda.threadIdx.x
         while r < c:

@@ -77,10 +77,18 @@ def _categorical_cross_entropy(z, t, want_grad, gscale, gz, gt):
         v = z[n]
         tr = t[n]
         m = _row_max(v)
+        top = 0
         for j in range(c):
             e[j] = fexp(v[j] - m)
-        s = _pairwise_sum(e, 0, c)
-        ls = math.log(s)
+            if v[j] == m and v[top] != m:
+                top = j
+        # log s = log1p(the other entries' sum): log(1 + 1e-17) would round to 0 and lose a
+        # loss of 1e-17 at a dominant logit (e[top] = exp(0) = 1 exactly)
+        e[top] = 0
+        rest = _pairwise_sum(e, 0, c)
+        e[top] = 1
+        s = rest + 1.0
+        ls = math.log1p(rest)
         for j in range(c):
             # -log_softmax = (max - z) + log s: two non-negative terms
             terms[j] = np.float64(tr[j]) * ((np.float64(m) - np.float64(v[j])) + ls)

@@ -177,22 +177,44 @@ def _lse_family(name, x, g, p_, y, G):
     m, d, p, w, lse = _row_stats(z, -1)
     f = 4 + d + w + pairwise(C)
     ag = abs(float(g))
+    # Each row's -log softmax is (m - z_j) + log s with s = 1 + rest, rest the other entries'
+    # share: both terms >= 0, each computed to a few roundings of itself when log s is taken
+    # as log1p(rest) (exp's argument m - z_j rounds relative to itself: the w = Σ p d term).
+    # So a row's loss is held to its own size, never to |m|: with a dominant logit the loss
+    # (~1e-17) is far below u |m|, and log(1 + rest) rounded to 0 is a failure, not rounding.
+    rest = _share_of_others(z, m)
+    log_s = np.log1p(rest)
     if name == "cross_entropy":
+        rows = np.arange(N)
         idx = np.asarray(t).reshape(-1).astype(np.int64)
         onehot = np.zeros_like(z)
-        onehot[np.arange(N), idx] = 1.0
-        terms = np.abs(m[:, 0]) + np.abs(lse[:, 0] - m[:, 0]) + np.abs(z[np.arange(N), idx])
-        out = (6 + float(np.max(w)) + pairwise(C) + pairwise(N)) * (np.abs(y) + terms.sum() / N)
-        return np.asarray(out), [f * ag * (p + onehot) / N, None]
+        onehot[rows, idx] = 1.0
+        loss_n = d[rows, idx] + log_s[:, 0]
+        terms = loss_n + w[:, 0] + rest[:, 0] / (1 + rest[:, 0])
+        out = (6 + pairwise(C) + pairwise(N)) * (np.abs(y) + terms.sum() / N)
+        # the target's gradient p_t - 1 = -(1 - p_t): held to the others' share of the row
+        # (their terms' roundings), computed as the sum of their p, never as 1 - p_t
+        others = np.sum(p * (1 - onehot), axis=-1, keepdims=True)
+        others_d = np.sum(p * d * (1 - onehot), axis=-1, keepdims=True)
+        grad_z = f * ag * p * (1 - onehot) / N + ag * onehot * (
+            (4 + pairwise(C) + w) * others + others_d) / N
+        return np.asarray(out), [grad_z, None]
     at = np.abs(t)
     logp = z - lse
-    # NOTE: z - lse rounds lse = m + log(s) relative to |m| first (as the class-index form's
-    # |m| term says): with a dominant logit the loss (~1e-17) is far below u |m|
-    terms = np.sum(at * (np.abs(d) + np.abs(lse - m) + np.abs(m)))
-    out = (6 + float(np.max(w)) + pairwise(C) + pairwise(N * C)) * (np.abs(y) + terms / N)
+    terms = np.sum(at * (np.abs(d) + log_s)) + np.sum(
+        np.sum(at, axis=-1) * (w[:, 0] + rest[:, 0] / (1 + rest[:, 0])))
+    out = (6 + pairwise(C) + pairwise(N * C)) * (np.abs(y) + terms / N)
     grad_z = f * ag * (p * np.sum(at, axis=-1, keepdims=True) + at) / N
     grad_t = (4 + w + pairwise(C)) * ag * (np.abs(logp) + 1) / N
     return np.asarray(out), [grad_z, grad_t]
+
+
+def _share_of_others(z, m):
+    """Σ exp(z - m) over each row but for one of its maxima (keepdims): s - 1 without the
+    cancellation of subtracting 1 from s."""
+    below = np.where(z < m, np.exp(np.minimum(z - m, 0.0)), 0.0).sum(axis=-1, keepdims=True)
+    ties = np.sum(z == m, axis=-1, keepdims=True)
+    return below + (ties - 1)
 
 
 def _normalisation(name, x, g, p, y, G):
