@@ -8,6 +8,8 @@ Oracles: reflib's tape at 30 digits with the spec's optimizer updates (the exact
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -169,9 +171,10 @@ def test_loss_condition_grows_as_the_fit_closes():
 def test_boundary_cases_follow_the_kernels_constants(monkeypatch):
     from fastlib.kernels import recurrent
 
-    before = [c.batch_size for c in tc.boundary_cases("float64") if "pieces of" in c.label]
+    # the generic recurrent rows: "(pieces of N)" (the compiled program's say "sub-pieces")
+    before = [c.batch_size for c in tc.boundary_cases("float64") if "(pieces of" in c.label]
     monkeypatch.setattr(recurrent, "_PIECE", 5)
-    after = [c for c in tc.boundary_cases("float64") if "pieces of" in c.label]
+    after = [c for c in tc.boundary_cases("float64") if "(pieces of" in c.label]
     assert [c.batch_size for c in after] == [5, 6, 6, 4] and before != [5, 6, 6, 4]
     assert all("pieces of 5" in c.label for c in after)
 
@@ -196,9 +199,16 @@ def test_boundary_cases_straddle_every_threshold():
     # models on each side of its chunk size
     rows = sorted(c.batch_size * c.x.shape[1] for c in cases64 if c.path == "compiled")
     assert rows[0] < b["attention_min_piece_rows"] <= rows[-1]
-    weights = sorted(int(c.label.split(", ")[1].split()[0]) for c in cases32
-                     if c.path == "compiled")
-    assert weights[0] < b["attention_chunk_min_params"] <= weights[1]
+    # every compiled model family (attention alone, LSTM + RMSNorm) on each side of the chunk
+    weights = {}
+    for c in cases32:
+        if c.path == "compiled":
+            family = "LSTM" if "LSTM" in c.label else "attention"
+            n = int(re.search(r"(\d+) weights", c.label).group(1))
+            weights.setdefault(family, []).append(n)
+    assert set(weights) == {"attention", "LSTM"}
+    for family, ns in weights.items():
+        assert min(ns) < b["attention_chunk_min_params"] <= max(ns), family
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
