@@ -58,7 +58,13 @@ def _last_state(dtype, causal=False, cell=RNN):
     return Sequential([cell(3, 5), LayerNorm(5), Dense(5, 2, "gelu")], dtype=dtype, seed=6)
 
 
+def _top_parallel(dtype, causal=False, cell=LSTM):
+    """A Parallel as the whole model: a recurrent branch beside a Dense one, added."""
+    return Parallel([cell(3, 2, True), Dense(3, 2, "tanh")], "add", dtype=dtype, seed=8)
+
+
 MODELS = {"lstm_attention": (_lstm_attention, "tokens", True),
+          "top_parallel": (_top_parallel, "features", True),
           "residual": (_residual, "features", True),
           "concat_last": (_concat_last, "features", False),
           "last_state": (_last_state, "features", False)}
@@ -111,6 +117,7 @@ CASES = [  # model, causal, recurrent cell, loss, optimizer, clip, clip mode
     ("concat_last", False, LSTM, "categorical_cross_entropy", "Momentum", 0.01, "value"),
     ("last_state", False, LSTM, "binary_cross_entropy_with_logits", "Adagrad", 0.0, "value"),
     ("last_state", False, RNN, "mse", "Adam", 0.05, "norm"),
+    ("top_parallel", False, LSTM, "mse", "Adam", 0.02, "norm"),
 ]
 
 

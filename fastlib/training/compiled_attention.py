@@ -317,12 +317,12 @@ def program_for(ctx, x):
 
 
 def _make_program(ctx, x):
-    from fastlib.layers import Sequential
+    from fastlib.layers import Parallel, Sequential
 
     model, cfg = ctx.model, ctx.config
     if not cfg.extra.get("fused", True) or cfg.device != "cpu" or cfg.algorithm != "bp":
         return None
-    if ctx.loss_type not in fk.LOSS_CODES or type(model) is not Sequential:
+    if ctx.loss_type not in fk.LOSS_CODES or type(model) not in (Sequential, Parallel):
         return None
     tokens = bool(model.takes_indices)
     steps, d_in = _model_steps(x, tokens)
