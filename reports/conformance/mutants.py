@@ -327,10 +327,6 @@ MUTANTS = (
            "log1p(s - 1): a dominant logit's loss of 1e-17 rounds to 0",
            "kernels/loss.py", "tail = math.log1p(rest) if v[t] == m else math.log(s)",
            "tail = math.log(s)", ("special",)),
-    Mutant("cross-entropy-target-grad-cancels", "cross_entropy's target gradient as "
-           "p_t - 1 (cancelling) instead of minus the others' share",
-           "kernels/loss.py", "gz[n, t] = -rest * scale", "gz[n, t] = (et - s) * scale",
-           ("special",)),
     Mutant("compiled-program-recurrent-subpiece", "the compiled program's recurrent w_hh "
            "gradient keeps only the last sub-piece of a piece (overwrites, not adds)",
            "kernels/transformer.py", "                    gr[j] += pr[j]\n",
