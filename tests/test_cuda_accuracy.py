@@ -5,6 +5,10 @@ Bounds, u = 2**-53:
 - a sum of 4096 terms: the block's runs are compensated (fastlib/cuda/reduce.py NOTE), so
   |s' - s| <= (2 + log2 B) u sum|x| + O(n u^2) with B = 8 simulator threads; we allow 8 u sum|x|.
   Plain per-thread runs of 512 terms were 128 u sum|x| off.
+- div's VJP: d/da is one IEEE division g / b, so it must equal the correctly rounded quotient
+  exactly (Fraction arithmetic), in float64 and, formed in float64 and rounded once, in float32.
+  Inputs include the ones a GPU run found 0.84 ulp off, where g * (1 / b) != g / b. The same
+  for mean's VJP, g / count.
 - softmax / log_softmax / cross_entropy at logits near +-1e4: exp(x - m) / s is a few roundings
   (x - m exact here, exp and the division correctly rounded to within 1 ulp each), so 8 ulps of
   each output; the former exp(x - lse) lost |lse| ulps (858 eps).
@@ -42,6 +46,21 @@ out = {
     "ce": float(fc.forward("cross_entropy", [z, t.reshape(-1, 1)])),
     "ce_vjp": fc.vjp("cross_entropy", [z, t.reshape(-1, 1)], np.float64(1.0))[0].tolist(),
 }
+# div's VJP: the GPU's counterexample first, then draws where a reciprocal-multiply is wrong
+da, db, dg = [2.949777087940359], [-2.170553962688067], [0.7441290770263]
+while len(da) < 12:
+    a_, b_, g_ = rng.uniform(-4, 4, 3)
+    if g_ * (1.0 / b_) != g_ / b_:
+        da.append(a_); db.append(b_); dg.append(g_)
+for dt in ("float64", "float32"):
+    a, b, g = (np.array(v, dtype=dt) for v in (da, db, dg))
+    out["div_" + dt] = {"a": a.astype(float).tolist(), "b": b.astype(float).tolist(),
+                        "g": g.astype(float).tolist(),
+                        "ga": fc.vjp("div", [a, b], g)[0].astype(float).tolist()}
+gm = np.array([[0.7441290770263, -0.3]])
+out["mean_vjp"] = {"g": gm.tolist(), "n": 7,
+                   "out": fc.vjp("mean", [np.ones((1, 7))], np.array([gm[0, 0]]), axis=1)[0]
+                   .tolist()}
 print("RESULT" + json.dumps(out))
 """
 
@@ -74,6 +93,27 @@ def test_long_float64_sum_is_compensated(sim, case):
     assert abs(got - float(exact)) <= 8 * U * scale
     if case == "x":
         assert abs(sim["mean"] - float(exact / len(x))) <= 8 * U * scale / len(x)
+
+
+def _round(q, dtype):
+    """The correctly rounded ``dtype`` value of the Fraction ``q`` (float() rounds to nearest;
+    float32 from it is a second rounding, innocuous for a quotient of float32 numbers)."""
+    return float(np.dtype(dtype).type(float(q)))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_div_vjp_da_is_one_correctly_rounded_division(sim, dtype):
+    from fractions import Fraction
+    case = sim["div_" + dtype]
+    for a, b, g, got in zip(case["a"], case["b"], case["g"], case["ga"]):
+        assert got == _round(Fraction(g) / Fraction(b), dtype), (a, b, g, got)
+
+
+def test_mean_vjp_divides_by_the_count(sim):
+    from fractions import Fraction
+    case = sim["mean_vjp"]
+    g, n = case["g"][0][0], case["n"]
+    assert case["out"] == [[_round(Fraction(g) / n, "float64")] * n]
 
 
 def _exact_rows(z):

@@ -2,7 +2,7 @@
 
 Forward: a kernel writes one float64 term per element (mse, the two binary cross-entropies) or
 per row (cross_entropy, categorical_cross_entropy, through the row log-sum-exp), then the block
-tree reduction of :mod:`.reduce` sums the terms in float64 and scales by 1/N. VJP: one kernel
+tree reduction of :mod:`.reduce` sums the terms in float64 and divides by N. VJP: one kernel
 writes each input's cotangent, ``grad / N`` times the local derivative.
 
 The long story: docs/fastlib.md, section ``fastlib/cuda/loss.py``.
@@ -70,8 +70,8 @@ _terms_vjp = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], in
 
 
 def _mean_of(d_terms, count, dtype):
-    """0-d host array: the float64 sum of the terms times 1/count, rounded once to ``dtype``."""
-    d_total = reduce_device(d_terms, (d_terms.shape[0],), (0,), scale=1.0 / count)
+    """0-d host array: the float64 sum of the terms divided by count, rounded once to ``dtype``."""
+    d_total = reduce_device(d_terms, (d_terms.shape[0],), (0,), divisor=float(count))
     return device.get(d_total, ()).astype(dtype)
 
 

@@ -9,6 +9,7 @@ The long story: docs/fastlib.md, section ``fastlib/cuda/ops.py``.
 from __future__ import annotations
 
 import numbers
+from types import MappingProxyType
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -349,6 +350,15 @@ OPS.update({
     "binary_cross_entropy_with_logits": _elementwise_loss("binary_cross_entropy_with_logits",
                                                           ("logits", "target")),
 })
+
+
+#: ``{op: {path: dtypes}}``: the results fastlib-cuda returns as the exact value rounded once,
+#: up to float64 rounding (the kernel modules' NOTEs say why they hold); the conformance suite
+#: holds the engine to the single-rounding bound there, as ``fastlib.ops.ROUNDED_ONCE`` does
+#: for the CPU engine (docs/CONTRACTS.md, "fastlib-cuda").
+ROUNDED_ONCE = MappingProxyType(
+    {**{n: {"vjp": elementwise.ROUNDED_ONCE_VJP_DTYPES} for n in elementwise.BINARY},
+     **{n: {"forward": reduce.ROUNDED_ONCE_FORWARD_DTYPES} for n in ("sum", "mean")}})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -81,8 +81,9 @@ def block_max(shared, value):
 
 
 def _reduce_body(src, out, keep_shape, keep_strides, red_shape, red_strides, n_out, n_red,
-                 mode, scale):
-    # out[j] = scale * sum_r src[base(j) + off(r)]            (mode SUM)
+                 mode, divisor):
+    # out[j] = sum_r src[base(j) + off(r)] / divisor          (mode SUM; a division, as the CPU
+    #          computes mean: a reciprocal then a product would round twice)
     # out[j] = m + log(sum_r exp(src[...] - m)), m = max      (mode LSE)
     shared = cuda.shared.array(_RB, float64)
     tid = cuda.threadIdx.x
@@ -114,7 +115,7 @@ def _reduce_body(src, out, keep_shape, keep_strides, red_shape, red_strides, n_o
             if mode == LSE:
                 out[j] = shift + math.log(total)
             else:
-                out[j] = total * scale
+                out[j] = total / divisor
         j += cuda.gridDim.x
 
 
@@ -122,8 +123,14 @@ _SIG_REDUCE = "void({t}[::1], float64[::1], int64[::1], int64[::1], int64[::1], 
               "int64, int64, int64, float64)"
 _reduce = kernel(*signatures(_SIG_REDUCE))(_reduce_body)
 
+# NOTE (a promise the conformance suite holds fastlib-cuda to): in these dtypes sum and mean
+# are the exact value rounded once, up to float64 rounding: the terms are added in float64
+# (compensated, no products, so the device's FMA contraction cannot touch them), divided by the count in
+# float64 and rounded to the dtype once by the host function.
+ROUNDED_ONCE_FORWARD_DTYPES = ("float32",)
 
-def reduce_device(d_src, shape, axes, mode=SUM, scale=1.0):
+
+def reduce_device(d_src, shape, axes, mode=SUM, divisor=1.0):
     """Reduce a flat C-contiguous device array of ``shape`` over ``axes`` into float64.
 
     Returns a flat float64 device array whose C order is that of the kept axes.
@@ -139,7 +146,7 @@ def reduce_device(d_src, shape, axes, mode=SUM, scale=1.0):
     d_out = device.empty(n_out, np.float64)
     blocks = max(1, min(config.MAX_GRID, n_out))
     _reduce[blocks, device.reduce_block(n_red)](d_src, d_out, d_keep[0], d_keep[1], d_red[0],
-                                               d_red[1], n_out, n_red, mode, float(scale))
+                                               d_red[1], n_out, n_red, mode, float(divisor))
     return d_out
 
 
@@ -157,8 +164,8 @@ def sum_to_shape_device(d_src, src_shape, shape):
 # ---------------------------------------------------------------------------------------------
 # VJP: spread the cotangent back over the reduced axes
 
-def _spread_body(x, g, lse, out, shape, g_strides, mode, scale):
-    # out[i] = g[o(i)] * scale                 (sum, mean)
+def _spread_body(x, g, lse, out, shape, g_strides, mode, divisor):
+    # out[i] = g[o(i)] / divisor               (sum, mean: divided, as the CPU does)
     # out[i] = g[o(i)] * exp(x[i] - lse[o(i)]) (logsumexp: the softmax weights)
     i = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -167,7 +174,7 @@ def _spread_body(x, g, lse, out, shape, g_strides, mode, scale):
         if mode == LSE:
             out[i] = g[o] * math.exp(float64(x[i]) - lse[o])
         else:
-            out[i] = g[o] * scale
+            out[i] = g[o] / divisor
         i += step
 
 
@@ -189,8 +196,8 @@ def _count(shape, axes):
     return int(np.prod([shape[k] for k in axes], dtype=np.int64))
 
 
-def _forward(x, axes, keepdims, mode, scale):
-    d_out = reduce_device(device.put(x), x.shape, axes, mode, scale)
+def _forward(x, axes, keepdims, mode, divisor):
+    d_out = reduce_device(device.put(x), x.shape, axes, mode, divisor)
     return device.get(d_out, _kept_shape(x.shape, axes, keepdims)).astype(x.dtype)
 
 
@@ -200,8 +207,8 @@ def sum_forward(x, axes, keepdims):
 
 
 def mean_forward(x, axes, keepdims):
-    """``np.mean`` over ``axes``: the float64 sum times 1/count, rounded once."""
-    return _forward(x, axes, keepdims, SUM, 1.0 / _count(x.shape, axes))
+    """``np.mean`` over ``axes``: the float64 sum divided by the count, rounded once."""
+    return _forward(x, axes, keepdims, SUM, float(_count(x.shape, axes)))
 
 
 def logsumexp_forward(x, axes, keepdims):
@@ -209,14 +216,14 @@ def logsumexp_forward(x, axes, keepdims):
     return _forward(x, axes, keepdims, LSE, 1.0)
 
 
-def _vjp(x, grad, axes, mode, scale):
+def _vjp(x, grad, axes, mode, divisor):
     d_x = device.put(x)
     g_shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape))
     d_g = device.put(grad)
     d_lse = reduce_device(d_x, x.shape, axes, LSE) if mode == LSE else device.empty(1, np.float64)
     d_shape, d_gs = device.index_vectors(x.shape, device.broadcast_strides(g_shape, x.shape))
     d_out = device.empty(x.size, x.dtype)
-    _spread[device.grid_1d(x.size)](d_x, d_g, d_lse, d_out, d_shape, d_gs, mode, float(scale))
+    _spread[device.grid_1d(x.size)](d_x, d_g, d_lse, d_out, d_shape, d_gs, mode, float(divisor))
     return device.get(d_out, x.shape)
 
 
@@ -227,7 +234,7 @@ def sum_vjp(x, grad, axes):
 
 def mean_vjp(x, grad, axes):
     """The cotangent broadcast back over the averaged axes, divided by their count."""
-    return (_vjp(x, grad, axes, SUM, 1.0 / _count(x.shape, axes)),)
+    return (_vjp(x, grad, axes, SUM, float(_count(x.shape, axes))),)
 
 
 def logsumexp_vjp(x, grad, axes):

@@ -211,14 +211,19 @@ class FastlibCudaEngine(FastlibEngine):
 
     name = "fastlib-cuda"
     description = "the fast engine on CUDA (numba.cuda; GPU or NUMBA_ENABLE_CUDASIM=1)"
-    rounded_once = {}      # its own kernels: held to the general bound (no such promise)
-
     def __init__(self):
         import fastlib.cuda as fc
 
         if not fc.is_available():
             raise EngineUnavailableError(f"fastlib-cuda: {fc.unavailable_reason()}")
         self._cuda = fc
+
+    @property
+    def rounded_once(self):
+        """fastlib-cuda's own single-rounding promises (``fastlib.cuda.ops.ROUNDED_ONCE``)."""
+        from fastlib.cuda.ops import ROUNDED_ONCE
+
+        return ROUNDED_ONCE
 
     def _forward(self, name, inputs, **params):
         return self._cuda.forward(name, inputs, **params)
