@@ -9,15 +9,16 @@ import importlib
 
 import numpy as np
 
+from . import counters
 from .device import CudaUnavailableError, is_available, unavailable_reason, require_device
 
 __all__ = ["is_available", "unavailable_reason", "CudaUnavailableError", "UnknownOpError",
            "forward", "vjp",
            "dense_forward", "dense_backward", "optimizer_init", "optimizer_update",
-           "to_device", "to_host", "OPS"]
+           "to_device", "to_host", "OPS", "counters"]
 
 # public name -> module that defines it (loaded on first use, like fastlib's own table)
-_LAZY = {"OPS": "fastlib.cuda.ops", "UnknownOpError": "fastlib.cuda.ops",
+_LAZY = {"OPS": "fastlib.cuda.ops", "ROUNDED_ONCE": "fastlib.cuda.ops", "UnknownOpError": "fastlib.cuda.ops",
          "dense_forward": "fastlib.cuda.dense", "dense_backward": "fastlib.cuda.dense",
          "optimizer_init": "fastlib.cuda.optim", "optimizer_update": "fastlib.cuda.optim"}
 
@@ -55,8 +56,9 @@ def to_device(array):
         Same shape and dtype, C-contiguous.
     """
     require_device()
-    from numba import cuda
-    return cuda.to_device(np.asarray(array, order="C"))
+    from . import device
+    host = np.asarray(array, order="C")
+    return device.put(host).reshape(host.shape)
 
 
 def to_host(d_array):
@@ -71,7 +73,8 @@ def to_host(d_array):
     numpy.ndarray
         Same shape and dtype.
     """
-    return d_array.copy_to_host()
+    from . import device
+    return device.read(d_array)
 
 
 def __getattr__(name):

@@ -24,3 +24,10 @@ TILE = 4 if SIMULATOR else 16
 
 #: Most blocks launched along one grid axis; grid-stride loops cover the rest.
 MAX_GRID = 4 if SIMULATOR else 65535
+
+#: Blocks of the guard's sum-of-squares pass over the flat gradient buffer (fixed, so the
+#: update kernel reads a fixed, short list of block partials, every block in the same order).
+GUARD_BLOCKS = 2 if SIMULATOR else 64
+
+#: Most blocks of the guarded update (a grid-stride loop over the flat parameter buffer).
+UPDATE_BLOCKS = 4 if SIMULATOR else 1024

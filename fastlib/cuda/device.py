@@ -3,15 +3,29 @@
 Every op's host function (in the kernel modules) goes through here to move arrays: inputs are
 made C-contiguous on the host and copied to the device flat (1-d), kernels work on flat arrays
 with explicit shape / stride vectors, and results come back reshaped. Keeping movement in one
-module means one place decides contiguity, dtype and the host/device round trip.
+module means one place decides contiguity, dtype and the host/device round trip, and one place
+counts it (:mod:`.counters`): every launch, allocation, copy and wait of fastlib.cuda passes here.
+
+Training adds two things (:mod:`.training`): a non-default stream that every launch and copy of
+a run uses (:func:`using_stream`), and an :class:`Arena` that hands a training step the same
+device buffers every step, so after the first step of a batch shape nothing is allocated.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
 import numpy as np
-from numba import cuda
+
+from . import counters
+
+try:
+    from numba import cuda
+    _IMPORT_ERROR = None
+except Exception as exc:  # a broken or mismatched CUDA stack: reported, never a crash at import
+    cuda = None
+    _IMPORT_ERROR = exc
 
 from . import config
 
@@ -19,9 +33,23 @@ from . import config
 NO_GPU_REASON = ("no CUDA GPU found (numba.cuda.is_available() is False); "
                  "set NUMBA_ENABLE_CUDASIM=1 to run the simulator")
 
+#: How to install a CUDA stack that works together (pyproject's ``cuda`` extra).
+INSTALL_HINT = "pip install 'verigrad[cuda]'"
+
 
 class CudaUnavailableError(RuntimeError):
     """Raised when a CUDA op is called where neither a GPU nor the simulator is available."""
+
+
+def import_failure_reason(exc) -> str:
+    """One line naming the package that broke ``import numba.cuda`` and the fix."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "row_stack" in text:
+        return (f"import numba.cuda failed ({text}): NumPy {np.__version__} removed "
+                f"numpy.row_stack, which this numba-cuda still registers; install a NumPy "
+                f"before 2.5 (pip install 'numpy<2.5', or {INSTALL_HINT}, which pins it)")
+    return (f"import numba.cuda failed ({text}); install numba-cuda with a CUDA runtime and a "
+            f"NumPy it supports: {INSTALL_HINT}")
 
 
 def is_available() -> bool:
@@ -33,10 +61,25 @@ def is_available() -> bool:
         True on a CUDA GPU that numba can drive, or under numba's CUDA simulator
         (``NUMBA_ENABLE_CUDASIM=1`` in the environment before numba is imported).
     """
+    if cuda is None:
+        return False
     try:
         return bool(cuda.is_available())
     except Exception:  # a broken driver install counts as "no GPU", with the reason below
         return False
+
+
+def _driver_reason() -> str:
+    """Why ``cuda.is_available()`` is False: numba's own detection message when it has one."""
+    try:
+        from numba.cuda.cudadrv import driver
+        err = getattr(driver, "driver", None)
+        init_error = getattr(err, "initialization_error", None)
+        if init_error:
+            return f"{NO_GPU_REASON} (CUDA driver: {' '.join(str(init_error).split())})"
+    except Exception as exc:
+        return f"{NO_GPU_REASON} (CUDA driver: {type(exc).__name__}: {exc})"
+    return NO_GPU_REASON
 
 
 def unavailable_reason() -> str | None:
@@ -45,16 +88,19 @@ def unavailable_reason() -> str | None:
     Returns
     -------
     str or None
-        One human-readable line (what is missing and how to get the simulator), or None when
-        :func:`is_available` is True.
+        One human-readable line: the failing package and the fix when ``import numba.cuda``
+        fails (e.g. a NumPy too new for the installed numba-cuda), that no GPU was found (and
+        how to get the simulator), or None when :func:`is_available` is True.
     """
+    if _IMPORT_ERROR is not None:
+        return import_failure_reason(_IMPORT_ERROR)
     if is_available():
         return None
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0") and not config.SIMULATOR:
         # The variable is read once, when numba is first imported.
         return ("NUMBA_ENABLE_CUDASIM is set but numba was imported before it was; "
                 "set it in the environment before the process imports numba")
-    return NO_GPU_REASON
+    return _driver_reason()
 
 
 def require_device() -> None:
@@ -62,6 +108,42 @@ def require_device() -> None:
     reason = unavailable_reason()
     if reason is not None:
         raise CudaUnavailableError(f"fastlib.cuda is unavailable: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the stream (or CUDA graph builder) that launches and copies go to
+
+_TARGET = [0]
+
+
+@contextlib.contextmanager
+def using_stream(stream):
+    """Send every launch and copy of fastlib.cuda inside the block to ``stream``.
+
+    ``stream`` is a numba stream (training uses a non-default one) or a CUDA graph builder
+    being recorded; 0 is the default stream.
+    """
+    before = _TARGET[0]
+    _TARGET[0] = stream
+    try:
+        yield stream
+    finally:
+        _TARGET[0] = before
+
+
+def current_stream():
+    """The stream launches go to now (0: the default stream)."""
+    return _TARGET[0]
+
+
+def synchronize(stream=None):
+    """Wait until ``stream`` (the current one by default) has finished; counted."""
+    stream = current_stream() if stream is None else stream
+    counters.add("synchronizations")
+    if stream:
+        stream.synchronize()
+    else:
+        cuda.synchronize()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,7 +171,22 @@ class LazyKernel:
         return self._compiled
 
     def __getitem__(self, launch):
-        return self.compiled[launch]
+        if len(launch) == 2 and _TARGET[0]:
+            launch = (launch[0], launch[1], _TARGET[0])
+        return _Launch(self.compiled[launch])
+
+
+class _Launch:
+    """A configured kernel that counts its launches (:mod:`.counters`)."""
+
+    __slots__ = ("configured",)
+
+    def __init__(self, configured):
+        self.configured = configured
+
+    def __call__(self, *args):
+        counters.add("kernel_launches")
+        return self.configured(*args)
 
 
 def kernel(*signatures):
@@ -153,8 +250,34 @@ def is_device_array(a) -> bool:
 
 
 def put(a: np.ndarray):
-    """Copy a host array to the device, flat and C-contiguous."""
-    return cuda.to_device(np.ascontiguousarray(a).reshape(-1))
+    """Copy a host array to the device, flat and C-contiguous (a new device array)."""
+    counters.add("allocations")
+    counters.add("h2d_copies")
+    host = np.ascontiguousarray(a).reshape(-1)
+    if _TARGET[0]:
+        return cuda.to_device(host, stream=_TARGET[0])
+    return cuda.to_device(host)
+
+
+def upload(d_array, a) -> None:
+    """Copy a host array into an existing flat device array of the same size (no allocation)."""
+    counters.add("h2d_copies")
+    host = np.ascontiguousarray(a, dtype=d_array.dtype).reshape(-1)
+    if _TARGET[0]:
+        d_array.copy_to_device(host, stream=_TARGET[0])
+    else:
+        d_array.copy_to_device(host)
+
+
+def read(d_array) -> np.ndarray:
+    """Copy a device array back to the host (a blocking readback: a copy and a wait)."""
+    counters.add("d2h_copies")
+    counters.add("synchronizations")
+    if _TARGET[0]:
+        host = d_array.copy_to_host(stream=_TARGET[0])
+        _TARGET[0].synchronize()
+        return host
+    return d_array.copy_to_host()
 
 
 def index_vectors(shape, strides):
@@ -174,11 +297,12 @@ def index_vectors(shape, strides):
 def _index_vectors(shape, strides):
     if not shape:
         shape, strides = (1,), (0,)
+    counters.add("allocations", 2)
+    counters.add("h2d_copies", 2)
     return (cuda.to_device(np.asarray(shape, dtype=np.int64)),
             cuda.to_device(np.asarray(strides, dtype=np.int64)))
 
 
-@cuda.jit(device=True)
 def strided_offset(i, shape, strides):
     """Offset of the ``i``-th C-order index of ``shape`` in an array read with ``strides``."""
     offset = 0
@@ -190,9 +314,66 @@ def strided_offset(i, shape, strides):
     return offset
 
 
+if cuda is not None:
+    strided_offset = cuda.jit(device=True)(strided_offset)
+
+
+class Arena:
+    """The device buffers of a training step, handed out again at every step of the same shape.
+
+    Inside :meth:`step` (keyed by the batch's size), :func:`empty` returns the plan's next
+    buffer instead of allocating: the first step of a key allocates and records, every later
+    step gets the same buffers in the same order (a step asks for the same sizes in the same
+    order each time). Buffers live as long as the arena, so a recorded CUDA graph's pointers
+    stay valid.
+    """
+
+    def __init__(self):
+        self.plans = {}
+        self._active = None
+
+    @contextlib.contextmanager
+    def step(self, key):
+        plan = self.plans.setdefault(key, [])
+        before = _ARENA[0]
+        _ARENA[0] = self
+        self._active = [plan, 0]
+        try:
+            yield
+        finally:
+            _ARENA[0] = before
+            self._active = None
+
+    def take(self, n, dtype):
+        plan, pos = self._active
+        self._active[1] = pos + 1
+        if pos < len(plan):
+            buf = plan[pos]
+            if buf.shape[0] == n and buf.dtype == dtype:
+                return buf
+            plan[pos] = buf = _allocate(n, dtype)   # the step changed shape: re-record
+            return buf
+        buf = _allocate(n, dtype)
+        plan.append(buf)
+        return buf
+
+
+_ARENA = [None]
+
+
+def _allocate(n, dtype):
+    counters.add("allocations")
+    if _TARGET[0]:
+        return cuda.device_array(n, dtype=dtype, stream=_TARGET[0])
+    return cuda.device_array(n, dtype=dtype)
+
+
 def empty(n: int, dtype):
-    """An uninitialised flat device array of ``n`` elements."""
-    return cuda.device_array(max(int(n), 0), dtype=np.dtype(dtype))
+    """An uninitialised flat device array of ``n`` elements (from the active :class:`Arena`)."""
+    n, dtype = max(int(n), 0), np.dtype(dtype)
+    if _ARENA[0] is not None:
+        return _ARENA[0].take(n, dtype)
+    return _allocate(n, dtype)
 
 
 def _fill_body(out, value):
@@ -206,17 +387,22 @@ def _fill_body(out, value):
 _fill = kernel("void(float32[::1], float64)", "void(float64[::1], float64)")(_fill_body)
 
 
+def fill(d_array, value: float) -> None:
+    """Set every element of a flat device array to ``value`` (one launch on the device)."""
+    if d_array.shape[0]:
+        _fill[grid_1d(d_array.shape[0])](d_array, float(value))
+
+
 def zeros(n: int, dtype):
     """A zero-filled flat device array of ``n`` elements (filled on the device)."""
     out = empty(n, dtype)
-    if out.shape[0]:
-        _fill[grid_1d(out.shape[0])](out, 0.0)
+    fill(out, 0.0)
     return out
 
 
 def get(d_array, shape) -> np.ndarray:
     """Copy a flat device array back and give it ``shape``."""
-    return d_array.copy_to_host().reshape(tuple(shape))
+    return read(d_array).reshape(tuple(shape))
 
 
 def _cast_body(src, out):

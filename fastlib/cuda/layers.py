@@ -21,7 +21,7 @@ from fastlib.layers.activations import LEAKY_SLOPE  # Dense's leaky_relu slope: 
 from . import device
 from . import train_kernels as tk
 from .dense import DENSE_ACTIVATIONS, _dense_forward_device
-from .elementwise import unary_vjp_device
+from .dense_grad import dense_grads
 from .linalg import gemm_device
 from .norm import LAYER_NORM, RMS_NORM, SOFTMAX, rows_forward_device, rows_vjp_device
 from .structure import gather_device, scatter_device
@@ -44,18 +44,19 @@ def launch(kern, n):
     return kern[device.grid_1d(max(int(n), 1))]
 
 
-def mm(d_a, d_b, m, n, k, dtype, ta=False, tb=False, batch=1, shared_b=False):
+def mm(d_a, d_b, m, n, k, dtype, ta=False, tb=False, batch=1, shared_b=False, out=None):
     """``A @ B`` for ``batch`` products of (m, k) @ (k, n); ``ta`` / ``tb`` read an operand
-    stored transposed ((k, m) / (n, k)); ``shared_b`` uses one B for the whole batch."""
+    stored transposed ((k, m) / (n, k)); ``shared_b`` uses one B for the whole batch; ``out``
+    receives the product (a gradient's view of the flat buffer) instead of a new array."""
     sa = (1, m) if ta else (k, 1)
     sb = (1, k) if tb else (n, 1)
     return gemm_device(d_a, (m * k,) + sa, d_b, (0 if shared_b else k * n,) + sb, batch, m, n,
-                       k, dtype)
+                       k, dtype, d_c=out)
 
 
-def col_sums(d_a, rows, d, dtype, d_b=None):
+def col_sums(d_a, rows, d, dtype, d_b=None, out=None):
     """Per-column ``sum_r a[r, j] (* b[r, j])`` in float64, rounded once to ``dtype``."""
-    out = device.empty(d, dtype)
+    out = device.empty(d, dtype) if out is None else out
     launch(tk.column_sums, d)(d_a, d_a if d_b is None else d_b, out, rows, d,
                               0 if d_b is None else 1)
     return out
@@ -70,14 +71,23 @@ def add_into(d_a, d_b):
 class DeviceLayer:
     """Base of the twins: the host layer's name / dtype and its parameters in the store."""
 
-    def __init__(self, layer, store, prefix):
+    def __init__(self, layer, store, prefix, grads=None):
         self.layer = layer
         self.store = store
+        self.grads = grads
         self.prefix = prefix
         self.dtype = np.dtype(layer.dtype)
 
     def p(self, name):
         return self.store[self.prefix + name]
+
+    def g(self, name):
+        """Where the gradient of parameter ``name`` goes: its view of the training run's flat
+        gradient buffer (so the guard and the update read one array), or a new array."""
+        key = self.prefix + name
+        if self.grads is not None and key in self.grads:
+            return self.grads[key]
+        return device.empty(int(self.store[key].shape[0]), self.dtype)
 
     def forward(self, x: DT) -> DT:
         raise NotImplementedError
@@ -88,21 +98,23 @@ class DeviceLayer:
 
 
 def dense_backward(d_g, d_x, d_w, d_pre, rows, n_in, n_out, activation, dtype,
-                   need_input_grad=True):
+                   need_input_grad=True, d_gw=None, d_gb=None):
     """(grad_x or None, grad_W, grad_b) of ``activation(x @ W + b)`` on flat device arrays.
 
-    The math of :func:`.dense._dense_backward_device`, with the bias gradient as per-column
-    float64 sums (no block barriers: far cheaper under the simulator, as exact).
+    The math of :func:`.dense._dense_backward_device` in two launches (:mod:`.dense_grad`):
+    the activation's derivative fused into both GEMMs' loads, the bias gradient (per-column
+    float64 sums, rounded once) in grad_W's launch. softmax (a row op) takes one more launch,
+    its row VJP. ``d_gw`` / ``d_gb`` receive the gradients when given.
     """
-    if activation == "linear":
-        d_gpre = d_g
-    elif activation == "softmax":
-        d_gpre = rows_vjp_device(SOFTMAX, d_pre, d_g, (rows, n_out), 1)
-    else:
-        d_gpre = unary_vjp_device(DENSE_ACTIVATIONS[activation], d_pre, d_g, LEAKY_SLOPE)
-    d_gw = mm(d_x, d_gpre, n_in, n_out, rows, dtype, ta=True)
-    d_gb = col_sums(d_gpre, rows, n_out, dtype)
-    d_gx = mm(d_gpre, d_w, rows, n_in, n_out, dtype, tb=True) if need_input_grad else None
+    scalar = None
+    if activation == "softmax":
+        d_g = rows_vjp_device(SOFTMAX, d_pre, d_g, (rows, n_out), 1)
+    elif activation != "linear":
+        scalar = DENSE_ACTIVATIONS[activation]
+    d_gw = device.empty(n_in * n_out, dtype) if d_gw is None else d_gw
+    d_gb = device.empty(n_out, dtype) if d_gb is None else d_gb
+    d_gx = device.empty(rows * n_in, dtype) if need_input_grad else None
+    dense_grads(d_g, d_x, d_w, d_pre, rows, n_in, n_out, scalar, LEAKY_SLOPE, d_gw, d_gb, d_gx)
     return d_gx, d_gw, d_gb
 
 
@@ -120,7 +132,8 @@ class DDense(DeviceLayer):
         L = self.layer
         x, pre, rows = self.hist
         gx, gw, gb = dense_backward(g.data, x.data, self.p("weight"), pre, rows, L.in_features,
-                                    L.out_features, L.activation, self.dtype, need_input_grad)
+                                    L.out_features, L.activation, self.dtype, need_input_grad,
+                                    self.g("weight"), self.g("bias"))
         grads = {self.prefix + "weight": gw, self.prefix + "bias": gb}
         return (DT(gx, x.shape) if need_input_grad else None), grads
 
@@ -143,9 +156,11 @@ class DLayerNorm(DeviceLayer):
     def backward(self, g, need_input_grad):
         d = self.layer.d
         x, xhat, rows = self.hist
-        grads = {self.prefix + "weight": col_sums(g.data, rows, d, self.dtype, xhat)}
+        grads = {self.prefix + "weight": col_sums(g.data, rows, d, self.dtype, xhat,
+                                                  out=self.g("weight"))}
         if self.affine_bias:
-            grads[self.prefix + "bias"] = col_sums(g.data, rows, d, self.dtype)
+            grads[self.prefix + "bias"] = col_sums(g.data, rows, d, self.dtype,
+                                                   out=self.g("bias"))
         if not need_input_grad:
             return None, grads
         dxhat = device.empty(rows * d, self.dtype)
@@ -183,7 +198,7 @@ class DEmbedding(DeviceLayer):
     def backward(self, g, need_input_grad):
         x = self.hist
         n, num, dim = _size(x.shape), self.layer.num, self.layer.dim
-        dw = device.empty(num * dim, self.dtype)
+        dw = self.g("weight")
         launch(tk.embedding_backward, dim)(x.data, g.data, dw, n, num, dim)
         return None, {self.prefix + "weight": dw}
 
@@ -206,9 +221,12 @@ class DSwiGLU(DeviceLayer):
         dh = mm(g.data, self.p("w_down"), rows, L.hidden, L.out, dt, tb=True)
         da, du = device.empty(rows * L.hidden, dt), device.empty(rows * L.hidden, dt)
         launch(tk.swiglu_backward, rows * L.hidden)(dh, a, u, da, du)
-        grads = {self.prefix + "w_gate": mm(x.data, da, L.d, L.hidden, rows, dt, ta=True),
-                 self.prefix + "w_up": mm(x.data, du, L.d, L.hidden, rows, dt, ta=True),
-                 self.prefix + "w_down": mm(h, g.data, L.hidden, L.out, rows, dt, ta=True)}
+        grads = {self.prefix + "w_gate": mm(x.data, da, L.d, L.hidden, rows, dt, ta=True,
+                                            out=self.g("w_gate")),
+                 self.prefix + "w_up": mm(x.data, du, L.d, L.hidden, rows, dt, ta=True,
+                                          out=self.g("w_up")),
+                 self.prefix + "w_down": mm(h, g.data, L.hidden, L.out, rows, dt, ta=True,
+                                            out=self.g("w_down"))}
         if not need_input_grad:
             return None, grads
         dx = mm(da, self.p("w_gate"), rows, L.d, L.hidden, dt, tb=True)
@@ -252,13 +270,16 @@ class DRecurrent(DeviceLayer):
             launch(tk.copy, batch * H)(g.data, dhs[(steps - 1) * batch * H:])
         dz = self._back(dhs, hs, cache, steps, batch, H)
         rows = steps * batch
-        grads = {self.prefix + "w_ih": mm(xt, dz, n_in, k * H, rows, dt, ta=True),
-                 self.prefix + "b": col_sums(dz, rows, k * H, dt)}
+        grads = {self.prefix + "w_ih": mm(xt, dz, n_in, k * H, rows, dt, ta=True,
+                                          out=self.g("w_ih")),
+                 self.prefix + "b": col_sums(dz, rows, k * H, dt, out=self.g("b"))}
         if steps > 1:
             grads[self.prefix + "w_hh"] = mm(hs, dz[batch * k * H:], H, k * H,
-                                             (steps - 1) * batch, dt, ta=True)
+                                             (steps - 1) * batch, dt, ta=True,
+                                             out=self.g("w_hh"))
         else:
-            grads[self.prefix + "w_hh"] = device.zeros(H * k * H, dt)
+            grads[self.prefix + "w_hh"] = w_hh = self.g("w_hh")
+            device.fill(w_hh, 0.0)
         grads = {self.prefix + n: grads[self.prefix + n] for n in ("w_ih", "w_hh", "b")}
         if not need_input_grad:
             return None, grads
@@ -368,7 +389,7 @@ class DAttention(DeviceLayer):
         nh, dh, rows = L.heads, d // L.heads, batch * steps
         bh = batch * nh
         datt, gw_o, gb_o = dense_backward(g.data, att, self.p("w_o"), g.data, rows, d, d,
-                                          "linear", dt)
+                                          "linear", dt, True, self.g("w_o"), self.g("b_o"))
         do = self._heads(datt, batch, steps)
         dp = mm(do, v, steps, steps, dh, dt, tb=True, batch=bh)
         dv = mm(p, do, steps, dh, steps, dt, ta=True, batch=bh)
@@ -380,7 +401,8 @@ class DAttention(DeviceLayer):
         for n, dpart in zip("qkv", (dq, dk, dv)):
             dproj = self._merge(dpart, batch, steps)
             gx, gw, gb = dense_backward(dproj, x.data, self.p(f"w_{n}"), dproj, rows, d, d,
-                                        "linear", dt, need_input_grad)
+                                        "linear", dt, need_input_grad, self.g(f"w_{n}"),
+                                        self.g(f"b_{n}"))
             grads[self.prefix + f"w_{n}"] = gw
             grads[self.prefix + f"b_{n}"] = gb
             if need_input_grad:
@@ -391,8 +413,8 @@ class DAttention(DeviceLayer):
 
 
 class DSequential(DeviceLayer):
-    def __init__(self, layer, store, prefix, children):
-        super().__init__(layer, store, prefix)
+    def __init__(self, layer, store, prefix, children, grads=None):
+        super().__init__(layer, store, prefix, grads)
         self.children = children
 
     def forward(self, x):
@@ -454,8 +476,11 @@ _TWINS = {"Dense": DDense, "LayerNorm": DLayerNorm, "RMSNorm": DRMSNorm, "Softma
 _CONTAINERS = {"Sequential": DSequential, "Parallel": DParallel}
 
 
-def build(model, store, prefix="", where="model"):
+def build(model, store, prefix="", where="model", grads=None):
     """The device twin of ``model`` reading parameters from ``store`` (flat device arrays).
+
+    ``grads`` (keyed like ``store``) are where backward writes each parameter's gradient
+    (views of one flat buffer in training); without it, backward returns new arrays.
 
     Raises
     ------
@@ -468,11 +493,11 @@ def build(model, store, prefix="", where="model"):
     kind = type(model).__name__
     from fastlib import layers as host_layers
     if kind in _CONTAINERS and type(model) is getattr(host_layers, kind):
-        children = [build(c, store, f"{prefix}{i}.", f"{where}.layers[{i}]")
+        children = [build(c, store, f"{prefix}{i}.", f"{where}.layers[{i}]", grads)
                     for i, c in enumerate(model._children)]
-        return _CONTAINERS[kind](model, store, prefix, children)
+        return _CONTAINERS[kind](model, store, prefix, children, grads)
     if kind in _TWINS and type(model) is getattr(host_layers, kind):
-        return _TWINS[kind](model, store, prefix)
+        return _TWINS[kind](model, store, prefix, grads)
     raise DeviceUnsupportedError(
         f"train(device='cuda'): {where} is a {type(model).__module__}.{type(model).__qualname__}, "
         f"which has no device implementation (the device runs fastlib's own "

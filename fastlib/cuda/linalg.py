@@ -74,14 +74,16 @@ def gemm_kernel(dtype_name, epilogue=store_plain):
 
 
 def gemm_device(d_a, a_strides, d_b, b_strides, batch, m, n, k, dtype, epilogue=store_plain,
-                d_out=None, d_bias=None, param=0.0):
-    """``C[z] = A[z] @ B[z]`` for z < batch; a new flat C-contiguous (batch, m, n) device array.
+                d_out=None, d_bias=None, param=0.0, d_c=None):
+    """``C[z] = A[z] @ B[z]`` for z < batch; a flat C-contiguous (batch, m, n) device array
+    (``d_c`` when given, e.g. a view of a training run's flat gradient buffer; else a new one).
 
     ``a_strides`` / ``b_strides`` are (batch, row, column) element strides of the operands.
     With an ``epilogue`` other than :func:`store_plain`, ``d_out`` and ``d_bias`` are passed
     to it (Dense: C holds the pre-activation, ``d_out`` the activation).
     """
-    d_c = device.empty(batch * m * n, dtype)
+    if d_c is None:
+        d_c = device.empty(batch * m * n, dtype)
     d_out = d_c if d_out is None else d_out
     d_bias = d_c if d_bias is None else d_bias
     grid = (max(1, min(config.MAX_GRID, -(-n // _TILE))),

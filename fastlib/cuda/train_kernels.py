@@ -30,15 +30,25 @@ MSE, CE, CCE, BCE, BCE_LOGITS = range(5)
 LOSS_CODES = {"mse": MSE, "cross_entropy": CE, "categorical_cross_entropy": CCE,
               "binary_cross_entropy": BCE, "binary_cross_entropy_with_logits": BCE_LOGITS}
 
-#: Slots of the guard vector written by :data:`guard_finalize` (after the loss partials).
+#: Slots of the guard vector written by :data:`guard_update` (after the loss partials).
 APPLY, SCALE, NORM, GRAD_FINITE = range(4)
+
+#: Slots of a run's int64 step state on the device (read by the kernels, so a recorded step --
+#: a CUDA graph -- replays for every batch with the same arguments): the batch's first position
+#: in the epoch's order, the step's row of the epoch's numbers, the applied steps this epoch
+#: (the row of the coefficient table), the halt flag a non-finite loss sets, and the count of
+#: blocks that finished the update (the last one advances the others).
+CURSOR, ROW, T, HALT, DONE = range(5)
+STATE_SIZE = 5
 
 
 # ---------------------------------------------------------------------------------------------
 # data movement
 
-def _gather_rows_body(src, order, out, start, count, width):
-    # out[r, j] = src[order[start + r], j]: the batch, gathered on the device
+def _gather_rows_body(src, order, state, out, count, width):
+    # out[r, j] = src[order[start + r], j]: the batch, gathered on the device; start is the
+    # cursor in the run's step state (device memory, so a recorded step replays per batch)
+    start = state[CURSOR]
     i = cuda.grid(1)
     step = cuda.gridsize(1)
     while i < count * width:
@@ -48,8 +58,8 @@ def _gather_rows_body(src, order, out, start, count, width):
 
 
 gather_rows = kernel(
-    *signatures("void({t}[::1], int64[::1], {t}[::1], int64, int64, int64)"),
-    "void(int64[::1], int64[::1], int64[::1], int64, int64, int64)")(_gather_rows_body)
+    *signatures("void({t}[::1], int64[::1], int64[::1], {t}[::1], int64, int64)"),
+    "void(int64[::1], int64[::1], int64[::1], int64[::1], int64, int64)")(_gather_rows_body)
 
 
 def _embedding_forward_body(w, idx, out, n, dim):
@@ -304,10 +314,15 @@ lstm_step_back = kernel(*signatures(
 # ---------------------------------------------------------------------------------------------
 # losses: gradient of the mean loss, and per-block partial sums of the terms and of the hits
 
-def _loss_rows_body(pred, target, grad, partial, rows, width, mode, inv_n, eps):
+def _loss_rows_body(pred, target, order, state, grad, stats, stats_width, rows, width, mode,
+                    inv_n, eps):
     # Block b writes partial[b] (sum of its rows' loss terms) and partial[nblocks + b] (correct
-    # predictions: rows for the two categorical losses, elements for the binary ones).
+    # predictions: rows for the two categorical losses, elements for the binary ones), in the
+    # step's row of ``stats``. Targets are read through the epoch's order at the cursor (no
+    # gathered copy of the batch's targets).
     shared = cuda.shared.array(_RB, float64)
+    partial = stats[state[ROW] * stats_width:]
+    start = state[CURSOR]
     tid = cuda.threadIdx.x
     nblocks = cuda.gridDim.x
     loss_acc = 0.0
@@ -315,6 +330,7 @@ def _loss_rows_body(pred, target, grad, partial, rows, width, mode, inv_n, eps):
     r = cuda.blockIdx.x * cuda.blockDim.x + tid
     while r < rows:
         base = r * width
+        tbase = order[start + r] * width      # the target's row in the resident data
         if mode == CE or mode == CCE:
             m = -math.inf
             best = 0
@@ -328,7 +344,7 @@ def _loss_rows_body(pred, target, grad, partial, rows, width, mode, inv_n, eps):
                 s += math.exp(float64(pred[base + j]) - m)
             lse = m + math.log(s)
             if mode == CE:
-                cls = int(target[r])
+                cls = int(target[order[start + r]])
                 loss_acc += lse - float64(pred[base + cls])
                 for j in range(width):
                     p = math.exp(float64(pred[base + j]) - m) / s
@@ -342,7 +358,7 @@ def _loss_rows_body(pred, target, grad, partial, rows, width, mode, inv_n, eps):
                 tbest = 0
                 tm = -math.inf
                 for j in range(width):
-                    t = float64(target[base + j])
+                    t = float64(target[tbase + j])
                     tsum += t
                     loss_acc -= t * (float64(pred[base + j]) - lse)
                     if t > tm:
@@ -350,13 +366,13 @@ def _loss_rows_body(pred, target, grad, partial, rows, width, mode, inv_n, eps):
                         tbest = j
                 for j in range(width):
                     p = math.exp(float64(pred[base + j]) - m) / s
-                    grad[base + j] = (p * tsum - float64(target[base + j])) * inv_n
+                    grad[base + j] = (p * tsum - float64(target[tbase + j])) * inv_n
                 if best == tbest:
                     hits += 1.0
         else:
             for j in range(width):
                 x = float64(pred[base + j])
-                t = float64(target[base + j])
+                t = float64(target[tbase + j])
                 if mode == MSE:
                     loss_acc += (x - t) * (x - t)
                     grad[base + j] = 2.0 * (x - t) * inv_n
@@ -389,24 +405,25 @@ def _loss_rows_body(pred, target, grad, partial, rows, width, mode, inv_n, eps):
 
 
 loss_rows = kernel(
-    *signatures("void({t}[::1], {t}[::1], {t}[::1], float64[::1], int64, int64, int64, float64, "
-                "float64)"),
-    *signatures("void({t}[::1], int64[::1], {t}[::1], float64[::1], int64, int64, int64, "
-                "float64, float64)"))(_loss_rows_body)
+    *signatures("void({t}[::1], {t}[::1], int64[::1], int64[::1], {t}[::1], float64[::1], "
+                "int64, int64, int64, int64, float64, float64)"),
+    *signatures("void({t}[::1], int64[::1], int64[::1], int64[::1], {t}[::1], float64[::1], "
+                "int64, int64, int64, int64, float64, float64)"))(_loss_rows_body)
 
 
 # ---------------------------------------------------------------------------------------------
-# the guarded step: finiteness and norm, clipping, update -- decided on the device
+# the guarded step: finiteness and norm, clipping, update -- decided on the device, two launches
+# over the run's one flat gradient buffer
 
-def _sumsq_body(g, out, base):
-    # Thread k of the grid writes out[base + 2k] = the sum of squares of the elements it visits
-    # and out[base + 2k + 1] = how many of them are not finite (a NaN's square is NaN, so the
-    # two are kept apart). Per-thread partials need no barrier; the finalizer adds them.
-    k = cuda.grid(1)
-    stride = cuda.gridsize(1)
+def _guard_partials_body(g, partials):
+    # Block b writes partials[2b] = the sum of squares of the elements its threads visit and
+    # partials[2b + 1] = how many of them are not finite (a NaN's square is NaN, so the two are
+    # kept apart); block tree sums, so the grid is small and fixed (config.GUARD_BLOCKS).
+    shared = cuda.shared.array(_RB, float64)
     acc = 0.0
     bad = 0.0
-    i = k
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
     while i < g.shape[0]:
         v = float64(g[i])
         if v != v or v == math.inf or v == -math.inf:
@@ -414,90 +431,99 @@ def _sumsq_body(g, out, base):
         else:
             acc += v * v
         i += stride
-    out[base + 2 * k] = acc
-    out[base + 2 * k + 1] = bad
+    total = block_sum(shared, acc)
+    count = block_sum(shared, bad)
+    if cuda.threadIdx.x == 0:
+        partials[2 * cuda.blockIdx.x] = total
+        partials[2 * cuda.blockIdx.x + 1] = count
 
 
-sumsq = kernel(*signatures("void({t}[::1], float64[::1], int64)"))(_sumsq_body)
+guard_partials = kernel(*signatures("void({t}[::1], float64[::1])"))(_guard_partials_body)
 
 
-def _guard_finalize_body(sums, n_sums, stats, n_loss, out_at, clip, norm_mode, inv_n, limit,
-                         halt):
-    # One thread. sums: (sum of squares, non-finite count) pairs of every gradient;
-    # stats[0:n_loss] the loss partials. Writes APPLY, SCALE, NORM, GRAD_FINITE at out_at.
+def _guard_update_body(kind, w, g, a, b, table, n_coef, state, stats, stats_width, n_loss,
+                       partials, clip, norm_mode, inv_n, limit, count):
+    # Every block first decides the guard from the same numbers in the same order (so every
+    # block decides alike): the loss partials of this step's row and the gradient partials.
     # The loss counts as finite when its mean fits the dtype (|mean| < limit, the dtype's
-    # largest number: the CPU rounds the float64 mean to the dtype). A non-finite loss sets
-    # halt[0], and no later step of the epoch applies (training stops there, as on the CPU).
-    if cuda.grid(1) != 0:
-        return
-    total = 0.0
-    bad = 0.0
-    k = 0
-    while k < n_sums:
-        total += sums[k]
-        bad += sums[k + 1]
-        k += 2
-    loss = 0.0
-    for b in range(n_loss):
-        loss += stats[b]
-    mean = loss * inv_n
-    loss_ok = mean == mean and abs(mean) < limit
-    if not loss_ok:
-        halt[0] = 1
-    grad_ok = bad == 0.0
-    norm = math.sqrt(total) if grad_ok else math.nan
-    s = 1.0
-    if norm_mode and grad_ok and clip > 0.0 and norm > clip:
-        s = clip / norm
-    stats[out_at + APPLY] = 1.0 if (loss_ok and grad_ok and halt[0] == 0) else 0.0
-    stats[out_at + SCALE] = s
-    stats[out_at + NORM] = norm
-    stats[out_at + GRAD_FINITE] = 1.0 if grad_ok else 0.0
-
-
-guard_finalize = kernel(
-    "void(float64[::1], int64, float64[::1], int64, int64, float64, int64, float64, float64, "
-    "int64[::1])")(_guard_finalize_body)
-
-
-def _guarded_update_body(kind, w, g, a, b, table, n_coef, t_index, stats, at, clip, norm_mode):
-    # Nothing happens unless the step applies; then clip (value: clamp, norm: the scale the
-    # guard decided) into g, as the CPU clips in place, and take the optimizer step with the
-    # coefficients of the step count t_index[0] (row of this epoch's table).
-    if stats[at + APPLY] == 0.0:
-        return
-    s = stats[at + SCALE]
-    row = t_index[0] * n_coef
-    c = table[row:row + n_coef]
-    i = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while i < w.shape[0]:
-        if clip > 0.0:
-            if norm_mode:
-                if s != 1.0:
-                    g[i] = g[i] * s
+    # largest number: the CPU rounds the float64 mean to the dtype). A non-finite loss sets the
+    # halt flag, and no later step of the epoch applies (training stops there, as on the CPU).
+    # Then clip (value: clamp; norm: the scale) into g, as the CPU clips in place, and take the
+    # optimizer step with the coefficients of row T of the epoch's table. The last block to
+    # finish advances the step state (cursor, row, T) for the next step.
+    guard = cuda.shared.array(4, float64)
+    tid = cuda.threadIdx.x
+    at = state[ROW] * stats_width
+    if tid == 0:
+        total = 0.0
+        bad = 0.0
+        for k in range(partials.shape[0] // 2):
+            total += partials[2 * k]
+            bad += partials[2 * k + 1]
+        loss = 0.0
+        for q in range(n_loss):
+            loss += stats[at + q]
+        mean = loss * inv_n
+        loss_ok = mean == mean and abs(mean) < limit
+        grad_ok = bad == 0.0
+        norm = math.sqrt(total) if grad_ok else math.nan
+        s = 1.0
+        if norm_mode and grad_ok and clip > 0.0 and norm > clip:
+            s = clip / norm
+        apply = 1.0 if (loss_ok and grad_ok and state[HALT] == 0) else 0.0
+        guard[APPLY] = apply
+        guard[SCALE] = s
+        guard[NORM] = norm
+        guard[GRAD_FINITE] = 1.0 if grad_ok else 0.0
+        if cuda.blockIdx.x == 0:
+            out = at + 2 * n_loss
+            for q in range(4):
+                stats[out + q] = guard[q]
+    cuda.syncthreads()
+    if guard[APPLY] != 0.0:
+        s = guard[SCALE]
+        row = state[T] * n_coef
+        c = table[row:row + n_coef]
+        i = cuda.grid(1)
+        step = cuda.gridsize(1)
+        while i < w.shape[0]:
+            if clip > 0.0:
+                if norm_mode:
+                    if s != 1.0:
+                        g[i] = g[i] * s
+                else:
+                    g[i] = min(max(g[i], -clip), clip)
+            if kind == SGD:
+                w[i] = w[i] - c[0] * g[i]
+            elif a.shape[0] == 0:
+                w[i], _, _ = step_element(kind, w[i], g[i], w[i], w[i], c)
+            elif b.shape[0] == 0:
+                w[i], a[i], _ = step_element(kind, w[i], g[i], a[i], a[i], c)
             else:
-                g[i] = min(max(g[i], -clip), clip)
-        if kind == SGD:
-            w[i] = w[i] - c[0] * g[i]
-        elif a.shape[0] == 0:
-            w[i], _, _ = step_element(kind, w[i], g[i], w[i], w[i], c)
-        elif b.shape[0] == 0:
-            w[i], a[i], _ = step_element(kind, w[i], g[i], a[i], a[i], c)
-        else:
-            w[i], a[i], b[i] = step_element(kind, w[i], g[i], a[i], b[i], c)
-        i += step
+                w[i], a[i], b[i] = step_element(kind, w[i], g[i], a[i], b[i], c)
+            i += step
+    # the last block out advances the state (every block has read it by then)
+    cuda.threadfence()
+    cuda.syncthreads()
+    if tid == 0:
+        done = cuda.atomic.add(state, DONE, 1)
+        if done == cuda.gridDim.x - 1:
+            if guard[APPLY] != 0.0:
+                state[T] += 1
+            else:
+                # the halt flag is written here, after every block has read it
+                total = 0.0
+                for q in range(n_loss):
+                    total += stats[at + q]
+                mean = total * inv_n
+                if not (mean == mean and abs(mean) < limit):
+                    state[HALT] = 1
+            state[CURSOR] += count
+            state[ROW] += 1
+            state[DONE] = 0
 
 
 guarded_update = kernel(*signatures(
     "void(int64, {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64[::1], "
-    "float64[::1], int64, float64, int64)"))(_guarded_update_body)
-
-
-def _advance_body(t_index, stats, at):
-    # after every parameter's update: the step count moves only when the step applied
-    if cuda.grid(1) == 0 and stats[at + APPLY] != 0.0:
-        t_index[0] += 1
-
-
-advance = kernel("void(int64[::1], float64[::1], int64)")(_advance_body)
+    "float64[::1], int64, int64, float64[::1], float64, int64, float64, float64, int64)"))(
+    _guard_update_body)

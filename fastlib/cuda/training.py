@@ -10,28 +10,26 @@ import numpy as np
 
 from fastlib import optim as _optim
 
-from . import device
+from . import counters, device, graphs
 from . import train_kernels as tk
 from .layers import DT, DeviceUnsupportedError, build, launch
 
 __all__ = ["DeviceRun", "DeviceUnsupportedError", "HostBinding", "readbacks"]
 
-#: Device-to-host copies made by device training (tests count them; ``readbacks()`` reads it).
-_READBACKS = [0]
-
 
 def readbacks() -> int:
-    """How many device-to-host copies device training has made in this process."""
-    return _READBACKS[0]
+    """How many device-to-host copies fastlib.cuda has made in this process."""
+    return counters.snapshot()["d2h_copies"]
 
 
-def _read(d_array):
-    _READBACKS[0] += 1
-    return d_array.copy_to_host()
-
-
-def _flat(d):
-    return d.reshape(int(d.size)) if len(d.shape) != 1 else d
+def _split(flat, shapes):
+    """Host arrays of ``shapes`` cut from one flat host array, in order."""
+    out, at = [], 0
+    for shape in shapes:
+        n = int(np.prod(shape, dtype=np.int64))
+        out.append(flat[at:at + n].reshape(shape))
+        at += n
+    return out
 
 
 class HostBinding:
@@ -83,6 +81,19 @@ class DeviceRun:
         The loop's context: model, params, optimizer, state, rate, config.
     x, y : ndarray
         The validated training inputs and targets (``train`` checked them once).
+    readback : {"epoch", "step"}, optional
+        When the steps' numbers come back (default :attr:`default_readback`).
+
+    Attributes
+    ----------
+    mode : {"graph", "launches"}
+        How the steps were submitted: one CUDA graph replay per step, or the same kernels
+        launched one by one (:mod:`.graphs` says when and why).
+    graph_reason : str or None
+        Why steps are not graphs (None in graph mode).
+    device_counts : dict
+        Per-step counts of the last epoch (:mod:`.counters` keys, mean over its steps) and
+        ``"per_epoch"``: that epoch's boundary traffic (order, coefficients, state, readback).
     """
 
     #: "epoch": one readback per epoch (nothing in the loop needs a step's numbers sooner);
@@ -100,32 +111,70 @@ class DeviceRun:
         self.dtype = np.dtype(self.model.dtype)
         self.opt = ctx.optimizer
         self.host_params = ctx.params  # the model's own arrays (synchronised in place)
-        self.params = {k: device.put(v) for k, v in self.host_params.items()}
-        self.slots = {s: {k: device.put(np.asarray(ctx.opt_state.slots[s][k], self.dtype))
-                          for k in self.params} for s in self.opt.state_names}
+        self.keys = list(self.host_params)
+        self.shapes = [np.shape(self.host_params[k]) for k in self.keys]
+        with_graphs, self.graph_reason = graphs.support()
+        self.stream, self.core_stream = graphs.run_stream(with_graphs)
+        self.mode = "graph" if with_graphs else "launches"
+        self.graphs = {}
+        self.arena = device.Arena()
+        self.device_counts = None
+        self.n = int(x.shape[0])
+        bs = ctx.config.batch_size
+        self.n_steps = -(-self.n // bs)
+        # the loss kernel's blocks: one row of numbers per step holds their loss and hit
+        # partials and the guard's four
+        self.blocks = device.grid_1d(bs, device.config.REDUCE_BLOCK)[0]
+        self.width = 2 * self.blocks + 4
+        self.n_coef = int(self.opt.coefficients(1).shape[0])
+        with device.using_stream(self.stream):
+            self._allocate(ctx, x, y)
         self.t = int(ctx.opt_state.t)
-        self.twin = build(self.model, self.params)
+        self.twin = build(self.model, self.params, grads=self.grads)
         self.loss_code = tk.LOSS_CODES[ctx.loss_type]
+        self.categorical = self.loss_code in (tk.CE, tk.CCE)
         self.x_shape = tuple(x.shape[1:])
+        self.binding = HostBinding(self)
+        for layer in _layers(self.model):
+            layer._device_binding = self.binding
+
+    def _allocate(self, ctx, x, y):
+        """Everything the run keeps on the device, allocated (and uploaded) once."""
+        dt = self.dtype
+        # one flat buffer each for the weights, their gradients and every optimizer slot: the
+        # guard and the update are one pass over it; the layers read and write views
+        flat = np.concatenate([np.asarray(self.host_params[k], dt).reshape(-1)
+                               for k in self.keys])
+        self.w = device.put(flat)
+        self.g = device.empty(flat.shape[0], dt)
+        self.slot = {s: device.put(np.concatenate(
+            [np.asarray(ctx.opt_state.slots[s][k], dt).reshape(-1) for k in self.keys]))
+            for s in self.opt.state_names}
+        self.params, self.grads, at = {}, {}, 0
+        self.views = []
+        for k, shape in zip(self.keys, self.shapes):
+            n = int(np.prod(shape, dtype=np.int64))
+            self.params[k] = self.w[at:at + n]
+            self.grads[k] = self.g[at:at + n]
+            self.views.append((at, n))
+            at += n
+        self.none = device.empty(0, dt)
         if self.model.takes_indices:
             for layer in _layers(self.model):
                 if type(layer).__name__ == "Embedding":
                     layer.indices(x)  # the range check, once for the whole data set
             self.x = device.put(np.asarray(x).astype(np.int64))
         else:
-            self.x = device.put(np.asarray(x, self.dtype))
-        if self.loss_code == tk.CE:
+            self.x = device.put(np.asarray(x, dt))
+        if tk.LOSS_CODES[ctx.loss_type] == tk.CE:
             self.y = device.put(np.asarray(y).reshape(-1).astype(np.int64))
-            self.y_shape = ()
         else:
-            self.y = device.put(np.asarray(y, self.dtype))
-            self.y_shape = tuple(np.shape(y)[1:])
-        self.n = int(x.shape[0])
-        self.keys = list(self.params)
-        self.binding = HostBinding(self)
-        for layer in _layers(self.model):
-            layer._device_binding = self.binding
-        self._empty = device.empty(0, self.dtype)
+            self.y = device.put(np.asarray(y, dt))
+        self.order = device.empty(self.n, np.int64)
+        self.state = device.empty(tk.STATE_SIZE, np.int64)
+        self.table = device.empty(self.n_steps * self.n_coef, dt)
+        self.rows = device.zeros(self.n_steps * self.width, np.float64)
+        self.partials = device.empty(2 * device.config.GUARD_BLOCKS, np.float64)
 
     def finish(self):
         """Free the device copies of the data and the optimizer state at the end of a run.
@@ -133,56 +182,63 @@ class DeviceRun:
         Only the weights stay on the device, for the host's synchronisation on demand (the
         optimizer state was copied into every checkpoint already).
         """
-        self.x = self.y = None
-        self.slots = {}
-        self.twin = None
+        self.x = self.y = self.g = None
+        self.slot = {}
+        self.twin = self.arena = None
+        self.graphs = {}
 
     # -- host copies ----------------------------------------------------------------------------
     def params_to_host(self):
-        """Copy every device weight into the model's host arrays (in place)."""
-        for k, d in self.params.items():
-            np.copyto(self.host_params[k], _read(d).reshape(self.host_params[k].shape))
+        """Copy every device weight into the model's host arrays (in place): one readback."""
+        with device.using_stream(self.stream):
+            flat = device.read(self.w)
+        for k, part in zip(self.keys, _split(flat, self.shapes)):
+            np.copyto(self.host_params[k], part)
 
     def opt_state_to_host(self):
         """The optimizer state as a host :class:`fastlib.optim.OptState` (for checkpoints)."""
-        slots = {s: {k: _read(d).reshape(self.host_params[k].shape) for k, d in per.items()}
-                 for s, per in self.slots.items()}
+        with device.using_stream(self.stream):
+            slots = {s: dict(zip(self.keys, _split(device.read(d), self.shapes)))
+                     for s, d in self.slot.items()}
         state = _optim.OptState(self.t, slots)
         self.ctx.opt_state = state
         return state
 
     # -- snapshots on the device ------------------------------------------------------------------
-    def _copy(self, d):
-        out = device.empty(d.shape[0], d.dtype)
+    def _copy(self, d, out=None):
+        out = device.empty(d.shape[0], d.dtype) if out is None else out
         if d.shape[0]:
             launch(tk.copy, d.shape[0])(d, out)
         return out
 
     def snapshot(self):
         """Device copies of the weights, the optimizer state and its step count."""
-        return ({k: self._copy(d) for k, d in self.params.items()},
-                {s: {k: self._copy(d) for k, d in per.items()} for s, per in self.slots.items()},
-                self.t)
+        with device.using_stream(self.stream):
+            return (self._copy(self.w), {s: self._copy(d) for s, d in self.slot.items()},
+                    self.t)
 
     def restore(self, snap, with_state=True):
         """Put a :meth:`snapshot` back (weights only when ``with_state`` is False)."""
-        params, slots, t = snap
-        for k, d in params.items():
-            launch(tk.copy, d.shape[0])(d, self.params[k])
-        if with_state:
-            for s, per in slots.items():
-                for k, d in per.items():
-                    launch(tk.copy, d.shape[0])(d, self.slots[s][k])
-            self.t = t
+        w, slots, t = snap
+        with device.using_stream(self.stream):
+            self._copy(w, self.w)
+            if with_state:
+                for s, d in slots.items():
+                    self._copy(d, self.slot[s])
+                self.t = t
         self.binding.stale = True
 
     def snapshot_from_host(self, params):
         """A weights-only snapshot from host arrays (a checkpoint's best weights)."""
-        return ({k: device.put(np.asarray(params[k], self.dtype)) for k in self.keys}, {}, self.t)
+        flat = np.concatenate([np.asarray(params[k], self.dtype).reshape(-1) for k in self.keys])
+        with device.using_stream(self.stream):
+            return device.put(flat), {}, self.t
 
     def snapshot_to_host(self, snap):
         """Host arrays of a snapshot's weights (for a checkpoint)."""
-        return {k: _read(d).reshape(self.host_params[k].shape) for k, d in snap[0].items()}
+        with device.using_stream(self.stream):
+            flat = device.read(snap[0])
+        return dict(zip(self.keys, _split(flat, self.shapes)))
 
     # -- the epoch ------------------------------------------------------------------------------
     def run_epoch(self, order, stats):
@@ -190,41 +246,50 @@ class DeviceRun:
 
         ``order`` is the epoch's sample order (None: in order). Training stops at the first
         batch whose loss is not finite (its update and every later one are not applied),
-        recorded in ``stats``. With ``readback="epoch"`` (the default) the steps' numbers come
-        back in one copy at the end of the epoch; with ``"step"``, one copy after each step.
+        recorded in ``stats``. The epoch's traffic is three uploads into buffers allocated once
+        (the order, the optimizer's coefficients, the step state) and, with
+        ``readback="epoch"`` (the default), one copy of the steps' numbers at its end; with
+        ``"step"``, one copy after each step.
         """
         ctx = self.ctx
         bs = ctx.config.batch_size
         starts = list(range(0, self.n, bs))
         idx = np.arange(self.n, dtype=np.int64) if order is None else \
             np.asarray(order, dtype=np.int64)
-        d_order = device.put(idx)
-        n_coef = self.opt.coefficients(1).shape[0]
-        table = device.put(self.opt.coefficient_table(self.t + 1, len(starts), ctx.lr,
-                                                      self.dtype))
-        # steps applied so far this epoch, and the halt flag a non-finite loss sets
-        d_t = device.put(np.zeros(1, np.int64))
-        d_halt = device.put(np.zeros(1, np.int64))
-        # one row of numbers per step: loss partials, hit partials, the guard's four
-        self.blocks = device.grid_1d(bs, device.config.REDUCE_BLOCK)[0]
-        width = 2 * self.blocks + 4
         per_step = self.readback == "step"
-        rows = device.zeros(width * (1 if per_step else len(starts)), np.float64)
+        step_counts = dict.fromkeys(counters.KEYS, 0)
+        epoch_start = counters.snapshot()
         # NOTE: NaN/Inf are reported by the loop (skipped steps, divergence); the simulator's
         # NumPy overflow warnings on the way there would only repeat it less clearly.
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), \
+                device.using_stream(self.stream):
+            device.upload(self.order, idx)
+            device.upload(self.table, self.opt.coefficient_table(self.t + 1, len(starts),
+                                                                 ctx.lr, self.dtype))
+            device.upload(self.state, np.zeros(tk.STATE_SIZE, np.int64))
             for b, start in enumerate(starts):
                 count = min(bs, self.n - start)
-                row = rows if per_step else rows[b * width:(b + 1) * width]
-                self._step(d_order, start, count, table, n_coef, d_t, d_halt, row)
-                if per_step and not self._account(b, count, _read(rows), stats):
+                before = counters.snapshot()
+                self._submit(count)
+                stop = False
+                if per_step:
+                    row = device.read(self.rows[b * self.width:(b + 1) * self.width])
+                    stop = not self._account(b, count, row, stats)
+                for k, v in counters.difference(counters.snapshot(), before).items():
+                    step_counts[k] += v
+                if stop:
                     break
+            steps_run = b + 1
             if not per_step:
-                host = _read(rows).reshape(len(starts), width)  # the epoch's one readback
+                host = device.read(self.rows).reshape(len(starts), self.width)  # the one copy
                 for b, start in enumerate(starts):
                     if not self._account(b, min(bs, self.n - start), host[b], stats):
                         break
+        epoch = counters.difference(counters.snapshot(), epoch_start)
+        self.device_counts = {k: step_counts[k] / steps_run for k in counters.KEYS}
+        self.device_counts["per_epoch"] = {k: epoch[k] - step_counts[k] for k in counters.KEYS}
         ctx.opt_state.t = self.t
+        self.binding.stale = True
         return stats
 
     def _account(self, b, count, row, stats):
@@ -251,46 +316,54 @@ class DeviceRun:
         stats.skipped += int(guard[tk.GRAD_FINITE] == 0.0)
         return True
 
-    def _batch(self, d_data, d_order, start, count, shape):
-        width = int(np.prod(shape, dtype=np.int64))
-        out = device.empty(count * width, d_data.dtype)
-        launch(tk.gather_rows, count * width)(d_data, d_order, out, start, count, width)
-        return DT(out, (count,) + tuple(shape))
+    def _submit(self, count):
+        """Queue one step of ``count`` samples: a graph replay where one was recorded for this
+        batch size, else the kernels one by one (the first step of a size records its buffers;
+        in graph mode the graph is recorded right after it, for the next step of that size)."""
+        graph = self.graphs.get(count)
+        if graph is not None:
+            graph.launch(self.core_stream)
+            return
+        with self.arena.step(count):
+            self._step(count)
+        if self.mode == "graph":
+            try:
+                with self.arena.step(count):
+                    self.graphs[count] = graphs.StepGraph(lambda: self._step(count))
+            except Exception as exc:  # no graphs after all: the same kernels, launched
+                self.mode = "launches"
+                self.graph_reason = (f"recording the step as a CUDA graph failed "
+                                     f"({type(exc).__name__}: {exc})")
+                self.graphs = {}
 
-    def _step(self, d_order, start, count, table, n_coef, d_t, d_halt, stats):
-        """One frame: batch, forward, loss, backward, guard, update; numbers into ``stats``."""
+    def _step(self, count):
+        """One step's launches: batch, forward, loss, backward, guard, update.
+
+        Every argument is the same at every step of this batch size (the batch's position,
+        the step's row and the optimizer's step count are read from ``self.state``)."""
         cfg, dt = self.ctx.config, self.dtype
-        xb = self._batch(self.x, d_order, start, count, self.x_shape)
-        yb = self._batch(self.y, d_order, start, count, self.y_shape)
-        pred = self.twin.forward(xb)
+        width_x = int(np.prod(self.x_shape, dtype=np.int64))
+        xb = device.empty(count * width_x, self.x.dtype)
+        launch(tk.gather_rows, count * width_x)(self.x, self.order, self.state, xb, count,
+                                                width_x)
+        pred = self.twin.forward(DT(xb, (count,) + self.x_shape))
         rows = pred.shape[0]
         width = int(np.prod(pred.shape[1:], dtype=np.int64))
         self.out_width = width
-        self.categorical = self.loss_code in (tk.CE, tk.CCE)
         n_terms = rows if self.categorical else rows * width
-        blocks = self.blocks
         grad = device.empty(rows * width, dt)
         eps = float(np.finfo(dt).eps)
-        tk.loss_rows[blocks, device.config.REDUCE_BLOCK](
-            pred.data, yb.data, grad, stats, rows, width, self.loss_code, 1.0 / n_terms, eps)
-        _, grads = self.twin.backward(DT(grad, pred.shape), False)
-        # the guard: per-thread sums of squares and non-finite counts of every gradient
-        sizes = [int(self.params[k].shape[0]) for k in self.keys]
-        grids = [device.grid_1d(n) for n in sizes]
-        offsets = np.cumsum([0] + [2 * b * t for b, t in grids])
-        sums = device.empty(int(offsets[-1]), np.float64)
-        for i, k in enumerate(self.keys):
-            tk.sumsq[grids[i]](_flat(grads[k]), sums, int(offsets[i]))
-        clip, norm_mode = float(cfg.gradient_clip), int(cfg.clip_mode == "norm")
-        tk.guard_finalize[1, 1](sums, sums.shape[0], stats, blocks, 2 * blocks, clip, norm_mode,
-                                1.0 / n_terms, float(np.finfo(dt).max), d_halt)
-        for k in self.keys:
-            slots = [self.slots[s][k] for s in self.opt.state_names]
-            while len(slots) < 2:
-                slots.append(self._empty)
-            w = self.params[k]
-            launch(tk.guarded_update, w.shape[0])(
-                self.opt.kind, w, _flat(grads[k]), slots[0], slots[1], table, n_coef, d_t,
-                stats, 2 * blocks, clip, norm_mode)
-        tk.advance[1, 1](d_t, stats, 2 * blocks)
-        self.binding.stale = True
+        tk.loss_rows[self.blocks, device.config.REDUCE_BLOCK](
+            pred.data, self.y, self.order, self.state, grad, self.rows, self.width, rows, width,
+            self.loss_code, 1.0 / n_terms, eps)
+        self.twin.backward(DT(grad, pred.shape), False)
+        tk.guard_partials[device.config.GUARD_BLOCKS, device.config.REDUCE_BLOCK](
+            self.g, self.partials)
+        slots = [self.slot[s] for s in self.opt.state_names] + [self.none, self.none]
+        blocks = max(1, min(device.config.UPDATE_BLOCKS,
+                            device.grid_1d(self.w.shape[0])[0]))
+        tk.guarded_update[blocks, device.config.BLOCK](
+            self.opt.kind, self.w, self.g, slots[0], slots[1], self.table, self.n_coef,
+            self.state, self.rows, self.width, self.blocks, self.partials,
+            float(cfg.gradient_clip), int(cfg.clip_mode == "norm"), 1.0 / n_terms,
+            float(np.finfo(dt).max), count)

@@ -65,6 +65,13 @@ class TrainingResult:
     fused : bool
         At least one epoch ran in a whole-epoch compiled path
         (``fastlib.training.compiled_paths``: the MLP and the recurrent paths).
+    cuda_mode : {"graph", "launches"} or None
+        ``device="cuda"``: each step one CUDA graph replay, or its kernels launched one by
+        one (docs/gpu.md); None on the CPU.
+    device_counts : dict or None
+        ``device="cuda"``: the last epoch's per-step kernel launches, graph launches,
+        allocations, copies and synchronisations (``fastlib.cuda.counters`` keys, mean over
+        its steps) and ``"per_epoch"``, its boundary traffic; None on the CPU.
     """
 
     loss_history: list = field(default_factory=list)
@@ -83,6 +90,8 @@ class TrainingResult:
     divergence_rule: str | None = None
     skipped_steps: int = 0
     fused: bool = False
+    cuda_mode: str | None = None
+    device_counts: dict | None = None
 
     def __iter__(self):
         """``(loss_history, accuracy_history)``: DataCode's ``model.train`` returns this pair."""
@@ -699,6 +708,8 @@ class _Loop:
                 _restore(ctx.params, self.best_params)
             self.restored_best = True
         if self.device_run is not None:  # keep only the weights on the device (for the sync)
+            r.cuda_mode = self.device_run.mode
+            r.device_counts = self.device_run.device_counts
             self.device_run.finish()
         r.final_loss = r.loss_history[-1] if r.loss_history else math.nan
         r.total_time = time.perf_counter() - self.t_start

@@ -1,0 +1,162 @@
+"""Dense's backward as two tiled GEMMs with the activation's derivative fused into their loads.
+
+For ``out = f(x @ W + b)`` and the cotangent ``g`` of ``out``, the pre-activation's cotangent
+``gpre = g * f'(pre)`` is never stored: each kernel forms it while loading its tile (rounded to
+the dtype there, exactly where the unfused path stored it), so
+
+- :func:`grad_w_kernel`: ``grad_W = x^T gpre`` and, in the same launch, ``grad_b`` = the column
+  sums of ``gpre``, accumulated in float64 in row order and rounded once (the threads of the
+  first tile row add the tiles they load: the same sum the unfused per-column kernel made);
+- :func:`grad_x_kernel`: ``grad_x = gpre W^T``.
+
+The layer below then fuses its own derivative into its own loads, so a Dense layer's backward
+is two launches (one for the first layer, which needs no ``grad_x``). Tiles are
+:data:`config.TILE` square, grid-stride over tiles like :mod:`.linalg`'s GEMM.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, float32, float64
+
+from . import config, device
+from .device import kernel
+from .scalar import ACTIVATIONS, WITH_PARAM
+
+_TILE = config.TILE
+_NB_TYPES = {"float32": float32, "float64": float64}
+
+
+@functools.lru_cache(maxsize=None)
+def gpre_loader(scalar):
+    """Device function ``load(g, pre, i, param)``: ``g[i] * f'(pre[i])`` for the activation
+    ``scalar`` (a name of :data:`.scalar.ACTIVATIONS`), or ``g[i]`` for ``None`` (linear)."""
+    if scalar is None:
+        @cuda.jit(device=True)
+        def load(g, pre, i, param):
+            return g[i]
+    elif scalar in WITH_PARAM:
+        df = ACTIVATIONS[scalar][1]
+
+        @cuda.jit(device=True)
+        def load(g, pre, i, param):
+            return g[i] * df(float64(pre[i]), param)
+    else:
+        df = ACTIVATIONS[scalar][1]
+
+        @cuda.jit(device=True)
+        def load(g, pre, i, param):
+            return g[i] * df(float64(pre[i]))
+    return load
+
+
+_SIG_W = ("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64, float64, "
+          "int64)")
+_SIG_X = "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64, float64)"
+
+
+@functools.lru_cache(maxsize=None)
+def grad_w_kernel(dtype_name, scalar):
+    """``gw = x^T (g * f'(pre))`` (n_in, n_out) and ``gb`` (n_out,) in one launch."""
+    nbtype = _NB_TYPES[dtype_name]
+    load = gpre_loader(scalar)
+
+    def body(x, g, pre, gw, gb, rows, n_in, n_out, param, with_bias):
+        tile_a = cuda.shared.array((_TILE, _TILE), nbtype)
+        tile_b = cuda.shared.array((_TILE, _TILE), nbtype)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tr = cuda.blockIdx.y
+        while tr * _TILE < n_in:  # uniform per block: the barriers inside are safe
+            tc = cuda.blockIdx.x
+            while tc * _TILE < n_out:
+                row = tr * _TILE + ty      # input unit i
+                col = tc * _TILE + tx      # output unit j
+                acc = nbtype(0.0)
+                bias = 0.0
+                for p0 in range(0, rows, _TILE):
+                    # A = x^T: A[i, r] = x[r, i];  B = gpre: B[r, j]
+                    if row < n_in and p0 + tx < rows:
+                        tile_a[ty, tx] = x[(p0 + tx) * n_in + row]
+                    else:
+                        tile_a[ty, tx] = 0.0
+                    if p0 + ty < rows and col < n_out:
+                        tile_b[ty, tx] = load(g, pre, (p0 + ty) * n_out + col, param)
+                    else:
+                        tile_b[ty, tx] = 0.0
+                    cuda.syncthreads()
+                    for q in range(_TILE):
+                        acc += tile_a[ty, q] * tile_b[q, tx]
+                    if with_bias and row == 0:
+                        for q in range(_TILE):
+                            bias += float64(tile_b[q, tx])
+                    cuda.syncthreads()
+                if row < n_in and col < n_out:
+                    gw[row * n_out + col] = acc
+                    if with_bias and row == 0:
+                        gb[col] = bias
+                tc += cuda.gridDim.x
+            tr += cuda.gridDim.y
+
+    return kernel(_SIG_W.format(t=dtype_name))(body)
+
+
+@functools.lru_cache(maxsize=None)
+def grad_x_kernel(dtype_name, scalar):
+    """``gx = (g * f'(pre)) W^T`` (rows, n_in) in one launch."""
+    nbtype = _NB_TYPES[dtype_name]
+    load = gpre_loader(scalar)
+
+    def body(g, pre, w, gx, rows, n_in, n_out, param):
+        tile_a = cuda.shared.array((_TILE, _TILE), nbtype)
+        tile_b = cuda.shared.array((_TILE, _TILE), nbtype)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tr = cuda.blockIdx.y
+        while tr * _TILE < rows:
+            tc = cuda.blockIdx.x
+            while tc * _TILE < n_in:
+                row = tr * _TILE + ty      # sample r
+                col = tc * _TILE + tx      # input unit i
+                acc = nbtype(0.0)
+                for p0 in range(0, n_out, _TILE):
+                    # A = gpre: A[r, j];  B = W^T: B[j, i] = W[i, j]
+                    if row < rows and p0 + tx < n_out:
+                        tile_a[ty, tx] = load(g, pre, row * n_out + p0 + tx, param)
+                    else:
+                        tile_a[ty, tx] = 0.0
+                    if p0 + ty < n_out and col < n_in:
+                        tile_b[ty, tx] = w[col * n_out + p0 + ty]
+                    else:
+                        tile_b[ty, tx] = 0.0
+                    cuda.syncthreads()
+                    for q in range(_TILE):
+                        acc += tile_a[ty, q] * tile_b[q, tx]
+                    cuda.syncthreads()
+                if row < rows and col < n_in:
+                    gx[row * n_in + col] = acc
+                tc += cuda.gridDim.x
+            tr += cuda.gridDim.y
+
+    return kernel(_SIG_X.format(t=dtype_name))(body)
+
+
+def _grid(m, n):
+    return (max(1, min(config.MAX_GRID, -(-n // _TILE))),
+            max(1, min(config.MAX_GRID, -(-m // _TILE))))
+
+
+def dense_grads(d_g, d_x, d_w, d_pre, rows, n_in, n_out, scalar, param, d_gw, d_gb, d_gx=None):
+    """Write ``grad_W`` into ``d_gw``, ``grad_b`` into ``d_gb`` (None: no bias) and, when
+    ``d_gx`` is given, ``grad_x`` into it; ``scalar`` the activation (None: linear).
+
+    Two launches at most; nothing allocated."""
+    name = np.dtype(d_x.dtype).name
+    with_bias = d_gb is not None
+    grad_w_kernel(name, scalar)[_grid(n_in, n_out), (_TILE, _TILE)](
+        d_x, d_g, d_pre, d_gw, d_gb if with_bias else d_gw, rows, n_in, n_out, float(param),
+        int(with_bias))
+    if d_gx is not None:
+        grad_x_kernel(name, scalar)[_grid(rows, n_in), (_TILE, _TILE)](
+            d_g, d_pre, d_w, d_gx, rows, n_in, n_out, float(param))
