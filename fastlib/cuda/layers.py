@@ -240,7 +240,8 @@ def _swap01(d_x, a, b, c):
 
 
 class DRecurrent(DeviceLayer):
-    """RNN and LSTM: time-major (T, B, ...) inside, one GEMM + one step kernel per time step."""
+    """RNN and LSTM: time-major (T, B, ...) inside; the input projection of every time step as
+    one GEMM, then one fused launch per time step forward and one backward."""
 
     def forward(self, x):
         L, dt = self.layer, self.dtype
@@ -288,32 +289,24 @@ class DRecurrent(DeviceLayer):
 
 
 class DRNN(DRecurrent):
+    """One fused launch per time step each way (:data:`.train_kernels.rnn_fused`)."""
     _gates = 1
 
     def _run(self, xw, hs, steps, batch, H):
-        n = batch * H
         for t in range(steps):
-            hw = xw if t == 0 else mm(hs[(t - 1) * n:t * n], self.p("w_hh"), batch, H, H,
-                                      self.dtype)
-            launch(tk.rnn_step, n)(xw[t * n:(t + 1) * n], hw[:n], hs[t * n:(t + 1) * n],
-                                   int(t > 0))
+            launch(tk.rnn_fused, batch * H)(xw, hs, self.p("w_hh"), t, batch, H)
         return None
 
     def _back(self, dhs, hs, cache, steps, batch, H):
-        n = batch * H
-        dz = device.empty(steps * n, self.dtype)
-        dh_rec = dhs  # placeholder array at t = steps - 1 (not read)
+        dz = device.empty(steps * batch * H, self.dtype)
         for t in range(steps - 1, -1, -1):
-            launch(tk.rnn_step_back, n)(dhs[t * n:(t + 1) * n], dh_rec[:n],
-                                        hs[t * n:(t + 1) * n], dz[t * n:(t + 1) * n],
-                                        int(t < steps - 1))
-            if t > 0:
-                dh_rec = mm(dz[t * n:(t + 1) * n], self.p("w_hh"), batch, H, H, self.dtype,
-                            tb=True)
+            launch(tk.rnn_fused_back, batch * H)(dhs, hs, dz, self.p("w_hh"), t, steps, batch,
+                                                 H)
         return dz
 
 
 class DLSTM(DRecurrent):
+    """One fused launch per time step each way, all four gates (:data:`.train_kernels.lstm_fused`)."""
     _gates = 4
 
     def _run(self, xw, hs, steps, batch, H):
@@ -321,28 +314,17 @@ class DLSTM(DRecurrent):
         gates = device.empty(steps * 4 * n, dt)
         cs, tcs = device.empty(steps * n, dt), device.empty(steps * n, dt)
         for t in range(steps):
-            g4 = slice(t * 4 * n, (t + 1) * 4 * n)
-            hw = xw if t == 0 else mm(hs[(t - 1) * n:t * n], self.p("w_hh"), batch, 4 * H, H, dt)
-            prev = cs if t == 0 else cs[(t - 1) * n:t * n]
-            launch(tk.lstm_step, n)(xw[g4], hw[:4 * n], gates[g4], prev[:n],
-                                    cs[t * n:(t + 1) * n], tcs[t * n:(t + 1) * n],
-                                    hs[t * n:(t + 1) * n], batch, H, int(t > 0))
+            launch(tk.lstm_fused, n)(xw, hs, self.p("w_hh"), gates, cs, tcs, t, batch, H)
         return gates, cs, tcs
 
     def _back(self, dhs, hs, cache, steps, batch, H):
         gates, cs, tcs = cache
         n, dt = batch * H, self.dtype
         dz = device.empty(steps * 4 * n, dt)
-        dc = device.zeros(n, dt)
-        dh_rec = dhs
+        dc = device.empty(n, dt)  # written at the last step before any read
         for t in range(steps - 1, -1, -1):
-            g4 = slice(t * 4 * n, (t + 1) * 4 * n)
-            prev = cs if t == 0 else cs[(t - 1) * n:t * n]
-            launch(tk.lstm_step_back, n)(dhs[t * n:(t + 1) * n], dh_rec[:n], gates[g4], prev[:n],
-                                         tcs[t * n:(t + 1) * n], dc, dz[g4], batch, H,
-                                         int(t < steps - 1), int(t > 0))
-            if t > 0:
-                dh_rec = mm(dz[g4], self.p("w_hh"), batch, H, 4 * H, dt, tb=True)
+            launch(tk.lstm_fused_back, n)(dhs, gates, cs, tcs, dc, dz, self.p("w_hh"), t,
+                                          steps, batch, H)
         return dz
 
 
