@@ -38,7 +38,9 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "frame:save synchronises", "frame:resume is bit for bit",
            "guard:non-finite gradient skips the step", "guard:non-finite loss restores",
            "clip:value", "clip:norm", "unsupported:custom layer", "unsupported:algorithm",
-           "layers:every Dense activation", "losses:all five")
+           "layers:every Dense activation", "losses:all five",
+           "budget:MLP of L Dense layers", "budget:every layer kind",
+           "budget:epoch traffic", "mode:graph and launches agree")
 SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
         "slow:train_sh resume is bit for bit")
 
@@ -338,6 +340,121 @@ def run_every_layer(report):
     report("slow:every layer type", ok, detail)
 
 
+# Kernel launches per training step in "launches" mode (docs/gpu.md, "Launch budget"), on top of
+# the step's own 4 (batch gather, loss, guard partials, guarded update). ``first`` is the model's
+# first layer (it needs no input gradient). T: time steps.
+def _dense_budget(layer, first):
+    extra = 2 if layer.activation == "softmax" else 0
+    return (2 if first else 3) + extra
+
+
+def _recurrent_budget(layer, steps, first):
+    return 2 * steps + (7 if first else 9) + (0 if layer.return_sequences else 1)
+
+
+def _budget(layer, steps, first):
+    kind = type(layer).__name__
+    if kind == "Dense":
+        return _dense_budget(layer, first)
+    if kind in ("RNN", "LSTM"):
+        return _recurrent_budget(layer, steps, first)
+    if kind == "MultiHeadAttention":
+        return 12 if first else 17
+    if kind == "Sequential":
+        return sum(_budget(c, steps, first and i == 0) for i, c in enumerate(layer._children))
+    if kind == "Parallel":
+        n = len(layer._children)
+        inner = sum(_budget(c, steps, first) for c in layer._children)
+        glue = 1 + 2 * (n - 1) if layer.combine == "add" else 2 * n + (n - 1)
+        return inner + glue
+    fixed = {"LayerNorm": 6, "RMSNorm": 5, "Softmax": 2, "Embedding": 2, "SwiGLU": 12}
+    return fixed[kind]
+
+
+def step_budget(model, steps=1):
+    """Launches per step allowed for ``model`` (a Sequential) in "launches" mode."""
+    return 4 + sum(_budget(c, steps, i == 0) for i, c in enumerate(model._children))
+
+
+def _held(r, budget):
+    """(ok, detail): the last epoch's per-step counts within ``budget`` and nothing else."""
+    c = r.device_counts
+    quiet = all(c[k] == 0 for k in ("allocations", "h2d_copies", "d2h_copies",
+                                     "synchronizations"))
+    if r.cuda_mode == "graph":
+        ok = c["graph_launches"] == 1 and c["kernel_launches"] == 0 and quiet
+    else:
+        ok = c["kernel_launches"] <= budget and c["graph_launches"] == 0 and quiet
+    return ok, f"mode {r.cuda_mode}, budget {budget}: " + \
+        ", ".join(f"{k} {v:g}" for k, v in c.items() if k != "per_epoch")
+
+
+def run_budget(report):
+    import fastlib
+    from fastlib import layers as L
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 3)), rng.integers(0, 2, 4)
+    kw = dict(optimizer="Adam", verbose=False, seed=1, device="cuda")
+    bad = []
+    for depth in (1, 2, 3):
+        acts = ["tanh", "relu"][:depth - 1]
+        sizes = [3] + [4] * (depth - 1) + [2]
+        layers = [L.Dense(sizes[i], sizes[i + 1], (acts + ["linear"])[i]) for i in range(depth)]
+        m = fastlib.Sequential(layers, dtype=np.float64, seed=2)
+        r = fastlib.train(m, x, y, 2, 2, 0.1, "cross_entropy", **kw)
+        assert step_budget(m) == 3 * depth + 3  # the formula is the issue's 3L + 3
+        ok, detail = _held(r, 3 * depth + 3)
+        if not ok or (r.cuda_mode == "launches" and r.device_counts["kernel_launches"]
+                      != 3 * depth + 3):
+            bad.append(f"L={depth}: {detail}")
+    report("budget:MLP of L Dense layers", not bad,
+           "; ".join(bad) or "at most 3L + 3 launches per step for L = 1, 2, 3, and no "
+           "allocation, copy or wait inside the epoch")
+
+    steps = 2
+    m = fastlib.Sequential([
+        L.Embedding(5, 4), L.MultiHeadAttention(4, 2, causal=True),
+        L.LSTM(4, 4, return_sequences=True), L.RNN(4, 4, return_sequences=True),
+        L.SwiGLU(4, 3, 4), L.LayerNorm(4), L.RMSNorm(4),
+        L.Parallel([L.Dense(4, 2, "relu"), L.Sequential([L.Dense(4, 2, "gelu")])]),
+        L.Parallel([L.Dense(4, 4), L.Dense(4, 4)], combine="add"),
+        L.RNN(4, 3), L.Dense(3, 3, "softmax"), L.Softmax()], dtype=np.float64, seed=2)
+    xi = rng.integers(0, 5, (2, steps))
+    t = np.eye(3)[rng.integers(0, 3, 2)]
+    r = fastlib.train(m, xi, t, 2, 2, 0.05, "mse", **kw)
+    ok, detail = _held(r, step_budget(m, steps))
+    report("budget:every layer kind", ok, detail)
+    per = r.device_counts["per_epoch"]
+    want = {"kernel_launches": 0, "graph_launches": 0, "allocations": 0, "h2d_copies": 3,
+            "d2h_copies": 1, "synchronizations": 1}
+    report("budget:epoch traffic", per == want,
+           f"{per} (the order, the coefficients and the step state up; the numbers back)")
+
+
+def run_modes(report):
+    """The same run as CUDA graphs and as launches gives the same numbers, bit for bit (on the
+    simulator both are launches; on a GPU this holds the recorded graph to the launches)."""
+    import fastlib
+
+    x, y = _data(6)
+    runs = []
+    for graphs_env in ("1", "0"):
+        os.environ["FASTLIB_CUDA_GRAPHS"] = graphs_env
+        try:
+            m = _mlp()
+            r = fastlib.train(m, x, y, 2, 4, 0.1, "cross_entropy", optimizer="Adam",
+                              verbose=False, seed=3, device="cuda")
+        finally:
+            os.environ.pop("FASTLIB_CUDA_GRAPHS", None)
+        runs.append((r, m.parameters()))
+    (rg, pg), (rl, pl) = runs
+    same = rg.loss_history == rl.loss_history and all(np.array_equal(pg[k], pl[k]) for k in pl)
+    report("mode:graph and launches agree", same and rl.cuda_mode == "launches",
+           f"modes {rg.cuda_mode} / {rl.cuda_mode}; losses {rg.loss_history} / "
+           f"{rl.loss_history}; weights equal: {same}")
+
+
 def run_sh_resume(report):
     import fastlib
 
@@ -393,7 +510,8 @@ def run_slow(report):
 
 
 GROUPS = {"frame": run_frame, "resume": run_resume, "guard": run_guards, "clip": run_clip,
-          "unsupported": run_unsupported, "layers": run_activations, "losses": run_losses}
+          "unsupported": run_unsupported, "layers": run_activations, "losses": run_losses,
+          "budget": run_budget, "mode": run_modes}
 
 
 def main(argv=None):

@@ -238,3 +238,35 @@ def test_reduction_axis_validation_matches_numpy(call):
         assert got is None, f"axis={axis!r} on {shape} should be rejected"
     else:
         assert got in ("valid", expected), (shape, axis, got, expected)
+
+
+_BROKEN_IMPORT = """
+import sys
+sys.modules["numba.cuda"] = None        # numba.cuda cannot be imported (as with NumPy 2.5)
+import numpy as np
+import fastlib.cuda as fc
+print("AVAILABLE", fc.is_available())
+print("REASON", fc.unavailable_reason())
+try:
+    fc.forward("add", [np.ones(1), np.ones(1)])
+    print("NO ERROR")
+except fc.CudaUnavailableError as exc:
+    print("RAISED", exc)
+"""
+
+
+def test_a_failed_cuda_import_names_the_package_and_the_fix():
+    proc = run_python(["-c", _BROKEN_IMPORT], {}, drop=("NUMBA_ENABLE_CUDASIM",))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
+    assert lines["AVAILABLE"] == "False"
+    assert "import numba.cuda failed" in lines["REASON"]
+    assert "pip install 'verigrad[cuda]'" in lines["REASON"]
+    assert "import numba.cuda failed" in lines["RAISED"]
+
+
+def test_the_row_stack_failure_says_which_numpy_and_what_to_install():
+    from fastlib.cuda.device import import_failure_reason
+    reason = import_failure_reason(
+        AttributeError("module 'numpy' has no attribute 'row_stack'"))
+    assert "removed numpy.row_stack" in reason and "numpy<2.5" in reason

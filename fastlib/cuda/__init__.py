@@ -27,8 +27,10 @@ def forward(name, inputs, **params):
     """Evaluate registry op ``name`` on the device; see :func:`fastlib.cuda.ops.forward`.
 
     The call is validated first (bad input gets its ValueError / TypeError anywhere); a valid
-    call raises :class:`CudaUnavailableError` (with the reason) where no GPU or simulator exists.
+    call raises :class:`CudaUnavailableError` (with the reason) where no GPU or simulator exists
+    (and before validation where ``import numba.cuda`` itself failed: nothing can run).
     """
+    _require_numba_cuda()
     from . import ops
     return ops.forward(name, inputs, **params)
 
@@ -39,8 +41,16 @@ def vjp(name, inputs, grad, **params):
     Validated first, like :func:`forward`; then :class:`CudaUnavailableError` where no GPU or
     simulator exists.
     """
+    _require_numba_cuda()
     from . import ops
     return ops.vjp(name, inputs, grad, **params)
+
+
+def _require_numba_cuda():
+    """The kernel modules import numba.cuda: where that import failed, say why instead."""
+    from . import device
+    if device.cuda is None:
+        require_device()
 
 
 def to_device(array):

@@ -141,9 +141,14 @@ def synchronize(stream=None):
     stream = current_stream() if stream is None else stream
     counters.add("synchronizations")
     if stream:
-        stream.synchronize()
+        _wait(stream)
     else:
         cuda.synchronize()
+
+
+def _wait(stream):
+    # numba's streams have synchronize(), cuda.core's (graph mode) sync()
+    (getattr(stream, "synchronize", None) or stream.sync)()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +280,7 @@ def read(d_array) -> np.ndarray:
     counters.add("synchronizations")
     if _TARGET[0]:
         host = d_array.copy_to_host(stream=_TARGET[0])
-        _TARGET[0].synchronize()
+        _wait(_TARGET[0])
         return host
     return d_array.copy_to_host()
 

@@ -21,10 +21,7 @@ __all__ = ["support", "run_stream", "StepGraph"]
 
 
 def _core():
-    try:
-        from cuda.core import Device
-    except ImportError:
-        from cuda.core.experimental import Device
+    from cuda.core import Device  # numba-cuda 0.30 imports it from there too
     return Device
 
 
@@ -42,17 +39,17 @@ def support():
 
 
 def run_stream(with_graphs):
-    """``(numba stream, graph stream or None)``: a non-default stream for a training run.
+    """``(stream, graph stream or None)``: a non-default stream for a training run.
 
-    With graphs, the stream is made by cuda.core (``graph.launch`` takes a cuda.core stream)
-    and numba launches into the same CUDA stream through ``cuda.external_stream``.
+    With graphs, one cuda.core stream serves both: numba-cuda launches and copies onto a
+    cuda.core stream as onto its own, and ``graph.launch`` needs a cuda.core stream.
     """
-    from numba import cuda
     if with_graphs:
         dev = _core()()
         dev.set_current()
-        core_stream = dev.create_stream()
-        return cuda.external_stream(int(core_stream.handle)), core_stream
+        stream = dev.create_stream()
+        return stream, stream
+    from numba import cuda
     return cuda.stream(), None
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from fastlib.layers.activations import LEAKY_SLOPE  # Dense's leaky_relu slope: one source
 
-from . import device
+from . import attention, device
 from . import train_kernels as tk
 from .dense import DENSE_ACTIVATIONS, _dense_forward_device
 from .dense_grad import dense_grads
@@ -329,20 +329,8 @@ class DLSTM(DRecurrent):
 
 
 class DAttention(DeviceLayer):
-    """Self-attention: projections as Dense GEMMs, heads gathered to (B*heads, T, dh), scores
-    by batched GEMM, scale + causal mask, row softmax, and back."""
-
-    def _heads(self, d_x, batch, steps):
-        # (B, T, d) -> (B, heads, T, dh)
-        nh, d = self.layer.heads, self.layer.d_model
-        dh = d // nh
-        return gather_device(d_x, (batch, nh, steps, dh), (steps * d, dh, d, 1))
-
-    def _merge(self, d_h, batch, steps):
-        # (B, heads, T, dh) -> (B, T, d)
-        nh, d = self.layer.heads, self.layer.d_model
-        dh = d // nh
-        return gather_device(d_h, (batch, steps, nh, dh), (nh * steps * dh, dh, steps * dh, 1))
+    """Self-attention: the q, k, v and output projections as Dense GEMMs, the core fused per
+    head (:mod:`.attention`: one launch forward, two backward)."""
 
     def forward(self, x):
         L, dt = self.layer, self.dtype
@@ -352,37 +340,33 @@ class DAttention(DeviceLayer):
         for n in "qkv":
             proj[n], _ = _dense_forward_device(x.data, self.p(f"w_{n}"), self.p(f"b_{n}"), rows,
                                                d, d, "linear", 0.0)
-        q, k, v = (self._heads(proj[n], batch, steps) for n in "qkv")
-        bh = batch * nh
-        s = mm(q, k, steps, steps, dh, dt, tb=True, batch=bh)
-        scale = 1.0 / np.sqrt(dh)
-        launch(tk.scale_mask, bh * steps * steps)(s, steps, float(dt.type(scale)), int(L.causal))
-        p = rows_forward_device(SOFTMAX, s, (bh * steps, steps), 1)
-        o = mm(p, v, steps, dh, steps, dt, batch=bh)
-        att = self._merge(o, batch, steps)
+        # the scale as the dtype holds it (the CPU layer's value)
+        scale = float(dt.type(1.0 / np.sqrt(dh)))
+        p = device.empty(batch * nh * steps * steps, dt)
+        att = device.empty(rows * d, dt)
+        launch(attention.forward, batch * nh * steps)(proj["q"], proj["k"], proj["v"], p, att,
+                                                      batch, steps, nh, dh, scale, int(L.causal))
         y, _ = _dense_forward_device(att, self.p("w_o"), self.p("b_o"), rows, d, d, "linear", 0.0)
-        self.hist = (x, q, k, v, s, p, att, float(dt.type(scale)))
+        self.hist = (x, proj, p, att, scale)
         return DT(y, x.shape)
 
     def backward(self, g, need_input_grad):
         L, dt = self.layer, self.dtype
-        x, q, k, v, s, p, att, scale = self.hist
+        x, proj, p, att, scale = self.hist
         batch, steps, d = x.shape
         nh, dh, rows = L.heads, d // L.heads, batch * steps
-        bh = batch * nh
         datt, gw_o, gb_o = dense_backward(g.data, att, self.p("w_o"), g.data, rows, d, d,
                                           "linear", dt, True, self.g("w_o"), self.g("b_o"))
-        do = self._heads(datt, batch, steps)
-        dp = mm(do, v, steps, steps, dh, dt, tb=True, batch=bh)
-        dv = mm(p, do, steps, dh, steps, dt, ta=True, batch=bh)
-        ds = rows_vjp_device(SOFTMAX, s, dp, (bh * steps, steps), 1)
-        launch(tk.scale, bh * steps * steps)(ds, scale)
-        dq = mm(ds, k, steps, dh, steps, dt, batch=bh)
-        dk = mm(ds, q, steps, dh, steps, dt, ta=True, batch=bh)
+        ds = device.empty(batch * nh * steps * steps, np.float64)
+        dproj = {n: device.empty(rows * d, dt) for n in "qkv"}
+        n_rows = batch * nh * steps
+        launch(attention.backward_rows, n_rows)(proj["q"], proj["k"], proj["v"], p, datt, ds,
+                                                dproj["q"], batch, steps, nh, dh, scale)
+        launch(attention.backward_cols, n_rows)(proj["q"], p, datt, ds, dproj["k"], dproj["v"],
+                                                batch, steps, nh, dh)
         grads, dx = {}, None
-        for n, dpart in zip("qkv", (dq, dk, dv)):
-            dproj = self._merge(dpart, batch, steps)
-            gx, gw, gb = dense_backward(dproj, x.data, self.p(f"w_{n}"), dproj, rows, d, d,
+        for n in "qkv":
+            gx, gw, gb = dense_backward(dproj[n], x.data, self.p(f"w_{n}"), dproj[n], rows, d, d,
                                         "linear", dt, need_input_grad, self.g(f"w_{n}"),
                                         self.g(f"b_{n}"))
             grads[self.prefix + f"w_{n}"] = gw
