@@ -367,7 +367,7 @@ def _budget(layer, steps, first):
         inner = sum(_budget(c, steps, first) for c in layer._children)
         glue = 1 + 2 * (n - 1) if layer.combine == "add" else 2 * n + (n - 1)
         return inner + glue
-    fixed = {"LayerNorm": 6, "RMSNorm": 5, "Softmax": 2, "Embedding": 2, "SwiGLU": 12}
+    fixed = {"LayerNorm": 3, "RMSNorm": 3, "Softmax": 2, "Embedding": 2, "SwiGLU": 12}
     return fixed[kind]
 
 

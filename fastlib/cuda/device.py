@@ -219,6 +219,11 @@ def grid_1d(n: int, block: int = config.BLOCK) -> tuple[int, int]:
     return blocks, block
 
 
+def row_grid(rows: int) -> int:
+    """Blocks of a row kernel (one block per row, grid-stride over the rest)."""
+    return max(1, min(config.MAX_GRID, int(rows)))
+
+
 def reduce_block(n: int) -> int:
     """Power-of-two threads per block for a tree reduction over ``n`` items each."""
     threads = 1

@@ -139,33 +139,37 @@ class DDense(DeviceLayer):
 
 
 class DLayerNorm(DeviceLayer):
+    """Normalise and affine map in one launch forward; backward two: the weight and bias
+    gradients as one pair of column sums, the row VJP of ``g * weight``."""
     affine_bias = True
     mode = LAYER_NORM
 
     def forward(self, x):
         d = self.layer.d
         rows = _size(x.shape[:-1])
-        xhat = rows_forward_device(self.mode, x.data, (rows, d), 1, self.layer.eps)
+        xhat = device.empty(rows * d, self.dtype)
         y = device.empty(rows * d, self.dtype)
-        bias = self.p("bias") if self.affine_bias else xhat
-        launch(tk.affine_rows, rows * d)(xhat, self.p("weight"), bias, y, rows, d,
-                                         int(self.affine_bias))
+        w = self.p("weight")
+        bias = self.p("bias") if self.affine_bias else w
+        tk.norm_affine[device.row_grid(rows), device.reduce_block(d)](
+            x.data, w, bias, xhat, y, rows, d, self.mode, self.layer.eps, int(self.affine_bias))
         self.hist = (x, xhat, rows)
         return DT(y, x.shape)
 
     def backward(self, g, need_input_grad):
         d = self.layer.d
         x, xhat, rows = self.hist
-        grads = {self.prefix + "weight": col_sums(g.data, rows, d, self.dtype, xhat,
-                                                  out=self.g("weight"))}
+        gw = self.g("weight")
+        gb = self.g("bias") if self.affine_bias else gw
+        launch(tk.column_sums_pair, d)(g.data, xhat, gw, gb, rows, d, int(self.affine_bias))
+        grads = {self.prefix + "weight": gw}
         if self.affine_bias:
-            grads[self.prefix + "bias"] = col_sums(g.data, rows, d, self.dtype,
-                                                   out=self.g("bias"))
+            grads[self.prefix + "bias"] = gb
         if not need_input_grad:
             return None, grads
-        dxhat = device.empty(rows * d, self.dtype)
-        launch(tk.affine_rows, rows * d)(g.data, self.p("weight"), g.data, dxhat, rows, d, 0)
-        dx = rows_vjp_device(self.mode, x.data, dxhat, (rows, d), 1, self.layer.eps)
+        dx = device.empty(rows * d, self.dtype)
+        tk.norm_affine_vjp[device.row_grid(rows), device.reduce_block(d)](
+            x.data, g.data, self.p("weight"), dx, rows, d, self.mode, self.layer.eps)
         return DT(dx, x.shape), grads
 
 

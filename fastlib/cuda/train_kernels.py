@@ -2,8 +2,7 @@
 
 Batches gathered from the resident data through the epoch's shuffled index, Embedding's lookup
 and scatter-add, elementwise helpers (add, product, affine rows), per-column sums accumulated in
-float64, the recurrent steps of RNN and LSTM (one fused launch per time step), attention's scale and
-causal mask, the five losses with per-block partial sums, and the guarded optimizer step
+float64, the recurrent steps of RNN and LSTM (one fused launch per time step), the five losses with per-block partial sums, and the guarded optimizer step
 (finiteness, both clipping modes, the update, all decided on the device in two launches over
 the run's flat gradient buffer, so a step needs no readback before its update).
 
@@ -21,6 +20,7 @@ from fastlib.kernels.optim import SGD
 from . import config
 from .device import kernel, signatures
 from .optim import step_element
+from .norm import LAYER_NORM, row_moments
 from .reduce import block_sum
 from .scalar import sigmoid_pair, silu_df, silu_f
 
@@ -155,6 +155,90 @@ column_sums = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], int64, int6
     _column_sums_body)
 
 
+def _column_sums_pair_body(g, xhat, gw, gb, rows, d, with_b):
+    # gw[j] = sum_r g[r, j] xhat[r, j] and gb[j] = sum_r g[r, j]: a norm layer's weight and bias
+    # gradients in one launch, each accumulated in float64 in row order and rounded once
+    j = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while j < d:
+        acc_w = 0.0
+        acc_b = 0.0
+        for r in range(rows):
+            v = float64(g[r * d + j])
+            acc_w += v * float64(xhat[r * d + j])
+            acc_b += v
+        gw[j] = acc_w
+        if with_b:
+            gb[j] = acc_b
+        j += step
+
+
+column_sums_pair = kernel(*signatures(
+    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
+    _column_sums_pair_body)
+
+
+def _norm_affine_body(x, w, b, xhat, y, rows, n, mode, eps, with_bias):
+    # layer_norm / rms_norm of each row (one block per row, as .norm's row kernel) and the
+    # affine map in the same pass: xhat is kept for backward, y = xhat * w (+ b) in the dtype
+    shared = cuda.shared.array(_RB, float64)
+    tid = cuda.threadIdx.x
+    row = cuda.blockIdx.x
+    while row < rows:  # uniform per block: the barriers in row_moments are safe
+        base = row * n
+        center, scale = row_moments(shared, x, base, n, 1, mode, eps)
+        j = tid
+        while j < n:
+            xhat[base + j] = (float64(x[base + j]) - center) * scale
+            v = xhat[base + j] * w[j]
+            if with_bias:
+                v = v + b[j]
+            y[base + j] = v
+            j += cuda.blockDim.x
+        row += cuda.gridDim.x
+
+
+norm_affine = kernel(*signatures(
+    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64, float64, "
+    "int64)"))(_norm_affine_body)
+
+
+def _norm_affine_vjp_body(x, g, w, out, rows, n, mode, eps):
+    # the row VJP of .norm (layer_norm / rms_norm) of the cotangent g * w, the affine map's
+    # input cotangent formed on the fly (in the dtype, where the unfused path stored it)
+    shared = cuda.shared.array(_RB, float64)
+    tid = cuda.threadIdx.x
+    row = cuda.blockIdx.x
+    while row < rows:
+        base = row * n
+        center, scale = row_moments(shared, x, base, n, 1, mode, eps)
+        acc_g = 0.0
+        acc_gx = 0.0
+        j = tid
+        while j < n:
+            gv = float64(g[base + j] * w[j])
+            acc_g += gv
+            acc_gx += gv * (float64(x[base + j]) - center)
+            j += cuda.blockDim.x
+        mean_g = block_sum(shared, acc_g) / n
+        mean_gx = block_sum(shared, acc_gx) / n
+        j = tid
+        while j < n:
+            gv = float64(g[base + j] * w[j])
+            dv = float64(x[base + j]) - center
+            if mode == LAYER_NORM:
+                out[base + j] = scale * (gv - mean_g - dv * scale * scale * mean_gx)
+            else:
+                out[base + j] = scale * gv - dv * scale * scale * scale * mean_gx
+            j += cuda.blockDim.x
+        row += cuda.gridDim.x
+
+
+norm_affine_vjp = kernel(*signatures(
+    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64, float64)"))(
+    _norm_affine_vjp_body)
+
+
 def _swiglu_forward_body(a, u, h):
     i = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -179,34 +263,6 @@ def _swiglu_backward_body(dh, a, u, da, du):
 
 swiglu_backward = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1])"))(
     _swiglu_backward_body)
-
-
-def _scale_mask_body(s, steps, scale, causal):
-    # s holds (batch*heads, T, T) scores: scale them; causal hides columns after the row
-    i = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while i < s.shape[0]:
-        col = i % steps
-        row = (i // steps) % steps
-        if causal and col > row:
-            s[i] = -math.inf
-        else:
-            s[i] = s[i] * scale
-        i += step
-
-
-scale_mask = kernel(*signatures("void({t}[::1], int64, float64, int64)"))(_scale_mask_body)
-
-
-def _scale_body(a, scale):
-    i = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while i < a.shape[0]:
-        a[i] = a[i] * scale
-        i += step
-
-
-scale = kernel(*signatures("void({t}[::1], float64)"))(_scale_body)
 
 
 # ---------------------------------------------------------------------------------------------
