@@ -104,10 +104,10 @@ def test_every_flag_parses_a_valid_value(path, action, capsys):
 def test_a_bad_value_is_exit_2_with_the_subcommands_usage(path, action, capsys):
     usage = f"usage: verigrad {' '.join(path)}"
     bad = list(_bad_values(action))
-    if _valid_value(action) is not None and action.nargs not in ("*", "?"):
-        bad.append(None)   # the value left out
-    else:
+    if _valid_value(action) is None:
         bad.append("=yes")  # a switch given a value
+    elif action.nargs not in ("*", "?"):
+        bad.append(None)   # the value left out
     for value in bad:
         flag = action.option_strings[0]
         argv = list(path) + ([flag + value] if value == "=yes" else
