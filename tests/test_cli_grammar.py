@@ -31,7 +31,7 @@ def _id(item):
 def _parse(argv, capsys):
     """(namespace or None, exit code or None, stderr)."""
     try:
-        ns = build_parser().parse_args(argv)
+        ns = PARSER.parse_args(argv)
         code = None
     except SystemExit as exc:
         ns, code = None, exc.code
