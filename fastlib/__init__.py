@@ -5,11 +5,15 @@ cheap and never imports SymPy or ``spec`` (a test checks ``sys.modules``).
 """
 from __future__ import annotations
 
+from fastlib._version import read_version as _read_version
 from fastlib.cache_guard import ensure_fresh_cache as _ensure_fresh_cache
 from optable.lazy import lazy_namespace
 
 # before any kernel module loads: stale cached kernels (an edited or upgraded callee) crash
 _ensure_fresh_cache()
+
+#: the verigrad distribution's version (``verigrad --version`` prints it)
+__version__ = _read_version()
 
 # public name -> module that defines it (one table; ``__all__`` is derived from it)
 _EXPORTS = {

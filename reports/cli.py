@@ -1,14 +1,18 @@
-"""The ``verigrad`` command line: parse and dispatch, nothing else.
+"""The ``verigrad`` command line: parse, validate and dispatch, nothing else.
 
-Each subcommand lives in ``reports/commands/<name>.py`` and exposes
-``add_arguments(parser)`` and ``run(args) -> int``; this module only wires them up, importing a
-subcommand's module when it is chosen so that ``verigrad train`` never pays for SymPy.
+Each subcommand lives in ``reports/commands/<name>.py`` and exposes ``add_arguments(parser)``,
+optionally ``validate(args) -> str | None`` (every usage error, found before any work), and
+``run(args) -> int``. The grammar shared by all of them (spellings, lists, progress, the
+parser's refusals) is ``reports/commands/arguments.py``. A subcommand's module is imported when
+the parser is built, but its heavy dependencies only when it runs, so that ``verigrad train``
+never pays for SymPy.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
+
+from reports.commands.arguments import Parser
 
 # (name, one-line help) in the order `verigrad --help` shows them.
 SUBCOMMANDS = (
@@ -20,28 +24,49 @@ SUBCOMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def version() -> str:
+    """The installed distribution's version (``fastlib.__version__``)."""
+    import fastlib
+
+    return fastlib.__version__
+
+
+def build_parser() -> Parser:
     """Build the top-level parser with one sub-parser per subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="verigrad",
         description="verigrad: a verified-reference autograd (spec, reflib, fastlib, reports).",
     )
+    parser.add_argument("--version", action="version", version=f"verigrad {version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in SUBCOMMANDS:
         module = importlib.import_module(f"reports.commands.{name}")
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, _parser=p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``verigrad`` console script; returns the process exit code."""
+    """Entry point of the ``verigrad`` console script; returns the process exit code.
+
+    A usage error (a parse error, or a subcommand's ``validate``) prints the subcommand's
+    usage and the problem and returns 2 before any work; ``--help`` and ``--version`` return 0.
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
     if args.command is None:
         parser.print_help()
         return 2
+    validate = getattr(args._module, "validate", None)
+    problem = validate(args) if validate is not None else None
+    if problem:
+        return args._parser.usage_error(problem)
+    args._validated = True
     from fastlib.errors import CheckpointLockedError, CorruptFileError
 
     try:

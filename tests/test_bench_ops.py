@@ -31,7 +31,7 @@ def _layer_labels():
 
 def test_small_run_prints_every_op_and_layer_row(capsys, tmp_path):
     path = tmp_path / "ops.json"
-    code = main(["bench", "ops", "--small", "--repeat", "1", "--no-startup", "--json",
+    code = main(["bench", "ops", "--small", "--repeats", "1", "--no-startup", "--json",
                  str(path)])
     out = capsys.readouterr().out
     assert code == 0
@@ -54,8 +54,8 @@ def test_small_run_prints_every_op_and_layer_row(capsys, tmp_path):
     assert f"{len(rows)} rows;" in out
 
 
-def test_only_selects_ops_and_layers(capsys):
-    code = main(["bench", "ops", "--small", "--repeat", "1", "--no-startup", "--only",
+def test_ops_selects_ops_and_layers(capsys):
+    code = main(["bench", "ops", "--small", "--repeats", "1", "--no-startup", "--ops",
                  "transpose", "lstm"])
     out = capsys.readouterr().out
     assert code == 0

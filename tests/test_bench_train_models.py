@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import pathlib
 
 import pytest
 
@@ -26,11 +27,15 @@ def run(capsys, *argv):
 
 
 def bench_json(capsys, model, engines, *extra):
+    import tempfile
+
+    path = pathlib.Path(tempfile.mkdtemp(prefix="bench-json-")) / "bench.json"
     code, out, err = run(capsys, "bench", "train", "--model", model, "--samples", "8",
                          "--batch-sizes", "4", "--max-steps", "2", "--repeats", "1",
-                         "--threads", "1", "--engines", ",".join(engines), "--json", *extra)
+                         "--threads", "1", "--engines", ",".join(engines), "--json",
+                         str(path), *extra)
     assert code == 0, err
-    return json.loads(out)
+    return json.loads(path.read_text())
 
 
 def check_same_training(report, engines):

@@ -33,8 +33,8 @@ def _run(capsys, *argv):
 @pytest.mark.parametrize("argv, words", [
     (["--ops", "nosuchop"], ["--ops: unknown name 'nosuchop'", "tanh", "Adam", "softmax"]),
     (["--ops", "tanhh"], ["did you mean 'tanh'?"]),
-    (["--engine", "nosuchengine"], ["unknown engine 'nosuchengine'", "fastlib", "reflib"]),
-    (["--engine", "no_such_module:Engine"], ["--engine"]),
+    (["--engines", "nosuchengine"], ["unknown engine 'nosuchengine'", "fastlib", "reflib"]),
+    (["--engines", "no_such_module:Engine"], ["--engines"]),
     (["--ops", "tanh", "--first", "nosuch"], ["--first: unknown name 'nosuch'"]),
 ])
 def test_conform_refuses_unknown_names_before_any_proof(capsys, nothing_runs, argv, words):
@@ -46,7 +46,7 @@ def test_conform_refuses_unknown_names_before_any_proof(capsys, nothing_runs, ar
 
 def test_conform_refuses_a_request_that_selects_nothing(capsys, nothing_runs):
     # "train" is a real name (fastlib's training rows), but reflib has no such row
-    code, err = _run(capsys, "conform", "--ops", "train", "--engine", "reflib", "--no-progress")
+    code, err = _run(capsys, "conform", "--ops", "train", "--engines", "reflib", "--no-progress")
     assert code == 2 and "selects no check" in err and "valid names" in err and "tanh" in err
 
 

@@ -77,13 +77,35 @@ def test_plot_writes_a_png(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--optimizer", "adamm"], "did you mean Adam"),
-    (["--loss", "crossentropy"], "cross_entropy"),
-    (["--activation", "relux"], "relu"),
+    (["--optimizer", "adamm"], "did you mean 'Adam'?"),
+    (["--loss", "crossentropy"], "did you mean 'cross_entropy'?"),
+    (["--activation", "relux"], "did you mean 'relu'?"),
+    (["--algorithm", "targetprob"], "did you mean 'targetprop'?"),
+    (["--data", "mnsit"], "did you mean 'mnist'?"),
+    (["--lr", "-1"], "--lr: expects a finite number > 0"),
+    (["--epochs", "0"], "--epochs: expects an integer >= 1"),
+    (["--batch-size", "-3"], "--batch-size: expects an integer >= 1"),
+    (["--pure"], "--pure only applies to --algorithm targetprop"),
 ])
-def test_bad_options_are_clear_errors(capsys, argv, words):
-    code, _, err = run(capsys, "train", "--epochs", "1", *argv)
-    assert code == 1 and "verigrad train: error:" in err and words in err
+def test_usage_errors_exit_2_before_the_banner(capsys, monkeypatch, argv, words):
+    from reports.commands import train
+
+    monkeypatch.setattr(train, "_run", lambda args: pytest.fail("started before refusing"))
+    code, out, err = run(capsys, "train", *argv)
+    assert code == 2 and out == "" and words in err, err
+    assert err.startswith("usage: verigrad train")
+
+
+def test_device_cuda_without_a_gpu_names_the_reason(capsys, monkeypatch):
+    import fastlib.cuda
+    from reports.commands import train
+
+    reason = fastlib.cuda.unavailable_reason()
+    if reason is None:
+        pytest.skip("a GPU (or the simulator) is usable here: --device cuda is not refused")
+    monkeypatch.setattr(train, "_run", lambda args: pytest.fail("started before refusing"))
+    code, out, err = run(capsys, "train", "--device", "cuda")
+    assert code == 2 and out == "" and reason in err and "--device cpu" in err
 
 
 def test_a_missing_data_dir_is_a_usage_error_before_any_data_is_read(capsys):
@@ -93,17 +115,17 @@ def test_a_missing_data_dir_is_a_usage_error_before_any_data_is_read(capsys):
 
 
 def test_malformed_hidden_is_a_usage_error(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["train", "--hidden", "12,abc"])
-    assert info.value.code == 2 and "comma-separated" in capsys.readouterr().err
+    assert main(["train", "--hidden", "12,abc"]) == 2
+    assert "comma-separated" in capsys.readouterr().err
 
 
-def test_bench_train_json_and_table(capsys):
+def test_bench_train_json_and_table(capsys, tmp_path):
+    path = tmp_path / "bench.json"
     code, out, _ = run(capsys, "bench", "train", "--batch-sizes", "8,64", "--samples", "512",
-                       "--max-steps", "4", "--engines", "fastlib,numpy", "--repeats", "1",
-                       "--json")
-    assert code == 0
-    report = json.loads(out)
+                       "--max-steps", "4", "--engines", "fastlib", "numpy", "--repeats", "1",
+                       "--json", str(path))
+    assert code == 0 and "fastlib/numpy" in out   # the table is printed too
+    report = json.loads(path.read_text())
     assert report["engines"] == ["fastlib", "numpy"] and report["samples"] == 512
     by_bs = {r["batch_size"]: r for r in report["results"]}
     assert by_bs[8]["steps_per_epoch"] == 64 and by_bs[8]["fastlib_steps_measured"] == 4
@@ -115,7 +137,7 @@ def test_bench_train_json_and_table(capsys):
                        "--engines", "numpy,fastlib")
     assert code == 0 and "fastlib/numpy" in out and "s/epoch" in out
     code, _, err = run(capsys, "bench", "train", "--engines", "nosuch")
-    assert code == 1 and "engines must be among" in err
+    assert code == 2 and "engines must be among" in err
 
 
 @pytest.mark.slow

@@ -48,9 +48,9 @@ def results(rows):
 def conform_args(**kw):
     import argparse
 
-    args = dict(profile="dev", engine=["fastlib"], ops=["tanh", "mul", "Adam"], dtype="float64",
-                json=None, seed=3, mutants=False, no_proofs=True, fail_fast=False, first=None,
-                no_progress=True, cluster=None)
+    args = dict(profile="dev", engines=["fastlib"], ops=["tanh", "mul", "Adam"],
+                dtypes=["float64"], json=None, seed=3, mutants=False, no_proofs=True,
+                fail_fast=False, first=None, progress=False, cluster=None)
     args.update(kw)
     return argparse.Namespace(**args)
 

@@ -89,7 +89,7 @@ def test_device_training_slow_checks():
 @pytest.mark.slow
 def test_conformance_train_rows_of_fastlib_cuda(tmp_path):
     out = tmp_path / "rows.json"
-    proc = _run(["-m", "reports", "conform", "--engine", "fastlib-cuda", "--no-proofs", "--ops",
+    proc = _run(["-m", "reports", "conform", "--engines", "fastlib-cuda", "--no-proofs", "--ops",
                  "train", "--json", str(out)], {"NUMBA_ENABLE_CUDASIM": "1"})
     assert out.exists(), proc.stderr[-3000:]
     rows = json.loads(out.read_text())

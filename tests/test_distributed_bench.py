@@ -44,10 +44,11 @@ def test_bench_train_distributed_reports_one_and_two_ranks(tmp_path):
     env = dict(os.environ, VERIGRAD_MNIST_DIR=str(tmp_path / "none"))  # random data: no I/O
     proc = subprocess.run(
         [sys.executable, "-m", "reports", "bench", "train", "--distributed", "--batch-sizes",
-         "64", "--samples", "256", "--max-steps", "2", "--ranks", "1,2", "--json"],
+         "64", "--samples", "256", "--max-steps", "2", "--ranks", "1,2", "--json",
+         str(tmp_path / "bench.json")],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout)
+    report = json.loads((tmp_path / "bench.json").read_text())
     rows = report["results"]
     assert [r["ranks"] for r in rows] == [1, 2] and all(r["batch"] == 64 for r in rows)
     for r in rows:

@@ -91,8 +91,12 @@ def test_exploding_runs_stop_with_the_rule_named_and_the_weights_restored(digits
     assert r.divergence_rule in ("max_loss", "loss_growth")
     assert f"'{r.divergence_rule}'" in r.stop_reason and "restored" in r.stop_reason
     assert r.stop_reason in str(record[0].message)
-    # stopped after the first epoch (its loss is 6.8e5 or more), the initial weights put back
-    assert r.restored_epoch == 0 and r.epochs_run == 0 and r.loss_history == []
+    # stopped after the first epoch (its loss is 6.8e5 or more), the initial weights put back;
+    # the stopped epoch is still in the histories, so the last loss shows the explosion
+    assert r.restored_epoch == 0 and r.epochs_run == 0
+    assert len(r.loss_history) == len(r.accuracy_history) == len(r.lr_history) == 1
+    assert r.loss_history[-1] >= 6.8e5 or not np.isfinite(r.loss_history[-1])
+    assert r.lr_history == [lr] and np.isnan(r.final_loss)   # no epoch's weights were kept
     for k, v in _model().parameters().items():
         assert np.array_equal(model.parameters()[k], v), k
 

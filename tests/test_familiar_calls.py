@@ -143,3 +143,101 @@ def test_load_mnist_default_folder_and_how_to_get_the_files(tmp_path, monkeypatc
     written = _write_mnist(tmp_path / "shared" / "data" / "mnist", np.random.default_rng(1))
     test = datasets.load_mnist("test")
     np.testing.assert_array_equal(test.dataset_targets[:, 0], written["test"][1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Keras and PyTorch keywords beside DataCode's positional order
+
+def _digits_run(*args, **kwargs):
+    data = datasets.load_digits("train", dtype=np.float64)
+    model = fastlib.Sequential([fastlib.Dense(64, 10)], dtype=np.float64, seed=0)
+    result = fastlib.train(model, data.x[:120], data.y[:120], *args, verbose=False, **kwargs)
+    return result, model
+
+
+def test_keras_and_pytorch_keywords_train_exactly_like_datacodes_order():
+    data = datasets.load_digits("train", dtype=np.float64)
+    xv, yv = data.x[120:160], data.y[120:160]
+    positional, m1 = _digits_run(2, 30, 0.1, "cross_entropy", xv, yv, "Momentum")
+    keywords, m2 = _digits_run(epochs=2, batch_size=30, lr=0.1, loss="cross_entropy",
+                               validation_data=(xv, yv), optimizer="Momentum")
+    assert positional.loss_history == keywords.loss_history
+    assert positional.val_loss_history == keywords.val_loss_history
+    assert len(keywords.val_loss_history) == 2
+    for k, v in m1.parameters().items():
+        assert np.array_equal(v, m2.parameters()[k]), k
+
+
+@pytest.mark.parametrize("args, kwargs, names", [
+    ((2, 30, 0.1, "cross_entropy"), {"lr": 0.1}, ["learning_rate=0.1", "lr=0.1"]),
+    ((2, 30), {"learning_rate": 0.1, "lr": 0.2, "loss": "mse"}, ["learning_rate", "lr"]),
+    ((2, 30, 0.1, "cross_entropy"), {"loss": "mse"}, ["loss_type='cross_entropy'", "loss="]),
+    ((2, 30, 0.1, "cross_entropy", np.zeros((2, 64))), {"validation_data": (1, 2)},
+     ["validation_data", "x_val"]),
+])
+def test_one_thing_given_twice_is_a_type_error_naming_both(args, kwargs, names):
+    with pytest.raises(TypeError) as info:
+        _digits_run(*args, **kwargs)
+    for name in names:
+        assert name in str(info.value)
+
+
+def test_a_positional_and_a_keyword_for_the_same_parameter_is_pythons_type_error():
+    with pytest.raises(TypeError, match="multiple values for argument 'epochs'"):
+        _digits_run(2, 30, 0.1, "cross_entropy", epochs=3)
+
+
+@pytest.mark.parametrize("kwargs, missing", [({"batch_size": 8, "loss": "mse"}, "'epochs'"),
+                                             ({"epochs": 1, "loss": "mse"}, "'batch_size'"),
+                                             ({"epochs": 1, "batch_size": 8}, "'loss_type'")])
+def test_a_missing_argument_is_named(kwargs, missing):
+    with pytest.raises(TypeError, match=f"missing required argument {missing}"):
+        _digits_run(**kwargs)
+
+
+def test_validation_data_must_be_a_pair():
+    with pytest.raises(ValueError, match=r"pair \(x_val, y_val\)"):
+        _digits_run(1, 30, 0.1, "cross_entropy", validation_data=(1, 2, 3))
+
+
+def test_an_optimizer_objects_own_rate_is_used_and_a_different_one_refused():
+    from fastlib import optim
+
+    # its own rate when none is given. By hand: a step of SGD moves a weight by lr x its
+    # gradient, a batch mean of x * (softmax - onehot) with the digits' x in [0, 1] and each
+    # |softmax - onehot| <= 1, so at most 1 (the bias's too); 4 steps of 30 of the 120 rows
+    # move any weight by at most 4e-9 at lr=1e-9 (learning_rate=0.5 moved them by 0.79)
+    start = fastlib.Sequential([fastlib.Dense(64, 10)], dtype=np.float64, seed=0).parameters()
+    _, model = _digits_run(1, 30, None, "cross_entropy", optimizer=optim.SGD(lr=1e-9))
+    moved = max(float(np.max(np.abs(v - start[k]))) for k, v in model.parameters().items())
+    assert 0 < moved <= 4 * 1e-9
+    # the same rate twice is no conflict; a different one is refused before training
+    _digits_run(1, 30, 1e-9, "cross_entropy", optimizer=optim.SGD(lr=1e-9))
+    with pytest.raises(ValueError, match="has its own learning rate 1e-09, and learning_rate"
+                                         "=0.5 differs"):
+        _digits_run(1, 30, 0.5, "cross_entropy", optimizer=optim.SGD(lr=1e-9))
+    with pytest.raises(ValueError, match="own learning rate"):
+        _digits_run(epochs=1, batch_size=30, lr=0.5, loss="cross_entropy",
+                    optimizer=optim.Adam(lr=1e-3))
+
+
+def test_train_sh_takes_the_same_keywords():
+    data = datasets.load_digits("train", dtype=np.float64)
+    model = fastlib.Sequential([fastlib.Dense(64, 10)], dtype=np.float64, seed=0)
+    hist = fastlib.train_sh(model, data.x[:120], data.y[:120], epochs=2, batch_size=30, lr=0.1,
+                            loss="cross_entropy", validation_data=(data.x[120:160],
+                                                                   data.y[120:160]),
+                            verbose=False)
+    assert len(hist.val_loss) == 2
+    with pytest.raises(TypeError, match="lr"):
+        fastlib.train_sh(model, data.x[:120], data.y[:120], 2, 30, 0.1, "cross_entropy",
+                         lr=0.2, verbose=False)
+
+
+def test_the_default_optimizers_are_stated_in_both_helps():
+    from reports.cli import build_parser
+
+    assert "(the CLI's default is Adam; fastlib.train's is SGD" in " ".join(
+        build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
+    doc = " ".join(fastlib.train.__doc__.split())
+    assert "The default is SGD, DataCode's (``verigrad train``'s is Adam)" in doc

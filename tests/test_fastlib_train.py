@@ -425,8 +425,13 @@ def test_nonfinite_loss_stops_with_a_clear_message(fused):
                           fused=fused, **quiet())
     assert r.diverged and r.stopped and r.epochs_run < 50
     assert "restored" in r.stop_reason and "lower the learning rate" in r.stop_reason
-    assert r.restored_epoch == r.epochs_run == len(r.loss_history)
-    assert all(np.isfinite(r.loss_history))
+    # the stopped epoch is the histories' last entry, its loss the non-finite one
+    assert r.restored_epoch == r.epochs_run == len(r.loss_history) - 1
+    assert all(np.isfinite(r.loss_history[:-1])) and not np.isfinite(r.loss_history[-1])
+    if r.epochs_run:    # final_loss: the last epoch whose weights were kept
+        assert r.final_loss == r.loss_history[-2]
+    else:
+        assert np.isnan(r.final_loss)
 
 
 @pytest.mark.parametrize("fused", [True, False])

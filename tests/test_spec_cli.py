@@ -8,14 +8,32 @@ from reports.cli import main
 from reports.commands.conform import ProgressLine, format_table
 
 
+def _cells_text(out):
+    """Every table cell's text, a wrapped cell's lines joined (a continuation line of a row
+    has an empty first cell), one cell per line."""
+    rows = []
+    for line in out.splitlines():
+        if not line.startswith("| "):
+            continue
+        cells = [c.strip() for c in line.strip()[1:-1].split(" | ")]
+        if cells[0] or not rows:
+            rows.append(cells)
+        else:
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells)]
+    return "\n".join(c for r in rows for c in r)
+
+
 def test_spec_list_shows_every_op_and_optimizer(capsys):
     assert main(["spec", "--list"]) == 0
     out = capsys.readouterr().out
     for name in list(spec.OPS) + list(spec.OPTIMIZERS):
         assert f"| {name} " in out
-    assert "ties go to the first argument" in out       # kinks
-    assert "axis=None, keepdims=False" in out              # params with defaults
-    assert "target: class_index (nd)" in out               # domains, non-differentiable marked
+    assert max(len(line) for line in out.splitlines()) <= 100   # fits a terminal
+    assert "\\|" not in out                                     # no Markdown escapes
+    text = _cells_text(out)
+    assert "ties go to the first argument" in text      # kinks
+    assert "axis=None, keepdims=False" in text             # params with defaults
+    assert "target: class_index (nd)" in text              # domains, non-differentiable marked
     assert "NAG engine form" in out
 
 

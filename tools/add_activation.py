@@ -137,7 +137,7 @@ def run_checks(dest):
     proof = _run([py, "-c", "import spec; r = spec.prove('hardtanh'); print(r); "
                   "raise SystemExit(0 if r.ok else 1)"], dest, "spec's derivative proof")
     conform = _run([py, "-m", "reports", "conform", "--ops", "hardtanh", "--profile", "dev",
-                    "--engine", "reflib", "fastlib", "--no-proofs"], dest,
+                    "--engines", "reflib", "fastlib", "--no-proofs"], dest,
                    "conformance, reflib and fastlib")
     return {"proof": proof, "conform": conform}
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from fastlib import optim
 from fastlib.training import checkpoint as ckpt_mod
+from fastlib.training.arguments import MISSING, normalise
 from fastlib.training.algorithms import (EpochStats, StepContext, TrainConfig, evaluate_model,
                                          get_algorithm)
 from fastlib.training.clipping import check_clip
@@ -32,7 +33,8 @@ __all__ = ["train", "train_sh", "TrainingResult", "TrainingHistorySH"]
 class TrainingResult:
     """What ``train`` returns (Loom's TrainingResult plus DataCode's histories).
 
-    Epochs are numbered from 1; every history has one entry per completed epoch. It unpacks
+    Epochs are numbered from 1; every history has one entry per epoch run, the epoch a
+    divergence stopped included (its weights are not kept: see ``diverged``). It unpacks
     like DataCode's return value, ``loss_history, accuracy_history = train(...)``, and keeps
     every field below.
 
@@ -44,7 +46,7 @@ class TrainingResult:
     val_loss_history, val_accuracy_history : list
         The same on the validation data after each epoch (empty without validation data).
     final_loss : float
-        The last epoch's training loss (NaN when no epoch completed).
+        The training loss of the last epoch whose weights were kept (NaN when none was).
     total_time : float
         Seconds for the whole call; ``epoch_times`` seconds per epoch.
     lr_history : list of float
@@ -56,7 +58,8 @@ class TrainingResult:
     diverged : bool
         A non-finite loss, or a rule of ``divergence`` (:class:`DivergenceRules`), stopped
         training; ``restored_epoch`` is the epoch whose end-of-epoch weights were put back (0:
-        the initial weights).
+        the initial weights). The stopped epoch is the histories' last entry (its loss the
+        one that tripped the rule; its validation entries NaN, not evaluated).
     divergence_rule : str or None
         The rule that stopped a diverging run: ``"non_finite_loss"``, ``"max_loss"``,
         ``"loss_growth"``, ``"max_weight"`` or ``"max_grad"``.
@@ -136,13 +139,20 @@ class TrainingHistorySH:
     result: TrainingResult | None = None
 
 
-def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None, y_val=None,
-          optimizer="SGD", *, gradient_clip=0.0, clip_mode="value", shuffle=True, seed=0,
+def train(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None,
+          loss_type=MISSING, x_val=None, y_val=None, optimizer="SGD", *, lr=None, loss=None,
+          validation_data=None, gradient_clip=0.0, clip_mode="value", shuffle=True, seed=0,
           device="cpu", algorithm="bp", callbacks=(), verbose=True, checkpoint=None,
           checkpoint_every=1, resume=None, resume_mismatch="warn", divergence=None,
           distributed=False,
           **algorithm_options) -> TrainingResult:
     """Train ``model`` on ``(x, y)`` with mini-batches (DataCode's order, Loom's result).
+
+    DataCode's positional order works, and so do the keywords of Keras and PyTorch:
+    ``train(model, x, y, 10, 32, 1e-3, "cross_entropy")`` is
+    ``train(model, x, y, epochs=10, batch_size=32, lr=1e-3, loss="cross_entropy")``;
+    ``validation_data=(x_val, y_val)`` is ``x_val, y_val``. One thing given twice (``lr=`` and
+    ``learning_rate``) is a ``TypeError`` naming both (:mod:`fastlib.training.arguments`).
 
     Parameters
     ----------
@@ -160,14 +170,19 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     batch_size : int
         1 to N; the last, incomplete batch is used; a size above N means one full batch.
     learning_rate : float or None
-        The rate; None takes the optimizer object's ``lr`` (or the name's default).
+        The rate (alias ``lr``); None takes the optimizer object's ``lr`` (or the name's
+        default). With an optimizer object, a rate that differs from its own ``lr`` is a
+        ``ValueError``: the object's settings are never silently replaced.
     loss_type : str
-        ``mse cross_entropy categorical_cross_entropy binary_cross_entropy
+        (alias ``loss``) ``mse cross_entropy categorical_cross_entropy binary_cross_entropy
         binary_cross_entropy_with_logits`` (case-insensitive; ``sparse_cross_entropy`` warns).
     x_val, y_val : array_like, optional
-        Validation data, evaluated after every epoch.
+        Validation data, evaluated after every epoch (or ``validation_data=(x_val, y_val)``).
     optimizer : str or fastlib.optim.Optimizer
         ``SGD Momentum NAG Adagrad RMSprop Adam AdamW`` or an instance with hyperparameters.
+        The default is SGD, DataCode's (``verigrad train``'s is Adam).
+    lr, loss, validation_data :
+        Keyword aliases of ``learning_rate``, ``loss_type`` and ``(x_val, y_val)``.
     gradient_clip : float
         0 (off) or the clipping threshold c.
     clip_mode : {"value", "norm"}
@@ -232,17 +247,22 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
     TrainingResult
         Unpacks as ``(loss_history, accuracy_history)``, DataCode's pair.
     """
-    loop = _Loop(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val, y_val,
-                 optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm, callbacks,
-                 verbose, checkpoint, checkpoint_every, resume, algorithm_options, policy=None,
+    a = normalise("train", epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+                  lr=lr, loss_type=loss_type, loss=loss, x_val=x_val, y_val=y_val,
+                  validation_data=validation_data, optimizer=optimizer)
+    loop = _Loop(model, x, y, a.epochs, a.batch_size, a.learning_rate, a.loss_type, a.x_val,
+                 a.y_val, optimizer, gradient_clip, clip_mode, shuffle, seed, device, algorithm,
+                 callbacks, verbose, checkpoint, checkpoint_every, resume, algorithm_options,
+                 policy=None,
                  restore_best=False, divergence=divergence, resume_mismatch=resume_mismatch,
                  distributed=distributed)
     return loop.run() if loop.dist is None else loop.dist.guard(loop.run)
 
 
-def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimizer="SGD",
-             monitor="val_loss", patience=10, min_delta=1.0, restore_best=True, x_val=None,
-             y_val=None, *, lr_factor=0.5, stop_patience=None, min_lr=1e-6, gradient_clip=0.0,
+def train_sh(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None,
+             loss_type=MISSING, optimizer="SGD", monitor="val_loss", patience=10, min_delta=1.0,
+             restore_best=True, x_val=None, y_val=None, *, lr=None, loss=None,
+             validation_data=None, lr_factor=0.5, stop_patience=None, min_lr=1e-6, gradient_clip=0.0,
              clip_mode="value", shuffle=True, seed=0, device="cpu", algorithm="bp",
              callbacks=(), verbose=True, checkpoint=None, checkpoint_every=1, resume=None,
              resume_mismatch="warn", divergence=None, distributed=False,
@@ -262,8 +282,14 @@ def train_sh(model, x, y, epochs, batch_size, learning_rate, loss_type, optimize
       ``2 * patience``), or when a reduction takes the rate below ``min_lr`` (default 1e-6).
     - ``restore_best=True`` puts back the weights of the best epoch at the end.
 
-    Other parameters are those of :func:`train`. Returns :class:`TrainingHistorySH`.
+    Other parameters are those of :func:`train` (``lr=``, ``loss=`` and ``validation_data=``
+    too). Returns :class:`TrainingHistorySH`.
     """
+    a = normalise("train_sh", epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+                  lr=lr, loss_type=loss_type, loss=loss, x_val=x_val, y_val=y_val,
+                  validation_data=validation_data, optimizer=optimizer)
+    epochs, batch_size, learning_rate, loss_type, x_val, y_val = (
+        a.epochs, a.batch_size, a.learning_rate, a.loss_type, a.x_val, a.y_val)
     policy = PlateauPolicy(lr=1.0, monitor=monitor, patience=patience, min_delta=min_delta,
                            lr_factor=lr_factor, stop_patience=stop_patience, min_lr=min_lr)
     if monitor.startswith("val_") and (x_val is None or y_val is None):
@@ -664,9 +690,11 @@ class _Loop:
                                   "learning rate", RuntimeWarning, stacklevel=3)
                 if stats.diverged_batch >= 0:
                     self._diverged(epoch, stats, last_good)
+                    self._record_stopped_epoch(stats.diverged_loss, stats, t0)
                     break
                 r.fused = r.fused or stats.fused
                 if self._check_divergence(epoch, stats.loss, last_good):
+                    self._record_stopped_epoch(stats.loss, stats, t0)
                     break
                 val_loss, val_acc = self._evaluate()
                 dt = time.perf_counter() - t0
@@ -711,7 +739,8 @@ class _Loop:
             r.cuda_mode = self.device_run.mode
             r.device_counts = self.device_run.device_counts
             self.device_run.finish()
-        r.final_loss = r.loss_history[-1] if r.loss_history else math.nan
+        kept = r.loss_history[:-1] if r.diverged else r.loss_history
+        r.final_loss = kept[-1] if kept else math.nan
         r.total_time = time.perf_counter() - self.t_start
         self._hook("on_train_end", {"epochs_run": r.epochs_run, "stop_reason": r.stop_reason})
         return r
@@ -735,6 +764,19 @@ class _Loop:
         if self.device_run is not None:  # device copies: no readback per epoch
             return self.device_run.snapshot(), None, epoch
         return _snapshot(self.ctx.params), self.ctx.opt_state.copy(), epoch
+
+    def _record_stopped_epoch(self, loss, stats, t0):
+        """The epoch a divergence stopped joins the histories (``loss_history[-1]`` is the loss
+        that tripped the rule, even in the first epoch); its validation is not evaluated (NaN),
+        and ``epochs_run`` still counts only the epochs whose weights were kept."""
+        r = self.result
+        r.loss_history.append(float(loss))
+        r.accuracy_history.append(stats.accuracy)
+        if self.x_val is not None:
+            r.val_loss_history.append(math.nan)
+            r.val_accuracy_history.append(None if stats.accuracy is None else math.nan)
+        r.epoch_times.append(time.perf_counter() - t0)
+        r.lr_history.append(self.ctx.lr)
 
     def _diverged(self, epoch, stats, last_good):
         self._stop_diverged(f"non-finite loss ({stats.diverged_loss}) at epoch {epoch}, batch "

@@ -552,18 +552,19 @@ def render(rows, startup=None):
 
 def add_arguments(parser):
     """Options of ``verigrad bench ops``."""
-    parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
-    parser.add_argument("--repeat", type=int, default=15,
-                        help="timing repeats per measurement; the best is kept (default 15; "
-                             "the layer rows use a third as many, each a longer run)")
-    parser.add_argument("--only", nargs="+", metavar="OP",
-                        help="benchmark only these ops (names or case labels; dense, lstm, "
-                             "mha for the layers)")
+    from reports.commands import arguments as shared
+
+    shared.add_json(parser, help="also write the rows as JSON to FILE (default: none)")
+    shared.add_repeats(parser, 15, help="timing repeats per measurement; the best is kept "
+                                        "(default 15; the layer rows use a third as many, "
+                                        "each a longer run)")
+    shared.add_ops(parser, help="benchmark only these ops (names or case labels; dense, lstm, "
+                                "mha for the layers) (default: all)")
     parser.add_argument("--no-layers", action="store_true",
                         help="skip the layer rows (Dense, LSTM, MultiHeadAttention)")
     parser.add_argument("--no-startup", action="store_true",
                         help="skip the cold / warm start measurement (two subprocesses)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=shared.positive_int, default=None,
                         help="threads for the parallel kernels and, through threadpoolctl, "
                              "for the BLAS pools (default: kernels on the idle cores, BLAS "
                              "as configured)")
@@ -587,7 +588,7 @@ def run(args) -> int:
         except ImportError:
             pass
     with blas_limit:
-        rows = measure(repeat=max(1, args.repeat), only=set(args.only) if args.only else None,
+        rows = measure(repeat=args.repeats, only=set(args.ops) if args.ops else None,
                        size="small" if args.small else "full", layers=not args.no_layers)
     startup = None if args.no_startup else startup_times()
     print(render(rows, startup))

@@ -20,24 +20,25 @@ FLOOR_BATCH, FLOOR_TARGET = 64, 2.0  # the MLP within 2x of the arithmetic floor
 
 def add_arguments(parser):
     """Options of ``verigrad bench train``."""
+    from reports.commands import arguments as shared
+
     a = parser.add_argument
-    a("--model", default="mlp", help=f"model to train: {', '.join(MODELS)} (default mlp)")
+    a("--model", default="mlp", choices=MODELS, help="model to train")
     a("--batch-sizes", default=None,
       help="comma-separated batch sizes (default: the model's, 1,32,64,128 for mlp, "
            "1,32,128 for the others)")
-    a("--samples", type=int, default=None,
+    a("--samples", type=shared.positive_int, default=None,
       help="samples per epoch (default: 60000 for mlp, 1024 sequences for the others)")
-    a("--max-steps", type=int, default=6000,
+    a("--max-steps", type=shared.positive_int, default=6000,
       help="steps measured per case; longer epochs are scaled from them (default 6000)")
-    a("--threads", type=int, default=2, help="threads for every engine (default 2)")
-    a("--engines", default=None,
-      help="engines to run (default: all of the model's: fastlib,numpy,torch,jax for mlp, "
-           "fastlib,torch,jax for the others)")
-    a("--repeats", type=int, default=3,
-      help="interleaved rounds per batch size; the median is reported (default 3)")
+    a("--threads", type=shared.positive_int, default=2, help="threads for every engine")
+    shared.add_engines(parser, help="engines to run (default: all of the model's: fastlib "
+                                    "numpy torch jax for mlp, fastlib torch jax for the others)")
+    shared.add_repeats(parser, 3, help="interleaved rounds per batch size; the median is "
+                                       "reported")
     a("--data-dir", default=None, help="mlp: MNIST folder (default $VERIGRAD_MNIST_DIR or "
                                        "../shared/data/mnist; random data when absent)")
-    a("--json", action="store_true", help="print the results as JSON instead of a table")
+    shared.add_json(parser, help="also write the results as JSON to FILE (default: none)")
     a("--device", choices=("cpu", "cuda"), default="cpu",
       help="cuda (mlp only): fastlib on the GPU beside the CPU engine and PyTorch CUDA")
     # tests only: let --device cuda run on numba's simulator (tiny sizes; timings meaningless)
@@ -45,7 +46,8 @@ def add_arguments(parser):
     a("--distributed", action="store_true",
       help="mlp: data-parallel fastlib under mpiexec at each of --ranks (needs verigrad[mpi])")
     a("--ranks", default="1,2", help="with --distributed: rank counts (default 1,2)")
-    a("--blocks", type=int, default=8, help="with --distributed: blocks per batch (default 8)")
+    a("--blocks", type=shared.positive_int, default=8,
+      help="with --distributed: blocks per batch (default 8)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,8 +139,7 @@ def _options(args):
         return _error(f"{option} times the mlp model only; drop it or pass --model mlp", 2)
     try:
         sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
-        engines = ([e.strip() for e in args.engines.split(",") if e.strip()]
-                   if args.engines else list(model.CPU_ENGINES))
+        engines = list(args.engines) if args.engines else list(model.CPU_ENGINES)
         bad = [e for e in engines if e not in model.ENGINES]
         if (bad or not sizes or min(sizes) < 1 or args.max_steps < 1 or args.samples < 1
                 or args.repeats < 1):
@@ -146,7 +147,7 @@ def _options(args):
                              f"--model {args.model} (got {bad}); batch sizes, --samples, "
                              "--max-steps and --repeats must be >= 1")
     except ValueError as exc:
-        return _error(exc, 1)
+        return _error(exc, 2)
     return model, sizes, engines
 
 
@@ -187,10 +188,10 @@ def run(args) -> int:
               "repeats": args.repeats, "engines": engines, "skipped": skipped,
               "load_average": {"start": load_start, "end": _loadavg()}, "results": rows,
               "targets": _targets(rows), "floor": floor}
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
     _print_table(report, args)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)
     return 0
 
 

@@ -7,7 +7,7 @@ failure with its shrunk counterexample as a ready-to-paste reproduction, and exi
 failure. ``--json FILE`` writes the same rows for machines. ``--mutants`` measures the suite's
 power instead: plausible bugs applied one at a time to a copy of fastlib.
 
-``format_table``, ``ProgressLine``, ``proof_rows`` and ``run_spec_proofs`` are reused by
+``ProgressLine``, ``proof_rows`` and ``run_spec_proofs`` are reused by
 ``verigrad spec``.
 """
 from __future__ import annotations
@@ -17,24 +17,26 @@ import math
 import sys
 import time
 
-from reports.render.markdown import format_table  # noqa: F401 - used here and by `verigrad spec`
+from reports.commands.arguments import progress_enabled
+from reports.commands.tables import terminal_table
+from reports.render.markdown import format_table  # noqa: F401 - re-exported (tests, tools)
 
 
 def add_arguments(parser):
     """Options of ``verigrad conform``."""
+    from reports.commands import arguments as shared
+
     parser.add_argument("--profile", choices=("dev", "ci", "thorough"), default="dev",
-                        help="examples per check: dev (fast), ci, thorough (default: dev)")
-    parser.add_argument("--engine", nargs="+", metavar="NAME", default=None,
-                        help="engines to check: reflib fastlib fastlib-cuda torch jax, 'all', or "
-                             "a plugin module:Class (default: reflib fastlib fastlib-cuda)")
-    parser.add_argument("--ops", nargs="+", metavar="NAME", default=None,
-                        help="only these ops (or optimizers, layer kinds, or checks: exact jvp "
-                             "special optimizer tape train targetprop cd)")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default=None,
-                        help="only this dtype")
-    parser.add_argument("--json", metavar="FILE", default=None, help="write the rows as JSON")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="Hypothesis seed: the same seed draws the same examples (default 0)")
+                        help="examples per check: dev (fast), ci, thorough")
+    shared.add_engines(parser, help="engines to check: reflib fastlib fastlib-cuda torch jax, "
+                                    "'all', or a plugin module:Class (default: reflib fastlib "
+                                    "fastlib-cuda)")
+    shared.add_ops(parser, help="only these ops (or optimizers, layer kinds, or checks: exact "
+                                "jvp special optimizer tape train targetprop cd; with "
+                                "--mutants: mutant keys) (default: all)")
+    shared.add_dtypes(parser, help="only these dtypes (default: both)")
+    shared.add_json(parser, help="also write the rows as JSON to FILE")
+    shared.add_seed(parser, help="Hypothesis seed: the same seed draws the same examples")
     parser.add_argument("--mutants", action="store_true",
                         help="plant each mutant (reports.conformance.mutants: source edits "
                              "applied to a copy of fastlib, and the training bugs of "
@@ -44,21 +46,29 @@ def add_arguments(parser):
                         help="skip the spec's proofs (run only the engine checks)")
     parser.add_argument("--fail-fast", action="store_true",
                         help="stop at the first failing row")
-    parser.add_argument("--first", nargs="+", metavar="NAME", default=None,
+    parser.add_argument("--first", action=shared.ListAction, metavar="NAME", default=None,
                         help="run the rows of these ops / checks first (order only; used by "
-                             "the mutant run to reach a mutant's likely failure sooner)")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="no progress bar")
+                             "the mutant run to reach a mutant's likely failure sooner) "
+                             "(default: none)")
+    shared.add_progress(parser, "progress bar and the proofs' status line")
     parser.add_argument("--kinks", choices=("strict", "subgradient"), default=None,
                         help="at a kink (relu'(0), a tie of maximum): strict = the registry's "
-                             "conventions (default for reflib and fastlib); subgradient = any "
-                             "member of the Clarke subdifferential passes and is reported as "
-                             "the engine's convention (default for other engines). A value "
-                             "outside the subdifferential fails in both modes")
+                             "conventions; subgradient = any member of the Clarke "
+                             "subdifferential passes and is reported as the engine's "
+                             "convention. A value outside the subdifferential fails in both "
+                             "modes (default: strict for reflib and fastlib, subgradient for "
+                             "other engines)")
     parser.add_argument("--cluster", metavar="SPEC", default=None,
                         help="run the checks (or mutants) as tasks on Dask: local:N (N worker "
                              "processes here) or a scheduler address tcp://host:8786; the rows "
-                             "are a serial run's (needs verigrad[dask])")
+                             "are a serial run's (needs verigrad[dask]) (default: none, run "
+                             "here)")
+
+
+def dtype_filter(args):
+    """The one dtype ``--dtypes`` selects, or None for both (the runner's ``dtype=``)."""
+    chosen = set(getattr(args, "dtypes", None) or ())
+    return next(iter(chosen)) if len(chosen) == 1 else None
 
 
 class ProgressLine:
@@ -213,9 +223,9 @@ def run_engines(args, out=None):
 
     out = out or sys.stdout
     profile = PROFILES[args.profile]
-    names = _engine_names(args.engine)
+    names = _engine_names(args.engines)
     try:
-        rows, statuses = plan_rows(names, ops=args.ops, dtype=args.dtype,
+        rows, statuses = plan_rows(names, ops=args.ops, dtype=dtype_filter(args),
                                    kink_mode=getattr(args, "kinks", None))
     except (_engines.UnknownEngineError, TypeError) as exc:
         print(f"verigrad conform: {exc}", file=sys.stderr)
@@ -224,7 +234,7 @@ def run_engines(args, out=None):
     for status in statuses:
         if not status.available:
             print(f"engine {status.name}: unavailable: {status.reason}", file=out)
-    bar = _progress_bar(len(rows), not args.no_progress)
+    bar = _progress_bar(len(rows), progress_enabled(args))
 
     def progress(row):
         if bar is not None:
@@ -235,7 +245,7 @@ def run_engines(args, out=None):
         from reports.distributed import cluster
 
         done = cluster.run_rows(args.cluster, rows, profile, args.seed, ops=args.ops,
-                                dtype=args.dtype, fail_fast=args.fail_fast,
+                                dtype=dtype_filter(args), fail_fast=args.fail_fast,
                                 progress=None if bar is None else lambda row: bar.update(1))
         if bar is not None:
             bar.close()
@@ -246,7 +256,7 @@ def run_engines(args, out=None):
         bar.update(1)
         bar.close()
     if done:
-        print(format_table(ROW_HEADERS, [row_cells(r) for r in done]), file=out)
+        print(terminal_table(ROW_HEADERS, [row_cells(r) for r in done]), file=out)
     else:
         print("nothing to check: no available engine has a row that matches the filters",
               file=out)
@@ -259,7 +269,8 @@ def run_engines(args, out=None):
             print("reproduce (Python, paste as is):\n" + row.result.reproduction.rstrip()
                   + "\n# end of reproduction", file=out)
         print(f"reproduce (command): {row.result.command}", file=out)
-    explicit = [s for s in statuses if not s.available and args.engine and s.name in args.engine]
+    explicit = [s for s in statuses
+                if not s.available and args.engines and s.name in args.engines]
     code = 1 if failed or (explicit and len(explicit) == len(statuses)) else 0
     return done, statuses, code
 
@@ -278,7 +289,7 @@ def _json_rows(rows):
 
 
 def validate_request(args):
-    """Check ``--engine``, ``--ops``, ``--first`` and ``--json`` before any proof runs.
+    """Check ``--engines``, ``--ops``, ``--first`` and ``--json`` before any proof runs.
 
     Valid op names are the subjects and kinds of the rows the runner plans (its registry, not
     a second list). A request that selects no row is refused too.
@@ -296,17 +307,17 @@ def validate_request(args):
         problem = checks.writable_file(args.json, "--json")
         if problem:
             return problem
-    names = _engine_names(args.engine)
+    names = _engine_names(args.engines)
     unknown = [n for n in names if n not in _engines.ENGINES and ":" not in n]
     if unknown:
-        return checks.unknown_names(unknown, list(_engines.ENGINES) + ["all"], "--engine",
+        return checks.unknown_names(unknown, list(_engines.ENGINES) + ["all"], "--engines",
                                     "engine") + ", or a plugin module:Class"
     try:
         # reflib and fastlib always run: their rows name every op, optimizer, layer and check
         rows, _ = plan_rows(list(dict.fromkeys(["reflib", "fastlib"] + names)))
-        selected, statuses = plan_rows(names, ops=args.ops, dtype=args.dtype)
+        selected, statuses = plan_rows(names, ops=args.ops, dtype=dtype_filter(args))
     except (_engines.UnknownEngineError, TypeError, ImportError, AttributeError) as exc:
-        return f"--engine: {exc}"
+        return f"--engines: {exc}"
     valid = [r.name for r in rows] + [r.kind for r in rows]
     for option, given in (("--ops", args.ops), ("--first", args.first)):
         problem = checks.unknown_names(given or (), valid, option, "name")
@@ -314,13 +325,14 @@ def validate_request(args):
             return problem
     if not selected and any(s.available for s in statuses):
         return (f"--ops {' '.join(args.ops or ())}"
-                f"{' --dtype ' + args.dtype if args.dtype else ''} selects no check of engine(s) "
+                f"{' --dtypes ' + ' '.join(args.dtypes) if args.dtypes else ''} selects no "
+                f"check of engine(s) "
                 f"{' '.join(names)}; valid names: {', '.join(sorted(set(valid)))}")
     return None
 
 
-def run(args) -> int:
-    """Run the proofs and the engine checks; print the tables; 1 if anything failed."""
+def validate(args):
+    """Every usage error of ``verigrad conform`` (None: none), before any proof or check."""
     if getattr(args, "cluster", None):
         from reports.distributed import cluster
 
@@ -328,27 +340,35 @@ def run(args) -> int:
             cluster.parse_cluster(args.cluster)
             cluster.require_dask()
         except (ValueError, ImportError) as exc:
-            print(f"verigrad conform: {exc}", file=sys.stderr)
-            return 2
+            return str(exc)
+    if args.mutants:
+        from reports.commands import conform_mutants
+
+        return conform_mutants.validate(args)
+    return validate_request(args)
+
+
+def run(args) -> int:
+    """Run the proofs and the engine checks; print the tables; 1 if anything failed."""
+    problem = None if getattr(args, "_validated", False) else validate(args)
+    if problem:
+        print(f"verigrad conform: {problem}", file=sys.stderr)
+        return 2
     if args.mutants:
         from reports.commands import conform_mutants
 
         return conform_mutants.run(args)
-    problem = validate_request(args)
-    if problem:
-        print(f"verigrad conform: {problem}", file=sys.stderr)
-        return 2
     start = time.perf_counter()
     proofs, failed_proofs = [], []
     if not args.no_proofs:
-        progress = ProgressLine(enabled=not args.no_progress)
+        progress = ProgressLine(enabled=progress_enabled(args))
         progress.update("loading spec ...")
         op_results, opt_results = run_spec_proofs(progress, *_proof_subjects(args.ops))
         proofs = op_results + opt_results
         failed_proofs = [r for r in proofs if not r.ok]
         progress.finish(f"{proof_count(proofs)} in "
                         f"{time.perf_counter() - start:.1f} s")
-        print(format_table(PROOF_HEADERS, proof_rows(op_results, "op")
+        print(terminal_table(PROOF_HEADERS, proof_rows(op_results, "op")
                            + proof_rows(opt_results, "optimizer")))
         print()
     rows, statuses, code = run_engines(args)

@@ -10,15 +10,29 @@ import sys
 import time
 from dataclasses import asdict
 
+from reports.commands.arguments import progress_enabled
 from reports.conformance import mutants
-from reports.render.markdown import format_table
+from reports.commands.tables import terminal_table
 
 
 def _table(results):
     rows = [(r.key, r.what, "caught" if r.caught else "SURVIVED", r.failed_row or "-",
              r.examples, f"{r.seconds:.1f}") for r in results]
-    return format_table(("mutant", "bug", "verdict", "first failing check", "examples",
+    return terminal_table(("mutant", "bug", "verdict", "first failing check", "examples",
                          "seconds"), rows)
+
+
+def validate(args):
+    """``--ops`` names known mutants and ``--json`` is writable (None), or the usage error."""
+    from reports.commands import checks
+
+    if args.json:
+        problem = checks.writable_file(args.json, "--json")
+        if problem:
+            return problem
+    known = [m.key for m in mutants.all_mutants()]
+    problem = checks.unknown_names(args.ops or (), known, "--ops", "mutant")
+    return f"--mutants {problem}" if problem else None
 
 
 def run(args):
@@ -26,15 +40,10 @@ def run(args):
     chosen = mutants.all_mutants()
     if args.ops:
         known = {m.key: m for m in chosen}
-        unknown = [k for k in args.ops if k not in known]
-        if unknown:
-            print(f"verigrad conform --mutants: unknown mutant(s) {unknown}; known: "
-                  f"{', '.join(known)}", file=sys.stderr)
-            return 2
         chosen = tuple(known[k] for k in args.ops)
     start = time.perf_counter()
     bar = None
-    if not args.no_progress:
+    if progress_enabled(args):
         from tqdm import tqdm
 
         bar = tqdm(total=len(chosen) + 1, unit="mutant", file=sys.stderr, leave=False)

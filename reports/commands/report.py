@@ -19,33 +19,33 @@ DEFAULT_OUT = "accuracy-report"
 def add_arguments(parser):
     """Options of ``verigrad report``."""
     from reports import accuracy
+    from reports.commands import arguments as shared
 
     parser.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
                         help=f"directory to write into (default: ./{DEFAULT_OUT})")
-    parser.add_argument("--engines", nargs="+", metavar="NAME",
-                        help="engines to measure: registered names (reflib fastlib "
-                             "fastlib-cuda torch jax) or 'module:Engine' plugins; default: "
-                             "every registered engine available here")
-    parser.add_argument("--dtypes", nargs="+", metavar="DTYPE", default=list(accuracy.DTYPES),
-                        help="float32 and/or float64 (default: both)")
-    parser.add_argument("--samples", type=int, metavar="N",
+    shared.add_engines(parser, help="engines to measure: registered names (reflib fastlib "
+                                    "fastlib-cuda torch jax) or 'module:Engine' plugins "
+                                    "(default: every registered engine available here)")
+    shared.add_dtypes(parser, default=list(accuracy.DTYPES),
+                      help="float32 and/or float64 (default: both)")
+    parser.add_argument("--samples", type=shared.positive_int, metavar="N",
                         help=f"random cases per source (uniform, log-uniform) and op "
                              f"(default {accuracy.DEFAULT_SAMPLES}; "
                              f"{accuracy.QUICK_SAMPLES} with --quick)")
     parser.add_argument("--quick", action="store_true",
                         help="a fast report: few samples and three finite-difference steps")
-    parser.add_argument("--ops", nargs="+", metavar="OP",
-                        help="measure only these registry ops (default: all)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random cases")
+    shared.add_ops(parser, help="measure only these registry ops (default: all)")
+    shared.add_seed(parser, help="seed of the random cases")
     parser.add_argument("--baseline", metavar="OLD.json",
                         help="an earlier report.json: flag each op whose error grew by more "
-                             "than 2x")
+                             "than 2x (default: none)")
     parser.add_argument("--fail-on-regression", action="store_true",
                         help="exit 1 when --baseline flags a regression (for CI)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    shared.add_progress(parser, "progress bars (measuring, plotting)")
     parser.add_argument("--cluster", metavar="SPEC", default=None,
                         help="measure the ops as tasks on Dask: local:N or tcp://host:8786; "
-                             "the report is a serial run's (needs verigrad[dask])")
+                             "the report is a serial run's (needs verigrad[dask]) (default: "
+                             "none, measure here)")
 
 
 def _fail(message):
@@ -213,32 +213,37 @@ def _bar_lines(report):
     return lines
 
 
-def run(args) -> int:
-    """Measure, compare with the baseline, write every output; the exit code."""
-    from tqdm import tqdm
-
+def _config(args):
     from reports import accuracy
-    from reports.conformance.engines import EngineUnavailableError, UnknownEngineError
-    from reports.render import fmt_num
 
-    if args.fail_on_regression and not args.baseline:
-        return _fail("--fail-on-regression needs --baseline OLD.json (the report to compare "
-                     "with)")
-    from reports.commands import checks
-
-    problem = checks.writable_dir(args.out, "--out")
-    if problem:
-        return _fail(problem)
     overrides = dict(dtypes=tuple(args.dtypes), seed=args.seed,
                      ops=tuple(args.ops) if args.ops else None)
     if args.samples is not None:
         overrides["samples"] = args.samples
-    config = (accuracy.Config.quick_config(**overrides) if args.quick
-              else accuracy.Config(**overrides))
+    return (accuracy.Config.quick_config(**overrides) if args.quick
+            else accuracy.Config(**overrides))
+
+
+def validate(args):
+    """Every usage error of ``verigrad report`` (None: none), before anything is measured.
+
+    Resolves what the run needs on the way: ``args._config``, ``args._baseline`` and
+    ``args._engines`` (engines, unavailable).
+    """
+    from reports.commands import checks
+    from reports.conformance.engines import EngineUnavailableError, UnknownEngineError
+
+    if args.fail_on_regression and not args.baseline:
+        return ("--fail-on-regression needs --baseline OLD.json (the report to compare "
+                "with)")
+    problem = checks.writable_dir(args.out, "--out")
+    if problem:
+        return problem
     try:
-        config.validate()
-        baseline = _load_baseline(args.baseline) if args.baseline else None
-        engines, unavailable = _engines(args.engines)
+        args._config = _config(args)
+        args._config.validate()
+        args._baseline = _load_baseline(args.baseline) if args.baseline else None
+        args._engines = _engines(args.engines)
         if getattr(args, "cluster", None):
             from reports.distributed import cluster
 
@@ -246,9 +251,25 @@ def run(args) -> int:
             cluster.require_dask()
     except (ValueError, TypeError, UnknownEngineError, EngineUnavailableError,
             ImportError) as exc:
-        return _fail(str(exc))
-    if not engines:
-        return _fail("no engine to measure (see `verigrad conform --help` for the engines)")
+        return str(exc)
+    if not args._engines[0]:
+        return "no engine to measure (see `verigrad conform --help` for the engines)"
+    return None
+
+
+def run(args) -> int:
+    """Measure, compare with the baseline, write every output; the exit code."""
+    from tqdm import tqdm
+
+    from reports import accuracy
+    from reports.commands.arguments import progress_enabled
+    from reports.render import fmt_num
+
+    problem = None if getattr(args, "_validated", False) else validate(args)
+    if problem:
+        return _fail(problem)
+    config, baseline, (engines, unavailable) = args._config, args._baseline, args._engines
+    quiet = not progress_enabled(args)
     import spec
 
     ops = list(config.ops or spec.OPS)
@@ -256,7 +277,7 @@ def run(args) -> int:
                                                       accuracy.HIST_EDGES])
     try:
         with tqdm(total=len(ops), desc="measuring", unit="op", file=sys.stderr,
-                  disable=args.no_progress) as bar:
+                  disable=quiet) as bar:
             def advance(name, result):
                 worker.submit(name, result)
                 bar.set_postfix_str(name)
@@ -278,7 +299,7 @@ def run(args) -> int:
         if baseline is not None:
             report["regressions"] = accuracy.compare(baseline, report, source=args.baseline)
         with tqdm(total=len(ops), desc="plotting", unit="op", file=sys.stderr,
-                  disable=args.no_progress) as bar:
+                  disable=quiet) as bar:
             figures = worker.collect(report, progress=lambda name: bar.update(1))
             written = write_outputs(report, args.out, figures)
     finally:

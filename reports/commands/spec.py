@@ -12,19 +12,32 @@ from __future__ import annotations
 import sys
 import time
 
-from reports.commands.conform import (PROOF_HEADERS, ProgressLine, format_table, proof_count,
-                                      proof_rows)
+from reports.commands.arguments import progress_enabled
+from reports.commands.conform import PROOF_HEADERS, ProgressLine, proof_count, proof_rows
+from reports.commands.tables import terminal_table
 
 
 def add_arguments(parser):
     """Options of ``verigrad spec``."""
+    from reports.commands import arguments as shared
+
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--list", action="store_true",
                        help="list the ops (inputs, params, domains, kinks) and the optimizers")
     group.add_argument("--prove", nargs="*", metavar="NAME",
-                       help="prove these ops / optimizers (default: all of them)")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="do not show the one-line progress display")
+                       help="prove these ops / optimizers, spaces or commas (default: all of "
+                            "them)")
+    shared.add_progress(parser, "one-line progress display")
+
+
+def validate(args):
+    """``--list`` or ``--prove``, and every name known (None), or the usage error."""
+    if not args.list and args.prove is None:
+        return "give --list or --prove [NAME ...] (see verigrad spec --help)"
+    if args.prove:
+        args.prove = [p.strip() for n in args.prove for p in n.split(",") if p.strip()]
+        return _split_names(args.prove)[2]
+    return None
 
 
 def _op_rows(ops):
@@ -52,15 +65,19 @@ def list_registry(out=None):
     import spec
 
     out = out or sys.stdout
-    print(f"{len(spec.OPS)} ops ((nd) = not differentiable)\n", file=out)
-    print(format_table(("op", "family", "inputs: domain", "params", "forward", "kinks"),
-                       _op_rows(spec.OPS)), file=out)
+    rows = _op_rows(spec.OPS)
+    print(f"{len(spec.OPS)} ops: their inputs ((nd) = not differentiable)\n", file=out)
+    print(terminal_table(("op", "family", "inputs: domain", "params"),
+                         [r[:4] for r in rows]), file=out)
+    print(f"\n{len(spec.OPS)} ops: what they compute\n", file=out)
+    print(terminal_table(("op", "forward", "kinks (the derivative's convention)"),
+                         [(r[0],) + r[4:] for r in rows]), file=out)
     print(f"\n{len(spec.OPTIMIZERS)} optimizers (names are case-insensitive; t starts at 1; "
           f"state starts at 0)\n", file=out)
-    print(format_table(("optimizer", "hyperparameters", "state", "update"),
-                       _optimizer_rows(spec.OPTIMIZERS)), file=out)
-    print("\nNAG engine form: store w̃ = w − β·v, g = ∇f(w̃); "
-          "v_new = β·v + η·g; w̃ ← w̃ − η·g − β·v_new (see spec.optimizers)", file=out)
+    print(terminal_table(("optimizer", "hyperparameters", "state", "update"),
+                         _optimizer_rows(spec.OPTIMIZERS)), file=out)
+    print("\nNAG engine form: store w̃ = w − β·v, g = ∇f(w̃); v_new = β·v + η·g;\n"
+          "                 w̃ ← w̃ − η·g − β·v_new (see spec.optimizers)", file=out)
 
 
 def _split_names(names):
@@ -79,7 +96,7 @@ def _split_names(names):
             optimizers.append(opt_by_lower[name.lower()])
         else:
             choices = list(spec.OPS) + list(spec.OPTIMIZERS)
-            return None, None, (f"verigrad spec: unknown op or optimizer {name!r}"
+            return None, None, (f"unknown op or optimizer {name!r}"
                                 f"{did_you_mean(name, choices)} (see `verigrad spec --list`)")
     return ops, optimizers, None
 
@@ -89,18 +106,15 @@ def run(args) -> int:
     if args.list:
         list_registry()
         return 0
-    if args.prove is None:
-        print("verigrad spec: give --list or --prove [NAME ...] (see verigrad spec --help)",
-              file=sys.stderr)
+    problem = None if getattr(args, "_validated", False) else validate(args)
+    if problem:
+        print(f"verigrad spec: {problem}", file=sys.stderr)
         return 2
     from reports.commands.conform import run_spec_proofs
 
-    ops, optimizers, error = _split_names(args.prove)
-    if error:
-        print(error, file=sys.stderr)
-        return 2
+    ops, optimizers, _ = _split_names(args.prove)
     start = time.perf_counter()
-    progress = ProgressLine(enabled=not args.no_progress)
+    progress = ProgressLine(enabled=progress_enabled(args))
     op_results, opt_results = run_spec_proofs(progress, ops, optimizers)
     results = op_results + opt_results
     failed = [r for r in results if not r.ok]
@@ -108,7 +122,7 @@ def run(args) -> int:
     progress.finish(f"{proof_count(results)} in {elapsed:.1f} s")
     rows = proof_rows(op_results, "op", full_shapes=True)
     rows += proof_rows(opt_results, "optimizer", full_shapes=True)
-    print(format_table(PROOF_HEADERS, rows))
+    print(terminal_table(PROOF_HEADERS, rows))
     for r in results:
         if r.ok and r.method != "symbolic":
             print(f"  {r.op}: {r.detail}")

@@ -30,58 +30,98 @@ def _hidden(text):
     return sizes
 
 
+def _activations():
+    import optable
+
+    return sorted(optable.activation_codes())
+
+
+def _losses():
+    from fastlib import losses
+
+    return list(losses.LOSSES) + list(losses.DEPRECATED_ALIASES)
+
+
+def _optimizers():
+    from fastlib import optim
+
+    return [cls.name for cls in optim.OPTIMIZERS.values()]
+
+
+def _algorithms():
+    from fastlib.training import ALIASES, algorithm_names
+
+    return algorithm_names() + ["kBP", "kCD"] * bool(ALIASES)
+
+
 def add_arguments(parser):
     """The options of ``verigrad train``."""
+    from reports.commands import arguments as shared
+
     a = parser.add_argument
     a("--data", choices=("digits", "mnist"), default="digits",
-      help="data set (default digits: bundled with scikit-learn, no download)")
+      help="data set (digits: bundled with scikit-learn, no download)")
     a("--data-dir", default=None,
       help="folder with the four MNIST IDX files (default $VERIGRAD_MNIST_DIR or "
            "../shared/data/mnist)")
     a("--hidden", type=_hidden, default=[128], help="hidden widths, e.g. 128,64 (default 128)")
-    a("--activation", default="relu", help="hidden activation (default relu)")
-    a("--loss", default="cross_entropy",
-      help="cross_entropy (default), categorical_cross_entropy or mse (one-hot targets)")
-    a("--optimizer", default="Adam", help="SGD Momentum NAG Adagrad RMSprop Adam AdamW")
-    a("--epochs", type=int, default=None, help="epochs (default 20 digits, 5 mnist)")
-    a("--batch-size", type=int, default=None, help="mini-batch size (default 32)")
-    a("--lr", type=float, default=1e-3, help="learning rate (default 0.001)")
-    a("--seed", type=int, default=0, help="initialisation and shuffling seed (default 0)")
-    a("--dtype", choices=("float32", "float64"), default="float32")
-    a("--device", choices=("cpu", "cuda"), default="cpu")
-    a("--algorithm", default="bp",
-      help="registered training algorithm: bp (default), targetprop, cd (an RBM with "
-           "--hidden's first width on the images alone); SINGA's kBP and kCD also work")
+    a("--activation", default="relu", choices=shared.LazyChoices(_activations),
+      help="hidden activation")
+    a("--loss", default="cross_entropy", choices=shared.LazyChoices(_losses),
+      help="the loss (categorical_cross_entropy, mse and the binary ones train on one-hot "
+           "targets)")
+    a("--optimizer", default="Adam", choices=shared.LazyChoices(_optimizers, ignore_case=True),
+      help="optimizer, any case (the CLI's default is Adam; fastlib.train's is SGD, "
+           "DataCode's)")
+    a("--epochs", type=shared.positive_int, default=None,
+      help="epochs (default 20 digits, 5 mnist)")
+    a("--batch-size", type=shared.positive_int, default=None, help="mini-batch size (default 32)")
+    a("--lr", type=shared.positive_float, default=1e-3, help="learning rate")
+    shared.add_seed(parser, help="initialisation and shuffling seed")
+    a("--dtype", choices=("float32", "float64"), default="float32",
+      help="the model's one dtype")
+    shared.add_device(parser, help="where every step runs: cpu, or cuda (a GPU; refused at "
+                                   "once without one, naming why)")
+    a("--algorithm", default="bp", choices=shared.LazyChoices(_algorithms, ignore_case=True),
+      help="registered training algorithm: bp, targetprop, cd (an RBM with --hidden's first "
+           "width on the images alone); SINGA's kBP and kCD also work")
     a("--pure", action="store_true",
       help="with --algorithm targetprop: pure targets through the weights, not the chain rule")
     a("--update", choices=("gradient", "loom"), default="gradient",
       help="with --algorithm targetprop: each layer's update, the gradient of its gap "
-           "(default) or Loom's delta lr x input x gap (Dense layers)")
+           "or Loom's delta lr x input x gap (Dense layers)")
     a("--normalisation", choices=("row", "column"), default="row",
       help="with --algorithm targetprop --pure: divide each route by the input row's total "
-           "|weight| (default, Loom's engine) or the output column's (Loom's document)")
-    a("--cd-k", type=int, default=1, help="with --algorithm cd: Gibbs steps of CD-k (default 1)")
-    a("--gradient-clip", type=float, default=0.0, help="0 (off) or the clipping threshold")
+           "|weight| (row: Loom's engine) or the output column's (column: Loom's document)")
+    a("--cd-k", type=shared.positive_int, default=1,
+      help="with --algorithm cd: Gibbs steps of CD-k")
+    a("--gradient-clip", type=shared.nonnegative_float, default=0.0,
+      help="0 (off) or the clipping threshold")
     a("--clip-mode", choices=("value", "norm"), default="value",
-      help="value (default): clamp each gradient element to [-c, c], as Loom's engine; norm: "
+      help="value: clamp each gradient element to [-c, c], as Loom's engine; norm: "
            "scale all gradients when their global L2 norm exceeds c, as Loom's document")
-    a("--val-fraction", type=float, default=0.1,
-      help="stratified part of the training split held out for validation (default 0.1)")
+    a("--val-fraction", type=shared.fraction, default=0.1,
+      help="stratified part of the training split held out for validation, in [0, 1)")
     a("--early-stopping", action="store_true",
       help="train with train_sh: LR reduction on a plateau and early stopping")
-    a("--monitor", default="val_loss", help="train_sh's monitor (default val_loss)")
-    a("--patience", type=int, default=5, help="train_sh's patience (default 5)")
-    a("--min-delta", type=float, default=1.0, help="train_sh's minimum improvement in percent")
-    a("--save", default=None, help="save the trained model to this .npz file")
-    a("--checkpoint", default=None, help="write a training checkpoint here after every epoch")
-    a("--resume", default=None, help="resume from a checkpoint (its architecture is used)")
-    a("--plot", default=None, help="write loss and accuracy curves to this PNG file")
+    a("--monitor", default="val_loss", choices=("loss", "val_loss", "acc", "val_acc"),
+      help="train_sh's monitor")
+    a("--patience", type=shared.positive_int, default=5, help="train_sh's patience")
+    a("--min-delta", type=shared.nonnegative_float, default=1.0,
+      help="train_sh's minimum improvement in percent")
+    a("--save", default=None, help="save the trained model to this .npz file (default: none)")
+    a("--checkpoint", default=None,
+      help="write a training checkpoint here after every epoch (default: none)")
+    a("--resume", default=None,
+      help="resume from a checkpoint (its architecture is used) (default: none)")
+    a("--plot", default=None,
+      help="write loss and accuracy curves to this PNG file (default: none)")
     a("--distributed", action="store_true",
       help="data-parallel over MPI: launch as mpiexec -n K verigrad train --distributed "
            "(needs verigrad[mpi]); only rank 0 prints, plots and saves")
-    a("--blocks", type=int, default=8,
+    a("--blocks", type=shared.positive_int, default=8,
       help="with --distributed: blocks per batch, the fixed summation order; the number of "
-           "ranks must divide it (default 8)")
+           "ranks must divide it")
 
 
 def _load(args, dtype):
@@ -150,10 +190,42 @@ def _check_paths(args):
     return next((p for p in problems if p), None)
 
 
+def _check_combinations(args):
+    """Options that do not go together (None: all fine)."""
+    from fastlib.training import ALIASES
+
+    algorithm = ALIASES.get(args.algorithm.strip().lower(), args.algorithm.strip().lower())
+    if algorithm != "targetprop":
+        for flag, used in (("--pure", args.pure), ("--update", args.update != "gradient"),
+                           ("--normalisation", args.normalisation != "row")):
+            if used:
+                return f"{flag} only applies to --algorithm targetprop"
+    if algorithm == "cd":
+        if args.early_stopping:
+            return "--early-stopping is not available with --algorithm cd"
+        if args.distributed:
+            from fastlib.training.distributed import UNSUPPORTED
+
+            return (f"--algorithm cd does not run data-parallel: {UNSUPPORTED['cd']}; drop "
+                    f"--distributed")
+    if args.early_stopping and args.val_fraction == 0 and args.monitor.startswith("val_"):
+        return (f"--early-stopping with --monitor {args.monitor} needs --val-fraction > 0 "
+                f"(or --monitor {args.monitor[4:]})")
+    return None
+
+
+def validate(args):
+    """Every usage error of ``verigrad train`` (None: none), before any banner or epoch:
+    paths, option combinations and ``--device cuda`` without a usable GPU."""
+    from reports.commands.arguments import cuda_problem
+
+    return _check_paths(args) or _check_combinations(args) or cuda_problem(args)
+
+
 def run(args) -> int:
     """Train, print the per-epoch table and the test accuracy; 0 on success, 1 on an error,
-    2 on a usage error (a path that cannot be read or written)."""
-    problem = _check_paths(args)
+    2 on a usage error (see :func:`validate`)."""
+    problem = None if getattr(args, "_validated", False) else validate(args)
     if problem:
         print(f"verigrad train: {problem}", file=sys.stderr)
         return 2
@@ -186,11 +258,6 @@ def _run(args) -> int:
         train, val = datasets.Split(data.x_train, data.y_train), None
     if args.algorithm.lower() == "cd":
         return _run_cd(args, data, train, val, epochs, batch_size, dtype, t0)
-    if args.algorithm.lower() != "targetprop":
-        for flag, used in (("--pure", args.pure), ("--update", args.update != "gradient"),
-                           ("--normalisation", args.normalisation != "row")):
-            if used:
-                raise ValueError(f"{flag} only applies to --algorithm targetprop")
     loss = losses.resolve_loss(args.loss)
     y_train = _targets(loss, train.y, classes)
     y_val = None if val is None else _targets(loss, val.y, classes)
@@ -233,8 +300,6 @@ def _run(args) -> int:
                       normalisation=args.normalisation)
     x_val = None if val is None else val.x
     if args.early_stopping:
-        if val is None and args.monitor.startswith("val_"):
-            raise ValueError("--early-stopping with a val_ monitor needs --val-fraction > 0")
         hist = fastlib.train_sh(model, train.x, y_train, epochs, batch_size, args.lr, loss,
                                 args.optimizer, args.monitor, args.patience, args.min_delta,
                                 True, x_val, y_val, **common)
@@ -270,13 +335,6 @@ def _run_cd(args, data, train, val, epochs, batch_size, dtype, t0) -> int:
     import fastlib
 
     out = sys.stdout
-    if getattr(args, "distributed", False):
-        from fastlib.training.distributed import UNSUPPORTED
-
-        raise NotImplementedError(f"--algorithm cd does not run data-parallel: "
-                                  f"{UNSUPPORTED['cd']}; drop --distributed")
-    if args.early_stopping:
-        raise ValueError("--early-stopping is not available with --algorithm cd")
     rbm_cls = fastlib.RBM        # importing fastlib.rbm also lets fastlib.load rebuild an RBM
     rbm = (fastlib.load(args.resume) if args.resume else
            rbm_cls(data.x_train.shape[1], args.hidden[0], dtype=dtype, seed=args.seed))

@@ -285,9 +285,9 @@ ENGINES = {
     )
 }
 
-#: What ``verigrad conform`` runs without ``--engine``: the project's own engines (an
-#: unavailable one is listed with its reason). The adapters run when named (``--engine torch``,
-#: ``--engine all``): they hold other people's engines to the same standard, and may fail it.
+#: What ``verigrad conform`` runs without ``--engines``: the project's own engines (an
+#: unavailable one is listed with its reason). The adapters run when named (``--engines torch``,
+#: ``--engines all``): they hold other people's engines to the same standard, and may fail it.
 DEFAULT_ENGINES = ("reflib", "fastlib", "fastlib-cuda")
 
 

@@ -169,7 +169,7 @@ sys.exit(code)
 
 def _conform_args(profile, seed, first, out):
     """The ``verigrad conform`` arguments every mutant (of either kind) is judged by."""
-    args = ["conform", "--profile", profile, "--engine", "fastlib", "--no-proofs", "--fail-fast",
+    args = ["conform", "--profile", profile, "--engines", "fastlib", "--no-proofs", "--fail-fast",
             "--no-progress", "--seed", str(seed), "--json", str(out)]
     return args + (["--first", *first] if first else [])
 

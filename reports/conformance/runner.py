@@ -273,14 +273,14 @@ def order_rows(rows, first):
 def _command(row, profile, seed):
     """The ``verigrad conform`` line that runs ``row`` again (same profile, seed and draws)."""
     parts = ["verigrad conform", f"--profile {profile.name}",
-             f"--engine {row.engine_ref or row.engine}"]
+             f"--engines {row.engine_ref or row.engine}"]
     if row.kind in ("tape", "targetprop", "cd"):
         parts.append(f"--ops {row.kind}")        # their names hold spaces: select the kind
     elif row.kind != "completeness":
         parts.append(f"--ops {row.name}")
     parts.append(f"--seed {seed}")
     if row.dtype != "-":
-        parts.append(f"--dtype {row.dtype}")
+        parts.append(f"--dtypes {row.dtype}")
     if row.kinks:
         parts.append(f"--kinks {row.kinks}")
     parts.append("--no-proofs")

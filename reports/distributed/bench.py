@@ -101,11 +101,11 @@ def run(args, sizes) -> int:
             rows.append(r)
     load = {"before": load_before, "after": _load_average(), "cores": os.cpu_count()}
     model = _cost_model(rows, args)
-    if args.json:
-        print(json.dumps({"model": "784-128-10 relu, cross_entropy, Adam lr=1e-3, float32",
-                          "blocks": args.blocks, "load_average": load, "results": rows,
-                          "cost_model": model}, indent=2))
-        return 0
+    if args.json:  # --json FILE: the results as JSON too
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"model": "784-128-10 relu, cross_entropy, Adam lr=1e-3, float32",
+                       "blocks": args.blocks, "load_average": load, "results": rows,
+                       "cost_model": model}, fh, indent=2)
     print(f"verigrad bench train --distributed: 784-128-10 relu, Adam, float32; "
           f"{rows[0]['source']}; {args.samples} samples per epoch; one thread per rank; "
           f"{args.blocks} blocks per batch")

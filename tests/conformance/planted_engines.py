@@ -1,6 +1,6 @@
 """Engines with planted accuracy bugs: fastlib with one op replaced by a classic mistake.
 
-Each class is a plugin engine (``verigrad conform --engine tests/conformance/planted_engines.py:
+Each class is a plugin engine (``verigrad conform --engines tests/conformance/planted_engines.py:
 SigmoidCancel``); ``tests/conformance/test_conform_planted.py`` shows that the dev profile
 catches every one of them, and what it reports. The bugs are written here, apart from fastlib,
 as a user's engine would have them.

@@ -23,7 +23,7 @@ def test_docs_example_engine_passes(tmp_path, capsys):
     path = tmp_path / "tiny_engine.py"
     path.write_text(_example_code())
     report = tmp_path / "rows.json"
-    code = main(["conform", "--engine", f"{path}:TinyEngine", "--no-proofs", "--no-progress",
+    code = main(["conform", "--engines", f"{path}:TinyEngine", "--no-proofs", "--no-progress",
                  "--json", str(report)])
     out = capsys.readouterr().out
     assert code == 0, out

@@ -76,14 +76,14 @@ def test_run_property_reports_the_worst_passing_ratio():
 
 def test_planted_defects_fail_with_reproductions(planted, capsys, tmp_path):
     report = tmp_path / "rows.json"
-    code = main(["conform", "--engine", planted, "--ops", "tanh", "neg", "exp",
+    code = main(["conform", "--engines", planted, "--ops", "tanh", "neg", "exp",
                  "--no-proofs", "--no-progress", "--json", str(report)])
     out = capsys.readouterr().out
     assert code == 1
     assert "FAILED: exact tanh [noisy float32]" in out
     assert "FAILED: jvp tanh [noisy float64]" in out
     assert "FAILED: exact neg [noisy float64]" in out
-    assert "reproduce (command): verigrad conform --profile dev --engine " + planted in out
+    assert "reproduce (command): verigrad conform --profile dev --engines " + planted in out
     rows = json.loads(report.read_text())["rows"]
     by_key = {(r["check"], r["name"], r["dtype"]): r for r in rows}
     assert by_key[("exact", "exp", "float32")]["status"] == "pass"
@@ -104,7 +104,7 @@ def test_planted_defects_fail_with_reproductions(planted, capsys, tmp_path):
 
 def test_a_clean_engine_passes_and_filters_apply(capsys, tmp_path):
     report = tmp_path / "rows.json"
-    code = main(["conform", "--engine", "reflib", "--ops", "tanh", "Adam", "--dtype",
+    code = main(["conform", "--engines", "reflib", "--ops", "tanh", "Adam", "--dtypes",
                  "float64", "--no-proofs", "--no-progress", "--json", str(report)])
     assert code == 0, capsys.readouterr().out
     rows = json.loads(report.read_text())["rows"]
@@ -114,12 +114,12 @@ def test_a_clean_engine_passes_and_filters_apply(capsys, tmp_path):
 
 
 def test_unknown_and_unavailable_engines(capsys):
-    assert main(["conform", "--engine", "fastlb", "--no-proofs", "--no-progress"]) == 2
+    assert main(["conform", "--engines", "fastlb", "--no-proofs", "--no-progress"]) == 2
     assert "did you mean 'fastlib'" in capsys.readouterr().err
     import fastlib.cuda as fc
 
     if not fc.is_available():
-        code = main(["conform", "--engine", "fastlib-cuda", "--no-proofs", "--no-progress"])
+        code = main(["conform", "--engines", "fastlib-cuda", "--no-proofs", "--no-progress"])
         out = capsys.readouterr().out
         assert code == 1 and "fastlib-cuda: unavailable" in out
         assert fc.unavailable_reason() in out
@@ -148,7 +148,7 @@ def test_plan_covers_every_op_and_check_for_the_default_engines():
 
 
 def test_proofs_come_first_and_follow_ops(capsys):
-    code = main(["conform", "--engine", "reflib", "--ops", "tanh", "SGD", "--dtype", "float64",
+    code = main(["conform", "--engines", "reflib", "--ops", "tanh", "SGD", "--dtypes", "float64",
                  "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0, out
