@@ -45,7 +45,7 @@ class TargetPropConfig:
     momentum : float, default 0.9
         μ in v ← μ v + (1 − μ) delta.
     weight_threshold : float, default 0.01
-        A route's row (column, with ``normalisation="column"``) whose Σ |W| does not exceed it
+        A route's row (column, with ``normalisation="column"``) whose ``Σ |W|`` does not exceed it
         routes nothing.
     update : {"gradient", "loom"}, default "gradient"
         The local update d_θ of a layer that passes the gate. ``"gradient"``: d_θ = J_θᵀ(t −
@@ -53,8 +53,8 @@ class TargetPropConfig:
         ``"loom"``: Loom's delta = lr·input·gap for Dense layers, d_W = xᵀ(t − y)/B and d_b =
         Σ(t − y)/B, without the activation derivative (Dense-only models).
     normalisation : {"row", "column"}, default "row"
-        Pure mode's route N(W, v): ``"row"`` divides by each input row's Σ_j |W[i,j]| (Loom's
-        engine); ``"column"`` divides each output's v[j] by its column's Σ_i |W[i,j]| (Loom's
+        Pure mode's route N(W, v): ``"row"`` divides by each input row's ``Σ_j |W[i,j]|`` (Loom's
+        engine); ``"column"`` divides each output's v[j] by its column's ``Σ_i |W[i,j]|`` (Loom's
         document, ``/ totalWeight[j]``).
     """
 

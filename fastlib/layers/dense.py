@@ -34,6 +34,8 @@ class Dense(Layer):
     rng : numpy.random.Generator, optional
         reflib's spelling of a generator seed.
 
+    Notes
+    -----
     Input ``(..., in_features)``, output ``(..., out_features)``.
     """
 

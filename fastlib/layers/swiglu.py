@@ -19,6 +19,8 @@ class SwiGLU(Layer):
     dtype, seed, rng :
         As for ``Dense``.
 
+    Notes
+    -----
     Input ``(..., d)``, output ``(..., out)``.
     """
 

@@ -68,6 +68,8 @@ class Dense(Layer):
         Initialisation source (``rng`` wins; neither means seed 0): He-normal weight for relu and
         leaky_relu, Xavier-uniform otherwise; zero bias.
 
+    Notes
+    -----
     Input ``(batch, in_features)`` or ``(..., in_features)``.
     """
 

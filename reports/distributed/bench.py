@@ -4,8 +4,8 @@ Each rank count is one ``mpiexec -n K`` launch of :mod:`reports.distributed.benc
 every rank limited to one thread (BLAS and fastlib's kernels: one core per rank, the usual
 way to run MPI, and what makes the rank counts comparable on one machine). The table gives
 seconds per epoch (scaled from the steps measured) and samples per second, with the bytes each
-rank exchanges per step, the input of the README's cost model, and the machine's load average
-before and after (the ranks share the cores with whatever else runs).
+rank exchanges per step, the input of the cost model in docs/distributed.md, and the
+machine's load average before and after (the ranks share the cores with whatever else runs).
 """
 from __future__ import annotations
 

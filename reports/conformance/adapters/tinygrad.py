@@ -6,8 +6,8 @@ Backend. tinygrad compiles a kernel per op and shape. Its ``CPU`` backend compil
 ``PYTHON`` backend interprets the kernels and needs no compiler. The adapter uses tinygrad's
 own ``DEV`` variable when it is set, else ``PYTHON`` (``tinygrad_device``): on the suite's
 small arrays the time goes into compiling, so PYTHON finishes the dev profile in about a third
-of CPU's time here (the README times both), and it needs nothing installed. ``DEV=CPU`` checks
-the compiled backend, whose long sums differ (see the README).
+of CPU's time here (docs/peers.md), and it needs nothing installed. ``DEV=CPU`` checks
+the compiled backend, whose long sums differ (see docs/peers.md).
 
 The long story: docs/reports.md, section ``reports/conformance/adapters/tinygrad.py``.
 """

@@ -1,0 +1,318 @@
+"""Measured tables in README.md and docs/ rendered from the files that recorded the measurement.
+
+A table sits between ``<!-- results: PATH table=NAME -->`` and ``<!-- /results -->``; PATH is a
+results file under docs/results/ (the command, date, machine, load and versions beside the
+command's own JSON) or the peers' findings file. ``--write`` re-renders every block, ``--check``
+lists the blocks that disagree with their source, ``record`` runs a measuring command and
+stores its JSON. The long story: docs/results.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import pathlib
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+__all__ = ["BLOCK", "TABLES", "render", "blocks", "check", "write", "record", "main"]
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"(<!-- results: (?P<path>\S+) table=(?P<table>[\w-]+) -->\n)(?P<body>.*?)"
+                   r"(<!-- /results -->)", re.DOTALL)
+
+
+def _doc_files(root=ROOT):
+    return [root / "README.md"] + sorted((root / "docs").rglob("*.md"))
+
+
+# ---------------------------------------------------------------------------------------------
+# number formatting (one place, so a re-render is byte-identical)
+
+def _num(x, digits=3):
+    """A measured number as text: ``-`` for missing, ``inf``/``nan`` spelled out, else %g."""
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.{digits}g}"
+
+
+def _table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# the tables
+
+def _provenance(doc):
+    """One line under every table: where its figures come from."""
+    load = doc.get("load_before")
+    load_text = f", load average {_num(load, 2)} before" if load is not None else ""
+    after = doc.get("load_after")
+    load_text += f" and {_num(after, 2)} after" if after is not None else ""
+    machine = doc.get("machine", {})
+    return (f"\n*`{doc['command']}`, {doc['date']}, {machine.get('cpus', '?')} cores "
+            f"({machine.get('system', '?')}){load_text}.*\n")
+
+
+def accuracy_summary(doc):
+    """Per op: median / max ULP error of each engine and dtype, and fastlib float64's max on
+    well-conditioned elements (from ``verigrad report``'s summary rows)."""
+    data = doc["data"]
+    cells = {}
+    for r in data["summary"]:
+        if r["status"] == "unsupported":
+            continue
+        cells[(r["op"], r["engine"], r["dtype"])] = r
+    columns = [(e, d) for d in ("float32", "float64") for e in data["engines"]
+               if any(k[1:] == (e, d) for k in cells)]
+    header = ["op"] + [f"{e} {d[-2:]}" for e, d in columns] + ["fastlib 64, κ ≤ 8"]
+    rows = []
+    for op in data["ops"]:
+        row = [f"`{op}`"]
+        for e, d in columns:
+            r = cells.get((op, e, d))
+            row.append("-" if r is None else f"{_num(r['median_ulp'])} / {_num(r['max_ulp'])}")
+        well = cells.get((op, "fastlib", "float64"))
+        row.append("-" if well is None else _num(well["max_ulp_well"]))
+        rows.append(row)
+    return _table(header, rows) + _provenance(doc)
+
+
+def accuracy_bar(doc):
+    """The bar fastlib is held to, as counted by ``verigrad report``: passes and misses."""
+    b = doc["data"]["bar"]
+    out = []
+
+    def line(entries, text, detail):
+        entries = [e for e in entries if e.get("status") != "not measured"]
+        passed = [e for e in entries if e["status"] == "pass"]
+        missed = [e for e in entries if e["status"] != "pass"]
+        miss = ("; misses: " + ", ".join(detail(e) for e in missed)) if missed else ""
+        out.append(f"- {text}: {len(passed)} of {len(entries)}{miss}")
+
+    line(b["float64"], f"{b['engine']} float64 within {_num(b['few_ulps'])} ULPs on "
+         f"well-conditioned elements (κ ≤ {_num(b['kappa_well'])})",
+         lambda e: f"`{e['op']}` ({_num(e['max_ulp_well'])})")
+    line(b["float32"], f"{b['engine']} float32 median no farther from exact than {b['rival']} "
+         "float32", lambda e: f"`{e['op']}` ({_num(e['median_ulp'])} vs "
+                              f"{_num(e['rival_median_ulp'])})")
+    line(b["correct_rounding"], "correctly rounded where one rounding suffices (op × dtype)",
+         lambda e: f"`{e['op']}` {e['dtype']}")
+    return "\n".join(out) + "\n" + _provenance(doc)
+
+
+def bench_ops(doc):
+    """``verigrad bench ops`` rows: fastlib's time over NumPy's, forward and VJP side by side."""
+    cases = {}
+    for r in doc["data"]["rows"]:
+        cases.setdefault(r["case"], {})[r["direction"]] = r["ratio"]
+    rows = []
+    for case, ratios in cases.items():
+        rows.append([case] + [f"{d} {_num(v, 2)}" for d, v in ratios.items()])
+    width = max(len(r) for r in rows) if rows else 1
+    rows = [r + [""] * (width - len(r)) for r in rows]
+    header = ["case (float32)"] + ["fastlib / NumPy"] * (width - 1)
+    return _table(header, rows) + _provenance(doc)
+
+
+def bench_train(doc):
+    """``verigrad bench train --json`` rows: seconds per epoch per engine and batch size."""
+    data = doc["data"]
+    engines = data["engines"]
+    rows = []
+    for r in data["results"]:
+        row = [data["model_name"], r["batch_size"], _num(r.get("load_1min"), 3)]
+        row += [_num(r.get(e), 3) for e in engines]
+        row += [_num(r.get(f"fastlib_over_{e}"), 2) for e in engines if e != "fastlib"]
+        rows.append(row)
+    header = (["model", "batch", "load"] + [f"{e} s/epoch" for e in engines]
+              + [f"fastlib / {e}" for e in engines if e != "fastlib"])
+    return _table(header, rows) + _provenance(doc)
+
+
+def peers_summary(doc):
+    """Per peer: version and how many findings of each kind (``tests/peers/findings.json``)."""
+    counts = {}
+    for f in doc["findings"]:
+        c = counts.setdefault(f["engine"], {"failure": 0, "convention": 0, "contract": 0})
+        c[f["kind"]] = c.get(f["kind"], 0) + 1
+    rows = [[e, doc["engines"][e]["version"], c["failure"], c["convention"], c["contract"],
+             sum(c.values())] for e, c in counts.items()]
+    return _table(["engine", "version", "failures", "conventions", "contract", "findings"],
+                  rows)
+
+
+def peers_findings(doc):
+    """The full findings table, one row per engine, op and dtype."""
+    from reports.peers_findings import markdown
+
+    return markdown(doc)
+
+
+TABLES = {"accuracy-summary": accuracy_summary, "accuracy-bar": accuracy_bar,
+          "bench-ops": bench_ops, "bench-train": bench_train, "peers-summary": peers_summary,
+          "peers-findings": peers_findings}
+
+
+def render(path, table, root=ROOT):
+    """The Markdown of table ``table`` rendered from the source file ``path`` (repo-relative)."""
+    if table not in TABLES:
+        raise ValueError(f"unknown results table {table!r}; known: {', '.join(sorted(TABLES))}")
+    source = root / path
+    if not source.is_file():
+        raise FileNotFoundError(f"results file {path} does not exist; record it with "
+                                "`python -m reports.results_tables record ...`")
+    return TABLES[table](json.loads(source.read_text(encoding="utf-8")))
+
+
+def blocks(text):
+    """``[(path, table, body)]`` of the results blocks of a Markdown text."""
+    return [(m["path"], m["table"], m["body"]) for m in BLOCK.finditer(text)]
+
+
+def _rerender(text, root=ROOT):
+    return BLOCK.sub(lambda m: m.group(1) + render(m["path"], m["table"], root) + m.group(5),
+                     text)
+
+
+def check(root=ROOT):
+    """``["file: table from PATH differs"]`` for every block whose text is not its render."""
+    stale = []
+    for doc in _doc_files(root):
+        text = doc.read_text(encoding="utf-8")
+        for path, table, body in blocks(text):
+            if render(path, table, root) != body:
+                stale.append(f"{doc.relative_to(root)}: table {table} from {path} differs from "
+                             "its source (run `python -m reports.results_tables --write`)")
+    return stale
+
+
+def write(root=ROOT):
+    """Re-render every block in place; returns the files changed."""
+    changed = []
+    for doc in _doc_files(root):
+        text = doc.read_text(encoding="utf-8")
+        new = _rerender(text, root)
+        if new != text:
+            doc.write_text(new, encoding="utf-8")
+            changed.append(doc.relative_to(root).as_posix())
+    return changed
+
+
+# ---------------------------------------------------------------------------------------------
+# recording a measurement
+
+def _machine():
+    return {"system": f"{platform.system()} {platform.machine()}",
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def _versions():
+    from importlib import metadata
+
+    out = {}
+    for name in ("verigrad", "numpy", "numba", "scipy", "sympy", "mpmath", "torch", "jax"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _trim(kind, data):
+    """Keep what the tables and a reader need (a full report.json holds every element)."""
+    if kind == "report":
+        return {"engines": [e["name"] for e in data["engines"] if e["available"]],
+                "ops": list(data["ops"]), "config": data["config"], "versions": data["versions"],
+                "summary": data["summary"], "bar": data["bar"], "timing": data["timing"]}
+    return data
+
+
+def record(out, argv, reads=None, kind="json", ran=None):
+    """Run ``verigrad ARGV`` (or take ``ran``: a run already made) and store its JSON in ``out``.
+
+    Parameters
+    ----------
+    out : str or path
+        The results file to write (under docs/results/).
+    argv : list of str
+        The ``verigrad`` arguments, recorded as the command.
+    reads : str or None
+        The file the command writes its JSON to; None reads its standard output.
+    kind : {"json", "report"}
+        ``report`` keeps the summary, bar, configuration and versions of a report.json.
+    ran : dict or None
+        ``{"seconds", "load_before", "load_after"}`` of a run made outside (then nothing runs).
+    """
+    if ran is None:
+        load_before = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "reports", *argv], cwd=ROOT,
+                              capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+        load_after = os.getloadavg()[0]
+        if proc.returncode not in (0, 1):
+            raise SystemExit(f"verigrad {shlex.join(argv)} exited {proc.returncode}:\n"
+                             f"{proc.stderr[-2000:]}")
+        text = proc.stdout if reads is None else pathlib.Path(reads).read_text()
+    else:
+        seconds, load_before, load_after = ran["seconds"], ran["load_before"], ran["load_after"]
+        text = pathlib.Path(reads).read_text()
+    doc = {"command": "verigrad " + shlex.join(argv),
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "seconds": round(seconds, 1), "load_before": round(load_before, 2),
+           "load_after": round(load_after, 2), "machine": _machine(), "versions": _versions(),
+           "data": _trim(kind, json.loads(text))}
+    pathlib.Path(out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
+                                 encoding="utf-8")
+    return doc
+
+
+def main(argv=None):
+    """Command line: ``--write``, ``--check``, or ``record OUT [--reads FILE] -- ARGS``."""
+    parser = argparse.ArgumentParser(prog="python -m reports.results_tables",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="re-render every results block")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 listing the blocks that disagree with their source")
+    sub = parser.add_subparsers(dest="action")
+    rec = sub.add_parser("record", help="run a measuring command and store its JSON")
+    rec.add_argument("out", help="results file to write, e.g. docs/results/accuracy-quick.json")
+    rec.add_argument("--reads", default=None,
+                     help="the file the command writes its JSON to (default: its stdout)")
+    rec.add_argument("--kind", choices=("json", "report"), default="json")
+    rec.add_argument("args", nargs=argparse.REMAINDER, help="-- then the verigrad arguments")
+    args = parser.parse_args(argv)
+    if args.action == "record":
+        command = args.args[1:] if args.args[:1] == ["--"] else args.args
+        if not command:
+            parser.error("record needs the verigrad arguments after --")
+        record(args.out, command, args.reads, args.kind)
+        return 0
+    if args.write:
+        for name in write():
+            print(f"rewrote {name}")
+        return 0
+    stale = check()
+    print("\n".join(stale) if stale else "every results table matches its source")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

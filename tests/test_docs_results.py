@@ -1,0 +1,74 @@
+"""Measured tables in README.md and docs/ agree with the files that recorded them.
+
+Each table between ``<!-- results: PATH table=NAME -->`` and ``<!-- /results -->`` is
+re-rendered from PATH by ``reports.results_tables``; a hand edit or a stale table fails here.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from reports import results_tables
+
+ROOT = Path(__file__).resolve().parents[1]
+README_MAX_LINES = 250
+
+
+def test_every_rendered_table_matches_its_source():
+    stale = results_tables.check(ROOT)
+    assert not stale, "\n".join(stale)
+
+
+def test_the_docs_hold_results_tables_from_each_source():
+    sources = set()
+    for doc in [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md")):
+        sources |= {path for path, _, _ in results_tables.blocks(doc.read_text("utf-8"))}
+    assert {"docs/results/accuracy-quick.json", "tests/peers/findings.json"} <= sources
+
+
+def test_every_results_file_records_how_it_was_measured():
+    files = sorted((ROOT / "docs" / "results").glob("*.json"))
+    assert files, "docs/results/ holds no results file"
+    for path in files:
+        doc = json.loads(path.read_text("utf-8"))
+        missing = {"command", "date", "machine", "versions", "load_before", "data"} - set(doc)
+        assert not missing, f"{path.name} lacks {sorted(missing)}"
+        assert doc["command"].startswith("verigrad "), path.name
+        assert doc["machine"].get("cpus"), path.name
+
+
+def test_a_hand_edited_table_is_caught(tmp_path):
+    # a copy of the repository's docs whose accuracy table has one number typed over
+    (tmp_path / "docs").mkdir()
+    shutil.copytree(ROOT / "docs" / "results", tmp_path / "docs" / "results")
+    (tmp_path / "tests" / "peers").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "peers" / "findings.json", tmp_path / "tests" / "peers")
+    text = (ROOT / "docs" / "results.md").read_text("utf-8")
+    (tmp_path / "README.md").write_text("# x\n", "utf-8")
+    (tmp_path / "docs" / "results.md").write_text(text, "utf-8")
+    assert results_tables.check(tmp_path) == []
+    rendered = results_tables.render("tests/peers/findings.json", "peers-summary", tmp_path)
+    row = rendered.splitlines()[2]
+    edited = row[:-2] + "0 |"          # the findings count, ten times over
+    (tmp_path / "docs" / "results.md").write_text(text.replace(row, edited, 1), "utf-8")
+    stale = results_tables.check(tmp_path)
+    assert len(stale) == 1 and "peers-summary" in stale[0]
+    assert results_tables.write(tmp_path) == ["docs/results.md"]
+    assert results_tables.check(tmp_path) == []
+
+
+def test_an_unknown_table_or_missing_file_is_a_clear_error(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown results table 'nope'"):
+        results_tables.render("tests/peers/findings.json", "nope")
+    with pytest.raises(FileNotFoundError, match="record it with"):
+        results_tables.render("docs/results/absent.json", "bench-ops", tmp_path)
+
+
+def test_the_readme_is_short():
+    lines = (ROOT / "README.md").read_text("utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; keep it under {README_MAX_LINES} and move the "
+        "rest to docs/")
