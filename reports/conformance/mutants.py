@@ -343,7 +343,8 @@ MUTANT_MODULES = ()
 
 # Modules whose ``MUTANTS`` maps a name to a context-manager mutant (a ``TrainingMutant``): each
 # becomes a ``HookMutant``, run after the source mutants, with the rows of ``first`` first.
-HOOK_MODULES = (("reports.conformance.training_mutants", ("train",)),)
+HOOK_MODULES = (("reports.conformance.training_mutants", ("train",)),
+                ("reports.conformance.program_mutants", ("program",)))
 
 
 def hook_mutants():
