@@ -80,6 +80,9 @@ def _op_rows(engine, ref, dtypes, ops, kinks=None):
             rows += [Row("exact", name, engine.name, dt, exact_row, kinks=flag),
                      Row("jvp", name, engine.name, dt, jvp_row, kinks=flag),
                      Row("special", name, engine.name, dt, special_row, kinks=flag)]
+        if name == "maximum" and ok:   # the NaN routing: pinned (strict) or reported
+            from reports.conformance.conventions import convention_rows
+            rows += convention_rows(engine, engine.name, dtypes, mode == "strict")
     return rows
 
 
