@@ -1,11 +1,7 @@
-"""The conventions an engine may choose where the math gives no answer, pinned or reported.
+"""The conventions an engine may choose where the math gives no answer: ``maximum`` at a NaN.
 
-``maximum`` at a NaN: the op table's formula ``a if a >= b else b`` leaves a NaN argument's
-routing open. verigrad pins it (docs/CONTRACTS.md, "Conventions"): the forward returns the
-NaN (``a``'s when both are NaN) and the whole gradient goes to the argument returned: to ``a``
-where ``a >= b`` or ``a`` is NaN, else to ``b``. Under ``--kinks strict`` (verigrad's engines)
-another routing fails; under ``--kinks subgradient`` (other engines) it is reported as the
-engine's convention, as is rejecting NaN inputs with a ``ValueError`` (reflib does).
+verigrad pins the routing (docs/CONTRACTS.md, "Conventions"): the gradient goes to the argument
+the forward returns. ``--kinks strict`` fails another routing; ``--kinks subgradient`` reports it.
 
 The long story: docs/reports.md, section ``reports/conformance/conventions.py``.
 """

@@ -1,19 +1,5 @@
 """The ``train`` row ``Dense bias sum``: a float32 Dense's bias gradient is the exact column sum
-of its cotangent rounded once.
-
-fastlib promises it (its Dense backward accumulates the bias gradient in float64 whatever the
-dtype, as its float32 ``sum`` declares ``rounded_once``, docs/CONTRACTS.md): over a long batch a
-float32 running sum loses every term below half an ulp of the total, an error that grows with
-the batch. The ``train`` rows cannot see it: their bound carries the running error bound of a
-sequential sum, which is exactly that loss. So this row draws long batches of cotangents built
-to be swamped (one large entry, then many below half its ulp, of either sign, plus noise) and
-holds the bias gradient of a linear Dense, and of a relu Dense on positive pre-activations
-(where relu passes the cotangent through unchanged), entry by entry to
-
-    |got - S| <= ulp(S) / 2 + n 2**-53 sum |g|,
-
-``S`` the exact sum (``math.fsum``, correctly rounded), the second term a float64 running sum's
-own error.
+of its cotangent rounded once, over long batches built to be swamped.
 
 The long story: docs/reports.md, section ``reports/conformance/layer_sums.py``.
 """

@@ -1,26 +1,9 @@
 """The ``program`` rows: Paddle-style backward programs of random networks, held entry by entry.
 
-A network is drawn (Hypothesis): a forward ``reflib.program`` whose variables are shared (one
-variable read by several ops, or twice by one op), with a random ``no_grad_vars`` subset and,
-often, a recurrent op whose step net reads an outer parameter that other ops read too. Its
-backward program (``reflib.program.backward``: the grad-op registry, NOP, rename + sum of
-repeated gradients, ``fill_zeros_like``, the step net's backward) is run three ways and held to
-an independent referee, the same computation put on ``reflib.Tape`` by this module's own
-interpreter (a recurrent op unrolled with slices and concatenations; a no-grad variable replaced
-by a leaf without ``requires_grad``, which is what Paddle's no-grad set means):
-
-1. exactly (mpmath, ``EXACT_DPS`` digits) against the exact tape: equal to ``EXACT_TOL``
-   relative to the gradient's scale (both are exact evaluations of the same derivative; only
-   the order of additions differs, at 1e-30 per operation);
-2. in float64 against the exact tape, entry by entry, under the running error bound of the
-   program's own float64 evaluation (``reflib.running_error``: the radius bounds, to first
-   order, that evaluation's rounding error), times ``K_ORDER`` for libm's non-correctly-rounded
-   functions, plus ``SECOND_ORDER`` units of ``eps**2`` times the scale;
-3. structurally: every variable the exact tape gives a nonzero gradient gets ``x@GRAD``
-   (a NOP misapplied drops it), and a variable the tape never reaches gets none or an exact 0;
-   nothing in ``no_grad_vars`` gets a gradient.
-
-Planted program bugs (``program_mutants``) fail these rows.
+A drawn network (shared variables, a ``no_grad_vars`` subset, often an RNN step net) gets its
+backward program from ``reflib.program.backward``; run exactly and in float64, its gradients are
+held to the same computation on the exact ``reflib.Tape`` (exactly, and under the running error
+bound of the program's own float64 evaluation), and every gradient the tape has must be written.
 
 The long story: docs/reports.md, section ``reports/conformance/program_check.py``.
 """
