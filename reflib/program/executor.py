@@ -38,7 +38,9 @@ def run(program, scope=None, dps=None):
         place.
     dps : int or None
         None computes in float64; an int computes exactly with ``mpmath.mpf`` at that many
-        decimal digits (values become object arrays of mpf).
+        decimal digits (values become object arrays of mpf). A numeric object
+        (``reflib.running_error.RunningError``) is used as is: the values come back with their
+        running error bounds.
 
     Returns
     -------
@@ -53,12 +55,12 @@ def run(program, scope=None, dps=None):
         From an op given bad values (shapes, domains, dtypes); the message names the op.
     """
     check_program(program)
-    dps = check_dps(dps)
+    F = numeric_for(dps)  # validates an int dps; a numeric object passes through
     if scope is None:
         scope = {}
     if not isinstance(scope, MutableMapping):
         raise TypeError(f"scope must be a dict of variable name -> array; got {type(scope).__name__}")
-    _run(program, scope, numeric_for(dps), "#" if isinstance(program, NetOp) else "#0")
+    _run(program, scope, F, "#" if isinstance(program, NetOp) else "#0")
     return scope
 
 

@@ -331,6 +331,27 @@ MUTANTS = (
            "gradient keeps only the last sub-piece of a piece (overwrites, not adds)",
            "kernels/transformer.py", "                    gr[j] += pr[j]\n",
            "                    gr[j] = pr[j]\n", ("train",)),
+    # -- every path at every parameter, and the conventions -------------------------------------
+    Mutant("layer-norm-layer-unweighted", "the LayerNorm layer's backward forms mean(g·x̂) "
+           "without the affine weight (exact while the weight is all ones)", "kernels/dense.py",
+           "            mean_gx += g * xhat[i, j]\n",
+           "            mean_gx += dy[i, j] * xhat[i, j]\n", ("train",)),
+    Mutant("fused-cce-sum-one", "the fused epoch's categorical cross-entropy gradient assumes "
+           "the targets sum to 1 (softmax - t, not softmax · Σt - t)",
+           "training/fused_kernels.py",
+           "dz[i, j] = (math.exp(z[i, j] - lse) * t_sum - yf[r, j]) * inv_n",
+           "dz[i, j] = (math.exp(z[i, j] - lse) - yf[r, j]) * inv_n", ("train",)),
+    Mutant("dense-bias-f32-accumulation", "a float32 Dense's bias gradient accumulated in "
+           "float32 (a running sum that drops terms below half an ulp of the total)",
+           "kernels/dense.py",
+           "    acc = np.zeros(cols, dtype=np.float64)\n    for i in range(rows):\n"
+           "        gr = g[i]\n        for j in range(cols):\n            acc[j] += gr[j]\n",
+           "    acc = np.zeros(cols, dtype=g.dtype)\n    for i in range(rows):\n"
+           "        gr = g[i]\n        for j in range(cols):\n            acc[j] += gr[j]\n",
+           ("Dense bias sum",)),
+    Mutant("maximum-nan-routing", "maximum sends the gradient to b where a is NaN (the forward "
+           "still returns a's NaN)", "kernels/binary.py",
+           "win = x >= y or x != x", "win = x >= y", ("maximum NaN routing",)),
 )
 
 
@@ -343,7 +364,8 @@ MUTANT_MODULES = ()
 
 # Modules whose ``MUTANTS`` maps a name to a context-manager mutant (a ``TrainingMutant``): each
 # becomes a ``HookMutant``, run after the source mutants, with the rows of ``first`` first.
-HOOK_MODULES = (("reports.conformance.training_mutants", ("train",)),)
+HOOK_MODULES = (("reports.conformance.training_mutants", ("train",)),
+                ("reports.conformance.program_mutants", ("program",)))
 
 
 def hook_mutants():

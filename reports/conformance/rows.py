@@ -17,7 +17,7 @@ __all__ = ["Profile", "PROFILES", "Row", "RowResult", "run_property", "run_cases
            "ConformanceFailure", "MAX_FAILURES"]
 
 KINDS = ("completeness", "exact", "jvp", "special", "optimizer", "tape", "train", "targetprop",
-         "cd")
+         "cd", "program")
 
 
 @dataclass(frozen=True)

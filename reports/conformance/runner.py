@@ -80,6 +80,9 @@ def _op_rows(engine, ref, dtypes, ops, kinks=None):
             rows += [Row("exact", name, engine.name, dt, exact_row, kinks=flag),
                      Row("jvp", name, engine.name, dt, jvp_row, kinks=flag),
                      Row("special", name, engine.name, dt, special_row, kinks=flag)]
+        if name == "maximum" and ok:   # the NaN routing: pinned (strict) or reported
+            from reports.conformance.conventions import convention_rows
+            rows += convention_rows(engine, engine.name, dtypes, mode == "strict")
     return rows
 
 
@@ -251,6 +254,8 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
             engine_rows += device_train_rows(LAYER_KINDS)
         if engine.name in ("fastlib", "reflib") and ":" not in name:
             engine_rows += _algorithm_rows(engine.name)
+            from reports.conformance.program_check import program_rows
+            engine_rows += program_rows(engine.name)
         for r in engine_rows:
             r.engine_ref = name
         rows += [r for r in engine_rows if keep(r.name, r.kind, r.dtype)
@@ -274,7 +279,7 @@ def _command(row, profile, seed):
     """The ``verigrad conform`` line that runs ``row`` again (same profile, seed and draws)."""
     parts = ["verigrad conform", f"--profile {profile.name}",
              f"--engines {row.engine_ref or row.engine}"]
-    if row.kind in ("tape", "targetprop", "cd"):
+    if row.kind in ("tape", "targetprop", "cd", "program"):
         parts.append(f"--ops {row.kind}")        # their names hold spaces: select the kind
     elif row.kind != "completeness":
         parts.append(f"--ops {row.name}")

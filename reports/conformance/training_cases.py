@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import optable
 
-__all__ = ["EpochCase", "epoch_cases", "fused_cases", "recurrent_cases", "attention_cases",
+__all__ = ["EpochCase", "moved_parameters", "tolerance_targets", "epoch_cases", "fused_cases", "recurrent_cases", "attention_cases",
            "boundary_cases", "kernel_boundaries", "OPTIMIZERS", "LAYER_KINDS"]
 
 OPTIMIZERS = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW")
@@ -57,6 +57,7 @@ class EpochCase:
     path: str = "generic"
     label: str = ""
     referee: str = "exact"     # "exact" (reflib at 30 digits) or "float64" (large float32 runs)
+    moved: bool = False        # start from parameters moved off their initial values
 
     def with_(self, **changes):
         """A copy with ``changes`` applied."""
@@ -123,12 +124,31 @@ def _block(draw, kind, width, rank):
     raise ValueError(f"no block builder for layer kind {kind!r}")
 
 
+def moved_parameters(params, seed, dtype):
+    """``params`` each moved by a uniform draw in [-0.5, 0.5) (rounded to ``dtype``): a
+    LayerNorm / RMSNorm weight leaves 1 and a bias 0, where a backward that forgets the affine
+    weight or the bias is exact; recurrent and attention weights leave their initial draw."""
+    rng = np.random.default_rng([seed, 7])
+    return {k: (np.asarray(v, np.float64) + rng.uniform(-0.5, 0.5, np.shape(v))).astype(dtype)
+            for k, v in sorted(params.items())}
+
+
+def tolerance_targets(rng, batch, classes):
+    """One-hot rows scaled so each misses summing to 1 by up to 0.9 of the training
+    validator's tolerance (``fastlib.losses``; reflib's is the same): targets a loss must take
+    as they are, with its gradient's ``Σ target`` (docs/CONTRACTS.md)."""
+    from fastlib.losses import _ROW_SUM_TOL
+
+    miss = rng.uniform(-0.9, 0.9, size=(batch, 1)) * _ROW_SUM_TOL
+    return np.eye(classes)[rng.integers(0, classes, size=batch)] * (1.0 + miss)
+
+
 def _targets(rng, loss, classes, out_shape):
     batch = out_shape[0]
     if loss == "cross_entropy":
         return rng.integers(0, classes, size=(batch, 1))
     if loss == "categorical_cross_entropy":
-        return np.eye(classes)[rng.integers(0, classes, size=batch)]
+        return tolerance_targets(rng, batch, classes)
     if loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits"):
         return rng.integers(0, 2, size=out_shape).astype(np.float64)
     return rng.uniform(-1, 1, size=out_shape)
@@ -166,6 +186,11 @@ def epoch_cases(draw, focus, dtype="float64"):
     else:
         rank = 3 if focus in ("RNN", "LSTM", "MultiHeadAttention") or draw(st.booleans()) else 2
         x = rng.uniform(-2, 2, size=(n, width) if rank == 2 else (n, seq, width))
+    if focus in ("LayerNorm", "RMSNorm"):
+        # a Dense in front, so the norm's input gradient is held too (a norm first in the
+        # model hands its input gradient to nobody)
+        layers.append({"type": "Dense", "in_features": width, "out_features": width,
+                       "activation": draw(st.sampled_from(SMOOTH))})
     if focus not in ("Embedding", "Softmax"):
         cfg, width, rank = _block(draw, focus, width, rank)
         layers.append(cfg)
@@ -183,7 +208,7 @@ def epoch_cases(draw, focus, dtype="float64"):
         loss = draw(st.sampled_from(["mse", "binary_cross_entropy_with_logits"]))
     y = _targets(rng, loss, classes, out_shape)
     return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
-                     path="generic", label=f"{focus}", **_options(draw, n))
+                     path="generic", label=f"{focus}", moved=True, **_options(draw, n))
 
 
 @st.composite
@@ -206,7 +231,7 @@ def fused_cases(draw, dtype="float64", path="fused"):
     x = rng.uniform(-2, 2, size=(n, widths[0]))
     y = _targets(rng, loss, classes, (n, classes))
     return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
-                     path=path, label=f"MLP {path}", **_options(draw, n))
+                     path=path, label=f"MLP {path}", moved=True, **_options(draw, n))
 
 
 @st.composite
@@ -252,7 +277,8 @@ def recurrent_cases(draw, dtype="float64"):
                                  "binary_cross_entropy_with_logits"]))
     y = _targets(rng, loss, classes, out_shape)
     return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
-                     path="fused", label="compiled recurrent", **_options(draw, n))
+                     path="fused", label="compiled recurrent", moved=True,
+                     **_options(draw, n))
 
 
 @st.composite
@@ -305,7 +331,7 @@ def attention_cases(draw, dtype="float64"):
     y = _targets(rng, loss, classes, (n, seq, classes) if rank == 3 else (n, classes))
     return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
                      path="compiled", label=f"compiled attention (recurrent {recurrent})",
-                     **_options(draw, n))
+                     moved=True, **_options(draw, n))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,6 +452,24 @@ def boundary_cases(dtype):
                                    0.5, "norm" if causal else "value", "compiled",
                                    label=f"compiled {kind} + attention, batch {bs} x 4 rows "
                                          f"(pieces from {rows}, sub-pieces of {sub})"))
+        # every parameter off its initial value: a LayerNorm and an RMSNorm behind a Dense
+        # (their input gradients held, their weights off 1), and the fused epoch's
+        # categorical cross-entropy on targets that miss summing to 1 by up to the tolerance
+        for norm in ("LayerNorm", "RMSNorm"):
+            cfg = {"type": "Sequential", "layers": [
+                {"type": "Dense", "in_features": 3, "out_features": 3, "activation": "tanh"},
+                {"type": norm, "d": 3, "eps": 1e-5},
+                {"type": "Dense", "in_features": 3, "out_features": 2, "activation": "linear"}]}
+            cases.append(EpochCase(cfg, rng.uniform(-1, 1, (5, 3)), rng.uniform(-1, 1, (5, 2)),
+                                   "mse", 18, dtype, "SGD", 0.05, 3, 1, False,
+                                   label=f"Dense + {norm} (weights moved), generic",
+                                   moved=True))
+        for path in ("generic", "fused"):
+            cases.append(EpochCase(_mlp([3, 3, 3]), rng.uniform(-1, 1, (5, 3)),
+                                   tolerance_targets(rng, 5, 3), "categorical_cross_entropy",
+                                   19, dtype, "SGD", 0.05, 3, 1, False, path=path,
+                                   label=f"MLP categorical targets off 1 by the tolerance, "
+                                         f"{path}", moved=True))
         return cases
 
     # float32: sizes past the thresholds, against the float64 referee

@@ -486,6 +486,10 @@ def check_epochs(case: EpochCase):
     exact = case.referee == "exact"
     eps = _eps(dtype)
     model = fastlib.layers.from_config(case.config, dtype=dtype, seed=case.seed)
+    if case.moved:
+        from reports.conformance.training_cases import moved_parameters
+
+        model.load_parameters(moved_parameters(model.parameters(), case.seed, dtype))
     params0 = {k: v.copy() for k, v in model.parameters().items()}
     x = np.asarray(case.x)
     x = x if x.dtype.kind in "iu" else x.astype(dtype)
@@ -644,7 +648,7 @@ def reproduction(case):
 
     fields = ", ".join(f"{k}={literal(getattr(case, k))}" for k in (
         "config", "x", "y", "loss", "seed", "dtype", "optimizer", "lr", "batch_size", "epochs",
-        "shuffle", "clip", "clip_mode", "path", "label"))
+        "shuffle", "clip", "clip_mode", "path", "label", "referee", "moved"))
     return ("import numpy as np\nfrom reports.conformance.training_cases import EpochCase\n"
             "from reports.conformance.training_rows import check_epochs\n"
             f"case = EpochCase({fields})\nresult = check_epochs(case)\nprint(result)\n"
@@ -683,4 +687,5 @@ def train_rows(kinds):
         lambda k: tc.epoch_cases(k, "float32"))))
     rows.append(row("compiled attention", "float32", lambda: tc.attention_cases("float32")))
     rows.append(fixed("float32"))
-    return rows
+    from reports.conformance.layer_sums import bias_sum_rows
+    return rows + bias_sum_rows()
