@@ -166,6 +166,7 @@ class LazyKernel:
         self.fn = fn
         self.signatures = list(signatures)
         self._compiled = None
+        self._bound = {}
         self.__name__ = getattr(fn, "__name__", "kernel")
         self.__doc__ = getattr(fn, "__doc__", None)
 
@@ -178,7 +179,17 @@ class LazyKernel:
     def __getitem__(self, launch):
         if len(launch) == 2 and _TARGET[0]:
             launch = (launch[0], launch[1], _TARGET[0])
-        return _Launch(self.compiled[launch])
+        # NOTE: configurations are bound once per (grid, block, stream) and reused: a training
+        # step asks for the same few every step
+        try:
+            return self._bound[launch]
+        except KeyError:
+            if len(self._bound) >= 256:  # keeps no run's stream alive for long
+                self._bound.clear()
+            bound = self._bound[launch] = _Launch(self.compiled[launch])
+            return bound
+        except TypeError:  # an unhashable stream: bind for this call only
+            return _Launch(self.compiled[launch])
 
 
 class _Launch:
