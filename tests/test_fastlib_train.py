@@ -425,9 +425,9 @@ def test_nonfinite_loss_stops_with_a_clear_message(fused):
                           fused=fused, **quiet())
     assert r.diverged and r.stopped and r.epochs_run < 50
     assert "restored" in r.stop_reason and "lower the learning rate" in r.stop_reason
-    # the stopped epoch is the histories' last entry, its loss the non-finite one
+    # the stopped epoch is the histories' last entry, its non-finite loss recorded as inf
     assert r.restored_epoch == r.epochs_run == len(r.loss_history) - 1
-    assert all(np.isfinite(r.loss_history[:-1])) and not np.isfinite(r.loss_history[-1])
+    assert all(np.isfinite(r.loss_history[:-1])) and r.loss_history[-1] == np.inf
     if r.epochs_run:    # final_loss: the last epoch whose weights were kept
         assert r.final_loss == r.loss_history[-2]
     else:

@@ -59,7 +59,8 @@ class TrainingResult:
         A non-finite loss, or a rule of ``divergence`` (:class:`DivergenceRules`), stopped
         training; ``restored_epoch`` is the epoch whose end-of-epoch weights were put back (0:
         the initial weights). The stopped epoch is the histories' last entry (its loss the
-        one that tripped the rule; its validation entries NaN, not evaluated).
+        one that tripped the rule, inf for a non-finite one; its validation entries NaN, not
+        evaluated).
     divergence_rule : str or None
         The rule that stopped a diverging run: ``"non_finite_loss"``, ``"max_loss"``,
         ``"loss_growth"``, ``"max_weight"`` or ``"max_grad"``.
@@ -690,7 +691,9 @@ class _Loop:
                                   "learning rate", RuntimeWarning, stacklevel=3)
                 if stats.diverged_batch >= 0:
                     self._diverged(epoch, stats, last_good)
-                    self._record_stopped_epoch(stats.diverged_loss, stats, t0)
+                    # recorded as inf, whichever non-finite value it was (the stop reason
+                    # names it): histories compare equal across paths that overflow alike
+                    self._record_stopped_epoch(math.inf, stats, t0)
                     break
                 r.fused = r.fused or stats.fused
                 if self._check_divergence(epoch, stats.loss, last_good):
@@ -767,8 +770,9 @@ class _Loop:
 
     def _record_stopped_epoch(self, loss, stats, t0):
         """The epoch a divergence stopped joins the histories (``loss_history[-1]`` is the loss
-        that tripped the rule, even in the first epoch); its validation is not evaluated (NaN),
-        and ``epochs_run`` still counts only the epochs whose weights were kept."""
+        that tripped the rule, inf for a non-finite one, even in the first epoch); its
+        validation is not evaluated (NaN), and ``epochs_run`` still counts only the epochs whose
+        weights were kept."""
         r = self.result
         r.loss_history.append(float(loss))
         r.accuracy_history.append(stats.accuracy)

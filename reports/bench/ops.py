@@ -572,6 +572,22 @@ def add_arguments(parser):
                         help="tiny sizes: checks that every row runs (timings meaningless)")
 
 
+LAYER_FAMILIES = ("dense", "lstm", "mha")   # the first word of a layer row's label, lower case
+
+
+def validate(args):
+    """``--ops`` names only ops, case labels or layer families that have rows (None), or the
+    usage error (``verigrad bench`` calls it before any timing)."""
+    from reports.commands import checks
+
+    if not args.ops:
+        return None
+    table, _ = cases(np.random.default_rng(0), "small" if args.small else "full")
+    valid = [row[1] for row in table] + [row[0] for row in table] + list(LAYER_FAMILIES)
+    given = [n for n in args.ops if n.split()[0].lower() not in LAYER_FAMILIES]
+    return checks.unknown_names(given, valid, "--ops", "op")
+
+
 def run(args) -> int:
     """Run the benchmark, print the table, write JSON if asked; exit code 0."""
     import numba
