@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from reports.bench import environment
+
 F32 = np.float32
 
 
@@ -587,6 +589,8 @@ def run(args) -> int:
         except ImportError:
             pass
     with blas_limit:
+        env = environment.environment()
+        print("\n".join(environment.header_lines(env)), flush=True)
         rows = measure(repeat=max(1, args.repeat), only=set(args.only) if args.only else None,
                        size="small" if args.small else "full", layers=not args.no_layers)
     startup = None if args.no_startup else startup_times()
@@ -594,7 +598,7 @@ def run(args) -> int:
     if args.json:
         meta = {"threads": args.threads or "idle cores (adaptive)",
                 "numba_threads": numba.get_num_threads(),
-                "size": "small" if args.small else "full",
+                "size": "small" if args.small else "full", "environment": env,
                 "loadavg": open("/proc/loadavg").read().split()[:4]
                 if os.path.exists("/proc/loadavg") else None}
         with open(args.json, "w") as fh:
