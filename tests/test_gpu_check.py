@@ -94,3 +94,24 @@ def test_every_stage_passes_under_the_simulator(tmp_path):
            for s in result["stages"] if s["status"] != "pass"}
     assert not bad and proc.returncode == 0, bad
     assert "All passed" in md
+
+
+def _raw(stage, returncode=0, timed_out=False, stdout="", stderr=""):
+    return {"stage": stage, "returncode": returncode, "timed_out": timed_out, "seconds": 1.0,
+            "box_s": 20, "command": "python x", "stdout": stdout, "stderr": stderr}
+
+
+def test_a_timeout_a_failed_check_and_a_simulator_only_script_are_told_apart(tmp_path):
+    late = gpu_check.judge(_raw("frame-train", -9, True, '{"check": "a", "ok": true, '
+                                                         '"detail": ""}'), str(tmp_path))
+    assert late["status"] == "timeout" and "20 s box" in late["detail"]
+    lines = ('{"check": "a", "ok": true, "detail": ""}\n'
+             '{"check": "b", "ok": false, "detail": "off by 2 ulp"}\n')
+    failed = gpu_check.judge(_raw("frame-train", 0, stdout=lines), str(tmp_path))
+    assert failed["status"] == "fail" and failed["data"]["failed"] == ["b: off by 2 ulp"]
+    assert "1/2 checks pass" in failed["detail"] and "stdout_tail" in failed
+    refused = gpu_check.judge(_raw("frame-ops", 1, stderr="run with NUMBA_ENABLE_CUDASIM=1 "
+                                                          "in the environment"), str(tmp_path))
+    assert refused["status"] == "refused" and "only under numba's simulator" in refused["detail"]
+    empty = gpu_check.judge(_raw("frame-ops", 0), str(tmp_path))
+    assert empty["status"] == "fail"  # no check reported is not a pass
