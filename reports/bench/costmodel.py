@@ -1,23 +1,11 @@
 """A cost model of one training step of each benchmark model, cut into P pieces.
 
-docs/performance.md ("How the step scales with threads") explains it and sets its predictions
-beside what was measured. One step (forward, backward, guard, Adam) of batch B runs as P pieces,
-each piece B/P rows of the batch through every layer on its own core with single-threaded BLAS,
-then the P partial gradients are reduced and Adam updates the flat parameters, both split over
-the P cores. Per step:
-
-- GEMM FLOPs ``F(B)`` (2 per multiply-add): forward, every weight gradient, every input
-  gradient the model needs (none for the data); split over the pieces;
-- memory traffic: activations ``4 B A`` bytes (split over the pieces); the weights, which every
-  piece reads in its forward and backward and writes once as its partial gradient, plus the
-  reduction (``16 W`` bytes per core, *not* split: every piece needs all the weights); Adam's
-  ``28 W`` bytes (split);
-- barriers: 3 per step (the pieces' join, the reduction's, the update's), independent of B, the
-  widths and P, because pieces split the batch's rows, never a layer's columns.
-
-So ``t(P) = F / (P R(rows)) + 4 B A / (P M) + 16 W / M + 28 W / (P M) + 3 beta``, where the
-GEMM rate ``R`` falls when a piece's GEMMs have few rows (``rows`` = B/P, times the positions
-for the sequence models' projections; the LSTM's recurrence is B/P rows per time step).
+Per step: GEMM FLOPs (split over the pieces, at a rate that falls when a piece has few rows),
+activation traffic (split), weight traffic (16 W bytes per core: every piece reads all the
+weights; not split), Adam's traffic (split) and 3 barriers, so
+``t(P) = F / (P R(rows)) + 4 B A / (P M) + 16 W / M + 28 W / (P M) + 3 beta``.
+The long story and the predictions beside the measurements: docs/performance.md, section
+"How the step scales with threads".
 """
 from __future__ import annotations
 
