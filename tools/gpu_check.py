@@ -120,12 +120,13 @@ DIGITS_CODE = r"""
 import json, sys
 import numpy as np, fastlib
 from fastlib.datasets import load_digits
-epochs, limit = int(sys.argv[1]), int(sys.argv[2])
+epochs, limit, hidden = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 data = load_digits()
 x, y = data.x_train[:limit], data.y_train[:limit]
-out = {"epochs": epochs, "train_samples": len(x), "test_samples": len(data.x_test)}
+out = {"epochs": epochs, "train_samples": len(x), "test_samples": len(data.x_test),
+       "model": f"64-{hidden}-10 relu, Adam, batch 32, float32, seed 0"}
 for device in ("cpu", "cuda"):
-    model = fastlib.Sequential([fastlib.Dense(64, 128, "relu"), fastlib.Dense(128, 10)],
+    model = fastlib.Sequential([fastlib.Dense(64, hidden, "relu"), fastlib.Dense(hidden, 10)],
                                dtype=np.float32, seed=0)
     result = fastlib.train(model, x, y, epochs, 32, 1e-3, "cross_entropy", optimizer="Adam",
                            verbose=False, seed=0, device=device)
@@ -177,8 +178,9 @@ def stage_commands(simulate, tmp):
     ops = ["tests/cuda_sim_check.py"] + (["--only", "relu"] if simulate else [])
     frame = ["tests/cuda_train_sim_check.py"] + (["--only", "frame"] if simulate else [])
     stages["frame-ops"], stages["frame-train"] = ops, frame
-    stages["digits"] = ["-c", DIGITS_CODE] + (["1", "64"] if simulate else
-                                              [str(DIGITS_EPOCHS), "100000"])
+    # the simulator: one step of a narrow model (each simulated CUDA thread is a Python thread)
+    stages["digits"] = ["-c", DIGITS_CODE] + (["1", "32", "8"] if simulate else
+                                              [str(DIGITS_EPOCHS), "100000", "128"])
     for model in (("tiny",) if simulate else BENCH_MODELS):
         sizes = {"mlp": ["--batch-sizes", "64,1024", "--max-steps", "50"]}.get(
             model, ["--batch-sizes", "32", "--max-steps", "20"])
