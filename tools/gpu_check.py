@@ -397,9 +397,9 @@ def main(argv=None):
     boxes = SIMULATED_BOXES if args.simulate else BOXES
     budget = args.budget or (SIMULATED_BUDGET_S if args.simulate else BUDGET_S)
     chosen = set(boxes) if args.stages is None else {s.strip() for s in args.stages.split(",")}
-    unknown = chosen - set(boxes)
-    if unknown or (args.broken and args.broken not in boxes):
-        print(f"gpu_check: unknown stage(s) {sorted(unknown | {args.broken} - set(boxes))}; "
+    unknown = sorted((chosen | ({args.broken} if args.broken else set())) - set(boxes))
+    if unknown:
+        print(f"gpu_check: unknown stage(s) {unknown}; "
               f"the stages are {', '.join(boxes)}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
