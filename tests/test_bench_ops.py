@@ -59,8 +59,9 @@ def test_ops_selects_ops_and_layers(capsys):
                  "transpose", "lstm"])
     out = capsys.readouterr().out
     assert code == 0
+    assert out.startswith("BLAS: ") and "\ncores this process may use: " in out
     body = [line for line in out.splitlines() if line[:1].isalpha() and " ms" not in line
-            and not line.startswith(("case", "cold", "warm"))]
+            and not line.startswith(("case", "cold", "warm", "BLAS: ", "cores ", "WARNING: "))]
     cases = {line.split()[0] for line in body if not line[0].isdigit()}
     assert cases == {"transpose", "LSTM"}
 

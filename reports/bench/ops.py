@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from reports.bench import environment
+
 F32 = np.float32
 
 
@@ -604,6 +606,8 @@ def run(args) -> int:
         except ImportError:
             pass
     with blas_limit:
+        env = environment.environment()
+        print("\n".join(environment.header_lines(env)), flush=True)
         rows = measure(repeat=args.repeats, only=set(args.ops) if args.ops else None,
                        size="small" if args.small else "full", layers=not args.no_layers)
     startup = None if args.no_startup else startup_times()
@@ -611,7 +615,7 @@ def run(args) -> int:
     if args.json:
         meta = {"threads": args.threads or "idle cores (adaptive)",
                 "numba_threads": numba.get_num_threads(),
-                "size": "small" if args.small else "full",
+                "size": "small" if args.small else "full", "environment": env,
                 "loadavg": open("/proc/loadavg").read().split()[:4]
                 if os.path.exists("/proc/loadavg") else None}
         with open(args.json, "w") as fh:

@@ -1,17 +1,29 @@
 """`verigrad bench train`: seconds per training epoch, fastlib against NumPy, PyTorch and JAX.
 
-The long story: docs/reports.md, section ``reports/bench/train.py``.
+Also, per thread count (``--threads 1,2,4,8,16``, see :mod:`reports.bench.scaling`) and on a GPU
+(``--device cuda``: fastlib-cuda beside fastlib's CPU engine, PyTorch CUDA eager and PyTorch
+with the step as one CUDA graph, with fastlib.cuda's counters).
+
+The long story: docs/reports.md, section ``reports/bench/train.py``; docs/performance.md.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
 
-from reports.bench.models import MODELS, load
+from reports.bench import environment
+from reports.bench.models import MODELS, SIMULATOR_MODELS, load
 
+MAX_STEPS, REPEATS = 6000, 3  # defaults of --max-steps and --repeats
+CUDA_ENGINES = ("fastlib-cuda", "fastlib", "torch-cuda", "torch-cuda-graph")
+CUDA_BASELINE = "torch-cuda"  # the --device cuda table's ratios are over PyTorch CUDA eager
+TORCH_CUDA_ENGINES = ("torch-cuda", "torch-cuda-graph")
+# numba's simulator runs each CUDA thread as a Python thread: its defaults are tiny
+SIMULATOR_DEFAULTS = {"samples": 8, "batch_sizes": "4", "max_steps": 2, "repeats": 1}
+COUNTER_KEYS = ("kernel_launches", "graph_launches", "allocations", "h2d_copies", "d2h_copies",
+                "synchronizations")
 TARGETS = {64: 0.4, 1: 6.0}  # the MLP's seconds per epoch: the targets the README reports
 RATIO_TARGETS = {"torch": 0.5, "jax": 1.0}  # fastlib / peer at RATIO_BATCH, every model
 RATIO_BATCH = 32
@@ -23,26 +35,31 @@ def add_arguments(parser):
     from reports.commands import arguments as shared
 
     a = parser.add_argument
-    a("--model", default="mlp", choices=MODELS, help="model to train")
+    a("--model", default=None,
+      help=f"model to train: {', '.join(MODELS)} (default mlp; with --device cuda on numba's "
+           "CUDA simulator, tiny)")
     a("--batch-sizes", default=None,
       help="comma-separated batch sizes (default: the model's, 1,32,64,128 for mlp, "
            "1,32,128 for the others)")
     a("--samples", type=shared.positive_int, default=None,
       help="samples per epoch (default: 60000 for mlp, 1024 sequences for the others)")
-    a("--max-steps", type=shared.positive_int, default=6000,
-      help="steps measured per case; longer epochs are scaled from them (default 6000)")
-    a("--threads", type=shared.positive_int, default=2, help="threads for every engine")
+    a("--max-steps", type=shared.positive_int, default=None,
+      help=f"steps measured per case; longer epochs are scaled from them (default {MAX_STEPS})")
+    a("--threads", default="2", metavar="N[,N...]",
+      help="threads for every engine (default 2); a list such as 1,2,4,8,16 measures each "
+           "count in its own process and prints each engine's speedup over its own "
+           "1-thread epoch")
     shared.add_engines(parser, help="engines to run (default: all of the model's: fastlib "
-                                    "numpy torch jax for mlp, fastlib torch jax for the others)")
-    shared.add_repeats(parser, 3, help="interleaved rounds per batch size; the median is "
-                                       "reported")
+                                    "numpy torch jax for mlp, fastlib torch jax for the others; "
+                                    f"with --device cuda {' '.join(CUDA_ENGINES)})")
+    shared.add_repeats(parser, None, help="interleaved rounds per batch size; the median is "
+                                          f"reported (default {REPEATS})")
     a("--data-dir", default=None, help="mlp: MNIST folder (default $VERIGRAD_MNIST_DIR or "
                                        "../shared/data/mnist; random data when absent)")
     shared.add_json(parser, help="also write the results as JSON to FILE (default: none)")
     a("--device", choices=("cpu", "cuda"), default="cpu",
-      help="cuda (mlp only): fastlib on the GPU beside the CPU engine and PyTorch CUDA")
-    # tests only: let --device cuda run on numba's simulator (tiny sizes; timings meaningless)
-    a("--allow-simulator", action="store_true", help=argparse.SUPPRESS)
+      help="cuda: fastlib on the GPU beside fastlib's CPU engine, PyTorch CUDA eager and "
+           "PyTorch with the step captured as one CUDA graph, with the device's counters")
     a("--distributed", action="store_true",
       help="mlp: data-parallel fastlib under mpiexec at each of --ranks (needs verigrad[mpi])")
     a("--ranks", default="1,2", help="with --distributed: rank counts (default 1,2)")
@@ -51,27 +68,43 @@ def add_arguments(parser):
 
 
 # ---------------------------------------------------------------------------------------------
+# the device
 
-def _cuda_engines(args):
-    """(engines for --device cuda, None) or (None, the one line saying why nothing runs)."""
-    import fastlib.cuda as fc
-    from fastlib.cuda import config
-
-    if not fc.is_available():
-        return None, ("verigrad bench train --device cuda: no CUDA GPU here (numba.cuda."
-                      "is_available() is False); nothing measured")
-    if config.SIMULATOR and not args.allow_simulator:
-        return None, ("verigrad bench train --device cuda: no GPU here: only numba's CUDA "
-                      "simulator (NUMBA_ENABLE_CUDASIM=1), whose timings would measure Python")
-    engines = ["fastlib-cuda", "fastlib"]
+def cuda_problem():
+    """None when ``--device cuda`` can run here (a GPU, or numba's simulator), else why not."""
     try:
-        import torch
+        import fastlib.cuda as fc
+    except Exception as exc:  # a broken CUDA stack: say which import failed and why
+        return f"import fastlib.cuda failed ({type(exc).__name__}: {exc})"
+    if fc.is_available():
+        return None
+    return fc.unavailable_reason() or "no CUDA device"
 
-        if torch.cuda.is_available():
-            engines.append("torch-cuda")
-    except ImportError:
-        pass
-    return engines, None
+
+def on_simulator():
+    """Whether fastlib.cuda runs on numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)."""
+    try:
+        from fastlib.cuda import config
+    except Exception:
+        return False
+    return bool(config.SIMULATOR)
+
+
+# ---------------------------------------------------------------------------------------------
+# threads
+
+def parse_threads(text):
+    """``"1,2,4"`` -> ``[1, 2, 4]``; ValueError naming the problem for anything else."""
+    try:
+        counts = [int(t) for t in str(text).replace(" ", ",").split(",") if t.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--threads {text!r}: give one or more thread counts >= 1, e.g. "
+                         "--threads 2 or --threads 1,2,4,8,16")
+    if len(set(counts)) != len(counts):
+        raise ValueError(f"--threads {text!r}: a thread count is repeated")
+    return counts
 
 
 def _pin_jax_threads(threads):
@@ -95,11 +128,17 @@ def _pin_jax_threads(threads):
 
 
 def _limit_threads(threads, engines=()):
+    """Pin every engine to ``threads``: BLAS (threadpoolctl), Numba and fastlib's parallel
+    kernels (no adaptive shrinking to idle cores: each engine gets the same count), PyTorch,
+    and XLA (before JAX is imported)."""
     import numba
     from threadpoolctl import threadpool_limits
 
+    from fastlib import config
+
     jax_pin = _pin_jax_threads(threads) if "jax" in engines else None
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    config.THREADS = threads
     limiter = threadpool_limits(threads)
     try:
         import torch
@@ -122,33 +161,80 @@ def _error(message, code):
     return code
 
 
+# ---------------------------------------------------------------------------------------------
+# options
+
 def _options(args):
-    """(model module, batch sizes, engines) or an exit code after printing the problem."""
+    """(model module, batch sizes, engines, thread counts) or an exit code after printing why.
+
+    Usage errors (exit 2, before any work): an unknown model, bad --threads, --device cuda
+    where no device can run it, --device cuda with several thread counts or --distributed.
+    """
     from reports.commands import checks
 
-    problem = checks.unknown_names([args.model], MODELS, "--model", "model")
+    simulated = args.device == "cuda" and on_simulator()
+    if args.model is None:
+        args.model = SIMULATOR_MODELS[0] if simulated else "mlp"
+    simulated = simulated and args.model in SIMULATOR_MODELS
+    problem = None if simulated else checks.unknown_names([args.model], MODELS, "--model",
+                                                          "model")
     if problem:
         return _error(problem, 2)
-    model = load(args.model)
-    if args.samples is None:
-        args.samples = model.SAMPLES
-    if args.batch_sizes is None:
-        args.batch_sizes = model.BATCH_SIZES
-    if args.model != "mlp" and (args.device == "cuda" or args.distributed):
-        option = "--device cuda" if args.device == "cuda" else "--distributed"
-        return _error(f"{option} times the mlp model only; drop it or pass --model mlp", 2)
     try:
-        sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
-        engines = list(args.engines) if args.engines else list(model.CPU_ENGINES)
-        bad = [e for e in engines if e not in model.ENGINES]
-        if (bad or not sizes or min(sizes) < 1 or args.max_steps < 1 or args.samples < 1
-                or args.repeats < 1):
-            raise ValueError(f"engines must be among {', '.join(model.CPU_ENGINES)} for "
-                             f"--model {args.model} (got {bad}); batch sizes, --samples, "
-                             "--max-steps and --repeats must be >= 1")
+        threads = parse_threads(args.threads)
     except ValueError as exc:
         return _error(exc, 2)
-    return model, sizes, engines
+    if args.distributed and (args.model != "mlp" or args.device == "cuda"):
+        return _error("--distributed times the mlp model on the CPU only; drop it or pass "
+                      "--model mlp --device cpu", 2)
+    if args.device == "cuda":
+        if len(threads) > 1:
+            return _error("--device cuda takes one --threads count (the CPU engine's); "
+                          "measure thread scaling with --device cpu", 2)
+        why = cuda_problem()
+        if why is not None:
+            return _error(f"--device cuda needs a CUDA GPU, and fastlib.cuda says: {why} "
+                          "(fastlib.cuda.unavailable_reason()); run on a GPU machine, or drop "
+                          "--device cuda", 2)
+        if on_simulator():
+            for key, value in SIMULATOR_DEFAULTS.items():
+                if getattr(args, key) is None:
+                    setattr(args, key, value)
+    model = load(args.model)
+    args.samples = model.SAMPLES if args.samples is None else args.samples
+    args.batch_sizes = model.BATCH_SIZES if args.batch_sizes is None else args.batch_sizes
+    args.max_steps = MAX_STEPS if args.max_steps is None else args.max_steps
+    args.repeats = REPEATS if args.repeats is None else args.repeats
+    allowed = CUDA_ENGINES if args.device == "cuda" else model.CPU_ENGINES
+    try:
+        sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
+        engines = list(args.engines) if args.engines else list(allowed)
+        bad = [e for e in engines if e not in allowed]
+        if (bad or not sizes or min(sizes) < 1 or args.max_steps < 1 or args.samples < 1
+                or args.repeats < 1):
+            raise ValueError(f"engines must be among {', '.join(allowed)} for "
+                             f"--model {args.model}" +
+                             (" --device cuda" if args.device == "cuda" else "") +
+                             f" (got {bad}); batch sizes, --samples, --max-steps and "
+                             "--repeats must be >= 1")
+    except ValueError as exc:
+        return _error(exc, 2)
+    return model, sizes, engines, threads
+
+
+def _missing(model, engine):
+    """None when ``engine`` can run here, else the line saying why not."""
+    if engine in TORCH_CUDA_ENGINES:
+        from reports.bench.models import common
+
+        return common.torch_cuda_missing()
+    why = model.missing(engine)
+    if why is None and engine == "torch":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            why = "not installed: pip install torch==2.13.0"
+    return why
 
 
 def run(args) -> int:
@@ -156,38 +242,37 @@ def run(args) -> int:
     chosen = _options(args)
     if isinstance(chosen, int):
         return chosen
-    model, sizes, engines = chosen
-    if args.device == "cuda":
-        engines, why = _cuda_engines(args)
-        if engines is None:
-            print(why)
-            return 1
+    model, sizes, engines, threads = chosen
     if getattr(args, "distributed", False):
         from reports.distributed import bench
 
+        args.threads = threads[0]
         return bench.run(args, sizes)
+    if len(threads) > 1:
+        from reports.bench import scaling
+
+        return scaling.run(args, model, sizes, engines, threads)
+    args.threads = threads[0]
     skipped = {}
     for engine in list(engines):
-        why = model.missing(engine)
-        if why is None and engine == "torch":
-            try:
-                import torch  # noqa: F401
-            except ImportError:
-                why = "not installed: pip install torch==2.13.0"
+        why = _missing(model, engine)
         if why:
             engines.remove(engine)
             skipped[engine] = why
             print(f"verigrad bench train: {engine}: {why}; skipping it", file=sys.stderr)
     _, jax_pin = _limit_threads(args.threads, engines)
+    env = environment.environment()
     load_start = _loadavg()
     x, y, source = model.data(args)
     rows = [_measure(model, engines, x, y, bs, args) for bs in sizes]
     floor = _floor(rows, len(x)) if args.model == "mlp" and args.device == "cpu" else None
     report = {"model": model.DESCRIPTION, "model_name": args.model, "data": source,
               "samples": len(x), "threads": args.threads, "jax_threads": jax_pin,
+              "device": args.device, "simulator": args.device == "cuda" and on_simulator(),
               "repeats": args.repeats, "engines": engines, "skipped": skipped,
-              "load_average": {"start": load_start, "end": _loadavg()}, "results": rows,
-              "targets": _targets(rows), "floor": floor}
+              "environment": env, "load_average": {"start": load_start, "end": _loadavg()},
+              "results": rows, "targets": _targets(rows) if args.device == "cpu" else [],
+              "floor": floor}
     _print_table(report, args)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
@@ -211,11 +296,16 @@ def _measure(model, engines, x, y, bs, args):
         row[f"{engine}_runs"] = [s for s, _ in runs[engine]]
         row[f"{engine}_steps_measured"] = runs[engine][0][1].steps
         row[f"{engine}_loss"] = statistics.median(res.loss for _, res in runs[engine])
+        if runs[engine][-1][1].device is not None:  # the last run's: the counts do not vary
+            row[f"{engine}_device"] = runs[engine][-1][1].device
+    base = CUDA_BASELINE if args.device == "cuda" else "fastlib"
     for engine in engines:
         if engine != "fastlib" and "fastlib" in row:
             row[f"{engine}_over_fastlib"] = row[engine] / row["fastlib"]
             row[f"fastlib_over_{engine}"] = row["fastlib"] / row[engine]
-    if args.model == "mlp" and bs in TARGETS and "fastlib" in row:
+        if base == CUDA_BASELINE and engine != base and base in row:
+            row[f"{engine}_over_{base}"] = row[engine] / row[base]
+    if args.model == "mlp" and args.device == "cpu" and bs in TARGETS and "fastlib" in row:
         row["target_s"] = TARGETS[bs]
         row["meets_target"] = row["fastlib"] < TARGETS[bs]
     return row
@@ -254,12 +344,19 @@ def _verdict(met, ratio, limit):
     return "yes" if met else f"NO (misses by {ratio / limit:.2f}x)"
 
 
+# ---------------------------------------------------------------------------------------------
+# the table
+
 def _print_table(report, args):
+    if report["device"] == "cuda":
+        _print_cuda_table(report, args)
+        return
     engines = report["engines"]
     load = report["load_average"]
     print(f"verigrad bench train --model {report['model_name']}: {report['model']}; "
           f"{report['data']}; {report['samples']} samples per epoch; {args.threads} threads; "
           f"median of {args.repeats} interleaved runs; load average at start {load['start']}")
+    print("\n".join(environment.header_lines(report["environment"])))
     peers = [e for e in engines if e != "fastlib"] if "fastlib" in engines else []
     head = f"{'batch':>6}" + "".join(f"  {e + ' s/epoch':>16}" for e in engines)
     head += "".join(f"  {'fastlib/' + e:>15}" for e in peers)
@@ -272,11 +369,7 @@ def _print_table(report, args):
         if "target_s" in row:
             line += f"  < {row['target_s']} s: {'yes' if row['meets_target'] else 'NO'}"
         print(line)
-    print("mean batch loss of the timed epoch (the engines train the same model from the same "
-          "weights):")
-    for row in rows:
-        print(f"  batch {row['batch_size']}: " +
-              ", ".join(f"{e} {row[e + '_loss']:.4f}" for e in engines))
+    _print_losses(rows, engines)
     for t in report["targets"]:
         print(f"target at batch {t['batch_size']}: fastlib <= {t['limit']}x {t['peer']}: "
               f"{t['ratio']:.2f}x: {_verdict(t['met'], t['ratio'], t['limit'])}")
@@ -291,6 +384,19 @@ def _print_table(report, args):
         print(f"target: fastlib within {floor['target']:.0f}x of the floor: "
               f"{floor['fastlib_over_floor']:.2f}x: "
               f"{_verdict(floor['met'], floor['fastlib_over_floor'], floor['target'])}")
+    _print_footer(report, args)
+
+
+def _print_losses(rows, engines):
+    print("mean batch loss of the timed epoch (the engines train the same model from the same "
+          "weights):")
+    for row in rows:
+        print(f"  batch {row['batch_size']}: " +
+              ", ".join(f"{e} {row[e + '_loss']:.4f}" for e in engines))
+
+
+def _print_footer(report, args):
+    rows, engines, load = report["results"], report["engines"], report["load_average"]
     for engine, why in report["skipped"].items():
         print(f"{engine}: {why}")
     scaled = [r["batch_size"] for r in rows
@@ -304,3 +410,77 @@ def _print_table(report, args):
         print(f"note: the machine was loaded (1-minute load up to {busiest} on {cpus} CPUs): "
               "threads wait for cores, and the figures measure that contention as much as "
               "the engines; measure on an idle machine")
+
+
+def _print_cuda_table(report, args):
+    """``--device cuda``: every engine's s/epoch, its ratio to PyTorch CUDA eager, the mean
+    losses, and fastlib-cuda's device counters per step beside its time."""
+    engines = report["engines"]
+    columns = [e for e in CUDA_ENGINES if e in engines or e in report["skipped"]]
+    columns += [e for e in engines if e not in columns]
+    load = report["load_average"]
+    print(f"verigrad bench train --device cuda --model {report['model_name']}: "
+          f"{report['model']}; {report['data']}; {report['samples']} samples per epoch; CPU "
+          f"engine on {args.threads} threads; median of {args.repeats} interleaved runs; load "
+          f"average at start {load['start']}")
+    print("\n".join(environment.header_lines(report["environment"])))
+    if report["simulator"]:
+        print("note: numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1), not a GPU: the timings "
+              "measure Python; only the losses and the counts mean anything")
+    base = CUDA_BASELINE
+    ratio_cols = [e for e in columns if e != base]
+    heads = [e + " s/epoch" for e in columns] + [e + "/" + base for e in ratio_cols]
+    widths = [max(len(h), 17) for h in heads]
+    print(f"{'batch':>6}" + "".join(f"  {h:>{w}}" for h, w in zip(heads, widths)) + "  load")
+    for row in report["results"]:
+        cells = [_cell(row, e, report) for e in columns]
+        for e in ratio_cols:
+            ratio = row.get(f"{e}_over_{base}")
+            cells.append(f"{ratio:.2f}" if ratio is not None else (
+                _short(report["skipped"][base]) if base in report["skipped"] else "-"))
+        load = row["load_1min"] if row["load_1min"] is not None else "?"
+        print(f"{row['batch_size']:>6}" + "".join(f"  {c:>{w}}" for c, w in zip(cells, widths))
+              + f"  {load:>4}")
+    _print_losses(report["results"], engines)
+    for row in report["results"]:
+        for e in engines:
+            if f"{e}_device" in row:
+                print(f"  batch {row['batch_size']}: {e}: {counters_line(row[e + '_device'])}")
+    _print_footer(report, args)
+
+
+def _short(why):
+    """The skipped engine's reason as a table cell: "torch has no CUDA" and the like."""
+    return why.split(" (")[0].split(";")[0]
+
+
+def _cell(row, engine, report):
+    if engine in row:
+        return f"{row[engine]:.3f}"
+    return _short(report["skipped"].get(engine, "not run"))
+
+
+def counters_line(device):
+    """fastlib-cuda's mode and per-step counts as one line (or the note saying there are none).
+
+    Parameters
+    ----------
+    device : dict
+        ``Run.device``: ``cuda_mode``, ``device_counts`` (per-step means, plus ``per_epoch``)
+        and ``run_counts``.
+    """
+    mode = device.get("cuda_mode") or "not reported"
+    counts = device.get("device_counts")
+    if not counts:
+        return f"mode {mode}; counters: {device.get('note', 'none reported')}"
+    per_step = ", ".join(f"{k} {_num(counts[k])}" for k in COUNTER_KEYS if k in counts)
+    text = f"mode {mode}; per step: {per_step}"
+    per_epoch = counts.get("per_epoch")
+    if isinstance(per_epoch, dict):
+        text += "; per epoch: " + ", ".join(
+            f"{k} {_num(per_epoch[k])}" for k in COUNTER_KEYS if k in per_epoch)
+    return text
+
+
+def _num(value):
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)

@@ -16,10 +16,12 @@ from __future__ import annotations
 import importlib
 
 MODELS = ("mlp", "lstm", "attention", "transformer")
+#: Accepted only with ``--device cuda`` on numba's CUDA simulator (see ``tiny.py``).
+SIMULATOR_MODELS = ("tiny",)
 
 
 def load(name):
-    """The module of model ``name`` (one of :data:`MODELS`)."""
-    if name not in MODELS:
+    """The module of model ``name`` (one of :data:`MODELS` or :data:`SIMULATOR_MODELS`)."""
+    if name not in MODELS + SIMULATOR_MODELS:
         raise KeyError(name)
     return importlib.import_module(f"reports.bench.models.{name}")

@@ -145,8 +145,9 @@ def bench_jax(x, y, bs, max_steps, seed=0):
                             max_steps, seed)
 
 
-ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch, "jax": bench_jax}
-CPU_ENGINES = tuple(ENGINES)
+CPU_ENGINES = ("fastlib", "torch", "jax")
+ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch, "jax": bench_jax,
+           **common.cuda_engines(build, "mse", _torch_setup, _torch_mse)}
 
 
 def missing(engine):

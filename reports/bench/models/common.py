@@ -11,6 +11,7 @@ losses can be compared after the timing.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import NamedTuple
 
@@ -21,11 +22,13 @@ BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
 
 
 class Run(NamedTuple):
-    """One timed run: seconds for ``steps`` steps, and the mean batch loss over them."""
+    """One timed run: seconds for ``steps`` steps, the mean batch loss over them, and (device
+    engines) what the device did: mode and counters (see :func:`bench_fastlib_cuda`)."""
 
     seconds: float
     steps: int
     loss: float
+    device: dict | None = None
 
 
 def steps_for(n, bs, max_steps):
@@ -63,6 +66,51 @@ def bench_fastlib(build, loss, x, y, bs, max_steps, seed=0):
     result = fastlib.train(build(seed), x[:n], y[:n], 1, bs, LR, loss, optimizer="Adam",
                            verbose=False, seed=seed)
     return Run(result.epoch_times[0], used, float(result.loss_history[-1]))
+
+
+def cuda_counters():
+    """``fastlib.cuda.counters`` (``snapshot()`` / ``reset()``), or None where fastlib.cuda has
+    no counters (an older fastlib.cuda: the report then says so instead of printing zeros)."""
+    try:
+        from fastlib.cuda import counters
+    except ImportError:
+        return None
+    if not (callable(getattr(counters, "snapshot", None))
+            and callable(getattr(counters, "reset", None))):
+        return None
+    return counters
+
+
+#: The note printed in place of the counters when fastlib.cuda does not count.
+NO_COUNTERS = ("fastlib.cuda does not count launches here (no fastlib.cuda.counters module "
+               "with snapshot()/reset(), or no TrainingResult.device_counts)")
+
+
+def bench_fastlib_cuda(build, loss, x, y, bs, max_steps, seed=0):
+    """Time ``fastlib.train(device="cuda")`` for one epoch, like :func:`bench_fastlib`.
+
+    The data's one upload per run is outside the epoch time (``epoch_times``). ``Run.device``
+    holds ``cuda_mode`` ("graph" or "launches"), ``device_counts`` (per-step means over the
+    epoch plus "per_epoch", from ``TrainingResult.device_counts``) and ``run_counts`` (the
+    whole run's counters, upload included), each None when fastlib.cuda does not provide it,
+    with ``note`` saying so.
+    """
+    import fastlib
+
+    used, n = measured_samples(len(x), bs, max_steps)
+    fastlib.train(build(seed), x[:2 * bs], y[:2 * bs], 1, bs, LR, loss, optimizer="Adam",
+                  verbose=False, device="cuda")  # kernels compile at their first launch
+    counters = cuda_counters()
+    if counters is not None:
+        counters.reset()
+    result = fastlib.train(build(seed), x[:n], y[:n], 1, bs, LR, loss, optimizer="Adam",
+                           verbose=False, seed=seed, device="cuda")
+    info = {"cuda_mode": getattr(result, "cuda_mode", None),
+            "device_counts": getattr(result, "device_counts", None),
+            "run_counts": dict(counters.snapshot()) if counters is not None else None}
+    if info["device_counts"] is None:
+        info["note"] = NO_COUNTERS
+    return Run(result.epoch_times[0], used, float(result.loss_history[-1]), info)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,6 +180,153 @@ def torch_parameters(params, dev):
     import torch
 
     return {k: torch.tensor(v, device=dev, requires_grad=True) for k, v in params.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch with the whole step captured once as a CUDA graph and replayed per batch
+
+class CudaGraph:
+    """``torch.cuda.CUDAGraph``: ``capture(fn)`` records ``fn``'s kernels, ``replay()`` runs
+    them again on the same (static) tensors."""
+
+    def __init__(self, params):
+        import torch
+
+        self.graph = torch.cuda.CUDAGraph()
+
+    def capture(self, fn):
+        import torch
+
+        with torch.cuda.graph(self.graph):
+            fn()
+
+    def replay(self):
+        self.graph.replay()
+
+
+class ReplayByCall:
+    """A CUDA graph's semantics without a GPU, so the graph engine's bookkeeping can be tested
+    on the CPU: capture records ``fn`` without running it (as stream capture does), and each
+    replay runs it again with the gradients written afresh, not accumulated (a captured
+    backward writes into the gradient buffers it allocated at capture)."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def capture(self, fn):
+        self.fn = fn
+
+    def replay(self):
+        for p in self.params:
+            p.grad = None
+        self.fn()
+
+
+def bench_torch_graph(setup, loss_fn, x, y, bs, max_steps, seed=0, device="cuda",
+                      graph=CudaGraph):
+    """Time a PyTorch epoch whose step (gather, forward, loss, backward, Adam) is one CUDA graph.
+
+    PyTorch's documented whole-network capture: Adam with ``capturable=True`` (its step count
+    and bias corrections on the device), a few warm-up steps on a side stream, gradients set
+    to None before capture so the captured backward allocates them in the graph's pool. The
+    batch's indices are copied into a static index tensor before each replay, and the graph
+    gathers the batch itself. The warm-up changes the weights and Adam's state, so both are
+    reset to the seed's start afterwards: the timed epoch starts where every other engine's
+    does. The last incomplete batch (another shape) runs eagerly. One host-side launch per
+    step (the index copy) plus the replay.
+    """
+    import torch
+
+    used, n = measured_samples(len(x), bs, max_steps)
+    torch.manual_seed(seed)
+    dev = torch.device(device)
+    on_gpu = dev.type == "cuda"
+    xt = torch.from_numpy(np.ascontiguousarray(x[:n])).to(dev)
+    yt = torch.from_numpy(np.ascontiguousarray(y[:n])).to(dev)
+    params, forward = setup(dev)
+    start = [p.detach().clone() for p in params]
+    opt = torch.optim.Adam(params, lr=LR, betas=(BETA1, BETA2), eps=EPS, capturable=on_gpu)
+    full, rest = divmod(n, bs)
+    static_idx = torch.arange(min(bs, n), device=dev)
+    total = torch.zeros((), dtype=torch.float64, device=dev)
+
+    def step():
+        loss = loss_fn(forward(xt[static_idx]), yt[static_idx])
+        loss.backward()
+        opt.step()
+        total.add_(loss.detach().double() * bs)
+
+    g = None
+    if full:
+        side = torch.cuda.Stream() if on_gpu else None
+        if on_gpu:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side) if on_gpu else contextlib.nullcontext():
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                step()
+        if on_gpu:
+            torch.cuda.current_stream().wait_stream(side)
+        opt.zero_grad(set_to_none=True)
+        g = graph(params)
+        g.capture(step)
+        with torch.no_grad():  # back to the seed's weights and a fresh Adam
+            for p, p0 in zip(params, start):
+                p.copy_(p0)
+            for state in opt.state.values():
+                for value in state.values():
+                    if torch.is_tensor(value):
+                        value.zero_()
+            total.zero_()
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(n)).to(dev)
+    for s in range(0, full * bs, bs):
+        static_idx.copy_(order[s:s + bs])
+        g.replay()
+    if rest:
+        for p in params:
+            p.grad = None
+        idx = order[full * bs:]
+        loss = loss_fn(forward(xt[idx]), yt[idx])
+        loss.backward()
+        opt.step()
+        total.add_(loss.detach().double() * rest)
+    sync()
+    seconds = time.perf_counter() - t0
+    return Run(seconds, used, float(total) / n)
+
+
+def torch_cuda_missing():
+    """None when PyTorch can run on a CUDA GPU here, else the line saying why not."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed: pip install torch (a CUDA build)"
+    if not torch.cuda.is_available():
+        return (f"torch has no CUDA (torch {torch.__version__}: "
+                + ("a CPU-only build" if torch.version.cuda is None else "no GPU visible")
+                + "); not run on the CPU in its place")
+    return None
+
+
+def cuda_engines(build, loss, torch_setup, torch_loss, torch_y=lambda y: y):
+    """The ``--device cuda`` engines of one model: fastlib-cuda, torch-cuda (eager) and
+    torch-cuda-graph (the whole step as one CUDA graph), from the model's definitions."""
+    def fastlib_cuda(x, y, bs, max_steps, seed=0):
+        return bench_fastlib_cuda(build, loss, x, y, bs, max_steps, seed)
+
+    def torch_cuda(x, y, bs, max_steps, seed=0):
+        return bench_torch(torch_setup(seed), torch_loss, x, torch_y(y), bs, max_steps, seed,
+                           device="cuda")
+
+    def torch_cuda_graph(x, y, bs, max_steps, seed=0):
+        return bench_torch_graph(torch_setup(seed), torch_loss, x, torch_y(y), bs, max_steps,
+                                 seed, device="cuda")
+
+    return {"fastlib-cuda": fastlib_cuda, "torch-cuda": torch_cuda,
+            "torch-cuda-graph": torch_cuda_graph}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -95,8 +95,10 @@ def bench_jax(x, y, bs, max_steps, seed=0):
                             common.class_indices(y).astype(np.int32), bs, max_steps, seed)
 
 
-ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch, "jax": bench_jax}
-CPU_ENGINES = tuple(ENGINES)
+CPU_ENGINES = ("fastlib", "torch", "jax")
+ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch, "jax": bench_jax,
+           **common.cuda_engines(build, "cross_entropy", _torch_setup, _torch_loss,
+                                 common.class_indices)}
 
 
 def missing(engine):

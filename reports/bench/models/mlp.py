@@ -7,7 +7,7 @@ layer, Xavier-uniform for the output, zero biases, seed 0), copied into every en
 
 Engines: fastlib (its whole-epoch compiled MLP path), plain NumPy (the loop a competent NumPy
 user writes), PyTorch eager, JAX (``jax.jit`` + ``lax.scan``); on ``--device cuda``
-fastlib on the GPU and PyTorch CUDA. :func:`arithmetic_floor` is the machine's float32 GEMM
+fastlib on the GPU, PyTorch CUDA eager and PyTorch with the step as one CUDA graph. :func:`arithmetic_floor` is the machine's float32 GEMM
 time for the epoch's arithmetic (see its docstring).
 """
 from __future__ import annotations
@@ -57,18 +57,6 @@ def data(args):
 
 def bench_fastlib(x, y, bs, max_steps, seed=0):
     return common.bench_fastlib(build, "cross_entropy", x, y, bs, max_steps, seed)
-
-
-def bench_fastlib_cuda(x, y, bs, max_steps, seed=0):
-    """fastlib.train(device="cuda"); the data's one upload per run is outside the epoch time."""
-    import fastlib
-
-    used, n = common.measured_samples(len(x), bs, max_steps)
-    fastlib.train(build(seed), x[:2 * bs], y[:2 * bs], 1, bs, common.LR, "cross_entropy",
-                  optimizer="Adam", verbose=False, device="cuda")  # kernels compile at launch
-    result = fastlib.train(build(seed), x[:n], y[:n], 1, bs, common.LR, "cross_entropy",
-                           optimizer="Adam", verbose=False, seed=seed, device="cuda")
-    return common.Run(result.epoch_times[0], used, float(result.loss_history[-1]))
 
 
 def bench_numpy(x, y, bs, max_steps, seed=0):
@@ -134,11 +122,6 @@ def bench_torch(x, y, bs, max_steps, seed=0):
                               max_steps, seed)
 
 
-def bench_torch_cuda(x, y, bs, max_steps, seed=0):
-    return common.bench_torch(_torch_setup(seed), _torch_loss, x, common.class_indices(y), bs,
-                              max_steps, seed, device="cuda")
-
-
 def jax_forward(p, xb):
     import jax.numpy as jnp
 
@@ -162,7 +145,9 @@ def bench_jax(x, y, bs, max_steps, seed=0):
 
 
 ENGINES = {"fastlib": bench_fastlib, "numpy": bench_numpy, "torch": bench_torch,
-           "jax": bench_jax, "fastlib-cuda": bench_fastlib_cuda, "torch-cuda": bench_torch_cuda}
+           "jax": bench_jax,
+           **common.cuda_engines(build, "cross_entropy", _torch_setup, _torch_loss,
+                                 common.class_indices)}
 CPU_ENGINES = ("fastlib", "numpy", "torch", "jax")
 
 

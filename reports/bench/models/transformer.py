@@ -147,8 +147,10 @@ def bench_jax(x, y, bs, max_steps, seed=0):
                             x.astype(np.int32), y, bs, max_steps, seed)
 
 
-ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch, "jax": bench_jax}
-CPU_ENGINES = tuple(ENGINES)
+CPU_ENGINES = ("fastlib", "torch", "jax")
+ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch, "jax": bench_jax,
+           **common.cuda_engines(build, "binary_cross_entropy_with_logits", _torch_setup,
+                                 _torch_loss)}
 
 
 def missing(engine):

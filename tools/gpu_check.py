@@ -1,0 +1,471 @@
+#!/usr/bin/env python
+"""The first-GPU checklist as one command, in at most 5 minutes on one GPU.
+
+    python tools/gpu_check.py                 # on a GPU machine, from the checkout's root
+    python tools/gpu_check.py --simulate      # here: numba's CUDA simulator, tiny sizes
+
+Stages, each in its own process and time-boxed (the boxes add up to the 5 minutes; a stage
+that overruns is stopped and reported as ``timeout``, and one left without time is reported as
+``skipped``):
+
+1. ``versions``: the GPU's name, driver and runtime versions, numba, numba-cuda, NumPy, PyTorch
+   (and whether it sees CUDA), and whether fastlib.cuda is available (with its reason if not);
+2. ``conform-seed0``, ``conform-seed1``: ``verigrad conform`` of ``fastlib-cuda`` at two seeds;
+3. ``frame-ops``, ``frame-train``: tests/cuda_sim_check.py and tests/cuda_train_sim_check.py run
+   on the device (each reports one JSON line per check);
+4. ``digits``: the digits MLP trained on the CPU and on the GPU, same seed: same accuracy;
+5. ``bench-mlp`` ... ``bench-transformer``: ``verigrad bench train --device cuda`` for each
+   benchmark model (fastlib-cuda, fastlib's CPU engine, PyTorch CUDA eager and with CUDA
+   graphs), with fastlib.cuda's per-step counts.
+
+Every child process first applies ``numpy.row_stack = numpy.vstack`` when NumPy lacks
+``row_stack``: numba-cuda 0.30 calls ``np.row_stack``, which NumPy 2.5 removed (it was an alias
+of ``vstack``, deprecated since NumPy 2.0), and without it ``import numba.cuda`` fails and the
+GPU looks absent. The JSON records whether the shim was needed.
+
+Writes ``<out>/gpu-check-<date>-<gpu>.json`` and a short ``.md`` summary beside it (default
+``docs/results/``); exits 0 when every stage passed, 1 otherwise. Failures are reported with
+their output's tail, never dropped. ``--simulate`` runs the same stages under
+``NUMBA_ENABLE_CUDASIM=1`` at tiny sizes (one bench model, ``tiny``), so the script itself is
+tested without a GPU (tests/test_gpu_check.py).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUDGET_S = 300  # the whole checklist: 5 minutes on one GPU
+BENCH_MODELS = ("mlp", "lstm", "attention", "transformer")
+DIGITS_EPOCHS = 5
+
+# stage -> seconds it may take on a GPU; the boxes sum to under BUDGET_S, leaving time to start
+# the processes and write the files
+BOXES = {"versions": 20, "conform-seed0": 45, "conform-seed1": 45, "frame-ops": 25,
+         "frame-train": 40, "digits": 30, "bench-mlp": 22, "bench-lstm": 22,
+         "bench-attention": 22, "bench-transformer": 22}
+# under the simulator: the same stages, tiny; one bench model
+SIMULATED_BOXES = {"versions": 60, "conform-seed0": 120, "conform-seed1": 120,
+                   "frame-ops": 120, "frame-train": 180, "digits": 120, "bench-tiny": 120}
+SIMULATED_BUDGET_S = 900
+
+
+def row_stack_shim():
+    """Give NumPy ``row_stack`` back (as ``vstack``) when it lacks it; True when it did.
+
+    numba-cuda 0.30 calls ``np.row_stack``; NumPy 2.5 removed that alias of ``vstack``.
+    """
+    import numpy
+
+    if hasattr(numpy, "row_stack"):
+        return False
+    numpy.row_stack = numpy.vstack
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# what the stages run in their own processes (``gpu_check.py --exec ...``)
+
+VERSIONS_CODE = r"""
+import json, os, importlib.metadata as md
+out = {"row_stack_shim": os.environ.get("GPU_CHECK_SHIM") == "1"}
+import numpy, numba
+out["numpy"], out["numba"] = numpy.__version__, numba.__version__
+try:
+    out["numba_cuda"] = md.version("numba-cuda")
+except md.PackageNotFoundError:
+    out["numba_cuda"] = None
+import fastlib.cuda as fc
+out["fastlib_cuda_available"] = fc.is_available()
+out["fastlib_cuda_reason"] = fc.unavailable_reason()
+out["simulator"] = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+from numba import cuda
+if out["simulator"]:
+    out["gpu"] = "simulator"
+elif fc.is_available():
+    dev = cuda.get_current_device()
+    name = dev.name
+    out["gpu"] = name.decode() if isinstance(name, bytes) else str(name)
+    out["compute_capability"] = list(dev.compute_capability)
+    try:
+        out["driver"] = list(cuda.cudadrv.driver.driver.get_version())
+    except Exception as exc:
+        out["driver"] = f"unknown ({exc})"
+    try:
+        out["runtime"] = list(cuda.runtime.get_version())
+    except Exception as exc:
+        out["runtime"] = f"unknown ({exc})"
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["torch_cuda"] = torch.version.cuda
+    out["torch_sees_gpu"] = torch.cuda.is_available()
+    if torch.cuda.is_available():
+        out["torch_gpu"] = torch.cuda.get_device_name(0)
+except ImportError:
+    out["torch"] = None
+print("GPU_CHECK " + json.dumps(out))
+raise SystemExit(0 if out["fastlib_cuda_available"] else 1)
+"""
+
+DIGITS_CODE = r"""
+import json, sys
+import numpy as np, fastlib
+from fastlib.datasets import load_digits
+epochs, limit, hidden = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+data = load_digits()
+x, y = data.x_train[:limit], data.y_train[:limit]
+out = {"epochs": epochs, "train_samples": len(x), "test_samples": len(data.x_test),
+       "model": f"64-{hidden}-10 relu, Adam, batch 32, float32, seed 0"}
+for device in ("cpu", "cuda"):
+    model = fastlib.Sequential([fastlib.Dense(64, hidden, "relu"), fastlib.Dense(hidden, 10)],
+                               dtype=np.float32, seed=0)
+    result = fastlib.train(model, x, y, epochs, 32, 1e-3, "cross_entropy", optimizer="Adam",
+                           verbose=False, seed=0, device=device)
+    pred = np.argmax(np.asarray(model(data.x_test)), axis=1)
+    out[device] = {"test_accuracy": float(np.mean(pred == data.y_test.reshape(-1))),
+                   "final_loss": float(result.loss_history[-1]),
+                   "seconds_per_epoch": [float(t) for t in result.epoch_times],
+                   "cuda_mode": getattr(result, "cuda_mode", None)}
+out["same_accuracy"] = out["cpu"]["test_accuracy"] == out["cuda"]["test_accuracy"]
+print("GPU_CHECK " + json.dumps(out))
+raise SystemExit(0 if out["same_accuracy"] else 1)
+"""
+
+#: What tests/cuda_sim_check.py prints when started without the simulator.
+SIMULATOR_ONLY = "run with NUMBA_ENABLE_CUDASIM=1"
+
+BROKEN_CODE = "raise SystemExit('deliberately broken by --break (a test of the report)')"
+
+
+def _conform_engine_flag():
+    """``--engines`` where ``verigrad conform`` takes it, else the older ``--engine``."""
+    sys.path.insert(0, ROOT)
+    try:
+        from reports.cli import build_parser
+        parser = build_parser()
+    except Exception:
+        return "--engines"
+    with open(os.devnull, "w") as null:
+        old, sys.stderr = sys.stderr, null
+        try:
+            parser.parse_args(["conform", "--engines", "fastlib-cuda"])
+            return "--engines"
+        except SystemExit:
+            return "--engine"
+        finally:
+            sys.stderr = old
+
+
+def stage_commands(simulate, tmp):
+    """``{stage: argv after "gpu_check.py --exec"}`` for every stage, in order."""
+    flag = _conform_engine_flag()
+    stages = {"versions": ["-c", VERSIONS_CODE]}
+    for seed in (0, 1):
+        cmd = ["-m", "reports", "conform", flag, "fastlib-cuda", "--no-proofs", "--seed",
+               str(seed), "--json", os.path.join(tmp, f"conform-{seed}.json"), "--no-progress"]
+        if simulate:
+            cmd += ["--ops", "relu"]
+        stages[f"conform-seed{seed}"] = cmd
+    ops = ["tests/cuda_sim_check.py"] + (["--only", "relu"] if simulate else [])
+    frame = ["tests/cuda_train_sim_check.py"] + (["--only", "frame"] if simulate else [])
+    stages["frame-ops"], stages["frame-train"] = ops, frame
+    # the simulator: one step of a narrow model (each simulated CUDA thread is a Python thread)
+    stages["digits"] = ["-c", DIGITS_CODE] + (["1", "32", "8"] if simulate else
+                                              [str(DIGITS_EPOCHS), "100000", "128"])
+    for model in (("tiny",) if simulate else BENCH_MODELS):
+        sizes = {"mlp": ["--batch-sizes", "64,1024", "--max-steps", "50"]}.get(
+            model, ["--batch-sizes", "32", "--max-steps", "20"])
+        cmd = ["-m", "reports", "bench", "train", "--device", "cuda", "--model", model,
+               "--repeats", "1", "--json", os.path.join(tmp, f"bench-{model}.json")]
+        stages[f"bench-{model}"] = cmd + ([] if simulate else sizes)
+    return stages
+
+
+# ---------------------------------------------------------------------------------------------
+# running a stage
+
+def run_stage(name, argv, box, simulate):
+    """Run one stage's process, stopped after ``box`` seconds; the raw outcome."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    if simulate:
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+    else:
+        env.pop("NUMBA_ENABLE_CUDASIM", None)
+    cmd = [sys.executable, os.path.abspath(__file__), "--exec", *argv]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=box)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the stage and anything it started
+        out, err = proc.communicate()
+        timed_out = True
+    return {"stage": name, "returncode": proc.returncode, "timed_out": timed_out,
+            "seconds": round(time.perf_counter() - t0, 2), "box_s": box,
+            "command": "python -m " + " ".join(argv[1:]) if argv[0] == "-m" else
+            ("python -c <" + name + " code> " + " ".join(argv[2:]) if argv[0] == "-c"
+             else "python " + " ".join(argv)),
+            "stdout": out or "", "stderr": err or ""}
+
+
+def _tail(text, n=1500):
+    return text.strip()[-n:]
+
+
+def _marked_json(stdout):
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("GPU_CHECK "):
+            return json.loads(line[len("GPU_CHECK "):])
+    return None
+
+
+def _check_lines(stdout):
+    rows = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"check"')]
+    failed = [f"{r['check']}: {r['detail'][:300]}" for r in rows if not r["ok"]]
+    return {"checks": len(rows), "passed": len(rows) - len(failed), "failed": failed}
+
+
+def judge(raw, tmp):
+    """A stage's report: status (pass, fail, timeout, refused), detail, and its data."""
+    name, data, detail = raw["stage"], None, ""
+    ok = raw["returncode"] == 0 and not raw["timed_out"]
+    try:
+        if name in ("versions", "digits"):
+            data = _marked_json(raw["stdout"])
+            ok = ok and data is not None
+            if name == "versions" and data is not None:
+                detail = (f"{data.get('gpu', 'no GPU')}; numba {data['numba']}, numba-cuda "
+                          f"{data['numba_cuda']}, NumPy {data['numpy']}, torch "
+                          f"{data.get('torch')} (CUDA {data.get('torch_cuda')})")
+                if not data["fastlib_cuda_available"]:
+                    detail += f"; fastlib.cuda unavailable: {data['fastlib_cuda_reason']}"
+            if name == "digits" and data is not None:
+                detail = (f"test accuracy CPU {data['cpu']['test_accuracy']:.4f}, GPU "
+                          f"{data['cuda']['test_accuracy']:.4f}"
+                          + ("" if data["same_accuracy"] else ": DIFFERENT"))
+        elif name.startswith("conform-"):
+            path = os.path.join(tmp, f"conform-{name[-1]}.json")
+            if os.path.exists(path):
+                with open(path) as fh:
+                    rows = json.load(fh)
+                rows = rows["rows"] if isinstance(rows, dict) else rows
+                rows = [r for r in rows if r.get("engine") == "fastlib-cuda"]
+                bad = [f"{r.get('name')} {r.get('dtype')} {r.get('check')}: {r.get('status')}"
+                       for r in rows if r.get("status") not in ("pass", "skip")]
+                data = {"rows": len(rows), "not_passed": bad[:50]}
+                ok = ok and rows and not bad
+                detail = f"{len(rows) - len(bad)}/{len(rows)} fastlib-cuda rows pass"
+        elif name.startswith("frame-"):
+            data = _check_lines(raw["stdout"])
+            ok = ok and data["checks"] > 0 and not data["failed"]
+            detail = f"{data['passed']}/{data['checks']} checks pass"
+        elif name.startswith("bench-"):
+            path = os.path.join(tmp, f"{name}.json")
+            if os.path.exists(path):
+                with open(path) as fh:
+                    data = bench_summary(json.load(fh))
+                detail = "; ".join(f"batch {r['batch_size']}: " + ", ".join(
+                    f"{e} {s:.3f} s" for e, s in r["s_per_epoch"].items())
+                    for r in data["rows"])
+            ok = ok and data is not None
+    except Exception as exc:  # a stage whose output cannot be read failed, and says why
+        ok, detail = False, f"its output could not be read: {type(exc).__name__}: {exc}"
+    status = "timeout" if raw["timed_out"] else ("pass" if ok else "fail")
+    if status == "fail" and SIMULATOR_ONLY in raw["stderr"]:
+        status = "refused"
+        detail = (f"{name}'s script runs only under numba's simulator (it exits without "
+                  "NUMBA_ENABLE_CUDASIM=1: some of its checks call device functions from the "
+                  "host, which only the simulator allows); the device's op rows are the "
+                  "conform stages'")
+    if raw["timed_out"]:
+        detail = f"stopped after its {raw['box_s']} s box; " + detail
+    elif not ok and SIMULATOR_ONLY not in raw["stderr"]:
+        last = (raw["stderr"].strip().splitlines() or [""])[-1][:300]
+        detail = f"exit {raw['returncode']}: {last}" + (f"; {detail}" if detail else "")
+    report = {k: raw[k] for k in ("stage", "returncode", "seconds", "box_s", "command")}
+    report.update(status=status, detail=detail, data=data)
+    if status != "pass":
+        report["stderr_tail"] = _tail(raw["stderr"])
+        report["stdout_tail"] = _tail(raw["stdout"])
+    return report
+
+
+def bench_summary(report):
+    """The bench stage's figures: s/epoch, ratios to PyTorch CUDA eager, losses, counts."""
+    rows = []
+    for r in report["results"]:
+        engines = report["engines"]
+        rows.append({"batch_size": r["batch_size"],
+                     "s_per_epoch": {e: r[e] for e in engines},
+                     "over_torch_cuda": {e: r[f"{e}_over_torch-cuda"] for e in engines
+                                         if f"{e}_over_torch-cuda" in r},
+                     "mean_loss": {e: r[f"{e}_loss"] for e in engines},
+                     "device": {e: r[f"{e}_device"] for e in engines if f"{e}_device" in r}})
+    return {"model": report["model"], "model_name": report["model_name"],
+            "simulator": report.get("simulator"), "skipped": report["skipped"], "rows": rows}
+
+
+# ---------------------------------------------------------------------------------------------
+# the files
+
+def gpu_slug(versions, simulate):
+    """The GPU's name for the file name: "NVIDIA H200" -> "H200"."""
+    if simulate:
+        return "simulator"
+    name = (versions or {}).get("gpu") or "unknown-gpu"
+    name = re.sub(r"^NVIDIA\s+", "", name)
+    return re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-") or "unknown-gpu"
+
+
+def markdown(result):
+    """The short summary: one line per stage, then the benchmark figures and counts."""
+    lines = [f"# GPU check {result['date']}: {result['gpu']}", "",
+             f"`python tools/gpu_check.py{' --simulate' if result['simulate'] else ''}`: "
+             f"{result['passed']}/{len(result['stages'])} stages passed in "
+             f"{result['seconds']:.0f} s (budget {result['budget_s']} s). "
+             + ("**All passed.**" if result["ok"] else "**FAILED: see the stages below.**"),
+             ""]
+    if result["simulate"]:
+        lines += ["Numba's CUDA simulator, not a GPU: tiny sizes, timings meaningless.", ""]
+    if result["row_stack_shim"]:
+        lines += ["NumPy lacks `row_stack` (removed in 2.5; numba-cuda 0.30 calls it): the "
+                  "check set `numpy.row_stack = numpy.vstack` in every process.", ""]
+    lines += ["| stage | status | seconds (box) | detail |", "| --- | --- | --- | --- |"]
+    for s in result["stages"]:
+        detail = s["detail"].replace("|", "/").replace("\n", " ")[:200]
+        lines.append(f"| {s['stage']} | {s['status']} | {s['seconds']} ({s['box_s']}) | "
+                     f"{detail} |")
+    for s in result["stages"]:
+        if not s["stage"].startswith("bench-") or not s["data"]:
+            continue
+        lines += ["", f"**{s['stage']}** ({s['data']['model']})", ""]
+        for r in s["data"]["rows"]:
+            lines.append(f"- batch {r['batch_size']}: " + ", ".join(
+                f"{e} {t:.4g} s/epoch" + (f" ({r['over_torch_cuda'][e]:.2f}x PyTorch eager)"
+                                          if e in r["over_torch_cuda"] else "")
+                for e, t in r["s_per_epoch"].items()))
+            lines.append("  mean loss: " + ", ".join(f"{e} {v:.5f}"
+                                                     for e, v in r["mean_loss"].items()))
+            for e, d in r["device"].items():
+                counts = d.get("device_counts")
+                lines.append(f"  {e}: mode {d.get('cuda_mode') or 'not reported'}, per step "
+                             + (json.dumps(counts) if counts else
+                                "not counted (fastlib.cuda has no counters here)"))
+        for e, why in s["data"]["skipped"].items():
+            lines.append(f"- {e}: {why}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python tools/gpu_check.py",
+                                description="The first-GPU checklist in at most 5 minutes.")
+    p.add_argument("--simulate", action="store_true",
+                   help="run under numba's CUDA simulator at tiny sizes (no GPU needed)")
+    p.add_argument("--out", default=os.path.join(ROOT, "docs", "results"),
+                   help="folder for the JSON and Markdown files (default docs/results)")
+    p.add_argument("--stages", default=None,
+                   help="comma-separated stages to run (default all; the others are listed "
+                        "as skipped)")
+    p.add_argument("--budget", type=float, default=None,
+                   help=f"seconds for the whole check (default {BUDGET_S}; "
+                        f"{SIMULATED_BUDGET_S} with --simulate)")
+    # tests only: make one stage fail, to see the failure reported
+    p.add_argument("--break", dest="broken", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--exec"]:
+        return _exec(argv[1:])
+    args = parse_args(argv)
+    boxes = SIMULATED_BOXES if args.simulate else BOXES
+    budget = args.budget or (SIMULATED_BUDGET_S if args.simulate else BUDGET_S)
+    chosen = set(boxes) if args.stages is None else {s.strip() for s in args.stages.split(",")}
+    unknown = sorted((chosen | ({args.broken} if args.broken else set())) - set(boxes))
+    if unknown:
+        print(f"gpu_check: unknown stage(s) {unknown}; "
+              f"the stages are {', '.join(boxes)}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    start = time.perf_counter()
+    stages = []
+    with tempfile.TemporaryDirectory() as tmp:
+        commands = stage_commands(args.simulate, tmp)
+        for name, box in boxes.items():
+            left = budget - (time.perf_counter() - start)
+            if name not in chosen or left < 5:
+                why = ("not selected (--stages)" if name not in chosen else
+                       f"not run: the {budget:.0f} s budget was spent before it")
+                stages.append({"stage": name, "status": "skipped", "seconds": 0, "box_s": box,
+                               "detail": why, "data": None, "returncode": None,
+                               "command": None})
+                continue
+            cmd = ["-c", BROKEN_CODE] if name == args.broken else commands[name]
+            print(f"gpu_check: {name} (box {min(box, left):.0f} s) ...", file=sys.stderr,
+                  flush=True)
+            stage = judge(run_stage(name, cmd, min(box, int(left)), args.simulate), tmp)
+            print(f"gpu_check: {name}: {stage['status']}: {stage['detail']}", file=sys.stderr,
+                  flush=True)
+            stages.append(stage)
+    versions = next((s["data"] for s in stages if s["stage"] == "versions"), None)
+    ran = [s for s in stages if s["status"] != "skipped" or "budget" in s["detail"]]
+    result = {"date": datetime.date.today().isoformat(),
+              "gpu": (versions or {}).get("gpu", "unknown"), "simulate": args.simulate,
+              "row_stack_shim": bool((versions or {}).get("row_stack_shim")),
+              "budget_s": budget, "seconds": round(time.perf_counter() - start, 1),
+              "versions": versions, "stages": stages,
+              "passed": sum(s["status"] == "pass" for s in stages),
+              "failed": [s["stage"] for s in ran if s["status"] not in ("pass", "refused")],
+              "refused": [s["stage"] for s in stages if s["status"] == "refused"]}
+    result["ok"] = not result["failed"]
+    base = os.path.join(args.out, f"gpu-check-{result['date']}-"
+                                  f"{gpu_slug(versions, args.simulate)}")
+    with open(base + ".json", "w") as fh:
+        json.dump(result, fh, indent=2)
+    with open(base + ".md", "w") as fh:
+        fh.write(markdown(result))
+    print(f"gpu_check: {result['passed']}/{len(stages)} stages passed"
+          + ("" if result["ok"] else f"; FAILED: {', '.join(result['failed'])}")
+          + (f"; refused to run here: {', '.join(result['refused'])}" if result["refused"]
+             else "")
+          + f"; wrote {base}.json and {base}.md")
+    return 0 if result["ok"] else 1
+
+
+def _exec(argv):
+    """Run a stage's command in this process after the row_stack shim (see the module doc)."""
+    import runpy
+
+    if row_stack_shim():
+        os.environ["GPU_CHECK_SHIM"] = "1"
+    sys.path.insert(0, ROOT)
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        exec(compile(argv[1], "<gpu_check stage>", "exec"), {"__name__": "__main__"})
+    else:
+        sys.argv = list(argv)
+        runpy.run_path(argv[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
