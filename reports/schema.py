@@ -130,7 +130,11 @@ SUMMARY_ROW = obj(
     "an engine row of the summary table",
     {"op": TEXT, "engine": TEXT, "dtype": DTYPE, "status": TEXT, "reason": TEXT},
     {"median_ulp": NUM, "p99_ulp": NUM, "max_ulp": NUM, "max_ulp_well": NUM,
-     "correctly_rounded": SHARE, "n": COUNT},
+     "correctly_rounded": SHARE, "n": COUNT,
+     "beyond_bound": {**COUNT, "description": "elements beyond the conformance suite's bound"},
+     "verdict": {"enum": ["within bound", "beyond bound", "error", "unsupported"],
+                 "description": "within bound: every element within the conformance suite's "
+                                "bound; beyond bound: some are not; error: cases raised"}},
 )
 
 BAR = obj(

@@ -471,3 +471,40 @@ def test_renderers_work_from_the_json_alone(known_report, tmp_path):
     assert {p.name for p in written} >= {"report.md", "report.html", "report.json",
                                         "report_schema.json", "exp.png", "mul.png",
                                         "overview.png"}
+
+
+def _summary_html_row(page, op, engine, dtype):
+    import re
+
+    body = page.split('id="summary"', 1)[1].split("</table>", 1)[0]
+    for tr in re.findall(r"<tr>(.*?)</tr>", body):
+        if f'href="#op-{op}"' in tr and f">{engine}<" in tr and f">{dtype}<" in tr:
+            return tr
+    raise AssertionError(f"no summary row for {op} {engine} {dtype}")
+
+
+def test_status_column_says_whether_each_row_is_within_its_bound(known_report):
+    # nan-first returns NaN for one entry per case: an infinite error, beyond any bound; the
+    # correctly rounded engine is within its bound on every element. Both cases ran ("ok").
+    doc = json.loads(json.dumps(known_report))
+    bad = _row(doc, "exp", "nan-first", "float64")
+    good = _row(doc, "exp", "rounded-exact", "float64")
+    assert bad["status"] == good["status"] == "ok"
+    assert bad["beyond_bound"] > 0 and good["beyond_bound"] == 0
+    page = render_html.render(doc)
+    failing = _summary_html_row(page, "exp", "nan-first", "float64")
+    assert f'<td class="l bad">beyond bound: {bad["beyond_bound"]} of {bad["n"]} elements' \
+        in failing
+    assert '<td class="l">within bound</td>' in _summary_html_row(page, "exp", "rounded-exact",
+                                                                  "float64")
+    assert "bad\">ok" not in page and ">ok<" not in page        # "ok" says nothing of a bound
+    # the Markdown and JSON twins say the same
+    summary = {(r["op"], r["engine"], r["dtype"]): r for r in doc["summary"]}
+    assert summary[("exp", "nan-first", "float64")]["verdict"] == "beyond bound"
+    assert summary[("exp", "rounded-exact", "float64")]["verdict"] == "within bound"
+    assert summary[("exp", "picky", "float32")]["verdict"] == "unsupported"
+    assert summary[("mul", "flaky", "float64")]["verdict"] == "error"
+    md = render_md.render(doc)
+    assert f"({bad['beyond_bound']} beyond bound)" in md
+    assert "beyond bound: " in md
+    assert schema.validate(doc) == []

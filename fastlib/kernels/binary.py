@@ -14,6 +14,7 @@ forward and backward as in ``np.maximum``.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from numba import njit, prange
@@ -21,6 +22,8 @@ from numba import njit, prange
 import optable
 from fastlib import config
 from fastlib.kernels.reduce import copy_and_sum_to_shape, scaled_copies, sum_to_shape
+from fastlib.kernels.reduce import sum_to_shape_rounded_once
+from fastlib.kernels.vecmath import dd_div, dd_mul, like, two_prod
 
 _FM = config.FASTMATH
 
@@ -28,11 +31,17 @@ _FM = config.FASTMATH
 BINARY_OPS = optable.names(category="binary")
 CODES = optable.codes(BINARY_OPS)
 _ADD, _SUB, _MUL, _DIV, _MAX = (CODES[n] for n in ("add", "sub", "mul", "div", "maximum"))
+# NOTE: a code the kernels do not know raises (never a fallback to another op); the launchers
+# check the name first, so this is the message of a direct kernel call with a bad code.
+_UNKNOWN = "unknown binary op code (not a code of optable's binary ops):"
 # NOTE (a promise the conformance suite holds fastlib to): in these dtypes every VJP of a binary
 # op is the exact value rounded once, up to float64 rounding: products and quotients are formed
 # in float64 (exact products of float32 numbers) and summed back over broadcast axes there
 # (``binary_vjp``, ``reduce.sum_to_shape``), then rounded to the dtype. float64 makes no such
-# promise (its sums are pairwise in float64).
+# float64 sums back over broadcast axes are compensated and each term is formed exactly (a
+# double-double product or quotient), so a summed float64 VJP is also the exact value rounded
+# once up to n eps^2 of its terms (``_vjp_terms_dd``, ``reduce.sum_to_shape_rounded_once``);
+# a float64 VJP that is not summed rounds its formula as written (div's b: three roundings).
 ROUNDED_ONCE_VJP_DTYPES = ("float32",)
 
 
@@ -46,7 +55,21 @@ def _binop(op, x, y):
         return x * y
     if op == _DIV:
         return x / y
-    return x if (x >= y or x != x) else y
+    if op == _MAX:
+        return x if (x >= y or x != x) else y
+    return like(x, math.nan)    # never reached: the task kernels raise on an unknown code first
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _require_code(op, vjp):
+    """Raise ``ValueError`` naming ``op`` unless it is a binary op code of the op table
+    (``vjp``: one of the codes ``_vjp_tasks`` computes, mul, div and maximum). Called once per
+    task range, outside the element loops, which then stay plain maps."""
+    if op == _MUL or op == _DIV or op == _MAX:
+        return
+    if not vjp and (op == _ADD or op == _SUB):
+        return
+    raise ValueError(_UNKNOWN, op)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
@@ -82,6 +105,7 @@ def _forward_tasks(op, a, sa, b, sb, out, parts, t0, t1):
 
     Task t covers row t // parts, columns of piece t % parts (parts > 1 splits long rows).
     """
+    _require_code(op, False)
     k = out.shape[1]
     for t in range(t0, t1):
         r = t // parts
@@ -102,8 +126,10 @@ def _vjp_pair(op, x, y, g):
     if op == _DIV:
         q = gv / yv
         return q, -q * (xv / yv)
-    win = x >= y or x != x          # NOTE: ties (and NaN in a) go to the first argument
-    return (gv, 0.0) if win else (0.0, gv)
+    if op == _MAX:
+        win = x >= y or x != x      # NOTE: ties (and NaN in a) go to the first argument
+        return (gv, 0.0) if win else (0.0, gv)
+    return math.nan, math.nan       # never reached: ``_vjp_tasks`` raises on the code first
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
@@ -136,6 +162,7 @@ def _vjp_span(op, a, oa, ca, b, ob, cb, g, ga, gb):
 def _vjp_tasks(op, a, sa, b, sb, g, ga, gb, parts, t0, t1):
     """Contributions at the output's shape: ga = g * d op/da, gb = g * d op/db (mul, div, max),
     for tasks as in ``_forward_tasks``. Products and quotients are formed in float64."""
+    _require_code(op, True)
     k = g.shape[1]
     for t in range(t0, t1):
         r = t // parts
@@ -166,6 +193,15 @@ def _split(m, size):
     nchunks = config.num_chunks(size)
     parts = nchunks if m < nchunks else 1
     return parts, nchunks
+
+
+def _code(name, what):
+    """The op table's code of binary op ``name``; ``ValueError`` naming it and the table."""
+    code = CODES.get(name)
+    if code is None:
+        raise ValueError(f"{what}: unknown binary op {name!r}: not a binary op of optable "
+                         f"(binary ops: {', '.join(BINARY_OPS)})")
+    return code
 
 
 def broadcast_shape(op, a_shape, b_shape):
@@ -252,6 +288,7 @@ def binary_forward(name, a, b):
     ndarray
         The broadcast result, a new C-contiguous array.
     """
+    code = _code(name, "binary_forward")
     shape = broadcast_shape(name, a.shape, b.shape)
     out = np.empty(shape, a.dtype)
     if out.size == 0:
@@ -259,9 +296,9 @@ def binary_forward(name, a, b):
     m, k, fa, sa, fb, sb = _planned(a, b, shape)
     parts, nchunks = _split(m, out.size)
     if nchunks == 1:    # no parallel region: no thread hand-off for small arrays
-        _forward_tasks(CODES[name], fa, sa, fb, sb, out.reshape(m, k), 1, 0, m)
+        _forward_tasks(code, fa, sa, fb, sb, out.reshape(m, k), 1, 0, m)
     else:
-        _forward(CODES[name], fa, sa, fb, sb, out.reshape(m, k), parts, nchunks)
+        _forward(code, fa, sa, fb, sb, out.reshape(m, k), parts, nchunks)
     return out
 
 
@@ -285,9 +322,63 @@ def _add_sub_vjp(name, a_shape, b_shape, shape, grad):
     return sum_to_shape(grad, a_shape), (-gb if name == "sub" else gb)
 
 
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _finite_pair(pair, plain):
+    """``pair`` when its sum is finite, else (``plain``, 0): an exact pair overflows or meets
+    inf or 0 * inf in its error term where the plain formula gives IEEE's inf or NaN."""
+    h, lo = pair
+    if abs(h) < np.inf and abs(lo) < np.inf:
+        return h, lo
+    return plain, 0.0
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _vjp_terms_dd(op, a, b, g, ga, la, gb, lb):
+    """Each operand's VJP term at the output's shape as an exact pair hi + lo (float64
+    arrays of one shape, ``a`` and ``b`` already broadcast to it): mul by ``two_prod``, div
+    by double-double quotients, maximum and the others as the cotangent itself."""
+    for i in range(g.size):
+        x = a[i]
+        y = b[i]
+        gv = g[i]
+        if op == _MUL:
+            ga[i], la[i] = _finite_pair(two_prod(gv, y), gv * y)
+            gb[i], lb[i] = _finite_pair(two_prod(gv, x), gv * x)
+        elif op == _DIV:
+            qh, ql = dd_div(gv, 0.0, y, 0.0)
+            ga[i], la[i] = _finite_pair((qh, ql), gv / y)
+            rh, rl = dd_div(x, 0.0, y, 0.0)
+            ph, pl = dd_mul(qh, ql, rh, rl)
+            gb[i], lb[i] = _finite_pair((-ph, -pl), -(gv / y) * (x / y))
+        elif op == _MAX:
+            win = x >= y or x != x      # NOTE: ties (and NaN in a) go to the first argument
+            ga[i], la[i] = (gv, 0.0) if win else (0.0, 0.0)
+            gb[i], lb[i] = (0.0, 0.0) if win else (gv, 0.0)
+        else:
+            raise ValueError(_UNKNOWN, op)
+
+
+def _summed_vjp64(name, a, b, grad, shape):
+    """float64 VJPs summed back over broadcast axes: exact terms, compensated sums, each
+    rounded once (module NOTE)."""
+    if name in ("add", "sub"):
+        ga = sum_to_shape_rounded_once(grad, a.shape)
+        gb = sum_to_shape_rounded_once(grad, b.shape)
+        return ga, (-gb if name == "sub" else gb)
+    full = [np.ascontiguousarray(np.broadcast_to(v, shape), np.float64).reshape(-1)
+            for v in (a, b, grad)]
+    ga, la, gb, lb = (np.empty(full[2].size) for _ in range(4))
+    _vjp_terms_dd(CODES[name], *full, ga, la, gb, lb)
+    return (sum_to_shape_rounded_once(ga.reshape(shape), a.shape, la.reshape(shape)),
+            sum_to_shape_rounded_once(gb.reshape(shape), b.shape, lb.reshape(shape)))
+
+
 def binary_vjp(name, a, b, grad):
     """(grad_a, grad_b): each operand's cotangent, summed back to the operand's shape."""
+    code = _code(name, "binary_vjp")
     shape = broadcast_shape(name, a.shape, b.shape)
+    if a.dtype == np.float64 and (shape != a.shape or shape != b.shape):
+        return _summed_vjp64(name, a, b, grad, shape)
     if name in ("add", "sub"):
         return _add_sub_vjp(name, a.shape, b.shape, shape, grad)
     # NOTE: when a contribution is summed back over broadcast axes, the contributions are
@@ -302,8 +393,8 @@ def binary_vjp(name, a, b, grad):
         parts, nchunks = _split(m, ga.size)
         views = (grad.reshape(m, k), ga.reshape(m, k), gb.reshape(m, k))
         if nchunks == 1:
-            _vjp_tasks(CODES[name], fa, sa, fb, sb, *views, 1, 0, m)
+            _vjp_tasks(code, fa, sa, fb, sb, *views, 1, 0, m)
         else:
-            _vjp(CODES[name], fa, sa, fb, sb, *views, parts, nchunks)
+            _vjp(code, fa, sa, fb, sb, *views, parts, nchunks)
     return (sum_to_shape(ga, a.shape).astype(a.dtype, copy=False),
             sum_to_shape(gb, b.shape).astype(a.dtype, copy=False))

@@ -13,13 +13,15 @@ accuracy for any batch size, at no measurable cost next to the GEMMs).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
 import optable
 from fastlib.config import FASTMATH
 from fastlib.kernels import scalar
-from fastlib.kernels.vecmath import fexp
+from fastlib.kernels.vecmath import fexp, like
 
 # activation codes: the op table's (optable.ACTIVATIONS), compiled in as constants
 _CODE = optable.activation_codes()
@@ -28,6 +30,23 @@ _SIGMOID, _SILU, _GELU = _CODE["sigmoid"], _CODE["silu"], _CODE["gelu"]
 _GELU_TANH, _SOFTPLUS, _SOFTMAX = _CODE["gelu_tanh"], _CODE["softplus"], _CODE["softmax"]
 
 _FASTMATH = set(FASTMATH)  # numba takes a set (config holds a frozenset)
+# every activation code of the table, for the one check per kernel call
+_KNOWN_CODES = np.array(sorted(_CODE.values()), dtype=np.int64)
+_UNKNOWN = "unknown activation code (not a code of optable's activations):"
+
+
+@njit(cache=True, error_model="numpy")
+def require_activation(code):
+    """Raise ``ValueError`` naming ``code`` unless it is an activation code of the op table.
+
+    NOTE: the epilogues call it once, before their element loops: ``activate`` itself answers
+    an unknown code with NaN (a sentinel that a raise inside the loop would cost the loop its
+    vectorisation to carry), never with the identity.
+    """
+    for known in _KNOWN_CODES:
+        if code == known:
+            return
+    raise ValueError(_UNKNOWN, code)
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FASTMATH, inline="always")
@@ -49,7 +68,9 @@ def activate(x, code, slope):
         return scalar.gelu_tanh_f(x)
     if code == _SOFTPLUS:
         return scalar.softplus_f(x)
-    return x
+    if code == _LINEAR:
+        return x
+    return like(x, math.nan)        # unknown (or softmax, not elementwise): see require_activation
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FASTMATH, inline="always")
@@ -71,7 +92,9 @@ def activate_derivative(x, code, slope):
         return scalar.gelu_tanh_df(x)
     if code == _SOFTPLUS:
         return scalar.softplus_df(x)
-    return scalar.identity_df(x)
+    if code == _LINEAR:
+        return scalar.identity_df(x)
+    return like(x, math.nan)        # unknown (or softmax, not elementwise): see require_activation
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FASTMATH)
@@ -106,6 +129,7 @@ def softmax_rows(pre, post):
 @njit(cache=True, error_model="numpy", fastmath=_FASTMATH)
 def bias_activation(pre, bias, post, code, slope):
     """``pre += bias; post = f(pre)``: the Dense forward epilogue, one pass."""
+    require_activation(code)
     rows, cols = pre.shape
     if code == _SOFTMAX:
         add_bias(pre, bias)
@@ -150,6 +174,7 @@ def activation_backward(g, pre, post, gpre, gbias, code, slope):
     Softmax uses its Jacobian-vector product on the saved output:
     ``gpre = post * (g - sum_j g_j post_j)`` per row.
     """
+    require_activation(code)
     rows, cols = g.shape
     acc = np.zeros(cols, dtype=np.float64)  # NOTE: float64 accumulator, as in column_sums
     if code == _SOFTMAX:

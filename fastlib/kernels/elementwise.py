@@ -30,6 +30,18 @@ _ABS, _RELU, _LEAKY, _SILU, _GELU = (CODES[n] for n in ("abs", "relu", "leaky_re
                                                         "gelu"))
 _GELU_TANH, _TANH, _SIGMOID = (CODES[n] for n in ("gelu_tanh", "tanh", "sigmoid"))
 _SOFTPLUS, _IDENTITY = CODES["softplus"], CODES["identity"]
+# NOTE: a code the kernels do not know raises (never an identity fallback); the launchers
+# check the name first, so this is the message of a direct kernel call with a bad code.
+_UNKNOWN = "unknown unary op code (not a code of optable's unary ops):"
+
+
+def _code(name, what):
+    """The op table's code of unary op ``name``; ``ValueError`` naming it and the table."""
+    code = CODES.get(name)
+    if code is None:
+        raise ValueError(f"{what}: unknown unary op {name!r}: not a unary op of optable "
+                         f"(unary ops: {', '.join(UNARY_OPS)})")
+    return code
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
@@ -77,9 +89,11 @@ def _forward_chunk(op, x, out, slope):
     elif op == _SOFTPLUS:
         for i in range(n):
             out[i] = S.softplus_f(x[i])
-    else:
+    elif op == _IDENTITY:
         for i in range(n):
             out[i] = S.identity_f(x[i])
+    else:
+        raise ValueError(_UNKNOWN, op)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
@@ -90,7 +104,7 @@ def _vjp_chunk(op, x, g, out, slope):
             out[i] = -g[i]
     elif op == _EXP:
         for i in range(n):
-            out[i] = g[i] * S.exp_df(x[i])
+            out[i] = S.exp_vjp(x[i], g[i])
     elif op == _LOG:
         for i in range(n):
             out[i] = g[i] / x[i]
@@ -120,16 +134,18 @@ def _vjp_chunk(op, x, g, out, slope):
             out[i] = S.gelu_tanh_vjp(x[i], g[i])
     elif op == _TANH:
         for i in range(n):
-            out[i] = g[i] * S.tanh_df(x[i])
+            out[i] = S.tanh_vjp(x[i], g[i])
     elif op == _SIGMOID:
         for i in range(n):
             out[i] = S.sigmoid_vjp(x[i], g[i])
     elif op == _SOFTPLUS:
         for i in range(n):
             out[i] = g[i] * S.softplus_df(x[i])
-    else:
+    elif op == _IDENTITY:
         for i in range(n):
             out[i] = g[i]
+    else:
+        raise ValueError(_UNKNOWN, op)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -167,14 +183,15 @@ def unary_forward(name, x, negative_slope=0.01):
     ndarray
         Same shape and dtype as ``x``.
     """
+    code = _code(name, "unary_forward")
     out = np.empty_like(x)
     flat = x.reshape(-1)
     nchunks = config.num_chunks(flat.size)
     slope = x.dtype.type(negative_slope)
     if nchunks == 1:    # no parallel region at all: no thread hand-off on a busy machine
-        _forward_chunk(CODES[name], flat, out.reshape(-1), slope)
+        _forward_chunk(code, flat, out.reshape(-1), slope)
     else:
-        _forward(CODES[name], flat, out.reshape(-1), slope, nchunks)
+        _forward(code, flat, out.reshape(-1), slope, nchunks)
     return out
 
 
@@ -195,12 +212,13 @@ def unary_vjp(name, x, grad, negative_slope=0.01):
     ndarray
         The cotangent of ``x``.
     """
+    code = _code(name, "unary_vjp")
     out = np.empty_like(x)
     flat = x.reshape(-1)
     nchunks = config.num_chunks(flat.size)
     slope = x.dtype.type(negative_slope)
     if nchunks == 1:
-        _vjp_chunk(CODES[name], flat, grad.reshape(-1), out.reshape(-1), slope)
+        _vjp_chunk(code, flat, grad.reshape(-1), out.reshape(-1), slope)
     else:
-        _vjp(CODES[name], flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)
+        _vjp(code, flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)
     return out

@@ -766,3 +766,93 @@ def copy_and_sum_to_shape(g, shape, scale=1.0):
         return dst, total.astype(g.dtype).reshape(shape)
     copy = g.copy() if scale == 1 else np.multiply(g, g.dtype.type(scale))
     return copy, sum_to_shape(g, shape)
+
+
+# --- sums back to a shape, rounded once (float64) --------------------------------------------
+#
+# NOTE: a float64 pairwise sum errs by up to ~log2(n) eps sum|terms| (and by the block's linear
+# growth inside a block), so a well-conditioned sum of a few thousand cotangents (a bias
+# broadcast over a long batch) came out 7-9 ulp off. These kernels carry the sum as an
+# unevaluated pair s + c (Knuth's TwoSum for s, the errors gathered in c) and round once at the
+# end: the result is the exact sum rounded once up to n eps^2 sum|terms|, for terms given as
+# hi + lo pairs (a product or quotient formed exactly by the caller). Serial and float64-only:
+# float64 is the accuracy-first dtype; float32 sums accumulate in float64, which is already
+# "rounded once" for them.
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _dd_sum_rows(hi, lo, use_lo, out):
+    """out[p] = sum_r hi[p, r] (+ lo[p, r] when ``use_lo``), compensated, rounded once."""
+    rows, r_dim = hi.shape
+    for p in range(rows):
+        h = hi[p]
+        s = 0.0
+        c = 0.0
+        for r in range(r_dim):
+            s, e = two_sum(s, h[r])
+            c += e
+        if use_lo:
+            w = lo[p]
+            for r in range(r_dim):
+                c += w[r]
+        out[p] = s + c
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _dd_sum_middle(hi, lo, use_lo, out):
+    """out[p, q] = sum_r hi[p, r, q] (+ lo), compensated column by column, rounded once."""
+    p_dim, r_dim, q_dim = hi.shape
+    s = np.empty(q_dim)
+    c = np.empty(q_dim)
+    for p in range(p_dim):
+        for q in range(q_dim):
+            s[q] = 0.0
+            c[q] = 0.0
+        for r in range(r_dim):
+            h = hi[p, r]
+            for q in range(q_dim):
+                t, e = two_sum(s[q], h[q])
+                s[q] = t
+                c[q] += e
+            if use_lo:
+                w = lo[p, r]
+                for q in range(q_dim):
+                    c[q] += w[q]
+        for q in range(q_dim):
+            out[p, q] = s[q] + c[q]
+
+
+def sum_to_shape_rounded_once(hi, shape, lo=None):
+    """Sum float64 terms ``hi`` (+ ``lo``, same shape) back to ``shape``, rounded once.
+
+    Parameters
+    ----------
+    hi : numpy.ndarray
+        float64 terms at the broadcast shape (a cotangent, or each term's rounded value).
+    shape : tuple of int
+        The operand's shape (NumPy broadcasting reversed, as :func:`sum_to_shape`).
+    lo : numpy.ndarray, optional
+        Each term's rounding error (``hi + lo`` the exact term), or None when ``hi`` is exact.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, ``shape``: the exact sum rounded once (up to n eps^2 of the sum of |terms|).
+    """
+    shape = tuple(shape)
+    hi = _contiguous(np.asarray(hi, np.float64))
+    if hi.shape == shape:
+        return hi if lo is None else hi + lo
+    axes = _reduction_axes(hi.shape, shape)
+    kind, arr, kept = _canonical(hi, axes)
+    use_lo = lo is not None
+    low = (_canonical(_contiguous(np.asarray(lo, np.float64)), axes)[1] if use_lo
+           else np.zeros((0,) * arr.ndim))
+    if arr.size == 0:
+        return np.zeros(shape)
+    if kind == "middle":
+        out = np.empty((arr.shape[0], arr.shape[2]))
+        _dd_sum_middle(arr, low, use_lo, out)
+    else:
+        out = np.empty(arr.shape[0])
+        _dd_sum_rows(arr, low, use_lo, out)
+    return out.reshape(shape)

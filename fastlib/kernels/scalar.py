@@ -347,6 +347,16 @@ ROUNDED_ONCE_VJP_DTYPES = {"sqrt": ("float32",), "sigmoid": ("float32",), "silu"
 # The ``*_df`` functions stay as they are for the fused layer kernels (their speed matters
 # more there). Pure-Python bodies serve interpreted callers.
 
+def exp_vjp(x, g):
+    """g * exp'(x)."""
+    return g * exp_df(x)
+
+
+def tanh_vjp(x, g):
+    """g * tanh'(x)."""
+    return g * tanh_df(x)
+
+
 def sigmoid_vjp(x, g):
     """g * sigmoid'(x)."""
     return g * sigmoid_df(x)
@@ -383,6 +393,27 @@ def _sigmoid_vjp32(x, g):
     e = _exp_neg64(abs(np.float64(x)))
     d = 1.0 + e
     y = np.float32(np.float64(g) * e / (d * d))
+    return y if x == x else x
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+def _exp_vjp32(x, g):
+    # g exp(x) in float64 (``_exp64``: relative error < 1e-14), rounded once to float32; the
+    # float32 formula rounds exp(x) and then the product. Beyond float32's exp range ``_exp64``
+    # clamps, and the float32 product rounds to 0 or inf as the exact value does; x = +inf
+    # keeps IEEE's g * inf.
+    y = np.float32(np.float64(g) * _exp64(np.float64(x)))
+    y = g * x if x == _INF32 else y
+    return y if x == x else x
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+def _tanh_vjp32(x, g):
+    # g 4e / (1 + e)^2, e = exp(-2|x|), in float64, rounded once (the float32 formula rounds
+    # five times); |x| beyond 372.6 gives e = 0 (and 0 for the result in float32 too).
+    e = _exp_neg64(2.0 * abs(np.float64(x)))
+    d = 1.0 + e
+    y = np.float32(np.float64(g) * (4.0 * e) / (d * d))
     return y if x == x else x
 
 
@@ -485,6 +516,35 @@ def _gelu_tanh_vjp64(x, g):
     return dd_mul_d(qh, ql, g)[0]
 
 
+_SILU_DD_RANGE = 745.2       # silu: beyond it exp(-|x|) is 0 in float64 (s is 0 or 1)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def _silu_vjp64(x, g):
+    """g s (1 + x (1 - s)) for float64 x, s = sigmoid(x), in dd, rounded once.
+
+    NOTE: 1 + x (1 - s) cancels for x < 0 (to -0.28 at the derivative's root near -1.28, where
+    s is rounded too): the float64 formula was 7-9 ulp off on well-conditioned elements. Here
+    e = exp(-|x|) in dd, the pair (1 / (1 + e), e / (1 + e)) = (the larger, the smaller of s
+    and 1 - s) in dd, so no 1 - s is ever formed by subtraction, and the product is rounded
+    once. Beyond |x| = 745.2, s is exactly 0 (the VJP's limit 0) or 1 (the VJP is g).
+    """
+    if not (abs(x) < _SILU_DD_RANGE):
+        if x != x:
+            return x
+        return g if x > 0 else 0.0 * g
+    eh, el = dd_exp(-abs(x), 0.0)
+    dh, dl = dd_add_d(eh, el, 1.0)
+    bh, bl = dd_div(1.0, 0.0, dh, dl)                   # the larger of s, 1 - s
+    mh, ml = dd_mul(eh, el, bh, bl)                     # the smaller
+    s_h, s_l = (bh, bl) if x >= 0 else (mh, ml)
+    c_h, c_l = (mh, ml) if x >= 0 else (bh, bl)         # 1 - s
+    qh, ql = dd_mul_d(c_h, c_l, x)
+    qh, ql = dd_add_d(qh, ql, 1.0)
+    qh, ql = dd_mul(qh, ql, s_h, s_l)
+    return dd_mul_d(qh, ql, g)[0]
+
+
 def _vjp_typer(f32_impl, f64_impl):
     def typer(x, g):
         if x == types.float32 and g == types.float32:
@@ -495,10 +555,14 @@ def _vjp_typer(f32_impl, f64_impl):
     return typer
 
 
+overload(exp_vjp, inline="always")(_vjp_typer(lambda x, g: _exp_vjp32(x, g),
+                                              lambda x, g: g * exp_df(x)))
+overload(tanh_vjp, inline="always")(_vjp_typer(lambda x, g: _tanh_vjp32(x, g),
+                                               lambda x, g: g * tanh_df(x)))
 overload(sigmoid_vjp, inline="always")(_vjp_typer(lambda x, g: _sigmoid_vjp32(x, g),
                                                   lambda x, g: g * sigmoid_df(x)))
 overload(silu_vjp, inline="always")(_vjp_typer(lambda x, g: _silu_vjp32(x, g),
-                                               lambda x, g: g * silu_df(x)))
+                                               lambda x, g: _silu_vjp64(x, g)))
 overload(gelu_vjp, inline="always")(_vjp_typer(lambda x, g: g * gelu_df(x),
                                                lambda x, g: _gelu_vjp64(x, g)))
 overload(gelu_tanh_vjp, inline="always")(_vjp_typer(lambda x, g: g * gelu_tanh_df(x),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from reports.accuracy import as_float
+from reports.accuracy import as_float, verdict
 
 
 def fmt_num(value):
@@ -46,6 +46,20 @@ def columns(report):
     return out
 
 
+def status_text(row):
+    """The status column of a row: its verdict (within its bound or not), with the count of
+    elements beyond the bound and the reason when there is one."""
+    v = verdict(row)
+    if v == "beyond bound":
+        v = f"beyond bound: {row['beyond_bound']} of {row['n']} elements"
+    return v + (f": {row['reason']}" if row.get("reason") else "")
+
+
+def is_failing(row):
+    """True when a row is not within its bound (beyond it, or its cases raised)."""
+    return verdict(row) in ("beyond bound", "error")
+
+
 def cell(row):
     """``median / max`` ULPs of an engine row, or its status when it has no figures."""
     if row is None:
@@ -53,7 +67,11 @@ def cell(row):
     if row["status"] == "unsupported":
         return "unsupported"
     text = f"{fmt_num(row['ulp']['median'])} / {fmt_num(row['ulp']['max'])}"
-    return text + (" (errors)" if row["status"] == "error" else "")
+    if row["status"] == "error":
+        return text + " (errors)"
+    if row.get("beyond_bound", 0) > 0:
+        return text + f" ({row['beyond_bound']} beyond bound)"
+    return text
 
 
 def find_row(result, engine, dtype, kind="engine"):

@@ -14,7 +14,7 @@ import json
 import math
 
 from reports.accuracy import as_float
-from reports.render import fmt_num, fmt_share
+from reports.render import fmt_num, fmt_share, is_failing, status_text
 from reports.render.markdown import bar_section, fd_table, regressions_section
 
 STYLE = """
@@ -145,13 +145,13 @@ def summary_table(report):
                         f"{r['dtype']}</td>" + '<td data-v=""></td>' * 6
                         + '<td data-v="">–</td><td class="l">unsupported</td></tr>')
             continue
-        status = r["status"] + (f": {r['reason']}" if r["reason"] else "")
+        status, bad = status_text(r), is_failing(r)
         body.append(
             f"<tr>{link}<td class=\"l\">{_e(r['engine'])}</td><td class=\"l\">{r['dtype']}</td>"
             + _num_td(r["median_ulp"]) + _num_td(r["p99_ulp"]) + _num_td(r["max_ulp"])
             + _num_td(r["max_ulp_well"], bad_above=few) + _share_td(r["correctly_rounded"])
             + f'<td data-v="{r["n"]}">{r["n"]}</td>'
-            + f'<td class="l{" bad" if r["status"] != "ok" else ""}">{_e(status)}</td></tr>')
+            + f'<td class="l{" bad" if bad else ""}">{_e(status)}</td></tr>')
     return (f'<table id="summary"><thead>{head}</thead><tbody>{"".join(body)}</tbody>'
             f"</table>")
 
@@ -174,10 +174,9 @@ def _rows_table(result, kappa_well):
             f"<td>{fmt_num(r['by_source'][s]['median_ulp'])} / "
             f"{fmt_num(r['by_source'][s]['max_ulp'])}</td>"
             for s in ("uniform", "log_uniform", "special"))
-        status = r["status"] + (f": {r['reason']}" if r["reason"] else "")
         body.append(
             f"<tr{cls}><td class=\"l\">{_e(r['engine'])}</td><td class=\"l\">{r['dtype']}</td>"
-            f"<td class=\"l\">{_e(status)}</td><td data-v=\"{r['n']}\">{r['n']}</td>"
+            f"<td class=\"l{' bad' if is_failing(r) else ''}\">{_e(status_text(r))}</td><td data-v=\"{r['n']}\">{r['n']}</td>"
             + _num_td(r["ulp"]["median"]) + _num_td(r["ulp"]["p99"]) + _num_td(r["ulp"]["max"])
             + _num_td(r["well_conditioned"]["max_ulp"]) + _num_td(r["rel"]["median"])
             + _num_td(r["rel"]["max"]) + _share_td(r["correctly_rounded"]) + src

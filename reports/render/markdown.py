@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from reports.accuracy import SINGLE_ROUNDING_OPS, as_float
-from reports.render import cell, columns, find_row, fmt_num, fmt_share
+from reports.render import cell, columns, find_row, fmt_num, fmt_share, status_text
 
 WORST_ROWS = 12
 
@@ -69,9 +69,9 @@ def worst_table(report, n=WORST_ROWS):
     for r in [r for r in report["summary"] if r["status"] != "unsupported"][:n]:
         rows.append([f"`{r['op']}`", r["engine"], r["dtype"], fmt_num(r["median_ulp"]),
                      fmt_num(r["p99_ulp"]), fmt_num(r["max_ulp"]), fmt_num(r["max_ulp_well"]),
-                     fmt_share(r["correctly_rounded"])])
+                     fmt_share(r["correctly_rounded"]), status_text(r)])
     return table(["op", "engine", "dtype", "median ULP", "p99 ULP", "max ULP",
-                  "max ULP (well cond.)", "correctly rounded"], rows)
+                  "max ULP (well cond.)", "correctly rounded", "status"], rows)
 
 
 def _pass_lines(entries, claim, what, miss):
