@@ -268,14 +268,15 @@ def record(out, argv, reads=None, kind="json", ran=None):
             raise SystemExit(f"verigrad {shlex.join(argv)} exited {proc.returncode}:\n"
                              f"{proc.stderr[-2000:]}")
         text = proc.stdout if reads is None else pathlib.Path(reads).read_text()
+        printed = "" if reads is None else proc.stdout
     else:
         seconds, load_before, load_after = ran["seconds"], ran["load_before"], ran["load_after"]
-        text = pathlib.Path(reads).read_text()
+        text, printed = pathlib.Path(reads).read_text(), ran.get("printed", "")
     doc = {"command": "verigrad " + shlex.join(argv),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "seconds": round(seconds, 1), "load_before": round(load_before, 2),
            "load_after": round(load_after, 2), "machine": _machine(), "versions": _versions(),
-           "data": _trim(kind, json.loads(text))}
+           "printed": printed.splitlines()[-40:], "data": _trim(kind, json.loads(text))}
     pathlib.Path(out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
                                  encoding="utf-8")
     return doc
