@@ -117,17 +117,14 @@ def accuracy_bar(doc):
 
 
 def bench_ops(doc):
-    """``verigrad bench ops`` rows: fastlib's time over NumPy's, forward and VJP side by side."""
+    """``verigrad bench ops`` rows: fastlib's time over NumPy's (below 1: fastlib is faster)."""
     cases = {}
     for r in doc["data"]["rows"]:
-        cases.setdefault(r["case"], {})[r["direction"]] = r["ratio"]
-    rows = []
-    for case, ratios in cases.items():
-        rows.append([case] + [f"{d} {_num(v, 2)}" for d, v in ratios.items()])
-    width = max(len(r) for r in rows) if rows else 1
-    rows = [r + [""] * (width - len(r)) for r in rows]
-    header = ["case (float32)"] + ["fastlib / NumPy"] * (width - 1)
-    return _table(header, rows) + _provenance(doc)
+        column = 1 if r["direction"] in ("vjp", "backward") else 0
+        cases.setdefault(r["case"], ["-", "-"])[column] = _num(r["ratio"], 2)
+    rows = [[case] + cells for case, cells in cases.items()]
+    return (_table(["case (float32)", "forward: fastlib / NumPy", "VJP or backward"], rows)
+            + _provenance(doc))
 
 
 def bench_train(doc):
@@ -271,21 +268,28 @@ def record(out, argv, reads=None, kind="json", ran=None):
             raise SystemExit(f"verigrad {shlex.join(argv)} exited {proc.returncode}:\n"
                              f"{proc.stderr[-2000:]}")
         text = proc.stdout if reads is None else pathlib.Path(reads).read_text()
+        printed = "" if reads is None else proc.stdout
     else:
         seconds, load_before, load_after = ran["seconds"], ran["load_before"], ran["load_after"]
-        text = pathlib.Path(reads).read_text()
+        text, printed = pathlib.Path(reads).read_text(), ran.get("printed", "")
     doc = {"command": "verigrad " + shlex.join(argv),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "seconds": round(seconds, 1), "load_before": round(load_before, 2),
            "load_after": round(load_after, 2), "machine": _machine(), "versions": _versions(),
-           "data": _trim(kind, json.loads(text))}
+           "printed": printed.splitlines()[-40:], "data": _trim(kind, json.loads(text))}
     pathlib.Path(out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
                                  encoding="utf-8")
     return doc
 
 
 def main(argv=None):
-    """Command line: ``--write``, ``--check``, or ``record OUT [--reads FILE] -- ARGS``."""
+    """Command line: ``--write``, ``--check``, or ``record OUT [--reads FILE] -- ARGS``.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments (default: ``sys.argv[1:]``).
+    """
     parser = argparse.ArgumentParser(prog="python -m reports.results_tables",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help="re-render every results block")
@@ -297,12 +301,13 @@ def main(argv=None):
     rec.add_argument("--reads", default=None,
                      help="the file the command writes its JSON to (default: its stdout)")
     rec.add_argument("--kind", choices=("json", "report"), default="json")
-    rec.add_argument("args", nargs=argparse.REMAINDER, help="-- then the verigrad arguments")
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if args.action == "record":
-        command = args.args[1:] if args.args[:1] == ["--"] else args.args
         if not command:
-            parser.error("record needs the verigrad arguments after --")
+            parser.error("record needs the verigrad arguments after --, e.g. "
+                         "record docs/results/x.json -- bench train --json")
         record(args.out, command, args.reads, args.kind)
         return 0
     if args.write:
