@@ -510,6 +510,7 @@ def test_status_column_says_whether_each_row_is_within_its_bound(known_report):
     assert schema.validate(doc) == []
 
 
+@pytest.mark.slow     # ~30 s of CPU (torch's import and three ops' exact values)
 def test_quick_bar_on_the_ops_it_once_missed():
     # The bar lines `verigrad report --quick` prints, on a tiny subset: silu and a broadcast
     # sum (add) were 7-9 ULPs off in float64 on well-conditioned elements, exp's float32
