@@ -508,3 +508,23 @@ def test_status_column_says_whether_each_row_is_within_its_bound(known_report):
     assert f"({bad['beyond_bound']} beyond bound)" in md
     assert "beyond bound: " in md
     assert schema.validate(doc) == []
+
+
+@pytest.mark.slow     # ~30 s of CPU (torch's import and three ops' exact values)
+def test_quick_bar_on_the_ops_it_once_missed():
+    # The bar lines `verigrad report --quick` prints, on a tiny subset: silu and a broadcast
+    # sum (add) were 7-9 ULPs off in float64 on well-conditioned elements, exp's float32
+    # median was farther from exact than PyTorch's. The figures come from spec's exact values.
+    pytest.importorskip("torch", reason="the float32 bar compares with PyTorch (verigrad[torch])")
+    from reports.commands.report import _bar_lines
+    from reports.conformance.engines import get_engine
+
+    config = accuracy.Config.quick_config(ops=("silu", "add", "exp"), fd_steps=())
+    report = accuracy.measure(config, [get_engine("fastlib"), get_engine("torch")])
+    lines = _bar_lines(report)
+    assert lines == ["  fastlib float64 within 4 ULPs (well-conditioned): 3/3 ops",
+                     "  fastlib float32 median <= torch float32: 3/3 ops"]
+    for op in ("silu", "add", "exp"):
+        row = _row(report, op, "fastlib", "float64")
+        assert accuracy.as_float(row["well_conditioned"]["max_ulp"]) <= accuracy.FEW_ULPS
+        assert row["well_conditioned"]["n"] > 0 and row["beyond_bound"] == 0

@@ -162,3 +162,12 @@ def test_float32_exp_vjp_edges():
     assert got[0] == np.float32(over)          # finite although exp(88.9) overflows float32
     assert got[1] == 0.0
     assert got[2] == np.inf and got[3] == 0.0 and np.isnan(got[4]) and got[5] == np.float32(-0.25)
+
+
+def test_float64_summed_vjps_are_new_arrays():
+    # a gradient must never alias the cotangent (a tape accumulates into it in place)
+    g = np.ones((4, 3))
+    for name in ("add", "sub", "mul", "maximum", "div"):
+        ga, gb = binary_vjp(name, np.ones((4, 3)), np.ones(3), g)
+        assert not np.shares_memory(ga, g) and not np.shares_memory(gb, g)
+        assert ga.shape == (4, 3) and gb.shape == (3,)

@@ -7,9 +7,10 @@ a plain vectorisable map. A ``prange`` driver splits the array into ``nchunks`` 
 kernel directly, so small arrays never enter a parallel region. Inputs are flattened
 C-contiguous views; the launchers allocate the output.
 
-The VJPs of sqrt, sigmoid, silu, gelu and gelu_tanh call ``scalar.<name>_vjp(x, g)``, which
-rounds ``g * f'(x)`` once (float32 in float64, float64 gelu / gelu_tanh in double-double; see
-``fastlib.kernels.scalar``); the others are ``g * scalar.<name>_df(x)``.
+The VJPs of exp, sqrt, tanh, sigmoid, silu, gelu and gelu_tanh call ``scalar.<name>_vjp(x,
+g)``, which rounds ``g * f'(x)`` once (float32 in float64, float64 silu / gelu / gelu_tanh in
+double-double; see ``fastlib.kernels.scalar``); the others are ``g * scalar.<name>_df(x)``.
+A code the kernels do not know raises ``ValueError`` (never an identity fallback).
 """
 from __future__ import annotations
 

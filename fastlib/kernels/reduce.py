@@ -836,12 +836,13 @@ def sum_to_shape_rounded_once(hi, shape, lo=None):
     Returns
     -------
     numpy.ndarray
-        float64, ``shape``: the exact sum rounded once (up to n eps^2 of the sum of |terms|).
+        A new float64 array of ``shape``: the exact sum rounded once (up to n eps^2 of the sum
+        of |terms|).
     """
     shape = tuple(shape)
     hi = _contiguous(np.asarray(hi, np.float64))
-    if hi.shape == shape:
-        return hi if lo is None else hi + lo
+    if hi.shape == shape:       # nothing to sum: a new array (never the caller's cotangent)
+        return hi.copy() if lo is None else hi + lo
     axes = _reduction_axes(hi.shape, shape)
     kind, arr, kept = _canonical(hi, axes)
     use_lo = lo is not None

@@ -6,8 +6,8 @@ against a small math shim (``MATH_SHIM``: ``exp``, ``log``, ``sqrt``, ``normcdf`
 ...). ``@scalar_source`` compiles each here with ``@njit`` (float32 or float64, the result in
 ``x``'s type) for fastlib's elementwise, Dense, LSTM and attention kernels, and records its
 source in ``SOURCES``; ``fastlib.cuda.scalar`` compiles the same sources as device functions
-over its own shim. Also here: the once-rounded VJPs ``<name>_vjp(x, g)`` of sqrt, sigmoid,
-silu, gelu and gelu_tanh, and ``ACTIVATIONS`` (name -> ``(f, df)``). docs/fastlib.md
+over its own shim. Also here: the once-rounded VJPs ``<name>_vjp(x, g)`` of exp, sqrt, tanh,
+sigmoid, silu, gelu and gelu_tanh, and ``ACTIVATIONS`` (name -> ``(f, df)``). docs/fastlib.md
 explains the compile options, the kink conventions and the accuracy choices.
 """
 from __future__ import annotations
@@ -331,8 +331,11 @@ overload(sqrt_vjp, inline="always")(_sqrt_vjp_typer)
 #   values within ~1e-14 of a rounding boundary. (The float32 formulas round five to seven
 #   times: their median errors were 0.54 and 0.51 ULP, PyTorch's 0.47.) About twice the
 #   float32 formula's time, still 2-3x faster than NumPy. float64 is ``g * <name>_df(x)``.
-#   NOTE: tanh is left as ``g * tanh_df(x)``: the same treatment made it correctly rounded but
-#   no faster than NumPy's SIMD tanh, and its float32 median is already below PyTorch's.
+# - float32 exp and tanh: likewise (``_exp64``, rounded once at the end). Their float32
+#   formulas round two (exp: exp(x), then the product) to five times (tanh), and their median
+#   errors ended up farther from exact than PyTorch's; rounded once, they are correctly
+#   rounded but for values within ~1e-14 of a rounding boundary.
+# - float64 silu: in double-double (``_silu_vjp64``), since 1 + x (1 - s) cancels for x < 0.
 # - float64 gelu and gelu_tanh: in double-double (``vecmath``'s dd arithmetic and ``dd_exp``),
 #   since both derivatives cancel for x < 0 (Phi(x) + x phi(x); s (1 + x (1 - s) 2u')): float64
 #   formulas were 4-6 ULPs off where the derivative is well conditioned. float32 is
@@ -413,7 +416,12 @@ def _tanh_vjp32(x, g):
     # five times); |x| beyond 372.6 gives e = 0 (and 0 for the result in float32 too).
     e = _exp_neg64(2.0 * abs(np.float64(x)))
     d = 1.0 + e
-    y = np.float32(np.float64(g) * (4.0 * e) / (d * d))
+    q = d * d
+    # 1 / q as a float32 reciprocal (8 lanes, relative error ~6e-8) and one Newton step in
+    # float64 (~4e-15): a float64 division would take twice the whole kernel's time
+    r = np.float64(np.float32(1.0) / np.float32(q))
+    r = r * (2.0 - q * r)
+    y = np.float32(np.float64(g) * (4.0 * e) * r)
     return y if x == x else x
 
 
