@@ -65,6 +65,13 @@ class TrainingResult:
     fused : bool
         At least one epoch ran in a whole-epoch compiled path
         (``fastlib.training.compiled_paths``: the MLP and the recurrent paths).
+    path : str
+        Which path ran the last epoch: a compiled path's name (``"mlp"``, ``"recurrent"``,
+        ``"attention"``), ``"generic"`` (the per-batch loop) or ``"cuda"``.
+    piece_plan : dict or None
+        The compiled path's piece plan, ``{"pieces": P, "source": ...}``
+        (``fastlib.training.piece_plan``): pass ``pieces=P`` to reproduce the run bit for bit
+        on another machine. None when no epoch ran in a compiled path.
     """
 
     loss_history: list = field(default_factory=list)
@@ -83,6 +90,8 @@ class TrainingResult:
     divergence_rule: str | None = None
     skipped_steps: int = 0
     fused: bool = False
+    path: str = "generic"
+    piece_plan: dict | None = None
 
     def __iter__(self):
         """``(loss_history, accuracy_history)``: DataCode's ``model.train`` returns this pair."""
@@ -216,7 +225,8 @@ def train(model, x, y, epochs, batch_size, learning_rate, loss_type, x_val=None,
         update="loom", normalisation="column"``). ``"bp"`` takes
         ``fused`` (default True): False turns off the whole-epoch compiled paths (for
         Sequential-of-Dense MLPs, and for RNN / LSTM / Embedding / Dense chains) and trains
-        batch by batch through the layers.
+        batch by batch through the layers; and ``pieces`` (default None: chosen from the
+        machine's cores), the compiled paths' piece plan (``fastlib.training.piece_plan``).
 
     Returns
     -------
@@ -657,6 +667,8 @@ class _Loop:
                     self._diverged(epoch, stats, last_good)
                     break
                 r.fused = r.fused or stats.fused
+                r.path = "cuda" if self.device_run is not None else stats.path
+                r.piece_plan = stats.piece_plan or r.piece_plan
                 if self._check_divergence(epoch, stats.loss, last_good):
                     break
                 val_loss, val_acc = self._evaluate()
