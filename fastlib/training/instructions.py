@@ -119,7 +119,8 @@ def check_program(rows, *, act_size, param_size, samples, input_slot) -> None:
             raise ProgramError(f"program row {k}: unknown op code {r['op']}; the kinds are "
                                f"{ {c: i.name for c, i in INSTRUCTIONS.items()} }")
         where = f"program row {k} ({kind.name})"
-        if r["in_w"] < 1 or r["out_w"] < 1 or r["rows"] < 1:
+        # an Embedding reads token ids, one per row: its in_w is the data's (0 for tokens)
+        if (r["in_w"] < 1 and r["op"] != kt.OP_EMBEDDING) or r["out_w"] < 1 or r["rows"] < 1:
             raise ProgramError(f"{where}: widths and rows must be >= 1, got in_w={r['in_w']}, "
                                f"out_w={r['out_w']}, rows={r['rows']}")
         extents = {"out": _out_rows(r) * r["out_w"]}
