@@ -411,9 +411,9 @@ def run_epoch(ctx, x, y, order):
     buffers = _buffers(ctx, prog, bs)
     coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
     threads = piece_threads(prog.pieces)
-    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps, threads, prog.pieces, prog.chunks, prog.prog, prog.fpar_arr, prog.out_slot,
-            prog.out_w, code, opt.kind, coeffs, clip_mode, float(clip), w, slots[0], slots[1],
-            *buffers)
+    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps, threads, prog.pieces, prog.chunks,
+            prog.prog, prog.fpar_arr, prog.out_slot, prog.out_w, code, opt.kind, coeffs,
+            clip_mode, float(clip), w, slots[0], slots[1], *buffers)
     with single_threaded_blas():
         out = kt.epoch(*args)
     return finish_epoch(ctx, prog, w, slots, out, n, bs, "attention", prog.piece_plan)

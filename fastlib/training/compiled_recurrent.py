@@ -11,11 +11,11 @@ from fastlib.kernels.recurrent_pieces import PIECE
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
 from fastlib.training import fused_kernels as fk
 from fastlib.training import recurrent_kernels as rk
-from fastlib.training.piece_plan import piece_threads
-from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
-                                          single_threaded_blas)
 from fastlib.training import piece_plan
 from fastlib.training.compiled_paths import register_compiled_path
+from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
+                                          single_threaded_blas)
+from fastlib.training.piece_plan import piece_threads
 
 _ALIGN = 16  # buffer offsets in entries: 64-byte rows for float32
 

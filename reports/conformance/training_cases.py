@@ -38,7 +38,8 @@ class EpochCase:
     clipping is active and the threshold is a number both dtypes hold exactly. ``path`` is
     ``"fused"`` (must take the whole-epoch fused path), ``"pieces"`` (the same, cut into
     ``pieces`` pieces, default :data:`PIECES_PATH_PLAN`, whatever the size), ``"compiled"``
-    (must take a whole-epoch compiled path: the attention models') or ``"generic"`` (``fused=False``: the per-batch loop).
+    (must take a whole-epoch compiled path: the attention models') or ``"generic"``
+    (``fused=False``: the per-batch loop).
     """
 
     config: dict
@@ -387,7 +388,7 @@ def boundary_cases(dtype):
         # of 5 of 7 samples (the last batch partial)
         x2, x3 = rng.uniform(-1, 1, (7, 3)), seq_data(7, 3, 2)
         for plan in (1, 3, 4, 9):
-            what = {1: "one piece", 3: "three pieces", 4: "pieces of one sample",
+            what = {1: "one piece", 3: "three pieces", 4: "one sample in a piece",
                     9: "more pieces than samples or columns"}[plan]
             cases.append(EpochCase(_mlp([3, 4, 2]), x2, rng.integers(0, 2, (7, 1)),
                                    "cross_entropy", 30 + plan, dtype, "Adam", 0.05, 5, 1, True,
