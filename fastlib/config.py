@@ -30,6 +30,12 @@ PARALLEL_MIN_CHUNK = 1 << 14
 # every bit of the result, does not depend on how many cores were idle at call time.
 SUM_ROW_PIECES = 8
 
+# NOTE: how many pieces a compiled training step is cut into (fastlib.training.piece_plan).
+# None lets the run choose from the cores this process may use and the model's size; a whole
+# number fixes the plan, and with it every bit of the result, on any machine. Read from
+# VERIGRAD_PIECES at import; set it here (or pass ``pieces=`` to ``train``) to override.
+PIECES = os.environ.get("VERIGRAD_PIECES") or None
+
 # Threads for parallel kernels; None means Numba's default (all cores), reduced to the cores
 # that are idle right now when ADAPTIVE_THREADS is on.
 THREADS = int(os.environ["VERIGRAD_THREADS"]) if os.environ.get("VERIGRAD_THREADS") else None
@@ -82,6 +88,14 @@ def _idle_cores() -> int:
     return _idle["cores"]
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where unknown)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def num_threads() -> int:
     """Threads a parallel kernel may use: ``THREADS``, or Numba's configured number limited
     to the idle cores (``ADAPTIVE_THREADS``)."""
@@ -89,7 +103,9 @@ def num_threads() -> int:
         return max(1, THREADS)
     import numba
 
-    n = numba.get_num_threads()
+    # never more threads than cores we may use: Numba's default counts every CPU of the
+    # machine, not the process's affinity
+    n = min(numba.get_num_threads(), usable_cores())
     return min(n, _idle_cores()) if ADAPTIVE_THREADS and n > 1 else n
 
 

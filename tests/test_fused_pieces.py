@@ -27,8 +27,9 @@ PATH_RTOL = 1e-10
 
 @pytest.fixture
 def split(monkeypatch):
-    """Cut every model into pieces, however small (the default keeps tiny models whole)."""
-    monkeypatch.setattr(fused_mlp, "SPLIT_MIN_PARAMS", 0)
+    """Cut every model into two pieces, however small (the machine's choice keeps tiny models
+    whole)."""
+    monkeypatch.setattr(config, "PIECES", 2)
     return monkeypatch
 
 
@@ -152,13 +153,24 @@ def test_the_flat_layout_round_trips_every_parameter(dims):
             assert np.array_equal(back[k], arrays[k]), (pieces, k)
 
 
-def test_pieces_are_chosen_by_model_size_not_by_load(monkeypatch):
-    mnist = make((784, 128, 10), dtype=np.float32)   # 101,770 parameters
-    digits = make((64, 128, 10), dtype=np.float32)   # 9,610 parameters
+def test_pieces_are_chosen_by_model_size_and_cores_not_by_load(monkeypatch):
+    mnist = 784 * 128 + 128 + 128 * 10 + 10          # 101,770 parameters
+    digits = 64 * 128 + 128 + 128 * 10 + 10          # 9,610 parameters
     for threads in (1, 2):
         monkeypatch.setattr(config, "THREADS", threads)
-        assert fused_mlp.pieces_for(mnist) == 2
-        assert fused_mlp.pieces_for(digits) == 1
+        # one piece per usable core, each of at least MIN_PIECE_PARAMS (16,384) parameters:
+        # 101,770 // 16,384 = 6
+        assert [fused_mlp.machine_pieces(mnist, c) for c in (1, 2, 4, 16)] == [1, 2, 4, 6]
+        # below SPLIT_MIN_PARAMS (32,768) one piece whatever the cores
+        assert [fused_mlp.machine_pieces(digits, c) for c in (1, 2, 16)] == [1, 1, 1]
+    # a run records the machine's choice, and it is the choice for this process's cores
+    m = make((784, 128, 10), dtype=np.float32)
+    rng = np.random.default_rng(0)
+    r = fastlib.train(m, rng.standard_normal((8, 784)).astype(np.float32),
+                      rng.integers(0, 10, (8, 1)), 1, 4, 0.01, "cross_entropy", verbose=False)
+    assert r.path == "mlp"
+    assert r.piece_plan == {"pieces": fused_mlp.machine_pieces(mnist, config.usable_cores()),
+                            "source": "machine"}
 
 
 @pytest.mark.parametrize("bs", [1, 2])
@@ -202,8 +214,7 @@ def test_the_epoch_leaves_no_flush_to_zero_in_the_worker_threads():
     script = textwrap.dedent("""
         import numpy as np, fastlib
         from fastlib import config
-        from fastlib.training import fused_mlp
-        fused_mlp.SPLIT_MIN_PARAMS, config.THREADS = 0, 2
+        config.PIECES, config.THREADS = 2, 2
         rng = np.random.default_rng(0)
         m = fastlib.Sequential([fastlib.Dense(5, 6, "relu"), fastlib.Dense(6, 3)], seed=0)
         fastlib.train(m, rng.standard_normal((8, 5)), rng.integers(0, 3, (8, 1)), 1, 4, 0.1,

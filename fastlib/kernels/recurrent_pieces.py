@@ -13,11 +13,12 @@ from fastlib.kernels.vecmath import like
 
 _FASTMATH = set(FASTMATH)
 
-# NOTE: sequences per piece. Eight rows suit OpenBLAS's small-matrix kernel for the per-step
+# NOTE: the most sequences a piece of the compiled recurrent schedule holds when the machine
+# chooses the plan (fastlib.training.piece_plan), and the sub-piece of the attention
+# program's recurrent rows. Eight rows suit OpenBLAS's small-matrix kernel for the per-step
 # product (measured for the layers' kernels: 8 x 128 @ 128 x 512, one thread, 3.0-3.3 ms over
-# 63 steps in pieces of 8, 4.0 ms as one 32-row product, 6.4-6.7 ms in pieces of 16), and a
-# batch of 32 gives four pieces, enough to keep two cores busy. Pieces, not threads, fix every
-# summation order of the compiled path, so this number is a property of the results.
+# 63 steps in pieces of 8, 4.0 ms as one 32-row product, 6.4-6.7 ms in pieces of 16). The
+# piece plan, not the threads, fixes every summation order of the compiled paths.
 PIECE = 8
 
 

@@ -32,7 +32,7 @@ N_FIELDS = 19
 # what the backward does with the cotangent of an input slot: write it, add it to what a
 # later consumer (in forward order) wrote, or skip it (the model's input)
 GRAD_WRITE, GRAD_ADD, GRAD_SKIP = range(3)
-_LINEAR = 0
+_LINEAR = fk._LINEAR   # the op table's code of "linear"
 
 
 @njit(inline="always")
@@ -509,12 +509,15 @@ def _forward_piece(prog, fpar, samples, steps, w, act, tok, sc):
                 a, b, o = x[i], x2[i], y[i]
                 for j in range(wout):
                     o[j] = a[j] + b[j]
-        else:  # OP_COLUMNS: y[:, c0:c0 + win] = x
+        elif op == OP_COLUMNS:  # y[:, c0:c0 + win] = x
             c0 = prog[k, F_INT0]
             for i in range(rows):
                 a, o = x[i], y[i]
                 for j in range(win):
                     o[c0 + j] = a[j]
+        else:
+            # never reached by a program that passed instructions.check_program
+            raise ValueError("compiled program: unknown op code in a forward row")
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FM)
@@ -604,7 +607,7 @@ def _backward_piece(prog, fpar, samples, steps, w, act, gact, tok, gpart, acc, t
         elif op == OP_ADD:
             _pass_grad(g, gx, mode)
             _pass_grad(g, _view(gact, prog[k, F_AUX1], rows, win), prog[k, F_GRAD_B])
-        else:  # OP_COLUMNS
+        elif op == OP_COLUMNS:
             c0 = prog[k, F_INT0]
             if mode != GRAD_SKIP:
                 for i in range(rows):
@@ -614,6 +617,8 @@ def _backward_piece(prog, fpar, samples, steps, w, act, gact, tok, gpart, acc, t
                             o[j] += a[c0 + j]
                         else:
                             o[j] = a[c0 + j]
+        else:
+            raise ValueError("compiled program: unknown op code in a backward row")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -757,25 +762,15 @@ def _update_region(threads, chunks, kind, w, g, a, b, coeffs, clip_mode, clip, t
 # the epoch
 
 @njit(cache=True, error_model="numpy")
-def pieces_for(nb, steps, min_rows, max_pieces):
-    """Pieces a batch of ``nb`` samples is cut into: one below ``min_rows`` rows (a piece's
-    work must pay for a thread hand-off), else ``max_pieces`` (at most one per sample). A
-    function of the shape only, never of the threads available."""
-    if nb * steps < min_rows:
-        return 1
-    return min(max_pieces, nb)
-
-
-@njit(cache=True, error_model="numpy")
-def epoch(x, xi, use_tokens, yi, yf, order, batch_size, steps, threads, min_rows, max_pieces,
-          chunks, prog, fpar, out_slot, out_w, loss_code, kind, coeffs, clip_mode, clip, w, a, b,
-          g, part, act, gact, tok, acc, tmp, sc, out_all, dz_all, sumsq):
+def epoch(x, xi, use_tokens, yi, yf, order, batch_size, steps, threads, pieces, chunks, prog,
+          fpar, out_slot, out_w, loss_code, kind, coeffs, clip_mode, clip, w, a, b, g, part, act, gact, tok, acc, tmp, sc, out_all, dz_all, sumsq):
     """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
 
     ``out_w`` is the model output's width per sample (its positions times its features, or
-    its features alone when the output has no time axis). NaN/Inf rules: a non-finite loss
-    returns at once (the caller restores the weights); a non-finite gradient skips the update
-    (``skipped``), as the generic path does.
+    its features alone when the output has no time axis). Every batch is cut into ``pieces``
+    pieces of samples (fewer when it has fewer samples), run ``threads`` at a time. NaN/Inf
+    rules: a non-finite loss returns at once (the caller restores the weights); a non-finite
+    gradient skips the update (``skipped``), as the generic path does.
     """
     n_samples = order.shape[0]
     loss_sum = 0.0
@@ -785,7 +780,7 @@ def epoch(x, xi, use_tokens, yi, yf, order, batch_size, steps, threads, min_rows
     batch = 0
     for start in range(0, n_samples, batch_size):
         nb = min(batch_size, n_samples - start)
-        n_pieces = pieces_for(nb, steps, min_rows, max_pieces)
+        n_pieces = min(pieces, nb)
         th = min(threads, n_pieces)
         _forward_region(th, n_pieces, nb, start, order, x, xi, use_tokens, steps, prog, fpar, w,
                         act, tok, sc, out_slot, out_w, out_all)

@@ -13,6 +13,7 @@ from fastlib.training.algorithms import (BatchResult, StepContext, correct_count
                                          register_algorithm)
 from fastlib.training.clipping import clip_gradients
 from fastlib.training.compiled_paths import run_compiled_epoch
+from fastlib.training.piece_plan import requested_plan
 
 
 def bp_train_one_batch(ctx: StepContext, x: np.ndarray, y: np.ndarray) -> BatchResult:
@@ -38,9 +39,13 @@ def bp_train_one_batch(ctx: StepContext, x: np.ndarray, y: np.ndarray) -> BatchR
 
 
 def _bp_run_epoch(ctx, x, y, order):
+    # a plan given by the user is checked before any epoch, whichever path takes the model
+    requested_plan(ctx)
     return run_compiled_epoch(ctx, x, y, order)
 
 
-# option: fused=False turns off every whole-epoch compiled path (fastlib.training.compiled_paths)
+# options: fused=False turns off every whole-epoch compiled path
+# (fastlib.training.compiled_paths); pieces=P fixes their piece plan
+# (fastlib.training.piece_plan)
 register_algorithm("bp", bp_train_one_batch, evaluate=evaluate_model, run_epoch=_bp_run_epoch,
-                   options=("fused",))
+                   options=("fused", "pieces"))

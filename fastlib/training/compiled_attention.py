@@ -6,31 +6,44 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastlib import config
 from fastlib.kernels import transformer as kt
 from fastlib.kernels.recurrent_pieces import PIECE
 from fastlib.training import fused_kernels as fk
 from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
                                           single_threaded_blas)
+from fastlib.training import piece_plan
 from fastlib.training.compiled_paths import register_compiled_path
+from fastlib.training.instructions import ProgramError, check_program
+from fastlib.training.piece_plan import piece_threads
 
-# NOTE (speed): a batch is cut into MAX_PIECES pieces of samples that run on their own
-# threads from MIN_PIECE_ROWS rows (samples x positions) up; below that one piece is faster
-# (a parallel region costs a few microseconds). Two because this machine has two cores. The
-# pieces depend on the batch's shape only, never on the cores idle now, so a run's result is
-# the same whatever the machine's load.
-MAX_PIECES = 2
+# NOTE (speed): a batch is cut into the run's piece plan's P pieces of samples
+# (fastlib.training.piece_plan; a batch of fewer samples into one piece per sample), each on
+# its own thread. The machine's choice: one piece per usable core from MIN_PIECE_ROWS rows
+# (samples x positions) per batch up, one piece below (a parallel region costs a few
+# microseconds). The pieces depend on the plan and the batch's shape only, never on the cores
+# idle now, so a run's result is the same whatever the machine's load.
 MIN_PIECE_ROWS = 64
-# the gradient is added up and the optimizer applied in this many chunks of the parameter
-# vector from CHUNK_MIN_PARAMS parameters up (one chunk below)
-CHUNKS = 2
+# the gradient is added up and the optimizer applied in chunks of at least CHUNK_MIN_PARAMS
+# parameters, at most one per piece (the chunks fix the sum of squares' order: a function of
+# the plan and the parameter count)
 CHUNK_MIN_PARAMS = 1 << 14
 
-_SOFTMAX_CODE = 9  # fastlib.layers.activations.ACTIVATIONS["softmax"]
 
 
 class _Unsupported(Exception):
     """The model holds something this path does not compile (the generic path trains it)."""
+
+
+# the config keys that hold a layer kind's input width (model_schema's sizing keys)
+_INPUT_WIDTH_KEYS = ("in_features", "d", "d_model", "input_size")
+
+
+def declared_shapes(layer):
+    """``{parameter name: shape}`` as the layer kind declares it (``model_schema``), the one
+    declaration the layer, the file loader and this builder share."""
+    from fastlib.model_schema import PARAMETER_SHAPES
+
+    return PARAMETER_SHAPES[type(layer).__name__][1](layer.get_config())
 
 
 class _Program:
@@ -59,6 +72,10 @@ class _Program:
         self.out_w = width * (steps if seq else 1)
         self._grad_modes()
         self.prog = np.array(self.rows, np.int64).reshape(-1, kt.N_FIELDS)
+        # every field of every row checked against its instruction kind before a kernel
+        # reads it (a wrong offset raises here instead of giving wrong gradients)
+        check_program(self.prog, act_size=self.act_size, param_size=self.param_size,
+                      samples=max_samples, input_slot=self.input_slot)
         self.fpar_arr = np.array(self.fpar, np.float64)
 
     # -- building ------------------------------------------------------------------------------
@@ -72,8 +89,14 @@ class _Program:
         self.param_size += rows * cols
         return off
 
-    def _param(self, name, off, rows, cols, c0, c1, shape):
-        self.layout[name] = (off, rows, cols, c0, c1, tuple(shape))
+    def _param(self, layer, prefix, name, off, rows, cols, c0, c1):
+        """Parameter ``name`` of ``layer``: columns ``c0:c1`` of a ``rows x cols`` block at
+        ``off``, holding the shape the layer kind declares (``model_schema``)."""
+        shape = declared_shapes(layer)[name]
+        if rows * (c1 - c0) != int(np.prod(shape)) or not 0 <= c0 < c1 <= cols:
+            raise ProgramError(f"{type(layer).__name__}.{name}: a {rows} x {c1 - c0} view of "
+                               f"a {rows} x {cols} block cannot hold its declared shape {shape}")
+        self.layout[prefix + name] = (off, rows, cols, c0, c1, tuple(shape))
 
     def _row(self, op, src, out, out_w, aux=(0, 0, 0), params=(0, 0, 0, 0), ints=(0, 0),
              fpar=0.0, src_b=-1, aux_more=(0, 0)):
@@ -97,7 +120,7 @@ class _Program:
         slot."""
         from fastlib.layers import (LSTM, RNN, Dense, Embedding, LayerNorm, MultiHeadAttention,
                                     Parallel, RMSNorm, Sequential, SwiGLU)
-        from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
+        from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE, SOFTMAX
 
         kind = type(layer)
         if kind is Sequential:
@@ -112,23 +135,26 @@ class _Program:
             if not (self.tokens and src[0] == self.input_slot):
                 raise _Unsupported
             off = self._block(layer.num, layer.dim)
-            self._param(prefix + "weight", off, layer.num, layer.dim, 0, layer.dim,
-                        (layer.num, layer.dim))
+            self._param(layer, prefix, "weight", off, layer.num, layer.dim, 0, layer.dim)
             out = self._slot(layer.dim)
             self._row(kt.OP_EMBEDDING, src, out, layer.dim, params=(off, 0, 0, 0),
                       ints=(layer.num, 0))
             self.acc_size = max(self.acc_size, layer.num * layer.dim)
             return out, layer.dim, True
         d, seq = src[1], src[2]
+        cfg = layer.get_config()
+        width_in = next((cfg[k] for k in _INPUT_WIDTH_KEYS if k in cfg), d)
+        if width_in != d:
+            raise _Unsupported   # a width mismatch: the generic path names it
         if kind is Dense:
             code = ACTIVATIONS[layer.activation]
-            if code == _SOFTMAX_CODE:
+            if code == SOFTMAX:
                 raise _Unsupported
             dout = layer.out_features
             ow = self._block(d, dout)
             ob = self._block(1, dout)
-            self._param(prefix + "weight", ow, d, dout, 0, dout, (d, dout))
-            self._param(prefix + "bias", ob, 1, dout, 0, dout, (dout,))
+            self._param(layer, prefix, "weight", ow, d, dout, 0, dout)
+            self._param(layer, prefix, "bias", ob, 1, dout, 0, dout)
             out = self._slot(dout, seq)
             pre = out if code == 0 else self._slot(dout, seq)
             self._row(kt.OP_DENSE, src, out, dout, aux=(pre, 0, 0), params=(ow, ob, 0, 0),
@@ -137,8 +163,8 @@ class _Program:
             return out, dout, seq
         if kind is LayerNorm:
             ow, ob = self._block(1, d), self._block(1, d)
-            self._param(prefix + "weight", ow, 1, d, 0, d, (d,))
-            self._param(prefix + "bias", ob, 1, d, 0, d, (d,))
+            self._param(layer, prefix, "weight", ow, 1, d, 0, d)
+            self._param(layer, prefix, "bias", ob, 1, d, 0, d)
             xhat, rstd, out = self._slot(d, seq), self._slot(1, seq), self._slot(d, seq)
             self._row(kt.OP_LAYER_NORM, src, out, d, aux=(xhat, rstd, 0), params=(ow, ob, 0, 0),
                       fpar=layer.eps)
@@ -146,7 +172,7 @@ class _Program:
             return out, d, seq
         if kind is RMSNorm:
             ow = self._block(1, d)
-            self._param(prefix + "weight", ow, 1, d, 0, d, (d,))
+            self._param(layer, prefix, "weight", ow, 1, d, 0, d)
             rinv, out = self._slot(1, seq), self._slot(d, seq)
             self._row(kt.OP_RMS_NORM, src, out, d, aux=(rinv, 0, 0), params=(ow, 0, 0, 0),
                       fpar=layer.eps)
@@ -155,9 +181,9 @@ class _Program:
         if kind is SwiGLU:
             h, dout = layer.hidden, layer.out
             ogu, odn = self._block(d, 2 * h), self._block(h, dout)
-            self._param(prefix + "w_gate", ogu, d, 2 * h, 0, h, (d, h))
-            self._param(prefix + "w_up", ogu, d, 2 * h, h, 2 * h, (d, h))
-            self._param(prefix + "w_down", odn, h, dout, 0, dout, (h, dout))
+            self._param(layer, prefix, "w_gate", ogu, d, 2 * h, 0, h)
+            self._param(layer, prefix, "w_up", ogu, d, 2 * h, h, 2 * h)
+            self._param(layer, prefix, "w_down", odn, h, dout, 0, dout)
             au, hidden, out = self._slot(2 * h, seq), self._slot(h, seq), self._slot(dout, seq)
             self._row(kt.OP_SWIGLU, src, out, dout, aux=(au, hidden, 0), params=(ogu, odn, 0, 0),
                       ints=(h, 0))
@@ -171,10 +197,10 @@ class _Program:
             oqkv, oo = self._block(d, 3 * d), self._block(d, d)
             obqkv, obo = self._block(1, 3 * d), self._block(1, d)
             for i, n in enumerate("qkv"):
-                self._param(f"{prefix}w_{n}", oqkv, d, 3 * d, i * d, (i + 1) * d, (d, d))
-                self._param(f"{prefix}b_{n}", obqkv, 1, 3 * d, i * d, (i + 1) * d, (d,))
-            self._param(prefix + "w_o", oo, d, d, 0, d, (d, d))
-            self._param(prefix + "b_o", obo, 1, d, 0, d, (d,))
+                self._param(layer, prefix, f"w_{n}", oqkv, d, 3 * d, i * d, (i + 1) * d)
+                self._param(layer, prefix, f"b_{n}", obqkv, 1, 3 * d, i * d, (i + 1) * d)
+            self._param(layer, prefix, "w_o", oo, d, d, 0, d)
+            self._param(layer, prefix, "b_o", obo, 1, d, 0, d)
             qkv, att, out = self._slot(3 * d), self._slot(d), self._slot(d)
             probs = self.act_size   # per sample and head a (T, T) block
             self.act_size += self.max_samples * heads * self.steps * self.steps
@@ -197,9 +223,9 @@ class _Program:
         h = layer.hidden_size
         width = 4 * h if lstm else h
         ow, oh, ob = self._block(d, width), self._block(h, width), self._block(1, width)
-        self._param(prefix + "w_ih", ow, d, width, 0, width, (d, width))
-        self._param(prefix + "w_hh", oh, h, width, 0, width, (h, width))
-        self._param(prefix + "b", ob, 1, width, 0, width, (width,))
+        self._param(layer, prefix, "w_ih", ow, d, width, 0, width)
+        self._param(layer, prefix, "w_hh", oh, h, width, 0, width)
+        self._param(layer, prefix, "b", ob, 1, width, 0, width)
         gates = self._slot(width)
         hs = self._slot(h) if lstm else gates      # an RNN's states overwrite its gates
         cs = self._slot(h)                         # an RNN's holds its output's cotangent only
@@ -331,8 +357,9 @@ def _make_program(ctx, x):
     if not _contains(model, _own_kinds()):
         return None   # Dense / Embedding models alone belong to other paths
     bs = ctx.config.batch_size
-    # the largest piece of any batch (a partial last batch below MIN_PIECE_ROWS is one piece)
-    max_samples = max(-(-bs // MAX_PIECES), min(bs, (MIN_PIECE_ROWS - 1) // steps))
+    plan = piece_plan.resolve(ctx, lambda cores: machine_pieces(bs, steps, cores), record=False)
+    # the largest piece of any batch
+    max_samples = -(-bs // plan.pieces)
     try:
         prog = _Program(model, np.dtype(model.dtype), steps, max_samples, d_in, tokens,
                         x.ndim == 3)
@@ -340,7 +367,19 @@ def _make_program(ctx, x):
         return None
     if set(prog.layout) != set(ctx.params):
         return None
+    piece_plan.record_plan(ctx, plan)
+    prog.piece_plan = plan
+    prog.pieces = min(plan.pieces, bs)
+    prog.chunks = max(1, min(prog.pieces, prog.param_size // CHUNK_MIN_PARAMS))
     return prog
+
+
+def machine_pieces(batch, steps, cores):
+    """The pieces this schedule chooses for batches of ``batch`` samples of ``steps``
+    positions on ``cores`` usable cores (see the NOTE at :data:`MIN_PIECE_ROWS`)."""
+    if batch * steps < MIN_PIECE_ROWS:
+        return 1
+    return max(1, min(cores, batch))
 
 
 def run_epoch(ctx, x, y, order):
@@ -371,15 +410,13 @@ def run_epoch(ctx, x, y, order):
     w, slots = flat_state(ctx, prog, dtype)
     buffers = _buffers(ctx, prog, bs)
     coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
-    threads = min(MAX_PIECES, config.num_threads())
-    chunks = CHUNKS if prog.param_size >= CHUNK_MIN_PARAMS else 1
-    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps,
-            threads, MIN_PIECE_ROWS, MAX_PIECES, chunks, prog.prog, prog.fpar_arr, prog.out_slot,
-            prog.out_w, code, opt.kind, coeffs, clip_mode, float(clip), w, slots[0], slots[1],
-            *buffers)
+    threads = piece_threads(prog.pieces)
+    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps, threads, prog.pieces, prog.chunks,
+            prog.prog, prog.fpar_arr, prog.out_slot, prog.out_w, code, opt.kind, coeffs,
+            clip_mode, float(clip), w, slots[0], slots[1], *buffers)
     with single_threaded_blas():
         out = kt.epoch(*args)
-    return finish_epoch(ctx, prog, w, slots, out, n, bs)
+    return finish_epoch(ctx, prog, w, slots, out, n, bs, "attention", prog.piece_plan)
 
 
 def _first_embedding(model):
@@ -394,7 +431,7 @@ def _buffers(ctx, prog, bs):
     if key in ctx.scratch:
         return ctx.scratch[key]
     dtype = prog.dtype
-    pieces = MAX_PIECES
+    pieces = prog.pieces
     g = np.zeros(prog.param_size, dtype)
     part = np.zeros((pieces, prog.param_size), dtype)
     act = np.zeros((pieces, max(prog.act_size, 1)), dtype)
@@ -406,7 +443,7 @@ def _buffers(ctx, prog, bs):
     width = prog.out_w
     out_all = np.zeros(bs * width, dtype)
     dz_all = np.zeros(bs * width, dtype)
-    sumsq = np.zeros(CHUNKS, np.float64)
+    sumsq = np.zeros(prog.chunks, np.float64)
     ctx.scratch[key] = buffers = (g, part, act, gact, tok, acc, tmp, sc, out_all, dz_all, sumsq)
     return buffers
 

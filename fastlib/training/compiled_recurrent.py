@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastlib import config
 from fastlib.kernels.recurrent_pieces import PIECE
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
 from fastlib.training import fused_kernels as fk
 from fastlib.training import recurrent_kernels as rk
+from fastlib.training import piece_plan
+from fastlib.training.compiled_paths import register_compiled_path
 from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
                                           single_threaded_blas)
-from fastlib.training.compiled_paths import register_compiled_path
+from fastlib.training.piece_plan import piece_threads
 
 _ALIGN = 16  # buffer offsets in entries: 64-byte rows for float32
 
@@ -100,10 +101,11 @@ class _Plan:
             lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
             np.copyto(arrays[n], flat[lo:hi].reshape(arrays[n].shape))
 
-    def buffers(self, batch, steps):
-        """Workspaces for batches of ``batch`` sequences of ``steps`` steps (planned once per
-        shape, kept for the run): the per-piece rows, offsets and scratch."""
-        key = (batch, steps)
+    def buffers(self, batch, steps, piece):
+        """Workspaces for batches of ``batch`` sequences of ``steps`` steps in pieces of
+        ``piece`` sequences (planned once per shape, kept for the run): the per-piece rows,
+        offsets and scratch."""
+        key = (batch, steps, piece)
         if self._buffers is not None and self._buffers[0] == key:
             return self._buffers[1]
         meta = self.meta
@@ -114,19 +116,19 @@ class _Plan:
             off[0] += -(-int(n) // _ALIGN) * _ALIGN
             return start
 
-        cap_t = steps * PIECE
+        cap_t = steps * piece
         widths = [int(r[rk.DOUT]) * (4 if r[rk.KIND] == rk.LSTM else 1) for r in meta]
         hidden = max([int(r[rk.DOUT]) for r in meta] + [1])
         scratch = np.zeros(rk.N_SCRATCH, np.int64)
         scratch[rk.S_IN] = take(0 if self.tokens else cap_t * meta[0, rk.DIN])
-        scratch[rk.S_Z] = take(PIECE * max(widths))
-        scratch[rk.S_DH] = take(PIECE * hidden)
-        scratch[rk.S_DC] = take(PIECE * hidden)
+        scratch[rk.S_Z] = take(piece * max(widths))
+        scratch[rk.S_DH] = take(piece * hidden)
+        scratch[rk.S_DC] = take(piece * hidden)
         wide64 = max(widths)
         for r in meta:
             kind, dout = r[rk.KIND], r[rk.DOUT]
-            rows_in = cap_t if r[rk.SEQ_IN] else PIECE
-            rows_out = cap_t if r[rk.SEQ_OUT] else PIECE
+            rows_in = cap_t if r[rk.SEQ_IN] else piece
+            rows_out = cap_t if r[rk.SEQ_OUT] else piece
             if kind == rk.EMBEDDING:
                 r[rk.O_OUT] = take(cap_t * dout)
                 wide64 = max(wide64, int(r[rk.DIN] * dout))
@@ -142,10 +144,10 @@ class _Plan:
                     r[rk.O_TC] = take(cap_t * dout)
                 else:
                     r[rk.O_HS] = r[rk.O_PRE]
-                r[rk.O_OUT] = r[rk.O_HS] if r[rk.SEQ_OUT] else take(PIECE * dout)
+                r[rk.O_OUT] = r[rk.O_HS] if r[rk.SEQ_OUT] else take(piece * dout)
                 r[rk.O_DZ] = take(cap_t * width)
             r[rk.O_GOUT] = take(rows_out * dout)
-        pieces = -(-batch // PIECE)
+        pieces = -(-batch // piece)
         bufs = {"meta": meta, "scratch": scratch,
                 "ws": np.zeros((pieces, off[0]), self.dtype),
                 "ws64": np.zeros((pieces, wide64), np.float64),
@@ -226,12 +228,16 @@ def run_epoch(ctx, x, y, order):
     dtype = plan.dtype
     bs = min(ctx.config.batch_size, n)
     order, yi, yf = epoch_inputs(ctx, y, order, n, dtype, n * steps if plan.seq_out else n)
-    bufs = plan.buffers(bs, steps)
+    pieces = piece_plan.resolve(ctx, lambda cores: machine_pieces(bs, cores))
+    # sequences per piece: the plan's P pieces of the batch (the last ones shorter); a plan
+    # of more pieces than sequences gives pieces of one sequence
+    piece = -(-bs // pieces.pieces)
+    bufs = plan.buffers(bs, steps, piece)
     opt = ctx.optimizer
     w, slots = flat_state(ctx, plan, dtype)
     coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
-    threads = max(1, config.num_threads())
-    args = (x3, idx, yi, yf, order, bs, steps, PIECE, threads, bufs["meta"], bufs["scratch"],
+    threads = piece_threads(-(-bs // piece))
+    args = (x3, idx, yi, yf, order, bs, steps, piece, threads, bufs["meta"], bufs["scratch"],
             dtype.type(LEAKY_SLOPE), plan.loss_code, opt.kind, coeffs, clip_mode, float(clip),
             w, slots[0], slots[1], bufs["g"], bufs["gp"], bufs["ws"], bufs["ws64"],
             bufs["rows"], plan.blk)
@@ -243,7 +249,16 @@ def run_epoch(ctx, x, y, order):
     with single_threaded_blas():
         out = rk.epoch(*args)
     # per-step rows: the generic path's accuracy counts a sequence's steps as one row each
-    return finish_epoch(ctx, plan, w, slots, out, n, bs, steps if plan.seq_out else 1.0)
+    return finish_epoch(ctx, plan, w, slots, out, n, bs, "recurrent", pieces,
+                        steps if plan.seq_out else 1.0)
+
+
+def machine_pieces(batch, cores):
+    """The pieces this schedule chooses for batches of ``batch`` sequences on ``cores``
+    usable cores: at least one per core (down to pieces of one sequence), and pieces of at
+    most :data:`~fastlib.kernels.recurrent_pieces.PIECE` sequences, the per-step product's
+    best shape."""
+    return max(min(cores, batch), -(-batch // PIECE))
 
 
 def _indices(model, x):

@@ -62,12 +62,14 @@ def epoch_settings(ctx, n_batches, dtype):
     return coeffs, clip_mode, clip
 
 
-def finish_epoch(ctx, layout, w, slots, out, n, bs, correct_per_row=1.0):
+def finish_epoch(ctx, layout, w, slots, out, n, bs, path, plan, correct_per_row=1.0):
     """Write the epoch's parameters and state back and return its :class:`EpochStats`.
 
     ``out`` is the kernels' ``(loss_sum, correct, skipped, updates, diverged, bad_loss)``;
     ``diverged`` is the batch that stopped the epoch (-1: none). ``correct_per_row`` divides
     the correct count (a path whose rows are time steps reports per-sequence accuracy sums).
+    ``path`` names the compiled path and ``plan`` is its :class:`~fastlib.training.piece_plan.
+    PiecePlan`, both reported in the stats.
     """
     loss_sum, correct, skipped, updates, diverged, bad_loss = out
     layout.unflatten(w, ctx.params)
@@ -80,4 +82,5 @@ def finish_epoch(ctx, layout, w, slots, out, n, bs, correct_per_row=1.0):
     return EpochStats(loss_sum=float(loss_sum),
                       correct=None if ctx.loss_type == "mse" else float(correct) / correct_per_row,
                       count=samples, skipped=int(skipped), diverged_batch=int(diverged),
-                      diverged_loss=float(bad_loss), fused=True)
+                      diverged_loss=float(bad_loss), fused=True, path=path,
+                      piece_plan=plan.to_dict())

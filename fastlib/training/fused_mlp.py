@@ -6,24 +6,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastlib import config
 from fastlib.layers.activations import ACTIVATIONS
 from fastlib.training import fused_kernels as fk
+from fastlib.training import piece_plan
 from fastlib.training.compiled_paths import register_compiled_path
 from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
                                           single_threaded_blas)
 from fastlib.training.fused_kernels import FUSED_ACTIVATIONS, LOSS_CODES  # noqa: F401 - public
+from fastlib.training.piece_plan import piece_threads
 
-# NOTE (speed): every layer pair is cut into FUSED_PIECES pieces that run on up to that many
-# threads (model parallelism inside one step, see fused_kernels): each thread forms its
-# pieces' activations, gradients and update from its own contiguous parameter block, which
-# stays in its core's cache, and BLAS runs single-threaded inside each piece. Below
-# SPLIT_MIN_PARAMS parameters one piece is faster (a parallel region costs ~4 us, more than a
-# tiny step). Two pieces because this machine has two cores; more would shrink the GEMMs.
-# The number of pieces depends on the model only, never on how many cores are idle, so a run's
-# result does not depend on the machine's load.
-FUSED_PIECES = 2
+# NOTE (speed): every layer pair is cut into the run's piece plan's P pieces (model
+# parallelism inside one step, see fused_kernels and fastlib.training.piece_plan): each thread
+# forms its pieces' activations, gradients and update from its own contiguous parameter block,
+# which stays in its core's cache, and BLAS runs single-threaded inside each piece. The
+# machine's choice: one piece below SPLIT_MIN_PARAMS parameters (a parallel region costs
+# ~4 us, more than a tiny step), else one per usable core, but never pieces of fewer than
+# MIN_PIECE_PARAMS parameters (smaller GEMMs stop paying for their hand-off).
 SPLIT_MIN_PARAMS = 1 << 15
+MIN_PIECE_PARAMS = 1 << 14
 
 
 class _Plan:
@@ -121,24 +121,20 @@ def _make_plan(ctx):
         names += [f"{i}.weight", f"{i}.bias"]
     if list(ctx.params) != names:
         return None
-    plan = _Plan(layers, np.dtype(model.dtype), LOSS_CODES[ctx.loss_type], pieces_for(model))
+    n_params = sum(int(v.size) for v in model.parameters().values())
+    pieces = piece_plan.resolve(ctx, lambda cores: machine_pieces(n_params, cores))
+    plan = _Plan(layers, np.dtype(model.dtype), LOSS_CODES[ctx.loss_type], pieces.pieces)
     plan.slope = LEAKY_SLOPE
+    plan.piece_plan = pieces
     return plan
 
 
-def pieces_for(model):
-    """How many pieces the fused epoch cuts ``model`` into: :data:`FUSED_PIECES` from
-    :data:`SPLIT_MIN_PARAMS` parameters up, else 1.
-
-    NOTE: it depends on the model only, never on the cores idle right now, so a run's result
-    is the same whatever the machine's load (threads run whole pieces).
-    """
-    n_params = sum(int(v.size) for v in model.parameters().values())
-    return FUSED_PIECES if n_params >= SPLIT_MIN_PARAMS else 1
-
-
-# the MLP path was the first to need it; the other compiled paths import it from epoch_state
-_single_threaded_blas = single_threaded_blas
+def machine_pieces(n_params, cores):
+    """The pieces this schedule chooses for a model of ``n_params`` parameters on ``cores``
+    usable cores (see the NOTE at :data:`SPLIT_MIN_PARAMS`)."""
+    if n_params < SPLIT_MIN_PARAMS:
+        return 1
+    return max(1, min(cores, n_params // MIN_PIECE_PARAMS))
 
 
 def run_epoch(ctx, x, y, order):
@@ -177,17 +173,16 @@ def run_epoch(ctx, x, y, order):
     logits, dz = np.zeros(bs * int(dims[-1]), dtype), np.zeros(bs * int(dims[-1]), dtype)
     acc64 = np.zeros((n_pieces + 1, int(dims.max())), np.float64)  # bias-gradient sums
     coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
-    threads = min(n_pieces, config.num_threads())
+    threads = piece_threads(n_pieces)
     args = (x, yi, yf, order, bs, threads, dims, plan.cols,
             plan.w_off, plan.b_off, plan.blk, act_off, part_off, plan.codes,
             dtype.type(plan.slope), plan.loss_code, opt.kind, coeffs, clip_mode, float(clip), w,
             slots[0], slots[1], g, a_in, post, pre, gout, part, logits, dz, acc64)
-    if n_pieces > 1:
-        with _single_threaded_blas():
-            out = fk.epoch(*args)
-    else:
+    # one piece too: a multi-threaded BLAS under one piece could use cores the plan leaves
+    # idle, and its hand-offs made the small products slower with more threads
+    with single_threaded_blas():
         out = fk.epoch(*args)
-    return finish_epoch(ctx, plan, w, slots, out, n, bs)
+    return finish_epoch(ctx, plan, w, slots, out, n, bs, "mlp", plan.piece_plan)
 
 
 register_compiled_path("mlp", run_epoch)

@@ -76,6 +76,13 @@ class TrainingResult:
         ``device="cuda"``: the last epoch's per-step kernel launches, graph launches,
         allocations, copies and synchronisations (``fastlib.cuda.counters`` keys, mean over
         its steps) and ``"per_epoch"``, its boundary traffic; None on the CPU.
+    path : str
+        Which path ran the last epoch: a compiled path's name (``"mlp"``, ``"recurrent"``,
+        ``"attention"``), ``"generic"`` (the per-batch loop) or ``"cuda"``.
+    piece_plan : dict or None
+        The compiled path's piece plan, ``{"pieces": P, "source": ...}``
+        (``fastlib.training.piece_plan``): pass ``pieces=P`` to reproduce the run bit for bit
+        on another machine. None when no epoch ran in a compiled path.
     """
 
     loss_history: list = field(default_factory=list)
@@ -96,6 +103,8 @@ class TrainingResult:
     fused: bool = False
     cuda_mode: str | None = None
     device_counts: dict | None = None
+    path: str = "generic"
+    piece_plan: dict | None = None
 
     def __iter__(self):
         """``(loss_history, accuracy_history)``: DataCode's ``model.train`` returns this pair."""
@@ -241,7 +250,8 @@ def train(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None,
         update="loom", normalisation="column"``). ``"bp"`` takes
         ``fused`` (default True): False turns off the whole-epoch compiled paths (for
         Sequential-of-Dense MLPs, and for RNN / LSTM / Embedding / Dense chains) and trains
-        batch by batch through the layers.
+        batch by batch through the layers; and ``pieces`` (default None: chosen from the
+        machine's cores), the compiled paths' piece plan (``fastlib.training.piece_plan``).
 
     Returns
     -------
@@ -696,6 +706,8 @@ class _Loop:
                     self._record_stopped_epoch(math.inf, stats, t0)
                     break
                 r.fused = r.fused or stats.fused
+                r.path = "cuda" if self.device_run is not None else stats.path
+                r.piece_plan = stats.piece_plan or r.piece_plan
                 if self._check_divergence(epoch, stats.loss, last_good):
                     self._record_stopped_epoch(stats.loss, stats, t0)
                     break

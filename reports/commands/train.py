@@ -122,6 +122,18 @@ def add_arguments(parser):
     a("--blocks", type=shared.positive_int, default=8,
       help="with --distributed: blocks per batch, the fixed summation order; the number of "
            "ranks must divide it")
+    a("--pieces", type=_pieces, default=None,
+      help="pieces each step of a compiled epoch is cut into (default: chosen from this "
+           "machine's cores); the same N gives the same bits on any machine")
+
+
+def _pieces(text):
+    from fastlib.training.piece_plan import check_pieces
+
+    try:
+        return check_pieces(text, "--pieces")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _load(args, dtype):
@@ -295,6 +307,8 @@ def _run(args) -> int:
                   device=args.device, algorithm=args.algorithm, callbacks=[_Table(out)],
                   verbose=False, checkpoint=args.checkpoint, resume=args.resume,
                   distributed=distributed)
+    if args.pieces is not None:
+        common["pieces"] = args.pieces
     if args.algorithm.lower() == "targetprop":
         common.update(use_chain_rule=not args.pure, update=args.update,
                       normalisation=args.normalisation)
@@ -311,6 +325,10 @@ def _run(args) -> int:
                                x_val, y_val, args.optimizer, **common)
     if result.stop_reason:
         print(f"stopped: {result.stop_reason}", file=out)
+    if result.piece_plan is not None:
+        print(f"path {result.path}, {result.piece_plan['pieces']} pieces per step (from the "
+              f"{result.piece_plan['source']}; --pieces {result.piece_plan['pieces']} "
+              "reproduces it)", file=out)
 
     pred = model(data.x_test)
     test_loss = losses.loss_value(loss, pred, y_test)

@@ -37,8 +37,9 @@ class EpochCase:
     (its largest entry for ``"value"``, its global norm for ``"norm"``), rounded to float32, so
     clipping is active and the threshold is a number both dtypes hold exactly. ``path`` is
     ``"fused"`` (must take the whole-epoch fused path), ``"pieces"`` (the same, cut into
-    pieces whatever the size), ``"compiled"`` (must take a whole-epoch compiled path: the
-    attention models') or ``"generic"`` (``fused=False``: the per-batch loop).
+    ``pieces`` pieces, default :data:`PIECES_PATH_PLAN`, whatever the size), ``"compiled"``
+    (must take a whole-epoch compiled path: the attention models') or ``"generic"``
+    (``fused=False``: the per-batch loop).
     """
 
     config: dict
@@ -58,10 +59,16 @@ class EpochCase:
     label: str = ""
     referee: str = "exact"     # "exact" (reflib at 30 digits) or "float64" (large float32 runs)
     moved: bool = False        # start from parameters moved off their initial values
+    pieces: int | None = None  # the compiled path's piece plan (None: the machine's choice)
 
     def with_(self, **changes):
         """A copy with ``changes`` applied."""
         return replace(self, **changes)
+
+
+# the piece plan of the "pieces" path's cases (an MLP cut into three column pieces: widths of
+# 1-6 leave some pieces empty)
+PIECES_PATH_PLAN = 3
 
 
 def kernel_boundaries():
@@ -72,7 +79,7 @@ def kernel_boundaries():
 
     return {"recurrent_piece": int(recurrent._PIECE), "reduce_block": int(reduce._BLOCK),
             "split_min_params": int(fused_mlp.SPLIT_MIN_PARAMS),
-            "fused_pieces": int(fused_mlp.FUSED_PIECES),
+            "min_piece_params": int(fused_mlp.MIN_PIECE_PARAMS),
             "parallel_min_size": int(config.PARALLEL_MIN_SIZE),
             "compiled_recurrent_piece": int(recurrent_pieces.PIECE),
             "compiled_recurrent_block": int(recurrent_kernels.BLOCK),
@@ -402,6 +409,27 @@ def boundary_cases(dtype):
                                "cross_entropy", 13, dtype, "Adam", 0.05, 3, 2, True,
                                0.5, "norm", "pieces", label="MLP 3-1-4-2 in pieces, partial "
                                                             "batch, norm clip"))
+        # piece plans: one piece, three, a piece of one sample, more pieces than samples, for
+        # each schedule (MLP column pieces, recurrent and attention sample pieces); batches
+        # of 5 of 7 samples (the last batch partial)
+        x2, x3 = rng.uniform(-1, 1, (7, 3)), seq_data(7, 3, 2)
+        for plan in (1, 3, 4, 9):
+            what = {1: "one piece", 3: "three pieces", 4: "one sample in a piece",
+                    9: "more pieces than samples or columns"}[plan]
+            cases.append(EpochCase(_mlp([3, 4, 2]), x2, rng.integers(0, 2, (7, 1)),
+                                   "cross_entropy", 30 + plan, dtype, "Adam", 0.05, 5, 1, True,
+                                   0.5, "norm", "fused", pieces=plan,
+                                   label=f"MLP 3-4-2, piece plan {plan} ({what})"))
+            cases.append(EpochCase(_recurrent("LSTM", 2, 2, False), x3,
+                                   rng.uniform(-1, 1, (7, 2)), "mse", 40 + plan, dtype, "Adam",
+                                   0.05, 5, 1, True, 0.5, "value", "fused", pieces=plan,
+                                   label=f"compiled LSTM batch 5, piece plan {plan} ({what})"))
+            cases.append(EpochCase(_attention_block(2, 2, True), x3,
+                                   rng.uniform(-1, 1, (7, 3, 2)), "mse", 50 + plan, dtype,
+                                   "Adam", 0.05, 5, 1, True, 0.5, "norm", "compiled",
+                                   pieces=plan,
+                                   label=f"compiled attention batch 5, piece plan {plan} "
+                                         f"({what})"))
         # the compiled recurrent epoch: batches of a piece less one, a piece plus one (the
         # second piece one sequence long) and two pieces plus one, a partial last batch
         cp = b["compiled_recurrent_piece"]
@@ -473,7 +501,7 @@ def boundary_cases(dtype):
         return cases
 
     # float32: sizes past the thresholds, against the float64 referee
-    split, pieces = b["split_min_params"], b["fused_pieces"]
+    split, pieces = b["split_min_params"], PIECES_PATH_PLAN
     # a two-layer MLP d-h-c with (d + 1) h + (h + 1) c parameters on each side of split
     d, c = 64, 3
     h_cut = -(-(split - c) // (d + 1 + c))           # the smallest h at or past the threshold
@@ -482,7 +510,7 @@ def boundary_cases(dtype):
         x = rng.uniform(-1, 1, (2 * pieces + 3, d))
         cases.append(EpochCase(_mlp([d, h, c]), x, rng.integers(0, c, (len(x), 1)),
                                "cross_entropy", 21, dtype, "Adam", 0.01, 2 * pieces, 1, True,
-                               0.5, "value", "fused",
+                               0.5, "value", "fused", pieces=pieces,
                                label=f"MLP {d}-{h}-{c}: {n_params} parameters "
                                      f"({'>=' if n_params >= split else '<'} {split})"))
     # pairwise blocks in attention's bias gradients (B * T rows) and in the losses' means

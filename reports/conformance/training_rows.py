@@ -456,6 +456,16 @@ def _row_keys(rows):
     return [np.asarray(r).tobytes() for r in rows]
 
 
+def _plan(case):
+    """The piece plan ``case`` asks for: its own, the "pieces" path's, or None (the
+    machine's)."""
+    from reports.conformance.training_cases import PIECES_PATH_PLAN
+
+    if case.pieces is not None:
+        return case.pieces
+    return PIECES_PATH_PLAN if case.path == "pieces" else None
+
+
 def _train(case, model, x, y, clip):
     import fastlib
 
@@ -465,6 +475,7 @@ def _train(case, model, x, y, clip):
                              optimizer=case.optimizer, gradient_clip=clip,
                              clip_mode=case.clip_mode, shuffle=case.shuffle, seed=case.seed,
                              verbose=False, fused=case.path != "generic",
+                             **({} if _plan(case) is None else {"pieces": _plan(case)}),
                              # the divergence rules' probe forwards would count as batches in
                              # the order check; they draw no RNG and change no weight
                              divergence=False)
@@ -520,11 +531,6 @@ def check_epochs(case: EpochCase):
                                         allowances[0][k] * (1 + ref_eps_share), scales[k], eps))
 
     # 2. the run
-    cut = None
-    if case.path == "pieces":
-        from fastlib.training import fused_mlp
-
-        cut, fused_mlp.SPLIT_MIN_PARAMS = fused_mlp.SPLIT_MIN_PARAMS, 0
     try:
         if case.path == "generic":
             with _Recorder(model) as rec:
@@ -534,9 +540,9 @@ def check_epochs(case: EpochCase):
             run = _train(case, model, x, y, ref.clip)
     except Exception as exc:
         return result.fail(f"fastlib.train raised {type(exc).__name__}: {exc}")
-    finally:
-        if cut is not None:
-            fused_mlp.SPLIT_MIN_PARAMS = cut
+    if _plan(case) is not None and run.piece_plan != {"pieces": _plan(case),
+                                                      "source": "argument"}:
+        result.fail(f"fastlib.train ran piece plan {run.piece_plan}, not {_plan(case)} pieces")
     if case.path != "generic" and not run.fused:
         result.fail(f"fastlib.train did not take a whole-epoch compiled path ({case.label})")
     if case.path == "generic" and run.fused:
