@@ -152,8 +152,8 @@ def at_kinks(op, arrays, tangents, params, jvp_out):
         ts = np.broadcast_arrays(*[np.asarray(tangents[i], dtype=object) for i in idx],
                                  np.empty(jvp_out.shape, dtype=object))[:-1]
         slopes = call_formula(kink.slopes, dict(params))
-        hit = (xs[0] == 0) if kink.kind == "zero" else (xs[0] == xs[1])
-        for pos in zip(*np.nonzero(np.asarray(hit, dtype=bool))):
+        hit = np.asarray((xs[0] == 0) if kink.kind == "zero" else (xs[0] == xs[1]), dtype=bool)
+        for pos in (p for p in np.ndindex(*hit.shape) if hit[p]):
             jvp_out[pos] = +sum((mpmath.mpf(slopes[n]) * mpmath.mpf(t[pos])
                                  for n, t in zip(kink.inputs, ts)), mpmath.mpf(0))
 
