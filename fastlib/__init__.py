@@ -25,7 +25,7 @@ _EXPORTS = {
     "Softmax": "fastlib.layers", "Sequential": "fastlib.layers", "Parallel": "fastlib.layers",
     "value_and_grad": "fastlib.grad",
     # forward mode and second order: per op, and a model's loss
-    "jvp": "fastlib.second_order", "hvp": "fastlib.second_order",
+    "jvp": "fastlib.second_order", "hvp": "fastlib.model_hvp",
     "model_hvp": "fastlib.model_hvp", "gnvp": "fastlib.model_hvp",
     # losses
     "onehot": "fastlib.losses",

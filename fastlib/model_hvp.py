@@ -20,7 +20,16 @@ from fastlib.layers.activations import LEAKY_SLOPE
 from fastlib.second_order import hvp as _op_hvp
 from fastlib.second_order import jvp as _op_jvp
 
-__all__ = ["model_hvp", "gnvp"]
+__all__ = ["hvp", "model_hvp", "gnvp"]
+
+
+def hvp(subject, *args, **kwargs):
+    """``fastlib.hvp``: an op's HVP (``hvp(name, inputs, cotangent, tangents, params=None)``,
+    see ``fastlib.second_order.hvp``) or a model's (``hvp(model, x, y, loss, v)``, see
+    :func:`model_hvp`), told apart by the first argument (an op name is a str)."""
+    if isinstance(subject, str):
+        return _op_hvp(subject, *args, **kwargs)
+    return model_hvp(subject, *args, **kwargs)
 
 
 def _dense_layers(model):

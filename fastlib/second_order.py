@@ -286,14 +286,15 @@ def _jvp(name, arrays, tans, p, out):
     raise NotImplementedError(f"fastlib.jvp: no rule for op {name!r}")  # pragma: no cover
 
 
-def hvp(name, inputs, cotangent=None, tangents=None, params=None, *args, **kwargs):
-    """Hessian-vector product ``∇_x <g, J(x) t>`` of op ``name``, per input; or of a model's loss.
+def hvp(name, inputs, cotangent, tangents, params=None):
+    """Hessian-vector product ``∇_x <g, J(x) t>`` of op ``name``, per input.
+
+    (``fastlib.hvp`` also takes a model: ``fastlib.model_hvp.hvp``.)
 
     Parameters
     ----------
-    name : str or fastlib.layers.Layer
-        An op of the op table. A model instead dispatches to ``fastlib.model_hvp``
-        (``hvp(model, x, y, loss, v)``).
+    name : str
+        An op of the op table.
     inputs, tangents, params
         As for :func:`jvp`.
     cotangent : array_like
@@ -304,10 +305,6 @@ def hvp(name, inputs, cotangent=None, tangents=None, params=None, *args, **kwarg
     tuple of (numpy.ndarray or None)
         One array per input, shaped and typed like it; ``None`` for class indices.
     """
-    if not isinstance(name, str):
-        from fastlib.model_hvp import model_hvp
-
-        return model_hvp(name, inputs, cotangent, tangents, params, *args, **kwargs)
     entry, arrays, ctx, tans, p, out_shape, dtype = _prepared(name, inputs, tangents, params)
     g = _ops._prepare_grad(entry, cotangent, out_shape, dtype)
     return tuple(None if h is None else np.array(h, dtype=dtype).reshape(t.shape)

@@ -240,7 +240,3 @@ def evaluate(name, inputs, grad, params=None, dps=50):
 def evaluate_forward(name, inputs, params=None, dps=50):
     """The forward value only (see ``evaluate``); an object array of mpf at ``dps`` digits."""
     return _run(lookup(name), inputs, None, params, dps)[0]
-
-
-# Second order and forward mode (spec.second_order) are part of the exact oracle's API.
-from spec.second_order import hvp, jvp  # noqa: E402,F401
