@@ -34,9 +34,11 @@ def test_an_engine_without_second_order_is_not_provided_not_failed():
 
 @pytest.mark.parametrize("name", ["tanh", "mul", "softmax", "layer_norm", "cross_entropy",
                                   "matmul", "logsumexp", "binary_cross_entropy"])
-def test_torch_passes_jvp2_and_hvp(name):
-    pytest.importorskip("torch")
-    engine = get_engine("torch")
+# jax compiles every (op, shape) it is given: seconds each, so its rows are the deep run's
+@pytest.mark.parametrize("peer", ["torch", pytest.param("jax", marks=pytest.mark.slow)])
+def test_torch_and_jax_pass_jvp2_and_hvp(name, peer):
+    pytest.importorskip(peer)
+    engine = get_engine(peer)
     for dtype in (np.float32, np.float64):
         for r in check_second_order(engine, name, dtype):
             assert r.status == "passed", (r.check, r.dtype, r.detail)
