@@ -1,20 +1,11 @@
 """Dual numbers over a backend: the registry's own formulas, differentiated in one direction.
 
-A ``Dual(value, tangent)`` stands for ``value + tangent·ε`` with ``ε² = 0``. ``DualBackend(M)``
-supplies the scalar functions of ``spec.backends`` on duals whose parts are numbers of backend
-``M`` (mpmath numbers or SymPy expressions), so every registry formula runs on it unchanged:
+``Dual(value, tangent)`` is ``value + tangent·ε`` (ε² = 0); ``DualBackend(M)`` supplies the scalar
+functions of ``spec.backends`` on duals over backend ``M`` (mpmath or SymPy), each derivative rule
+stated once here. The declared forward on ``x + ε·t`` gives the JVP; the declared VJP on it gives
+the HVP (forward over reverse). At a kink the tangent follows the branch the value takes.
 
-- the forward on ``x + ε·t`` gives ``f(x) + ε·(J t)``: the JVP, derived from the declared
-  forward, with no second list of formulas;
-- a stated VJP on ``x + ε·t`` (its ``result`` the forward on the same duals, its ``grad`` a
-  plain cotangent) gives ``Jᵀg + ε·d/dε[J(x + εt)ᵀ g]``: the Hessian-vector product
-  ``∇_x <g, J(x) t>`` of the proven VJP (forward over reverse).
-
-The derivative rule of each scalar function is stated once here (``exp' = exp``, ``log' = 1/x``,
-...); ``spec.prove_second_order`` proves that what these rules give is the derivative SymPy computes,
-op by op. At a kink the tangent follows the branch the value takes (``where`` picks both parts
-from the same branch), so the second-order convention is "the derivative of the chosen piece":
-see docs/second-order.md.
+The long story: docs/second-order.md.
 """
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
-"""``spec.prove_second_order``: prove each op's JVP and Hessian-vector product against SymPy's ``diff``.
+"""``spec.prove_second_order``: each op's JVP and HVP proven against SymPy's ``diff``.
 
-The JVP and the HVP are what ``spec.second_order`` evaluates: the declared forward and the
-declared VJP run on dual numbers (``spec.dual``). Here the same formulas run on duals of SymPy
-expressions, symbolic inputs ``x``, tangents ``t`` and cotangent ``g``, and are compared entry by
-entry with
-
-- JVP:  ``Σ_k ∂f_j/∂x_k · t_k`` (SymPy differentiates the declared forward once),
-- HVP:  ``∂/∂x_i Σ_j g_j Σ_k ∂f_j/∂x_k · t_k`` (twice).
-
-Each difference goes through ``spec.prove``'s machinery: sampled at high precision first (a
-wrong rule fails at once), then simplified to 0 ("proven"), or shown 0 on each piece of its
-branches ("proven on each piece"); what neither decides stays "checked at N points". At a kink
-the second derivative is a convention (the derivative of the piece the value selects; SymPy's
-Dirac mass there is dropped): the kink points are excluded as for the first order and the
-convention is checked by ``tests/test_spec_second_order.py`` at the kinks themselves.
+The declared forward and VJP run on duals of SymPy expressions (``spec.dual``) and every entry is
+compared with ``Σ_k ∂f_j/∂x_k t_k`` (JVP) or ``∂/∂x_i Σ_j g_j Σ_k ∂f_j/∂x_k t_k`` (HVP) through
+``spec.prove``'s machinery: sampled, then simplified to 0, or 0 on each piece; what neither
+decides stays "checked at N points". Kink points are conventions (docs/second-order.md).
 """
 from __future__ import annotations
 
