@@ -42,7 +42,18 @@ def _draw(name, dtype, seed):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("name", list(spec.OPS))
 def test_op_jvp_and_hvp_match_spec(name, dtype):
-    for seed in range(3):
+    _hold_to_spec(name, dtype, seeds=(0,))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name", list(spec.OPS))
+def test_op_jvp_and_hvp_match_spec_on_every_example(name, dtype):
+    _hold_to_spec(name, dtype, seeds=range(2 * len(spec.OPS[name].examples)))
+
+
+def _hold_to_spec(name, dtype, seeds):
+    for seed in seeds:
         xs, ts, params, rng = _draw(name, dtype, seed)
         out, j = fastlib.jvp(name, xs, ts, params)
         assert out.dtype == j.dtype == dtype and j.shape == out.shape
