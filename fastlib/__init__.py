@@ -28,6 +28,9 @@ _EXPORTS = {
     "LayerNorm": "fastlib.layers", "RMSNorm": "fastlib.layers", "Embedding": "fastlib.layers",
     "Softmax": "fastlib.layers", "Sequential": "fastlib.layers", "Parallel": "fastlib.layers",
     "value_and_grad": "fastlib.grad",
+    # forward mode and second order: per op, and a model's loss
+    "jvp": "fastlib.second_order", "hvp": "fastlib.model_hvp",
+    "model_hvp": "fastlib.model_hvp", "gnvp": "fastlib.model_hvp",
     # losses
     "onehot": "fastlib.losses",
     # training
@@ -43,7 +46,8 @@ _EXPORTS = {
     "RBM": "fastlib.rbm", "cd_gradients": "fastlib.rbm",
 }
 _SUBMODULES = ("ops", "tape", "layers", "grad", "losses", "optim", "training", "datasets", "io",
-               "kernels", "config", "cuda", "targetprop", "rbm", "cache_guard")
+               "kernels", "config", "cuda", "targetprop", "rbm", "cache_guard",
+               "second_order", "model_hvp")
 
 __all__ = sorted(_EXPORTS)
 

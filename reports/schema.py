@@ -204,6 +204,9 @@ SCHEMA = obj(
         "regressions": REGRESSIONS,
         "notes": array(TEXT, "what a reader should know (unavailable engines, rejected cases)"),
     },
+    {"second_order": {"type": "object", "description": "op name -> JVP and HVP ULP rows "
+                                                        "(reports.accuracy_second_order)",
+                      "additionalProperties": array({"type": "object"})}},
 )
 
 

@@ -46,8 +46,12 @@ def test_spec_prove_named_ops_and_optimizers(capsys):
     assert cells[("op", "tanh", "symbolic")] == "proven"
     assert cells[("op", "maximum", "piecewise")] == "proven on each piece"
     assert cells[("optimizer", "Adam", "symbolic")] == "proven"
+    # forward mode and second order, each its own row
+    assert cells[("op", "tanh jvp", "symbolic")] == "proven"
+    assert cells[("op", "tanh hvp", "symbolic")] == "proven"
+    assert cells[("op", "maximum hvp", "piecewise")] == "proven on each piece"
     assert "x(3,); x(2, 2); x()" in out                     # shapes tried
-    assert "all 3 proven" in out
+    assert "all 7 proven" in out
 
 
 def test_spec_prove_fails_with_exit_1(monkeypatch, capsys):

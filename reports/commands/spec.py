@@ -1,8 +1,8 @@
 """`verigrad spec --list | --prove [NAME ...]`: show the registry, or prove its derivatives.
 
 ``--list`` prints every op (inputs with domains, params with defaults, kinks) and every
-optimizer (hyperparameters, state, equations). ``--prove`` proves the named ops and optimizers
-(default: all) and prints per item the method, the shapes tried, the seconds and the result:
+optimizer (hyperparameters, state, equations). ``--prove`` proves the named ops (their VJP, and
+their JVP and HVP, ``spec.prove_second_order``, each its own row) and optimizers (default: all) and prints per item the method, the shapes tried, the seconds and the result:
 "proven" (SymPy reduced every difference to 0), "proven on each piece" (branches and kink
 conventions, ``spec.pieces``) or "checked at N points" (sampled only: never called proven);
 exit code 1 when any proof fails, 2 for an unknown name.
@@ -110,12 +110,19 @@ def run(args) -> int:
     if problem:
         print(f"verigrad spec: {problem}", file=sys.stderr)
         return 2
+    import spec
     from reports.commands.conform import run_spec_proofs
 
     ops, optimizers, _ = _split_names(args.prove)
     start = time.perf_counter()
     progress = ProgressLine(enabled=progress_enabled(args))
     op_results, opt_results = run_spec_proofs(progress, ops, optimizers)
+    # forward mode and second order of every op proven beside its VJP (spec.prove_second)
+    second_results = []
+    for i, name in enumerate(ops):
+        progress.update(f"[{i + 1:>3}/{len(ops)}] proving JVP and HVP of {name} ...")
+        second_results.extend(spec.prove_second(name))
+    op_results = op_results + second_results
     results = op_results + opt_results
     failed = [r for r in results if not r.ok]
     elapsed = time.perf_counter() - start

@@ -111,6 +111,26 @@ class Engine:
         self._require(name)
         return tuple(self._vjp(name, inputs, grad, **params))
 
+    # -- optional: forward mode and second order ----------------------------------------------
+    @property
+    def second_order(self):
+        """True when the engine implements ``jvp`` and ``hvp`` (both optional)."""
+        return hasattr(self, "_jvp") and hasattr(self, "_hvp")
+
+    def jvp(self, name, inputs, tangents, **params):
+        """``(forward value, J t)`` of op ``name`` (optional; ``UnsupportedOpError`` if absent)."""
+        self._require(name)
+        if not self.second_order:
+            raise UnsupportedOpError(f"{self.name}: no forward mode (jvp) provided")
+        return self._jvp(name, inputs, tangents, **params)
+
+    def hvp(self, name, inputs, cotangent, tangents, **params):
+        """``∇_x <g, J(x) t>`` per input (optional; ``UnsupportedOpError`` if absent)."""
+        self._require(name)
+        if not self.second_order:
+            raise UnsupportedOpError(f"{self.name}: no second order (hvp) provided")
+        return tuple(self._hvp(name, inputs, cotangent, tangents, **params))
+
     def optimizer_step(self, name, w, g, state, t, **hyper):
         """One optimizer update (engine form); ``UnsupportedOpError`` unless supported."""
         ok, reason = self.supports_optimizer(name)
@@ -189,6 +209,16 @@ class FastlibEngine(Engine):
         import fastlib
 
         return fastlib.vjp(name, inputs, grad, **params)
+
+    def _jvp(self, name, inputs, tangents, **params):
+        import fastlib
+
+        return fastlib.jvp(name, inputs, tangents, params)
+
+    def _hvp(self, name, inputs, cotangent, tangents, **params):
+        import fastlib
+
+        return fastlib.hvp(name, inputs, cotangent, tangents, params)
 
     def _optimizer_step(self, name, w, g, state, t, **hyper):
         from fastlib import optim

@@ -203,3 +203,55 @@ class SigmoidVjpFloat32(_Planted):
         e = np.exp(-np.abs(x)).astype(x.dtype)
         d = (1 + e).astype(x.dtype)
         return ((grad * e / (d * d)).astype(x.dtype),)
+
+
+# -- second-order bugs (the jvp2 / hvp checks, reports.conformance.second_order) ------------------
+
+class _PlantedSecondOrder(FastlibEngine):
+    """fastlib, except for ``op``'s HVP, computed by ``_bad_hvp``."""
+
+    op = ""
+
+    def _hvp(self, name, inputs, cotangent, tangents, **params):
+        if name == self.op:
+            return self._bad_hvp([np.asarray(x) for x in inputs], np.asarray(cotangent),
+                                 [None if t is None else np.asarray(t) for t in tangents],
+                                 **params)
+        return FastlibEngine._hvp(self, name, inputs, cotangent, tangents, **params)
+
+
+class MulDroppedCrossTerm(_PlantedSecondOrder):
+    """mul's HVP without its cross term: d²(ab)/da db = 1 forgotten (all of mul's Hessian)."""
+
+    name, op = "mul-dropped-cross-term", "mul"
+
+    def _bad_hvp(self, inputs, g, tangents):
+        return tuple(np.zeros_like(x) for x in inputs)
+
+
+class SoftmaxSecondOrderSign(_PlantedSecondOrder):
+    """softmax's HVP with the sign of the term ``s · Σ g ṡ`` flipped."""
+
+    name, op = "softmax-hvp-sign", "softmax"
+
+    def _bad_hvp(self, inputs, g, tangents, axis=-1):
+        (x,), (t,) = inputs, tangents
+        s = np.exp(x - x.max(axis=axis, keepdims=True))
+        s /= s.sum(axis=axis, keepdims=True)
+        ds = s * (t - np.sum(s * t, axis=axis, keepdims=True))
+        return (ds * (g - np.sum(g * s, axis=axis, keepdims=True))
+                + s * np.sum(g * ds, axis=axis, keepdims=True),)
+
+
+class TanhFloat32Intermediate(_PlantedSecondOrder):
+    """tanh's HVP with tanh(x) kept in float32 whatever the dtype."""
+
+    name, op = "tanh-hvp-float32", "tanh"
+
+    def _bad_hvp(self, inputs, g, tangents):
+        (x,), (t,) = inputs, tangents
+        y = np.tanh(x.astype(np.float32)).astype(x.dtype)
+        return (g * (-2 * y * (1 - y * y)) * t,)
+
+
+SECOND_ORDER_PLANTED = (MulDroppedCrossTerm, SoftmaxSecondOrderSign, TanhFloat32Intermediate)

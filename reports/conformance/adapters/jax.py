@@ -217,6 +217,45 @@ class JaxEngine(Engine):
         forward, _ = self._compiled(name, params, fixed)
         return np.array(forward(free, target))
 
+    def _second_order_args(self, name, inputs, tangents):
+        free, target, fixed = self._arguments(name, inputs)
+        tans = tuple(self._jnp.asarray(np.asarray(t, dtype=a.dtype)) for i, (t, a) in
+                     enumerate(zip([t for i, t in enumerate(tangents) if i != fixed], free)))
+        return free, target, fixed, tans
+
+    def _jvp(self, name, inputs, tangents, **params):
+        free, target, fixed, tans = self._second_order_args(name, inputs, tangents)
+        fn = self._ops[name]
+
+        def call(*args):
+            args = list(args)
+            if fixed is not None:
+                args.insert(fixed, target)
+            return fn(*args, **params)
+
+        out, jv = self._jax.jvp(call, free, tans)
+        return np.array(out), np.array(jv)
+
+    def _hvp(self, name, inputs, cotangent, tangents, **params):
+        # jvp of the VJP (forward over reverse): d/dε [J(x + εt)ᵀ g], no Hessian formed
+        free, target, fixed, tans = self._second_order_args(name, inputs, tangents)
+        jax, fn = self._jax, self._ops[name]
+        g = self._jnp.asarray(np.asarray(cotangent, dtype=free[0].dtype))
+
+        def pulled(*args):
+            def call(*a):
+                a = list(a)
+                if fixed is not None:
+                    a.insert(fixed, target)
+                return fn(*a, **params)
+            return jax.vjp(call, *args)[1](g)
+
+        _, hv = jax.jvp(pulled, free, tans)
+        out = [np.array(h) for h in hv]
+        if fixed is not None:
+            out.insert(fixed, None)
+        return tuple(out)
+
     def _vjp(self, name, inputs, grad, **params):
         free, target, fixed = self._arguments(name, inputs)
         forward, pull = self._compiled(name, params, fixed)

@@ -131,6 +131,46 @@ class TorchEngine(Engine):
                           else gi.numpy().copy())
         return tuple(result)
 
+    def _jvp(self, name, inputs, tangents, **params):
+        tensors = self._tensors(name, inputs, False)
+        diff = [i for i, t in enumerate(tensors) if t.is_floating_point()]
+
+        def fn(*xs):
+            full = list(tensors)
+            for i, x in zip(diff, xs):
+                full[i] = x
+            return TORCH_OPS[name](*full, **params)
+
+        tans = tuple(torch.from_numpy(np.array(tangents[i], dtype=tensors[i].numpy().dtype))
+                     for i in diff)
+        out, jv = torch.func.jvp(fn, tuple(tensors[i] for i in diff), tans)
+        return out.detach().numpy().copy(), jv.detach().numpy().copy()
+
+    def _hvp(self, name, inputs, cotangent, tangents, **params):
+        # reverse over reverse: d/dx <t, ∇_x <g, f(x)>>, with create_graph on the first VJP
+        tensors = self._tensors(name, inputs, True)
+        out = TORCH_OPS[name](*tensors, **params)
+        wanted = [t for t in tensors if t.requires_grad]
+        g = torch.from_numpy(np.array(cotangent, dtype=out.detach().numpy().dtype))
+        first = torch.autograd.grad(out, wanted, g, create_graph=True, allow_unused=True)
+        tans = [torch.from_numpy(np.array(t, dtype=w.detach().numpy().dtype))
+                for t, w in zip([t for t, x in zip(tangents, tensors) if x.requires_grad],
+                                wanted)]
+        pairing = sum((f * t).sum() for f, t in zip(first, tans) if f is not None)
+        if not torch.is_tensor(pairing) or not pairing.requires_grad:
+            second = [None] * len(wanted)         # a linear op: its Hessian is 0
+        else:
+            second = torch.autograd.grad(pairing, wanted, allow_unused=True)
+        result, it = [], iter(second)
+        for t in tensors:
+            if not t.requires_grad:
+                result.append(None)
+                continue
+            h = next(it)
+            result.append(np.zeros(tuple(t.shape), t.detach().numpy().dtype) if h is None
+                          else h.detach().numpy().copy())
+        return tuple(result)
+
     def _optimizer_step(self, name, w, g, state, t, **hyper):
         w = np.asarray(w)
         p = torch.nn.Parameter(torch.from_numpy(np.array(w, copy=True)))
