@@ -133,7 +133,7 @@ def test_the_child_command_is_the_same_benchmark_at_one_thread_count():
     child = build_parser().parse_args(argv[3:])
     assert (child.model, child.batch_sizes, child.samples, child.max_steps, child.repeats,
             child.engines, child.threads, child.json) == (
-        "lstm", "4,8", 16, 3, 2, "fastlib,torch", "4", "/tmp/x.json")
+        "lstm", "4,8", 16, 3, 2, ["fastlib", "torch"], "4", "/tmp/x.json")
     env = scaling.child_environment(16, cores=2)
     assert env["NUMBA_NUM_THREADS"] == "16"
     assert scaling.child_environment(1, cores=2)["NUMBA_NUM_THREADS"] == "2"

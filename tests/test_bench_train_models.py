@@ -82,7 +82,7 @@ def test_an_unknown_model_is_exit_2_listing_the_models(capsys):
 
 def test_an_engine_the_model_has_not_is_refused(capsys):
     code, _, err = run(capsys, "bench", "train", "--model", "lstm", "--engines", "numpy")
-    assert code == 1 and "engines must be among fastlib, torch, jax for --model lstm" in err
+    assert code == 2 and "engines must be among fastlib, torch, jax for --model lstm" in err
 
 
 def test_distributed_runs_are_mlp_only(capsys):
