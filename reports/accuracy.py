@@ -1113,8 +1113,9 @@ def measure(config, engines, unavailable=(), on_op=None):
         "ops": results,
         "timing": {"total_seconds": round(time.perf_counter() - started, 3), "per_op": timings},
     }
-    from reports import accuracy_second_order   # JVP and HVP ULPs beside the first order
-    report["second_order"] = accuracy_second_order.measure(ops, engines, config.dtypes)
+    if getattr(config, "second_order", False):   # JVP and HVP ULPs (opt-in: they cost time)
+        from reports import accuracy_second_order
+        report["second_order"] = accuracy_second_order.measure(ops, engines, config.dtypes)
     report["summary"] = summary_rows(report)
     report["bar"] = bar(report)
     report["regressions"] = None
