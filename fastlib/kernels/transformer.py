@@ -763,7 +763,8 @@ def _update_region(threads, chunks, kind, w, g, a, b, coeffs, clip_mode, clip, t
 
 @njit(cache=True, error_model="numpy")
 def epoch(x, xi, use_tokens, yi, yf, order, batch_size, steps, threads, pieces, chunks, prog,
-          fpar, out_slot, out_w, loss_code, kind, coeffs, clip_mode, clip, w, a, b, g, part, act, gact, tok, acc, tmp, sc, out_all, dz_all, sumsq):
+          fpar, out_slot, out_w, loss_code, kind, coeffs, clip_mode, clip, w, a, b, g, part,
+          act, gact, tok, acc, tmp, sc, out_all, dz_all, sumsq):
     """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
 
     ``out_w`` is the model output's width per sample (its positions times its features, or
