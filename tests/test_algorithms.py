@@ -228,7 +228,7 @@ def test_cli_trains_with_targetprop_and_cd(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "RBM 64-16, CD-2" in out and "test reconstruction error" in out
     assert plot.stat().st_size > 0
-    assert main(["train", "--pure", "--epochs", "1"]) == 1     # --pure needs targetprop
+    assert main(["train", "--pure", "--epochs", "1"]) == 2     # --pure needs targetprop: a usage error
 
 
 def test_cd_validates_on_x_val_alone_and_bp_still_needs_y_val():

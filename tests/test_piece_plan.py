@@ -65,6 +65,8 @@ def _run(threads):
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+# two subprocesses compiling every path at six plans: minutes, so a deeper run (-m slow)
+@pytest.mark.slow
 def test_every_plan_gives_the_same_bits_on_one_thread_and_two():
     one, two = _run(1), _run(2)
     assert len(one) == 3 * len(PLANS)

@@ -441,9 +441,9 @@ def test_regressions_without_the_flag_exit_zero(runs, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--fail-on-regression"], "--fail-on-regression needs --baseline"),
     (["--ops", "tanhh"], "did you mean 'tanh'"),
-    (["--dtypes", "float16"], "unknown dtype 'float16'"),
+    (["--dtypes", "float16"], "invalid choice: 'float16'"),
     (["--engines", "fastlb"], "did you mean 'fastlib'"),
-    (["--samples", "0"], "samples must be an int >= 1"),
+    (["--samples", "0"], "--samples: expects an integer >= 1"),
     (["--baseline", "no/such/file.json"], "cannot read baseline"),
 ])
 def test_bad_arguments_exit_two_with_a_message(argv, message, capsys, tmp_path):

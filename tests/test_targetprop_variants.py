@@ -138,7 +138,7 @@ def test_verigrad_train_switches(capsys):
     assert code == 0 and "test accuracy" in out, out
     code = main(["train", "--update", "loom", "--epochs", "1"])
     err = capsys.readouterr().err
-    assert code == 1 and "--update only applies to --algorithm targetprop" in err, err
+    assert code == 2 and "--update only applies to --algorithm targetprop" in err, err
     code = main(["train", "--algorithm", "kBP", "--normalisation", "column", "--epochs", "1"])
     err = capsys.readouterr().err
-    assert code == 1 and "--normalisation only applies to --algorithm targetprop" in err, err
+    assert code == 2 and "--normalisation only applies to --algorithm targetprop" in err, err

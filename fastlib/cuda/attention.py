@@ -1,19 +1,12 @@
 """Self-attention's core fused per head: scores, scale, causal mask, softmax and the weighted
 sum in one launch forward, two launches backward.
 
-The projections stay Dense GEMMs; these kernels read q, k, v where the projections wrote them,
-(B, T, d) with head h in columns ``h*dh .. (h+1)*dh``, and write their results in that layout
-too, so no head is ever gathered into (B, heads, T, dh) and back.
-
-- :data:`forward`: one thread per query row of a head: the row's scores ``q_i . k_j * scale``
-  (masked after i when causal), their maximum and the sum of ``exp(s - max)`` in float64 (the
-  scores recomputed per pass instead of stored, so nothing is rounded to the dtype before the
-  softmax), the probabilities ``p`` (kept for backward) and ``o_i = sum_j p_ij v_j``.
-- :data:`backward_rows`: one thread per query row: ``dp_ij = dO_i . v_j``,
-  ``ds_ij = p_ij (dp_ij - sum_j p_ij dp_ij) * scale`` (kept in float64) and
-  ``dq_i = sum_j ds_ij k_j``.
-- :data:`backward_cols`: one thread per key row: ``dv_j = sum_i p_ij dO_i`` and
-  ``dk_j = sum_i ds_ij q_i``.
+The projections stay Dense GEMMs; these kernels read q, k, v in place, (B, T, d) with head h in
+columns ``h*dh .. (h+1)*dh``, so no head is gathered and scattered back. :data:`forward` runs
+one thread per query row (scores recomputed per pass, softmax sums in float64, ``p`` kept for
+backward); :data:`backward_rows` forms ``dp``, ``ds`` (float64) and ``dq`` per query row;
+:data:`backward_cols` forms ``dv`` and ``dk`` per key row. The per-kind launch budget is in
+docs/gpu.md.
 """
 from __future__ import annotations
 

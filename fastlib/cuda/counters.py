@@ -1,17 +1,11 @@
 """Counts of what fastlib.cuda asks of the device: launches, allocations, copies, waits.
 
-Counted at fastlib.cuda's own call sites (the kernel launcher, the allocator, the copies and the
-synchronisations of :mod:`.device`), not by a driver profiler, so the same numbers come out on a
-GPU and under numba's simulator: a test can hold a training step to its budget without a GPU.
-
-Keys (cumulative since the process started or the last :func:`reset`):
-
-- ``kernel_launches``: kernels launched one by one (a replayed CUDA graph counts none);
-- ``graph_launches``: CUDA graph replays (one per training step in graph mode);
-- ``allocations``: device arrays created (uploads included);
-- ``h2d_copies`` / ``d2h_copies``: host-to-device / device-to-host copies;
-- ``synchronizations``: waits of the host for the device (explicit ones and the blocking
-  readbacks, which wait for the queued work before they copy).
+Counted at fastlib.cuda's own call sites (the launcher, the allocator, the copies and waits of
+:mod:`.device`), not by a driver profiler, so the same numbers come out on a GPU and under
+numba's simulator: a test can hold a training step to its budget without a GPU. Keys
+(cumulative since start or :func:`reset`): ``kernel_launches`` (a replayed graph counts none),
+``graph_launches``, ``allocations`` (uploads included), ``h2d_copies``, ``d2h_copies`` and
+``synchronizations`` (explicit waits and blocking readbacks). docs/gpu.md gives the budgets.
 """
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """Dense's backward as two tiled GEMMs with the activation's derivative fused into their loads.
 
-For ``out = f(x @ W + b)`` and the cotangent ``g`` of ``out``, the pre-activation's cotangent
-``gpre = g * f'(pre)`` is never stored: each kernel forms it while loading its tile (rounded to
-the dtype there, exactly where the unfused path stored it), so
-
-- :func:`grad_w_kernel`: ``grad_W = x^T gpre`` and, in the same launch, ``grad_b`` = the column
-  sums of ``gpre``, accumulated in float64 in row order and rounded once (the threads of the
-  first tile row add the tiles they load: the same sum the unfused per-column kernel made);
-- :func:`grad_x_kernel`: ``grad_x = gpre W^T``.
-
-The layer below then fuses its own derivative into its own loads, so a Dense layer's backward
-is two launches (one for the first layer, which needs no ``grad_x``). Tiles are
-:data:`config.TILE` square, grid-stride over tiles like :mod:`.linalg`'s GEMM.
+For ``out = f(x @ W + b)`` and cotangent ``g``, ``gpre = g * f'(pre)`` is never stored: each
+kernel forms it while loading its tile, rounded to the dtype exactly where the unfused path
+stored it. :func:`grad_w_kernel` gives ``grad_W = x^T gpre`` and, in the same launch, ``grad_b``
+(column sums accumulated in float64 in row order, rounded once); :func:`grad_x_kernel` gives
+``grad_x = gpre W^T``. So a Dense backward is two launches (one for the first layer); tiles are
+:data:`config.TILE` square (docs/gpu.md).
 """
 from __future__ import annotations
 

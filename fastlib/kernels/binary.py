@@ -46,6 +46,12 @@ ROUNDED_ONCE_VJP_DTYPES = ("float32",)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _first_wins(x, y):
+    """maximum's gradient routing, written once for every VJP path."""
+    return x >= y or x != x     # NOTE: ties (and NaN in a) go to the first argument
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
 def _binop(op, x, y):
     if op == _ADD:
         return x + y
@@ -127,7 +133,7 @@ def _vjp_pair(op, x, y, g):
         q = gv / yv
         return q, -q * (xv / yv)
     if op == _MAX:
-        win = x >= y or x != x      # NOTE: ties (and NaN in a) go to the first argument
+        win = _first_wins(x, y)
         return (gv, 0.0) if win else (0.0, gv)
     return math.nan, math.nan       # never reached: ``_vjp_tasks`` raises on the code first
 
@@ -351,7 +357,7 @@ def _vjp_terms_dd(op, a, b, g, ga, la, gb, lb):
             ph, pl = dd_mul(qh, ql, rh, rl)
             gb[i], lb[i] = _finite_pair((-ph, -pl), -(gv / y) * (x / y))
         elif op == _MAX:
-            win = x >= y or x != x      # NOTE: ties (and NaN in a) go to the first argument
+            win = _first_wins(x, y)
             ga[i], la[i] = (gv, 0.0) if win else (0.0, 0.0)
             gb[i], lb[i] = (0.0, 0.0) if win else (gv, 0.0)
         else:

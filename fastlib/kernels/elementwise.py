@@ -1,16 +1,12 @@
 """The unary ops over arrays: forward ``y = f(x)`` and VJP ``gx = g * f'(x)``.
 
-One chunk kernel per direction runs the op's scalar function (``fastlib.kernels.scalar``) over
-a contiguous 1-D slice; the op is chosen by an integer code *outside* the loop, so every loop is
-a plain vectorisable map. A ``prange`` driver splits the array into ``nchunks`` slices
-(``fastlib.config.num_chunks``); below the parallel threshold the launcher calls the chunk
-kernel directly, so small arrays never enter a parallel region. Inputs are flattened
-C-contiguous views; the launchers allocate the output.
-
-The VJPs of exp, sqrt, tanh, sigmoid, silu, gelu and gelu_tanh call ``scalar.<name>_vjp(x,
-g)``, which rounds ``g * f'(x)`` once (float32 in float64, float64 silu / gelu / gelu_tanh in
-double-double; see ``fastlib.kernels.scalar``); the others are ``g * scalar.<name>_df(x)``.
-A code the kernels do not know raises ``ValueError`` (never an identity fallback).
+One chunk kernel per direction maps the op's scalar function (``fastlib.kernels.scalar``) over a
+contiguous slice, the op chosen by an integer code outside the loop; a ``prange`` driver splits
+large arrays into ``config.num_chunks`` slices. The VJPs of exp, sqrt, tanh, sigmoid, silu,
+gelu and gelu_tanh call ``scalar.<name>_vjp(x, g)``, which rounds ``g * f'(x)`` once (float32
+via float64, float64 silu / gelu / gelu_tanh in double-double); the others are
+``g * scalar.<name>_df(x)``. A code the kernels do not know raises ``ValueError`` (never an
+identity fallback). docs/fastlib.md has the details.
 """
 from __future__ import annotations
 

@@ -670,7 +670,8 @@ class _Loop:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self.epochs, initial=self.start_epoch, unit="epoch",
-                       desc=f"train {self.algo.name}", leave=True)
+                       desc=f"train {self.algo.name}", leave=True,
+                       disable=None)   # None: no bar unless stderr is a terminal (clean logs)
         try:
             self._hook("on_train_begin", {"epochs": self.epochs,
                                           "start_epoch": self.start_epoch})

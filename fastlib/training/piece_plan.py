@@ -1,22 +1,12 @@
 """The piece plan of a compiled training run: how many pieces each step's work is cut into.
 
-A compiled epoch cuts every step into ``P`` pieces (the MLP schedule: column blocks of the
-parameters; the sequence schedules: blocks of the batch's samples). Each piece runs on one
-thread with single-threaded BLAS, and every summation order inside a step is fixed by the
-shapes and ``P``, never by the thread count: the same plan gives the same bits on any machine
-and at any number of threads, and a plan that has fewer pieces than threads leaves the extra
-threads idle (threads x BLAS threads never exceed the cores).
-
-Where ``P`` comes from, first match wins:
-
-1. ``train(..., pieces=P)`` (``verigrad train --pieces P``): source ``"argument"``;
-2. ``fastlib.config.PIECES`` (read from ``VERIGRAD_PIECES`` at import): ``"config"``;
-3. the plan a resumed checkpoint was trained with: ``"checkpoint"``;
-4. the schedule's own choice from the cores this process may use
-   (``os.sched_getaffinity``) and the model's and batch's size: ``"machine"``.
-
-The plan is kept in the run's algorithm state (so checkpoints carry it) and reported as
-``TrainingResult.piece_plan``.
+Each piece runs on one thread with single-threaded BLAS, and every summation order inside a step
+is fixed by the shapes and ``P``, never by the thread count: the same plan gives the same bits on
+any machine. ``P`` comes from, first match wins: ``train(..., pieces=P)`` / ``verigrad train
+--pieces``; ``fastlib.config.PIECES`` (``VERIGRAD_PIECES``); a resumed checkpoint's plan; else
+the schedule's choice from the usable cores and the model's size. It is kept in the run's
+algorithm state (so checkpoints carry it) and reported as ``TrainingResult.piece_plan``
+(docs/architecture.md).
 """
 from __future__ import annotations
 

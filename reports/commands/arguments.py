@@ -1,16 +1,11 @@
 """The one grammar of the ``verigrad`` command line: its parser class and its shared options.
 
-Every subcommand builds its options from here, so the same flag is spelled, parsed, defaulted
-and documented the same way everywhere:
-
-``--engines NAME...``, ``--dtypes DTYPE...``, ``--ops NAME...`` (lists take spaces or commas),
-``--json FILE`` (write JSON to FILE), ``--repeats N``, ``--seed N``, ``--threads N``,
-``--device cpu|cuda`` and ``--progress/--no-progress`` (default: bars only when stderr is a
-terminal, so a redirected log never holds carriage-return frames).
-
-:class:`Parser` refuses abbreviations (``--op`` is not ``--ops``), answers a mistyped or renamed
-flag with the subcommand's own usage and a did-you-mean, and its help shows every flag's default
-and choices. Usage errors exit 2.
+Every subcommand builds ``--engines``, ``--dtypes``, ``--ops`` (lists take spaces or commas),
+``--json FILE``, ``--repeats``, ``--seed``, ``--threads``, ``--device`` and
+``--progress/--no-progress`` (bars only on a terminal) from here, so a flag is spelled, parsed
+and documented the same way everywhere. :class:`Parser` refuses abbreviations, answers a
+mistyped or renamed flag with the subcommand's usage and a did-you-mean, and exits 2 on usage
+errors. The reference is docs/cli.md.
 """
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ MUTANTS = (
            "return like(x, 1.0) if x > 0 else like(x, slope)",
            "return like(x, 1.0) if x >= 0 else like(x, slope)", ("leaky_relu",)),
     Mutant("maximum-tie", "a tie in maximum sends the gradient to b", "kernels/binary.py",
-           "win = x >= y or x != x", "win = x > y or x != x", ("maximum",)),
+           "return x >= y or x != x", "return x > y or x != x", ("maximum",)),
     # -- sign flips and missing terms in VJPs ----------------------------------------------------
     Mutant("tanh-sign", "sign flip in tanh's derivative", "kernels/scalar.py",
            "return like(x, 4.0) * e / (d * d)", "return -like(x, 4.0) * e / (d * d)",
@@ -164,9 +164,9 @@ MUTANTS = (
            ("tanh",)),
     Mutant("large-vjp-entry", "a unary VJP of >= PARALLEL_MIN_SIZE entries has its smallest "
            "nonzero entry 1e-3 (relative) off", "kernels/elementwise.py",
-           "        _vjp(CODES[name], flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)\n"
+           "        _vjp(code, flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)\n"
            "    return out\n",
-           "        _vjp(CODES[name], flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)\n"
+           "        _vjp(code, flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)\n"
            "    o = out.reshape(-1)\n"
            "    nz = np.flatnonzero(o) if o.size >= config.PARALLEL_MIN_SIZE else o[:0]\n"
            "    if nz.size:\n"
@@ -175,8 +175,8 @@ MUTANTS = (
            "    return out\n", ("exp", "tanh", "sigmoid")),
     Mutant("f32-leak-elementwise", "float64 tanh VJP evaluates tanh' at x rounded to float32 "
            "(float32 arithmetic leaks into a float64 kernel)", "kernels/elementwise.py",
-           "            out[i] = g[i] * S.tanh_df(x[i])\n",
-           "            out[i] = g[i] * S.tanh_df(np.float32(x[i]))\n", ("tanh",)),
+           "            out[i] = S.tanh_vjp(x[i], g[i])\n",
+           "            out[i] = S.tanh_vjp(np.float32(x[i]), g[i])\n", ("tanh",)),
     Mutant("f32-leak-fused", "the float64 fused MLP epoch rounds the cross-entropy gradient's "
            "softmax to float32", "training/fused_kernels.py",
            "                    dz[i, j] = math.exp(z[i, j] - lse) * inv_n\n",
@@ -351,7 +351,7 @@ MUTANTS = (
            ("Dense bias sum",)),
     Mutant("maximum-nan-routing", "maximum sends the gradient to b where a is NaN (the forward "
            "still returns a's NaN)", "kernels/binary.py",
-           "win = x >= y or x != x", "win = x >= y", ("maximum NaN routing",)),
+           "return x >= y or x != x", "return x >= y", ("maximum NaN routing",)),
 )
 
 
