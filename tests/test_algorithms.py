@@ -78,9 +78,19 @@ def feedback_alignment_step(ctx, x, y):
     return BatchResult(loss, None if acc is None else acc * x.shape[0])
 
 
-def test_custom_algorithm_registers_and_trains(digits):
+@pytest.fixture
+def feedback_alignment():
+    """feedback_alignment registered for one test, then removed: the registry is process-wide
+    (other tests, under pytest-xdist in the same worker, read its names)."""
+    from fastlib.training.algorithms import ALGORITHMS
+
     register_algorithm("feedback_alignment", feedback_alignment_step,
                        init=feedback_alignment_init, overwrite=True)
+    yield
+    ALGORITHMS.pop("feedback_alignment", None)
+
+
+def test_custom_algorithm_registers_and_trains(digits, feedback_alignment):
     model = fastlib.Sequential([fastlib.Dense(64, 32, "relu"), fastlib.Dense(32, 10)], seed=0)
     result = fastlib.train(model, digits.x_train, digits.y_train, 4, 32, 0.05, "cross_entropy",
                            digits.x_test, digits.y_test, "Momentum",

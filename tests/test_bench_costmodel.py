@@ -47,3 +47,21 @@ def test_predictions_never_slow_down_with_more_pieces_and_idle_pieces_cost_nothi
     assert all(b <= a for a, b in zip(times, times[1:]))
     assert pred[1][1] == 1.0
     assert costmodel.step_seconds(name, 4, 16) == costmodel.step_seconds(name, 4, 4)
+
+
+def test_the_documented_prediction_table_is_the_models_output():
+    """docs/performance.md's prediction table is what ``costmodel.prediction`` computes, cell by
+    cell, so the page cannot drift from the model (edit the constants, then the table)."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md").read_text(
+        encoding="utf-8")
+    rows = re.findall(r"^\| (mlp|lstm|attention|transformer) \| (\d+) \|(.*)\|$", text, re.M)
+    assert len(rows) == 8, rows
+    for name, batch, cells in rows:
+        predicted = costmodel.prediction(name, int(batch))
+        written = [c.strip() for c in cells.split("|")]
+        expected = [f"{s:.3f} s ({x:.1f}x)" for s, x in
+                    (predicted[t] for t in (1, 2, 4, 8, 16))]
+        assert written == expected, (name, batch, written, expected)

@@ -670,8 +670,7 @@ class _Loop:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self.epochs, initial=self.start_epoch, unit="epoch",
-                       desc=f"train {self.algo.name}", leave=True,
-                       disable=None)   # None: no bar unless stderr is a terminal (clean logs)
+                       desc=f"train {self.algo.name}", leave=True)
         try:
             self._hook("on_train_begin", {"epochs": self.epochs,
                                           "start_epoch": self.start_epoch})
