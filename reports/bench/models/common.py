@@ -121,6 +121,22 @@ def class_indices(y):
     return np.ascontiguousarray(y.reshape(-1).astype(np.int64))
 
 
+def torch_relu_mlp_setup(build, seed):
+    """``bench_torch``'s setup for ``build``'s Dense(relu) -> Dense model, from the same
+    initial parameters as fastlib's: (parameters, forward) on device ``dev``."""
+    def setup(dev):
+        import torch
+
+        p = torch_parameters(initial_parameters(build, seed), dev)
+        w1, b1, w2, b2 = p["0.weight"], p["0.bias"], p["1.weight"], p["1.bias"]
+
+        def forward(xb):
+            return torch.addmm(b2, torch.relu(torch.addmm(b1, xb, w1)), w2)
+
+        return list(p.values()), forward
+    return setup
+
+
 def torch_loss(name):
     """``loss(out, yb)``: ``torch.nn.functional.<name>`` (torch imported when first called)."""
     def loss(out, yb):

@@ -39,17 +39,7 @@ def bench_fastlib(x, y, bs, max_steps, seed=0):
 
 
 def _torch_setup(seed):
-    def setup(dev):
-        import torch
-
-        p = common.torch_parameters(common.initial_parameters(build, seed), dev)
-        w1, b1, w2, b2 = p["0.weight"], p["0.bias"], p["1.weight"], p["1.bias"]
-
-        def forward(xb):
-            return torch.addmm(b2, torch.relu(torch.addmm(b1, xb, w1)), w2)
-
-        return list(p.values()), forward
-    return setup
+    return common.torch_relu_mlp_setup(build, seed)
 
 
 _torch_loss = common.torch_loss("cross_entropy")
