@@ -16,7 +16,6 @@ import math
 import platform
 import sys
 import time
-import warnings
 import zlib
 from dataclasses import dataclass, field
 
@@ -1061,7 +1060,8 @@ def _git_commit():
         return None
 
 
-def measure(config, engines, unavailable=(), on_op=None):
+def measure(config, engines, unavailable=(), on_op=None, workers=1, engine_refs=None,
+            measured=None):
     """Measure every op of ``config`` on ``engines``; the report as a JSON-ready dict.
 
     Parameters
@@ -1075,6 +1075,14 @@ def measure(config, engines, unavailable=(), on_op=None):
     on_op : callable, optional
         Called as ``on_op(name, result)`` after each op (a progress bar's hook; the result
         is ``report["ops"][name]``, final, so its figure can be drawn meanwhile).
+    workers : int, default 1
+        Processes that measure the ops (``reports.local_workers``); 1 measures here. The
+        report is the same for any count.
+    engine_refs : sequence of str, optional
+        How each engine is asked for in a worker process (default: the engines' names).
+    measured : dict, optional
+        Op name -> ``(result, seconds)`` already measured elsewhere (a cluster's); those ops
+        are taken as they are.
 
     Returns
     -------
@@ -1086,18 +1094,17 @@ def measure(config, engines, unavailable=(), on_op=None):
     config.validate()
     ops = list(config.ops or spec.OPS)
     started = time.perf_counter()
-    timings = {}
-    results = {}
-    # NOTE: special values make engines overflow on purpose (exp(80) in float32); their NumPy
-    # warnings would bury the progress bar, and every such value is in the figures anyway.
-    with single_threaded(), np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    from reports import local_workers
+
+    if measured is None:
+        measured = local_workers.measure_ops(ops, engines, config, workers, engine_refs,
+                                             on_op=on_op)
+    elif on_op is not None:
         for name in ops:
-            t0 = time.perf_counter()
-            results[name] = measure_op(name, engines, config)
-            timings[name] = round(time.perf_counter() - t0, 3)
-            if on_op is not None:
-                on_op(name, results[name])
+            on_op(name, measured[name][0])
+    # the registry's op order, whatever order the workers finished in
+    results = {name: measured[name][0] for name in ops}
+    timings = {name: measured[name][1] for name in ops}
     report = {
         "schema_version": SCHEMA_VERSION,
         "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -263,6 +263,11 @@ def add_threads(parser, help, default=None):
     parser.add_argument("--threads", type=positive_int, metavar="N", default=default, help=help)
 
 
+def add_workers(parser, help, default=None):
+    """``--workers N``: processes to spread the work over, an integer >= 1."""
+    parser.add_argument("--workers", type=positive_int, metavar="N", default=default, help=help)
+
+
 def add_device(parser, help="where to run: cpu, or cuda (a GPU; refused at once without one)"):
     """``--device cpu|cuda``; ``cuda`` without a GPU is refused before any work."""
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help=help)

@@ -41,6 +41,9 @@ def add_arguments(parser):
                              "than 2x (default: none)")
     parser.add_argument("--fail-on-regression", action="store_true",
                         help="exit 1 when --baseline flags a regression (for CI)")
+    shared.add_workers(parser, help="processes that measure the ops, one op each at a time (the "
+                                    "report is the same for any count; 1: this process) "
+                                    "(default: one per usable core)")
     shared.add_progress(parser, "progress bars (measuring, plotting)")
     parser.add_argument("--cluster", metavar="SPEC", default=None,
                         help="measure the ops as tasks on Dask: local:N or tcp://host:8786; "
@@ -236,6 +239,9 @@ def validate(args):
     if args.fail_on_regression and not args.baseline:
         return ("--fail-on-regression needs --baseline OLD.json (the report to compare "
                 "with)")
+    if getattr(args, "cluster", None) and getattr(args, "workers", None):
+        return ("--workers and --cluster both say where to measure: give one (--cluster runs "
+                "on the Dask cluster's workers)")
     problem = checks.writable_dir(args.out, "--out")
     if problem:
         return problem
@@ -295,7 +301,12 @@ def run(args) -> int:
                     on_op=lambda name, result: worker.submit(name, result),
                     engine_refs=list(dict.fromkeys(args.engines)) if args.engines else None)
             else:
-                report = accuracy.measure(config, engines, unavailable, on_op=advance)
+                from reports import local_workers
+
+                workers = args.workers or local_workers.default_workers(len(ops))
+                report = accuracy.measure(
+                    config, engines, unavailable, on_op=advance, workers=workers,
+                    engine_refs=list(dict.fromkeys(args.engines)) if args.engines else None)
         if baseline is not None:
             report["regressions"] = accuracy.compare(baseline, report, source=args.baseline)
         with tqdm(total=len(ops), desc="plotting", unit="op", file=sys.stderr,

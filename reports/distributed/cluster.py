@@ -306,17 +306,10 @@ def run_mutants(spec):
 # the accuracy report
 
 def _measure_op_task(name, engine_names, config):
-    import warnings
-
-    import numpy as np
-
-    from reports import accuracy
     from reports.conformance.engines import get_engine
+    from reports.local_workers import measure_one
 
-    engines = [get_engine(n) for n in engine_names]
-    with accuracy.single_threaded(), np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return accuracy.measure_op(name, engines, config)
+    return measure_one(name, [get_engine(n) for n in engine_names], config)
 
 
 def measure_report(spec, config, engines, unavailable=(), on_op=None, progress=None,
@@ -353,11 +346,6 @@ def measure_report(spec, config, engines, unavailable=(), on_op=None, progress=N
     bad = {k: v for k, v in done.items() if isinstance(v, Exception)}
     if bad:
         raise RuntimeError("; ".join(f"op {k}: {_death_reason(v)}" for k, v in bad.items()))
-    measure_op = accuracy.measure_op
-    # NOTE: accuracy.measure assembles the report (summary, bar, notes) exactly as in a serial
-    # run; its per-op call is pointed at the results the cluster computed, for this call only
-    accuracy.measure_op = lambda name, _engines, _config: done[name]
-    try:
-        return accuracy.measure(config, engines, unavailable, on_op=on_op)
-    finally:
-        accuracy.measure_op = measure_op
+    # accuracy.measure assembles the report (summary, bar, notes) exactly as in a serial run,
+    # from the results the cluster computed
+    return accuracy.measure(config, engines, unavailable, on_op=on_op, measured=done)
