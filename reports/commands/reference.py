@@ -94,6 +94,9 @@ def render(parser=None) -> str:
             out.append(f"| {flag} | {_cell(_value(a))} | {_cell(_default_text(a))} | "
                        f"{_choices(a)} | {_cell(a.help or '')} |")
         out.append("")
+    from reports.commands import environment
+
+    out.append(environment.render())
     return "\n".join(out).rstrip() + "\n"
 
 
