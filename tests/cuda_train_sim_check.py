@@ -38,8 +38,9 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "frame:save synchronises", "frame:resume is bit for bit",
            "guard:non-finite gradient skips the step", "guard:non-finite loss restores",
            "clip:value", "clip:norm", "unsupported:custom layer", "unsupported:algorithm",
-           "layers:every Dense activation", "losses:all five",
-           "budget:MLP of L Dense layers", "budget:every layer kind",
+           "layers:every Dense activation", "layers:SwiGLU fused, against the CPU",
+           "losses:all five", "budget:MLP of L Dense layers", "budget:SwiGLU",
+           "budget:transformer block", "budget:every layer kind",
            "budget:epoch traffic", "mode:graph and launches agree")
 SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
         "slow:train_sh resume is bit for bit")
@@ -287,6 +288,42 @@ def run_activations(report):
     report("layers:every Dense activation", ok, f"{sorted(ACTIVATIONS)}: {detail}")
 
 
+def _swiglu_pair():
+    import fastlib
+    from fastlib import layers as L
+
+    # hidden 5 and 6 straddle the simulator's 4-wide tiles (the fused input-gradient GEMM
+    # crosses from the gate's half to the up half inside a tile); 6 rows make two row tiles
+    return fastlib.Sequential([L.SwiGLU(3, 5, 4), L.SwiGLU(4, 6, 2)], dtype=np.float64, seed=2)
+
+
+def run_swiglu(report):
+    """Two SwiGLU layers (the first needs no input gradient, the second does): the device's
+    fused kernels against the CPU engine, and the launches per step counted exactly."""
+    import fastlib
+
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((6, 3)), rng.integers(0, 2, 6)
+    # SGD: its step is linear in the gradient, so the two engines' rounding differences stay
+    # at rounding level (Adam's g / sqrt(v) turns the noise of a near-zero gradient component
+    # into a difference of order lr * 1e-11 here, on both the fused and the unfused kernels)
+    kw = dict(optimizer="SGD", verbose=False, seed=1)
+    cpu, dev = _swiglu_pair(), _swiglu_pair()
+    fastlib.train(cpu, x, y, 2, 6, 0.5, "cross_entropy", **kw)
+    r = fastlib.train(dev, x, y, 2, 6, 0.5, "cross_entropy", device="cuda", **kw)
+    ok, detail = _close(dev.parameters(), cpu.parameters())
+    # the check must be able to fail: the trained weights moved well beyond the tolerance
+    moved = not _close(_swiglu_pair().parameters(), cpu.parameters(), 1e-6)[0]
+    report("layers:SwiGLU fused, against the CPU", ok and moved,
+           f"{detail}; training changed the weights: {moved}")
+    budget = 4 + 5 + 6
+    assert step_budget(dev) == budget
+    ok, detail = _held(r, budget)
+    exact = r.cuda_mode == "graph" or r.device_counts["kernel_launches"] == budget
+    report("budget:SwiGLU", ok and exact,
+           f"{detail} (4 per step + SwiGLU 2 forward, 3 backward as the first layer, 4 after)")
+
+
 def run_losses(report):
     import fastlib
 
@@ -367,7 +404,9 @@ def _budget(layer, steps, first):
         inner = sum(_budget(c, steps, first) for c in layer._children)
         glue = 1 + 2 * (n - 1) if layer.combine == "add" else 2 * n + (n - 1)
         return inner + glue
-    fixed = {"LayerNorm": 3, "RMSNorm": 3, "Softmax": 2, "Embedding": 2, "SwiGLU": 12}
+    if kind == "SwiGLU":
+        return 5 if first else 6
+    fixed = {"LayerNorm": 3, "RMSNorm": 3, "Softmax": 2, "Embedding": 2}
     return fixed[kind]
 
 
@@ -412,6 +451,8 @@ def run_budget(report):
            "; ".join(bad) or "at most 3L + 3 launches per step for L = 1, 2, 3, and no "
            "allocation, copy or wait inside the epoch")
 
+    run_transformer_budget(report, kw)
+
     steps = 2
     m = fastlib.Sequential([
         L.Embedding(5, 4), L.MultiHeadAttention(4, 2, causal=True),
@@ -430,6 +471,33 @@ def run_budget(report):
             "d2h_copies": 1, "synchronizations": 1}
     report("budget:epoch traffic", per == want,
            f"{per} (the order, the coefficients and the step state up; the numbers back)")
+
+
+def run_transformer_budget(report, kw):
+    """The benchmark's transformer block (reports/bench/models/transformer.py), built at toy
+    widths: launches do not depend on widths, so its per-step count is the benchmark's."""
+    import fastlib
+    from reports.bench.models import transformer
+
+    full = step_budget(transformer.build())
+    sizes = {"VOCAB": 5, "D_MODEL": 4, "HEADS": 2, "HIDDEN": 3}
+    saved = {k: getattr(transformer, k) for k in sizes}
+    try:
+        for k, v in sizes.items():
+            setattr(transformer, k, v)
+        m = transformer.build(seed=1)
+    finally:
+        for k, v in saved.items():
+            setattr(transformer, k, v)
+    rng = np.random.default_rng(3)
+    xi = rng.integers(0, 5, (2, 2))
+    t = rng.integers(0, 2, (2, 2, 5)).astype(np.float32)
+    r = fastlib.train(m, xi, t, 2, 2, 0.01, "binary_cross_entropy_with_logits", **kw)
+    ok, detail = _held(r, full)
+    exact = r.cuda_mode == "graph" or r.device_counts["kernel_launches"] == full
+    report("budget:transformer block", ok and exact and full == 53,
+           f"{detail}; the benchmark model's budget {full} (53: Embedding 2, attention "
+           f"residual 26, SwiGLU residual 15, LayerNorm 3, Dense 3, the step's 4)")
 
 
 def run_modes(report):
@@ -510,7 +578,8 @@ def run_slow(report):
 
 
 GROUPS = {"frame": run_frame, "resume": run_resume, "guard": run_guards, "clip": run_clip,
-          "unsupported": run_unsupported, "layers": run_activations, "losses": run_losses,
+          "unsupported": run_unsupported, "layers": run_activations, "swiglu": run_swiglu,
+          "losses": run_losses,
           "budget": run_budget, "mode": run_modes}
 
 
