@@ -41,7 +41,10 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "layers:every Dense activation", "layers:SwiGLU fused, against the CPU",
            "losses:all five", "budget:MLP of L Dense layers", "budget:SwiGLU",
            "budget:transformer block", "budget:every layer kind",
-           "budget:epoch traffic", "mode:graph and launches agree")
+           "budget:epoch traffic", "mode:graph and launches agree",
+           "graph:unavailable is reported", "graph:replayed steps equal launches",
+           "graph:failed recording falls back to launches",
+           "graph:a copy inside a recorded step is refused")
 SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
         "slow:train_sh resume is bit for bit")
 
@@ -523,6 +526,170 @@ def run_modes(report):
            f"{rl.loss_history}; weights equal: {same}")
 
 
+class FakeGraphs:
+    """cuda.core's graph builder played under the simulator, as :mod:`fastlib.cuda.graphs`
+    uses it: recording stores each launch (the kernel, its grid and block, its argument
+    objects) instead of running it, and a replay runs exactly those launches with exactly
+    those arguments -- what a CUDA graph does with the pointers and scalars it captured. So a
+    kernel that took a per-batch value (the batch's offset, the step count) as an argument
+    would replay a stale one, and the run would differ from launches.
+
+    ``fail`` makes ``end_building`` raise, as stream capture does when it was invalidated.
+    """
+
+    class Builder:
+        def __init__(self, owner):
+            self.owner, self.launches, self.state = owner, [], "new"
+
+        def begin_building(self, mode="relaxed"):
+            self.mode, self.state = mode, "building"
+            return self
+
+        def end_building(self):
+            if self.state != "building":
+                raise RuntimeError("Graph builder is not building.")
+            self.state = "ended"
+            if self.owner.fail:
+                raise RuntimeError(self.owner.fail)
+            return self
+
+        def complete(self):
+            return FakeGraphs.Graph(list(self.launches))
+
+        def close(self):
+            self.state = "closed"
+
+    class Graph:
+        def __init__(self, launches):
+            self.launches, self.replays, self.closed = launches, 0, False
+
+        def launch(self, stream):
+            self.replays += 1
+            for kern, config, args in self.launches:
+                kern.compiled[config](*args)
+
+        def close(self):
+            self.closed = True
+
+    def __init__(self, fail=None):
+        self.fail, self.builders = fail, []
+
+    def __enter__(self):
+        from numba import cuda
+        from fastlib.cuda import counters, device, graphs
+        fake = self
+
+        class Device:
+            def set_current(self):
+                pass
+
+            def create_stream(self):
+                return cuda.stream()
+
+            def create_graph_builder(self):
+                fake.builders.append(FakeGraphs.Builder(fake))
+                return fake.builders[-1]
+
+        class Recorded:
+            def __init__(self, kern, config, builder):
+                self.kern, self.config, self.builder = kern, config, builder
+
+            def __call__(self, *args):
+                counters.add("kernel_launches")  # as a real launch into a builder counts
+                self.builder.launches.append((self.kern, self.config, args))
+
+        original = device.LazyKernel.__getitem__
+
+        def getitem(kern, launch):
+            target = device.current_stream()
+            if isinstance(target, FakeGraphs.Builder):
+                assert target.state == "building", "a launch outside begin/end_building"
+                return Recorded(kern, tuple(launch[:2]), target)
+            return original(kern, launch)
+
+        self.saved = [(graphs, "_core", graphs._core), (graphs, "support", graphs.support),
+                      (device.LazyKernel, "__getitem__", original)]
+        graphs._core = lambda: Device
+        graphs.support = lambda: (True, None)
+        device.LazyKernel.__getitem__ = getitem
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, value in self.saved:
+            setattr(owner, name, value)
+
+
+def run_graphs(report):
+    import fastlib
+    from fastlib.cuda import counters, device, graphs
+
+    x, y = _data(7)
+    kw = dict(optimizer="Adam", verbose=False, seed=3, shuffle=True, device="cuda")
+
+    def run():
+        m = _mlp()
+        # batches of 3, 3 and 1 samples: two graphs, the first replayed at two batch offsets
+        # in an epoch (a frozen offset would train on one batch twice), both in epochs 2, 3
+        return fastlib.train(m, x, y, 3, 3, 0.1, "cross_entropy", **kw), m.parameters()
+
+    plain, plain_w = run()
+    os.environ["FASTLIB_CUDA_GRAPHS"] = "0"
+    try:
+        off, _ = run()
+    finally:
+        os.environ.pop("FASTLIB_CUDA_GRAPHS", None)
+    report("graph:unavailable is reported",
+           plain.cuda_mode == "launches" and "simulator" in (plain.cuda_graph_reason or "")
+           and off.cuda_mode == "launches"
+           and "FASTLIB_CUDA_GRAPHS=0" in (off.cuda_graph_reason or ""),
+           f"simulator: {plain.cuda_mode} ({plain.cuda_graph_reason}); FASTLIB_CUDA_GRAPHS=0: "
+           f"{off.cuda_mode} ({off.cuda_graph_reason})")
+
+    with FakeGraphs() as fake:
+        r, w = run()
+    same = r.loss_history == plain.loss_history and r.accuracy_history == \
+        plain.accuracy_history and all(np.array_equal(w[k], plain_w[k]) for k in w)
+    c = r.device_counts
+    built = [b for b in fake.builders]
+    replays = [len(b.launches) for b in built]
+    ok = (same and r.cuda_mode == "graph" and r.cuda_graph_reason is None
+          and c["graph_launches"] == 1 and c["kernel_launches"] == 0
+          and len(built) == 2 and all(b.mode == "thread_local" and b.state == "closed"
+                                      for b in built) and min(replays) > 0)
+    report("graph:replayed steps equal launches", ok,
+           f"mode {r.cuda_mode}; losses {r.loss_history} vs launches {plain.loss_history}; "
+           f"weights equal: {same}; per step {c['graph_launches']:g} graph launch, "
+           f"{c['kernel_launches']:g} kernel launches; {len(built)} graphs of {replays} "
+           f"launches, capture modes {[b.mode for b in built]}, builders "
+           f"{[b.state for b in built]}")
+
+    with FakeGraphs(fail="stream capture invalidated (fake)") as fake:
+        r, w = run()
+    same = r.loss_history == plain.loss_history and all(
+        np.array_equal(w[k], plain_w[k]) for k in w)
+    reason = r.cuda_graph_reason or ""
+    report("graph:failed recording falls back to launches",
+           same and r.cuda_mode == "launches" and "capture invalidated (fake)" in reason
+           and "recording" in reason and [b.state for b in fake.builders] == ["closed"]
+           and r.device_counts["graph_launches"] == 0,
+           f"mode {r.cuda_mode}, reason {reason!r}; same numbers as launches: {same}; "
+           f"builders {[b.state for b in fake.builders]}")
+
+    buf = device.empty(3, np.float64)
+    before = counters.snapshot()
+    with FakeGraphs() as fake:
+        try:
+            graphs.StepGraph(lambda: device.upload(buf, np.ones(3)))
+            raised = "nothing raised"
+        except graphs.RecordingError as exc:
+            raised = str(exc)
+    unchanged = counters.difference(counters.snapshot(), before)
+    report("graph:a copy inside a recorded step is refused",
+           "host-to-device copy" in raised and [b.state for b in fake.builders] == ["closed"]
+           and not any(unchanged.values()),
+           f"{raised}; builders {[b.state for b in fake.builders]}; counts {unchanged}")
+
+
 def run_sh_resume(report):
     import fastlib
 
@@ -580,7 +747,7 @@ def run_slow(report):
 GROUPS = {"frame": run_frame, "resume": run_resume, "guard": run_guards, "clip": run_clip,
           "unsupported": run_unsupported, "layers": run_activations, "swiglu": run_swiglu,
           "losses": run_losses,
-          "budget": run_budget, "mode": run_modes}
+          "budget": run_budget, "mode": run_modes, "graph": run_graphs}
 
 
 def main(argv=None):
