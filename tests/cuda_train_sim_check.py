@@ -42,7 +42,7 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "losses:all five", "budget:MLP of L Dense layers", "budget:SwiGLU",
            "budget:transformer block", "budget:every layer kind",
            "budget:epoch traffic", "mode:graph and launches agree",
-           "graph:unavailable is reported", "graph:replayed steps equal launches",
+           "graph:mode and reason reported", "graph:replayed steps equal launches",
            "graph:failed recording falls back to launches",
            "graph:a copy inside a recorded step is refused")
 SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
@@ -638,11 +638,16 @@ def run_graphs(report):
         off, _ = run()
     finally:
         os.environ.pop("FASTLIB_CUDA_GRAPHS", None)
-    report("graph:unavailable is reported",
-           plain.cuda_mode == "launches" and "simulator" in (plain.cuda_graph_reason or "")
-           and off.cuda_mode == "launches"
+    from fastlib.cuda import config
+    if config.SIMULATOR:
+        plain_ok = plain.cuda_mode == "launches" and "simulator" in (plain.cuda_graph_reason
+                                                                      or "")
+    else:  # a GPU: the real graph path must engage
+        plain_ok = plain.cuda_mode == "graph" and plain.cuda_graph_reason is None
+    report("graph:mode and reason reported",
+           plain_ok and off.cuda_mode == "launches"
            and "FASTLIB_CUDA_GRAPHS=0" in (off.cuda_graph_reason or ""),
-           f"simulator: {plain.cuda_mode} ({plain.cuda_graph_reason}); FASTLIB_CUDA_GRAPHS=0: "
+           f"default: {plain.cuda_mode} ({plain.cuda_graph_reason}); FASTLIB_CUDA_GRAPHS=0: "
            f"{off.cuda_mode} ({off.cuda_graph_reason})")
 
     with FakeGraphs() as fake:
