@@ -113,6 +113,9 @@ class StepGraph:
         builder = _core()().create_graph_builder()
         before = counters.snapshot()
         try:
+            # NOTE: the mode is given, not left to cuda.core: its default was "global" in the
+            # experimental releases and is "relaxed" since, which would let an unsafe call run
+            # outside the graph instead of failing
             builder.begin_building(mode="thread_local")
             with cuda.defer_cleanup(), device.recording(builder):
                 record()
