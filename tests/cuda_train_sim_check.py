@@ -38,9 +38,13 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "frame:save synchronises", "frame:resume is bit for bit",
            "guard:non-finite gradient skips the step", "guard:non-finite loss restores",
            "clip:value", "clip:norm", "unsupported:custom layer", "unsupported:algorithm",
-           "layers:every Dense activation", "losses:all five",
-           "budget:MLP of L Dense layers", "budget:every layer kind",
-           "budget:epoch traffic", "mode:graph and launches agree")
+           "layers:every Dense activation", "layers:SwiGLU fused, against the CPU",
+           "losses:all five", "budget:MLP of L Dense layers", "budget:SwiGLU",
+           "budget:transformer block", "budget:every layer kind",
+           "budget:epoch traffic", "mode:graph and launches agree",
+           "graph:mode and reason reported", "graph:replayed steps equal launches",
+           "graph:failed recording falls back to launches",
+           "graph:a copy inside a recorded step is refused")
 SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
         "slow:train_sh resume is bit for bit")
 
@@ -287,6 +291,42 @@ def run_activations(report):
     report("layers:every Dense activation", ok, f"{sorted(ACTIVATIONS)}: {detail}")
 
 
+def _swiglu_pair():
+    import fastlib
+    from fastlib import layers as L
+
+    # hidden 5 and 6 straddle the simulator's 4-wide tiles (the fused input-gradient GEMM
+    # crosses from the gate's half to the up half inside a tile); 6 rows make two row tiles
+    return fastlib.Sequential([L.SwiGLU(3, 5, 4), L.SwiGLU(4, 6, 2)], dtype=np.float64, seed=2)
+
+
+def run_swiglu(report):
+    """Two SwiGLU layers (the first needs no input gradient, the second does): the device's
+    fused kernels against the CPU engine, and the launches per step counted exactly."""
+    import fastlib
+
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((6, 3)), rng.integers(0, 2, 6)
+    # SGD: its step is linear in the gradient, so the two engines' rounding differences stay
+    # at rounding level (Adam's g / sqrt(v) turns the noise of a near-zero gradient component
+    # into a difference of order lr * 1e-11 here, on both the fused and the unfused kernels)
+    kw = dict(optimizer="SGD", verbose=False, seed=1)
+    cpu, dev = _swiglu_pair(), _swiglu_pair()
+    fastlib.train(cpu, x, y, 2, 6, 0.5, "cross_entropy", **kw)
+    r = fastlib.train(dev, x, y, 2, 6, 0.5, "cross_entropy", device="cuda", **kw)
+    ok, detail = _close(dev.parameters(), cpu.parameters())
+    # the check must be able to fail: the trained weights moved well beyond the tolerance
+    moved = not _close(_swiglu_pair().parameters(), cpu.parameters(), 1e-6)[0]
+    report("layers:SwiGLU fused, against the CPU", ok and moved,
+           f"{detail}; training changed the weights: {moved}")
+    budget = 4 + 5 + 6
+    assert step_budget(dev) == budget
+    ok, detail = _held(r, budget)
+    exact = r.cuda_mode == "graph" or r.device_counts["kernel_launches"] == budget
+    report("budget:SwiGLU", ok and exact,
+           f"{detail} (4 per step + SwiGLU 2 forward, 3 backward as the first layer, 4 after)")
+
+
 def run_losses(report):
     import fastlib
 
@@ -367,7 +407,9 @@ def _budget(layer, steps, first):
         inner = sum(_budget(c, steps, first) for c in layer._children)
         glue = 1 + 2 * (n - 1) if layer.combine == "add" else 2 * n + (n - 1)
         return inner + glue
-    fixed = {"LayerNorm": 3, "RMSNorm": 3, "Softmax": 2, "Embedding": 2, "SwiGLU": 12}
+    if kind == "SwiGLU":
+        return 5 if first else 6
+    fixed = {"LayerNorm": 3, "RMSNorm": 3, "Softmax": 2, "Embedding": 2}
     return fixed[kind]
 
 
@@ -412,6 +454,8 @@ def run_budget(report):
            "; ".join(bad) or "at most 3L + 3 launches per step for L = 1, 2, 3, and no "
            "allocation, copy or wait inside the epoch")
 
+    run_transformer_budget(report, kw)
+
     steps = 2
     m = fastlib.Sequential([
         L.Embedding(5, 4), L.MultiHeadAttention(4, 2, causal=True),
@@ -430,6 +474,33 @@ def run_budget(report):
             "d2h_copies": 1, "synchronizations": 1}
     report("budget:epoch traffic", per == want,
            f"{per} (the order, the coefficients and the step state up; the numbers back)")
+
+
+def run_transformer_budget(report, kw):
+    """The benchmark's transformer block (reports/bench/models/transformer.py), built at toy
+    widths: launches do not depend on widths, so its per-step count is the benchmark's."""
+    import fastlib
+    from reports.bench.models import transformer
+
+    full = step_budget(transformer.build())
+    sizes = {"VOCAB": 5, "D_MODEL": 4, "HEADS": 2, "HIDDEN": 3}
+    saved = {k: getattr(transformer, k) for k in sizes}
+    try:
+        for k, v in sizes.items():
+            setattr(transformer, k, v)
+        m = transformer.build(seed=1)
+    finally:
+        for k, v in saved.items():
+            setattr(transformer, k, v)
+    rng = np.random.default_rng(3)
+    xi = rng.integers(0, 5, (2, 2))
+    t = rng.integers(0, 2, (2, 2, 5)).astype(np.float32)
+    r = fastlib.train(m, xi, t, 2, 2, 0.01, "binary_cross_entropy_with_logits", **kw)
+    ok, detail = _held(r, full)
+    exact = r.cuda_mode == "graph" or r.device_counts["kernel_launches"] == full
+    report("budget:transformer block", ok and exact and full == 53,
+           f"{detail}; the benchmark model's budget {full} (53: Embedding 2, attention "
+           f"residual 26, SwiGLU residual 15, LayerNorm 3, Dense 3, the step's 4)")
 
 
 def run_modes(report):
@@ -453,6 +524,175 @@ def run_modes(report):
     report("mode:graph and launches agree", same and rl.cuda_mode == "launches",
            f"modes {rg.cuda_mode} / {rl.cuda_mode}; losses {rg.loss_history} / "
            f"{rl.loss_history}; weights equal: {same}")
+
+
+class FakeGraphs:
+    """cuda.core's graph builder played under the simulator, as :mod:`fastlib.cuda.graphs`
+    uses it: recording stores each launch (the kernel, its grid and block, its argument
+    objects) instead of running it, and a replay runs exactly those launches with exactly
+    those arguments -- what a CUDA graph does with the pointers and scalars it captured. So a
+    kernel that took a per-batch value (the batch's offset, the step count) as an argument
+    would replay a stale one, and the run would differ from launches.
+
+    ``fail`` makes ``end_building`` raise, as stream capture does when it was invalidated.
+    """
+
+    class Builder:
+        def __init__(self, owner):
+            self.owner, self.launches, self.state = owner, [], "new"
+
+        def begin_building(self, mode="relaxed"):
+            self.mode, self.state = mode, "building"
+            return self
+
+        def end_building(self):
+            if self.state != "building":
+                raise RuntimeError("Graph builder is not building.")
+            self.state = "ended"
+            if self.owner.fail:
+                raise RuntimeError(self.owner.fail)
+            return self
+
+        def complete(self):
+            return FakeGraphs.Graph(list(self.launches))
+
+        def close(self):
+            self.state = "closed"
+
+    class Graph:
+        def __init__(self, launches):
+            self.launches, self.replays, self.closed = launches, 0, False
+
+        def launch(self, stream):
+            self.replays += 1
+            for kern, config, args in self.launches:
+                kern.compiled[config](*args)
+
+        def close(self):
+            self.closed = True
+
+    def __init__(self, fail=None):
+        self.fail, self.builders = fail, []
+
+    def __enter__(self):
+        from numba import cuda
+        from fastlib.cuda import counters, device, graphs
+        fake = self
+
+        class Device:
+            def set_current(self):
+                pass
+
+            def create_stream(self):
+                return cuda.stream()
+
+            def create_graph_builder(self):
+                fake.builders.append(FakeGraphs.Builder(fake))
+                return fake.builders[-1]
+
+        class Recorded:
+            def __init__(self, kern, config, builder):
+                self.kern, self.config, self.builder = kern, config, builder
+
+            def __call__(self, *args):
+                counters.add("kernel_launches")  # as a real launch into a builder counts
+                self.builder.launches.append((self.kern, self.config, args))
+
+        original = device.LazyKernel.__getitem__
+
+        def getitem(kern, launch):
+            target = device.current_stream()
+            if isinstance(target, FakeGraphs.Builder):
+                assert target.state == "building", "a launch outside begin/end_building"
+                return Recorded(kern, tuple(launch[:2]), target)
+            return original(kern, launch)
+
+        self.saved = [(graphs, "_core", graphs._core), (graphs, "support", graphs.support),
+                      (device.LazyKernel, "__getitem__", original)]
+        graphs._core = lambda: Device
+        graphs.support = lambda: (True, None)
+        device.LazyKernel.__getitem__ = getitem
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, value in self.saved:
+            setattr(owner, name, value)
+
+
+def run_graphs(report):
+    import fastlib
+    from fastlib.cuda import counters, device, graphs
+
+    x, y = _data(7)
+    kw = dict(optimizer="Adam", verbose=False, seed=3, shuffle=True, device="cuda")
+
+    def run():
+        m = _mlp()
+        # batches of 3, 3 and 1 samples: two graphs, the first replayed at two batch offsets
+        # in an epoch (a frozen offset would train on one batch twice), both in epochs 2, 3
+        return fastlib.train(m, x, y, 3, 3, 0.1, "cross_entropy", **kw), m.parameters()
+
+    plain, plain_w = run()
+    os.environ["FASTLIB_CUDA_GRAPHS"] = "0"
+    try:
+        off, _ = run()
+    finally:
+        os.environ.pop("FASTLIB_CUDA_GRAPHS", None)
+    from fastlib.cuda import config
+    if config.SIMULATOR:
+        plain_ok = plain.cuda_mode == "launches" and "simulator" in (plain.cuda_graph_reason
+                                                                      or "")
+    else:  # a GPU: the real graph path must engage
+        plain_ok = plain.cuda_mode == "graph" and plain.cuda_graph_reason is None
+    report("graph:mode and reason reported",
+           plain_ok and off.cuda_mode == "launches"
+           and "FASTLIB_CUDA_GRAPHS=0" in (off.cuda_graph_reason or ""),
+           f"default: {plain.cuda_mode} ({plain.cuda_graph_reason}); FASTLIB_CUDA_GRAPHS=0: "
+           f"{off.cuda_mode} ({off.cuda_graph_reason})")
+
+    with FakeGraphs() as fake:
+        r, w = run()
+    same = r.loss_history == plain.loss_history and r.accuracy_history == \
+        plain.accuracy_history and all(np.array_equal(w[k], plain_w[k]) for k in w)
+    c = r.device_counts
+    built = [b for b in fake.builders]
+    replays = [len(b.launches) for b in built]
+    ok = (same and r.cuda_mode == "graph" and r.cuda_graph_reason is None
+          and c["graph_launches"] == 1 and c["kernel_launches"] == 0
+          and len(built) == 2 and all(b.mode == "thread_local" and b.state == "closed"
+                                      for b in built) and min(replays) > 0)
+    report("graph:replayed steps equal launches", ok,
+           f"mode {r.cuda_mode}; losses {r.loss_history} vs launches {plain.loss_history}; "
+           f"weights equal: {same}; per step {c['graph_launches']:g} graph launch, "
+           f"{c['kernel_launches']:g} kernel launches; {len(built)} graphs of {replays} "
+           f"launches, capture modes {[b.mode for b in built]}, builders "
+           f"{[b.state for b in built]}")
+
+    with FakeGraphs(fail="stream capture invalidated (fake)") as fake:
+        r, w = run()
+    same = r.loss_history == plain.loss_history and all(
+        np.array_equal(w[k], plain_w[k]) for k in w)
+    reason = r.cuda_graph_reason or ""
+    report("graph:failed recording falls back to launches",
+           same and r.cuda_mode == "launches" and "capture invalidated (fake)" in reason
+           and "recording" in reason and [b.state for b in fake.builders] == ["closed"]
+           and r.device_counts["graph_launches"] == 0,
+           f"mode {r.cuda_mode}, reason {reason!r}; same numbers as launches: {same}; "
+           f"builders {[b.state for b in fake.builders]}")
+
+    buf = device.empty(3, np.float64)
+    before = counters.snapshot()
+    with FakeGraphs() as fake:
+        try:
+            graphs.StepGraph(lambda: device.upload(buf, np.ones(3)))
+            raised = "nothing raised"
+        except graphs.RecordingError as exc:
+            raised = str(exc)
+    unchanged = counters.difference(counters.snapshot(), before)
+    report("graph:a copy inside a recorded step is refused",
+           "host-to-device copy" in raised and [b.state for b in fake.builders] == ["closed"]
+           and not any(unchanged.values()),
+           f"{raised}; builders {[b.state for b in fake.builders]}; counts {unchanged}")
 
 
 def run_sh_resume(report):
@@ -510,8 +750,9 @@ def run_slow(report):
 
 
 GROUPS = {"frame": run_frame, "resume": run_resume, "guard": run_guards, "clip": run_clip,
-          "unsupported": run_unsupported, "layers": run_activations, "losses": run_losses,
-          "budget": run_budget, "mode": run_modes}
+          "unsupported": run_unsupported, "layers": run_activations, "swiglu": run_swiglu,
+          "losses": run_losses,
+          "budget": run_budget, "mode": run_modes, "graph": run_graphs}
 
 
 def main(argv=None):

@@ -3,8 +3,10 @@
 1. Under numba's CUDA simulator, in one subprocess (tests/cuda_train_sim_check.py: the variable
    must be set before numba is imported): the frame (one device-to-host copy per step, host
    weights stale until synchronised and synchronised by any host read, save and resume bit for
-   bit), the explosion guards, both clipping modes against the CPU, and the errors for what
-   the device cannot run. Each reported check is one test here.
+   bit), the explosion guards, both clipping modes against the CPU, the errors for what
+   the device cannot run, the launch budgets per step (the MLP, SwiGLU, the transformer block,
+   every layer kind) and the CUDA graph bookkeeping through a stand-in graph builder. Each
+   reported check is one test here.
 2. Without a GPU and without the simulator (another subprocess): ``device="cuda"`` raises the
    clear RuntimeError and trains nothing on the CPU.
 3. ``-m slow``: train_sh and the seven optimizers on the device against the CPU, and the

@@ -134,7 +134,8 @@ for device in ("cpu", "cuda"):
     out[device] = {"test_accuracy": float(np.mean(pred == data.y_test.reshape(-1))),
                    "final_loss": float(result.loss_history[-1]),
                    "seconds_per_epoch": [float(t) for t in result.epoch_times],
-                   "cuda_mode": getattr(result, "cuda_mode", None)}
+                   "cuda_mode": getattr(result, "cuda_mode", None),
+                   "cuda_graph_reason": getattr(result, "cuda_graph_reason", None)}
 out["same_accuracy"] = out["cpu"]["test_accuracy"] == out["cuda"]["test_accuracy"]
 print("GPU_CHECK " + json.dumps(out))
 raise SystemExit(0 if out["same_accuracy"] else 1)
@@ -179,7 +180,7 @@ def stage_commands(simulate, tmp):
     frame = ["tests/cuda_train_sim_check.py"] + (["--only", "frame"] if simulate else [])
     stages["frame-ops"], stages["frame-train"] = ops, frame
     # the simulator: one step of a narrow model (each simulated CUDA thread is a Python thread)
-    stages["digits"] = ["-c", DIGITS_CODE] + (["1", "32", "8"] if simulate else
+    stages["digits"] = ["-c", DIGITS_CODE] + (["1", "16", "8"] if simulate else
                                               [str(DIGITS_EPOCHS), "100000", "128"])
     for model in (("tiny",) if simulate else BENCH_MODELS):
         sizes = {"mlp": ["--batch-sizes", "64,1024", "--max-steps", "50"]}.get(
@@ -361,7 +362,9 @@ def markdown(result):
                                                      for e, v in r["mean_loss"].items()))
             for e, d in r["device"].items():
                 counts = d.get("device_counts")
-                lines.append(f"  {e}: mode {d.get('cuda_mode') or 'not reported'}, per step "
+                why = (f" (not graphs: {d['cuda_graph_reason']})"
+                       if d.get("cuda_graph_reason") else "")
+                lines.append(f"  {e}: mode {d.get('cuda_mode') or 'not reported'}{why}, per step "
                              + (json.dumps(counts) if counts else
                                 "not counted (fastlib.cuda has no counters here)"))
         for e, why in s["data"]["skipped"].items():

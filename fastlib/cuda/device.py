@@ -136,8 +136,40 @@ def current_stream():
     return _TARGET[0]
 
 
+class RecordingError(RuntimeError):
+    """A copy, wait or allocation asked for while a step is being recorded as a CUDA graph."""
+
+
+_RECORDING = [False]
+
+
+@contextlib.contextmanager
+def recording(builder):
+    """Send every launch inside the block to the CUDA graph ``builder`` being recorded.
+
+    Copies, waits and allocations raise :class:`RecordingError` inside the block: a graph
+    records kernels, and a host copy or a wait during stream capture would run outside the
+    graph (or invalidate it), so a step that needs one cannot be recorded.
+    """
+    before = _RECORDING[0]
+    _RECORDING[0] = True
+    try:
+        with using_stream(builder):
+            yield builder
+    finally:
+        _RECORDING[0] = before
+
+
+def _not_recording(what):
+    if _RECORDING[0]:
+        raise RecordingError(f"{what} while recording a training step as a CUDA graph: a "
+                             f"recorded step may only launch kernels into buffers allocated "
+                             f"before it")
+
+
 def synchronize(stream=None):
     """Wait until ``stream`` (the current one by default) has finished; counted."""
+    _not_recording("a synchronisation")
     stream = current_stream() if stream is None else stream
     counters.add("synchronizations")
     if stream:
@@ -179,6 +211,11 @@ class LazyKernel:
     def __getitem__(self, launch):
         if len(launch) == 2 and _TARGET[0]:
             launch = (launch[0], launch[1], _TARGET[0])
+        if _RECORDING[0] or config.SIMULATOR:
+            # NOTE: not kept: a graph builder lives for one recording; and the simulator's
+            # kernel[...] configures the kernel object itself and returns it, so a kept
+            # configuration would change when the kernel is next configured otherwise
+            return _Launch(self.compiled[launch])
         # NOTE: configurations are bound once per (grid, block, stream) and reused: a training
         # step asks for the same few every step
         try:
@@ -272,6 +309,7 @@ def is_device_array(a) -> bool:
 
 def put(a: np.ndarray):
     """Copy a host array to the device, flat and C-contiguous (a new device array)."""
+    _not_recording("a host-to-device copy")
     counters.add("allocations")
     counters.add("h2d_copies")
     host = np.ascontiguousarray(a).reshape(-1)
@@ -282,6 +320,7 @@ def put(a: np.ndarray):
 
 def upload(d_array, a) -> None:
     """Copy a host array into an existing flat device array of the same size (no allocation)."""
+    _not_recording("a host-to-device copy")
     counters.add("h2d_copies")
     host = np.ascontiguousarray(a, dtype=d_array.dtype).reshape(-1)
     if _TARGET[0]:
@@ -292,6 +331,7 @@ def upload(d_array, a) -> None:
 
 def read(d_array) -> np.ndarray:
     """Copy a device array back to the host (a blocking readback: a copy and a wait)."""
+    _not_recording("a device-to-host copy")
     counters.add("d2h_copies")
     counters.add("synchronizations")
     if _TARGET[0]:
@@ -316,6 +356,7 @@ def index_vectors(shape, strides):
 
 @functools.lru_cache(maxsize=4096)
 def _index_vectors(shape, strides):
+    _not_recording("uploading a layout's index vectors")
     if not shape:
         shape, strides = (1,), (0,)
     counters.add("allocations", 2)
@@ -383,6 +424,7 @@ _ARENA = [None]
 
 
 def _allocate(n, dtype):
+    _not_recording(f"an allocation ({n} x {np.dtype(dtype).name})")
     counters.add("allocations")
     if _TARGET[0]:
         return cuda.device_array(n, dtype=dtype, stream=_TARGET[0])

@@ -1,36 +1,57 @@
 """One submit per training step: the step recorded once as a CUDA graph and replayed per batch.
 
-numba-cuda (0.29 and later) launches kernels into a ``cuda.core`` graph builder given where a
-stream goes (``kernel[grid, block, builder]``); :class:`StepGraph` records one call of a step
-function that way and replays it with one ``graph.launch(stream)``. Everything a step reads
-that changes per batch (the batch's position in the epoch's order, the step's row, the
-optimizer's step count) lives in device memory, and every buffer it touches is allocated once
-per run (:class:`.device.Arena`), so the recorded arguments stay right for every batch.
+numba-cuda 0.29 and later launch kernels into a ``cuda.core`` graph builder given where a
+stream goes (``kernel[grid, block, builder]``: ``numba.cuda.cudadrv.driver._to_core_stream``
+takes the builder's capture stream). :class:`StepGraph` records one call of a step function
+that way -- ``Device().create_graph_builder()``, ``begin_building``, the launches,
+``end_building().complete()`` -- and replays it with one ``Graph.launch(stream)`` on the run's
+``cuda.core`` stream. Everything a step reads that changes per batch (the batch's position in
+the epoch's order, the step's row, the optimizer's step count) lives in device memory, and
+every buffer it touches is allocated once per run (:class:`.device.Arena`), so the arguments
+frozen into the graph stay right for every batch.
 
-Where recording is unavailable -- the simulator, a numba-cuda or cuda.core without graph
-builders, ``FASTLIB_CUDA_GRAPHS=0`` -- :func:`support` says why and training runs the same
-kernels as plain launches (``TrainingResult.cuda_mode``: ``"graph"`` or ``"launches"``).
+Recording is stream capture in ``thread_local`` mode: a call that is unsafe during capture
+(an allocation, a synchronous copy or wait) made by this thread fails instead of running
+outside the graph, and :mod:`.device` refuses its own copies, waits and allocations while
+recording (:class:`RecordingError`). Memory that numba frees meanwhile is held back
+(``cuda.defer_cleanup``): a free synchronises the device. A recording that fails is ended and
+its builder closed, and the exception propagates to the training run, which then launches
+the same kernels one by one and keeps the reason.
+
+Where recording is unavailable -- the simulator, a numba-cuda older than 0.29, no
+``cuda.core``, ``FASTLIB_CUDA_GRAPHS=0`` -- :func:`support` says why and training runs the same
+kernels as plain launches (``TrainingResult.cuda_mode``: ``"graph"`` or ``"launches"``;
+``TrainingResult.cuda_graph_reason``: why not graphs).
 """
 from __future__ import annotations
 
 import os
 
 from . import config, counters, device
+from .device import RecordingError
 
-__all__ = ["support", "run_stream", "StepGraph"]
+__all__ = ["support", "run_stream", "StepGraph", "RecordingError"]
 
 
 def _core():
-    from cuda.core import Device  # numba-cuda 0.30 imports it from there too
+    """cuda.core's ``Device`` (numba-cuda 0.29+ builds on cuda.core and imports it the same)."""
+    from cuda.core import Device
     return Device
 
 
 def support():
     """``(True, None)`` where steps can be recorded as CUDA graphs, else ``(False, reason)``."""
-    if config.SIMULATOR:
-        return False, "numba's CUDA simulator has no CUDA graphs"
     if os.environ.get("FASTLIB_CUDA_GRAPHS", "1") == "0":
         return False, "FASTLIB_CUDA_GRAPHS=0 in the environment"
+    if config.SIMULATOR:
+        return False, "numba's CUDA simulator has no CUDA graphs"
+    try:
+        from numba.cuda.cudadrv import driver
+    except Exception as exc:  # pragma: no cover - fastlib.cuda reports it as unavailable first
+        return False, f"numba.cuda is not importable ({type(exc).__name__}: {exc})"
+    if not hasattr(driver, "GraphBuilder"):
+        return False, (f"this numba-cuda cannot launch into a CUDA graph builder (0.29 or "
+                       f"later can; {device.INSTALL_HINT} installs one)")
     try:
         _core()
     except Exception as exc:
@@ -38,44 +59,82 @@ def support():
     return True, None
 
 
-def run_stream(with_graphs):
-    """``(stream, graph stream or None)``: a non-default stream for a training run.
+def run_stream():
+    """``(stream, graph stream or None, reason or None)``: a non-default stream for a run.
 
     With graphs, one cuda.core stream serves both: numba-cuda launches and copies onto a
-    cuda.core stream as onto its own, and ``graph.launch`` needs a cuda.core stream.
+    cuda.core stream as onto its own, and ``Graph.launch`` takes a cuda.core stream. Without,
+    a numba stream, and the reason graphs are off.
     """
-    if with_graphs:
-        dev = _core()()
-        dev.set_current()
-        stream = dev.create_stream()
-        return stream, stream
+    ok, reason = support()
+    if ok:
+        try:
+            dev = _core()()
+            dev.set_current()  # the primary context, the one numba uses
+            stream = dev.create_stream()
+            return stream, stream, None
+        except Exception as exc:
+            reason = f"creating a cuda.core stream failed ({type(exc).__name__}: {exc})"
     from numba import cuda
-    return cuda.stream(), None
+    return cuda.stream(), None, reason
+
+
+def _discard(builder):
+    """End a failed recording and close its builder, whatever state capture was left in.
+
+    ``end_building`` raises on an invalidated capture; ``close`` ends the capture
+    (``cuStreamEndCapture``, which raises once more for an invalidated one, but ends it) and,
+    called again, closes the builder's stream. The recording's own exception is the one
+    that matters, so these are not re-raised.
+    """
+    for step in (builder.end_building, builder.close, builder.close):
+        try:
+            step()
+        except Exception:
+            pass
 
 
 class StepGraph:
     """``record()`` -- one training step's launches -- captured once, replayed by :meth:`launch`.
 
     Nothing runs while recording; the launches recorded are not counted (a replay counts one
-    graph launch).
+    graph launch). Raises whatever recording raised (:class:`RecordingError` for a copy, wait
+    or allocation inside the step), after ending the capture and closing the builder.
+
+    Attributes
+    ----------
+    recorded : dict
+        The counts of the recorded step (:mod:`.counters` keys): its kernel launches.
     """
 
     def __init__(self, record):
-        dev = _core()()
-        builder = dev.create_graph_builder()
-        builder.begin_building()
+        from numba import cuda
+
+        builder = _core()().create_graph_builder()
         before = counters.snapshot()
         try:
-            with device.using_stream(builder):
+            # NOTE: the mode is given, not left to cuda.core: its default was "global" in the
+            # experimental releases and is "relaxed" since, which would let an unsafe call run
+            # outside the graph instead of failing
+            builder.begin_building(mode="thread_local")
+            with cuda.defer_cleanup(), device.recording(builder):
                 record()
+            builder.end_building()
+            self.graph = builder.complete()
+        except BaseException:
+            _discard(builder)
+            raise
         finally:
-            built = builder.end_building()
-            recorded = counters.difference(counters.snapshot(), before)
-            for key, n in recorded.items():
+            self.recorded = counters.difference(counters.snapshot(), before)
+            for key, n in self.recorded.items():
                 counters.add(key, -n)
-        self.graph = built.complete()
+        builder.close()  # the executable graph does not need the builder's graph or stream
 
     def launch(self, core_stream):
         """Replay the step on ``core_stream`` (asynchronous, like a kernel launch)."""
         counters.add("graph_launches")
         self.graph.launch(core_stream)
+
+    def close(self):
+        """Destroy the executable graph now (cuda.core would at garbage collection)."""
+        self.graph.close()

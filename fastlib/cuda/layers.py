@@ -18,7 +18,7 @@ import numpy as np
 
 from fastlib.layers.activations import LEAKY_SLOPE  # Dense's leaky_relu slope: one source
 
-from . import attention, device
+from . import attention, device, swiglu
 from . import train_kernels as tk
 from .dense import DENSE_ACTIVATIONS, _dense_forward_device
 from .dense_grad import dense_grads
@@ -208,34 +208,26 @@ class DEmbedding(DeviceLayer):
 
 
 class DSwiGLU(DeviceLayer):
+    """Two launches forward, four backward (three as the first layer): :mod:`.swiglu`."""
+
     def forward(self, x):
         L, dt = self.layer, self.dtype
         rows = _size(x.shape[:-1])
-        a = mm(x.data, self.p("w_gate"), rows, L.hidden, L.d, dt)
-        u = mm(x.data, self.p("w_up"), rows, L.hidden, L.d, dt)
-        h = device.empty(rows * L.hidden, dt)
-        launch(tk.swiglu_forward, rows * L.hidden)(a, u, h)
-        y = mm(h, self.p("w_down"), rows, L.out, L.hidden, dt)
-        self.hist = (x, a, u, h, rows)
+        y, au, h = swiglu.swiglu_forward_device(x.data, self.p("w_gate"), self.p("w_up"),
+                                                self.p("w_down"), rows, L.d, L.hidden, L.out,
+                                                dt)
+        self.hist = (x, au, h, rows)
         return DT(y, x.shape[:-1] + (L.out,))
 
     def backward(self, g, need_input_grad):
         L, dt = self.layer, self.dtype
-        x, a, u, h, rows = self.hist
-        dh = mm(g.data, self.p("w_down"), rows, L.hidden, L.out, dt, tb=True)
-        da, du = device.empty(rows * L.hidden, dt), device.empty(rows * L.hidden, dt)
-        launch(tk.swiglu_backward, rows * L.hidden)(dh, a, u, da, du)
-        grads = {self.prefix + "w_gate": mm(x.data, da, L.d, L.hidden, rows, dt, ta=True,
-                                            out=self.g("w_gate")),
-                 self.prefix + "w_up": mm(x.data, du, L.d, L.hidden, rows, dt, ta=True,
-                                          out=self.g("w_up")),
-                 self.prefix + "w_down": mm(h, g.data, L.hidden, L.out, rows, dt, ta=True,
-                                            out=self.g("w_down"))}
-        if not need_input_grad:
-            return None, grads
-        dx = mm(da, self.p("w_gate"), rows, L.d, L.hidden, dt, tb=True)
-        add_into(dx, mm(du, self.p("w_up"), rows, L.d, L.hidden, dt, tb=True))
-        return DT(dx, x.shape), grads
+        x, au, h, rows = self.hist
+        names = ("w_gate", "w_up", "w_down")
+        grads = {self.prefix + n: self.g(n) for n in names}
+        dx = swiglu.swiglu_backward_device(
+            g.data, x.data, self.p("w_gate"), self.p("w_up"), self.p("w_down"), au, h, rows,
+            L.d, L.hidden, L.out, dt, *grads.values(), need_input_grad)
+        return (DT(dx, x.shape) if need_input_grad else None), grads
 
 
 def _swap01(d_x, a, b, c):

@@ -22,7 +22,7 @@ from .device import kernel, signatures
 from .optim import step_element
 from .norm import LAYER_NORM, row_moments
 from .reduce import block_sum
-from .scalar import sigmoid_pair, silu_df, silu_f
+from .scalar import sigmoid_pair
 
 _RB = config.REDUCE_BLOCK
 
@@ -237,32 +237,6 @@ def _norm_affine_vjp_body(x, g, w, out, rows, n, mode, eps):
 norm_affine_vjp = kernel(*signatures(
     "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64, float64)"))(
     _norm_affine_vjp_body)
-
-
-def _swiglu_forward_body(a, u, h):
-    i = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while i < a.shape[0]:
-        h[i] = silu_f(float64(a[i])) * float64(u[i])
-        i += step
-
-
-swiglu_forward = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1])"))(_swiglu_forward_body)
-
-
-def _swiglu_backward_body(dh, a, u, da, du):
-    i = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while i < a.shape[0]:
-        x = float64(a[i])
-        g = float64(dh[i])
-        da[i] = g * float64(u[i]) * silu_df(x)
-        du[i] = g * silu_f(x)
-        i += step
-
-
-swiglu_backward = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1])"))(
-    _swiglu_backward_body)
 
 
 # ---------------------------------------------------------------------------------------------

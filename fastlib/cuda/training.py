@@ -113,9 +113,8 @@ class DeviceRun:
         self.host_params = ctx.params  # the model's own arrays (synchronised in place)
         self.keys = list(self.host_params)
         self.shapes = [np.shape(self.host_params[k]) for k in self.keys]
-        with_graphs, self.graph_reason = graphs.support()
-        self.stream, self.core_stream = graphs.run_stream(with_graphs)
-        self.mode = "graph" if with_graphs else "launches"
+        self.stream, self.core_stream, self.graph_reason = graphs.run_stream()
+        self.mode = "launches" if self.core_stream is None else "graph"
         self.graphs = {}
         self.arena = device.Arena()
         self.device_counts = None
@@ -185,6 +184,11 @@ class DeviceRun:
         self.x = self.y = self.g = None
         self.slot = {}
         self.twin = self.arena = None
+        self._drop_graphs()
+
+    def _drop_graphs(self):
+        for graph in self.graphs.values():
+            graph.close()
         self.graphs = {}
 
     # -- host copies ----------------------------------------------------------------------------
@@ -331,10 +335,11 @@ class DeviceRun:
                 with self.arena.step(count):
                     self.graphs[count] = graphs.StepGraph(lambda: self._step(count))
             except Exception as exc:  # no graphs after all: the same kernels, launched
+                # (the step itself already ran as launches; recording runs nothing)
                 self.mode = "launches"
-                self.graph_reason = (f"recording the step as a CUDA graph failed "
-                                     f"({type(exc).__name__}: {exc})")
-                self.graphs = {}
+                self.graph_reason = (f"recording the step of {count} samples as a CUDA graph "
+                                     f"failed ({type(exc).__name__}: {exc})")
+                self._drop_graphs()
 
     def _step(self, count):
         """One step's launches: batch, forward, loss, backward, guard, update.

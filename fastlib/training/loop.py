@@ -72,6 +72,10 @@ class TrainingResult:
     cuda_mode : {"graph", "launches"} or None
         ``device="cuda"``: each step one CUDA graph replay, or its kernels launched one by
         one (docs/gpu.md); None on the CPU.
+    cuda_graph_reason : str or None
+        ``device="cuda"`` in ``"launches"`` mode: why the steps were not CUDA graphs (the
+        simulator, ``FASTLIB_CUDA_GRAPHS=0``, a stack without graph builders, a recording
+        that failed); None otherwise.
     device_counts : dict or None
         ``device="cuda"``: the last epoch's per-step kernel launches, graph launches,
         allocations, copies and synchronisations (``fastlib.cuda.counters`` keys, mean over
@@ -102,6 +106,7 @@ class TrainingResult:
     skipped_steps: int = 0
     fused: bool = False
     cuda_mode: str | None = None
+    cuda_graph_reason: str | None = None
     device_counts: dict | None = None
     path: str = "generic"
     piece_plan: dict | None = None
@@ -752,6 +757,7 @@ class _Loop:
             self.restored_best = True
         if self.device_run is not None:  # keep only the weights on the device (for the sync)
             r.cuda_mode = self.device_run.mode
+            r.cuda_graph_reason = self.device_run.graph_reason
             r.device_counts = self.device_run.device_counts
             self.device_run.finish()
         kept = r.loss_history[:-1] if r.diverged else r.loss_history

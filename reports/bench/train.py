@@ -466,10 +466,12 @@ def counters_line(device):
     Parameters
     ----------
     device : dict
-        ``Run.device``: ``cuda_mode``, ``device_counts`` (per-step means, plus ``per_epoch``)
-        and ``run_counts``.
+        ``Run.device``: ``cuda_mode``, ``cuda_graph_reason``, ``device_counts`` (per-step
+        means, plus ``per_epoch``) and ``run_counts``.
     """
     mode = device.get("cuda_mode") or "not reported"
+    if device.get("cuda_graph_reason"):
+        mode += f" (not graphs: {device['cuda_graph_reason']})"
     counts = device.get("device_counts")
     if not counts:
         return f"mode {mode}; counters: {device.get('note', 'none reported')}"

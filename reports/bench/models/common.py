@@ -90,7 +90,8 @@ def bench_fastlib_cuda(build, loss, x, y, bs, max_steps, seed=0):
     """Time ``fastlib.train(device="cuda")`` for one epoch, like :func:`bench_fastlib`.
 
     The data's one upload per run is outside the epoch time (``epoch_times``). ``Run.device``
-    holds ``cuda_mode`` ("graph" or "launches"), ``device_counts`` (per-step means over the
+    holds ``cuda_mode`` ("graph" or "launches"), ``cuda_graph_reason`` (why not graphs),
+    ``device_counts`` (per-step means over the
     epoch plus "per_epoch", from ``TrainingResult.device_counts``) and ``run_counts`` (the
     whole run's counters, upload included), each None when fastlib.cuda does not provide it,
     with ``note`` saying so.
@@ -106,6 +107,7 @@ def bench_fastlib_cuda(build, loss, x, y, bs, max_steps, seed=0):
     result = fastlib.train(build(seed), x[:n], y[:n], 1, bs, LR, loss, optimizer="Adam",
                            verbose=False, seed=seed, device="cuda")
     info = {"cuda_mode": getattr(result, "cuda_mode", None),
+            "cuda_graph_reason": getattr(result, "cuda_graph_reason", None),
             "device_counts": getattr(result, "device_counts", None),
             "run_counts": dict(counters.snapshot()) if counters is not None else None}
     if info["device_counts"] is None:
