@@ -1,14 +1,12 @@
 """reflib's forward mode: its own op code run on dual numbers, ``reflib.jvp``.
 
-``DualNumeric(dps)`` is a reflib numeric (see ``reflib.numeric``) whose entries are
-``ForwardDual`` numbers ``value + tangent·ε`` (ε² = 0): ``spec.dual.Dual`` with the comparisons
-reflib's code makes (``==``, ``!=``, ``float()``), every derivative rule spec.dual's own
-(``reflib.scalar_rules``). ``reflib.forward(name, [x + ε·t], dps=DualNumeric(...))`` then runs
-reflib's hand-written forward of the op, and its ε part is ``J t``: a second route to the JVP,
-independent of spec's formulas (``spec.jvp`` runs spec's declaration on the same rules).
+``DualNumeric(dps)`` is a reflib numeric (``reflib.numeric``) whose entries are ``ForwardDual``
+numbers (``spec.dual.Dual`` that also compare by value, as reflib's code needs), every slope
+spec.dual's. ``reflib.forward`` on ``x + ε·t`` then runs reflib's hand-written forward and its
+ε part is ``J t``: a second route to the JVP beside ``spec.jvp`` (spec's formulas, same rules).
+At a declared kink the op's ``Kink`` convention sets the JVP, as in spec.
 
-At a kink the dual numbers follow the branch reflib's code takes; the op's declared ``Kink``
-convention (``spec.second_order.at_kinks``) then sets the JVP there, as spec does.
+The long story: docs/second-order.md, section ``reflib``.
 """
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
-"""A recording numeric: every arithmetic step of reflib's op code kept as a node, for a second
-backward through the first.
+"""A recording numeric: every arithmetic step of reflib's op code kept, for a second backward.
 
-``RecordingNumeric(dps)`` is a reflib numeric (see ``reflib.numeric``) whose entries are
-``Recorded`` scalars: a value (float64 or ``mpmath.mpf``), the scalars it was computed from and
-the partial derivative of the step with respect to each (read off ``spec.dual``: the tangent of
-the step applied to ``Dual(x, 1)``, see ``reflib.scalar_rules``). A ``reflib.Tape`` built on
-it runs unchanged: ``tape.op`` evaluates reflib's forward, ``tape.backward_dense`` runs every
-op's hand-written VJP and folds the contributions, and because their entries are ``Recorded``
-each multiplication, division, exp, sum and fold of that first backward is itself recorded.
-The gradients the tape hands back are then functions of the leaves, and :func:`gradient` (a
-plain reverse sweep over the recorded steps, newest first) differentiates them again: the
-gradient of ``<∇f, v>`` is ``H v`` (reverse over reverse).
+``RecordingNumeric(dps)`` is a reflib numeric whose entries are ``Recorded`` scalars: a value,
+the scalars it came from and the step's partials (spec.dual's rules, ``reflib.scalar_rules``).
+A ``reflib.Tape`` on it runs unchanged, and its first backward (every op's own VJP, every fold)
+is recorded step by step; :func:`gradient`, a reverse sweep over the recorded steps, then
+differentiates the gradients again (reverse over reverse). Every real number entering an array
+becomes a parentless leaf, so a tape leaf's entries are what :func:`gradient` differentiates by.
 
-Every real number entering an array becomes a parentless ``Recorded`` leaf, so a tape leaf's
-entries are the scalars :func:`gradient` differentiates with respect to.
+The long story: docs/second-order.md, section ``reflib``.
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """The derivative rules of reflib's second order: spec.dual's, over float64 or mpmath numbers.
 
-reflib's forward mode (``reflib.forward_mode``) and its recorded backward
-(``reflib.recorded``) both run reflib's own op code on scalar objects; neither states a
-derivative. Every slope they need (of ``+ - * /``, of ``exp``, ``log``, ``sqrt``, ``tanh``,
-``erf``, ``abs``) is read off ``spec.dual``: the tangent of the scalar function applied to
-``Dual(x, 1)``. One list of derivative rules, in spec, for every consumer.
-
-``dual_scalars(dps)`` is the ``spec.dual.DualBackend`` over mpmath (``dps`` an int) or over
-float64 (``dps=None``); ``base_scalars(dps)`` the plain functions of the same number system.
+reflib's forward mode and its recorded backward run reflib's own op code on scalar objects and
+state no derivative: every slope (of ``+ - * /``, ``exp``, ``log``, ``sqrt``, ``tanh``, ``erf``,
+``abs``) is the tangent of the function applied to ``Dual(x, 1)``, from ``spec.dual``. One list
+of rules, in spec, for every consumer. ``dual_scalars(dps)`` is the ``spec.dual.DualBackend``
+over mpmath (``dps`` an int) or float64 (``dps=None``); ``base_scalars(dps)`` the plain system.
 """
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
-"""Reverse over reverse on reflib's tape: ``reflib.hvp`` for an op, ``reflib.model_hvp`` for a
-reference model's loss, ``reflib.gnvp`` for its Gauss-Newton product.
+"""Reverse over reverse on reflib's tape: ``hvp`` for an op, ``model_hvp`` and ``gnvp`` for a
+reference model's loss.
 
-A ``reflib.Tape`` built on a ``reflib.recorded.RecordingNumeric`` records its own backward: the
-first ``backward_dense`` runs each op's VJP on recorded scalars, so the gradients it returns
-are recorded functions of the leaves. ``<∇f, v>`` is then formed from them and a second reverse
-sweep (``reflib.recorded.gradient``) gives ``∇<∇f, v> = H v``. No rule of second order is
-stated anywhere: the first backward is reflib's VJPs, the second sweep is the chain rule over
-their recorded steps, every slope spec.dual's. ``spec.hvp`` (forward over reverse on spec's
-declarations) is the independent route the tests hold this one to.
+The tape is built on a ``reflib.recorded.RecordingNumeric``, so its first backward (the ops'
+own VJPs) comes back as recorded functions of the leaves; ``<∇f, v>`` is formed from it and a
+second reverse sweep gives ``H v``. No second-order rule is stated anywhere. Exact (``dps`` an
+int): repeated at growing working precision until the digits stop moving, then rounded.
 
-Exact (``dps`` an int): the whole computation is repeated at growing working precision until
-the returned digits stop moving (``spec.precision.converge``), then rounded to ``dps`` digits.
-``dps=None``: float64 arithmetic throughout.
+The long story: docs/second-order.md, section ``reflib``.
 """
 from __future__ import annotations
 
