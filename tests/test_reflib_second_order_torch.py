@@ -111,3 +111,20 @@ def test_gauss_newton_product_matches_torch(name):
     got = reflib.gnvp(model, x, y, loss, v)
     for k, e in zip(names, expected):
         assert_close(got[k], e.numpy(), f"{name}: {k}")
+
+
+@pytest.mark.parametrize("name", ["rnn", "lstm", "layernorm_mlp", "attention_causal", "embedding"])
+def test_fastlib_model_hvp_matches_torch_func(name):
+    # fastlib's forward over reverse, op by op, on the reference model's fastlib twin
+    import fastlib
+    from tests.test_fastlib_model_hvp import fastlib_twin
+
+    model, x, y, loss, v, names, theta, direction = _setup(name)
+
+    def loss_of(params):
+        return torch_loss(loss, torch_output(model, x, params), y)
+
+    _, expected = torch.func.jvp(torch.func.grad(loss_of), (theta,), (direction,))
+    got = fastlib.hvp(fastlib_twin(model), x, y, loss, v)
+    for k in names:
+        assert_close(got[k], expected[k].numpy(), f"{name}: {k}")
