@@ -101,6 +101,8 @@ def hvp(name, inputs, cotangent, tangents, dps=None, **params):
     for iname, t in zip(sig.inputs, tangents):
         if t is not None:
             _check_finite(name, f"the tangent for {iname!r}", t)
+    g = np.asarray(cotangent)
+    _check_finite(name, "the cotangent", g)
 
     def compute():
         F = _numeric(digits)
@@ -108,7 +110,11 @@ def hvp(name, inputs, cotangent, tangents, dps=None, **params):
         ids = [tape.leaf(x, requires_grad=iname not in sig.class_index)
                for iname, x in zip(sig.inputs, inputs)]
         out = tape.op(name, *ids, **params)
-        grads = tape.backward_dense_all(out, np.asarray(cotangent))   # the recorded backward
+        if g.shape != tape.value(out).shape:
+            raise ValueError(f"{name}: the cotangent has shape {g.shape} but the output has "
+                             f"shape {tape.value(out).shape}; pass one shaped like the output "
+                             f"(0-d for a loss)")
+        grads = tape.backward_dense_all(out, g)                       # the recorded backward
         wrt = [i for i, t in zip(ids, tangents) if t is not None]
         s = _inner(F, [grads[i] for i in wrt], [t for t in tangents if t is not None])
         swept = iter(_sweep(F, s, [tape.value(i) for i in wrt]))

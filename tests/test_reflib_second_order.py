@@ -117,8 +117,10 @@ def test_bad_tangents_say_what_to_fix():
                    [np.ones((1, 2)), np.ones(1)])
     with pytest.raises(ValueError, match="finite"):
         reflib.hvp("tanh", x, np.ones(2), [np.array([1.0, np.nan])])
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="cotangent has shape"):
         reflib.hvp("tanh", x, np.ones(3), [np.ones(2)])
+    with pytest.raises(ValueError, match="cotangent holds"):
+        reflib.hvp("tanh", x, np.array([1.0, np.inf]), [np.ones(2)])
 
 
 def test_the_recorded_first_backward_is_the_plain_backward():
