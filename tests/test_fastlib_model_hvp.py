@@ -83,3 +83,28 @@ def test_an_unknown_layer_is_named():
     v = {k: np.zeros_like(w) for k, w in model.parameters().items()}
     with pytest.raises(ValueError, match="Doubler is not a layer"):
         fastlib.hvp(model, np.zeros((1, 2)), np.zeros((1, 2)), "mse", v)
+
+
+# float32's kernels compile on first use (minutes on a loaded machine): the deep run only
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_float32_model_hvp_within_float32_accuracy_of_the_exact_one(name):
+    # NOTE: float32 forward over reverse through these tiny O(1) graphs: at most a few hundred
+    # roundings of O(1) terms per entry at u = 2^-24 ≈ 6e-8, i.e. ~2e-5 of the largest entry in
+    # the worst case (the exact product is taken at the float32-rounded parameters and
+    # direction, so their rounding is not error); measured: under 1e-6. A wrong term is O(1).
+    model, x, y, loss, v = model_case(name)
+    fast = from_config(model.get_config(), dtype=np.float32)
+    fast.load_parameters(model.parameters())
+    params32 = {k: w.astype(np.float64) for k, w in fast.parameters().items()}
+    v32 = {k: np.asarray(d, dtype=np.float32) for k, d in v.items()}
+    model.load_parameters(params32)     # the exact product at the float32-rounded point
+    exact = reflib.model_hvp(model, x, y, loss, {k: d.astype(np.float64) for k, d in v32.items()},
+                             dps=DPS)
+    x32 = x if name == "embedding" else np.asarray(x, dtype=np.float32)
+    got = fastlib.hvp(fast, x32, y, loss, v32)
+    for k in exact:
+        e = np.asarray(exact[k], dtype=np.float64)
+        assert got[k].dtype == np.float32
+        scale = max(1.0, float(np.max(np.abs(e))))
+        assert float(np.max(np.abs(got[k] - e))) <= 2e-5 * scale, k
