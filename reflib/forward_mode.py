@@ -208,12 +208,22 @@ def _finish(values, digits):
     return Exact(digits).result(values)
 
 
-def run_exactly(compute, digits):
-    """``compute(F_factory)`` once in float64, or at growing mpmath precision until stable
-    (``spec.precision.converge``, as ``reflib.forward`` does); results rounded at the end."""
-    if digits is None:
-        return tuple(None if r is None else _finish(r, None) for r in compute())
-    out = converge(compute, digits, GUARD_DIGITS)
+def run_exactly(compute, digits, name="the model"):
+    """``compute()`` once in float64, or at growing mpmath precision until stable
+    (``spec.precision.converge``, as ``reflib.forward`` does); results rounded at the end.
+
+    A slope that is infinite at the inputs (``sqrt`` at 0, whose forward is defined there) is a
+    ValueError naming ``name``, not a ZeroDivisionError from deep inside a rule.
+    """
+    try:
+        if digits is None:
+            with np.errstate(divide="raise"):
+                return tuple(None if r is None else _finish(r, None) for r in compute())
+        out = converge(compute, digits, GUARD_DIGITS)
+    except (ZeroDivisionError, FloatingPointError) as exc:
+        raise ValueError(f"{name}: a derivative is infinite at these inputs (a slope divides "
+                         f"by zero, as sqrt's does at 0); pass inputs where the op is "
+                         f"differentiable") from exc
     return tuple(None if r is None else _finish(r, digits) for r in out)
 
 
@@ -280,7 +290,7 @@ def jvp(name, inputs, tangents, dps=None, **params):
         out = forward(name, duals, dps=F, **params)
         return split_parts(out, base)
 
-    value, jv = run_exactly(compute, digits)
+    value, jv = run_exactly(compute, digits, name)
     _at_kinks(name, inputs, tangents, params, jv, digits)
     return value, jv
 

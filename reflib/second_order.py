@@ -120,7 +120,7 @@ def hvp(name, inputs, cotangent, tangents, dps=None, **params):
         swept = iter(_sweep(F, s, [tape.value(i) for i in wrt]))
         return tuple(None if t is None else next(swept) for t in tangents)
 
-    return run_exactly(compute, digits)
+    return run_exactly(compute, digits, name)
 
 
 def _parameter_directions(model, v, who):

@@ -117,6 +117,11 @@ def test_bad_tangents_say_what_to_fix():
                    [np.ones((1, 2)), np.ones(1)])
     with pytest.raises(ValueError, match="finite"):
         reflib.hvp("tanh", x, np.ones(2), [np.array([1.0, np.nan])])
+    for dps in (None, DPS):   # sqrt's forward is defined at 0, its slope is not
+        with pytest.raises(ValueError, match="sqrt: a derivative is infinite"):
+            reflib.jvp("sqrt", [np.array([0.0, 1.0])], [np.ones(2)], dps=dps)
+        with pytest.raises(ValueError, match="sqrt: a derivative is infinite"):
+            reflib.hvp("sqrt", [np.array([0.0, 1.0])], np.ones(2), [np.ones(2)], dps=dps)
     with pytest.raises(ValueError, match="cotangent has shape"):
         reflib.hvp("tanh", x, np.ones(3), [np.ones(2)])
     with pytest.raises(ValueError, match="cotangent holds"):
