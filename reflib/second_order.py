@@ -42,8 +42,9 @@ def _sweep(F, output, leaves):
     out = []
     with F.context():
         for leaf in leaves:
-            flat = gradient(output, np.asarray(leaf, dtype=object).flat)
-            out.append(np.array(flat + [None], dtype=object)[:-1].reshape(np.shape(leaf)))
+            flat = np.empty(np.size(leaf), dtype=object)
+            flat[:] = gradient(output, np.asarray(leaf, dtype=object).flat)
+            out.append(flat.reshape(np.shape(leaf)))
     return out
 
 

@@ -41,6 +41,13 @@ def assert_exact(got, expected, what=""):
     assert worst <= EXACT_RTOL * scale, f"{what}: off by {mpmath.nstr(worst, 5)}"
 
 
+def objects(flat, shape):
+    """An object array of ``shape`` holding the numbers of ``flat`` in order."""
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(shape)
+
+
 # -- ops: reflib's routes against spec's, exactly ----------------------------------------------
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -202,8 +209,7 @@ def forward_over_reverse(model, x, y, loss, v, dps):
                 ids[k] = tape.leaf(duals)
         out = model.trace(tape, tape.leaf(x, requires_grad=False), ids)
         grads = tape.backward_scalar(add_loss(tape, out, y, loss))
-        return tuple(np.array([d.tangent for d in grads[ids[k]].flat] + [None],
-                              dtype=object)[:-1].reshape(np.shape(grads[ids[k]]))
+        return tuple(objects([d.tangent for d in grads[ids[k]].flat], grads[ids[k]].shape)
                      for k in ids)
 
     from spec.precision import converge
@@ -239,10 +245,10 @@ def test_model_hvp_equals_central_differences_of_the_exact_gradient(name):
     with mpmath.workdps(70):
         for sign in (1, -1):
             shifted = from_config(model.get_config())
-            shifted.load_parameters({k: np.array(
+            shifted.load_parameters({k: objects(
                 [mpmath.mpf(w) + sign * h * mpmath.mpf(d) for w, d in
-                 zip(np.asarray(model.parameters()[k]).flat, np.asarray(v[k]).flat)] + [None],
-                dtype=object)[:-1].reshape(np.shape(v[k])) for k in v})
+                 zip(np.asarray(model.parameters()[k]).flat, np.asarray(v[k]).flat)],
+                np.shape(v[k])) for k in v})
             grads[sign] = reflib.value_and_grad(shifted, x, y, loss, dps=60)[1]
         for k in got:
             fd = (grads[1][k] - grads[-1][k]) / (2 * h)
