@@ -212,7 +212,8 @@ _TRACES = {"Dense": _dense, "SwiGLU": _swiglu, "LayerNorm": _layer_norm, "RMSNor
            "MultiHeadAttention": _attention, "Sequential": _sequential, "Parallel": _parallel}
 
 
-def _trace(layer, chain, x, prefix):
+def _check_supported(layer):
+    """A ValueError naming the first layer (depth first) the product has no trace for."""
     from fastlib import layers
 
     kind = type(layer).__name__
@@ -220,18 +221,27 @@ def _trace(layer, chain, x, prefix):
         raise ValueError(f"fastlib.hvp: {kind} is not a layer the model Hessian-vector product "
                          f"supports; it supports fastlib's {', '.join(sorted(_TRACES))} "
                          f"(or pass an op name for an op's HVP)")
-    return _TRACES[kind](layer, chain, x, prefix)
+    for child in getattr(layer, "layers", ()):
+        _check_supported(child)
+
+
+def _trace(layer, chain, x, prefix):
+    return _TRACES[type(layer).__name__](layer, chain, x, prefix)
 
 
 def _chain(model, x, v):
     """The model's forward on a :class:`_Chain`: (chain, output key)."""
+    _check_supported(model)
     chain = _Chain(model.dtype)
-    first = model.layers[0] if type(model).__name__ in ("Sequential", "Parallel") else model
+    first = model
+    while type(first).__name__ in ("Sequential", "Parallel"):
+        first = first.layers[0]
     if type(first).__name__ == "Embedding":
         xv = np.asarray(x)
         chain.values["x"], chain.tangents["x"] = xv, None     # indices: no tangent
     else:
         chain.leaf("x", np.ascontiguousarray(x, dtype=model.dtype))
+    model.infer_shape(np.shape(x))   # an input the model does not take: its own clear error
     for key, w in model.parameters().items():
         chain.leaf(key, w, np.ascontiguousarray(v[key]))
     out = _trace(model, chain, "x", "")

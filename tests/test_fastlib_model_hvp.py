@@ -74,6 +74,12 @@ def test_containers_and_the_layer_kinds_not_in_the_reference_cases():
         assert_close(hv[k], reference[k], k)
 
 
+def test_an_input_the_model_does_not_take_is_named():
+    model, x, y, loss, v = model_case("lstm")
+    with pytest.raises(ValueError, match="LSTM"):
+        fastlib.hvp(fastlib_twin(model), np.zeros((1, 2, 3)), y, loss, v)
+
+
 def test_an_unknown_layer_is_named():
     class Doubler(Layer):
         def forward(self, x):
