@@ -9,6 +9,8 @@ from optable.lazy import lazy_namespace
 # public name -> module that defines it (one table; ``__all__`` is derived from it)
 _EXPORTS = {
     "forward": "reflib.ops", "vjp": "reflib.ops",
+    "jvp": "reflib.forward_mode", "hvp": "reflib.second_order",
+    "model_hvp": "reflib.second_order", "gnvp": "reflib.second_order",
     "Tape": "reflib.tape", "AutogradError": "reflib.tape",
     "Dense": "reflib.models", "RNN": "reflib.models", "LSTM": "reflib.models",
     "MultiHeadAttention": "reflib.models", "SwiGLU": "reflib.models",
@@ -21,7 +23,8 @@ _EXPORTS = {
     "apply_targetprop_gaps": "reflib.targetprop",
     "RBM": "reflib.rbm", "cd_step": "reflib.rbm",
 }
-_SUBMODULES = ("ops", "tape", "program", "models", "losses", "optim", "train", "targetprop", "rbm")
+_SUBMODULES = ("ops", "tape", "program", "models", "losses", "optim", "train", "targetprop", "rbm",
+               "forward_mode", "recorded", "second_order", "scalar_rules")
 
 __all__ = sorted(_EXPORTS)
 

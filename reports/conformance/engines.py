@@ -158,7 +158,8 @@ _OPTIMIZER_NAMES = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "Ada
 
 
 class ReflibEngine(Engine):
-    """reflib's reference ops in float64 (``reflib.forward`` / ``reflib.vjp``)."""
+    """reflib's reference ops in float64 (``reflib.forward`` / ``reflib.vjp``; forward mode and
+    second order by ``reflib.jvp`` / ``reflib.hvp``, float64 arithmetic)."""
 
     name = "reflib"
     dtypes = (FLOAT64,)
@@ -174,6 +175,16 @@ class ReflibEngine(Engine):
         import reflib
 
         return reflib.vjp(name, inputs, grad, **params)
+
+    def _jvp(self, name, inputs, tangents, **params):
+        import reflib
+
+        return reflib.jvp(name, inputs, tangents, **params)
+
+    def _hvp(self, name, inputs, cotangent, tangents, **params):
+        import reflib
+
+        return reflib.hvp(name, inputs, cotangent, tangents, **params)
 
     def _optimizer_step(self, name, w, g, state, t, **hyper):
         from reflib import optim

@@ -1,0 +1,313 @@
+"""reflib's forward mode: its own op code run on dual numbers, ``reflib.jvp``.
+
+``DualNumeric(dps)`` is a reflib numeric (``reflib.numeric``) whose entries are ``ForwardDual``
+numbers (``spec.dual.Dual`` that also compare by value, as reflib's code needs), every slope
+spec.dual's. ``reflib.forward`` on ``x + ε·t`` then runs reflib's hand-written forward and its
+ε part is ``J t``: a second route to the JVP beside ``spec.jvp`` (spec's formulas, same rules).
+At a declared kink the op's ``Kink`` convention sets the JVP, as in spec.
+
+The long story: docs/second-order.md, section ``reflib``.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import mpmath
+import numpy as np
+
+import optable
+from reflib.numeric import GUARD_DIGITS, check_dps
+from reflib.scalar_rules import base_scalars, dual_scalars, is_real
+from spec.dual import Dual, tangent_of, value_of
+from spec.precision import converge
+
+__all__ = ["ForwardDual", "DualNumeric", "jvp"]
+
+
+class ForwardDual(Dual):
+    """``spec.dual.Dual`` that compares and converts by its value, as reflib's code needs
+    (``x == 0`` in the cross-entropies, ``float(v)`` in target checks)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return self.value == value_of(other)
+
+    def __ne__(self, other):
+        return self.value != value_of(other)
+
+    __hash__ = None
+
+    def __float__(self):
+        return float(self.value)
+
+    def __int__(self):
+        return int(self.value)
+
+
+def _as_forward(r):
+    return ForwardDual(r.value, r.tangent) if isinstance(r, Dual) else r
+
+
+def _rewrapped(method):
+    def apply(self, *args):
+        if any(isinstance(a, np.ndarray) for a in args):
+            return NotImplemented   # NumPy then applies the operation entry by entry
+        return _as_forward(method(self, *args))
+    apply.__name__ = method.__name__
+    return apply
+
+
+# spec.dual's arithmetic, its results kept ForwardDual
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+              "__truediv__", "__rtruediv__", "__neg__", "__pos__", "__pow__"):
+    setattr(ForwardDual, _name, _rewrapped(getattr(Dual, _name)))
+
+
+class DualNumeric:
+    """A reflib numeric of ``ForwardDual`` entries over float64 (``dps=None``) or mpmath.
+
+    Parameters
+    ----------
+    dps : int or None
+        None: the parts are float64; an int: ``mpmath.mpf`` computed at ``working`` digits.
+    working : int or None
+        mpmath's working precision inside :meth:`context` (default ``dps + GUARD_DIGITS``).
+    """
+
+    dtype = np.dtype(object)
+
+    def __init__(self, dps=None, working=None):
+        self.digits = check_dps(dps)
+        self.working = None if dps is None else (working or self.digits + GUARD_DIGITS)
+        self._base = base_scalars(self.digits)
+        self._dual = dual_scalars(self.digits)
+
+    @property
+    def dps(self):
+        """What to pass as ``dps=`` to select this numeric (``reflib.numeric.numeric_for``)."""
+        return self
+
+    def __repr__(self):
+        return f"DualNumeric(dps={self.digits!r})"
+
+    def context(self):
+        return contextlib.nullcontext() if self.working is None else mpmath.workdps(self.working)
+
+    def _entry(self, v, what):
+        if isinstance(v, Dual):
+            return v if isinstance(v, ForwardDual) else ForwardDual(v.value, v.tangent)
+        if is_real(v):
+            return self._base.convert(v)   # a constant: tangent 0
+        raise TypeError(f"{what} holds {type(v).__name__} {v!r}; pass real numbers or duals")
+
+    def asarray(self, value, what="input"):
+        """A new object array: duals kept, real numbers as constants of the number system."""
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "iufO":
+            raise TypeError(f"{what} has dtype {arr.dtype}; pass a real array")
+        out = np.empty(arr.shape, dtype=object)
+        for idx, v in np.ndenumerate(arr):
+            out[idx] = self._entry(v, what)
+        return out
+
+    result = asarray
+
+    def const(self, value):
+        return self._base.const(value)
+
+    def zeros(self, shape):
+        out = np.empty(shape, dtype=object)
+        out.fill(self._base.convert(0))
+        return out
+
+    def isfinite(self, arr):
+        flat = [self._base.isfinite(value_of(v)) for v in np.asarray(arr, dtype=object).flat]
+        return np.array(flat, dtype=bool).reshape(np.shape(arr))
+
+    def _map(self, fn, x):
+        return np.asarray(np.frompyfunc(lambda v: _as_forward(fn(v)), 1, 1)(x), dtype=object)
+
+    def exp(self, x):
+        return self._map(self._dual.exp, x)
+
+    def log(self, x):
+        return self._map(self._dual.log, x)
+
+    def log1p(self, x):
+        # NOTE: the value by the base's log1p (no 1 + x rounding); the slope log'(1 + x)
+        base, log = self._base, self._dual.log
+
+        def one(v):
+            if not isinstance(v, Dual):
+                return base.log1p(v)
+            return Dual(base.log1p(v.value), log(Dual(1 + v.value, v.tangent)).tangent)
+        return self._map(one, x)
+
+    def sqrt(self, x):
+        return self._map(self._dual.sqrt, x)
+
+    def tanh(self, x):
+        return self._map(self._dual.tanh, x)
+
+    def erf(self, x):
+        return self._map(self._dual.erf, x)
+
+    def pi(self):
+        return self._base.pi if self.digits is None else +mpmath.pi
+
+    def sigmoid(self, x):
+        """reflib's float64 form: exp of ``-|x|`` only, then one division."""
+        e = self.exp(-self._map(self._dual.abs, x))
+        return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def split_parts(arr, zero):
+    """(values, tangents) of an array of duals and constants."""
+    arr = np.asarray(arr, dtype=object)
+    values = np.empty(arr.shape, dtype=object)
+    tangents = np.empty(arr.shape, dtype=object)
+    for idx, v in np.ndenumerate(arr):
+        values[idx] = value_of(v)
+        tangents[idx] = tangent_of(v, zero)
+    return values, tangents
+
+
+def check_tangents(name, sig, inputs, tangents, what="tangents"):
+    """One tangent per input shaped like it, None exactly for class-index inputs."""
+    if isinstance(tangents, np.ndarray) or not isinstance(tangents, (list, tuple)):
+        raise TypeError(f"{name}: {what} must be a list or tuple with one array per input "
+                        f"({', '.join(sig.inputs)}); wrap a single array as [t]")
+    if len(tangents) != len(sig.inputs):
+        raise ValueError(f"{name}: {what} needs one entry per input ({', '.join(sig.inputs)}); "
+                         f"got {len(tangents)}")
+    out = []
+    for iname, x, t in zip(sig.inputs, inputs, tangents):
+        if iname in sig.class_index:
+            if t is not None:
+                raise ValueError(f"{name}: input {iname!r} holds class indices and is not "
+                                 f"differentiable; pass None as its tangent")
+            out.append(None)
+            continue
+        if t is None:
+            raise ValueError(f"{name}: the tangent for input {iname!r} is None; pass an array "
+                             f"(zeros to hold the input fixed)")
+        arr = np.asarray(t)
+        if arr.shape != np.shape(x):
+            raise ValueError(f"{name}: the tangent for {iname!r} has shape {arr.shape}, the "
+                             f"input has {np.shape(x)}; pass one shaped like the input")
+        out.append(arr)
+    return out
+
+
+def _finish(values, digits):
+    """Results rounded to ``digits`` (object arrays of mpf), or float64 arrays."""
+    if digits is None:
+        return np.array(np.asarray(values, dtype=object), dtype=np.float64)
+    from reflib.numeric import Exact
+    return Exact(digits).result(values)
+
+
+def run_exactly(compute, digits, name="the model"):
+    """``compute()`` once in float64, or at growing mpmath precision until stable
+    (``spec.precision.converge``, as ``reflib.forward`` does); results rounded at the end.
+
+    A slope that is infinite at the inputs (``sqrt`` at 0, whose forward is defined there) is a
+    ValueError naming ``name``, not a ZeroDivisionError from deep inside a rule.
+    """
+    try:
+        if digits is None:
+            with np.errstate(divide="raise"):
+                return tuple(None if r is None else _finish(r, None) for r in compute())
+        out = converge(compute, digits, GUARD_DIGITS)
+    except (ZeroDivisionError, FloatingPointError) as exc:
+        raise ValueError(f"{name}: a derivative is infinite at these inputs (a slope divides "
+                         f"by zero, as sqrt's does at 0); pass inputs where the op is "
+                         f"differentiable") from exc
+    return tuple(None if r is None else _finish(r, digits) for r in out)
+
+
+def jvp(name, inputs, tangents, dps=None, **params):
+    """Forward value and ``J t`` of registry op ``name``, by reflib's forward on dual numbers.
+
+    Parameters
+    ----------
+    name : str
+        A registry op (``reflib.ops.op_names()``).
+    inputs : sequence of array_like
+        The op's inputs in the table's order, as for ``reflib.forward``.
+    tangents : list or tuple
+        One array per input shaped like it (``None`` for class indices): the direction.
+    dps : int or None
+        None: float64 arithmetic; an int: exact (mpmath), the working precision grown until the
+        digits returned stop moving, results rounded to ``dps`` digits.
+    **params
+        The op's params, as for ``reflib.forward``.
+
+    Returns
+    -------
+    value, jvp : numpy.ndarray
+        float64, or object arrays of ``mpmath.mpf`` when ``dps`` is an int; both shaped like
+        the output. ``jvp = Σ_i J_i t_i``; at a declared kink the op's convention (``relu'(0) =
+        0``, ``|x|'(0) = 0``, ties of ``maximum`` to the first argument).
+
+    Raises
+    ------
+    ValueError, TypeError
+        As ``reflib.forward``; and a tangent of the wrong shape or count, a non-finite tangent,
+        a tangent for a class-index input.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> value, jv = jvp("tanh", [np.array([0.0])], [np.array([3.0])], dps=30)
+    >>> str(jv[0])
+    '3.0'
+    """
+    from reflib.ops import forward
+
+    sig = optable.lookup(optable.OPS, name)
+    digits = check_dps(dps)
+    tangents = check_tangents(name, sig, inputs, tangents)
+
+    def compute():
+        F = DualNumeric(digits, working=None if digits is None else mpmath.mp.dps)
+        base = F.zeros(())[()]
+        with F.context():
+            duals = []
+            for iname, x, t in zip(sig.inputs, inputs, tangents):
+                if t is None:
+                    duals.append(x)
+                    continue
+                xs, ts = F.asarray(x, f"{name}: input {iname}"), F.asarray(t, f"{name}: tangent")
+                if not F.isfinite(ts).all():
+                    raise ValueError(f"{name}: the tangent for {iname!r} holds a non-finite "
+                                     f"value; pass finite tangents")
+                d = np.empty(xs.shape, dtype=object)
+                for idx in np.ndindex(*xs.shape):
+                    d[idx] = ForwardDual(xs[idx], ts[idx])
+                duals.append(d)
+        out = forward(name, duals, dps=F, **params)
+        return split_parts(out, base)
+
+    value, jv = run_exactly(compute, digits, name)
+    _at_kinks(name, inputs, tangents, params, jv, digits)
+    return value, jv
+
+
+def _at_kinks(name, inputs, tangents, params, jv, digits):
+    """The op's declared kink convention where an input sits on a kink (spec's own rule)."""
+    import spec
+    from spec.second_order import at_kinks
+
+    op = spec.OPS[name]
+    if not op.kinks:
+        return
+    sig = optable.lookup(optable.OPS, name)
+    merged = optable.resolve_params(name, sig.defaults, params)
+    arrays = [np.asarray(x, dtype=object) for x in inputs]
+    tans = [None if t is None else np.asarray(t, dtype=object) for t in tangents]
+    with mpmath.workdps(digits or 30):
+        exact = np.array(jv, dtype=object)
+        at_kinks(op, arrays, tans, merged, exact)
+    jv[...] = exact if digits is not None else np.array(exact, dtype=np.float64)
