@@ -236,6 +236,20 @@ def _jvp_from_vjp(op, values, tangents, params, out):
     return _bounds(reduced, result.shape)
 
 
+def _with_tangent_errors(out, errors):
+    """The dual output ``out`` with each tangent's error raised to ``errors`` (units of u)."""
+    from spec.dual import Dual
+
+    fixed = np.empty(out.shape, dtype=object)
+    for idx in np.ndindex(*out.shape):
+        d = out[idx]
+        if isinstance(d, Dual):
+            t = Err.of(d.tangent)
+            d = Dual(d.value, Err(t.v, max(t.e, mpmath.mpf(float(errors[idx])))))
+        fixed[idx] = d
+    return fixed
+
+
 def running_error(name, inputs, cotangent, tangents, params=None):
     """Running-error bounds of op ``name``'s JVP and HVP at a draw, in units of u.
 
@@ -270,11 +284,15 @@ def running_error(name, inputs, cotangent, tangents, params=None):
         with np.errstate(all="ignore"):
             out = np.asarray(op.run_forward(DUAL_ERR, duals, resolved), dtype=object)
             _, jt = split(out, Err.of(0))
+            jvp_e = _bounds(jt, out.shape)
+            if op.category in ("unary", "reduction"):
+                jvp_e = np.maximum(jvp_e, _jvp_from_vjp(op, values, tangents, resolved, out))
+                # the HVP differentiates the stated VJP, whose ``result`` moves by J t: an
+                # engine takes that J t from the stated derivative too (σ' = σ(1 - σ) from
+                # the rounded σ), so the result's tangent carries the larger of the two errors
+                out = _with_tangent_errors(out, jvp_e)
             g = _errs(cotangent)
             grads = op.run_vjp(DUAL_ERR, duals, resolved, out, g)
-        jvp_e = _bounds(jt, out.shape)
-        if op.category in ("unary", "reduction"):
-            jvp_e = np.maximum(jvp_e, _jvp_from_vjp(op, values, tangents, resolved, out))
         hvp_e = []
         for a, gi in zip(arrays, grads):
             if gi is None:
