@@ -1,22 +1,12 @@
-"""The ``jvp2`` and ``hvp`` checks: an engine's forward mode and second order against spec's exact
-``spec.jvp`` / ``spec.hvp``, entry by entry.
+"""The ``jvp2`` and ``hvp`` checks: an engine's ``J t`` and ``∇_x <g, J(x) t>`` against spec's
+exact ``spec.jvp`` / ``spec.hvp``, entry by entry.
 
-A case is an op call (``strategies.OpExample``: inputs, the cotangent ``g`` as its ``grad``,
-params) plus tangents drawn from its seed (:func:`tangents_for`). Each entry of the engine's
-``J t`` (``check_jvp2``) and of its ``∇_x <g, J t>`` per input (``check_hvp``) is held to
-``K · u · E_i``, ``E_i`` the running-error bound of the rule at that draw
-(``second_order_bounds``), plus the dtype's underflow floor, as the first-order rows.
-
-Kinks (relu, abs, leaky_relu at 0; a tie of maximum): the JVP follows the kink policy of the
-first-order rows: ``strict`` asks for the registry's convention (the JVP is the transpose of
-the VJP there: ``relu'(0) t = 0``, ties to the first argument), ``subgradient`` accepts any
-member of the Clarke subdifferential applied to ``t`` (``θ t`` with θ in the slope interval;
-``θ t_a + (1 - θ) t_b`` at a tie) and reports the engine's convention. The HVP at a kink is the
-second derivative of the piece the value selects, 0 for every kink of the registry, in both
-modes (no engine's derivative of a piecewise-linear rule is anything else).
-
-An engine without the optional ``jvp``/``hvp`` methods is reported "not provided", not failed.
-The derivation of the bound: docs/second-order.md.
+A case is an op call (``strategies.OpExample``, its ``grad`` the cotangent) and tangents drawn
+from its seed (:func:`tangents_for`); each entry is held to ``K · u · E_i`` plus the underflow
+floor, ``E_i`` the running-error bound of the rule at the draw (``second_order_bounds``). At a
+kink the JVP follows the first-order rows' ``--kinks`` policy; the HVP there is 0 in both modes.
+An engine without ``jvp``/``hvp`` is "not provided", never failed. The long story:
+docs/second-order.md.
 """
 from __future__ import annotations
 

@@ -1,31 +1,12 @@
-"""The entrywise bounds of the ``jvp2`` and ``hvp`` rows: a running-error bound of the rule
-itself, evaluated at the draw.
+"""The entrywise bound of the ``jvp2`` and ``hvp`` rows: a running-error bound of the registry's
+own rule, evaluated at the draw.
 
-Every JVP and HVP of the registry is ``spec``'s own formula run on dual numbers (``spec.dual``):
-the forward on ``x + ε·t`` for the JVP, the stated VJP on it for the HVP. Here the same formula
-runs on dual numbers whose parts are :class:`Err` numbers: an exact value (mpmath) paired with
-a first-order bound on the error a floating-point evaluation of that value accumulates, in
-units of the unit roundoff ``u`` (Wilkinson's running error analysis, one rule per operation):
-
-========================  =================================================================
-``a ± b``                 ``e(a) + e(b) + |a ± b|``
-``a · b``                 ``|a| e(b) + |b| e(a) + |a b|``
-``a / b``                 ``(e(a) + |a / b| e(b)) / |b| + |a / b|``
-``aⁿ`` (integer n)        ``|n aⁿ⁻¹| e(a) + (|n| - 1)|aⁿ|`` (repeated products)
-``f(a)`` (exp, log, ...)  ``|f'(a)| e(a) + 2 |f(a)|`` (a library function within one ulp)
-inputs, tangents, ``g``   0 (exact in the dtype); parameters and constants: ``|v|`` (rounded once)
-========================  =================================================================
-
-So the bound of an entry is the sum, over every operation the rule performs, of the magnitude
-of the term rounded there times how much the rest of the rule amplifies it: it grows with the
-terms a rule sums (``Σ |terms|``, not ``|Σ terms|``: a cancelling sum keeps its terms' error),
-with a centring that cancels (layer_norm of a narrow row), with an argument shifted by a large
-``lse`` (softmax at dominant logits), and it is small where every term is small. An engine
-computing the same quantity by another algorithm (a max-shifted softmax, a pairwise sum, the
-second derivative from ``f(x)``) makes errors of the same terms, so the check allows
-``K · u · E_i`` per entry, ``K = 16``: the safety factor covers the second-order terms the
-first-order analysis drops and a different order of the same operations, never a lost digit
-(a float32 intermediate in float64 is ``2²⁹ u``). The derivation: docs/second-order.md.
+spec's JVP is its forward on dual numbers, its HVP the stated VJP on them (``spec.dual``); here
+the same formulas run on duals whose parts are :class:`Err` numbers, an exact value with a
+first-order bound on what a floating-point evaluation of it accumulates (Wilkinson's running
+error analysis: ``e(a + b) = e(a) + e(b) + |a + b|``, ``e(ab) = |a|e(b) + |b|e(a) + |ab|``, ...,
+in units of u). The rows allow ``K · u · E`` per entry. The rules and their derivation:
+docs/second-order.md, section "The bound".
 """
 from __future__ import annotations
 

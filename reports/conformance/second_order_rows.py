@@ -1,17 +1,11 @@
 """The ``jvp2`` and ``hvp`` rows of ``verigrad conform``: what each draws, and the rows per engine.
 
-Each row is a Hypothesis property over op calls of three kinds, chosen per example:
-``domain values`` (spec's samples, as the ``exact`` rows), ``edge magnitudes`` (log-uniform
-across the range a second derivative keeps representable: the first-order edge range clipped to
-the cube root of the dtype's, since a rule may form ``x³`` or ``1/b³``) and, for ops with kinks,
-values exactly on them. Before the drawn ones every row runs the op's special calls as explicit
-examples: the first-order special-values and edge tables (the calls of at most ``SMALL``
-entries: the long ones exercise the first-order kernels' partitioning) and the calls below,
-placed where a second derivative goes wrong: narrow rows (layer_norm, rms_norm), a dominant
-logit at every position of a short row (softmax, log_softmax, logsumexp, the cross-entropies),
-points just off a kink and ties broken by one ulp (relu, abs, leaky_relu, maximum), and large
-and small magnitudes. A call whose exact JVP or HVP is not representable in the dtype is left
-out. The checks: ``second_order.check_jvp2`` / ``check_hvp``.
+Each row is a Hypothesis property over op calls with domain values, edge magnitudes (clipped to
+the cube root of the dtype's range) or values on the op's kinks, after the op's special calls as
+explicit examples: the small calls of the first-order special and edge tables and calls placed
+for second order (narrow rows, dominant logits, points just off a kink, near ties, large and
+small magnitudes). Checks: ``second_order.check_jvp2`` / ``check_hvp``. The long story:
+docs/second-order.md.
 """
 from __future__ import annotations
 
