@@ -22,7 +22,7 @@ __all__ = ["Err", "ERR", "running_error", "K"]
 K = 16
 #: digits of the exact values the bound is evaluated with: magnitudes need few digits, but a
 #: cancellation (1 - tanh(x)² near saturation) must still show its small value
-DPS = 40
+DPS = 30
 #: a library function (exp, log, tanh, erf, sqrt) is within this many units of roundoff
 LIBRARY = 2
 

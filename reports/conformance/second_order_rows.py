@@ -23,6 +23,9 @@ SMALL = 64
 #: the second-order rows draw this fraction of a profile's ``examples`` (at least 2): each
 #: example costs an exact JVP and HVP and their running-error bound in mpmath
 SHARE = 5
+#: the profiles whose rows also run the first-order tables' special calls; ``dev`` runs the
+#: calls placed for second order only (each exact call costs spec's dual numbers in mpmath)
+TABLE_PROFILES = ("ci", "thorough")
 
 
 def examples_for(profile):
@@ -168,29 +171,41 @@ def _representable(ex, dtype):
     return all(np.all(np.abs(v) <= big) for v in arrays)
 
 
-def _size(ex):
-    return sum(int(np.size(x)) for x in ex.inputs)
+def _first_order_calls(name, dtype):
+    """(label, inputs, params) of the first-order special-values and edge tables, before their
+    own exact filtering (the second-order one follows)."""
+    from reports.conformance import edge_cases, special_values
+
+    return (special_values._raw_cases(name, dtype)
+            + edge_cases._raw(name, dtype, np.random.default_rng(20261124)))
 
 
-def special_second_order_cases(name, dtype):
+def special_second_order_cases(name, dtype, tables=True):
     """The explicit calls of op ``name``'s ``jvp2``/``hvp`` rows in ``dtype``, in a fixed
-    order (``OpExample`` with a ``label``; module docstring)."""
+    order (``OpExample`` with a ``label``; module docstring). ``tables=False`` leaves out the
+    first-order tables' calls (the ``dev`` profile: ``TABLE_PROFILES``)."""
     import spec
 
-    from reports.conformance import edge_cases, special_values
+    from reports.conformance.strategies import make_example
 
     dtype = np.dtype(dtype)
     op = spec.OPS[name]
     rng = np.random.default_rng(26)
-    cases = [ex for ex in special_values.special_cases(name, dtype) + edge_cases.edge_cases(
-        name, dtype) if _size(ex) <= SMALL]
-    for label, inputs, params in _raw_second_order(name, dtype):
+    cases = []
+    for label, inputs, params in ((_first_order_calls(name, dtype) if tables else [])
+                                  + _raw_second_order(name, dtype)):
+        if sum(int(np.size(x)) for x in inputs) > SMALL:
+            continue
         cast = tuple(np.asarray(x) if op.domains[n] == "class_index"
                      else np.asarray(x, np.float64).astype(dtype)
                      for n, x in zip(op.inputs, inputs))
         shape = op.check_shapes([np.shape(x) for x in cast], params)
         grad = rng.standard_normal(shape).astype(dtype)
         cases.append(OpExample(name, cast, grad, dict(params), len(cases), False, label))
+    example = op.examples[0]
+    base = make_example(name, example.shapes, dict(example.params), 0, dtype)
+    cases.append(OpExample(name, base.inputs, np.zeros_like(base.grad), base.params, len(cases),
+                           False, "zero cotangent"))
     return [ex for ex in cases if _representable(ex, dtype)]
 
 
@@ -246,7 +261,8 @@ def second_order_rows(engine, ref, dtypes, ops, kinks=None):
                                         lambda ex: fn(engine, ex, mode),
                                         examples_for(profile), seed,
                                         _reproduce(ref, check, mode),
-                                        examples=special_second_order_cases(name, dtype),
+                                        examples=special_second_order_cases(
+                                            name, dtype, profile.name in TABLE_PROFILES),
                                         distinct=_form)
                 rows.append(Row(kind, name, engine.name, dt, run, kinks=flag))
     return rows
