@@ -13,7 +13,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from spec.backends import MPMATH, _Backend
+from spec.backends import _Backend
 from spec.dual import DualBackend, make_duals, split
 
 __all__ = ["Err", "ERR", "running_error", "K"]
