@@ -203,8 +203,6 @@ def _jvp_from_vjp(op, values, tangents, params, out):
     (``f'`` from the rounded output: ``σ(1 - σ)``, ``exp(x - lse)``), for the ops whose
     Jacobian the VJP gives entry by entry: elementwise ops (``J t = f' · t``) and the
     reductions (``J t = Σ_group VJP(1) · t`` over each reduced group)."""
-    from spec.dual import split
-
     result, _ = split(out, Err.of(0))
     ones = np.empty(result.shape, dtype=object)
     ones.fill(Err.of(1))

@@ -113,3 +113,35 @@ def test_running_error_sees_the_cancellation_of_a_narrow_layer_norm_row():
     wide, _ = running_error("layer_norm", [spread], g, [t], {"eps": 1e-12})
     narrow, _ = running_error("layer_norm", [1.0 + 1e-6 * spread], g, [t], {"eps": 1e-12})
     assert np.all(narrow > 1e5 * wide)
+
+
+class _ReluSlope(FastlibEngine):
+    """fastlib, except that relu's J t at x == 0 is ``slope · t``."""
+
+    slope = 0.5
+
+    def _jvp(self, name, inputs, tangents, **params):
+        out, jt = FastlibEngine._jvp(self, name, inputs, tangents, **params)
+        if name == "relu":
+            x, t = np.asarray(inputs[0]), np.asarray(tangents[0])
+            jt = np.where(x == 0, self.slope * t, jt).astype(jt.dtype)
+        return out, jt
+
+
+def test_kinks_per_policy_for_the_jvp():
+    """relu'(0) = 0.5 is a valid subgradient: strict fails it naming the convention,
+    subgradient passes and reports it; relu'(0) = 2 is outside [0, 1] and fails both."""
+    from reports.conformance.second_order import check_jvp2
+    from reports.conformance.strategies import OpExample
+
+    x = np.array([0.0, -0.0, 1.5, -2.0])
+    ex = OpExample("relu", (x,), np.array([0.3, -1.2, 0.7, 2.0]), {}, 5)
+    assert check_jvp2(FastlibEngine(), ex, "strict").ok
+    half = _ReluSlope()
+    strict, loose = check_jvp2(half, ex, "strict"), check_jvp2(half, ex, "subgradient")
+    assert not strict.ok and "not the registry's convention" in strict.describe()
+    assert loose.ok and loose.conventions
+    half.slope = 2.0
+    for mode in ("strict", "subgradient"):
+        r = check_jvp2(half, ex, mode)
+        assert not r.ok and "outside the Clarke subdifferential" in r.describe()
