@@ -38,10 +38,16 @@ def _gelu_tanh(x, y, p):
     return ((1 + th) / 2 + x * s * du / 2, s * du - x * th * s * du * du + x * s * d2u / 2)
 
 
+def _sigmoid_slopes(x):
+    """(σ(x), σ'(x), σ(-x) - σ(x)): σ' as σ(x)·σ(-x), never 1 - σ (which cancels once σ
+    saturates: at x = 30 it would keep 3 digits of σ' = 9e-14)."""
+    s, sm = _sigmoid(x), _sigmoid(-x)
+    return s, s * sm, sm - s
+
+
 def _silu(x, y, p):
-    s = _sigmoid(x)
-    ds = s * (1 - s)
-    return s + x * ds, ds * (2 + x * (1 - 2 * s))
+    s, ds, diff = _sigmoid_slopes(x)
+    return s + x * ds, ds * (2 + x * diff)
 
 
 def _gelu(x, y, p):
@@ -68,8 +74,8 @@ UNARY = {
     "gelu": _gelu,
     "gelu_tanh": _gelu_tanh,
     "tanh": lambda x, y, p: (1 - y * y, -2 * y * (1 - y * y)),
-    "sigmoid": lambda x, y, p: (y * (1 - y), y * (1 - y) * (1 - 2 * y)),
-    "softplus": lambda x, y, p: (_sigmoid(x), _sigmoid(x) * (1 - _sigmoid(x))),
+    "sigmoid": lambda x, y, p: (lambda s, ds, diff: (ds, ds * diff))(*_sigmoid_slopes(x)),
+    "softplus": lambda x, y, p: _sigmoid_slopes(x)[:2],
     "identity": lambda x, y, p: (np.ones_like(x), _zero(x)),
 }
 
@@ -192,9 +198,9 @@ def _loss_rules(name, arrays, tangents):
     z, t = arrays
     tz, tt = tangents
     n = z.size
-    s = _sigmoid(z)
+    s, ds, _ = _sigmoid_slopes(z)
     jvp = np.sum((s - t) * tz - z * tt) / n
-    return jvp, ((s * (1 - s) * tz - tt) / n, -tz / n)
+    return jvp, ((ds * tz - tt) / n, -tz / n)
 
 
 LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",

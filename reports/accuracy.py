@@ -86,6 +86,7 @@ class Config:
     fd_cases: int = DEFAULT_FD_CASES
     sources: tuple = SOURCES
     quick: bool = False
+    second_order: bool = False     # also each engine's JVP and HVP in ULPs (slower)
 
     @classmethod
     def quick_config(cls, **overrides):
@@ -129,7 +130,8 @@ class Config:
         return {"samples": self.samples, "ops": list(self.ops) if self.ops else None,
                 "dtypes": list(self.dtypes), "seed": self.seed,
                 "fd_steps": list(self.fd_steps), "fd_cases": self.fd_cases,
-                "sources": list(self.sources), "quick": self.quick, "dps": DPS,
+                "sources": list(self.sources), "quick": self.quick,
+                "second_order": self.second_order, "dps": DPS,
                 "kappa_well": KAPPA_WELL, "log_magnitudes": list(LOG_MAGNITUDES)}
 
 

@@ -183,7 +183,9 @@ SCHEMA = obj(
                        "fd_steps": array({"type": "number"}), "fd_cases": COUNT,
                        "sources": array(TEXT), "quick": {"type": "boolean"},
                        "dps": COUNT, "kappa_well": {"type": "number"},
-                       "log_magnitudes": array({"type": "number"})}),
+                       "log_magnitudes": array({"type": "number"})},
+                      {"second_order": {"type": "boolean", "description": "JVP and HVP "
+                                                                            "measured too"}}),
         "versions": {"type": "object", "description": "Python, platform, packages, engines, "
                                                       "git commit",
                      "additionalProperties": {"anyOf": [TEXT, {"type": "null"}]}},

@@ -28,3 +28,31 @@ def test_a_float32_intermediate_shows_in_float64_ulps():
     hvp = next(r for r in rows if r["kind"] == "hvp")
     # tanh kept in float32: an error of about 2^-24 relative, i.e. ~2^28 float64 ULPs
     assert hvp["max_ulp"] > 1e6
+
+
+def test_report_flag_measures_second_order_beside_the_first_order_figures():
+    """``verigrad report --second-order``: the config carries it, report.json validates, the
+    Markdown and HTML pages show each VJP cell beside its JVP and HVP cells; off by default."""
+    from reports import accuracy, schema
+    from reports.cli import build_parser
+    from reports.commands.report import _config
+    from reports.render import html, markdown
+
+    parser = build_parser()
+    off = _config(parser.parse_args(["report", "--quick", "--ops", "mul"]))
+    on = _config(parser.parse_args(["report", "--quick", "--ops", "mul", "--second-order"]))
+    assert (off.second_order, on.second_order) == (False, True)
+    assert on.quick and on.to_json()["second_order"] is True
+    fastlib = get_engine("fastlib")
+    small = dict(ops=("mul",), samples=1, dtypes=("float64",), fd_steps=())
+    report = accuracy.measure(accuracy.Config(second_order=True, **small), [fastlib], [])
+    schema.check(report)
+    rows = report["second_order"]["mul"]
+    assert {r["kind"] for r in rows} == {"jvp", "hvp"}
+    text = markdown.render(report)
+    assert "## Second order: VJP, JVP and HVP" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("| `mul` |") and "JVP" in ln)
+    assert "VJP " in line and "HVP " in line
+    assert "Second order: VJP, JVP and HVP" in html.render(report)
+    plain = accuracy.measure(accuracy.Config(**small), [fastlib], [])
+    assert "second_order" not in plain and "Second order" not in markdown.render(plain)

@@ -32,7 +32,8 @@ def add_arguments(parser):
                                     "'all', or a plugin module:Class (default: reflib fastlib "
                                     "fastlib-cuda)")
     shared.add_ops(parser, help="only these ops (or optimizers, layer kinds, or checks: exact "
-                                "jvp special optimizer tape train targetprop cd; with "
+                                "jvp special jvp2 hvp optimizer tape train targetprop cd "
+                                "program; with "
                                 "--mutants: mutant keys) (default: all)")
     shared.add_dtypes(parser, help="only these dtypes (default: both)")
     shared.add_json(parser, help="also write the rows as JSON to FILE")

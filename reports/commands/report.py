@@ -34,6 +34,11 @@ def add_arguments(parser):
                              f"{accuracy.QUICK_SAMPLES} with --quick)")
     parser.add_argument("--quick", action="store_true",
                         help="a fast report: few samples and three finite-difference steps")
+    parser.add_argument("--second-order", action="store_true",
+                        help="also measure every engine's JVP and HVP of each op in ULPs of "
+                             "spec's exact values (two draws per op and dtype), shown beside "
+                             "the first-order figures; an engine without jvp/hvp reads 'not "
+                             "provided' (slower: spec's dual numbers per draw)")
     shared.add_ops(parser, help="measure only these registry ops (default: all)")
     shared.add_seed(parser, help="seed of the random cases")
     parser.add_argument("--baseline", metavar="OLD.json",
@@ -216,11 +221,29 @@ def _bar_lines(report):
     return lines
 
 
+def _second_order_lines(report):
+    """The worst JVP and HVP row of a report measured with ``--second-order`` (or [])."""
+    from reports.render import fmt_num
+
+    rows = [dict(r, op=op) for op, rs in (report.get("second_order") or {}).items() for r in rs
+            if "max_ulp" in r]
+    lines = []
+    for kind in ("jvp", "hvp"):
+        mine = [r for r in rows if r["kind"] == kind]
+        if mine:
+            w = max(mine, key=lambda r: (r["median_ulp"], r["max_ulp"]))
+            lines.append(f"  worst {kind.upper()} row: {w['op']} on {w['engine']} {w['dtype']}: "
+                         f"median {fmt_num(w['median_ulp'])} ULP, max {fmt_num(w['max_ulp'])} "
+                         f"ULP")
+    return lines
+
+
 def _config(args):
     from reports import accuracy
 
     overrides = dict(dtypes=tuple(args.dtypes), seed=args.seed,
-                     ops=tuple(args.ops) if args.ops else None)
+                     ops=tuple(args.ops) if args.ops else None,
+                     second_order=bool(getattr(args, "second_order", False)))
     if args.samples is not None:
         overrides["samples"] = args.samples
     return (accuracy.Config.quick_config(**overrides) if args.quick
@@ -324,7 +347,7 @@ def run(args) -> int:
     if worst is not None:
         print(f"  worst row: {worst['op']} on {worst['engine']} {worst['dtype']}: median "
               f"{fmt_num(worst['median_ulp'])} ULP, max {fmt_num(worst['max_ulp'])} ULP")
-    for line in _bar_lines(report):
+    for line in _bar_lines(report) + _second_order_lines(report):
         print(line)
     reg = report["regressions"]
     if reg is not None:

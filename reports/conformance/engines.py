@@ -260,6 +260,11 @@ class FastlibCudaEngine(FastlibEngine):
         self._cuda = fc
 
     @property
+    def second_order(self):
+        """False: fastlib's jvp/hvp (inherited) run on the CPU, not on the device."""
+        return False
+
+    @property
     def rounded_once(self):
         """fastlib-cuda's own single-rounding promises (``fastlib.cuda.ops.ROUNDED_ONCE``)."""
         from fastlib.cuda.ops import ROUNDED_ONCE

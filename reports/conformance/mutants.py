@@ -197,6 +197,21 @@ MUTANTS = (
            "    return (gv, 0.0) if win else (0.0, gv)\n",
            "    return (gv, gv) if x == y else ((gv, 0.0) if win else (0.0, gv))\n",
            ("maximum",)),
+    # -- second order: the jvp2 / hvp rows ----------------------------------------------------
+    Mutant("mul-hvp-cross-term", "mul's HVP without its cross term d²(ab)/da db = 1 (each "
+           "input's H t misses the other's tangent)", "second_order.py",
+           "        return b, a, zero, one, zero", "        return b, a, zero, zero, zero",
+           ("mul",)),
+    Mutant("softmax-hvp-sign", "softmax's second derivative with the sign of s·Σ(g·ṡ) flipped",
+           "second_order.py",
+           "                - s * np.sum(g * ds, axis=p[\"axis\"], keepdims=True)]",
+           "                + s * np.sum(g * ds, axis=p[\"axis\"], keepdims=True)]",
+           ("softmax",)),
+    Mutant("norm-sigma-f32", "layer_norm's and rms_norm's σ rounded to float32 in the float64 "
+           "JVP and HVP (a float32 intermediate)", "second_order.py",
+           "    sigma = np.sqrt((c * c).mean(axis=-1, keepdims=True) + x.dtype.type(eps))\n",
+           "    sigma = np.sqrt((c * c).mean(axis=-1, keepdims=True) + x.dtype.type(eps))"
+           ".astype(np.float32).astype(x.dtype)\n", ("layer_norm",)),
     # -- optimizers -------------------------------------------------------------------------------
     Mutant("adam-bias-correction", "Adam without the bias correction of m", "optim.py",
            "c[:, 5] = [1.0 / (1.0 - b1 ** t) for t in steps]", "c[:, 5] = 1.0", ("Adam",)),

@@ -16,8 +16,8 @@ import numpy as np
 __all__ = ["Profile", "PROFILES", "Row", "RowResult", "run_property", "run_cases", "KINDS",
            "ConformanceFailure", "MAX_FAILURES"]
 
-KINDS = ("completeness", "exact", "jvp", "special", "optimizer", "tape", "train", "targetprop",
-         "cd", "program")
+KINDS = ("completeness", "exact", "jvp", "special", "jvp2", "hvp", "optimizer", "tape", "train",
+         "targetprop", "cd", "program")
 
 
 @dataclass(frozen=True)

@@ -214,6 +214,8 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
     import spec
 
     from reports.conformance.properties import TAPE_ENGINES
+    from reports.conformance.second_order_rows import KINDS as SECOND_ORDER_KINDS
+    from reports.conformance.second_order_rows import second_order_rows
     from reports.conformance.strategies import LAYER_KINDS, OPTIMIZER_NAMES
 
     all_ops = list(spec.OPS)
@@ -244,6 +246,9 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
                                                  wanted is None or o in wanted or
                                                  {"exact", "jvp", "special"} & wanted],
                                 kink_mode)
+        engine_rows += second_order_rows(engine, name, dtypes,
+                                         [o for o in all_ops if wanted is None or o in wanted
+                                          or set(SECOND_ORDER_KINDS) & wanted], kink_mode)
         engine_rows += _optimizer_rows(engine, name, dtypes, OPTIMIZER_NAMES)
         if engine.name in TAPE_ENGINES and ":" not in name:
             engine_rows.append(_tape_row(engine.name))

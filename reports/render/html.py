@@ -15,7 +15,8 @@ import math
 
 from reports.accuracy import as_float
 from reports.render import fmt_num, fmt_share, is_failing, status_text
-from reports.render.markdown import bar_section, fd_table, regressions_section
+from reports.render.markdown import (SECOND_ORDER_READING, bar_section, fd_table,
+                                      regressions_section, second_order_table)
 
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5em auto;
@@ -267,6 +268,10 @@ def render(report, figures=None):
         "rounding. kappa is the componentwise condition number of the exact VJP.</p>"
         '<input id="filter" placeholder="filter rows (op, engine, dtype)">'
         + summary_table(report))
+    second = second_order_table(report)
+    if second:
+        sections.append("<h2>Second order: VJP, JVP and HVP (median / max ULPs)</h2>"
+                        + _md_block(second) + f"<p>{_e(SECOND_ORDER_READING)}</p>")
     if figures.get("overview"):
         sections.append("<h2>Overview</h2>" + _img(figures["overview"], "overview"))
     fd = fd_table(report)

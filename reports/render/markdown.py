@@ -63,6 +63,41 @@ def summary_table(report):
     return table(headers, rows)
 
 
+SECOND_ORDER_READING = (
+    "Each cell: the first-order VJP's median / max ULPs (as in the summary), then the JVP's "
+    "(`J t`) and the HVP's (`∇<g, J t>`) on two draws per op and dtype, against `spec.jvp` / "
+    "`spec.hvp`; a ULP is the dtype's spacing at the exact value, so a product that cancels "
+    "shows ULPs that are its conditioning (the `jvp2` / `hvp` rows of `verigrad conform` hold "
+    "each entry to its derived bound).")
+
+
+def _second_order_cell(rows, engine, dtype, kind):
+    row = next((r for r in rows if r["engine"] == engine and r["dtype"] == dtype
+                and r["kind"] == kind), None)
+    if row is None:
+        return "–"
+    if "median_ulp" not in row:
+        return row.get("status", "–")
+    return f"{fmt_num(row['median_ulp'])} / {fmt_num(row['max_ulp'])}"
+
+
+def second_order_table(report):
+    """Op × (engine, dtype): the VJP's, the JVP's and the HVP's ``median / max`` ULPs side by
+    side; "" when the report did not measure second order (``--second-order``)."""
+    second = report.get("second_order")
+    if not second:
+        return ""
+    cols = columns(report)
+    headers = ["op"] + [f"{e} {d}" for e, d in cols]
+    rows = []
+    for name, res in report["ops"].items():
+        so = second.get(name, [])
+        rows.append([f"`{name}`"] + [
+            f"VJP {cell(find_row(res, e, d))}; JVP {_second_order_cell(so, e, d, 'jvp')}; "
+            f"HVP {_second_order_cell(so, e, d, 'hvp')}" for e, d in cols])
+    return table(headers, rows)
+
+
 def worst_table(report, n=WORST_ROWS):
     """The ``n`` worst engine rows (the report's summary order)."""
     rows = []
@@ -193,6 +228,12 @@ def render(report):
         summary_table(report),
         READING.format(kappa=cfg["kappa_well"], lo=cfg["log_magnitudes"][0],
                        hi=cfg["log_magnitudes"][1]),
+    ]
+    second = second_order_table(report)
+    if second:
+        parts += ["## Second order: VJP, JVP and HVP, median / max error in ULPs",
+                  second, SECOND_ORDER_READING]
+    parts += [
         "## The bar",
         bar_section(report),
         "## Worst rows",

@@ -34,5 +34,11 @@ def test_docs_example_engine_passes(tmp_path, capsys):
     completeness = [r for r in rows if r["check"] == "completeness"]
     assert completeness[0]["status"] == "pass" and "33 declared unsupported" in \
         completeness[0]["detail"]
-    unsupported = [r for r in rows if r["status"] == "unsupported"]
+    unsupported = [r for r in rows if r["status"] == "unsupported"
+                   and r["check"] not in ("jvp2", "hvp")]
     assert len(unsupported) == 33 + 7   # 33 ops and the 7 optimizers, each with its reason
+    # no jvp/hvp: every second-order row says so, none fails
+    second = [r for r in rows if r["check"] in ("jvp2", "hvp")]
+    assert len(second) == 2 * 37 and all(
+        r["status"] == "unsupported" and r["detail"] == "not provided: no jvp/hvp"
+        for r in second)

@@ -167,8 +167,10 @@ class TorchEngine(Engine):
                 result.append(None)
                 continue
             h = next(it)
+            # NOTE: torch returns an efficient ZeroTensor for a rule that is constant (abs'),
+            # which refuses .numpy() unless forced
             result.append(np.zeros(tuple(t.shape), t.detach().numpy().dtype) if h is None
-                          else h.detach().numpy().copy())
+                          else h.detach().numpy(force=True).copy())
         return tuple(result)
 
     def _optimizer_step(self, name, w, g, state, t, **hyper):
