@@ -146,7 +146,9 @@ def sigmoid_vjp(F, x, out, g):
 def softplus(F, x):
     # log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): no overflow, no loss for very negative x.
     ax = np.where(x < 0, -x, x)
-    return np.where(x > 0, x, 0.0) + F.log1p(F.exp(-ax))
+    # NOTE: both branches take the right side at x = 0 (x >= 0 above, x < 0 for |x|), so
+    # reflib.jvp's dual numbers see one side's slope, 1 - 1/2, not a mix of the two
+    return np.where(x >= 0, x, 0.0) + F.log1p(F.exp(-ax))
 
 
 def softplus_vjp(F, x, out, g):

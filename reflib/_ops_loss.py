@@ -54,8 +54,18 @@ def _log_softmax_rows(F, z):
     # log s = log1p(s - 1), s - 1 summed without the max's own exp(0) = 1: in float64,
     # log(1 + 1e-17) rounds to 0 and a dominant logit's loss of 1e-17 would be lost
     below = np.sum(np.where(zm < 0, e, 0 * e), axis=1, keepdims=True)
-    ties = np.sum(zm == 0, axis=1, keepdims=True) - 1
+    ties = _ties_beyond_one(e, zm)
     return zm - F.log1p(below + ties)
+
+
+def _ties_beyond_one(e, zm):
+    """Σ exp(z - max) over a row's tied maxima, less the max's own 1.
+
+    NOTE: the tied entries' exp(0) are summed as values, not counted: the count is the same
+    number, but dual numbers (reflib.jvp) and the recorded second backward need each tied
+    entry's own tangent, which a count of them drops.
+    """
+    return np.sum(np.where(zm == 0, e, 0 * e), axis=1, keepdims=True) - 1
 
 
 def _softmax_minus_onehot(F, z, t):
@@ -64,12 +74,14 @@ def _softmax_minus_onehot(F, z, t):
     n = z.shape[0]
     zm, e, _ = shifted_exp(F, z, (1,))
     below = np.sum(np.where(zm < 0, e, 0 * e), axis=1, keepdims=True)
-    ties = np.sum(zm == 0, axis=1, keepdims=True) - 1
+    ties = _ties_beyond_one(e, zm)
     s = 1 + (below + ties)
     p = e / s
     rows = np.arange(n)
     at_max = zm[rows, t] == 0
-    others = (below + ties)[:, 0] / s[:, 0]
+    # (s - e_t) / s; at the max e_t is exactly 1, so 1 - e_t adds an exact 0 to the value and
+    # only its tangent (a tied target's own) to a dual number
+    others = (below[:, 0] + ties[:, 0] + (1 - e[rows, t])) / s[:, 0]
     p[rows, t] = np.where(at_max, -others, p[rows, t] - 1)
     return p
 
@@ -121,7 +133,8 @@ def binary_cross_entropy_with_logits(F, logits, target):
     _same_shape("binary_cross_entropy_with_logits", logits, target, ("logits", "target"))
     z = logits
     az = np.where(z < 0, -z, z)
-    return np.sum(np.where(z > 0, z, 0.0) - z * target + F.log1p(F.exp(-az))) / z.size
+    # both branches on the right side at z = 0, as in softplus (reflib.jvp's slope there)
+    return np.sum(np.where(z >= 0, z, 0.0) - z * target + F.log1p(F.exp(-az))) / z.size
 
 
 def binary_cross_entropy_with_logits_vjp(F, logits, target, out, g):

@@ -327,3 +327,36 @@ def test_bad_directions_say_what_to_fix():
         reflib.model_hvp(model, x, y, loss, {**v, "b": np.ones(7)})
     with pytest.raises(ValueError, match="finite"):
         reflib.gnvp(model, x, y, loss, {**v, "b": np.full(v["b"].shape, np.inf)})
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "categorical_cross_entropy", "log_softmax"])
+def test_tied_maxima_keep_each_tied_entry_s_tangent(name):
+    # rows whose maximum is tied (every entry, two entries) and a dominant logit: the tied
+    # entries' exp(0) carry their own tangents, which a count of the ties would drop
+    x = np.array([[-1e4, -1e4, -1e4], [2.0, 2.0, -1.0], [1e4, -1e4, 0.0]])
+    rng = np.random.default_rng(3)
+    t = rng.standard_normal(x.shape)
+    inputs, tangents = [x], [t]
+    if name == "cross_entropy":
+        inputs, tangents = [x, np.array([[0], [1], [2]])], [t, None]
+    elif name == "categorical_cross_entropy":
+        target = np.array([[0.2, 0.5, 0.3], [0.0, 1.0, 0.0], [0.5, 0.25, 0.25]])
+        inputs, tangents = [x, target], [t, rng.standard_normal(x.shape)]
+    _, exact = spec.jvp(name, inputs, tangents, {}, dps=30)
+    _, got = reflib.jvp(name, inputs, tangents, dps=30)
+    assert np.allclose(np.asarray(got, dtype=float), np.asarray(exact, dtype=float),
+                       rtol=1e-25, atol=1e-25)
+    g = rng.standard_normal(np.shape(exact))
+    hv_exact = spec.hvp(name, inputs, g, tangents, {}, dps=30)
+    hv = reflib.hvp(name, inputs, g, tangents, dps=30)
+    for e, h in zip(hv_exact, hv):
+        if e is not None:
+            assert np.allclose(np.asarray(h, dtype=float), np.asarray(e, dtype=float),
+                               rtol=1e-25, atol=1e-25)
+
+
+def test_softplus_jvp_at_zero_takes_one_side():
+    # max(x, 0) + log1p(exp(-|x|)) at x = 0: both branches on the same side, slope 1/2
+    x, t = np.array([0.0, -0.0]), np.array([1.5, -2.0])
+    _, jt = reflib.jvp("softplus", [x], [t], dps=30)
+    assert np.array_equal(np.asarray(jt, dtype=float), t / 2)

@@ -157,9 +157,14 @@ class Engine:
 _OPTIMIZER_NAMES = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW")
 
 
+def _rounded(values):
+    """An exact (mpf) array rounded once to float64."""
+    return np.asarray(np.asarray(values, dtype=object).astype(float), dtype=np.float64)
+
+
 class ReflibEngine(Engine):
     """reflib's reference ops in float64 (``reflib.forward`` / ``reflib.vjp``; forward mode and
-    second order by ``reflib.jvp`` / ``reflib.hvp``, float64 arithmetic)."""
+    second order by ``reflib.jvp`` / ``reflib.hvp`` at 30 digits, rounded to float64)."""
 
     name = "reflib"
     dtypes = (FLOAT64,)
@@ -176,15 +181,23 @@ class ReflibEngine(Engine):
 
         return reflib.vjp(name, inputs, grad, **params)
 
+    # NOTE: forward mode and second order are reflib's exact routes (dual numbers and the
+    # recorded second backward at mpmath precision, EXACT_DPS digits), rounded once to float64:
+    # the referee's own float64 arithmetic loses the second order at saturated logits and
+    # huge norms, where the rows hold every engine to a few roundings.
+    EXACT_DPS = 30
+
     def _jvp(self, name, inputs, tangents, **params):
         import reflib
 
-        return reflib.jvp(name, inputs, tangents, **params)
+        value, jt = reflib.jvp(name, inputs, tangents, dps=self.EXACT_DPS, **params)
+        return _rounded(value), _rounded(jt)
 
     def _hvp(self, name, inputs, cotangent, tangents, **params):
         import reflib
 
-        return reflib.hvp(name, inputs, cotangent, tangents, **params)
+        return tuple(None if h is None else _rounded(h) for h in
+                     reflib.hvp(name, inputs, cotangent, tangents, dps=self.EXACT_DPS, **params))
 
     def _optimizer_step(self, name, w, g, state, t, **hyper):
         from reflib import optim
