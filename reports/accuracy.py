@@ -16,6 +16,7 @@ import math
 import platform
 import sys
 import time
+import warnings
 import zlib
 from dataclasses import dataclass, field
 
@@ -1077,8 +1078,20 @@ def _git_commit():
         return None
 
 
-def measure(config, engines, unavailable=(), on_op=None, workers=1, engine_refs=None,
-            measured=None):
+def measure_one(name, engines, config):
+    """``measure_op`` as a report calls it, one op: ``(result, seconds)``.
+
+    NOTE: special values make engines overflow on purpose (exp(80) in float32); their NumPy
+    warnings would bury the progress bar, and every such value is in the figures anyway.
+    """
+    started = time.perf_counter()
+    with single_threaded(), np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = measure_op(name, engines, config)
+    return result, round(time.perf_counter() - started, 3)
+
+
+def measure(config, engines, unavailable=(), on_op=None, measured=None):
     """Measure every op of ``config`` on ``engines``; the report as a JSON-ready dict.
 
     Parameters
@@ -1092,14 +1105,10 @@ def measure(config, engines, unavailable=(), on_op=None, workers=1, engine_refs=
     on_op : callable, optional
         Called as ``on_op(name, result)`` after each op (a progress bar's hook; the result
         is ``report["ops"][name]``, final, so its figure can be drawn meanwhile).
-    workers : int, default 1
-        Processes that measure the ops (``reports.local_workers``); 1 measures here. The
-        report is the same for any count.
-    engine_refs : sequence of str, optional
-        How each engine is asked for in a worker process (default: the engines' names).
     measured : dict, optional
-        Op name -> ``(result, seconds)`` already measured elsewhere (a cluster's); those ops
-        are taken as they are.
+        Op name -> ``(result, seconds)`` already measured elsewhere (worker processes, a
+        cluster: ``reports.local_workers``, ``reports.distributed.cluster``); taken as they
+        are, ``on_op`` called for each in the registry's order.
 
     Returns
     -------
@@ -1111,11 +1120,12 @@ def measure(config, engines, unavailable=(), on_op=None, workers=1, engine_refs=
     config.validate()
     ops = list(config.ops or spec.OPS)
     started = time.perf_counter()
-    from reports import local_workers
-
     if measured is None:
-        measured = local_workers.measure_ops(ops, engines, config, workers, engine_refs,
-                                             on_op=on_op)
+        measured = {}
+        for name in ops:
+            measured[name] = measure_one(name, engines, config)
+            if on_op is not None:
+                on_op(name, measured[name][0])
     elif on_op is not None:
         for name in ops:
             on_op(name, measured[name][0])

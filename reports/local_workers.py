@@ -12,10 +12,8 @@ this process instead: the report is complete either way.
 from __future__ import annotations
 
 import os
-import time
-import warnings
 
-__all__ = ["usable_cores", "default_workers", "measure_ops"]
+__all__ = ["usable_cores", "default_workers", "measure_ops", "measure_report"]
 
 _ENGINES = None          # a worker's engines, built once by _start_worker
 
@@ -40,22 +38,9 @@ def _start_worker(engine_refs):
     _ENGINES = [get_engine(ref) for ref in engine_refs]
 
 
-def measure_one(name, engines, config):
-    """``accuracy.measure_op`` as the serial run calls it: ``(result, seconds)``."""
-    import numpy as np
-
-    from reports import accuracy
-
-    started = time.perf_counter()
-    # NOTE: special values make engines overflow on purpose (exp(80) in float32); their NumPy
-    # warnings would bury the progress bar, and every such value is in the figures anyway.
-    with accuracy.single_threaded(), np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        result = accuracy.measure_op(name, engines, config)
-    return result, round(time.perf_counter() - started, 3)
-
-
 def _task(name, config):
+    from reports.accuracy import measure_one
+
     return measure_one(name, _ENGINES, config)
 
 
@@ -101,10 +86,28 @@ def measure_ops(ops, engines, config, workers, engine_refs=None, on_op=None):
             pass
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-    for name in ops:
-        if name not in done:
-            finish(name, measure_one(name, engines, config))
+    if len(done) < len(ops):
+        from reports.accuracy import measure_one
+
+        for name in ops:
+            if name not in done:
+                finish(name, measure_one(name, engines, config))
     return done
+
+
+def measure_report(config, engines, unavailable=(), workers=1, engine_refs=None, on_op=None):
+    """``accuracy.measure`` with the ops measured in ``workers`` processes (the same report).
+
+    ``on_op(name, result)`` is called as each op is done, in completion order.
+    """
+    import spec
+
+    from reports import accuracy
+
+    ops = list(config.ops or spec.OPS)
+    config.validate()
+    measured = measure_ops(ops, engines, config, workers, engine_refs, on_op=on_op)
+    return accuracy.measure(config, engines, unavailable, measured=measured)
 
 
 def _pool(workers, engine_refs):

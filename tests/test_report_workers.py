@@ -26,8 +26,9 @@ def serial():
 
 def test_two_workers_give_the_serial_report(serial):
     seen = []
-    report = accuracy.measure(_config(), [get_engine("reflib"), get_engine("fastlib")],
-                              workers=2, on_op=lambda name, result: seen.append(name))
+    report = local_workers.measure_report(
+        _config(), [get_engine("reflib"), get_engine("fastlib")], workers=2,
+        on_op=lambda name, result: seen.append(name))
     # JSON round trip: the comparison is of what is written, NaN and all
     assert json.dumps(_stable(report), sort_keys=True) == \
         json.dumps(_stable(serial), sort_keys=True)
@@ -38,8 +39,8 @@ def test_two_workers_give_the_serial_report(serial):
 
 def test_without_processes_the_ops_are_measured_here(serial, monkeypatch):
     monkeypatch.setattr(local_workers, "_pool", lambda workers, refs: None)
-    report = accuracy.measure(_config(), [get_engine("reflib"), get_engine("fastlib")],
-                              workers=4)
+    report = local_workers.measure_report(
+        _config(), [get_engine("reflib"), get_engine("fastlib")], workers=4)
     assert json.dumps(_stable(report), sort_keys=True) == \
         json.dumps(_stable(serial), sort_keys=True)
 

@@ -1,27 +1,13 @@
 """One submit per training step: the step recorded once as a CUDA graph and replayed per batch.
 
-numba-cuda 0.29 and later launch kernels into a ``cuda.core`` graph builder given where a
-stream goes (``kernel[grid, block, builder]``: ``numba.cuda.cudadrv.driver._to_core_stream``
-takes the builder's capture stream). :class:`StepGraph` records one call of a step function
-that way -- ``Device().create_graph_builder()``, ``begin_building``, the launches,
-``end_building().complete()`` -- and replays it with one ``Graph.launch(stream)`` on the run's
-``cuda.core`` stream. Everything a step reads that changes per batch (the batch's position in
-the epoch's order, the step's row, the optimizer's step count) lives in device memory, and
-every buffer it touches is allocated once per run (:class:`.device.Arena`), so the arguments
-frozen into the graph stay right for every batch.
-
-Recording is stream capture in ``thread_local`` mode: a call that is unsafe during capture
-(an allocation, a synchronous copy or wait) made by this thread fails instead of running
-outside the graph, and :mod:`.device` refuses its own copies, waits and allocations while
-recording (:class:`RecordingError`). Memory that numba frees meanwhile is held back
-(``cuda.defer_cleanup``): a free synchronises the device. A recording that fails is ended and
-its builder closed, and the exception propagates to the training run, which then launches
-the same kernels one by one and keeps the reason.
-
-Where recording is unavailable -- the simulator, a numba-cuda older than 0.29, no
-``cuda.core``, ``FASTLIB_CUDA_GRAPHS=0`` -- :func:`support` says why and training runs the same
-kernels as plain launches (``TrainingResult.cuda_mode``: ``"graph"`` or ``"launches"``;
-``TrainingResult.cuda_graph_reason``: why not graphs).
+:class:`StepGraph` records one call of a step function into a ``cuda.core`` graph builder
+(numba-cuda 0.29+ launches into a builder where a stream goes), in ``thread_local`` capture
+mode so an unsafe call fails instead of running outside the graph, and replays it with one
+``Graph.launch(stream)``. Whatever changes per batch (position in the order, row, step count)
+lives in device memory, and every buffer is allocated once per run, so the frozen arguments
+stay right. Where recording is unavailable or fails, :func:`support` or the run says why and
+the same kernels run as plain launches (``TrainingResult.cuda_mode``, ``cuda_graph_reason``).
+The full story (the calls, :class:`RecordingError`, deferred frees): docs/gpu.md.
 """
 from __future__ import annotations
 

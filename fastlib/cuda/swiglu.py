@@ -1,22 +1,13 @@
 """SwiGLU on the device in few launches: ``y = (silu(x W_gate) * (x W_up)) W_down`` and its VJP.
 
-Forward is two launches: :func:`gate_up_kernel`, one tiled GEMM that forms both input
-products from one shared tile of ``x`` and stores ``a = x W_gate``, ``u = x W_up`` (the
-history) and ``h = silu(a) * u``, then the plain GEMM ``y = h W_down``. Backward is four
-(three when no input gradient is needed):
-
-1. ``dh = g W_down^T`` with the gate's VJP in its epilogue (:func:`gate_vjp_epilogue`):
-   ``da = dh * u * silu'(a)`` and ``du = dh * silu(a)`` are stored, ``dh`` never is;
-2. ``grad W_down = h^T g``;
-3. ``grad W_gate = x^T da`` and ``grad W_up = x^T du`` as one batched GEMM of two products
-   sharing ``x`` (:func:`store_pair`);
-4. ``grad x = da W_gate^T + du W_up^T`` as one GEMM over ``2 * hidden`` (:func:`dx_kernel`).
-
-``a`` and ``u`` live in one buffer of shape (2, rows, hidden), ``da`` and ``du`` likewise, so
-the batched product of step 3 reads them with one stride. Rounding is the unfused path's: the
-products accumulate in the dtype, the gate and its VJP are formed in float64 from the stored
-values and rounded once. Tiles are :data:`config.TILE` square, grid-stride in every axis like
-:mod:`.linalg`.
+Forward is two launches (:func:`gate_up_kernel`: both input products from one shared tile of
+``x``, storing ``a``, ``u`` and ``h = silu(a) * u``; then ``y = h W_down``). Backward is four,
+three without an input gradient: ``g W_down^T`` with the gate's VJP in its epilogue
+(:func:`gate_vjp_epilogue`, ``dh`` never stored); ``grad W_down``; ``grad W_gate`` and
+``grad W_up`` as one batched GEMM sharing ``x`` (:func:`store_pair`); ``grad x`` as one GEMM
+over ``2 * hidden`` (:func:`dx_kernel`). Rounding is the unfused path's: products accumulate in
+the dtype, the gate and its VJP are formed in float64 and rounded once. The launch budgets:
+docs/gpu.md.
 """
 from __future__ import annotations
 

@@ -327,8 +327,8 @@ def run(args) -> int:
                 from reports import local_workers
 
                 workers = args.workers or local_workers.default_workers(len(ops))
-                report = accuracy.measure(
-                    config, engines, unavailable, on_op=advance, workers=workers,
+                report = local_workers.measure_report(
+                    config, engines, unavailable, workers=workers, on_op=advance,
                     engine_refs=list(dict.fromkeys(args.engines)) if args.engines else None)
         if baseline is not None:
             report["regressions"] = accuracy.compare(baseline, report, source=args.baseline)

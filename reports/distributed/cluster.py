@@ -306,8 +306,8 @@ def run_mutants(spec):
 # the accuracy report
 
 def _measure_op_task(name, engine_names, config):
+    from reports.accuracy import measure_one
     from reports.conformance.engines import get_engine
-    from reports.local_workers import measure_one
 
     return measure_one(name, [get_engine(n) for n in engine_names], config)
 
