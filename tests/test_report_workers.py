@@ -61,3 +61,19 @@ def test_bad_workers_are_usage_errors(tmp_path, capsys, argv, needle):
     code = main(["report", "--quick", "--ops", "exp", "--out", str(tmp_path / "r")] + argv)
     assert code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_the_measuring_time_counts_the_workers(monkeypatch):
+    import time as clock
+
+    measure_ops = local_workers.measure_ops
+
+    def slow_ops(ops, engines, config, workers, engine_refs=None, on_op=None):
+        clock.sleep(0.5)
+        return measure_ops(ops, engines, config, 1)
+
+    monkeypatch.setattr(local_workers, "measure_ops", slow_ops)
+    report = local_workers.measure_report(
+        accuracy.Config(samples=1, ops=("exp",), fd_steps=(), sources=("uniform",)),
+        [get_engine("reflib")], workers=2)
+    assert report["timing"]["total_seconds"] >= 0.5
