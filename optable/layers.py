@@ -177,11 +177,6 @@ class RecurrentShell:
                                            type(self).__name__)
         self.reset_parameters(seed, rng)
 
-    def _init_parameters(self, rng):
-        i, h, k = self.input_size, self.hidden_size, self._gates
-        return {"w_ih": xavier_uniform(rng, (i, k * h)), "w_hh": xavier_uniform(rng, (h, k * h)),
-                "b": np.zeros(k * h)}
-
     def get_config(self):
         return {"type": type(self).__name__, "input_size": self.input_size,
                 "hidden_size": self.hidden_size, "return_sequences": self.return_sequences}
@@ -202,12 +197,6 @@ class AttentionShell:
         check_heads(self)
         self.causal = check_bool(causal, "causal", type(self).__name__)
         self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        d = self.d_model
-        params = {f"w_{n}": xavier_uniform(rng, (d, d)) for n in "qkvo"}
-        params.update({f"b_{n}": np.zeros(d) for n in "qkvo"})
-        return params
 
     def get_config(self):
         return {"type": type(self).__name__, "d_model": self.d_model, "heads": self.heads,
