@@ -11,6 +11,7 @@ import numpy as np
 from fastlib.kernels import transformer as kt
 from fastlib.kernels.recurrent_pieces import PIECE
 from fastlib.training import fused_kernels as fk
+from fastlib.training import skeleton as sk
 from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
                                           single_threaded_blas)
 from fastlib.training import piece_plan
@@ -366,6 +367,7 @@ def _make_program(ctx, x):
     prog.piece_plan = plan
     prog.pieces = min(plan.pieces, bs)
     prog.chunks = max(1, min(prog.pieces, prog.param_size // CHUNK_MIN_PARAMS))
+    prog.cuts = sk.even_cuts(prog.param_size, prog.chunks)
     return prog
 
 
@@ -406,7 +408,7 @@ def run_epoch(ctx, x, y, order):
     buffers = _buffers(ctx, prog, bs)
     coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
     threads = piece_threads(prog.pieces)
-    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps, threads, prog.pieces, prog.chunks,
+    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps, threads, prog.pieces, prog.cuts,
             prog.prog, prog.fpar_arr, prog.out_slot, prog.out_w, code, opt.kind, coeffs,
             clip_mode, float(clip), w, slots[0], slots[1], *buffers)
     with single_threaded_blas():
