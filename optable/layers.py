@@ -2,7 +2,8 @@
 
 Both engines build the same architectures from the same configs, and one seed must give both
 the same initial parameters; so the constructor checks (with their messages) and the
-initialisation rule are written here once. The layers' forward and backward stay each engine's
+initialisation rules are written here once (each layer kind's parameters, and which rule
+draws each, are declared in ``optable.parameters``). The layers' forward and backward stay each engine's
 own. NumPy only, like the rest of optable.
 """
 from __future__ import annotations
@@ -160,13 +161,9 @@ class NormShell:
 
 
 class RecurrentShell:
-    """What both engines' RNN and LSTM share: sizes, the flag, the initial draw, the config.
+    """What both engines' RNN and LSTM share: sizes, the flag and the config (the parameters
+    are the kinds' declaration in ``optable.parameters``)."""
 
-    ``_init_parameters`` returns the parameters (``w_ih`` and ``w_hh`` Xavier-uniform, drawn in
-    that order, ``b`` zeros), which each engine's ``reset_parameters`` stores.
-    """
-
-    _gates = 1  # columns of w_ih per hidden unit (LSTM: 4)
     _in_attr, _out_attr = "input_size", "hidden_size"
     _label_attrs = ("input_size", "hidden_size")
     _input_rank = 3
@@ -183,10 +180,8 @@ class RecurrentShell:
 
 
 class AttentionShell:
-    """What both engines' MultiHeadAttention share: sizes, heads, the flag, draw and config.
-
-    ``w_q w_k w_v w_o`` Xavier-uniform, drawn in that order; ``b_q b_k b_v b_o`` zeros.
-    """
+    """What both engines' MultiHeadAttention share: sizes, heads, the flag and the config (the
+    parameters are the kind's declaration in ``optable.parameters``)."""
 
     _in_attr = _out_attr = "d_model"
     _label_attrs = ("d_model", "heads")
