@@ -7,15 +7,18 @@ parameters the architecture declares: their dotted names, in ``parameters()`` or
 shapes, in Python integers (no overflow). Only when those match the arrays stored in the file,
 and fit the size limit, is anything built.
 
-``PARAMETER_SHAPES`` is keyed by layer type; ``tests/test_model_schema.py`` builds every type
-of ``fastlib.layers.config.LAYER_TYPES`` (and the RBM) and checks that this table predicts
-its ``parameters()`` exactly, so the table cannot drift from the layers.
+The shapes are the layer kinds' one declaration (``optable.parameters.LAYER_KINDS``), the
+table the layers draw their parameters from too; ``tests/test_model_schema.py`` builds every
+type of ``fastlib.layers.config.LAYER_TYPES`` (and the RBM) and checks that the declaration
+predicts its ``parameters()`` exactly.
 """
 from __future__ import annotations
 
 import numbers
 
-__all__ = ["PARAMETER_SHAPES", "CONTAINERS", "MAX_DEPTH", "MAX_DIM", "SchemaError",
+from optable.parameters import LAYER_KINDS, parameter_shapes
+
+__all__ = ["CONTAINERS", "MAX_DEPTH", "MAX_DIM", "SchemaError",
            "declared_parameters"]
 
 # Containers nest to this depth at most in a file (a JSON document nested deeper is refused
@@ -33,41 +36,6 @@ class SchemaError(Exception):
         super().__init__(f"{where}: {problem}")
 
 
-def _dense(c):
-    return {"weight": (c["in_features"], c["out_features"]), "bias": (c["out_features"],)}
-
-
-def _recurrent(gates):
-    def shapes(c):
-        i, h = c["input_size"], c["hidden_size"]
-        return {"w_ih": (i, gates * h), "w_hh": (h, gates * h), "b": (gates * h,)}
-    return shapes
-
-
-def _attention(c):
-    d = c["d_model"]
-    out = {f"w_{n}": (d, d) for n in "qkvo"}
-    out.update({f"b_{n}": (d,) for n in "qkvo"})
-    return out
-
-
-# layer type -> (integer config keys that size it, function config -> {name: shape})
-PARAMETER_SHAPES = {
-    "Dense": (("in_features", "out_features"), _dense),
-    "RNN": (("input_size", "hidden_size"), _recurrent(1)),
-    "LSTM": (("input_size", "hidden_size"), _recurrent(4)),
-    "MultiHeadAttention": (("d_model", "heads"), _attention),
-    "SwiGLU": (("d", "hidden", "out"), lambda c: {"w_gate": (c["d"], c["hidden"]),
-                                                  "w_up": (c["d"], c["hidden"]),
-                                                  "w_down": (c["hidden"], c["out"])}),
-    "LayerNorm": (("d",), lambda c: {"weight": (c["d"],), "bias": (c["d"],)}),
-    "RMSNorm": (("d",), lambda c: {"weight": (c["d"],)}),
-    "Embedding": (("num", "dim"), lambda c: {"weight": (c["num"], c["dim"])}),
-    "Softmax": ((), lambda c: {}),
-    "RBM": (("visible", "hidden"), lambda c: {"weight": (c["visible"], c["hidden"]),
-                                              "visible_bias": (c["visible"],),
-                                              "hidden_bias": (c["hidden"],)}),
-}
 CONTAINERS = ("Sequential", "Parallel")
 
 
@@ -113,20 +81,19 @@ def declared_parameters(config) -> dict:
             for i in range(len(layers) - 1, -1, -1):
                 stack.append((layers[i], f"{where}.layers[{i}]", f"{prefix}{i}.", depth + 1))
             continue
-        if not isinstance(kind, str) or kind not in PARAMETER_SHAPES:
-            known = sorted(PARAMETER_SHAPES) + list(CONTAINERS)
+        if not isinstance(kind, str) or kind not in LAYER_KINDS:
+            known = sorted(LAYER_KINDS) + list(CONTAINERS)
             raise SchemaError(f"{where}.type", f"unknown layer type {_short(kind)}; known types: "
                                                f"{known}")
-        sizes, shapes = PARAMETER_SHAPES[kind]
-        for key in sizes:
+        for key in LAYER_KINDS[kind].sizes:
             value = node.get(key)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise SchemaError(f"{where}.{key}", f"{kind} needs an integer {key}, got "
                                                     f"{_kind(value)}")
             if not 1 <= value <= MAX_DIM:
                 raise SchemaError(f"{where}.{key}", f"{key}={value} is outside 1..{MAX_DIM}")
-        for name, shape in shapes(node).items():
-            out[prefix + name] = tuple(int(d) for d in shape)
+        for name, shape in parameter_shapes(kind, node).items():
+            out[prefix + name] = shape
     return out
 
 

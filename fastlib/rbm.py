@@ -22,13 +22,14 @@ from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
 from fastlib.layers.base import Layer, set_sizes
 from fastlib.training.algorithms import BatchResult, EpochStats, register_algorithm
 from fastlib.training.clipping import clip_gradients
+from optable.parameters import RBM_INIT_STD
 
 __all__ = ["RBM", "CDResult", "cd_gradients", "draw_uniforms", "cd_train_one_batch"]
 
 _SIGMOID = ACTIVATIONS["sigmoid"]
-# NOTE: N(0, 0.01²) weights (Hinton's practical guide) and zero biases, as reflib.rbm.RBM, so the
-# same seed gives both engines the same initial parameters.
-INIT_STD = 0.01
+# the initial draw (N(0, 0.01²) weights, zero biases, as reflib.rbm.RBM, so the same seed gives
+# both engines the same initial parameters) is the RBM kind's declaration in optable.parameters
+INIT_STD = RBM_INIT_STD
 
 
 class RBM(Layer):
@@ -65,10 +66,6 @@ class RBM(Layer):
         self.hist_post = None
         self.history = {"reconstruction_error": [], "free_energy": []}
         self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        return {"weight": rng.normal(0.0, INIT_STD, (self.visible, self.hidden)),
-                "visible_bias": np.zeros(self.visible), "hidden_bias": np.zeros(self.hidden)}
 
     def get_config(self):
         return {"type": "RBM", "visible": self.visible, "hidden": self.hidden}

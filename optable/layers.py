@@ -2,7 +2,8 @@
 
 Both engines build the same architectures from the same configs, and one seed must give both
 the same initial parameters; so the constructor checks (with their messages) and the
-initialisation rule are written here once. The layers' forward and backward stay each engine's
+initialisation rules are written here once (each layer kind's parameters, and which rule
+draws each, are declared in ``optable.parameters``). The layers' forward and backward stay each engine's
 own. NumPy only, like the rest of optable.
 """
 from __future__ import annotations
@@ -160,13 +161,9 @@ class NormShell:
 
 
 class RecurrentShell:
-    """What both engines' RNN and LSTM share: sizes, the flag, the initial draw, the config.
+    """What both engines' RNN and LSTM share: sizes, the flag and the config (the parameters
+    are the kinds' declaration in ``optable.parameters``)."""
 
-    ``_init_parameters`` returns the parameters (``w_ih`` and ``w_hh`` Xavier-uniform, drawn in
-    that order, ``b`` zeros), which each engine's ``reset_parameters`` stores.
-    """
-
-    _gates = 1  # columns of w_ih per hidden unit (LSTM: 4)
     _in_attr, _out_attr = "input_size", "hidden_size"
     _label_attrs = ("input_size", "hidden_size")
     _input_rank = 3
@@ -177,21 +174,14 @@ class RecurrentShell:
                                            type(self).__name__)
         self.reset_parameters(seed, rng)
 
-    def _init_parameters(self, rng):
-        i, h, k = self.input_size, self.hidden_size, self._gates
-        return {"w_ih": xavier_uniform(rng, (i, k * h)), "w_hh": xavier_uniform(rng, (h, k * h)),
-                "b": np.zeros(k * h)}
-
     def get_config(self):
         return {"type": type(self).__name__, "input_size": self.input_size,
                 "hidden_size": self.hidden_size, "return_sequences": self.return_sequences}
 
 
 class AttentionShell:
-    """What both engines' MultiHeadAttention share: sizes, heads, the flag, draw and config.
-
-    ``w_q w_k w_v w_o`` Xavier-uniform, drawn in that order; ``b_q b_k b_v b_o`` zeros.
-    """
+    """What both engines' MultiHeadAttention share: sizes, heads, the flag and the config (the
+    parameters are the kind's declaration in ``optable.parameters``)."""
 
     _in_attr = _out_attr = "d_model"
     _label_attrs = ("d_model", "heads")
@@ -202,12 +192,6 @@ class AttentionShell:
         check_heads(self)
         self.causal = check_bool(causal, "causal", type(self).__name__)
         self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        d = self.d_model
-        params = {f"w_{n}": xavier_uniform(rng, (d, d)) for n in "qkvo"}
-        params.update({f"b_{n}": np.zeros(d) for n in "qkvo"})
-        return params
 
     def get_config(self):
         return {"type": type(self).__name__, "d_model": self.d_model, "heads": self.heads,

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from optable.parameters import LAYER_KINDS, RBM_INIT_STD
 from reflib import ops
 from reflib.models.base import Layer, input_shape, set_sizes
 from reflib.numeric import numeric_for
@@ -20,10 +21,10 @@ from reflib.numeric import numeric_for
 __all__ = ["RBM", "CDResult", "cd_step", "cd_train_step", "free_energy",
            "reconstruction_error", "PARAMETERS"]
 
-PARAMETERS = ("weight", "visible_bias", "hidden_bias")
-# NOTE: weights start at N(0, 0.01²) (Hinton's practical guide), biases at zero; fastlib.RBM
-# draws the same values from the same seed.
-INIT_STD = 0.01
+# the parameter names and the initial draw (weights N(0, 0.01²), zero biases, the same values
+# fastlib.RBM draws from the same seed) are the RBM kind's declaration in optable.parameters
+PARAMETERS = tuple(p.name for p in LAYER_KINDS["RBM"].parameters)
+INIT_STD = RBM_INIT_STD
 
 
 class RBM(Layer):
@@ -41,11 +42,6 @@ class RBM(Layer):
         super().__init__()
         set_sizes(self, visible=visible, hidden=hidden)
         self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        self._params = {"weight": rng.normal(0.0, INIT_STD, (self.visible, self.hidden)),
-                        "visible_bias": np.zeros(self.visible),
-                        "hidden_bias": np.zeros(self.hidden)}
 
     def trace(self, tape, x, ids):
         input_shape(tape, x, "RBM", 2, self.visible, "visible units")

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from fastlib.layers.config import LAYER_TYPES, from_config
-from fastlib.model_schema import CONTAINERS, PARAMETER_SHAPES, SchemaError, declared_parameters
+from fastlib.model_schema import CONTAINERS, SchemaError, declared_parameters
+from optable.parameters import LAYER_KINDS
 from fastlib.rbm import RBM  # noqa: F401 - registers the RBM layer type
 
 # one small config per layer type, sizes all different so a swapped axis shows
@@ -24,8 +25,8 @@ CONFIGS = {
 
 
 def test_the_table_covers_exactly_the_registered_layer_types():
-    assert set(PARAMETER_SHAPES) | set(CONTAINERS) == set(LAYER_TYPES)
-    assert set(CONFIGS) == set(PARAMETER_SHAPES)
+    assert set(LAYER_KINDS) | set(CONTAINERS) == set(LAYER_TYPES)
+    assert set(CONFIGS) == set(LAYER_KINDS)
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))

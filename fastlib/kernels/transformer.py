@@ -12,12 +12,12 @@ from numba import njit, prange
 
 from fastlib.config import FASTMATH
 from fastlib.kernels import dense as kd
-from fastlib.kernels import optim as kopt
 from fastlib.kernels import recurrent_pieces as cells
 from fastlib.kernels import scalar
 from fastlib.kernels.reduce import _block_sum
 from fastlib.kernels.vecmath import fexp
 from fastlib.training import fused_kernels as fk
+from fastlib.training import skeleton as sk
 
 _FM = set(FASTMATH)
 
@@ -702,67 +702,11 @@ def _backward_region(threads, n_pieces, nb, steps, prog, fpar, w, act, gact, tok
                           sc, out_slot, out_w, dz_all)
 
 
-@njit(cache=True, error_model="numpy")
-def _chunk(n, chunks, c):
-    return (c * n) // chunks, ((c + 1) * n) // chunks
-
-
-@njit(cache=True, error_model="numpy")
-def _reduce_one(c, chunks, n_pieces, part, g, sumsq):
-    """Chunk c of the gradient: the pieces' partials added in piece order; its float64 sum
-    of squares."""
-    lo, hi = _chunk(g.shape[0], chunks, c)
-    out = g[lo:hi]
-    first = part[0][lo:hi]
-    for i in range(hi - lo):
-        out[i] = first[i]
-    for p in range(1, n_pieces):
-        src = part[p][lo:hi]
-        for i in range(hi - lo):
-            out[i] += src[i]
-    sumsq[c] = kopt._sum_squares(out)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def _reduce_region(threads, chunks, n_pieces, part, g, sumsq):
-    if threads == 1:
-        for c in range(chunks):
-            _reduce_one(c, chunks, n_pieces, part, g, sumsq)
-        return
-    for t in prange(threads):
-        for c in range(t, chunks, threads):
-            _reduce_one(c, chunks, n_pieces, part, g, sumsq)
-
-
-@njit(cache=True, error_model="numpy")
-def _update_one(c, chunks, kind, w, g, a, b, coeffs, clip_mode, clip, total):
-    lo, hi = _chunk(w.shape[0], chunks, c)
-    gp = g[lo:hi]
-    fk._clip_flat(gp, clip_mode, clip, total)
-    # empty state arrays (optimizers without them) stay empty when sliced
-    kopt._update_impl(kind, w[lo:hi], gp, a[lo:hi], b[lo:hi], coeffs)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def _update_region(threads, chunks, kind, w, g, a, b, coeffs, clip_mode, clip, total):
-    if threads == 1:
-        old = kopt.enter_ftz()
-        for c in range(chunks):
-            _update_one(c, chunks, kind, w, g, a, b, coeffs, clip_mode, clip, total)
-        kopt.leave_ftz(old)
-        return
-    for t in prange(threads):
-        old = kopt.enter_ftz()  # per worker thread: the control word is thread-local
-        for c in range(t, chunks, threads):
-            _update_one(c, chunks, kind, w, g, a, b, coeffs, clip_mode, clip, total)
-        kopt.leave_ftz(old)
-
-
 # ---------------------------------------------------------------------------------------------
 # the epoch
 
 @njit(cache=True, error_model="numpy")
-def epoch(x, xi, use_tokens, yi, yf, order, batch_size, steps, threads, pieces, chunks, prog,
+def epoch(x, xi, use_tokens, yi, yf, order, batch_size, steps, threads, pieces, cuts, prog,
           fpar, out_slot, out_w, loss_code, kind, coeffs, clip_mode, clip, w, a, b, g, part,
           act, gact, tok, acc, tmp, sc, out_all, dz_all, sumsq):
     """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
@@ -794,15 +738,12 @@ def epoch(x, xi, use_tokens, yi, yf, order, batch_size, steps, threads, pieces, 
         correct_sum += correct
         _backward_region(th, n_pieces, nb, steps, prog, fpar, w, act, gact, tok, part, acc, tmp,
                          sc, out_slot, out_w, dz_all)
-        _reduce_region(min(threads, chunks), chunks, n_pieces, part, g, sumsq)
-        total = 0.0
-        for c in range(chunks):
-            total += sumsq[c]
+        # the skeleton: sum the pieces' partials, guard, clip and update
+        applied = sk.end_step(threads, cuts, n_pieces, part, g, sumsq, kind, w, a, b,
+                              coeffs[updates], clip_mode, clip)
         batch += 1
-        if not (math.isfinite(total) or kopt._all_finite(g)):
+        if not applied:
             skipped += 1
             continue
-        _update_region(min(threads, chunks), chunks, kind, w, g, a, b, coeffs[updates],
-                       clip_mode, clip, total)
         updates += 1
     return loss_sum, correct_sum, skipped, updates, -1, 0.0

@@ -10,6 +10,7 @@ import numpy as np
 
 from fastlib.io import save_model
 from fastlib.tape import check_dtype
+from optable.parameters import initial_parameters
 # the constructor checks and initial draws reflib's layers make too (one seed, one draw)
 from optable.layers import (RELU_FAMILY, check_bool, check_eps, check_heads,  # noqa: F401
                             check_positive_int, close_matches, he_normal, layer_repr, set_sizes,
@@ -152,8 +153,9 @@ class Layer:
             child.reset_parameters(rng=gen)
 
     def _init_parameters(self, rng):
-        """Return ``{name: float64 array}`` drawn from ``rng`` in declaration order."""
-        return {}
+        """Return ``{name: float64 array}`` drawn from ``rng`` in declaration order: the layer
+        kind's declaration (``optable.parameters``); a custom layer overrides this."""
+        return initial_parameters(self, rng)
 
     def _set_dtype(self, dtype):
         """Convert every parameter (and every child) to ``dtype``; used by containers."""

@@ -9,7 +9,7 @@ import numpy as np
 
 from fastlib.kernels import dense as kernels
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE, LINEAR, check_activation
-from fastlib.layers.base import RELU_FAMILY, Layer, he_normal, set_sizes, xavier_uniform
+from fastlib.layers.base import Layer, set_sizes
 
 
 def as_matrix(x, width):
@@ -50,11 +50,6 @@ class Dense(Layer):
         self._code = ACTIVATIONS[self.activation]
         self.hist_post = None
         self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        shape = (self.in_features, self.out_features)
-        draw = he_normal if self.activation in RELU_FAMILY else xavier_uniform
-        return {"weight": draw(rng, shape), "bias": np.zeros(self.out_features)}
 
     def forward(self, x):
         w, b = self._params["weight"], self._params["bias"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, set_sizes, xavier_uniform
+from fastlib.layers.base import Layer, set_sizes
 
 
 class Embedding(Layer):
@@ -28,9 +28,6 @@ class Embedding(Layer):
         super().__init__(dtype)
         set_sizes(self, num=num, dim=dim)
         self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        return {"weight": xavier_uniform(rng, (self.num, self.dim))}
 
     def infer_shape(self, shape):
         return tuple(shape) + (self.dim,)

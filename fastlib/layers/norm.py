@@ -27,9 +27,6 @@ class LayerNorm(NormShell, Layer):
         super().__init__(dtype)
         self._setup(d, eps, seed, rng)
 
-    def _init_parameters(self, rng):
-        return {"weight": np.ones(self.d), "bias": np.zeros(self.d)}
-
     def forward(self, x):
         x2 = as_matrix(x, self.d)
         xhat, y = np.empty_like(x2), np.empty_like(x2)
@@ -66,9 +63,6 @@ class RMSNorm(NormShell, Layer):
     def __init__(self, d, eps=1e-6, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
         self._setup(d, eps, seed, rng)
-
-    def _init_parameters(self, rng):
-        return {"weight": np.ones(self.d)}
 
     def forward(self, x):
         x2 = as_matrix(x, self.d)

@@ -82,8 +82,6 @@ class RNN(_Recurrent):
         As for ``Dense``.
     """
 
-    _gates = 1
-
     def forward(self, x):
         xt, xw = self._project(x)
         hs = np.empty_like(xw)
@@ -117,8 +115,6 @@ class LSTM(_Recurrent):
     dtype, seed, rng :
         As for ``Dense``.
     """
-
-    _gates = 4
 
     def forward(self, x):
         xt, xw = self._project(x)

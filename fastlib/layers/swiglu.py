@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, set_sizes, xavier_uniform
+from fastlib.layers.base import Layer, set_sizes
 from fastlib.layers.dense import as_matrix
 
 
@@ -31,11 +31,6 @@ class SwiGLU(Layer):
         super().__init__(dtype)
         set_sizes(self, d=d, hidden=hidden, out=out)
         self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        return {"w_gate": xavier_uniform(rng, (self.d, self.hidden)),
-                "w_up": xavier_uniform(rng, (self.d, self.hidden)),
-                "w_down": xavier_uniform(rng, (self.hidden, self.out))}
 
     def forward(self, x):
         p = self._params

@@ -4,17 +4,21 @@ The long story: docs/fastlib.md, section ``fastlib/training/compiled_attention.p
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fastlib.kernels import transformer as kt
 from fastlib.kernels.recurrent_pieces import PIECE
 from fastlib.training import fused_kernels as fk
+from fastlib.training import skeleton as sk
 from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
                                           single_threaded_blas)
 from fastlib.training import piece_plan
 from fastlib.training.compiled_paths import register_compiled_path
-from fastlib.training.instructions import ProgramError, check_program
+from fastlib.training.instructions import INSTRUCTIONS, ProgramError, check_program
 from fastlib.training.piece_plan import piece_threads
+from optable.parameters import kind_of, layer_sizes, parameter_shapes
 
 # NOTE (speed): a batch is cut into the run's piece plan's P pieces of samples
 # (fastlib.training.piece_plan; a batch of fewer samples into one piece per sample), each on
@@ -34,16 +38,19 @@ class _Unsupported(Exception):
     """The model holds something this path does not compile (the generic path trains it)."""
 
 
-# the config keys that hold a layer kind's input width (model_schema's sizing keys)
+# the config keys that hold a layer kind's input width (its declared sizing keys)
 _INPUT_WIDTH_KEYS = ("in_features", "d", "d_model", "input_size")
 
 
 def declared_shapes(layer):
-    """``{parameter name: shape}`` as the layer kind declares it (``model_schema``), the one
-    declaration the layer, the file loader and this builder share."""
-    from fastlib.model_schema import PARAMETER_SHAPES
+    """``{parameter name: shape}`` as the layer kind declares it (``optable.parameters``), the
+    one declaration the layer, the file loader, reflib and this builder share."""
+    return parameter_shapes(kind_of(layer), layer_sizes(layer))
 
-    return PARAMETER_SHAPES[type(layer).__name__][1](layer.get_config())
+
+def _as_matrix(shape):
+    """The (rows, columns) a parameter of ``shape`` spans in a block: a vector is one row."""
+    return (1, shape[0]) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
 
 
 class _Program:
@@ -84,19 +91,28 @@ class _Program:
         self.act_size += self.max_samples * (self.steps if seq else 1) * width
         return off
 
-    def _block(self, rows, cols):
-        off = self.param_size
-        self.param_size += rows * cols
-        return off
-
-    def _param(self, layer, prefix, name, off, rows, cols, c0, c1):
-        """Parameter ``name`` of ``layer``: columns ``c0:c1`` of a ``rows x cols`` block at
-        ``off``, holding the shape the layer kind declares (``model_schema``)."""
-        shape = declared_shapes(layer)[name]
-        if rows * (c1 - c0) != int(np.prod(shape)) or not 0 <= c0 < c1 <= cols:
-            raise ProgramError(f"{type(layer).__name__}.{name}: a {rows} x {c1 - c0} view of "
-                               f"a {rows} x {cols} block cannot hold its declared shape {shape}")
-        self.layout[prefix + name] = (off, rows, cols, c0, c1, tuple(shape))
+    def _blocks(self, op, layer, prefix):
+        """Lay out ``layer``'s parameters in the blocks its instruction kind names (``p0``,
+        ``p1``, ... in order; ``instructions.INSTRUCTIONS``), each block holding its
+        parameters' declared shapes side by side as column ranges. Returns the four
+        parameter fields' offsets."""
+        shapes = declared_shapes(layer)
+        offsets = [0, 0, 0, 0]
+        for field, names in INSTRUCTIONS[op].blocks.items():
+            spans = [_as_matrix(shapes[n]) for n in names]
+            rows = spans[0][0]
+            if any(r != rows for r, _ in spans):
+                raise ProgramError(f"{type(layer).__name__}: the parameters {names} of block "
+                                   f"'{field}' do not share a row count ({spans})")
+            cols = sum(c for _, c in spans)
+            off = self.param_size
+            self.param_size += rows * cols
+            c0 = 0
+            for name, (_, width) in zip(names, spans):
+                self.layout[prefix + name] = (off, rows, cols, c0, c0 + width, shapes[name])
+                c0 += width
+            offsets[int(field[1:])] = off
+        return tuple(offsets)
 
     def _row(self, op, src, out, out_w, aux=(0, 0, 0), params=(0, 0, 0, 0), ints=(0, 0),
              fpar=0.0, src_b=-1, aux_more=(0, 0)):
@@ -134,11 +150,9 @@ class _Program:
         if kind is Embedding:
             if not (self.tokens and src[0] == self.input_slot):
                 raise _Unsupported
-            off = self._block(layer.num, layer.dim)
-            self._param(layer, prefix, "weight", off, layer.num, layer.dim, 0, layer.dim)
+            params = self._blocks(kt.OP_EMBEDDING, layer, prefix)
             out = self._slot(layer.dim)
-            self._row(kt.OP_EMBEDDING, src, out, layer.dim, params=(off, 0, 0, 0),
-                      ints=(layer.num, 0))
+            self._row(kt.OP_EMBEDDING, src, out, layer.dim, params=params, ints=(layer.num, 0))
             self.acc_size = max(self.acc_size, layer.num * layer.dim)
             return out, layer.dim, True
         d, seq = src[1], src[2]
@@ -151,41 +165,32 @@ class _Program:
             if code == SOFTMAX:
                 raise _Unsupported
             dout = layer.out_features
-            ow = self._block(d, dout)
-            ob = self._block(1, dout)
-            self._param(layer, prefix, "weight", ow, d, dout, 0, dout)
-            self._param(layer, prefix, "bias", ob, 1, dout, 0, dout)
+            params = self._blocks(kt.OP_DENSE, layer, prefix)
             out = self._slot(dout, seq)
             pre = out if code == 0 else self._slot(dout, seq)
-            self._row(kt.OP_DENSE, src, out, dout, aux=(pre, 0, 0), params=(ow, ob, 0, 0),
+            self._row(kt.OP_DENSE, src, out, dout, aux=(pre, 0, 0), params=params,
                       ints=(code, 0), fpar=LEAKY_SLOPE)
             self.acc_size = max(self.acc_size, dout)
             return out, dout, seq
         if kind is LayerNorm:
-            ow, ob = self._block(1, d), self._block(1, d)
-            self._param(layer, prefix, "weight", ow, 1, d, 0, d)
-            self._param(layer, prefix, "bias", ob, 1, d, 0, d)
+            params = self._blocks(kt.OP_LAYER_NORM, layer, prefix)
             xhat, rstd, out = self._slot(d, seq), self._slot(1, seq), self._slot(d, seq)
-            self._row(kt.OP_LAYER_NORM, src, out, d, aux=(xhat, rstd, 0), params=(ow, ob, 0, 0),
+            self._row(kt.OP_LAYER_NORM, src, out, d, aux=(xhat, rstd, 0), params=params,
                       fpar=layer.eps)
             self.acc_size = max(self.acc_size, 2 * d)
             return out, d, seq
         if kind is RMSNorm:
-            ow = self._block(1, d)
-            self._param(layer, prefix, "weight", ow, 1, d, 0, d)
+            params = self._blocks(kt.OP_RMS_NORM, layer, prefix)
             rinv, out = self._slot(1, seq), self._slot(d, seq)
-            self._row(kt.OP_RMS_NORM, src, out, d, aux=(rinv, 0, 0), params=(ow, 0, 0, 0),
+            self._row(kt.OP_RMS_NORM, src, out, d, aux=(rinv, 0, 0), params=params,
                       fpar=layer.eps)
             self.acc_size = max(self.acc_size, d)
             return out, d, seq
         if kind is SwiGLU:
             h, dout = layer.hidden, layer.out
-            ogu, odn = self._block(d, 2 * h), self._block(h, dout)
-            self._param(layer, prefix, "w_gate", ogu, d, 2 * h, 0, h)
-            self._param(layer, prefix, "w_up", ogu, d, 2 * h, h, 2 * h)
-            self._param(layer, prefix, "w_down", odn, h, dout, 0, dout)
+            params = self._blocks(kt.OP_SWIGLU, layer, prefix)
             au, hidden, out = self._slot(2 * h, seq), self._slot(h, seq), self._slot(dout, seq)
-            self._row(kt.OP_SWIGLU, src, out, dout, aux=(au, hidden, 0), params=(ogu, odn, 0, 0),
+            self._row(kt.OP_SWIGLU, src, out, dout, aux=(au, hidden, 0), params=params,
                       ints=(h, 0))
             return out, dout, seq
         if kind in (RNN, LSTM):
@@ -194,19 +199,13 @@ class _Program:
             if not seq:
                 raise _Unsupported   # attention needs (batch, seq, d): the generic path says so
             heads, dh = layer.heads, d // layer.heads
-            oqkv, oo = self._block(d, 3 * d), self._block(d, d)
-            obqkv, obo = self._block(1, 3 * d), self._block(1, d)
-            for i, n in enumerate("qkv"):
-                self._param(layer, prefix, f"w_{n}", oqkv, d, 3 * d, i * d, (i + 1) * d)
-                self._param(layer, prefix, f"b_{n}", obqkv, 1, 3 * d, i * d, (i + 1) * d)
-            self._param(layer, prefix, "w_o", oo, d, d, 0, d)
-            self._param(layer, prefix, "b_o", obo, 1, d, 0, d)
+            params = self._blocks(kt.OP_ATTENTION, layer, prefix)
             qkv, att, out = self._slot(3 * d), self._slot(d), self._slot(d)
             probs = self.act_size   # per sample and head a (T, T) block
             self.act_size += self.max_samples * heads * self.steps * self.steps
             scale = float(self.dtype.type(1.0 / np.sqrt(dh)))
             self._row(kt.OP_ATTENTION, src, out, d, aux=(qkv, att, probs),
-                      params=(oqkv, oo, obqkv, obo), ints=(heads, int(layer.causal)),
+                      params=params, ints=(heads, int(layer.causal)),
                       fpar=scale)
             self.acc_size = max(self.acc_size, 3 * d)
             self.sc_size = max(self.sc_size, 4 * self.steps * dh + self.steps * self.steps)
@@ -221,11 +220,9 @@ class _Program:
         if not src[2] or layer.input_size != d:
             raise _Unsupported   # no time axis, or a width mismatch: the generic path says so
         h = layer.hidden_size
-        width = 4 * h if lstm else h
-        ow, oh, ob = self._block(d, width), self._block(h, width), self._block(1, width)
-        self._param(layer, prefix, "w_ih", ow, d, width, 0, width)
-        self._param(layer, prefix, "w_hh", oh, h, width, 0, width)
-        self._param(layer, prefix, "b", ob, 1, width, 0, width)
+        op = kt.OP_LSTM if lstm else kt.OP_RNN
+        params = self._blocks(op, layer, prefix)
+        width = declared_shapes(layer)["b"][0]      # the gates' columns (LSTM: 4 per unit)
         gates = self._slot(width)
         hs = self._slot(h) if lstm else gates      # an RNN's states overwrite its gates
         cs = self._slot(h)                         # an RNN's holds its output's cotangent only
@@ -233,8 +230,7 @@ class _Program:
         work = self._slot(width)
         seq = bool(layer.return_sequences)
         out = self._slot(h, seq)
-        self._row(kt.OP_LSTM if lstm else kt.OP_RNN, src, out, h, aux=(gates, hs, cs),
-                  params=(ow, oh, ob, 0), ints=(0, int(seq)), aux_more=(tcs, work))
+        self._row(op, src, out, h, aux=(gates, hs, cs), params=params, ints=(0, int(seq)), aux_more=(tcs, work))
         self.acc_size = max(self.acc_size, width)
         self.sc_size = max(self.sc_size, PIECE * max(width, 2 * h))
         self.tmp_size = max(self.tmp_size, h * width)
@@ -371,6 +367,7 @@ def _make_program(ctx, x):
     prog.piece_plan = plan
     prog.pieces = min(plan.pieces, bs)
     prog.chunks = max(1, min(prog.pieces, prog.param_size // CHUNK_MIN_PARAMS))
+    prog.cuts = sk.even_cuts(prog.param_size, prog.chunks)
     return prog
 
 
@@ -411,7 +408,7 @@ def run_epoch(ctx, x, y, order):
     buffers = _buffers(ctx, prog, bs)
     coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
     threads = piece_threads(prog.pieces)
-    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps, threads, prog.pieces, prog.chunks,
+    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps, threads, prog.pieces, prog.cuts,
             prog.prog, prog.fpar_arr, prog.out_slot, prog.out_w, code, opt.kind, coeffs,
             clip_mode, float(clip), w, slots[0], slots[1], *buffers)
     with single_threaded_blas():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastlib.training import fused_kernels as fk
+from fastlib.training import skeleton as sk
 from fastlib.training.algorithms import EpochStats
 
 _BLAS = {}
@@ -57,8 +58,8 @@ def epoch_settings(ctx, n_batches, dtype):
     per-step coefficients (``Optimizer.coefficient_table``) and the clipping code and value."""
     coeffs = ctx.optimizer.coefficient_table(ctx.opt_state.t + 1, n_batches, ctx.lr, dtype)
     clip = ctx.config.gradient_clip
-    clip_mode = fk.CLIP_NONE if clip == 0 else (fk.CLIP_VALUE if ctx.config.clip_mode == "value"
-                                                else fk.CLIP_NORM)
+    clip_mode = sk.CLIP_NONE if clip == 0 else (sk.CLIP_VALUE if ctx.config.clip_mode == "value"
+                                                else sk.CLIP_NORM)
     return coeffs, clip_mode, clip
 
 

@@ -14,12 +14,12 @@ from fastlib.kernels import dense as kd
 from fastlib.kernels import optim as kopt
 from fastlib.kernels import scalar
 from fastlib.layers.activations import ACTIVATIONS
+from fastlib.training import skeleton as sk
 
 # loss codes of the kernel
 CE, CCE, MSE, BCE_LOGITS = range(4)
 LOSS_CODES = {"cross_entropy": CE, "categorical_cross_entropy": CCE, "mse": MSE,
               "binary_cross_entropy_with_logits": BCE_LOGITS}
-CLIP_NONE, CLIP_VALUE, CLIP_NORM = range(3)
 
 # Activations the compiled paths apply elementwise: the op table's activations whose op is
 # unary (softmax normalises a whole row and trains through the generic path). The kernels
@@ -172,24 +172,6 @@ def column_sums_into(g, out, acc):
 
 
 @njit(cache=True, error_model="numpy")
-def _clip_flat(g, clip_mode, clip, total):
-    """Clip ``g`` in place by value, or by the global norm ``sqrt(total)``."""
-    if clip_mode == CLIP_VALUE:
-        lim = g.dtype.type(clip)
-        for i in range(g.shape[0]):
-            if g[i] > lim:
-                g[i] = lim
-            elif g[i] < -lim:
-                g[i] = -lim
-    elif clip_mode == CLIP_NORM:
-        norm = math.sqrt(total)
-        if norm > clip:
-            s = g.dtype.type(clip / norm)
-            for i in range(g.shape[0]):
-                g[i] = g[i] * s
-
-
-@njit(cache=True, error_model="numpy")
 def _outer(u, v, out):
     """``out = u^T v`` for one row each: the batch-1 weight gradient ``x^T @ delta``.
 
@@ -310,16 +292,6 @@ def _backward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_of
                part[oq:oq + nb * din].reshape((nb, din)))
 
 
-@njit(cache=True, error_model="numpy")
-def _update_piece(p, blk, kind, w, g, a, b, c, clip_mode, clip, total):
-    """Clip and apply the optimizer to piece ``p``'s contiguous parameter block."""
-    lo, hi = blk[p], blk[p + 1]
-    gp = g[lo:hi]
-    _clip_flat(gp, clip_mode, clip, total)
-    # empty state arrays (optimizers without them) stay empty when sliced
-    kopt._update_impl(kind, w[lo:hi], gp, a[lo:hi], b[lo:hi], c)
-
-
 # ---------------------------------------------------------------------------------------------
 # the serial joins between pairs
 
@@ -401,7 +373,8 @@ def _forward_pair(threads, layer, update, nb, bs, n_pieces, dims, cols, w_off, b
         old = kopt.enter_ftz()
         for p in range(n_pieces):
             if update:
-                _update_piece(p, blk, kind, w, g, a, b, c, clip_mode, clip, total)
+                sk.update_block(blk[p], blk[p + 1], kind, w, g, a, b, c, clip_mode, clip,
+                                total)
             if layer >= 0:
                 _forward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off,
                                codes, slope, w, a_in, post, pre, part)
@@ -411,7 +384,8 @@ def _forward_pair(threads, layer, update, nb, bs, n_pieces, dims, cols, w_off, b
         old = kopt.enter_ftz()  # per worker thread: the control word is thread-local
         for p in range(t, n_pieces, threads):
             if update:
-                _update_piece(p, blk, kind, w, g, a, b, c, clip_mode, clip, total)
+                sk.update_block(blk[p], blk[p + 1], kind, w, g, a, b, c, clip_mode, clip,
+                                total)
             if layer >= 0:
                 _forward_piece(layer, p, nb, bs, dims, cols, w_off, b_off, act_off, part_off,
                                codes, slope, w, a_in, post, pre, part)
@@ -540,13 +514,11 @@ def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, 
                            part_off, codes, slope, w, g, step_in, post, pre, gout, part, dz, blk,
                            sumsq, x, order, start + bs, next_nb, next_in, acc64)
             kopt.enter_ftz()
-        # -- the guard (the rules of fastlib.training.clipping): the step is applied whole or
-        # not at all; the pieces' sums are added in piece order
-        total = 0.0
-        for p in range(n_pieces):
-            total += sumsq[p]
+        # -- the skeleton's guard: the pieces' sums are added in piece order (each piece owns
+        # one block of the parameters); the update is applied at the next forward region
+        total, apply = sk.guard(sumsq, g)
         batch += 1
-        if not (math.isfinite(total) or kopt._all_finite(g)):
+        if not apply:
             skipped += 1
             continue
         pending = True

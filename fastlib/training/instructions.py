@@ -13,10 +13,13 @@ gradients.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from fastlib.kernels import transformer as kt
 from fastlib.training import fused_kernels as fk
+from optable.parameters import parameter_shapes
 
 # field name -> column of a program row (the kernels' F_* constants, read, never restated)
 FIELDS = {name[2:].lower(): getattr(kt, name) for name in dir(kt) if name.startswith("F_")}
@@ -32,63 +35,81 @@ class Instruction:
     """One instruction kind: its name and, per field it uses, what the field holds.
 
     ``slots`` maps a field to the per-sample extent of the activation slot it points at, a
-    function of the row ``(in_w, out_w, rows, steps, ints)`` -> entries; ``params`` a field
-    to the size of the parameter block it points at, the same way; ``ints`` names the integer
-    fields it reads.
+    function of the row ``(in_w, out_w, rows, steps, ints)`` -> entries; ``ints`` names the
+    integer fields it reads. An instruction that runs a layer names its ``layer`` kind (a key
+    of ``optable.parameters.LAYER_KINDS``), the kind's ``sizes`` as a function of the row, and
+    ``blocks``: per parameter field (``p0``, ``p1``, ... in order) the parameters its block
+    holds side by side as column ranges. The blocks' sizes are the kind's declared shapes,
+    read, never restated: the builder lays the parameters out from them and the check holds
+    every row to them.
     """
 
     name: str
     slots: dict = field(default_factory=dict)
-    params: dict = field(default_factory=dict)
     ints: tuple = ()
+    layer: str | None = None
+    sizes: Callable | None = None
+    blocks: dict = field(default_factory=dict)
+
+    def block_sizes(self, r) -> dict:
+        """``{parameter field: entries}`` of the row ``r`` (a :func:`row_fields` dict)."""
+        if not self.blocks:
+            return {}
+        shapes = parameter_shapes(self.layer, self.sizes(r))
+        return {f: sum(math.prod(shapes[n]) for n in names) for f, names in self.blocks.items()}
 
 
 def _out_rows(r):
     return r["rows"] if r["op"] not in (kt.OP_RNN, kt.OP_LSTM) or r["int1"] else 1
 
 
-def _width(lstm):
-    return (lambda r: 4 * r["out_w"]) if lstm else (lambda r: r["out_w"])
-
-
 def _recurrent(name, lstm):
-    gates = _width(lstm)
+    gates = (lambda r: 4 * r["out_w"]) if lstm else (lambda r: r["out_w"])
     return Instruction(name, slots={
         "aux1": lambda r: r["rows"] * gates(r), "aux2": lambda r: r["rows"] * r["out_w"],
         "aux3": lambda r: r["rows"] * r["out_w"], "aux4": lambda r: r["rows"] * r["out_w"],
-        "aux5": lambda r: r["rows"] * gates(r)},
-        params={"p0": lambda r: r["in_w"] * gates(r), "p1": lambda r: r["out_w"] * gates(r),
-                "p2": gates}, ints=("int1",))
+        "aux5": lambda r: r["rows"] * gates(r)}, ints=("int1",), layer=name,
+        sizes=lambda r: {"input_size": r["in_w"], "hidden_size": r["out_w"]},
+        blocks={"p0": ("w_ih",), "p1": ("w_hh",), "p2": ("b",)})
 
 
 INSTRUCTIONS = {
-    kt.OP_DENSE: Instruction("Dense", slots={"aux1": lambda r: r["rows"] * r["out_w"]},
-                             params={"p0": lambda r: r["in_w"] * r["out_w"],
-                                     "p1": lambda r: r["out_w"]}, ints=("int0",)),
-    kt.OP_LAYER_NORM: Instruction("LayerNorm", slots={"aux1": lambda r: r["rows"] * r["in_w"],
-                                                      "aux2": lambda r: r["rows"]},
-                                  params={"p0": lambda r: r["in_w"],
-                                          "p1": lambda r: r["in_w"]}),
-    kt.OP_RMS_NORM: Instruction("RMSNorm", slots={"aux1": lambda r: r["rows"]},
-                                params={"p0": lambda r: r["in_w"]}),
-    kt.OP_SWIGLU: Instruction("SwiGLU", slots={"aux1": lambda r: r["rows"] * 2 * r["int0"],
-                                               "aux2": lambda r: r["rows"] * r["int0"]},
-                              params={"p0": lambda r: r["in_w"] * 2 * r["int0"],
-                                      "p1": lambda r: r["int0"] * r["out_w"]}, ints=("int0",)),
+    kt.OP_DENSE: Instruction(
+        "Dense", slots={"aux1": lambda r: r["rows"] * r["out_w"]}, ints=("int0",), layer="Dense",
+        sizes=lambda r: {"in_features": r["in_w"], "out_features": r["out_w"]},
+        blocks={"p0": ("weight",), "p1": ("bias",)}),
+    kt.OP_LAYER_NORM: Instruction(
+        "LayerNorm", slots={"aux1": lambda r: r["rows"] * r["in_w"], "aux2": lambda r: r["rows"]},
+        layer="LayerNorm", sizes=lambda r: {"d": r["in_w"]},
+        blocks={"p0": ("weight",), "p1": ("bias",)}),
+    kt.OP_RMS_NORM: Instruction(
+        "RMSNorm", slots={"aux1": lambda r: r["rows"]}, layer="RMSNorm",
+        sizes=lambda r: {"d": r["in_w"]}, blocks={"p0": ("weight",)}),
+    kt.OP_SWIGLU: Instruction(
+        "SwiGLU", slots={"aux1": lambda r: r["rows"] * 2 * r["int0"],
+                         "aux2": lambda r: r["rows"] * r["int0"]}, ints=("int0",),
+        layer="SwiGLU", sizes=lambda r: {"d": r["in_w"], "hidden": r["int0"], "out": r["out_w"]},
+        blocks={"p0": ("w_gate", "w_up"), "p1": ("w_down",)}),
     kt.OP_ATTENTION: Instruction(
         "MultiHeadAttention",
         slots={"aux1": lambda r: r["rows"] * 3 * r["in_w"], "aux2": lambda r: r["rows"] * r["in_w"],
-               "aux3": lambda r: r["int0"] * r["rows"] * r["rows"]},
-        params={"p0": lambda r: 3 * r["in_w"] * r["in_w"], "p1": lambda r: r["in_w"] * r["in_w"],
-                "p2": lambda r: 3 * r["in_w"], "p3": lambda r: r["in_w"]}, ints=("int0", "int1")),
-    kt.OP_EMBEDDING: Instruction("Embedding", params={"p0": lambda r: r["int0"] * r["out_w"]},
-                                 ints=("int0",)),
+               "aux3": lambda r: r["int0"] * r["rows"] * r["rows"]}, ints=("int0", "int1"),
+        layer="MultiHeadAttention", sizes=lambda r: {"d_model": r["in_w"], "heads": r["int0"]},
+        blocks={"p0": ("w_q", "w_k", "w_v"), "p1": ("w_o",), "p2": ("b_q", "b_k", "b_v"),
+                "p3": ("b_o",)}),
+    kt.OP_EMBEDDING: Instruction(
+        "Embedding", ints=("int0",), layer="Embedding",
+        sizes=lambda r: {"num": r["int0"], "dim": r["out_w"]}, blocks={"p0": ("weight",)}),
     kt.OP_ADD: Instruction("Add", slots={"aux1": lambda r: r["rows"] * r["in_w"]},
                            ints=("grad_b",)),
     kt.OP_COLUMNS: Instruction("Columns", ints=("int0",)),
     kt.OP_RNN: _recurrent("RNN", False),
     kt.OP_LSTM: _recurrent("LSTM", True),
 }
+# an instruction kind per layer kind, named as the layer kind is
+for _instruction in INSTRUCTIONS.values():
+    if _instruction.layer not in (None, _instruction.name):
+        raise ImportError(f"instruction {_instruction.name} runs layer kind {_instruction.layer}")
 
 
 class ProgramError(ValueError):
@@ -132,8 +153,8 @@ def check_program(rows, *, act_size, param_size, samples, input_slot) -> None:
             if off < 0 or off + samples * extent > act_size:
                 raise ProgramError(f"{where}: slot '{name}' at {off} holds {samples} x {extent} "
                                    f"entries, past the activation buffer of {act_size}")
-        for name, size in kind.params.items():
-            off, n = r[name], size(r)
+        for name, n in kind.block_sizes(r).items():
+            off = r[name]
             if off < 0 or off + n > param_size:
                 raise ProgramError(f"{where}: parameter block '{name}' at {off} of {n} entries "
                                    f"is past the parameter vector of {param_size}")
@@ -145,7 +166,7 @@ def check_program(rows, *, act_size, param_size, samples, input_slot) -> None:
         if r["op"] == kt.OP_COLUMNS and not 0 <= r["int0"] <= r["out_w"] - r["in_w"]:
             raise ProgramError(f"{where}: columns {r['int0']}..{r['int0'] + r['in_w']} are "
                                f"outside the output's {r['out_w']}")
-        used = set(_COMMON) | set(kind.slots) | set(kind.params) | set(kind.ints)
+        used = set(_COMMON) | set(kind.slots) | set(kind.blocks) | set(kind.ints)
         stray = {f: v for f, v in r.items() if f not in used and v != 0}
         if stray:
             raise ProgramError(f"{where}: fields {stray} are not used by this kind and must be 0")

@@ -12,6 +12,7 @@ from numba import njit, prange
 from fastlib.kernels import optim as kopt
 from fastlib.kernels import recurrent_pieces as cells
 from fastlib.training import fused_kernels as fk
+from fastlib.training import skeleton as sk
 
 # layer kinds
 EMBEDDING, RNN, LSTM, DENSE = range(4)
@@ -248,54 +249,6 @@ def _pieces_region(threads, n_pieces, nb_total, start, steps, piece, meta, scrat
         kopt.leave_ftz(old)
 
 
-@njit(cache=True, error_model="numpy")
-def _sum_block(k, blk, n_pieces, gp, g, sumsq):
-    """Block ``k`` of the gradient: the pieces' partials added in piece order; its float64
-    sum of squares."""
-    lo, hi = blk[k], blk[k + 1]
-    dst = g[lo:hi]
-    src = gp[0, lo:hi]
-    for i in range(hi - lo):
-        dst[i] = src[i]
-    for p in range(1, n_pieces):
-        src = gp[p, lo:hi]
-        for i in range(hi - lo):
-            dst[i] += src[i]
-    sumsq[k] = kopt._sum_squares(dst)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def _sum_region(threads, n_pieces, blk, gp, g, sumsq):
-    n_blocks = blk.shape[0] - 1
-    if threads == 1:
-        old = kopt.enter_ftz()
-        for k in range(n_blocks):
-            _sum_block(k, blk, n_pieces, gp, g, sumsq)
-        kopt.leave_ftz(old)
-        return
-    for t in prange(threads):
-        old = kopt.enter_ftz()
-        for k in range(t, n_blocks, threads):
-            _sum_block(k, blk, n_pieces, gp, g, sumsq)
-        kopt.leave_ftz(old)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def _update_region(threads, blk, kind, w, g, a, b, c, clip_mode, clip, total):
-    n_blocks = blk.shape[0] - 1
-    if threads == 1:
-        old = kopt.enter_ftz()
-        for k in range(n_blocks):
-            fk._update_piece(k, blk, kind, w, g, a, b, c, clip_mode, clip, total)
-        kopt.leave_ftz(old)
-        return
-    for t in prange(threads):
-        old = kopt.enter_ftz()
-        for k in range(t, n_blocks, threads):
-            fk._update_piece(k, blk, kind, w, g, a, b, c, clip_mode, clip, total)
-        kopt.leave_ftz(old)
-
-
 # ---------------------------------------------------------------------------------------------
 # the epoch
 
@@ -322,7 +275,6 @@ def epoch(x3, idx, yi, yf, order, batch_size, steps, piece, threads, meta, scrat
     totals = np.zeros(max_pieces, np.float64)
     corrects = np.zeros(max_pieces, np.float64)
     sumsq = np.zeros(n_blocks, np.float64)
-    block_threads = min(threads, n_blocks)
     loss_sum = 0.0
     correct_sum = 0.0
     skipped = 0
@@ -351,22 +303,15 @@ def epoch(x3, idx, yi, yf, order, batch_size, steps, piece, threads, meta, scrat
             return loss_sum, correct_sum, skipped, updates, batch, loss
         loss_sum += loss * nb
         correct_sum += correct
+        # -- the skeleton: sum the pieces' partials, guard, clip and update
         kopt.leave_ftz(old_fp)
-        _sum_region(block_threads, n_pieces, blk, gp, g, sumsq)
+        applied = sk.end_step(threads, blk, n_pieces, gp, g, sumsq, kind, w, a, b,
+                              coeffs[updates], clip_mode, clip)
         kopt.enter_ftz()
-        # -- the guard (the rules of fastlib.training.clipping): the step is applied whole or
-        # not at all; the blocks' sums are added in block order
-        total = 0.0
-        for k in range(n_blocks):
-            total += sumsq[k]
         batch += 1
-        if not (math.isfinite(total) or kopt._all_finite(g)):
+        if not applied:
             skipped += 1
             continue
-        kopt.leave_ftz(old_fp)
-        _update_region(block_threads, blk, kind, w, g, a, b, coeffs[updates], clip_mode, clip,
-                       total)
-        kopt.enter_ftz()
         updates += 1
     kopt.leave_ftz(old_fp)
     return loss_sum, correct_sum, skipped, updates, -1, 0.0

@@ -19,6 +19,7 @@ import numpy as np
 from optable.layers import (RELU_FAMILY, check_bool, check_eps, check_heads,  # noqa: F401
                             check_positive_int, close_matches, he_normal, layer_repr, set_sizes,
                             xavier_uniform)
+from optable.parameters import initial_parameters
 from reflib.tape import Tape
 
 
@@ -162,7 +163,10 @@ class Layer:
             child.reset_parameters(rng=gen)
 
     def _init_parameters(self, rng):
-        """Leaf layers fill ``self._params`` here (or return it), drawing in declaration order."""
+        """The parameters drawn in declaration order: the layer kind's declaration
+        (``optable.parameters``); a custom layer overrides this (filling ``self._params`` or
+        returning it)."""
+        return initial_parameters(self, rng)
 
     # -- tracing ----------------------------------------------------------------------------
     def attach(self, tape, requires_grad=True):

@@ -11,8 +11,7 @@ import numpy as np
 
 import optable
 from optable.layers import NormShell
-from reflib.models.base import (RELU_FAMILY, Layer, close_matches, he_normal, input_shape,
-                                make_rng, set_sizes, xavier_uniform)
+from reflib.models.base import Layer, close_matches, input_shape, make_rng, set_sizes
 
 # activation name -> registry op (None: no op at all), from the op table's activations
 ACTIVATIONS = {a.name: None if a.op == "identity" else a.op for a in optable.ACTIVATIONS.values()}
@@ -79,11 +78,6 @@ class Dense(Layer):
         self.activation = check_activation(activation, "Dense")
         self.reset_parameters(seed, rng)
 
-    def _init_parameters(self, rng):
-        shape = (self.in_features, self.out_features)
-        draw = he_normal if self.activation in RELU_FAMILY else xavier_uniform
-        self._params = {"weight": draw(rng, shape), "bias": np.zeros(self.out_features)}
-
     def trace(self, tape, x, ids):
         input_shape(tape, x, "Dense", None, self.in_features)
         y = affine(tape, x, ids["weight"], ids["bias"])
@@ -108,11 +102,6 @@ class SwiGLU(Layer):
         super().__init__()
         set_sizes(self, d=d, hidden=hidden, out=out)
         self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        self._params = {"w_gate": xavier_uniform(rng, (self.d, self.hidden)),
-                        "w_up": xavier_uniform(rng, (self.d, self.hidden)),
-                        "w_down": xavier_uniform(rng, (self.hidden, self.out))}
 
     def trace(self, tape, x, ids):
         input_shape(tape, x, "SwiGLU", None, self.d)
@@ -139,9 +128,6 @@ class LayerNorm(NormShell, Layer):
         super().__init__()
         self._setup(d, eps, seed, rng)
 
-    def _init_parameters(self, rng):
-        self._params = {"weight": np.ones(self.d), "bias": np.zeros(self.d)}
-
     def trace(self, tape, x, ids):
         input_shape(tape, x, "LayerNorm", None, self.d)
         y = tape.op("layer_norm", x, eps=self.eps)
@@ -154,9 +140,6 @@ class RMSNorm(NormShell, Layer):
     def __init__(self, d, eps=1e-6, *, seed=None, rng=None):
         super().__init__()
         self._setup(d, eps, seed, rng)
-
-    def _init_parameters(self, rng):
-        self._params = {"weight": np.ones(self.d)}
 
     def trace(self, tape, x, ids):
         input_shape(tape, x, "RMSNorm", None, self.d)
@@ -180,9 +163,6 @@ class Embedding(Layer):
         super().__init__()
         set_sizes(self, num=num, dim=dim)
         self.reset_parameters(seed, rng)
-
-    def _init_parameters(self, rng):
-        self._params = {"weight": xavier_uniform(rng, (self.num, self.dim))}
 
     def indices(self, values):
         """Validate indices (integers, or floats holding integers, in [0, num))."""

@@ -79,8 +79,6 @@ class LSTM(_Recurrent):
         False: the last ``h`` ``(batch, H)``; True: every ``h`` ``(batch, seq, H)``.
     """
 
-    _gates = 4
-
     def trace(self, tape, x, ids):
         seq = input_shape(tape, x, "LSTM (batch, seq, features)", 3, self.input_size)[1]
         H = self.hidden_size

@@ -254,17 +254,17 @@ MUTANTS = (
     Mutant("fused-piece-overwrite", "the fused epoch's pieces overwrite each other's partial "
            "products instead of adding them", "training/fused_kernels.py",
            "dst[i, j] += src[i, j]", "dst[i, j] = src[i, j]", ("train",)),
-    Mutant("compiled-recurrent-piece-dropped", "the compiled recurrent epoch adds only the "
+    Mutant("compiled-recurrent-piece-dropped", "the compiled epochs' skeleton adds only the "
            "first piece's partial gradients (batches past one piece lose the rest)",
-           "training/recurrent_kernels.py", "    for p in range(1, n_pieces):\n",
+           "training/skeleton.py", "    for p in range(1, n_pieces):\n",
            "    for p in range(1, min(n_pieces, 1)):\n", ("train",)),
     Mutant("compiled-lstm-step-carry", "the compiled LSTM backward drops the hidden-state "
            "gradient carried from step 1 into step 0", "kernels/recurrent_pieces.py",
            "        if t > 0:\n            np.dot(dz[t * nb:(t + 1) * nb], w_hh.T, dhc_all)",
            "        if t > 1:\n            np.dot(dz[t * nb:(t + 1) * nb], w_hh.T, dhc_all)",
            ("train",)),
-    Mutant("compiled-recurrent-block-norm", "the compiled recurrent epoch's gradient norm "
-           "counts the first update block only", "training/recurrent_kernels.py",
+    Mutant("compiled-recurrent-block-norm", "the compiled epochs' skeleton's gradient norm "
+           "counts the first update block only", "training/skeleton.py",
            "    sumsq[k] = kopt._sum_squares(dst)\n",
            "    sumsq[k] = kopt._sum_squares(dst) if k == 0 else 0.0\n", ("train",)),
     Mutant("lstm-cell-carry", "LSTM backward carries the cell gradient through i, not f",

@@ -1,0 +1,138 @@
+"""The epoch skeleton every compiled training path runs: the step's guard and its update.
+
+Whatever a compiled path does to form a step's gradient (the MLP's pieces of parameters, the
+program's pieces of samples), the step ends the same way, written here once:
+
+1. **sum**: the pieces' partial gradients added in piece order, block by block
+   (:func:`reduce_region`), each block's float64 sum of squares kept;
+2. **guard**: the blocks' sums added in block order into the global sum of squares, and the
+   step skipped when the gradient is not finite (:func:`guard`: the rules of
+   ``fastlib.training.clipping``, applied whole or not at all);
+3. **clip and update**: each block clipped (by value, or by the global norm) and the
+   optimizer applied to it (:func:`update_block`, :func:`update_region`).
+
+The blocks are given by their boundaries (``cuts``, ``cuts[k]:cuts[k + 1]``), a function of
+the piece plan and the parameter count only, so the sums' order, and the result, are the same
+for any number of threads. Every region runs each worker with flush-to-zero on
+(``fastlib.kernels.optim``), as the serial parts of the epochs do.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from fastlib.kernels import optim as kopt
+
+# clipping modes of the kernels
+CLIP_NONE, CLIP_VALUE, CLIP_NORM = range(3)
+
+
+def even_cuts(n, blocks):
+    """Boundaries of ``blocks`` near-equal blocks of ``n`` entries, as int64 (``(k * n) //
+    blocks``)."""
+    return np.array([(k * n) // blocks for k in range(blocks + 1)], np.int64)
+
+
+@njit(cache=True, error_model="numpy")
+def clip_flat(g, clip_mode, clip, total):
+    """Clip ``g`` in place by value, or by the global norm ``sqrt(total)``."""
+    if clip_mode == CLIP_VALUE:
+        lim = g.dtype.type(clip)
+        for i in range(g.shape[0]):
+            if g[i] > lim:
+                g[i] = lim
+            elif g[i] < -lim:
+                g[i] = -lim
+    elif clip_mode == CLIP_NORM:
+        norm = math.sqrt(total)
+        if norm > clip:
+            s = g.dtype.type(clip / norm)
+            for i in range(g.shape[0]):
+                g[i] = g[i] * s
+
+
+@njit(cache=True, error_model="numpy")
+def update_block(lo, hi, kind, w, g, a, b, c, clip_mode, clip, total):
+    """Clip entries ``lo:hi`` of the gradient and apply the optimizer ``kind`` (coefficient
+    row ``c``) to the same entries of the parameters ``w`` and its state ``a``, ``b``."""
+    gp = g[lo:hi]
+    clip_flat(gp, clip_mode, clip, total)
+    # empty state arrays (optimizers without them) stay empty when sliced
+    kopt._update_impl(kind, w[lo:hi], gp, a[lo:hi], b[lo:hi], c)
+
+
+@njit(cache=True, error_model="numpy")
+def reduce_block(k, cuts, n_pieces, part, g, sumsq):
+    """Block ``k`` of the gradient: the pieces' partials ``part[p]`` added in piece order into
+    ``g``; its float64 sum of squares into ``sumsq[k]``."""
+    lo, hi = cuts[k], cuts[k + 1]
+    dst = g[lo:hi]
+    src = part[0, lo:hi]
+    for i in range(hi - lo):
+        dst[i] = src[i]
+    for p in range(1, n_pieces):
+        src = part[p, lo:hi]
+        for i in range(hi - lo):
+            dst[i] += src[i]
+    sumsq[k] = kopt._sum_squares(dst)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def reduce_region(threads, cuts, n_pieces, part, g, sumsq):
+    """:func:`reduce_block` of every block, ``threads`` at a time."""
+    n_blocks = cuts.shape[0] - 1
+    if threads == 1:
+        old = kopt.enter_ftz()
+        for k in range(n_blocks):
+            reduce_block(k, cuts, n_pieces, part, g, sumsq)
+        kopt.leave_ftz(old)
+        return
+    for t in prange(threads):
+        old = kopt.enter_ftz()  # per worker thread: the control word is thread-local
+        for k in range(t, n_blocks, threads):
+            reduce_block(k, cuts, n_pieces, part, g, sumsq)
+        kopt.leave_ftz(old)
+
+
+@njit(cache=True, error_model="numpy")
+def guard(sumsq, g):
+    """``(total, apply)``: the global sum of squares (the blocks' sums added in block order)
+    and whether the step is applied (False: the gradient holds NaN or Inf; the step is
+    skipped whole)."""
+    total = 0.0
+    for k in range(sumsq.shape[0]):
+        total += sumsq[k]
+    # a finite total proves a finite gradient; an infinite one may be an overflow of finite
+    # squares, which is applied (clipping by norm then scales it to zero, as the generic path)
+    return total, math.isfinite(total) or kopt._all_finite(g)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def update_region(threads, cuts, kind, w, g, a, b, c, clip_mode, clip, total):
+    """:func:`update_block` of every block, ``threads`` at a time."""
+    n_blocks = cuts.shape[0] - 1
+    if threads == 1:
+        old = kopt.enter_ftz()
+        for k in range(n_blocks):
+            update_block(cuts[k], cuts[k + 1], kind, w, g, a, b, c, clip_mode, clip, total)
+        kopt.leave_ftz(old)
+        return
+    for t in prange(threads):
+        old = kopt.enter_ftz()  # per worker thread: the control word is thread-local
+        for k in range(t, n_blocks, threads):
+            update_block(cuts[k], cuts[k + 1], kind, w, g, a, b, c, clip_mode, clip, total)
+        kopt.leave_ftz(old)
+
+
+@njit(cache=True, error_model="numpy")
+def end_step(threads, cuts, n_pieces, part, g, sumsq, kind, w, a, b, c, clip_mode, clip):
+    """The end of a step whose pieces each left a partial gradient in ``part``: sum, guard,
+    clip and update. Returns True when the step was applied, False when it was skipped."""
+    block_threads = min(threads, cuts.shape[0] - 1)
+    reduce_region(block_threads, cuts, n_pieces, part, g, sumsq)
+    total, apply = guard(sumsq, g)
+    if apply:
+        update_region(block_threads, cuts, kind, w, g, a, b, c, clip_mode, clip, total)
+    return apply
