@@ -65,8 +65,9 @@ def _provenance(doc):
     after = doc.get("load_after")
     load_text += f" and {_num(after, 2)} after" if after is not None else ""
     machine = doc.get("machine", {})
+    took = f"; the command took {_num(doc['seconds'], 3)} s" if doc.get("seconds") else ""
     return (f"\n*`{doc['command']}`, {doc['date']}, {machine.get('cpus', '?')} cores "
-            f"({machine.get('system', '?')}){load_text}.*\n")
+            f"({machine.get('system', '?')}){load_text}{took}.*\n")
 
 
 def accuracy_summary(doc):
