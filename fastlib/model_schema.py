@@ -1,16 +1,12 @@
 """The parameter shapes a saved architecture declares, computed without building anything.
 
-``fastlib.load`` reads JSON it did not write. Building the model first and comparing shapes
-afterwards would let a few bytes of JSON (``Dense(25000, 25000)``) allocate and randomly
-initialise gigabytes before the file is refused, so the loader first asks this module what
-parameters the architecture declares: their dotted names, in ``parameters()`` order, and their
-shapes, in Python integers (no overflow). Only when those match the arrays stored in the file,
-and fit the size limit, is anything built.
-
-The shapes are the layer kinds' one declaration (``optable.parameters.LAYER_KINDS``), the
-table the layers draw their parameters from too; ``tests/test_model_schema.py`` builds every
-type of ``fastlib.layers.config.LAYER_TYPES`` (and the RBM) and checks that the declaration
-predicts its ``parameters()`` exactly.
+``fastlib.load`` reads JSON it did not write. Building the model first would let a few bytes
+of JSON (``Dense(25000, 25000)``) allocate gigabytes before the file is refused, so the loader
+first asks this module for the parameters the architecture declares (dotted names in
+``parameters()`` order, shapes in Python integers), and builds only when they match the stored
+arrays and fit the size limit. The shapes are the layer kinds' one declaration
+(``optable.parameters.LAYER_KINDS``), which the layers draw from too;
+``tests/test_model_schema.py`` checks that it predicts every type's ``parameters()``.
 """
 from __future__ import annotations
 

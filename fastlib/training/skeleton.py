@@ -1,20 +1,12 @@
 """The epoch skeleton every compiled training path runs: the step's guard and its update.
 
-Whatever a compiled path does to form a step's gradient (the MLP's pieces of parameters, the
-program's pieces of samples), the step ends the same way, written here once:
-
-1. **sum**: the pieces' partial gradients added in piece order, block by block
-   (:func:`reduce_region`), each block's float64 sum of squares kept;
-2. **guard**: the blocks' sums added in block order into the global sum of squares, and the
-   step skipped when the gradient is not finite (:func:`guard`: the rules of
-   ``fastlib.training.clipping``, applied whole or not at all);
-3. **clip and update**: each block clipped (by value, or by the global norm) and the
-   optimizer applied to it (:func:`update_block`, :func:`update_region`).
-
-The blocks are given by their boundaries (``cuts``, ``cuts[k]:cuts[k + 1]``), a function of
-the piece plan and the parameter count only, so the sums' order, and the result, are the same
-for any number of threads. Every region runs each worker with flush-to-zero on
-(``fastlib.kernels.optim``), as the serial parts of the epochs do.
+However a compiled path forms a step's gradient, the step ends the same way, written here
+once: the pieces' partial gradients summed in piece order, block by block, with float64 sums
+of squares (:func:`reduce_region`); the guard, which adds the blocks' sums in block order and
+skips a step whose gradient is not finite (:func:`guard`); clipping and the optimizer per
+block (:func:`update_block`, :func:`update_region`). The blocks depend on the piece plan and
+the parameter count only, so the result is the same for any number of threads; every region
+runs with flush-to-zero on. The story: docs/architecture.md, "The epoch skeleton".
 """
 from __future__ import annotations
 
