@@ -10,14 +10,12 @@ The long story: docs/second-order.md, section ``reflib``.
 """
 from __future__ import annotations
 
-import contextlib
-
 import mpmath
 import numpy as np
 
 import optable
 from reflib.numeric import GUARD_DIGITS, check_dps
-from reflib.scalar_rules import base_scalars, dual_scalars, is_real
+from reflib.scalar_rules import ObjectNumeric, is_real
 from spec.dual import Dual, tangent_of, value_of
 from spec.precision import converge
 
@@ -64,7 +62,7 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
     setattr(ForwardDual, _name, _rewrapped(getattr(Dual, _name)))
 
 
-class DualNumeric:
+class DualNumeric(ObjectNumeric):
     """A reflib numeric of ``ForwardDual`` entries over float64 (``dps=None``) or mpmath.
 
     Parameters
@@ -75,25 +73,6 @@ class DualNumeric:
         mpmath's working precision inside :meth:`context` (default ``dps + GUARD_DIGITS``).
     """
 
-    dtype = np.dtype(object)
-
-    def __init__(self, dps=None, working=None):
-        self.digits = check_dps(dps)
-        self.working = None if dps is None else (working or self.digits + GUARD_DIGITS)
-        self._base = base_scalars(self.digits)
-        self._dual = dual_scalars(self.digits)
-
-    @property
-    def dps(self):
-        """What to pass as ``dps=`` to select this numeric (``reflib.numeric.numeric_for``)."""
-        return self
-
-    def __repr__(self):
-        return f"DualNumeric(dps={self.digits!r})"
-
-    def context(self):
-        return contextlib.nullcontext() if self.working is None else mpmath.workdps(self.working)
-
     def _entry(self, v, what):
         if isinstance(v, Dual):
             return v if isinstance(v, ForwardDual) else ForwardDual(v.value, v.tangent)
@@ -101,65 +80,13 @@ class DualNumeric:
             return self._base.convert(v)   # a constant: tangent 0
         raise TypeError(f"{what} holds {type(v).__name__} {v!r}; pass real numbers or duals")
 
-    def asarray(self, value, what="input"):
-        """A new object array: duals kept, real numbers as constants of the number system."""
-        arr = np.asarray(value)
-        if arr.dtype.kind not in "iufO":
-            raise TypeError(f"{what} has dtype {arr.dtype}; pass a real array")
-        out = np.empty(arr.shape, dtype=object)
-        for idx, v in np.ndenumerate(arr):
-            out[idx] = self._entry(v, what)
-        return out
+    @staticmethod
+    def _value(v):
+        return value_of(v)
 
-    result = asarray
-
-    def const(self, value):
-        return self._base.const(value)
-
-    def zeros(self, shape):
-        out = np.empty(shape, dtype=object)
-        out.fill(self._base.convert(0))
-        return out
-
-    def isfinite(self, arr):
-        flat = [self._base.isfinite(value_of(v)) for v in np.asarray(arr, dtype=object).flat]
-        return np.array(flat, dtype=bool).reshape(np.shape(arr))
-
-    def _map(self, fn, x):
-        return np.asarray(np.frompyfunc(lambda v: _as_forward(fn(v)), 1, 1)(x), dtype=object)
-
-    def exp(self, x):
-        return self._map(self._dual.exp, x)
-
-    def log(self, x):
-        return self._map(self._dual.log, x)
-
-    def log1p(self, x):
-        # NOTE: the value by the base's log1p (no 1 + x rounding); the slope log'(1 + x)
-        base, log = self._base, self._dual.log
-
-        def one(v):
-            if not isinstance(v, Dual):
-                return base.log1p(v)
-            return Dual(base.log1p(v.value), log(Dual(1 + v.value, v.tangent)).tangent)
-        return self._map(one, x)
-
-    def sqrt(self, x):
-        return self._map(self._dual.sqrt, x)
-
-    def tanh(self, x):
-        return self._map(self._dual.tanh, x)
-
-    def erf(self, x):
-        return self._map(self._dual.erf, x)
-
-    def pi(self):
-        return self._base.pi if self.digits is None else +mpmath.pi
-
-    def sigmoid(self, x):
-        """reflib's float64 form: exp of ``-|x|`` only, then one division."""
-        e = self.exp(-self._map(self._dual.abs, x))
-        return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+    @staticmethod
+    def _apply(dual_fn, v):
+        return _as_forward(dual_fn(v))
 
 
 def split_parts(arr, zero):

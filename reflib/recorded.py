@@ -11,15 +11,13 @@ The long story: docs/second-order.md, section ``reflib``.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import operator
 
 import mpmath
 import numpy as np
 
-from reflib.numeric import GUARD_DIGITS, check_dps
-from reflib.scalar_rules import base_scalars, dual_scalars, is_real
+from reflib.scalar_rules import ObjectNumeric, dual_scalars, is_real
 from spec.dual import Dual
 
 __all__ = ["Recorded", "RecordingNumeric", "gradient", "values_of"]
@@ -194,7 +192,7 @@ def values_of(arr):
     return out
 
 
-class RecordingNumeric:
+class RecordingNumeric(ObjectNumeric):
     """A reflib numeric of ``Recorded`` entries over float64 (``dps=None``) or mpmath.
 
     Pass it where reflib takes ``dps`` (``reflib.Tape(dps=F)``). See the module docstring.
@@ -207,91 +205,22 @@ class RecordingNumeric:
         mpmath's working precision inside :meth:`context` (default ``dps + GUARD_DIGITS``).
     """
 
-    dtype = np.dtype(object)
-
-    def __init__(self, dps=None, working=None):
-        self.digits = check_dps(dps)
-        self.working = None if dps is None else (working or self.digits + GUARD_DIGITS)
-        self._base = base_scalars(self.digits)
-        self._dual = dual_scalars(self.digits)
-
-    @property
-    def dps(self):
-        """What to pass as ``dps=`` to select this numeric (``reflib.numeric.numeric_for``)."""
-        return self
-
-    def __repr__(self):
-        return f"RecordingNumeric(dps={self.digits!r})"
-
-    def context(self):
-        """The mpmath working precision (nothing for float64)."""
-        return contextlib.nullcontext() if self.working is None else mpmath.workdps(self.working)
-
     def leaf(self, v):
         """A parentless recorded scalar holding ``v`` in this number system."""
         return Recorded(self._base.convert(v))
 
-    def asarray(self, value, what="input"):
-        """A new object array: recorded scalars kept, real numbers as new leaves."""
-        arr = np.asarray(value)
-        if arr.dtype.kind not in "iufO":
-            raise TypeError(f"{what} has dtype {arr.dtype}; pass a real array")
-        out = np.empty(arr.shape, dtype=object)
-        for idx, v in np.ndenumerate(arr):
-            if isinstance(v, Recorded):
-                out[idx] = v
-            elif is_real(v):
-                out[idx] = self.leaf(v)
-            else:
-                raise TypeError(f"{what} holds {type(v).__name__} {v!r}; pass real numbers")
-        return out
+    def _entry(self, v, what):
+        # recorded scalars kept, real numbers as new leaves
+        if isinstance(v, Recorded):
+            return v
+        if is_real(v):
+            return self.leaf(v)
+        raise TypeError(f"{what} holds {type(v).__name__} {v!r}; pass real numbers")
 
-    result = asarray
+    @staticmethod
+    def _value(v):
+        return _val(v)
 
-    def const(self, value):
-        return self._base.const(value)
-
-    def zeros(self, shape):
-        out = np.empty(shape, dtype=object)
-        out.fill(self._base.convert(0))
-        return out
-
-    def isfinite(self, arr):
-        flat = [self._base.isfinite(_val(v)) for v in np.asarray(arr, dtype=object).flat]
-        return np.array(flat, dtype=bool).reshape(np.shape(arr))
-
-    def _map(self, dual_fn, x):
-        return np.asarray(np.frompyfunc(lambda v: unary(dual_fn, v), 1, 1)(x), dtype=object)
-
-    def exp(self, x):
-        return self._map(self._dual.exp, x)
-
-    def log(self, x):
-        return self._map(self._dual.log, x)
-
-    def log1p(self, x):
-        # NOTE: the value by the base's log1p (no 1 + x rounding); the slope log'(1 + x)
-        base, log = self._base, self._dual.log
-
-        def one(d):
-            if not isinstance(d, Dual):
-                return base.log1p(d)
-            return Dual(base.log1p(d.value), log(Dual(1 + d.value, d.tangent)).tangent)
-        return self._map(one, x)
-
-    def sqrt(self, x):
-        return self._map(self._dual.sqrt, x)
-
-    def tanh(self, x):
-        return self._map(self._dual.tanh, x)
-
-    def erf(self, x):
-        return self._map(self._dual.erf, x)
-
-    def pi(self):
-        return self._base.pi if self.digits is None else +mpmath.pi
-
-    def sigmoid(self, x):
-        """reflib's float64 form: exp of ``-|x|`` only, then one division."""
-        e = self.exp(-self._map(self._dual.abs, x))
-        return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+    @staticmethod
+    def _apply(dual_fn, v):
+        return unary(dual_fn, v)

@@ -8,6 +8,7 @@ over mpmath (``dps`` an int) or float64 (``dps=None``); ``base_scalars(dps)`` th
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 
@@ -15,8 +16,9 @@ import mpmath
 import numpy as np
 from scipy.special import erf as _erf
 
+from reflib.numeric import GUARD_DIGITS, check_dps
 from spec.backends import MPMATH
-from spec.dual import DualBackend
+from spec.dual import Dual, DualBackend
 
 
 class Float64Scalars:
@@ -120,3 +122,99 @@ def is_real(v):
 
 
 __all__ = ["base_scalars", "dual_scalars", "Float64Scalars", "MpmathScalars", "is_real"]
+
+
+class ObjectNumeric:
+    """What reflib's two scalar-object numerics share: number system, precision, elementary
+    functions by spec.dual's rules. A subclass says how one entry is taken in (``_entry``),
+    read (``_value``) and how a rule on duals is applied to it (``_apply``).
+
+    Parameters
+    ----------
+    dps : int or None
+        None: float64 numbers; an int: ``mpmath.mpf`` computed at ``working`` digits.
+    working : int or None
+        mpmath's working precision inside :meth:`context` (default ``dps + GUARD_DIGITS``).
+    """
+
+    dtype = np.dtype(object)
+
+    def __init__(self, dps=None, working=None):
+        self.digits = check_dps(dps)
+        self.working = None if dps is None else (working or self.digits + GUARD_DIGITS)
+        self._base = base_scalars(self.digits)
+        self._dual = dual_scalars(self.digits)
+
+    @property
+    def dps(self):
+        """What to pass as ``dps=`` to select this numeric (``reflib.numeric.numeric_for``)."""
+        return self
+
+    def __repr__(self):
+        return f"{type(self).__name__}(dps={self.digits!r})"
+
+    def context(self):
+        """The mpmath working precision (nothing for float64)."""
+        return contextlib.nullcontext() if self.working is None else mpmath.workdps(self.working)
+
+    def asarray(self, value, what="input"):
+        """A new object array of this numeric's entries (``_entry`` of each value)."""
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "iufO":
+            raise TypeError(f"{what} has dtype {arr.dtype}; pass a real array")
+        out = np.empty(arr.shape, dtype=object)
+        for idx, v in np.ndenumerate(arr):
+            out[idx] = self._entry(v, what)
+        return out
+
+    def result(self, value, what="input"):
+        return self.asarray(value, what)
+
+    def const(self, value):
+        return self._base.const(value)
+
+    def zeros(self, shape):
+        out = np.empty(shape, dtype=object)
+        out.fill(self._base.convert(0))
+        return out
+
+    def isfinite(self, arr):
+        flat = [self._base.isfinite(self._value(v)) for v in np.asarray(arr, dtype=object).flat]
+        return np.array(flat, dtype=bool).reshape(np.shape(arr))
+
+    def _map(self, dual_fn, x):
+        return np.asarray(np.frompyfunc(lambda v: self._apply(dual_fn, v), 1, 1)(x),
+                          dtype=object)
+
+    def exp(self, x):
+        return self._map(self._dual.exp, x)
+
+    def log(self, x):
+        return self._map(self._dual.log, x)
+
+    def log1p(self, x):
+        # NOTE: the value by the base's log1p (no 1 + x rounding); the slope log'(1 + x)
+        base, log = self._base, self._dual.log
+
+        def one(v):
+            if not isinstance(v, Dual):
+                return base.log1p(v)
+            return Dual(base.log1p(v.value), log(Dual(1 + v.value, v.tangent)).tangent)
+        return self._map(one, x)
+
+    def sqrt(self, x):
+        return self._map(self._dual.sqrt, x)
+
+    def tanh(self, x):
+        return self._map(self._dual.tanh, x)
+
+    def erf(self, x):
+        return self._map(self._dual.erf, x)
+
+    def pi(self):
+        return self._base.pi if self.digits is None else +mpmath.pi
+
+    def sigmoid(self, x):
+        """reflib's float64 form: exp of ``-|x|`` only, then one division."""
+        e = self.exp(-self._map(self._dual.abs, x))
+        return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
