@@ -136,11 +136,6 @@ def grad_x_kernel(dtype_name, scalar):
     return kernel(_SIG_X.format(t=dtype_name))(body)
 
 
-def _grid(m, n):
-    return (max(1, min(config.MAX_GRID, -(-n // _TILE))),
-            max(1, min(config.MAX_GRID, -(-m // _TILE))))
-
-
 def dense_grads(d_g, d_x, d_w, d_pre, rows, n_in, n_out, scalar, param, d_gw, d_gb, d_gx=None):
     """Write ``grad_W`` into ``d_gw``, ``grad_b`` into ``d_gb`` (None: no bias) and, when
     ``d_gx`` is given, ``grad_x`` into it; ``scalar`` the activation (None: linear).
@@ -148,9 +143,9 @@ def dense_grads(d_g, d_x, d_w, d_pre, rows, n_in, n_out, scalar, param, d_gw, d_
     Two launches at most; nothing allocated."""
     name = np.dtype(d_x.dtype).name
     with_bias = d_gb is not None
-    grad_w_kernel(name, scalar)[_grid(n_in, n_out), (_TILE, _TILE)](
+    grad_w_kernel(name, scalar)[device.tile_grid(n_in, n_out), (_TILE, _TILE)](
         d_x, d_g, d_pre, d_gw, d_gb if with_bias else d_gw, rows, n_in, n_out, float(param),
         int(with_bias))
     if d_gx is not None:
-        grad_x_kernel(name, scalar)[_grid(rows, n_in), (_TILE, _TILE)](
+        grad_x_kernel(name, scalar)[device.tile_grid(rows, n_in), (_TILE, _TILE)](
             d_g, d_pre, d_w, d_gx, rows, n_in, n_out, float(param))

@@ -267,6 +267,13 @@ def grid_1d(n: int, block: int = config.BLOCK) -> tuple[int, int]:
     return blocks, block
 
 
+def tile_grid(m: int, n: int) -> tuple[int, int]:
+    """(x, y) blocks of a tiled GEMM over an ``m`` × ``n`` result, ``config.TILE`` square tiles
+    (grid-stride past ``config.MAX_GRID``)."""
+    return (max(1, min(config.MAX_GRID, -(-n // config.TILE))),
+            max(1, min(config.MAX_GRID, -(-m // config.TILE))))
+
+
 def row_grid(rows: int) -> int:
     """Blocks of a row kernel (one block per row, grid-stride over the rest)."""
     return max(1, min(config.MAX_GRID, int(rows)))

@@ -86,9 +86,7 @@ def gemm_device(d_a, a_strides, d_b, b_strides, batch, m, n, k, dtype, epilogue=
         d_c = device.empty(batch * m * n, dtype)
     d_out = d_c if d_out is None else d_out
     d_bias = d_c if d_bias is None else d_bias
-    grid = (max(1, min(config.MAX_GRID, -(-n // _TILE))),
-            max(1, min(config.MAX_GRID, -(-m // _TILE))),
-            max(1, min(config.MAX_GRID, batch)))
+    grid = device.tile_grid(m, n) + (max(1, min(config.MAX_GRID, batch)),)
     gemm_kernel(np.dtype(dtype).name, epilogue)[grid, (_TILE, _TILE)](
         d_a, d_b, d_c, d_out, d_bias, batch, m, n, k, *[int(s) for s in a_strides],
         *[int(s) for s in b_strides], float(param))

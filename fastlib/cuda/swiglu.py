@@ -152,18 +152,13 @@ def dx_kernel(dtype_name):
     return kernel(_SIG_DX.format(t=dtype_name))(body)
 
 
-def _grid(m, n):
-    return (max(1, min(config.MAX_GRID, -(-n // _TILE))),
-            max(1, min(config.MAX_GRID, -(-m // _TILE))))
-
-
 def swiglu_forward_device(d_x, d_wg, d_wu, d_wd, rows, d, hidden, out, dtype):
     """(y, au, h) flat device arrays: the output and the history backward reads. 2 launches."""
     name = np.dtype(dtype).name
     au = device.empty(2 * rows * hidden, dtype)
     h = device.empty(rows * hidden, dtype)
-    gate_up_kernel(name)[_grid(rows, hidden), (_TILE, _TILE)](d_x, d_wg, d_wu, au, h, rows, d,
-                                                             hidden)
+    gate_up_kernel(name)[device.tile_grid(rows, hidden), (_TILE, _TILE)](
+        d_x, d_wg, d_wu, au, h, rows, d, hidden)
     y = gemm_device(h, (0, hidden, 1), d_wd, (0, out, 1), 1, rows, out, hidden, dtype)
     return y, au, h
 
@@ -185,6 +180,6 @@ def swiglu_backward_device(d_g, d_x, d_wg, d_wu, d_wd, au, h, rows, d, hidden, o
     if not need_input_grad:
         return None
     dx = device.empty(rows * d, dtype)
-    dx_kernel(np.dtype(dtype).name)[_grid(rows, d), (_TILE, _TILE)](dz, d_wg, d_wu, dx, rows, d,
-                                                                    hidden)
+    dx_kernel(np.dtype(dtype).name)[device.tile_grid(rows, d), (_TILE, _TILE)](
+        dz, d_wg, d_wu, dx, rows, d, hidden)
     return dx
