@@ -55,6 +55,8 @@ def exact_second_order(ex, tangents):
         inputs = [oracle.as_float64(x) for x in ex.inputs]
         tans = [None if t is None else np.asarray(t, np.float64) for t in tangents]
         g = np.asarray(ex.grad, np.float64)
+        if _by_value(ex.name, inputs):
+            return _unary_by_value(ex.name, inputs[0], g, tans[0], ex.params)
         # 30 digits: the double-double pair keeps 32, a float64 error needs 17
         _, jv = spec.jvp(ex.name, inputs, tans, ex.params or None, dps=EXACT_DPS)
         hv = spec.hvp(ex.name, inputs, g, tans, ex.params or None, dps=EXACT_DPS)
@@ -64,6 +66,59 @@ def exact_second_order(ex, tangents):
 
     arrays = list(ex.inputs) + [ex.grad] + [t for t in tangents if t is not None]
     return oracle.cached("second-order", ex.name, arrays, ex.params, compute)
+
+
+#: a unary call of more entries than this is evaluated once per distinct input value
+#: (:func:`_unary_by_value`); a shorter one entry by entry, as spec states it
+BY_VALUE_FROM = 64
+
+
+def _by_value(name, inputs):
+    """Whether the call's exact second order is taken per distinct value (a long unary call
+    whose entries are finite)."""
+    import spec
+
+    x = inputs[0]
+    return (spec.OPS[name].category == "unary" and x.size > BY_VALUE_FROM
+            and bool(np.all(np.isfinite(x))))
+
+
+def _unary_by_value(name, x, g, t, params):
+    """The exact JVP and HVP of a unary op, and their running-error bounds, from one
+    evaluation per distinct entry of ``x``.
+
+    A unary op acts entry by entry, so ``J t = f'(x) t`` and ``∇<g, J t> = f''(x) t g``: spec's
+    dual numbers at a unit tangent and cotangent give ``f'`` and ``f''`` (kinks included, as
+    ``spec.jvp`` sets them), scaled by each entry's ``t`` and ``g`` in mpmath. The running-error
+    bound is the same rule on duals whose tangent parts are linear in ``t`` and ``g`` (no
+    product of two tangent parts survives), so it scales by ``|t|`` and ``|t g|`` exactly.
+    The long calls repeat a few dozen values (the tables' tails): the cost follows the values,
+    not the entries.
+    """
+    import mpmath
+
+    import spec
+
+    from reports.conformance import oracle
+    from reports.conformance.second_order_bounds import running_error
+
+    values, where = np.unique(x.reshape(-1), return_inverse=True)
+    ones = np.ones_like(values)
+    _, d1 = spec.jvp(name, [values], [ones], params or None, dps=EXACT_DPS)
+    (d2,) = spec.hvp(name, [values], ones, [ones], params or None, dps=EXACT_DPS)
+    e1, (e2,) = running_error(name, [values], ones, [ones], params)
+    tf, gf = t.reshape(-1), g.reshape(-1)
+    jv = np.empty(x.size, dtype=object)
+    hv = np.empty(x.size, dtype=object)
+    with mpmath.workdps(EXACT_DPS):
+        for i, k in enumerate(where):
+            jv[i] = d1[k] * mpmath.mpf(float(tf[i]))
+            hv[i] = d2[k] * mpmath.mpf(float(tf[i])) * mpmath.mpf(float(gf[i]))
+    shape = x.shape
+    return {"jvp": oracle._split(jv.reshape(shape)),
+            "jvp_E": (e1[where] * np.abs(tf)).reshape(shape),
+            "hvp_E": [(e2[where] * np.abs(tf * gf)).reshape(shape)],
+            "hvp": [oracle._split(hv.reshape(shape))]}
 
 
 def _admissible(E):

@@ -14,12 +14,17 @@ import numpy as np
 from reports.conformance.strategies import OpExample
 
 __all__ = ["second_order_rows", "second_order_examples", "special_second_order_cases",
-           "examples_for", "second_order_decades", "SMALL", "KINDS"]
+           "examples_for", "second_order_decades", "SMALL", "LONG_PROFILES", "KINDS"]
 
 KINDS = ("jvp2", "hvp")
-#: the special and edge calls of the first-order tables that these rows reuse: at most this
-#: many entries over all inputs (spec's dual numbers cost a few ms per entry)
+#: the special and edge calls of the first-order tables that the ``ci`` profile's rows reuse:
+#: at most this many entries over all inputs, unless the op is unary (a long unary call's
+#: exact value is taken once per distinct value: ``second_order.BY_VALUE_FROM``); the exact
+#: second order of a long row or a 37 x 37 dominant block costs spec's dual numbers up to a
+#: minute of CPU per call
 SMALL = 64
+#: the profiles whose rows run the tables' calls of any length
+LONG_PROFILES = ("thorough",)
 #: the second-order rows draw this fraction of a profile's ``examples`` (at least 2): each
 #: example costs an exact JVP and HVP and their running-error bound in mpmath
 SHARE = 5
@@ -180,10 +185,12 @@ def _first_order_calls(name, dtype):
             + edge_cases._raw(name, dtype, np.random.default_rng(20261124)))
 
 
-def special_second_order_cases(name, dtype, tables=True):
+def special_second_order_cases(name, dtype, tables=True, long_calls=False):
     """The explicit calls of op ``name``'s ``jvp2``/``hvp`` rows in ``dtype``, in a fixed
     order (``OpExample`` with a ``label``; module docstring). ``tables=False`` leaves out the
-    first-order tables' calls (the ``dev`` profile: ``TABLE_PROFILES``)."""
+    first-order tables' calls (the ``dev`` profile: ``TABLE_PROFILES``); ``long_calls=False``
+    leaves out their calls of more than ``SMALL`` entries unless the op is unary (``ci``;
+    ``thorough`` runs them all: ``LONG_PROFILES``)."""
     import spec
 
     from reports.conformance.strategies import make_example
@@ -194,7 +201,8 @@ def special_second_order_cases(name, dtype, tables=True):
     cases = []
     for label, inputs, params in ((_first_order_calls(name, dtype) if tables else [])
                                   + _raw_second_order(name, dtype)):
-        if sum(int(np.size(x)) for x in inputs) > SMALL:
+        if (not long_calls and op.category != "unary"
+                and sum(int(np.size(x)) for x in inputs) > SMALL):
             continue
         cast = tuple(np.asarray(x) if op.domains[n] == "class_index"
                      else np.asarray(x, np.float64).astype(dtype)
@@ -262,7 +270,8 @@ def second_order_rows(engine, ref, dtypes, ops, kinks=None):
                                         examples_for(profile), seed,
                                         _reproduce(ref, check, mode),
                                         examples=special_second_order_cases(
-                                            name, dtype, profile.name in TABLE_PROFILES),
+                                            name, dtype, profile.name in TABLE_PROFILES,
+                                            profile.name in LONG_PROFILES),
                                         distinct=_form)
                 rows.append(Row(kind, name, engine.name, dt, run, kinks=flag))
     return rows

@@ -268,34 +268,44 @@ class JaxEngine(Engine):
                      enumerate(zip([t for i, t in enumerate(tangents) if i != fixed], free)))
         return free, target, fixed, tans
 
+    def _second_order_compiled(self, kind, name, params, fixed):
+        """The jitted JVP (``kind="jvp"``) or HVP (``"hvp"``) of op ``name`` with ``params``
+        closed over: one executable per op, parameters and shapes, as for the VJP."""
+        key = (kind, name, repr(sorted(params.items())))
+        self._calls += 1
+        if self._calls % self.CLEAR_EVERY == 0:
+            self._jax.clear_caches()     # as in _compiled: bounded memory on a long run
+            self._cache.clear()
+        if key not in self._cache:
+            jax, fn = self._jax, self._ops[name]
+
+            def call(args, target):
+                args = list(args)
+                if fixed is not None:
+                    args.insert(fixed, target)
+                return fn(*args, **params)
+
+            if kind == "jvp":
+                def product(free, target, tans):
+                    return jax.jvp(lambda *a: call(a, target), free, tans)
+            else:
+                # jvp of the VJP (forward over reverse): d/dε [J(x + εt)ᵀ g], no Hessian formed
+                def product(free, target, tans, g):
+                    def pulled(*args):
+                        return jax.vjp(lambda *a: call(a, target), *args)[1](g)
+                    return jax.jvp(pulled, free, tans)[1]
+            self._cache[key] = jax.jit(product)
+        return self._cache[key]
+
     def _jvp(self, name, inputs, tangents, **params):
         free, target, fixed, tans = self._second_order_args(name, inputs, tangents)
-        fn = self._ops[name]
-
-        def call(*args):
-            args = list(args)
-            if fixed is not None:
-                args.insert(fixed, target)
-            return fn(*args, **params)
-
-        out, jv = self._jax.jvp(call, free, tans)
+        out, jv = self._second_order_compiled("jvp", name, params, fixed)(free, target, tans)
         return np.array(out), np.array(jv)
 
     def _hvp(self, name, inputs, cotangent, tangents, **params):
-        # jvp of the VJP (forward over reverse): d/dε [J(x + εt)ᵀ g], no Hessian formed
         free, target, fixed, tans = self._second_order_args(name, inputs, tangents)
-        jax, fn = self._jax, self._ops[name]
         g = self._jnp.asarray(np.asarray(cotangent, dtype=free[0].dtype))
-
-        def pulled(*args):
-            def call(*a):
-                a = list(a)
-                if fixed is not None:
-                    a.insert(fixed, target)
-                return fn(*a, **params)
-            return jax.vjp(call, *args)[1](g)
-
-        _, hv = jax.jvp(pulled, free, tans)
+        hv = self._second_order_compiled("hvp", name, params, fixed)(free, target, tans, g)
         out = [np.array(h) for h in hv]
         if fixed is not None:
             out.insert(fixed, None)
