@@ -18,7 +18,8 @@ import shutil
 
 import numpy as np
 
-from reports.conformance.adapters._peer import PeerEngine, numpy_axes, slice_index
+from reports.conformance.adapters._peer import (GraphSecondOrder, PeerEngine, numpy_axes,
+                                                slice_index)
 from reports.conformance.engines import FLOAT32, FLOAT64, EngineUnavailableError
 
 __all__ = ["TinygradEngine", "tinygrad_ops", "tinygrad_device", "COMPOSED"]
@@ -29,6 +30,8 @@ COMPOSED = {
     "sum": "axis=() reduces nothing in NumPy but everything in tinygrad: clone there",
     "mean": "axis=() reduces nothing in NumPy but everything in tinygrad: clone there",
     "logsumexp": "axis=() reduces nothing in NumPy but everything in tinygrad: clone there",
+    "(every op)": "a 0-d input enters as shape (1,) reshaped to (): tinygrad's PYTHON backend "
+                  "copies a 0-d NumPy array with a CPU kernel, which needs clang",
 }
 
 
@@ -103,8 +106,9 @@ _OPTIMIZER_REASONS = {
 }
 
 
-class TinygradEngine(PeerEngine):
-    """tinygrad (``tinygrad_device()``: ``$DEV``, else PYTHON) via ``Tensor.gradient``."""
+class TinygradEngine(GraphSecondOrder, PeerEngine):
+    """tinygrad (``tinygrad_device()``: ``$DEV``, else PYTHON) via ``Tensor.gradient``; second
+    order by ``Tensor.gradient`` of its own gradients (tinygrad has no forward mode)."""
 
     name = "tinygrad"
     dtypes = (FLOAT32, FLOAT64)
@@ -112,6 +116,9 @@ class TinygradEngine(PeerEngine):
     composed = COMPOSED
     optimizers = ("SGD", "Adam", "AdamW")
     optimizer_reasons = _OPTIMIZER_REASONS
+    second_order_route = ("tinygrad has no forward mode: J t by the double-backward trick "
+                          "(Tensor.gradient in u of <t, Tensor.gradient(f, u)>); H t by "
+                          "Tensor.gradient of <t, Tensor.gradient(<g, f>)>")
 
     def __init__(self):
         from tinygrad import Tensor, dtypes, nn
@@ -123,8 +130,12 @@ class TinygradEngine(PeerEngine):
         self._live = None
 
     def _tensor(self, array, differentiable):
-        # NOTE: np.ascontiguousarray would turn a 0-d array into a 1-d one
-        return self._Tensor(np.array(array, order="C"), device=self.device)
+        array = np.array(array, order="C")
+        if array.ndim == 0:
+            # NOTE: a 0-d NumPy array reaches the PYTHON device through a CPU copy kernel
+            # (compiled with clang, even under DEV=PYTHON); a 1-element one does not
+            return self._Tensor(array.reshape(1), device=self.device).reshape(())
+        return self._Tensor(array, device=self.device)
 
     def _numpy(self, tensor):
         return np.array(tensor.numpy())
@@ -132,6 +143,12 @@ class TinygradEngine(PeerEngine):
     def _gradients(self, out, wanted, grad):
         grads = out.gradient(*wanted, gradient=self._tensor(grad, False))
         return [np.array(g.numpy()) for g in grads]
+
+    def _graph_gradients(self, out, wanted, grad, keep=True):
+        # NOTE: tinygrad's gradients are lazy tensors of the same graph: differentiable again
+        if grad is None:
+            return list(out.gradient(*wanted))
+        return list(out.gradient(*wanted, gradient=grad))
 
     def _optimizer_step(self, name, w, g, state, t, **hyper):
         """One step of the tinygrad optimizer; a trajectory keeps one optimizer alive."""
