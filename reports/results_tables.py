@@ -144,19 +144,23 @@ def bench_train(doc):
 
 
 def peers_summary(doc):
-    """Per peer: version and how many findings of each kind (``tests/peers/findings.json``)."""
+    """Per engine and derivative (VJP, J t, H t): version and how many findings of each kind
+    (``tests/peers/findings.json``)."""
+    from reports.peers_findings import DERIVATIVE_TEXT
+
     counts = {}
     for f in doc["findings"]:
-        c = counts.setdefault(f["engine"], {"failure": 0, "convention": 0, "contract": 0})
+        key = (f["engine"], f.get("derivative", "vjp"))
+        c = counts.setdefault(key, {"failure": 0, "convention": 0, "contract": 0})
         c[f["kind"]] = c.get(f["kind"], 0) + 1
-    rows = [[e, doc["engines"][e]["version"], c["failure"], c["convention"], c["contract"],
-             sum(c.values())] for e, c in counts.items()]
-    return _table(["engine", "version", "failures", "conventions", "contract", "findings"],
-                  rows)
+    rows = [[e, doc["engines"][e]["version"], DERIVATIVE_TEXT[d], c["failure"],
+             c["convention"], c["contract"], sum(c.values())] for (e, d), c in counts.items()]
+    return _table(["engine", "version", "derivative", "failures", "conventions", "contract",
+                   "findings"], rows)
 
 
 def peers_findings(doc):
-    """The full findings table, one row per engine, op and dtype."""
+    """The full findings table, one row per engine, derivative, op and dtype."""
     from reports.peers_findings import markdown
 
     return markdown(doc)

@@ -106,3 +106,31 @@ def test_the_independent_second_order_reference_gets_known_values(kind, op, inpu
     with mpmath.workdps(60):     # the hand values and the comparison at 60 digits
         want = expected() if callable(expected) else mpmath.mpf(expected)
         assert abs(got - want) <= abs(want) * mpmath.mpf(10) ** -30 + mpmath.mpf(10) ** -300
+
+
+def _part(engine, version, derivative, examples=10):
+    finding = {"engine": engine, "op": "tanh", "dtype": "float32", "kind": "failure"}
+    if derivative:
+        finding["derivative"] = derivative
+    return {"profile": {"examples": examples, "seed": 0},
+            "engines": {engine: {"available": True, "version": version,
+                                 "seconds": {derivative or "vjp": 1.0}}},
+            "findings": [finding]}
+
+
+def test_a_split_run_merges_in_engine_and_derivative_order():
+    doc = peers_findings.merge([_part("torch", "2", "hvp"), _part("autograd", "1", "jvp2"),
+                                _part("autograd", "1", None)])
+    assert [(f["engine"], f["derivative"]) for f in doc["findings"]] == [
+        ("autograd", "vjp"), ("autograd", "jvp2"), ("torch", "hvp")]
+    assert doc["engines"]["autograd"]["seconds"] == {"jvp2": 1.0, "vjp": 1.0}
+
+
+@pytest.mark.parametrize("parts, message", [
+    ([_part("autograd", "1", "vjp"), _part("autograd", "1", "hvp", examples=20)],
+     "different profiles"),
+    ([_part("autograd", "1", "vjp"), _part("autograd", "2", "hvp")], "versions 1 and 2"),
+])
+def test_parts_of_different_runs_do_not_merge(parts, message):
+    with pytest.raises(ValueError, match=message):
+        peers_findings.merge(parts)
