@@ -331,10 +331,10 @@ def find(engine_names=tuple(ENGINES), ops=None, examples=10, seed=0, progress=No
     from reports.conformance import second_order, second_order_rows
 
     so_examples = max(2, examples // second_order_rows.SHARE)
-    doc = {"profile": {"examples": examples, "seed": seed,
-                       "second_order_examples": so_examples,
-                       "second_order_tables": bool(second_order_tables)},
-           "engines": {}, "findings": []}
+    doc = {"profile": {"examples": examples, "seed": seed}, "engines": {}, "findings": []}
+    if set(derivatives) - {"vjp"}:
+        doc["profile"].update(second_order_examples=so_examples,
+                              second_order_tables=bool(second_order_tables))
     for name in engine_names:
         status = registry.engine_status(name)
         if not status.available:
@@ -365,7 +365,11 @@ def merge(docs):
     the same profile); a part written before findings named their derivative holds VJPs."""
     out = {"profile": {}, "engines": {}, "findings": []}
     for doc in docs:
+        second = any(d != "vjp" for info in doc["engines"].values()
+                     for d in info.get("seconds", {}))
         for key, value in doc["profile"].items():
+            if key.startswith("second_order") and not second:
+                continue        # a first-order part: its second-order settings never ran
             if out["profile"].setdefault(key, value) != value:
                 raise ValueError(f"the parts were run under different profiles: {key} is "
                                  f"{out['profile'][key]!r} in one and {value!r} in another; "

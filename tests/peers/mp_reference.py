@@ -68,6 +68,8 @@ def _cross_entropy(z, t):
 
 
 SQRT2 = lambda: mpmath.sqrt(2)  # noqa: E731 - evaluated at the working precision
+# NOTE: softplus as log1p(exp(v)): log(1 + exp(-700)) would round 1 + 1e-304 to 1 at any
+# precision short of 300 digits and give 0
 FORMULAS = {
     "neg": lambda x: -x,
     "exp": lambda x: _v(mpmath.exp)(x),
@@ -84,7 +86,7 @@ FORMULAS = {
         mpmath.sqrt(2 / mpmath.pi) * (v + mpmath.mpf("0.044715") * v ** 3))))(x),
     "tanh": lambda x: _v(mpmath.tanh)(x),
     "sigmoid": lambda x: _v(lambda v: 1 / (1 + mpmath.exp(-v)))(x),
-    "softplus": lambda x: _v(lambda v: mpmath.log(1 + mpmath.exp(v)))(x),
+    "softplus": lambda x: _v(lambda v: mpmath.log1p(mpmath.exp(v)))(x),
     "identity": lambda x: x,
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
     "div": lambda a, b: a / b, "maximum": _maximum,
@@ -108,7 +110,7 @@ FORMULAS = {
     "binary_cross_entropy": lambda p, t: -_sum(
         t * _v(mpmath.log)(p) + (1 - t) * _v(mpmath.log)(1 - p)) / p.size,
     "binary_cross_entropy_with_logits": lambda z, t: _sum(
-        _v(lambda v: mpmath.log(1 + mpmath.exp(v)))(z) - z * t) / z.size,
+        _v(lambda v: mpmath.log1p(mpmath.exp(v)))(z) - z * t) / z.size,
 }
 CLASS_INDEX = {"cross_entropy": (1,)}
 

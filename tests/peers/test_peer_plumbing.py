@@ -134,3 +134,10 @@ def test_a_split_run_merges_in_engine_and_derivative_order():
 def test_parts_of_different_runs_do_not_merge(parts, message):
     with pytest.raises(ValueError, match=message):
         peers_findings.merge(parts)
+
+
+def test_a_first_order_part_does_not_pin_the_second_order_settings():
+    first, second = _part("autograd", "1", None), _part("autograd", "1", "hvp")
+    first["profile"]["second_order_tables"] = True        # set, but nothing of it ran
+    second["profile"]["second_order_tables"] = False
+    assert peers_findings.merge([first, second])["profile"]["second_order_tables"] is False
