@@ -106,6 +106,22 @@ _OPTIMIZER_REASONS = {
 }
 
 
+def _no_path(gradient):
+    """Whether tinygrad's ``gradient`` is its "no path" answer: a broadcast constant 0 (which
+    ``Tensor.gradient`` returns for a target the output does not depend on, and whose
+    realization on the PYTHON device compiles a CPU kernel with clang). The adapters read a
+    missing path as a zero gradient (``PeerEngine._vjp``)."""
+    from tinygrad.uop.ops import Ops
+
+    base = gradient._uop.base
+    if base.op is not Ops.CONST:
+        return False
+    try:
+        return float(base.arg) == 0.0
+    except (TypeError, ValueError):
+        return False
+
+
 class TinygradEngine(GraphSecondOrder, PeerEngine):
     """tinygrad (``tinygrad_device()``: ``$DEV``, else PYTHON) via ``Tensor.gradient``; second
     order by ``Tensor.gradient`` of its own gradients (tinygrad has no forward mode)."""
@@ -145,10 +161,12 @@ class TinygradEngine(GraphSecondOrder, PeerEngine):
         return [np.array(g.numpy()) for g in grads]
 
     def _graph_gradients(self, out, wanted, grad, keep=True):
-        # NOTE: tinygrad's gradients are lazy tensors of the same graph: differentiable again
+        # NOTE: tinygrad's gradients are lazy tensors of the same graph: differentiable again.
+        # A scalar's seed is passed as a tensor of ones built like the inputs (tinygrad's own
+        # 0-d seed reaches the PYTHON device through a clang-compiled CPU kernel)
         if grad is None:
-            return list(out.gradient(*wanted))
-        return list(out.gradient(*wanted, gradient=grad))
+            grad = self._tensor(np.ones(out.shape, self._numpy(out).dtype), False)
+        return [None if _no_path(g) else g for g in out.gradient(*wanted, gradient=grad)]
 
     def _optimizer_step(self, name, w, g, state, t, **hyper):
         """One step of the tinygrad optimizer; a trajectory keeps one optimizer alive."""
