@@ -385,6 +385,8 @@ def merge(docs):
     order = {name: i for i, name in enumerate(ENGINES)}
     out["findings"].sort(key=lambda e: (order.get(e["engine"], len(order)),
                                         DERIVATIVES.index(e["derivative"])))
+    out["engines"] = dict(sorted(out["engines"].items(),
+                                 key=lambda item: order.get(item[0], len(order))))
     return out
 
 
