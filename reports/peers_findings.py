@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 __all__ = ["ENGINES", "PEERS", "DERIVATIVES", "find", "worst_element", "second_order_worst",
-           "markdown", "main", "rebuild_case", "case_tangents"]
+           "markdown", "merge", "main", "rebuild_case", "case_tangents"]
 
 #: the derivatives a finding can be about: the first-order VJP, the second-order rows' J t
 #: (``jvp2``) and H t (``hvp``)
