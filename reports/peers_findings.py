@@ -1,6 +1,8 @@
-"""What the suite finds in the peers (paddle, tinygrad, mygrad, autograd), element by element.
+"""What the suite finds in the peers (paddle, tinygrad, mygrad, autograd), element by element,
+at first order (their VJPs) and at second order (``J t`` and ``H t``, also for torch and jax).
 
-The long story: docs/reports.md, section ``reports/peers_findings.py``.
+The long story: docs/reports.md, section ``reports/peers_findings.py``; the second order:
+docs/second-order.md, "What the rows find in the peers".
 """
 from __future__ import annotations
 
@@ -9,12 +11,22 @@ import importlib.metadata
 import json
 import math
 import sys
+import time
 
 import numpy as np
 
-__all__ = ["PEERS", "find", "worst_element", "markdown", "main", "rebuild_case"]
+__all__ = ["ENGINES", "PEERS", "DERIVATIVES", "find", "worst_element", "second_order_worst",
+           "markdown", "merge", "main", "rebuild_case", "case_tangents"]
 
-PEERS = ("paddle", "tinygrad", "mygrad", "autograd")
+#: the derivatives a finding can be about: the first-order VJP, the second-order rows' J t
+#: (``jvp2``) and H t (``hvp``)
+DERIVATIVES = ("vjp", "jvp2", "hvp")
+#: every engine the table holds, with the derivatives it is held at: the peers at every order
+#: (second order where their adapter has jvp/hvp; else the file says why not), torch and jax,
+#: which the suite runs anyway, at second order (docs/second-order.md)
+ENGINES = {"paddle": DERIVATIVES, "tinygrad": DERIVATIVES, "mygrad": DERIVATIVES,
+           "autograd": DERIVATIVES, "torch": ("jvp2", "hvp"), "jax": ("jvp2", "hvp")}
+PEERS = tuple(n for n, held in ENGINES.items() if "vjp" in held)
 PACKAGES = {"paddle": "paddlepaddle"}          # engine name -> distribution, where they differ
 KINK_SLOPES = {"relu": lambda p: (0.0, 1.0), "abs": lambda p: (-1.0, 1.0),
                "leaky_relu": lambda p: (p.get("negative_slope", 0.01), 1.0)}
@@ -58,6 +70,32 @@ def _failing_cases(engine, name, dtype, examples, seed):
     return found
 
 
+def _second_order_failing(engine, name, dtype, derivative, examples, seed, tables):
+    """(check label, OpExample) of every failing ``jvp2``/``hvp`` call of op ``name``: the
+    shrunk drawn one and each explicit call of the rows (``second_order_rows``)."""
+    from reports.conformance import kinks, second_order, second_order_rows
+    from reports.conformance.rows import run_property
+
+    check = getattr(second_order, f"check_{derivative}")
+    mode = kinks.default_mode(engine.name)
+    found, last = [], {}
+
+    def run(ex):
+        result = check(engine, ex, mode)
+        if not result.ok:
+            last["case"] = ex       # Hypothesis replays the shrunk example last
+        return result
+
+    row = run_property(second_order_rows.second_order_examples(name, dtype), run, examples,
+                       seed)
+    if row.status == "FAIL" and "case" in last:
+        found.append(("drawn", last["case"]))
+    for ex in second_order_rows.special_second_order_cases(name, dtype, tables):
+        if not check(engine, ex, mode).ok:
+            found.append((f"special ({ex.label})", ex))
+    return found
+
+
 def _engine_arrays(engine, ex):
     """(output, grads) of the engine at ``ex``, or the exception it raised."""
     import warnings
@@ -75,7 +113,6 @@ def worst_element(engine, ex):
     from reports.conformance import bounds, oracle
 
     dtype = np.dtype(ex.dtype)
-    eps, tiny = float(np.finfo(dtype).eps), float(np.finfo(dtype).tiny)
     try:
         out, grads = _engine_arrays(engine, ex)
     except Exception as exc:  # noqa: BLE001 - the engine's own error is the finding
@@ -90,8 +127,23 @@ def worst_element(engine, ex):
     for iname, g, e, a in zip(spec.OPS[ex.name].inputs, grads, exact.grads, a_grads):
         if e is not None:
             arrays.append((f"d/d{iname}", g, e, a))
+    entry = _worst(arrays, dtype)
+    if entry["kind"] == "failure":
+        entry.update(_convention(ex, entry["what"], tuple(entry["index"]),
+                                 entry["engine_value"], grads))
+    return entry
+
+
+def _worst(arrays, dtype, skip=None):
+    """The worst entry over ``(what, engine array, (hi, lo), admissible in eps)`` arrays: a
+    contract finding for a wrong dtype or shape; ``skip`` masks entries per ``what``."""
+    eps, tiny = float(np.finfo(dtype).eps), float(np.finfo(dtype).tiny)
     best = None
     for what, got, (hi, lo), adm in arrays:
+        if got is None:
+            return {"kind": "contract", "what": what,
+                    "note": f"{what} is None for a differentiable input", "returns_dtype": "None",
+                    "returns_shape": []}
         got = np.asarray(got)
         if got.dtype != dtype or got.shape != hi.shape:
             return {"kind": "contract", "what": what,
@@ -103,6 +155,8 @@ def worst_element(engine, ex):
             diff = np.abs((g64 - hi) - lo)
             diff = np.where(np.isfinite(g64), diff, np.inf)
             ratio = diff / (np.asarray(adm, np.float64) * eps + tiny)
+        if skip is not None and what in skip:
+            ratio = np.where(skip[what], 0.0, ratio)
         if ratio.size == 0:
             continue
         idx = np.unravel_index(int(np.nanargmax(ratio)), ratio.shape)
@@ -112,11 +166,52 @@ def worst_element(engine, ex):
                     float(np.asarray(adm, np.float64)[idx]))
     _, what, idx, value, hi, lo, diff, adm = best
     scale = max(abs(hi), tiny)
-    entry = {"kind": "failure", "what": what, "index": list(idx), "engine_value": value,
-             "exact_hi": hi, "exact_lo": lo, "abs_error": diff,
-             "error_eps": diff / (eps * scale), "admissible_abs": adm * eps}
-    entry.update(_convention(ex, what, idx, value, grads))
-    return entry
+    return {"kind": "failure", "what": what, "index": list(idx), "engine_value": value,
+            "exact_hi": hi, "exact_lo": lo, "abs_error": diff,
+            "error_eps": diff / (eps * scale), "admissible_abs": adm * eps}
+
+
+def second_order_worst(engine, ex, derivative, tangents):
+    """The worst entry of the engine's ``J t`` (``derivative="jvp2"``) or ``H t`` (``"hvp"``)
+    at call ``ex`` with ``tangents`` (a dict, as :func:`worst_element`'s)."""
+    import warnings
+
+    import spec
+    from reports.conformance import bounds, second_order
+
+    dtype = np.dtype(ex.dtype)
+    exact = second_order.exact_second_order(ex, tangents)
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = _second_order_arrays(engine, ex, derivative, tangents)
+    except Exception as exc:  # noqa: BLE001 - the engine's own error is the finding
+        return {"kind": "contract", "what": "call", "note": f"raises {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:160]}", "raises": type(exc).__name__}
+    if derivative == "jvp2":
+        adm = second_order._admissible(exact["jvp_E"])
+        arrays = [("J t", got, exact["jvp"], adm)]
+        skip = None
+        interval = second_order._kink_interval(ex, tangents)
+        if interval is not None and np.shape(got) == np.shape(exact["jvp"][0]):
+            # a J t entry on a kink inside the subdifferential is the engine's convention
+            # (the peers' kink policy, "subgradient"), not a finding
+            at, low, high = interval
+            g = np.asarray(got, np.float64)
+            _, allowed, _ = bounds.entrywise(g, exact["jvp"][0], exact["jvp"][1], adm, dtype)
+            skip = {"J t": at & (g >= low - allowed) & (g <= high + allowed)}
+        return _worst(arrays, dtype, skip)
+    arrays = [(f"H t (d/d{n})", h, e, second_order._admissible(E))
+              for n, h, e, E in zip(spec.OPS[ex.name].inputs, got, exact["hvp"],
+                                    exact["hvp_E"]) if e is not None]
+    return _worst(arrays, dtype)
+
+
+def _second_order_arrays(engine, ex, derivative, tangents):
+    """The engine's ``J t`` (one array) or ``H t`` (one per input) at ``ex``."""
+    if derivative == "jvp2":
+        return engine.jvp(ex.name, list(ex.inputs), list(tangents), **ex.params)[1]
+    return engine.hvp(ex.name, list(ex.inputs), ex.grad, list(tangents), **ex.params)
 
 
 def _convention(ex, what, idx, value, grads):
@@ -167,14 +262,21 @@ def _maximum_split_matches(ex, grads, share):
 # running it
 
 
-def _serialise_case(check, ex, special_index):
+def _serialise_case(check, ex, special_index, tangents=None):
     base = {"op": ex.name, "dtype": np.dtype(ex.dtype).name, "params": ex.params,
             "label": ex.label or "random"}
     if special_index is not None:
         return {**base, "special": special_index}
-    return {**base, "inputs": [np.asarray(x).tolist() for x in ex.inputs],
+    base = {**base, "inputs": [np.asarray(x).tolist() for x in ex.inputs],
             "input_dtypes": [np.asarray(x).dtype.name for x in ex.inputs],
             "grad": np.asarray(ex.grad).tolist()}
+    if tangents is None:
+        return base
+    # a second-order call: its seed and flags rebuild the same OpExample, and the tangents
+    # are stored (the verification passes them to the engine as they are)
+    return {**base, "seed": int(ex.seed), "near_kinks": bool(ex.near_kinks),
+            "edges": bool(ex.edges),
+            "tangents": [None if t is None else np.asarray(t).tolist() for t in tangents]}
 
 
 def rebuild_case(case):
@@ -188,40 +290,126 @@ def rebuild_case(case):
     # JSON turns the tuple params (axis, axes, shape) into lists: turn them back
     params = {k: tuple(v) if isinstance(v, list) else v for k, v in case["params"].items()}
     return OpExample(case["op"], inputs, np.array(case["grad"], dtype=case["dtype"]),
-                     params, 0, False, case["label"])
+                     params, case.get("seed", 0), case.get("near_kinks", False), case["label"],
+                     case.get("edges", False))
 
 
-def find(engine_names=PEERS, ops=None, examples=10, seed=0, progress=None):
-    """Every failing call of each peer, with its worst element (a JSON-ready dict)."""
+def case_tangents(case):
+    """The tangents stored with a second-order findings entry (None for class indices)."""
+    return [None if t is None else np.array(t, dtype=case["dtype"]) for t in case["tangents"]]
+
+
+def _engine_info(name, engine):
+    import spec
+    from reports.conformance import second_order
+
+    info = {"available": True, "version": engine_version(name),
+            "description": getattr(engine, "description", ""),
+            "composed": dict(getattr(engine, "composed", {})),
+            "unsupported": {o: engine.supports(o)[1] for o in spec.OPS
+                            if not engine.supports(o)[0]},
+            "derivatives": list(ENGINES[name])}
+    missing = second_order.not_provided(engine)
+    info["second_order"] = missing or getattr(engine, "second_order_route", "") or \
+        getattr(engine, "description", "")
+    return info
+
+
+def find(engine_names=tuple(ENGINES), ops=None, examples=10, seed=0, progress=None,
+         second_order_tables=True, derivatives=DERIVATIVES):
+    """Every failing call of each engine at each derivative ``ENGINES`` holds it to, with its
+    worst element (a JSON-ready dict).
+
+    First order: ``examples`` drawn calls per op and dtype and the special-values table;
+    second order: the ``jvp2``/``hvp`` rows' share of them (``second_order_rows.examples_for``)
+    and their explicit calls (the first-order tables' small calls too when
+    ``second_order_tables``, as the ``ci`` profile runs them). ``derivatives`` narrows the
+    run (a run may be split by engine or derivative and the parts joined by :func:`merge`).
+    """
     import spec
     from reports.conformance import engines as registry
+    from reports.conformance import second_order, second_order_rows
 
+    so_examples = max(2, examples // second_order_rows.SHARE)
     doc = {"profile": {"examples": examples, "seed": seed}, "engines": {}, "findings": []}
+    if set(derivatives) - {"vjp"}:
+        doc["profile"].update(second_order_examples=so_examples,
+                              second_order_tables=bool(second_order_tables))
     for name in engine_names:
         status = registry.engine_status(name)
         if not status.available:
             doc["engines"][name] = {"available": False, "reason": status.reason}
             continue
         engine = registry.get_engine(name)
-        doc["engines"][name] = {"available": True, "version": engine_version(name),
-                                "description": getattr(engine, "description", ""),
-                                "composed": dict(getattr(engine, "composed", {})),
-                                "unsupported": {o: engine.supports(o)[1] for o in spec.OPS
-                                                if not engine.supports(o)[0]}}
-        for op in ops or spec.OPS:
-            if not engine.supports(op)[0]:
-                continue
-            for dtype in engine.dtypes:
-                dt = np.dtype(dtype).name
-                if progress:
-                    progress(f"{name} {op} {dt}")
-                for check, ex in _failing_cases(engine, op, dt, examples, seed):
-                    special = int(check.split("#")[1].split()[0]) if "#" in check else None
-                    entry = {"engine": name, "op": op, "dtype": dt, "check": check,
-                             "case": _serialise_case(check, ex, special)}
-                    entry.update(worst_element(engine, ex))
-                    doc["findings"].append(entry)
+        doc["engines"][name] = _engine_info(name, engine)
+        held = [d for d in ENGINES[name] if d in derivatives
+                and (d == "vjp" or not second_order.not_provided(engine))]
+        seconds = doc["engines"][name]["seconds"] = {}
+        for derivative in held:
+            start = time.perf_counter()
+            for op in ops or spec.OPS:
+                if not engine.supports(op)[0]:
+                    continue
+                for dtype in engine.dtypes:
+                    dt = np.dtype(dtype).name
+                    if progress:
+                        progress(f"{name} {derivative} {op} {dt}")
+                    doc["findings"] += _findings(engine, name, derivative, op, dt, examples,
+                                                 so_examples, seed, second_order_tables)
+            seconds[derivative] = round(time.perf_counter() - start, 1)
     return doc
+
+
+def merge(docs):
+    """One findings document from the parts of a split run (disjoint engines or derivatives,
+    the same profile); a part written before findings named their derivative holds VJPs."""
+    out = {"profile": {}, "engines": {}, "findings": []}
+    for doc in docs:
+        second = any(d != "vjp" for info in doc["engines"].values()
+                     for d in info.get("seconds", {}))
+        for key, value in doc["profile"].items():
+            if key.startswith("second_order") and not second:
+                continue        # a first-order part: its second-order settings never ran
+            if out["profile"].setdefault(key, value) != value:
+                raise ValueError(f"the parts were run under different profiles: {key} is "
+                                 f"{out['profile'][key]!r} in one and {value!r} in another; "
+                                 f"rerun them with the same --examples and --seed")
+        for name, info in doc["engines"].items():
+            known = out["engines"].setdefault(name, info)
+            if known.get("version") != info.get("version"):
+                raise ValueError(f"{name} was run at versions {known.get('version')} and "
+                                 f"{info.get('version')}: rerun the older part")
+            known.update({k: v for k, v in info.items() if k not in known})
+            known["seconds"] = {**known.get("seconds", {}), **info.get("seconds", {})}
+        out["findings"] += [{"derivative": "vjp", **e} for e in doc["findings"]]
+    order = {name: i for i, name in enumerate(ENGINES)}
+    out["findings"].sort(key=lambda e: (order.get(e["engine"], len(order)),
+                                        DERIVATIVES.index(e["derivative"])))
+    out["engines"] = dict(sorted(out["engines"].items(),
+                                 key=lambda item: order.get(item[0], len(order))))
+    return out
+
+
+def _findings(engine, name, derivative, op, dt, examples, so_examples, seed, tables):
+    from reports.conformance import second_order
+
+    out = []
+    if derivative == "vjp":
+        for check, ex in _failing_cases(engine, op, dt, examples, seed):
+            special = int(check.split("#")[1].split()[0]) if "#" in check else None
+            entry = {"engine": name, "derivative": "vjp", "op": op, "dtype": dt,
+                     "check": check, "case": _serialise_case(check, ex, special)}
+            entry.update(worst_element(engine, ex))
+            out.append(entry)
+        return out
+    for check, ex in _second_order_failing(engine, op, dt, derivative, so_examples, seed,
+                                           tables):
+        tangents = second_order.tangents_for(ex)
+        entry = {"engine": name, "derivative": derivative, "op": op, "dtype": dt,
+                 "check": check, "case": _serialise_case(check, ex, None, tangents)}
+        entry.update(second_order_worst(engine, ex, derivative, tangents))
+        out.append(entry)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +417,8 @@ def find(engine_names=PEERS, ops=None, examples=10, seed=0, progress=None):
 
 
 def _inputs_text(entry, ex):
-    """The inputs at the element for elementwise ops; else the call's shapes and label."""
+    """The inputs (and tangents) at the element for elementwise ops; else the call's shapes
+    and label."""
     import spec
 
     family = spec.OPS[entry["op"]].category
@@ -239,32 +428,44 @@ def _inputs_text(entry, ex):
     if elementwise and entry.get("what", "") != "output" or family in ("unary", "binary"):
         arrays = [np.asarray(x, np.float64) for x in ex.inputs]
         if all(a.shape == arrays[0].shape for a in arrays) and len(idx) == arrays[0].ndim:
-            names = spec.OPS[entry["op"]].inputs
+            names = list(spec.OPS[entry["op"]].inputs)
+            if "tangents" in entry["case"]:
+                tans = case_tangents(entry["case"])
+                names += [f"t_{n}" for n, t in zip(names, tans) if t is not None]
+                arrays += [np.asarray(t, np.float64) for t in tans if t is not None]
             return ", ".join(f"{n}={float(a[idx]):.9g}" for n, a in zip(names, arrays))
     shapes = " ".join(str(tuple(np.shape(x))) for x in ex.inputs)
     return f"{ex.label or 'random'} {shapes}".strip()
 
 
-def markdown(doc):
-    """The findings table as Markdown: per engine, op and dtype, the worst failing call.
+#: the table's words for each derivative
+DERIVATIVE_TEXT = {"vjp": "VJP", "jvp2": "J t", "hvp": "H t"}
 
-    A row shows the worst finding of its (engine, op, dtype) (a contract finding first, then
-    the largest error) and how many checks failed there; ``findings.json`` keeps them all.
+
+def markdown(doc):
+    """The findings table as Markdown: per engine, derivative, op and dtype, the worst failing
+    call.
+
+    A row shows the worst finding of its (engine, derivative, op, dtype) (a contract finding
+    first, then the largest error) and how many checks failed there; ``findings.json`` keeps
+    them all. The derivative is the first-order VJP or the second order's ``J t`` / ``H t``.
     """
     groups = {}
     for e in doc["findings"]:
-        groups.setdefault((e["engine"], e["op"], e["dtype"]), []).append(e)
+        key = (e["engine"], e.get("derivative", "vjp"), e["op"], e["dtype"])
+        groups.setdefault(key, []).append(e)
 
     def severity(e):
         return (e["kind"] == "contract", e["kind"] == "failure", e.get("error_eps") or 0.0)
 
-    lines = ["| engine | op | dtype | checks failing | kind | worst element | inputs there | "
-             "engine value | exact | error |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for (engine, op, dtype), entries in groups.items():
+    lines = ["| engine | derivative | op | dtype | checks failing | kind | worst element | "
+             "inputs there | engine value | exact | error |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (engine, derivative, op, dtype), entries in groups.items():
         e = max(entries, key=severity)
         labels = dict.fromkeys(x["check"].split("(", 1)[-1].rstrip(")") for x in entries)
-        head = (f"| {engine} {doc['engines'][engine]['version']} | {op} | {dtype} | "
+        head = (f"| {engine} {doc['engines'][engine]['version']} | "
+                f"{DERIVATIVE_TEXT[derivative]} | {op} | {dtype} | "
                 f"{len(entries)}: {', '.join(labels)} |")
         ex = rebuild_case(e["case"])
         if e["kind"] == "contract":
@@ -282,15 +483,26 @@ def main(argv=None):
     """Command line: run the peers, write the JSON and the Markdown table."""
     parser = argparse.ArgumentParser(prog="python -m reports.peers_findings",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engines", nargs="+", default=list(PEERS))
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     parser.add_argument("--ops", nargs="+")
     parser.add_argument("--examples", type=int, default=10, help="random draws per op (dev)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--derivatives", nargs="+", default=list(DERIVATIVES),
+                        choices=list(DERIVATIVES), help="vjp (first order), jvp2, hvp")
+    parser.add_argument("--merge", nargs="+", metavar="FILE",
+                        help="join the findings files of a split run instead of running")
+    parser.add_argument("--no-second-order-tables", dest="tables", action="store_false",
+                        help="second order: the calls placed for it only, not the first-order "
+                             "tables' small calls (the dev profile's choice)")
     parser.add_argument("--json", metavar="FILE", help="write the findings here")
     parser.add_argument("--markdown", metavar="FILE", help="write the table here")
     args = parser.parse_args(argv)
-    doc = find(args.engines, args.ops, args.examples, args.seed,
-               progress=lambda s: print(s, file=sys.stderr, flush=True))
+    if args.merge:
+        doc = merge([json.loads(open(f, encoding="utf-8").read()) for f in args.merge])
+    else:
+        doc = find(args.engines, args.ops, args.examples, args.seed,
+                   progress=lambda s: print(s, file=sys.stderr, flush=True),
+                   second_order_tables=args.tables, derivatives=args.derivatives)
     for name, info in doc["engines"].items():
         if not info["available"]:
             print(f"{name}: unavailable: {info['reason']}", file=sys.stderr)

@@ -144,19 +144,36 @@ def bench_train(doc):
 
 
 def peers_summary(doc):
-    """Per peer: version and how many findings of each kind (``tests/peers/findings.json``)."""
+    """Per engine: version, and per derivative (VJP, J t, H t) its failures / conventions /
+    contract findings (``-`` where it is not held there), and all its findings
+    (``tests/peers/findings.json``)."""
+    from reports.peers_findings import DERIVATIVE_TEXT
+
     counts = {}
     for f in doc["findings"]:
-        c = counts.setdefault(f["engine"], {"failure": 0, "convention": 0, "contract": 0})
+        per = counts.setdefault(f["engine"], {})
+        c = per.setdefault(f.get("derivative", "vjp"),
+                           {"failure": 0, "convention": 0, "contract": 0})
         c[f["kind"]] = c.get(f["kind"], 0) + 1
-    rows = [[e, doc["engines"][e]["version"], c["failure"], c["convention"], c["contract"],
-             sum(c.values())] for e, c in counts.items()]
-    return _table(["engine", "version", "failures", "conventions", "contract", "findings"],
+    rows = []
+    for engine, info in doc["engines"].items():
+        if not info.get("available", True):
+            continue
+        per = counts.get(engine, {})
+        held = info.get("seconds") or {"vjp": None}      # a file from before: VJPs only
+        cells = [("-" if d not in held else
+                  "{failure} / {convention} / {contract}".format(
+                      **per.get(d, {"failure": 0, "convention": 0, "contract": 0})))
+                 for d in DERIVATIVE_TEXT]
+        rows.append([engine, info["version"], *cells,
+                     sum(sum(c.values()) for c in per.values())])
+    return _table(["engine", "version"] + [f"{t}: failures / conventions / contract"
+                                           for t in DERIVATIVE_TEXT.values()] + ["findings"],
                   rows)
 
 
 def peers_findings(doc):
-    """The full findings table, one row per engine, op and dtype."""
+    """The full findings table, one row per engine, derivative, op and dtype."""
     from reports.peers_findings import markdown
 
     return markdown(doc)

@@ -1,4 +1,4 @@
-"""Every finding in the README's peer table, verified apart from the suite.
+"""Every finding in the peer table (docs/peer-findings.md), verified apart from the suite.
 
 ``findings.json`` (written by ``python -m reports.peers_findings``) holds, per failing call,
 the worst element: the engine's value, the exact value and the error. Each test here rebuilds
@@ -6,7 +6,9 @@ that call, asks the engine again for that one element, recomputes the exact valu
 own mpmath formulas (``mp_reference``, nothing from spec or the suite's oracle), and asserts
 the engine is as far from exact as recorded. Conventions are checked as conventions (the
 input sits on the kink and the engine's value is a subgradient there); contract findings
-(a raise, another dtype) must still happen.
+(a raise, another dtype) must still happen. Second-order findings (``J t``, ``H t``) are
+checked the same way: the engine's ``jvp``/``hvp`` at the stored tangents, the exact element
+by finite differences of the forward formula at high precision (``mp_reference``).
 
 Marked ``peers``: ``pytest -m peers tests/peers`` (each engine skips, with the reason and
 the install command, where it is not installed or another version is).
@@ -23,7 +25,8 @@ import pytest
 
 from reports import peers_findings
 from reports.conformance import engines as registry
-from mp_reference import exact_element  # tests/peers is on sys.path (rootdir-less dir)
+import mp_reference  # tests/peers is on sys.path (rootdir-less dir)
+from mp_reference import exact_element
 
 pytestmark = pytest.mark.peers
 
@@ -31,8 +34,13 @@ DOC = json.loads(Path(__file__).with_name("findings.json").read_text(encoding="u
 FINDINGS = DOC["findings"]
 
 
+SECOND_ORDER = [e for e in FINDINGS if e.get("derivative", "vjp") != "vjp"]
+FINDINGS = [e for e in FINDINGS if e.get("derivative", "vjp") == "vjp"]
+
+
 def _id(entry):
-    return f"{entry['engine']}-{entry['op']}-{entry['dtype']}-{entry['check']}".replace(" ", "")
+    return (f"{entry['engine']}-{entry.get('derivative', 'vjp')}-{entry['op']}-"
+            f"{entry['dtype']}-{entry['check']}").replace(" ", "")
 
 
 def _engine(name, monkeypatch):
@@ -165,3 +173,67 @@ def _on_kink(engine, ex, what, index):
     assert g == 0 or not lo <= value / g <= hi, "a subgradient: a convention, not a failure"
     with mpmath.workdps(60):    # the slope is the float passed in, times g, exactly
         return {"relu": 0, "abs": 0}.get(ex.name, mpmath.mpf(slope)) * mpmath.mpf(g)
+
+
+# ---------------------------------------------------------------------------------------------
+# second order
+
+
+def _second_order_value(engine, ex, entry, tangents):
+    got = peers_findings._second_order_arrays(engine, ex, entry["derivative"], tangents)
+    if entry["derivative"] == "jvp2":
+        return got
+    import spec
+
+    return got[spec.OPS[ex.name].inputs.index(entry["what"].split("d/d")[1].rstrip(")"))]
+
+
+@pytest.mark.parametrize("entry", SECOND_ORDER, ids=[_id(e) for e in SECOND_ORDER])
+def test_second_order_finding_holds(entry, monkeypatch):
+    import warnings
+
+    import spec
+
+    engine = _engine(entry["engine"], monkeypatch)
+    ex = peers_findings.rebuild_case(entry["case"])
+    tangents = peers_findings.case_tangents(entry["case"])
+    call = (lambda: _second_order_value(engine, ex, entry, tangents))
+    if entry["kind"] == "contract":
+        if "raises" in entry:
+            with pytest.raises(Exception) as info:
+                peers_findings._second_order_arrays(engine, ex, entry["derivative"], tangents)
+            assert type(info.value).__name__ == entry["raises"]
+            return
+        got = call()
+        if entry["returns_dtype"] == "None":
+            assert got is None
+        else:
+            assert np.asarray(got).dtype.name == entry["returns_dtype"]
+            assert np.asarray(got).dtype != np.dtype(ex.dtype)
+        return
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        value = float(np.asarray(call(), np.float64)[tuple(entry["index"])])
+    recorded = entry["engine_value"]
+    assert value == recorded or (math.isnan(value) and math.isnan(recorded)), \
+        f"the engine now returns {value!r}, the table says {recorded!r}"
+    if entry["derivative"] == "jvp2":
+        exact = mp_reference.exact_jvp_element(ex.name, ex.inputs, tangents, ex.params,
+                                               entry["index"])
+    else:
+        k = spec.OPS[ex.name].inputs.index(entry["what"].split("d/d")[1].rstrip(")"))
+        exact = mp_reference.exact_hvp_element(ex.name, ex.inputs, ex.grad, tangents,
+                                               ex.params, k, entry["index"])
+    with mpmath.workdps(40):
+        recorded_exact = mpmath.mpf(entry["exact_hi"]) + mpmath.mpf(entry["exact_lo"])
+        # the table's exact value (spec's dual numbers) agrees with the finite differences
+        assert abs(exact - recorded_exact) <= abs(exact) * mpmath.mpf(10) ** -25 + \
+            mpmath.mpf(10) ** -300
+        if not math.isfinite(value):
+            assert not math.isfinite(entry["abs_error"])
+            return
+        error = float(abs(mpmath.mpf(value) - exact))
+    assert math.isclose(error, entry["abs_error"], rel_tol=1e-6), \
+        f"independent error {error!r}, table {entry['abs_error']!r}"
+    assert error > entry["admissible_abs"], \
+        f"error {error!r} is within the admissible {entry['admissible_abs']!r}"

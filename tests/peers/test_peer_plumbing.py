@@ -13,7 +13,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from mp_reference import exact_element
+from mp_reference import exact_element, exact_hvp_element, exact_jvp_element
 from reports import peers_findings
 from reports.conformance import engines as registry
 from reports.conformance.strategies import OpExample
@@ -74,3 +74,70 @@ def test_kinks_accept_exactly_the_subgradients(op, x, value, kind):
 def test_the_independent_reference_gets_known_values(op, inputs, grad, what, index, expected):
     got = exact_element(op, inputs, grad, {}, what, index)
     assert abs(got - expected) <= abs(expected) * mpmath.mpf(10) ** -30 + mpmath.mpf(10) ** -70
+
+
+def _sigma(v):
+    return 1 / (1 + mpmath.exp(-mpmath.mpf(v)))
+
+
+# hand derivations: tanh' = 1 - tanh², softplus'' = σ(x)σ(-x) (1e-304 at 700, beside a
+# softplus of 700: the reference must find the digits), mul's cross term d²(ab)/da db = 1,
+# relu's J t on its kink is the registry's 0, and a piecewise-linear op has no curvature
+@pytest.mark.parametrize("kind, op, inputs, grad, tangents, k, index, expected", [
+    ("jvp", "tanh", [np.array([0.5, -2.0])], None, [np.array([1.0, 3.0])], 0, (1,),
+     lambda: 3 * (1 - mpmath.tanh(-2) ** 2)),
+    ("jvp", "relu", [np.array([0.0, 2.0])], None, [np.array([5.0, 1.0])], 0, (0,), 0),
+    ("jvp", "mul", [np.array([2.0]), np.array([3.0])], None,
+     [np.array([1.0]), np.array([-1.0])], 0, (0,), mpmath.mpf(1)),       # 3·1 + 2·(-1)
+    ("hvp", "softplus", [np.array([700.0])], np.array([2.0]), [np.array([0.5])], 0, (0,),
+     lambda: 2 * mpmath.mpf("0.5") * _sigma(700) * _sigma(-700)),
+    ("hvp", "mul", [np.array([2.0]), np.array([3.0])], np.array([1.5]),
+     [np.array([0.25]), np.array([4.0])], 0, (0,), mpmath.mpf(6)),        # g · t_b
+    ("hvp", "tanh", [np.array([0.0])], np.array([1.0]), [np.array([1.0])], 0, (0,), 0),
+    ("hvp", "abs", [np.array([0.0])], np.array([1.0]), [np.array([1.0])], 0, (0,), 0),
+])
+def test_the_independent_second_order_reference_gets_known_values(kind, op, inputs, grad,
+                                                                  tangents, k, index,
+                                                                  expected):
+    if kind == "jvp":
+        got = exact_jvp_element(op, inputs, tangents, {}, index)
+    else:
+        got = exact_hvp_element(op, inputs, grad, tangents, {}, k, index)
+    with mpmath.workdps(60):     # the hand values and the comparison at 60 digits
+        want = expected() if callable(expected) else mpmath.mpf(expected)
+        assert abs(got - want) <= abs(want) * mpmath.mpf(10) ** -30 + mpmath.mpf(10) ** -300
+
+
+def _part(engine, version, derivative, examples=10):
+    finding = {"engine": engine, "op": "tanh", "dtype": "float32", "kind": "failure"}
+    if derivative:
+        finding["derivative"] = derivative
+    return {"profile": {"examples": examples, "seed": 0},
+            "engines": {engine: {"available": True, "version": version,
+                                 "seconds": {derivative or "vjp": 1.0}}},
+            "findings": [finding]}
+
+
+def test_a_split_run_merges_in_engine_and_derivative_order():
+    doc = peers_findings.merge([_part("torch", "2", "hvp"), _part("autograd", "1", "jvp2"),
+                                _part("autograd", "1", None)])
+    assert [(f["engine"], f["derivative"]) for f in doc["findings"]] == [
+        ("autograd", "vjp"), ("autograd", "jvp2"), ("torch", "hvp")]
+    assert doc["engines"]["autograd"]["seconds"] == {"jvp2": 1.0, "vjp": 1.0}
+
+
+@pytest.mark.parametrize("parts, message", [
+    ([_part("autograd", "1", "vjp"), _part("autograd", "1", "hvp", examples=20)],
+     "different profiles"),
+    ([_part("autograd", "1", "vjp"), _part("autograd", "2", "hvp")], "versions 1 and 2"),
+])
+def test_parts_of_different_runs_do_not_merge(parts, message):
+    with pytest.raises(ValueError, match=message):
+        peers_findings.merge(parts)
+
+
+def test_a_first_order_part_does_not_pin_the_second_order_settings():
+    first, second = _part("autograd", "1", None), _part("autograd", "1", "hvp")
+    first["profile"]["second_order_tables"] = True        # set, but nothing of it ran
+    second["profile"]["second_order_tables"] = False
+    assert peers_findings.merge([first, second])["profile"]["second_order_tables"] is False

@@ -9,7 +9,8 @@ import numpy as np
 
 from reports.conformance.engines import Engine
 
-__all__ = ["PeerEngine", "class_index_inputs", "numpy_axes", "slice_index"]
+__all__ = ["PeerEngine", "GraphSecondOrder", "class_index_inputs", "numpy_axes",
+           "slice_index"]
 
 
 def class_index_inputs(name):
@@ -100,3 +101,87 @@ class PeerEngine(Engine):
             else:
                 result.append(got[i])
         return tuple(result)
+
+
+class GraphSecondOrder:
+    """Second order for a peer whose reverse mode builds a differentiable graph (a mixin before
+    ``PeerEngine``): ``H t`` by reverse over reverse, ``J t`` by the double-backward trick.
+
+    ``H t = ∇_x <t, ∇_x <g, f(x)>>``: the first VJP is kept on the graph and differentiated
+    again. ``J t = ∇_u <t, Jᵀ u>`` for a tracked cotangent ``u`` (the VJP is linear in ``u``,
+    so its gradient in ``u`` is ``J t`` exactly): a reverse-only engine's forward mode, the way
+    ``paddle.incubate.autograd.jvp`` computes it in dynamic mode. Subclasses implement
+    ``_graph_gradients`` and may route ``_jvp`` through the engine's own API instead.
+    A loss whose stock target gets no gradient (``label_parts``) runs as the stock loss with
+    its target detached plus ``P(z, t) - P(z, detach(t))`` for its target part ``P``: the
+    same values and first derivatives, and the cross terms ``d²/dz dt`` from ``P``.
+    """
+
+    #: how the adapter computes J t and H t, in words (the findings file records it)
+    second_order_route = ""
+
+    def _graph_gradients(self, out, wanted, grad, keep=True):  # pragma: no cover
+        """Cotangents of ``wanted`` for cotangent tensor ``grad`` (None: ``out`` is a scalar)
+        on ``out``, kept on the graph when ``keep`` so they can be differentiated again; None
+        where ``out`` does not depend on a tensor."""
+        raise NotImplementedError
+
+    def _detach(self, tensor):  # pragma: no cover - subclasses with label_parts implement
+        raise NotImplementedError
+
+    def _second_order_output(self, name, tensors, params):
+        out = self.ops[name](*tensors, **params)
+        part = self.label_parts.get(name)
+        if part is None:
+            return out
+        labels, target_part = part
+        held = [self._detach(t) if i in labels else t for i, t in enumerate(tensors)]
+        return (self.ops[name](*held, **params) + target_part(*tensors)
+                - target_part(*held))
+
+    def _free(self, name, inputs):
+        fixed = class_index_inputs(name)
+        return [i for i in range(len(inputs)) if i not in fixed]
+
+    def _pairing(self, grads, tangents):
+        """``Σ_i <grads_i, tangents_i>`` as a scalar tensor (None when no term is left)."""
+        terms = [(gi * ti).sum() for gi, ti in zip(grads, tangents) if gi is not None]
+        if not terms:
+            return None
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        return total
+
+    def _jvp(self, name, inputs, tangents, **params):
+        free = self._free(name, inputs)
+        tensors = self._tensors(name, inputs, True)
+        out = self._second_order_output(name, tensors, params)
+        value = self._numpy(out)
+        u = self._tensor(np.zeros(value.shape, value.dtype), True)
+        vjp = self._graph_gradients(out, [tensors[i] for i in free], u)
+        tans = [self._tensor(np.array(tangents[i], dtype=np.asarray(inputs[i]).dtype), False)
+                for i in free]
+        pairing = self._pairing(vjp, tans)
+        (jt,) = ([None] if pairing is None else
+                 self._graph_gradients(pairing, [u], None, keep=False))
+        return value, (np.zeros(value.shape, value.dtype) if jt is None else self._numpy(jt))
+
+    def _hvp(self, name, inputs, cotangent, tangents, **params):
+        free = self._free(name, inputs)
+        tensors = self._tensors(name, inputs, True)
+        out = self._second_order_output(name, tensors, params)
+        dtype = np.asarray(inputs[free[0]]).dtype
+        g = self._tensor(np.array(cotangent, dtype=dtype), False)
+        wanted = [tensors[i] for i in free]
+        first = self._graph_gradients(out, wanted, g)
+        tans = [self._tensor(np.array(tangents[i], dtype=np.asarray(inputs[i]).dtype), False)
+                for i in free]
+        pairing = self._pairing(first, tans)
+        # a linear op: its first VJP does not depend on x and its Hessian is 0
+        second = [None] * len(free) if pairing is None else self._graph_gradients(
+            pairing, wanted, None, keep=False)
+        got = dict(zip(free, second))
+        return tuple(None if i not in got else
+                     np.zeros(np.shape(x), dtype) if got[i] is None else self._numpy(got[i])
+                     for i, x in enumerate(inputs))

@@ -107,7 +107,8 @@ _OPTIMIZER_REASONS = {
 
 
 class AutogradEngine(PeerEngine):
-    """HIPS autograd through ``autograd.make_vjp`` of ``autograd.numpy`` functions."""
+    """HIPS autograd through ``autograd.make_vjp`` of ``autograd.numpy`` functions; second
+    order by ``autograd.make_jvp`` and ``autograd.grad`` of a VJP."""
 
     name = "autograd"
     dtypes = (FLOAT32, FLOAT64)
@@ -131,7 +132,11 @@ class AutogradEngine(PeerEngine):
     def _numpy(self, tensor):
         return np.array(tensor)
 
-    def _vjp(self, name, inputs, grad, **params):
+    second_order_route = ("J t by autograd.make_jvp (forward mode); H t by autograd.grad of "
+                          "<t, make_vjp(f)(x)(g)> (reverse over reverse)")
+
+    def _call(self, name, inputs, params):
+        """(function of the differentiable inputs, their positions, all inputs as arrays)."""
         fixed = class_index_inputs(name)
         arrays = [np.array(np.asarray(x), dtype=np.int64) if i in fixed else np.array(x)
                   for i, x in enumerate(inputs)]
@@ -143,10 +148,41 @@ class AutogradEngine(PeerEngine):
                 args[i] = v
             return self.ops[name](*args, **params)
 
+        return call, free, arrays
+
+    def _vjp(self, name, inputs, grad, **params):
+        call, free, arrays = self._call(name, inputs, params)
         dtype = arrays[free[0]].dtype
         vjp, _ = self._autograd.make_vjp(call)(tuple(arrays[i] for i in free))
         got = dict(zip(free, vjp(np.array(grad, dtype=dtype))))
-        return tuple(None if i in fixed else np.array(got[i]) for i in range(len(arrays)))
+        return tuple(None if i not in got else np.array(got[i]) for i in range(len(arrays)))
+
+    def _jvp(self, name, inputs, tangents, **params):
+        call, free, arrays = self._call(name, inputs, params)
+        tans = tuple(np.array(tangents[i], dtype=arrays[i].dtype) for i in free)
+        out, jt = self._autograd.make_jvp(call)(tuple(arrays[i] for i in free))(tans)
+        return np.array(out), np.array(jt)
+
+    def _hvp(self, name, inputs, cotangent, tangents, **params):
+        import warnings
+
+        import autograd.numpy as anp
+
+        call, free, arrays = self._call(name, inputs, params)
+        dtype = arrays[free[0]].dtype
+        g = np.array(cotangent, dtype=dtype)
+        tans = tuple(np.array(tangents[i], dtype=arrays[i].dtype) for i in free)
+
+        def pairing(xs):
+            vjp, _ = self._autograd.make_vjp(call)(xs)
+            return sum(anp.sum(f * t) for f, t in zip(vjp(g), tans))
+
+        with warnings.catch_warnings():
+            # a linear op: "Output seems independent of input", and its Hessian is 0
+            warnings.simplefilter("ignore", UserWarning)
+            second = self._autograd.grad(pairing)(tuple(arrays[i] for i in free))
+        got = dict(zip(free, second))
+        return tuple(None if i not in got else np.array(got[i]) for i in range(len(arrays)))
 
     def _optimizer_step(self, name, w, g, state, t, **hyper):
         from autograd.misc import optimizers

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reports.conformance.adapters._peer import PeerEngine, numpy_axes, slice_index
+from reports.conformance.adapters._peer import (GraphSecondOrder, PeerEngine, numpy_axes,
+                                                slice_index)
 from reports.conformance.engines import FLOAT32, FLOAT64
 
 __all__ = ["PaddleEngine", "paddle_ops", "COMPOSED"]
@@ -81,14 +82,19 @@ def paddle_ops(paddle):
 
 
 def paddle_label_parts(paddle):
-    """Target-dependent terms of the losses whose stock target gets no gradient."""
+    """Target-dependent terms of the losses whose stock target gets no gradient.
+
+    Each is differentiated in its target only for the first order (the logits' or the
+    probabilities' gradient is the stock loss's); the second order adds its cross terms
+    (``GraphSecondOrder``).
+    """
     F = paddle.nn.functional
     return {
         "categorical_cross_entropy": ((1,), lambda z, t: -paddle.sum(
-            t * F.log_softmax(z.detach(), axis=-1)) / z.shape[0]),
+            t * F.log_softmax(z, axis=-1)) / z.shape[0]),
         "binary_cross_entropy": ((1,), lambda p, t: -paddle.mean(
-            t * (paddle.log(p.detach()) - paddle.log1p(-p.detach())))),
-        "binary_cross_entropy_with_logits": ((1,), lambda z, t: -paddle.mean(z.detach() * t)),
+            t * (paddle.log(p) - paddle.log1p(-p)))),
+        "binary_cross_entropy_with_logits": ((1,), lambda z, t: -paddle.mean(z * t)),
     }
 
 
@@ -104,8 +110,9 @@ _STATE = {"SGD": {}, "RMSprop": {"mean_square": "E"},
           "Adam": {"moment1": "m", "moment2": "v"}, "AdamW": {"moment1": "m", "moment2": "v"}}
 
 
-class PaddleEngine(PeerEngine):
-    """PaddlePaddle (CPU, dynamic graph) through ``paddle.grad``."""
+class PaddleEngine(GraphSecondOrder, PeerEngine):
+    """PaddlePaddle (CPU, dynamic graph) through ``paddle.grad``; second order by
+    ``paddle.incubate.autograd.jvp`` and ``paddle.grad(create_graph=True)`` twice."""
 
     name = "paddle"
     dtypes = (FLOAT32, FLOAT64)
@@ -113,6 +120,9 @@ class PaddleEngine(PeerEngine):
     composed = COMPOSED
     optimizers = tuple(_STATE)
     optimizer_reasons = _OPTIMIZER_REASONS
+    second_order_route = ("J t by paddle.incubate.autograd.jvp (in dynamic mode Paddle's "
+                          "double-backward trick); H t by paddle.grad(create_graph=True) of "
+                          "<t, paddle.grad(<g, f>)>")
 
     def __init__(self):
         import paddle
@@ -134,6 +144,32 @@ class PaddleEngine(PeerEngine):
         grads = self._paddle.grad([out], wanted, [self._paddle.to_tensor(grad)],
                                   allow_unused=True)
         return [None if g is None else np.array(g.numpy()) for g in grads]
+
+    def _graph_gradients(self, out, wanted, grad, keep=True):
+        if out.stop_gradient:      # nothing left to differentiate (a constant first VJP)
+            return [None] * len(wanted)
+        return list(self._paddle.grad([out], wanted, None if grad is None else [grad],
+                                      create_graph=keep, allow_unused=True))
+
+    def _detach(self, tensor):
+        return tensor.detach()
+
+    def _jvp(self, name, inputs, tangents, **params):
+        from paddle.incubate.autograd import jvp
+
+        free = self._free(name, inputs)
+        tensors = self._tensors(name, inputs, True)
+
+        def call(*xs):
+            args = list(tensors)
+            for i, x in zip(free, xs):
+                args[i] = x
+            return self._second_order_output(name, args, params)
+
+        tans = [self._tensor(np.array(tangents[i], dtype=np.asarray(inputs[i]).dtype), False)
+                for i in free]
+        out, jt = jvp(call, [tensors[i] for i in free], tans)
+        return self._numpy(out), self._numpy(jt)
 
     def _optimizer_step(self, name, w, g, state, t, **hyper):
         """One step of the Paddle optimizer; a trajectory keeps one optimizer alive.

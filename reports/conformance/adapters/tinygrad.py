@@ -18,7 +18,8 @@ import shutil
 
 import numpy as np
 
-from reports.conformance.adapters._peer import PeerEngine, numpy_axes, slice_index
+from reports.conformance.adapters._peer import (GraphSecondOrder, PeerEngine, numpy_axes,
+                                                slice_index)
 from reports.conformance.engines import FLOAT32, FLOAT64, EngineUnavailableError
 
 __all__ = ["TinygradEngine", "tinygrad_ops", "tinygrad_device", "COMPOSED"]
@@ -29,6 +30,8 @@ COMPOSED = {
     "sum": "axis=() reduces nothing in NumPy but everything in tinygrad: clone there",
     "mean": "axis=() reduces nothing in NumPy but everything in tinygrad: clone there",
     "logsumexp": "axis=() reduces nothing in NumPy but everything in tinygrad: clone there",
+    "(every op)": "a 0-d input enters as shape (1,) reshaped to (): tinygrad's PYTHON backend "
+                  "copies a 0-d NumPy array with a CPU kernel, which needs clang",
 }
 
 
@@ -103,8 +106,25 @@ _OPTIMIZER_REASONS = {
 }
 
 
-class TinygradEngine(PeerEngine):
-    """tinygrad (``tinygrad_device()``: ``$DEV``, else PYTHON) via ``Tensor.gradient``."""
+def _no_path(gradient):
+    """Whether tinygrad's ``gradient`` is its "no path" answer: a broadcast constant 0 (which
+    ``Tensor.gradient`` returns for a target the output does not depend on, and whose
+    realization on the PYTHON device compiles a CPU kernel with clang). The adapters read a
+    missing path as a zero gradient (``PeerEngine._vjp``)."""
+    from tinygrad.uop.ops import Ops
+
+    base = gradient._uop.base
+    if base.op is not Ops.CONST:
+        return False
+    try:
+        return float(base.arg) == 0.0
+    except (TypeError, ValueError):
+        return False
+
+
+class TinygradEngine(GraphSecondOrder, PeerEngine):
+    """tinygrad (``tinygrad_device()``: ``$DEV``, else PYTHON) via ``Tensor.gradient``; second
+    order by ``Tensor.gradient`` of its own gradients (tinygrad has no forward mode)."""
 
     name = "tinygrad"
     dtypes = (FLOAT32, FLOAT64)
@@ -112,6 +132,9 @@ class TinygradEngine(PeerEngine):
     composed = COMPOSED
     optimizers = ("SGD", "Adam", "AdamW")
     optimizer_reasons = _OPTIMIZER_REASONS
+    second_order_route = ("tinygrad has no forward mode: J t by the double-backward trick "
+                          "(Tensor.gradient in u of <t, Tensor.gradient(f, u)>); H t by "
+                          "Tensor.gradient of <t, Tensor.gradient(<g, f>)>")
 
     def __init__(self):
         from tinygrad import Tensor, dtypes, nn
@@ -123,8 +146,12 @@ class TinygradEngine(PeerEngine):
         self._live = None
 
     def _tensor(self, array, differentiable):
-        # NOTE: np.ascontiguousarray would turn a 0-d array into a 1-d one
-        return self._Tensor(np.array(array, order="C"), device=self.device)
+        array = np.array(array, order="C")
+        if array.ndim == 0:
+            # NOTE: a 0-d NumPy array reaches the PYTHON device through a CPU copy kernel
+            # (compiled with clang, even under DEV=PYTHON); a 1-element one does not
+            return self._Tensor(array.reshape(1), device=self.device).reshape(())
+        return self._Tensor(array, device=self.device)
 
     def _numpy(self, tensor):
         return np.array(tensor.numpy())
@@ -132,6 +159,14 @@ class TinygradEngine(PeerEngine):
     def _gradients(self, out, wanted, grad):
         grads = out.gradient(*wanted, gradient=self._tensor(grad, False))
         return [np.array(g.numpy()) for g in grads]
+
+    def _graph_gradients(self, out, wanted, grad, keep=True):
+        # NOTE: tinygrad's gradients are lazy tensors of the same graph: differentiable again.
+        # A scalar's seed is passed as a tensor of ones built like the inputs (tinygrad's own
+        # 0-d seed reaches the PYTHON device through a clang-compiled CPU kernel)
+        if grad is None:
+            grad = self._tensor(np.ones(out.shape, self._numpy(out).dtype), False)
+        return [None if _no_path(g) else g for g in out.gradient(*wanted, gradient=grad)]
 
     def _optimizer_step(self, name, w, g, state, t, **hyper):
         """One step of the tinygrad optimizer; a trajectory keeps one optimizer alive."""
