@@ -16,7 +16,7 @@ import fastlib
 from fastlib import config
 from fastlib.layers import (Dense, Embedding, LayerNorm, MultiHeadAttention, Parallel, RMSNorm,
                             Sequential, SwiGLU)
-from fastlib.training import compiled_attention as ca
+from fastlib.training import general_schedule as gs
 
 
 def _issue_block(dtype, causal, d=4, heads=2):
@@ -97,6 +97,7 @@ def test_compiled_epochs_agree_with_the_generic_path(dtype, ulps, kind, causal, 
         p0 = {k: v.copy() for k, v in model.parameters().items()}
         r = _train(model, x, y, fused, loss, optimizer, clip, mode)
         assert r.fused == fused          # fused=False turns the compiled path off
+        assert (r.path, r.schedule) == (("program", "general") if fused else ("generic", None))
         results.append(r)
         params.append(model.parameters())
     eps = float(np.finfo(dtype).eps)
@@ -121,7 +122,7 @@ def test_a_two_dimensional_model_with_a_norm_trains_with_cross_entropy():
     _close(np.float64, runs[0][1], runs[1][1], p0, 256)
 
 
-@pytest.mark.parametrize("bs", [ca.MIN_PIECE_ROWS // 8 - 1, ca.MIN_PIECE_ROWS // 8])
+@pytest.mark.parametrize("bs", [gs.MIN_PIECE_ROWS // 8 - 1, gs.MIN_PIECE_ROWS // 8])
 def test_the_same_bits_on_one_thread_and_two(monkeypatch, bs):
     """Sequences of 8 positions: batches of MIN_PIECE_ROWS / 8 samples are cut into pieces,
     one sample fewer are not (and the partial last batch crosses back)."""

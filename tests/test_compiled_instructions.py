@@ -12,7 +12,7 @@ import fastlib
 from fastlib.kernels import transformer as kt
 from fastlib.layers import (LSTM, RNN, Dense, Embedding, LayerNorm, MultiHeadAttention, Parallel,
                             RMSNorm, Sequential, SwiGLU)
-from fastlib.training import compiled_attention as ca
+from fastlib.training.program import Program, Unsupported
 from fastlib.training.instructions import FIELDS, INSTRUCTIONS, ProgramError, check_program
 
 
@@ -27,7 +27,7 @@ def _every_kind():
 
 
 def _program(model, steps=3, samples=2):
-    return ca._Program(model, np.dtype(np.float64), steps, samples, 0, True, False)
+    return Program(model, np.dtype(np.float64), steps, samples, 0, True, False)
 
 
 def _check(prog, rows):
@@ -70,8 +70,8 @@ def test_the_softmax_code_is_the_tables():
     import optable
 
     m = Sequential([LayerNorm(3), Dense(3, 2, "softmax")], seed=0)
-    with pytest.raises(ca._Unsupported):
-        ca._Program(m, np.dtype(np.float64), 1, 2, 3, False, False)
+    with pytest.raises(Unsupported):
+        Program(m, np.dtype(np.float64), 1, 2, 3, False, False)
     assert fastlib.layers.activations.SOFTMAX == optable.ACTIVATIONS["softmax"].code
 
 

@@ -18,8 +18,8 @@ from fastlib import config
 from fastlib.kernels.recurrent_pieces import PIECE
 from fastlib.layers import (LSTM, RNN, Dense, Embedding, LayerNorm, MultiHeadAttention,
                             Parallel, RMSNorm, Sequential, SwiGLU)
-from fastlib.training import compiled_attention as ca
-from fastlib.training import compiled_paths
+from fastlib.training import general_schedule as gs
+from fastlib.training import schedules
 from fastlib.training import fused_kernels as fk
 # the attention path's comparison: each parameter against its layer's scale (tests/ is on the
 # path as pytest runs this file)
@@ -85,21 +85,20 @@ def _data(kind, seq_out, loss, dtype, n=11, steps=5, classes=2):
 
 
 class _Spy:
-    """Counts the epochs each registered compiled path ran (the registry's own entries)."""
+    """Counts the epochs each registered schedule of the program ran (the registry's own
+    entries)."""
 
     def __init__(self, monkeypatch):
         self.ran = []
-        paths = compiled_paths.compiled_paths()
-        monkeypatch.setattr(compiled_paths, "_PATHS", list(paths))   # restored after the test
-        for name, run in paths:
-            compiled_paths.register_compiled_path(name, self._wrap(name, run))
+        entries = schedules.schedules()
+        monkeypatch.setattr(schedules, "_SCHEDULES", list(entries))   # restored after the test
+        for s in entries:
+            schedules.register_schedule(s.name, s.plan_from_program, self._wrap(s.name, s.run))
 
     def _wrap(self, name, run):
-        def spy(ctx, x, y, order):
-            stats = run(ctx, x, y, order)
-            if stats is not None:
-                self.ran.append(name)
-            return stats
+        def spy(ctx, plan, x, y, order):
+            self.ran.append(name)
+            return run(ctx, plan, x, y, order)
         return spy
 
 
@@ -136,7 +135,7 @@ def test_mixed_models_compile_and_agree_with_the_generic_path(monkeypatch, dtype
         r = _train(model, x, y, fused, loss, optimizer, clip, mode)
         assert r.fused == fused
         runs.append((r, model.parameters()))
-    assert spy.ran == ["attention", "attention"]     # both epochs in the compiled program
+    assert spy.ran == ["general", "general"]     # both epochs in the program's interpreter
     eps = float(np.finfo(dtype).eps)
     np.testing.assert_allclose(runs[0][0].loss_history, runs[1][0].loss_history,
                                rtol=ulps * eps)
@@ -146,9 +145,9 @@ def test_mixed_models_compile_and_agree_with_the_generic_path(monkeypatch, dtype
     _close(dtype, runs[0][1], runs[1][1], p0, ulps, ("b_k",) if optimizer in NORMALISING else ())
 
 
-def test_chains_of_the_recurrent_path_stay_there(monkeypatch):
-    """An Embedding -> LSTM -> Dense chain keeps its own path; a norm after the LSTM moves the
-    model to the program."""
+def test_chains_of_the_recurrent_schedule_stay_there(monkeypatch):
+    """An Embedding -> LSTM -> Dense chain keeps the recurrent schedule; a norm after the LSTM
+    moves the model to the general one."""
     x, y = _data("tokens", False, "cross_entropy", np.float64)
     spy = _Spy(monkeypatch)
     chain = Sequential([Embedding(7, 3), LSTM(3, 4), Dense(4, 2)], dtype=np.float64, seed=1)
@@ -156,13 +155,13 @@ def test_chains_of_the_recurrent_path_stay_there(monkeypatch):
     normed = Sequential([Embedding(7, 3), LSTM(3, 4), LayerNorm(4), Dense(4, 2)],
                         dtype=np.float64, seed=1)
     _train(normed, x, y, True, "cross_entropy", "Adam", 0.0, "value")
-    assert spy.ran == ["recurrent", "recurrent", "attention", "attention"]
+    assert spy.ran == ["recurrent", "recurrent", "general", "general"]
 
 
 # sequences of 4: one piece of more than a recurrent sub-piece (rows one below the piece
 # boundary), and two pieces of a sub-piece plus one (past it); the last batch is partial
 STEPS = 4
-BATCHES = [(ca.MIN_PIECE_ROWS - 1) // STEPS, 2 * PIECE + 2]
+BATCHES = [(gs.MIN_PIECE_ROWS - 1) // STEPS, 2 * PIECE + 2]
 
 
 @pytest.mark.parametrize("bs", BATCHES)
@@ -170,7 +169,7 @@ def test_pieces_of_several_sub_pieces_same_bits_on_one_thread_and_two(monkeypatc
     """Equal bits on one thread and two, and agreement with the generic path where a piece
     holds more than one recurrent sub-piece (their w_hh terms are added)."""
     # the plan two cores choose, fixed so the pieces are the same on any machine
-    pieces = ca.machine_pieces(bs, STEPS, 2)
+    pieces = gs.machine_pieces(bs, STEPS, 2)
     monkeypatch.setattr(config, "PIECES", pieces)
     assert -(-bs // pieces) > PIECE
     rng = np.random.default_rng(3)

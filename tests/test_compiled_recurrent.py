@@ -1,4 +1,4 @@
-"""The whole-epoch compiled path for recurrent models (fastlib.training.compiled_recurrent):
+"""The program's recurrent schedule (fastlib.training.recurrent_schedule):
 RNN, LSTM, Embedding and Dense chains, pieces of sequences per thread, blocks per update.
 
 Independent sources: the generic per-batch path (``fused=False``: the layers' own forward and
@@ -76,6 +76,7 @@ def both_paths(build, x, t, loss, dtype=np.float64, epochs=3, bs=5, **kw):
         r = fastlib.train(m, x, t, epochs, bs, 0.02, loss, x, t, seed=2, fused=fused,
                           verbose=False, **kw)
         assert r.fused == fused
+        assert r.schedule == ("recurrent" if fused else None)
         out.append((r, m.parameters()))
     return out
 
@@ -209,8 +210,8 @@ def test_the_path_declines_what_it_does_not_run():
     assert fused(lstm_last(d))
     assert not fused(lstm_last(d), fused=False)
     # every elementwise activation of the op table is compiled (softmax is not); a Parallel
-    # container or a norm layer moves the model to the compiled attention program
-    # (tests/test_compiled_mixed.py follows which path runs)
+    # container or a norm layer moves the model to the program's general schedule
+    # (tests/test_compiled_mixed.py follows which schedule runs)
     assert fused(fastlib.Sequential([fastlib.LSTM(4, 5), fastlib.Dense(5, 3, "gelu")],
                                     dtype=d))
     assert not fused(fastlib.Sequential([fastlib.LSTM(4, 5), fastlib.Dense(5, 3, "softmax")],

@@ -285,7 +285,9 @@ def test_fused_path_is_used_only_where_it_applies():
                              **quiet()).fused
     nested = fastlib.Sequential([fastlib.Sequential([fastlib.Dense(5, 4, "relu")]),
                                  fastlib.Dense(4, 3)], dtype=np.float64)
-    assert not fastlib.train(nested, x, y, 1, 4, 0.1, "cross_entropy", **quiet()).fused
+    # a nested chain compiles to the same Dense rows as a flat one: the mlp schedule runs it
+    r = fastlib.train(nested, x, y, 1, 4, 0.1, "cross_entropy", **quiet())
+    assert r.fused and (r.path, r.schedule) == ("program", "mlp")
     probs = fastlib.Sequential([fastlib.Dense(5, 1, "sigmoid")], dtype=np.float64)
     yb = (y > 0).astype(np.float64)
     assert not fastlib.train(probs, x, yb, 1, 4, 0.1, "binary_cross_entropy", **quiet()).fused

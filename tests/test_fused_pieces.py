@@ -19,7 +19,8 @@ import pytest
 
 import fastlib
 from fastlib import config
-from fastlib.training import fused_mlp
+from fastlib.layers.activations import ACTIVATIONS
+from fastlib.training import mlp_schedule
 
 # float64 runs of two paths differ only by summation order (see test_fastlib_train.PATH_RTOL)
 PATH_RTOL = 1e-10
@@ -140,8 +141,11 @@ def test_the_flat_layout_round_trips_every_parameter(dims):
     m = make(dims)
     arrays = m.parameters()
     layers = list(m.layers)
+    dims = [layers[0].in_features] + [d.out_features for d in layers]
+    codes = [ACTIVATIONS[d.activation] for d in layers]
+    names = [(f"{i}.weight", f"{i}.bias") for i in range(len(layers))]
     for pieces in (1, 2, 3):
-        plan = fused_mlp._Plan(layers, np.dtype(np.float64), 0, pieces)
+        plan = mlp_schedule._Plan(dims, codes, names, np.dtype(np.float64), 0, pieces)
         flat = plan.flatten(arrays)
         assert flat.size == plan.size == sum(v.size for v in arrays.values())
         # every parameter appears exactly once
@@ -160,16 +164,16 @@ def test_pieces_are_chosen_by_model_size_and_cores_not_by_load(monkeypatch):
         monkeypatch.setattr(config, "THREADS", threads)
         # one piece per usable core, each of at least MIN_PIECE_PARAMS (16,384) parameters:
         # 101,770 // 16,384 = 6
-        assert [fused_mlp.machine_pieces(mnist, c) for c in (1, 2, 4, 16)] == [1, 2, 4, 6]
+        assert [mlp_schedule.machine_pieces(mnist, c) for c in (1, 2, 4, 16)] == [1, 2, 4, 6]
         # below SPLIT_MIN_PARAMS (32,768) one piece whatever the cores
-        assert [fused_mlp.machine_pieces(digits, c) for c in (1, 2, 16)] == [1, 1, 1]
+        assert [mlp_schedule.machine_pieces(digits, c) for c in (1, 2, 16)] == [1, 1, 1]
     # a run records the machine's choice, and it is the choice for this process's cores
     m = make((784, 128, 10), dtype=np.float32)
     rng = np.random.default_rng(0)
     r = fastlib.train(m, rng.standard_normal((8, 784)).astype(np.float32),
                       rng.integers(0, 10, (8, 1)), 1, 4, 0.01, "cross_entropy", verbose=False)
-    assert r.path == "mlp"
-    assert r.piece_plan == {"pieces": fused_mlp.machine_pieces(mnist, config.usable_cores()),
+    assert (r.path, r.schedule) == ("program", "mlp")
+    assert r.piece_plan == {"pieces": mlp_schedule.machine_pieces(mnist, config.usable_cores()),
                             "source": "machine"}
 
 

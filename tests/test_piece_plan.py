@@ -18,7 +18,7 @@ import pytest
 
 import fastlib
 from fastlib import config
-from fastlib.training import compiled_attention, compiled_recurrent, fused_mlp, piece_plan
+from fastlib.training import general_schedule, mlp_schedule, piece_plan, recurrent_schedule
 
 PLANS = (1, 2, 3, 4, 8, 16)
 
@@ -38,7 +38,7 @@ _SCRIPT = textwrap.dedent("""
                                         seed=1), x2, y2, "cross_entropy"
         yield "recurrent", fastlib.Sequential([fastlib.LSTM(2, 3), fastlib.Dense(3, 3)],
                                               seed=1), x3, y2, "cross_entropy"
-        yield "attention", fastlib.Sequential([fastlib.MultiHeadAttention(2, 2, causal=True),
+        yield "general", fastlib.Sequential([fastlib.MultiHeadAttention(2, 2, causal=True),
                                                fastlib.LayerNorm(2)], seed=1), x3, y3, "mse"
 
     out = {}
@@ -46,7 +46,7 @@ _SCRIPT = textwrap.dedent("""
         for name, m, x, y, loss in models():
             r = fastlib.train(m, x, y, 2, 6, 0.05, loss, optimizer="Adam", seed=3,
                               gradient_clip=0.5, clip_mode="norm", verbose=False, pieces=plan)
-            assert r.path == name and r.piece_plan == {"pieces": plan, "source": "argument"}, r
+            assert (r.path, r.schedule) == ("program", name) and r.piece_plan == {"pieces": plan, "source": "argument"}, r
             h = hashlib.sha256(np.asarray(r.loss_history).tobytes())
             for k, v in sorted(m.parameters().items()):
                 h.update(v.tobytes())
@@ -87,14 +87,14 @@ def test_the_plan_comes_from_the_argument_the_config_or_the_machine(monkeypatch)
     monkeypatch.setattr(config, "PIECES", None)
     r = fastlib.train(_mlp(), x, y, 1, 4, 0.1, "cross_entropy", verbose=False)
     # 45 parameters, below SPLIT_MIN_PARAMS: one piece on any machine
-    assert r.piece_plan == {"pieces": 1, "source": "machine"} and r.path == "mlp"
+    assert r.piece_plan == {"pieces": 1, "source": "machine"} and r.schedule == "mlp"
     monkeypatch.setattr(config, "PIECES", "3")   # as read from VERIGRAD_PIECES
     r = fastlib.train(_mlp(), x, y, 1, 4, 0.1, "cross_entropy", verbose=False)
     assert r.piece_plan == {"pieces": 3, "source": "config"}
     r = fastlib.train(_mlp(), x, y, 1, 4, 0.1, "cross_entropy", verbose=False, pieces=5)
     assert r.piece_plan == {"pieces": 5, "source": "argument"}
     r = fastlib.train(_mlp(), x, y, 1, 4, 0.1, "cross_entropy", verbose=False, fused=False)
-    assert r.path == "generic" and r.piece_plan is None and not r.fused
+    assert r.path == "generic" and r.schedule is None and r.piece_plan is None and not r.fused
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, "two", piece_plan.MAX_PIECES + 1])
@@ -139,13 +139,13 @@ def test_threads_never_exceed_the_pieces_or_the_cores(monkeypatch):
 def test_the_schedules_choose_from_the_cores_and_the_shapes():
     # sample pieces: one per core down to one sample each; recurrent pieces of at most
     # PIECE sequences (batch 32: 4 pieces of 8 on one or two cores)
-    assert [compiled_recurrent.machine_pieces(32, c) for c in (1, 2, 16, 64)] == [4, 4, 16, 32]
+    assert [recurrent_schedule.machine_pieces(32, c) for c in (1, 2, 16, 64)] == [4, 4, 16, 32]
     # attention: one piece below MIN_PIECE_ROWS rows, else one per core (at most a sample each)
-    rows = compiled_attention.MIN_PIECE_ROWS
-    assert compiled_attention.machine_pieces(rows - 1, 1, 16) == 1
-    assert [compiled_attention.machine_pieces(32, 64, c) for c in (1, 2, 16, 64)] == \
+    rows = general_schedule.MIN_PIECE_ROWS
+    assert general_schedule.machine_pieces(rows - 1, 1, 16) == 1
+    assert [general_schedule.machine_pieces(32, 64, c) for c in (1, 2, 16, 64)] == \
         [1, 2, 16, 32]
-    assert fused_mlp.machine_pieces(fused_mlp.SPLIT_MIN_PARAMS - 1, 16) == 1
+    assert mlp_schedule.machine_pieces(mlp_schedule.SPLIT_MIN_PARAMS - 1, 16) == 1
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -161,7 +161,7 @@ def test_sample_pieces_at_the_boundaries_equal_the_generic_path(dtype, plan):
         m = fastlib.Sequential([fastlib.LSTM(2, 3), fastlib.Dense(3, 2)], dtype=dtype, seed=4)
         r = fastlib.train(m, x, y, 2, 5, 0.05, "cross_entropy", optimizer="Adam", seed=1,
                           verbose=False, fused=fused, pieces=plan)
-        assert r.path == ("recurrent" if fused else "generic")
+        assert r.schedule == ("recurrent" if fused else None)
         got.append(m.parameters())
     # two epochs of four Adam steps on O(1) values: the paths differ by summation order
     # (a few eps per product), amplified by Adam's normalisation near zero gradients

@@ -6,7 +6,7 @@ coefficients. Clipping helpers (value clamp, float64 sum of squares, finiteness)
 
 Every optimizer is one *kind* code and a vector of scalar coefficients; each per-element rule
 lives in exactly one place (``_momentum``, ``_adam``, ...), inlined by :func:`update_arrays`,
-which both ``fastlib.optim`` and the fused MLP epoch kernel (``fastlib.training.fused_mlp``)
+which both ``fastlib.optim`` and the fused MLP epoch kernel (``fastlib.training.mlp_schedule``)
 call, so the two paths run the same arithmetic in the same order.
 
 The long story: docs/fastlib.md, section ``fastlib/kernels/optim.py``.

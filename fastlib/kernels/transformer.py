@@ -1,5 +1,5 @@
-"""Numba kernels of the compiled training path for attention models
-(:mod:`fastlib.training.compiled_attention`).
+"""Numba kernels of the compiled program's interpreter: the general schedule
+(:mod:`fastlib.training.general_schedule`) runs a program's rows (:mod:`fastlib.training.program`).
 
 The long story: docs/fastlib.md, section ``fastlib/kernels/transformer.py``.
 """

@@ -5,7 +5,7 @@
 - ``early_stopping``: ``train_sh``'s plateau policy as a pure object;
 - ``clipping``: gradient clipping and the finiteness guard;
 - ``checkpoint``: checkpoint files for exact resumption;
-- ``fused_mlp``: the whole-epoch compiled path for Sequential-of-Dense MLPs.
+- ``program`` / ``schedules``: one compiled program per model, run under a schedule.
 
 ``fastlib`` exports ``train``, ``train_sh``, ``TrainingResult``, ``TrainingHistorySH`` and
 ``register_algorithm`` from here. (There is deliberately no ``fastlib/train.py``: a submodule of

@@ -78,9 +78,10 @@ class EpochStats:
     skipped: int = 0           # steps skipped for non-finite gradients
     diverged_batch: int = -1   # index of the batch whose loss was non-finite, or -1
     diverged_loss: float = 0.0
-    fused: bool = False        # the epoch ran in a fused fast path
-    path: str = "generic"      # which path ran it: a compiled path's name, or "generic"
-    piece_plan: dict | None = None  # a compiled path's piece plan (piece_plan.PiecePlan)
+    fused: bool = False        # the epoch ran in the compiled program
+    path: str = "generic"      # which path ran it: "program" (compiled) or "generic"
+    schedule: str | None = None  # the program's schedule ("mlp", "recurrent", "general")
+    piece_plan: dict | None = None  # the program's piece plan (piece_plan.PiecePlan)
 
     def add(self, result: BatchResult, n: int) -> None:
         self.loss_sum += float(result.loss) * n

@@ -1,8 +1,8 @@
 """Back-propagation (``"bp"``, SINGA's kBP), registered like any other training algorithm.
 
 One batch: forward, loss, backward, clip, optimizer step. A whole epoch may instead run on a
-compiled path (``fastlib.training.compiled_paths``: the fused MLP kernel first). Kept apart
-from the registry so that the compiled paths may import the registry's types without a cycle.
+compiled program under one of its schedules (``fastlib.training.schedules``). Kept apart from
+the registry so that the schedules may import the registry's types without a cycle.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fastlib import losses
 from fastlib.training.algorithms import (BatchResult, StepContext, correct_count, evaluate_model,
                                          register_algorithm)
 from fastlib.training.clipping import clip_gradients
-from fastlib.training.compiled_paths import run_compiled_epoch
+from fastlib.training.schedules import run_compiled_epoch
 from fastlib.training.piece_plan import requested_plan
 
 
@@ -44,8 +44,8 @@ def _bp_run_epoch(ctx, x, y, order):
     return run_compiled_epoch(ctx, x, y, order)
 
 
-# options: fused=False turns off every whole-epoch compiled path
-# (fastlib.training.compiled_paths); pieces=P fixes their piece plan
+# options: fused=False turns off the whole-epoch compiled program
+# (fastlib.training.schedules); pieces=P fixes its piece plan
 # (fastlib.training.piece_plan)
 register_algorithm("bp", bp_train_one_batch, evaluate=evaluate_model, run_epoch=_bp_run_epoch,
                    options=("fused", "pieces"))

@@ -526,9 +526,10 @@ def attach(loop, distributed):
                                   "device='cpu'")
     check_ranks(options.blocks, world()[1])  # before any collective: every rank raises it
     session = _Session(loop, options)
-    from fastlib.training import fused_mlp
+    from fastlib.training.schedules import schedule_for
 
-    fused_possible = fused_mlp.plan_for(loop.ctx) is not None
+    chosen = schedule_for(loop.ctx, loop.x)
+    fused_possible = chosen is not None and chosen[0].name == "mlp"
     loop.algo = session.wrap(loop.algo)
     session.broadcast_state()
     if session.rank != 0:

@@ -1,8 +1,8 @@
-"""What every whole-epoch compiled path does around its kernel call: the run's parameters and
+"""What every schedule of the compiled program does around its kernel call: the run's parameters and
 optimizer state in and out of flat buffers, the epoch's optimizer coefficients and clipping,
 BLAS held to the calling thread, and the epoch's statistics.
 
-Each path supplies a layout with ``flatten(arrays) -> flat`` and ``unflatten(flat, arrays)``.
+Each schedule supplies a layout with ``flatten(arrays) -> flat`` and ``unflatten(flat, arrays)``.
 """
 from __future__ import annotations
 
@@ -63,14 +63,14 @@ def epoch_settings(ctx, n_batches, dtype):
     return coeffs, clip_mode, clip
 
 
-def finish_epoch(ctx, layout, w, slots, out, n, bs, path, plan, correct_per_row=1.0):
+def finish_epoch(ctx, layout, w, slots, out, n, bs, schedule, plan, correct_per_row=1.0):
     """Write the epoch's parameters and state back and return its :class:`EpochStats`.
 
     ``out`` is the kernels' ``(loss_sum, correct, skipped, updates, diverged, bad_loss)``;
     ``diverged`` is the batch that stopped the epoch (-1: none). ``correct_per_row`` divides
-    the correct count (a path whose rows are time steps reports per-sequence accuracy sums).
-    ``path`` names the compiled path and ``plan`` is its :class:`~fastlib.training.piece_plan.
-    PiecePlan`, both reported in the stats.
+    the correct count (a schedule whose rows are time steps reports per-sequence accuracy
+    sums). ``schedule`` names the schedule that ran the program and ``plan`` is its
+    :class:`~fastlib.training.piece_plan.PiecePlan`, both reported in the stats.
     """
     loss_sum, correct, skipped, updates, diverged, bad_loss = out
     layout.unflatten(w, ctx.params)
@@ -83,5 +83,5 @@ def finish_epoch(ctx, layout, w, slots, out, n, bs, path, plan, correct_per_row=
     return EpochStats(loss_sum=float(loss_sum),
                       correct=None if ctx.loss_type == "mse" else float(correct) / correct_per_row,
                       count=samples, skipped=int(skipped), diverged_batch=int(diverged),
-                      diverged_loss=float(bad_loss), fused=True, path=path,
-                      piece_plan=plan.to_dict())
+                      diverged_loss=float(bad_loss), fused=True, path="program",
+                      schedule=schedule, piece_plan=plan.to_dict())

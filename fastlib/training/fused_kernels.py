@@ -1,4 +1,4 @@
-"""Numba kernels of the whole-epoch MLP path (:mod:`fastlib.training.fused_mlp`).
+"""Numba kernels of the program's MLP schedule (:mod:`fastlib.training.mlp_schedule`).
 
 The long story: docs/fastlib.md, section ``fastlib/training/fused_kernels.py``.
 """
@@ -437,7 +437,7 @@ def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, 
     layer's pieces; the loss (serial); per pair from the top, the serial join of the ROW
     layer's cotangent and one backward region; the guard. The update is applied at the start
     of the next step's first forward region (or after the loop). Buffers (flat, laid out by
-    ``fused_mlp.run_epoch``): ``a_in`` the gathered batch; ``pre``, ``post`` and ``gout`` per
+    ``mlp_schedule.run``): ``a_in`` the gathered batch; ``pre``, ``post`` and ``gout`` per
     layer (bs x width: COL layers piece by piece, ROW layers whole); ``part`` the pieces'
     partial products (ROW layers, forward) and partial input cotangents (COL layers above the
     first); ``logits_buf`` a lone last COL layer's output joined for the loss; ``dz_buf`` the

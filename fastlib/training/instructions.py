@@ -1,7 +1,7 @@
 """The compiled program's instruction kinds and their named fields, checked when a program is
 built.
 
-A program (:mod:`fastlib.training.compiled_attention`) is a table of int64 rows the Numba
+A program (:mod:`fastlib.training.program`) is a table of int64 rows the Numba
 kernels (:mod:`fastlib.kernels.transformer`) read by field index (``F_IN``, ``F_P0``, ...).
 Here every instruction kind names what each field it uses holds: an activation slot and its
 extent (rows x width per sample), a parameter block and its size, an integer (an op table

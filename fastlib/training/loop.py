@@ -67,8 +67,8 @@ class TrainingResult:
     skipped_steps : int
         Optimizer steps skipped because the gradient was not finite.
     fused : bool
-        At least one epoch ran in a whole-epoch compiled path
-        (``fastlib.training.compiled_paths``: the MLP and the recurrent paths).
+        At least one epoch ran in the whole-epoch compiled program
+        (``fastlib.training.schedules``).
     cuda_mode : {"graph", "launches"} or None
         ``device="cuda"``: each step one CUDA graph replay, or its kernels launched one by
         one (docs/gpu.md); None on the CPU.
@@ -81,12 +81,16 @@ class TrainingResult:
         allocations, copies and synchronisations (``fastlib.cuda.counters`` keys, mean over
         its steps) and ``"per_epoch"``, its boundary traffic; None on the CPU.
     path : str
-        Which path ran the last epoch: a compiled path's name (``"mlp"``, ``"recurrent"``,
-        ``"attention"``), ``"generic"`` (the per-batch loop) or ``"cuda"``.
+        Which path ran the last epoch: ``"program"`` (the model's compiled program,
+        ``fastlib.training.program``), ``"generic"`` (the per-batch loop) or ``"cuda"``.
+    schedule : str or None
+        The schedule that ran the program in the last epoch (``fastlib.training.schedules``):
+        ``"mlp"`` (the fused MLP kernel), ``"recurrent"`` (the recurrent kernels) or
+        ``"general"`` (the program's interpreter); None when it did not run in the program.
     piece_plan : dict or None
-        The compiled path's piece plan, ``{"pieces": P, "source": ...}``
+        The compiled program's piece plan, ``{"pieces": P, "source": ...}``
         (``fastlib.training.piece_plan``): pass ``pieces=P`` to reproduce the run bit for bit
-        on another machine. None when no epoch ran in a compiled path.
+        on another machine. None when no epoch ran in the compiled program.
     """
 
     loss_history: list = field(default_factory=list)
@@ -109,6 +113,7 @@ class TrainingResult:
     cuda_graph_reason: str | None = None
     device_counts: dict | None = None
     path: str = "generic"
+    schedule: str | None = None
     piece_plan: dict | None = None
 
     def __iter__(self):
@@ -712,6 +717,7 @@ class _Loop:
                     break
                 r.fused = r.fused or stats.fused
                 r.path = "cuda" if self.device_run is not None else stats.path
+                r.schedule = stats.schedule
                 r.piece_plan = stats.piece_plan or r.piece_plan
                 if self._check_divergence(epoch, stats.loss, last_good):
                     self._record_stopped_epoch(stats.loss, stats, t0)

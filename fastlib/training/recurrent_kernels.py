@@ -1,4 +1,4 @@
-"""Numba kernels of the whole-epoch recurrent path (:mod:`fastlib.training.compiled_recurrent`).
+"""Numba kernels of the program's recurrent schedule (:mod:`fastlib.training.recurrent_schedule`).
 
 The long story: docs/fastlib.md, section ``fastlib/training/recurrent_kernels.py``.
 """

@@ -326,7 +326,8 @@ def _run(args) -> int:
     if result.stop_reason:
         print(f"stopped: {result.stop_reason}", file=out)
     if result.piece_plan is not None:
-        print(f"path {result.path}, {result.piece_plan['pieces']} pieces per step (from the "
+        print(f"path {result.path} ({result.schedule} schedule), "
+              f"{result.piece_plan['pieces']} pieces per step (from the "
               f"{result.piece_plan['source']}; --pieces {result.piece_plan['pieces']} "
               "reproduces it)", file=out)
 

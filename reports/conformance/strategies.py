@@ -540,7 +540,7 @@ def _targets(rng, loss, batch, classes, out_shape):
     return rng.uniform(-1, 1, size=out_shape)
 
 
-# what fastlib.train runs in its whole-epoch fused path (fastlib.training.fused_mlp): a flat
+# what fastlib.train runs in its whole-epoch fused path (fastlib.training.mlp_schedule): a flat
 # Sequential of Dense layers with these activations, trained on these losses
 FUSED_MLP_ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid")
 FUSED_MLP_LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy",

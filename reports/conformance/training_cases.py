@@ -75,16 +75,16 @@ def kernel_boundaries():
     """The kernels' block and piece sizes, read now from the modules that define them."""
     from fastlib import config
     from fastlib.kernels import recurrent, recurrent_pieces, reduce
-    from fastlib.training import compiled_attention, fused_mlp, recurrent_kernels
+    from fastlib.training import general_schedule, mlp_schedule, recurrent_kernels
 
     return {"recurrent_piece": int(recurrent._PIECE), "reduce_block": int(reduce._BLOCK),
-            "split_min_params": int(fused_mlp.SPLIT_MIN_PARAMS),
-            "min_piece_params": int(fused_mlp.MIN_PIECE_PARAMS),
+            "split_min_params": int(mlp_schedule.SPLIT_MIN_PARAMS),
+            "min_piece_params": int(mlp_schedule.MIN_PIECE_PARAMS),
             "parallel_min_size": int(config.PARALLEL_MIN_SIZE),
             "compiled_recurrent_piece": int(recurrent_pieces.PIECE),
             "compiled_recurrent_block": int(recurrent_kernels.BLOCK),
-            "attention_min_piece_rows": int(compiled_attention.MIN_PIECE_ROWS),
-            "attention_chunk_min_params": int(compiled_attention.CHUNK_MIN_PARAMS)}
+            "attention_min_piece_rows": int(general_schedule.MIN_PIECE_ROWS),
+            "attention_chunk_min_params": int(general_schedule.CHUNK_MIN_PARAMS)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def small_term_1e7():
 
 def fused_float32_leak():
     """The fused epoch's flat parameter buffer goes through float32 (a float64 run)."""
-    from fastlib.training import fused_mlp
+    from fastlib.training import mlp_schedule
 
     def wrap(flatten):
         def flatten_leak(self, arrays):
@@ -85,7 +85,7 @@ def fused_float32_leak():
                 flat = flat.astype(np.float32).astype(np.float64)
             return flat
         return flatten_leak
-    return _patched(fused_mlp._Plan, "flatten", wrap)
+    return _patched(mlp_schedule._Plan, "flatten", wrap)
 
 
 def clipping_disabled():
@@ -145,9 +145,9 @@ def partial_batch_dropped():
 
 
 def compiled_attention_unmasked():
-    """The compiled attention path's program drops every attention layer's causal flag."""
+    """The compiled program drops every attention row's causal flag."""
     from fastlib.kernels import transformer as kt
-    from fastlib.training import compiled_attention
+    from fastlib.training import program
 
     def wrap(grad_modes):
         def grad_modes_unmasked(self):
@@ -156,7 +156,7 @@ def compiled_attention_unmasked():
                 if row[kt.F_OP] == kt.OP_ATTENTION:
                     row[kt.F_INT1] = 0
         return grad_modes_unmasked
-    return _patched(compiled_attention._Program, "_grad_modes", wrap)
+    return _patched(program.Program, "_grad_modes", wrap)
 
 
 MUTANTS = {m.name: m for m in (

@@ -1,86 +1,83 @@
-"""The whole-epoch compiled path for recurrent models: RNN, LSTM, Embedding and Dense in a
-``Sequential``, trained by back-propagation on the CPU.
+"""The recurrent schedule of the program: a chain of Embedding (first) / RNN / LSTM / Dense
+rows, run as whole epochs by the recurrent kernels (:mod:`fastlib.training.recurrent_kernels`),
+each batch cut into pieces of sequences.
 
-The long story: docs/fastlib.md, section ``fastlib/training/compiled_recurrent.py``.
+The plan is read from the program's rows (:mod:`fastlib.training.program`): widths from
+``in_w`` / ``out_w``, an Embedding's table size and a Dense's activation from ``int0``, a
+recurrent layer's ``return_sequences`` from ``int1``, parameter names and shapes from the
+program's layout. The long story: docs/fastlib.md, section
+``fastlib/training/recurrent_schedule.py``.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from fastlib.kernels import transformer as kt
 from fastlib.kernels.recurrent_pieces import PIECE
-from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
+from fastlib.layers.activations import LEAKY_SLOPE
 from fastlib.training import fused_kernels as fk
 from fastlib.training import recurrent_kernels as rk
 from fastlib.training import piece_plan
-from fastlib.training.compiled_paths import register_compiled_path
 from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
                                           single_threaded_blas)
 from fastlib.training.piece_plan import piece_threads
+from fastlib.training.schedules import ScheduleError, register_schedule
 
 _ALIGN = 16  # buffer offsets in entries: 64-byte rows for float32
 
 
-def _chain(model, prefix=""):
-    """``[(layer, name prefix)]`` of a Sequential read as one chain, or None."""
-    from fastlib.layers import Sequential
-
-    if type(model) is not Sequential:
-        return None
-    out = []
-    for i, layer in enumerate(model.layers):
-        if type(layer) is Sequential:
-            inner = _chain(layer, f"{prefix}{i}.")
-            if inner is None:
-                return None
-            out += inner
-        else:
-            out.append((layer, f"{prefix}{i}."))
-    return out
+# instruction kind -> the recurrent kernels' layer kind
+_KINDS = {kt.OP_EMBEDDING: rk.EMBEDDING, kt.OP_DENSE: rk.DENSE, kt.OP_RNN: rk.RNN,
+          kt.OP_LSTM: rk.LSTM}
 
 
 class _Plan:
     """The model as a table of layers (``recurrent_kernels.meta`` without buffer offsets),
-    the flat parameter layout, and the loss."""
+    the flat parameter layout, and the loss, read from the program's rows.
 
-    def __init__(self, chain, dtype, loss_code):
-        from fastlib.layers import LSTM, Dense, Embedding
+    ``rows`` are the chain's ``row_fields`` dicts, ``row_names`` each row's parameter names
+    in block order, ``shapes`` the parameters' shapes by name.
+    """
 
+    def __init__(self, rows, row_names, shapes, dtype, loss_code):
         self.dtype = dtype
         self.loss_code = loss_code
-        self.tokens = type(chain[0][0]) is Embedding
-        rows = []
+        self.tokens = rows[0]["op"] == kt.OP_EMBEDDING
+        meta = []
         seq = True
         self.names = []
         self.shapes = []
-        for layer, prefix in chain:
+        for k, (r, names) in enumerate(zip(rows, row_names)):
+            kind = _KINDS.get(r["op"])
+            if kind is None or (kind == rk.EMBEDDING and k > 0):
+                raise ScheduleError(f"the recurrent schedule runs a chain of Embedding (first), "
+                                    f"RNN, LSTM and Dense rows; row {k} is op {r['op']}")
             m = np.zeros(rk.N_META, np.int64)
             m[rk.SEQ_IN] = seq
-            if type(layer) is Embedding:
-                m[rk.KIND], m[rk.DIN], m[rk.DOUT] = rk.EMBEDDING, layer.num, layer.dim
-                names = ["weight"]
-            elif type(layer) is Dense:
-                m[rk.KIND], m[rk.DIN], m[rk.DOUT] = rk.DENSE, layer.in_features, \
-                    layer.out_features
-                m[rk.ACT] = ACTIVATIONS[layer.activation]
-                names = ["weight", "bias"]
+            m[rk.KIND], m[rk.DOUT] = kind, r["out_w"]
+            if kind == rk.EMBEDDING:
+                m[rk.DIN] = r["int0"]            # the table's rows
             else:
-                m[rk.KIND] = rk.LSTM if type(layer) is LSTM else rk.RNN
-                m[rk.DIN], m[rk.DOUT] = layer.input_size, layer.hidden_size
-                seq = layer.return_sequences
-                names = ["w_ih", "w_hh", "b"]
+                m[rk.DIN] = r["in_w"]
+            if kind == rk.DENSE:
+                if r["int0"] not in fk.FUSED_CODES:
+                    raise ScheduleError(f"row {k}: activation code {r['int0']} is not one the "
+                                        "recurrent kernels apply")
+                m[rk.ACT] = r["int0"]
+            elif kind in (rk.RNN, rk.LSTM):
+                seq = bool(r["int1"])            # return_sequences
             m[rk.SEQ_OUT] = seq
-            params = layer.parameters()
             for n in names:
-                self.names.append(prefix + n)
-                self.shapes.append(params[n].shape)
-            rows.append(m)
-        self.meta = np.array(rows, np.int64)
+                self.names.append(n)
+                self.shapes.append(tuple(shapes[n]))
+            meta.append(m)
+        self.meta = np.array(meta, np.int64)
         self.seq_out = bool(seq)
         sizes = [int(np.prod(s)) for s in self.shapes]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.size = int(self.offsets[-1])
         k = 0
-        for row, (layer, _) in zip(self.meta, chain):
+        for row in self.meta:
             n = 1 if row[rk.KIND] == rk.EMBEDDING else (2 if row[rk.KIND] == rk.DENSE else 3)
             row[rk.W_OFF] = self.offsets[k]
             row[rk.W2_OFF] = self.offsets[k + 1] if n == 3 else -1
@@ -158,77 +155,62 @@ class _Plan:
         return bufs
 
 
-def plan_for(ctx):
-    """A :class:`_Plan` when the recurrent path applies to this run's model, else None
-    (decided once per run)."""
-    if "recurrent_plan" not in ctx.scratch:
-        ctx.scratch["recurrent_plan"] = _make_plan(ctx)
-    return ctx.scratch["recurrent_plan"]
+def takes(program):
+    """The program's rows when they are this schedule's: one chain of Embedding (first) /
+    RNN / LSTM / Dense rows holding at least one Embedding or recurrent row; else None."""
+    rows = program.chain()
+    if not rows or any(r["op"] not in _KINDS for r in rows):
+        return None
+    if not any(r["op"] != kt.OP_DENSE for r in rows):
+        return None                      # a plain MLP: the MLP schedule's (or the generic) model
+    if any(r["op"] == kt.OP_EMBEDDING for r in rows[1:]):
+        return None
+    return rows
 
 
-def _make_plan(ctx):
-    from fastlib.layers import LSTM, RNN, Dense, Embedding
-
-    model, cfg = ctx.model, ctx.config
-    if not cfg.extra.get("fused", True) or cfg.device != "cpu" or cfg.algorithm != "bp":
+def plan_from_program(ctx, program, x):
+    """The run's :class:`_Plan` when the program's rows are this schedule's (:func:`takes`)
+    and the loss one its kernels take, else None; resolves and records the run's piece plan
+    (batches of ``min(batch_size, N)`` sequences)."""
+    rows = takes(program)
+    n = x.shape[0]
+    if rows is None or n < 1 or program.steps < 1:
         return None
-    if ctx.loss_type not in fk.LOSS_CODES:
-        return None
-    chain = _chain(model)
-    if not chain:
-        return None
-    kinds = [type(layer) for layer, _ in chain]
-    if not any(k in (RNN, LSTM, Embedding) for k in kinds):
-        return None                      # a plain MLP: the MLP path's (or the generic) model
-    if any(k not in (RNN, LSTM, Dense, Embedding) for k in kinds) or Embedding in kinds[1:]:
-        return None
-    seq = True
-    for layer, _ in chain:
-        if type(layer) in (RNN, LSTM):
-            if not seq:
-                return None              # the generic path will say why (a 2-D input)
-            seq = layer.return_sequences
-        elif type(layer) is Dense and ACTIVATIONS[layer.activation] not in fk.FUSED_CODES:
+    if rows[0]["op"] == kt.OP_EMBEDDING:
+        if x.ndim != 2:
             return None
-    if seq and ctx.loss_type not in ("mse", "binary_cross_entropy_with_logits"):
+    elif x.ndim != 3:
         return None
-    plan = _Plan(chain, np.dtype(model.dtype), fk.LOSS_CODES[ctx.loss_type])
-    if list(ctx.params) != plan.names:
+    shapes = {name: entry[5] for name, entry in program.layout.items()}
+    plan = _Plan(rows, program.row_names, shapes, program.dtype, fk.LOSS_CODES[ctx.loss_type])
+    if plan.seq_out and ctx.loss_type not in ("mse", "binary_cross_entropy_with_logits"):
         return None
+    bs = min(ctx.config.batch_size, n)
+    plan.piece_plan = piece_plan.resolve(ctx, lambda cores: machine_pieces(bs, cores))
     return plan
 
 
-def run_epoch(ctx, x, y, order):
-    """Train one epoch in the compiled kernel; None when the model or run does not fit it.
+def run(ctx, plan, x, y, order):
+    """Train one epoch of ``plan`` (:func:`plan_from_program`) in the recurrent kernels.
 
-    The contract of every compiled path (``compiled_paths.register_compiled_path``): the run's
-    context ``ctx``, the targets ``y`` and the epoch's ``order``; ``x`` holds inputs ``(N, T,
-    features)`` in the model's dtype, or ``(N, T)`` token ids for a model that starts with an
-    Embedding (validated by ``train``; ids are range-checked here). Returns the epoch's
-    ``EpochStats``, or None having changed nothing.
+    ``x`` holds inputs ``(N, T, features)`` in the model's dtype, or ``(N, T)`` token ids for
+    a model that starts with an Embedding (validated by ``train``; ids are range-checked
+    here); ``y`` the targets as ``fastlib.losses.validate_targets`` normalised them; ``order``
+    the epoch's sample order (None for 0..N-1). Returns the epoch's ``EpochStats``.
     """
-    plan = plan_for(ctx)
-    if plan is None:
-        return None
     if plan.tokens:
-        if x.ndim != 2:
-            return None
         # NOTE: the kernel indexes the table without checks: the layer's own validation
         # (whole numbers in [0, num)) runs first, with its message
         idx = _indices(ctx.model, x)
         x3 = np.zeros((0, 0, 0), plan.dtype)
     else:
-        if x.ndim != 3 or x.shape[2] != plan.meta[0, rk.DIN]:
-            return None
         x3 = np.ascontiguousarray(x, dtype=plan.dtype)
         idx = np.zeros((0, 0), np.int64)
     n, steps = x.shape[0], x.shape[1]
-    if steps < 1 or n < 1:
-        return None
     dtype = plan.dtype
     bs = min(ctx.config.batch_size, n)
     order, yi, yf = epoch_inputs(ctx, y, order, n, dtype, n * steps if plan.seq_out else n)
-    pieces = piece_plan.resolve(ctx, lambda cores: machine_pieces(bs, cores))
+    pieces = plan.piece_plan
     # sequences per piece: the plan's P pieces of the batch (the last ones shorter); a plan
     # of more pieces than sequences gives pieces of one sequence
     piece = -(-bs // pieces.pieces)
@@ -245,7 +227,7 @@ def run_epoch(ctx, x, y, order):
     # piece are small (8 x 128 @ 128 x 512 per step), and a multi-threaded OpenBLAS splits them
     # anyway; on a loaded machine its workers' hand-offs made a batch-32 epoch 2.3x slower than
     # the generic path (measured, load 14: 13.8 s against 5.9 s), and in parallel pieces they
-    # contend with our threads (fused_mlp's NOTE)
+    # contend with our threads (mlp_schedule's NOTE)
     with single_threaded_blas():
         out = rk.epoch(*args)
     # per-step rows: the generic path's accuracy counts a sequence's steps as one row each
@@ -271,4 +253,4 @@ def _indices(model, x):
     return np.ascontiguousarray(first.indices(x))
 
 
-register_compiled_path("recurrent", run_epoch)
+register_schedule("recurrent", plan_from_program, run)

@@ -1,19 +1,24 @@
-"""The whole-epoch compiled path for MLPs: ``Sequential`` of ``Dense`` layers, back-propagation.
+"""The MLP schedule of the program: a chain of Dense rows on ``(N, d)`` data, run as whole
+epochs by the fused kernel (:mod:`fastlib.training.fused_kernels`), each layer pair cut into
+pieces of columns and rows.
 
-The long story: docs/fastlib.md, section ``fastlib/training/fused_mlp.py``.
+The plan is read from the program's rows (:mod:`fastlib.training.program`): widths from
+``in_w`` / ``out_w``, activation codes from ``int0``, parameter names from the rows' blocks.
+The long story: docs/fastlib.md, section ``fastlib/training/mlp_schedule.py``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from fastlib.layers.activations import ACTIVATIONS
+from fastlib.kernels import transformer as kt
+from fastlib.layers.activations import LEAKY_SLOPE
 from fastlib.training import fused_kernels as fk
 from fastlib.training import piece_plan
-from fastlib.training.compiled_paths import register_compiled_path
 from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
                                           single_threaded_blas)
 from fastlib.training.fused_kernels import FUSED_ACTIVATIONS, LOSS_CODES  # noqa: F401 - public
 from fastlib.training.piece_plan import piece_threads
+from fastlib.training.schedules import ScheduleError, register_schedule
 
 # NOTE (speed): every layer pair is cut into the run's piece plan's P pieces (model
 # parallelism inside one step, see fused_kernels and fastlib.training.piece_plan): each thread
@@ -29,6 +34,9 @@ MIN_PIECE_PARAMS = 1 << 14
 class _Plan:
     """Flat layout of one model: dims, activation codes, pieces and parameter offsets.
 
+    ``dims`` are the widths (the input's, then each layer's output's), ``codes`` the layers'
+    activation codes and ``names`` each layer's ``(weight, bias)`` parameter names.
+
     Layer ``l`` is a COL layer (cut by output columns) when ``l`` is even and a ROW layer (cut
     by input rows, along the previous layer's column cuts) when odd; ``cols[l]`` cuts layer
     ``l``'s outputs (a ROW layer's bias) into near-equal pieces, some empty when the layer is
@@ -36,13 +44,13 @@ class _Plan:
     slice (``w_off``) then the bias slice (``b_off``).
     """
 
-    def __init__(self, dense_layers, dtype, loss_code, n_pieces):
-        self.dims = np.array([dense_layers[0].in_features] +
-                             [d.out_features for d in dense_layers], np.int64)
-        self.codes = np.array([ACTIVATIONS[d.activation] for d in dense_layers], np.int64)
+    def __init__(self, dims, codes, names, dtype, loss_code, n_pieces):
+        self.dims = np.array(dims, np.int64)
+        self.codes = np.array(codes, np.int64)
+        self.names = [tuple(pair) for pair in names]
         self.dtype = dtype
         self.loss_code = loss_code
-        n_layers = len(dense_layers)
+        n_layers = len(self.codes)
         self.cols = np.array([[(k * int(d)) // n_pieces for k in range(n_pieces + 1)]
                               for d in self.dims[1:]], np.int64)
         self.w_off = np.zeros((n_layers, n_pieces), np.int64)
@@ -74,56 +82,56 @@ class _Plan:
         return slice(int(prev[p]), int(prev[p + 1])), slice(0, int(self.dims[layer + 1])), bias
 
     def flatten(self, arrays):
-        """The run's ``{i.weight, i.bias}`` arrays in the pieces' flat layout."""
+        """The run's weight and bias arrays (by :attr:`names`) in the pieces' flat layout."""
         parts = []
         for p in range(self.n_pieces):
-            for layer in range(len(self.codes)):
+            for layer, (weight, bias_name) in enumerate(self.names):
                 rows, cols, bias = self._slices(layer, p)
-                parts += [arrays[f"{layer}.weight"][rows, cols].reshape(-1),
-                          arrays[f"{layer}.bias"][bias]]
+                parts += [arrays[weight][rows, cols].reshape(-1), arrays[bias_name][bias]]
         return np.concatenate(parts).astype(self.dtype, copy=False)
 
     def unflatten(self, flat, arrays):
-        """Copy the flat layout back into the ``{i.weight, i.bias}`` arrays, in place."""
+        """Copy the flat layout back into the weight and bias arrays, in place."""
         for p in range(self.n_pieces):
-            for layer in range(len(self.codes)):
+            for layer, (weight_name, bias_name) in enumerate(self.names):
                 rows, cols, bias = self._slices(layer, p)
-                weight = arrays[f"{layer}.weight"][rows, cols]
+                weight = arrays[weight_name][rows, cols]
                 ow, ob = int(self.w_off[layer, p]), int(self.b_off[layer, p])
                 np.copyto(weight, flat[ow:ow + weight.size].reshape(weight.shape))
-                np.copyto(arrays[f"{layer}.bias"][bias],
-                          flat[ob:ob + bias.stop - bias.start])
+                np.copyto(arrays[bias_name][bias], flat[ob:ob + bias.stop - bias.start])
 
 
-def plan_for(ctx):
-    """A :class:`_Plan` when the fused path applies to this run, else None (cached per run)."""
-    if "fused_plan" in ctx.scratch:
-        return ctx.scratch["fused_plan"]
-    ctx.scratch["fused_plan"] = plan = _make_plan(ctx)
-    return plan
-
-
-def _make_plan(ctx):
-    from fastlib.layers import Dense, Sequential
-    from fastlib.layers.activations import LEAKY_SLOPE
-
-    model, cfg = ctx.model, ctx.config
-    if not cfg.extra.get("fused", True) or cfg.device != "cpu" or cfg.algorithm != "bp":
+def takes(program):
+    """The program's rows when they are this schedule's: one chain of Dense rows on data
+    without a time axis; else None."""
+    rows = program.chain()
+    if not rows or program.tokens or any(r["op"] != kt.OP_DENSE or r["rows"] != 1
+                                         for r in rows):
         return None
-    if type(model) is not Sequential or ctx.loss_type not in LOSS_CODES:
+    return rows
+
+
+def plan_from_rows(rows, row_names, dtype, loss_code, n_pieces):
+    """A :class:`_Plan` of ``n_pieces`` pieces read from Dense rows (``row_fields`` dicts) and
+    their parameter names; a :class:`~fastlib.training.schedules.ScheduleError` on a row of
+    another kind or an activation the kernel does not apply."""
+    for k, r in enumerate(rows):
+        if r["op"] != kt.OP_DENSE or r["int0"] not in fk.FUSED_CODES:
+            raise ScheduleError(f"the mlp schedule runs Dense rows with an elementwise "
+                                f"activation; row {k} is op {r['op']} with code {r['int0']}")
+    dims = [rows[0]["in_w"]] + [r["out_w"] for r in rows]
+    return _Plan(dims, [r["int0"] for r in rows], row_names, dtype, loss_code, n_pieces)
+
+
+def plan_from_program(ctx, program, x):
+    """The run's :class:`_Plan` when the program's rows are this schedule's (:func:`takes`),
+    else None; resolves and records the run's piece plan."""
+    rows = takes(program)
+    if rows is None or x.ndim != 2:
         return None
-    layers = list(model.layers)
-    if not layers or any(type(d) is not Dense or ACTIVATIONS[d.activation] not in fk.FUSED_CODES
-                         for d in layers):
-        return None
-    names = []
-    for i, d in enumerate(layers):
-        names += [f"{i}.weight", f"{i}.bias"]
-    if list(ctx.params) != names:
-        return None
-    n_params = sum(int(v.size) for v in model.parameters().values())
-    pieces = piece_plan.resolve(ctx, lambda cores: machine_pieces(n_params, cores))
-    plan = _Plan(layers, np.dtype(model.dtype), LOSS_CODES[ctx.loss_type], pieces.pieces)
+    pieces = piece_plan.resolve(ctx, lambda cores: machine_pieces(program.param_size, cores))
+    plan = plan_from_rows(rows, program.row_names, program.dtype, fk.LOSS_CODES[ctx.loss_type],
+                          pieces.pieces)
     plan.slope = LEAKY_SLOPE
     plan.piece_plan = pieces
     return plan
@@ -137,17 +145,13 @@ def machine_pieces(n_params, cores):
     return max(1, min(cores, n_params // MIN_PIECE_PARAMS))
 
 
-def run_epoch(ctx, x, y, order):
-    """Train one epoch in the compiled kernel; None when the model or run does not fit it.
+def run(ctx, plan, x, y, order):
+    """Train one epoch of ``plan`` (:func:`plan_from_program`) in the fused kernel.
 
-    The contract of every compiled path (``compiled_paths.register_compiled_path``): the run's
-    context ``ctx``, the targets ``y`` and the epoch's ``order``; ``x`` holds inputs ``[N, D]``
-    in the model's dtype (validated by ``train``). Returns the epoch's ``EpochStats``, or None
-    having changed nothing.
+    ``x`` holds inputs ``[N, D]`` in the model's dtype (validated by ``train``), ``y`` the
+    targets as ``fastlib.losses.validate_targets`` normalised them, ``order`` the epoch's
+    sample order (None for 0..N-1). Returns the epoch's ``EpochStats``.
     """
-    plan = plan_for(ctx)
-    if plan is None or x.ndim != 2:
-        return None
     dtype = plan.dtype
     n = x.shape[0]
     bs = ctx.config.batch_size
@@ -185,4 +189,4 @@ def run_epoch(ctx, x, y, order):
     return finish_epoch(ctx, plan, w, slots, out, n, bs, "mlp", plan.piece_plan)
 
 
-register_compiled_path("mlp", run_epoch)
+register_schedule("mlp", plan_from_program, run)

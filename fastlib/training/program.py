@@ -1,6 +1,13 @@
-"""The compiled training path for attention models: whole epochs of back-propagation in Numba.
+"""The program builder: a model compiled to one program of checked instruction rows.
 
-The long story: docs/fastlib.md, section ``fastlib/training/compiled_attention.py``.
+Every model a compiled epoch can train is first compiled here, whatever schedule then runs it
+(:mod:`fastlib.training.schedules`): one row per layer (and per join of a ``Parallel``), the
+row's fields named by its instruction kind (:mod:`fastlib.training.instructions`) and checked
+when the program is built, the parameters laid out in the blocks the kinds declare. A model
+holding a layer the program cannot express raises :class:`Unsupported` here, and the generic
+per-batch loop trains it.
+
+The long story: docs/fastlib.md, section ``fastlib/training/program.py``.
 """
 from __future__ import annotations
 
@@ -11,31 +18,13 @@ import numpy as np
 from fastlib.kernels import transformer as kt
 from fastlib.kernels.recurrent_pieces import PIECE
 from fastlib.training import fused_kernels as fk
-from fastlib.training import skeleton as sk
-from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
-                                          single_threaded_blas)
-from fastlib.training import piece_plan
-from fastlib.training.compiled_paths import register_compiled_path
-from fastlib.training.instructions import INSTRUCTIONS, ProgramError, check_program
-from fastlib.training.piece_plan import piece_threads
+from fastlib.training.instructions import (INSTRUCTIONS, ProgramError, check_program,
+                                          row_fields)
 from optable.parameters import kind_of, layer_sizes, parameter_shapes
 
-# NOTE (speed): a batch is cut into the run's piece plan's P pieces of samples
-# (fastlib.training.piece_plan; a batch of fewer samples into one piece per sample), each on
-# its own thread. The machine's choice: one piece per usable core from MIN_PIECE_ROWS rows
-# (samples x positions) per batch up, one piece below (a parallel region costs a few
-# microseconds). The pieces depend on the plan and the batch's shape only, never on the cores
-# idle now, so a run's result is the same whatever the machine's load.
-MIN_PIECE_ROWS = 64
-# the gradient is added up and the optimizer applied in chunks of at least CHUNK_MIN_PARAMS
-# parameters, at most one per piece (the chunks fix the sum of squares' order: a function of
-# the plan and the parameter count)
-CHUNK_MIN_PARAMS = 1 << 14
 
-
-
-class _Unsupported(Exception):
-    """The model holds something this path does not compile (the generic path trains it)."""
+class Unsupported(Exception):
+    """The model holds something the program does not express (the generic loop trains it)."""
 
 
 # the config keys that hold a layer kind's input width (its declared sizing keys)
@@ -53,15 +42,46 @@ def _as_matrix(shape):
     return (1, shape[0]) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
 
 
-class _Program:
-    """A model compiled for one batch shape: program rows, buffer sizes, parameter layout."""
+class Program:
+    """A model compiled for one sample shape: program rows, buffer sizes, parameter layout.
+
+    Parameters
+    ----------
+    model : Sequential or Parallel
+        The model; :class:`Unsupported` when it holds what the program does not express.
+    dtype : numpy.dtype
+        The model's dtype.
+    steps : int
+        Positions per sample (1 for ``(N, d)`` data).
+    max_samples : int
+        The most samples one piece holds: the activation slots are sized for it (a schedule
+        that runs the rows in pieces builds the program at its piece size, see
+        :meth:`sized_for`).
+    d_in : int
+        Feature width per position of the data (0 for token ids).
+    tokens : bool
+        The data are token ids (the model starts with an Embedding).
+    d_in_seq : bool
+        The data have a time axis (``(N, T, d)``).
+
+    Attributes
+    ----------
+    prog : ndarray of int64, shape (rows, N_FIELDS)
+        The checked instruction rows (:func:`~fastlib.training.instructions.row_fields` names
+        their fields).
+    row_names : list of tuple of str
+        Per row, the full names of the parameters its blocks hold, in block order.
+    layout : dict
+        ``name -> (offset, block rows, block cols, col0, col1, shape)`` in the flat vector.
+    """
 
     def __init__(self, model, dtype, steps, max_samples, d_in, tokens, d_in_seq):
+        self._args = (model, dtype, steps, d_in, tokens, d_in_seq)
         self.dtype = dtype
         self.steps = steps
         self.max_rows = max_samples * steps
         self.max_samples = max_samples
-        self.rows, self.fpar = [], []
+        self.rows, self.fpar, self.row_names = [], [], []
         self.act_size = 0
         self.tmp_size = 0
         self.acc_size = 0
@@ -85,6 +105,29 @@ class _Program:
                       samples=max_samples, input_slot=self.input_slot)
         self.fpar_arr = np.array(self.fpar, np.float64)
 
+    def sized_for(self, max_samples):
+        """The same model's program with slots for pieces of ``max_samples`` samples (the
+        rows' kinds, widths and parameter layout are those of this one)."""
+        model, dtype, steps, d_in, tokens, d_in_seq = self._args
+        return Program(model, dtype, steps, max_samples, d_in, tokens, d_in_seq)
+
+    # -- reading the rows ----------------------------------------------------------------------
+    def fields(self):
+        """Per row, ``{field name: value}`` (:func:`~fastlib.training.instructions.row_fields`)."""
+        return [row_fields(row) for row in self.prog]
+
+    def chain(self):
+        """The rows' fields when the program is one chain (each row reads the row before it,
+        the first the model's input), else None: the shape the MLP and recurrent schedules
+        run."""
+        rows = self.fields()
+        src = self.input_slot
+        for r in rows:
+            if r["in"] != src:
+                return None
+            src = r["out"]
+        return rows
+
     # -- building ------------------------------------------------------------------------------
     def _slot(self, width, seq=True):
         off = self.act_size
@@ -95,9 +138,10 @@ class _Program:
         """Lay out ``layer``'s parameters in the blocks its instruction kind names (``p0``,
         ``p1``, ... in order; ``instructions.INSTRUCTIONS``), each block holding its
         parameters' declared shapes side by side as column ranges. Returns the four
-        parameter fields' offsets."""
+        parameter fields' offsets and the parameters' full names in block order."""
         shapes = declared_shapes(layer)
         offsets = [0, 0, 0, 0]
+        full = []
         for field, names in INSTRUCTIONS[op].blocks.items():
             spans = [_as_matrix(shapes[n]) for n in names]
             rows = spans[0][0]
@@ -110,12 +154,14 @@ class _Program:
             c0 = 0
             for name, (_, width) in zip(names, spans):
                 self.layout[prefix + name] = (off, rows, cols, c0, c0 + width, shapes[name])
+                full.append(prefix + name)
                 c0 += width
             offsets[int(field[1:])] = off
-        return tuple(offsets)
+        return tuple(offsets), tuple(full)
 
-    def _row(self, op, src, out, out_w, aux=(0, 0, 0), params=(0, 0, 0, 0), ints=(0, 0),
+    def _row(self, op, src, out, out_w, aux=(0, 0, 0), params=((0, 0, 0, 0), ()), ints=(0, 0),
              fpar=0.0, src_b=-1, aux_more=(0, 0)):
+        params, names = params
         row = [0] * kt.N_FIELDS
         row[kt.F_OP] = op
         row[kt.F_IN], row[kt.F_IN_W], seq = src
@@ -128,6 +174,7 @@ class _Program:
         if src_b >= 0:
             row[kt.F_AUX1] = src_b
         self.rows.append(row)
+        self.row_names.append(names)
         self.fpar.append(float(fpar))
         self.tmp_size = max(self.tmp_size, self.max_rows * src[1])
 
@@ -146,10 +193,10 @@ class _Program:
         if kind is Parallel:
             return self._parallel(layer, src, prefix)
         if self.tokens and src[0] == self.input_slot and kind is not Embedding:
-            raise _Unsupported
+            raise Unsupported
         if kind is Embedding:
             if not (self.tokens and src[0] == self.input_slot):
-                raise _Unsupported
+                raise Unsupported
             params = self._blocks(kt.OP_EMBEDDING, layer, prefix)
             out = self._slot(layer.dim)
             self._row(kt.OP_EMBEDDING, src, out, layer.dim, params=params, ints=(layer.num, 0))
@@ -159,11 +206,11 @@ class _Program:
         cfg = layer.get_config()
         width_in = next((cfg[k] for k in _INPUT_WIDTH_KEYS if k in cfg), d)
         if width_in != d:
-            raise _Unsupported   # a width mismatch: the generic path names it
+            raise Unsupported   # a width mismatch: the generic path names it
         if kind is Dense:
             code = ACTIVATIONS[layer.activation]
             if code == SOFTMAX:
-                raise _Unsupported
+                raise Unsupported
             dout = layer.out_features
             params = self._blocks(kt.OP_DENSE, layer, prefix)
             out = self._slot(dout, seq)
@@ -197,7 +244,7 @@ class _Program:
             return self._recurrent(layer, kind is LSTM, src, prefix)
         if kind is MultiHeadAttention:
             if not seq:
-                raise _Unsupported   # attention needs (batch, seq, d): the generic path says so
+                raise Unsupported   # attention needs (batch, seq, d): the generic path says so
             heads, dh = layer.heads, d // layer.heads
             params = self._blocks(kt.OP_ATTENTION, layer, prefix)
             qkv, att, out = self._slot(3 * d), self._slot(d), self._slot(d)
@@ -211,14 +258,14 @@ class _Program:
             self.sc_size = max(self.sc_size, 4 * self.steps * dh + self.steps * self.steps)
             self.tmp_size = max(self.tmp_size, self.max_rows * d)
             return out, d, True
-        raise _Unsupported
+        raise Unsupported
 
     def _recurrent(self, layer, lstm, src, prefix):
         """An RNN or LSTM: its parameters (``w_ih``, ``w_hh``, ``b``), the time-major slots of
         its gates, states and cells, and its output (every state, or the last)."""
         d = src[1]
         if not src[2] or layer.input_size != d:
-            raise _Unsupported   # no time axis, or a width mismatch: the generic path says so
+            raise Unsupported   # no time axis, or a width mismatch: the generic path says so
         h = layer.hidden_size
         op = kt.OP_LSTM if lstm else kt.OP_RNN
         params = self._blocks(op, layer, prefix)
@@ -241,13 +288,13 @@ class _Program:
         from fastlib.layers import Embedding
 
         if any(type(c) is Embedding for c in layer.layers) and len(outs) > 1:
-            raise _Unsupported  # two lookups of one index slot: left to the generic path
+            raise Unsupported  # two lookups of one index slot: left to the generic path
         seq = outs[0][2]
         if any(o[2] != seq for o in outs):
-            raise _Unsupported  # a branch with a time axis and one without: the generic path's
+            raise Unsupported  # a branch with a time axis and one without: the generic path's
         if layer.combine == "add":
             if any(o[1] != outs[0][1] for o in outs):
-                raise _Unsupported
+                raise Unsupported
             # summed left to right, as the layer does
             acc = outs[0]
             if len(outs) == 1:
@@ -303,6 +350,7 @@ class _Program:
             np.copyto(arrays[name], view)
 
 
+
 def _model_steps(x, tokens):
     """(positions per sample, feature width per position) of the data ``x``."""
     if tokens:
@@ -314,28 +362,14 @@ def _model_steps(x, tokens):
     return None, None
 
 
-def _contains(layer, kinds):
-    if isinstance(layer, kinds):
-        return True
-    return any(_contains(c, kinds) for c in getattr(layer, "layers", ()))
-
-
-def _own_kinds():
-    """The layers that bring a model to this path (Dense / Embedding chains, and chains of
-    RNN / LSTM / Dense / Embedding, are other paths' models; tried first, they keep them)."""
-    from fastlib.layers import LSTM, RNN, LayerNorm, MultiHeadAttention, Parallel, RMSNorm, SwiGLU
-
-    return MultiHeadAttention, LayerNorm, RMSNorm, SwiGLU, RNN, LSTM, Parallel
-
-
 def program_for(ctx, x):
-    """The run's :class:`_Program` for data ``x`` (cached per run and shape), or None when the
-    model or run is outside this path."""
-    key = ("attention_program", x.shape[1:], x.dtype.kind)
-    if key in ctx.scratch:
-        return ctx.scratch[key]
-    ctx.scratch[key] = prog = _make_program(ctx, x)
-    return prog
+    """The run's :class:`Program` for data ``x`` (built once per run and sample shape, with
+    slots for one sample: a schedule sizes it for its pieces), or None when the run or the
+    model is outside the program (the generic loop trains it)."""
+    key = ("program", x.shape[1:], x.dtype.kind)
+    if key not in ctx.scratch:
+        ctx.scratch[key] = _make_program(ctx, x)
+    return ctx.scratch[key]
 
 
 def _make_program(ctx, x):
@@ -350,99 +384,10 @@ def _make_program(ctx, x):
     steps, d_in = _model_steps(x, tokens)
     if steps is None or steps < 1:
         return None
-    if not _contains(model, _own_kinds()):
-        return None   # Dense / Embedding models alone belong to other paths
-    bs = ctx.config.batch_size
-    plan = piece_plan.resolve(ctx, lambda cores: machine_pieces(bs, steps, cores), record=False)
-    # the largest piece of any batch
-    max_samples = -(-bs // plan.pieces)
     try:
-        prog = _Program(model, np.dtype(model.dtype), steps, max_samples, d_in, tokens,
-                        x.ndim == 3)
-    except _Unsupported:
+        prog = Program(model, np.dtype(model.dtype), steps, 1, d_in, tokens, x.ndim == 3)
+    except Unsupported:
         return None
     if set(prog.layout) != set(ctx.params):
         return None
-    piece_plan.record_plan(ctx, plan)
-    prog.piece_plan = plan
-    prog.pieces = min(plan.pieces, bs)
-    prog.chunks = max(1, min(prog.pieces, prog.param_size // CHUNK_MIN_PARAMS))
-    prog.cuts = sk.even_cuts(prog.param_size, prog.chunks)
     return prog
-
-
-def machine_pieces(batch, steps, cores):
-    """The pieces this schedule chooses for batches of ``batch`` samples of ``steps``
-    positions on ``cores`` usable cores (see the NOTE at :data:`MIN_PIECE_ROWS`)."""
-    if batch * steps < MIN_PIECE_ROWS:
-        return 1
-    return max(1, min(cores, batch))
-
-
-def run_epoch(ctx, x, y, order):
-    """Train one epoch in compiled code; None when the model or run does not fit this path.
-
-    The contract of every compiled path (``compiled_paths.register_compiled_path``): the run's
-    context ``ctx``, the targets ``y`` and the epoch's ``order``; ``x`` holds inputs ``(N, T,
-    d)`` or ``(N, d)`` in the model's dtype, or token indices ``(N, T)`` for a model that
-    starts with an Embedding. Returns the epoch's ``EpochStats``, or None having changed
-    nothing.
-    """
-    prog = program_for(ctx, x)
-    if prog is None:
-        return None
-    dtype = prog.dtype
-    n = x.shape[0]
-    bs = ctx.config.batch_size
-    steps = prog.steps
-    if prog.tokens:
-        xi = _first_embedding(ctx.model).indices(x)   # the layer's own checks and errors
-        xf = np.zeros((1, 1), dtype)
-    else:
-        xi = np.zeros((1, 1), np.int64)
-        xf = np.ascontiguousarray(x, dtype=dtype).reshape(n, -1)
-    code = fk.LOSS_CODES[ctx.loss_type]
-    order, yi, yf = epoch_inputs(ctx, y, order, n, dtype)
-    opt = ctx.optimizer
-    w, slots = flat_state(ctx, prog, dtype)
-    buffers = _buffers(ctx, prog, bs)
-    coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
-    threads = piece_threads(prog.pieces)
-    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps, threads, prog.pieces, prog.cuts,
-            prog.prog, prog.fpar_arr, prog.out_slot, prog.out_w, code, opt.kind, coeffs,
-            clip_mode, float(clip), w, slots[0], slots[1], *buffers)
-    with single_threaded_blas():
-        out = kt.epoch(*args)
-    return finish_epoch(ctx, prog, w, slots, out, n, bs, "attention", prog.piece_plan)
-
-
-def _first_embedding(model):
-    while hasattr(model, "layers"):
-        model = model.layers[0]
-    return model
-
-
-def _buffers(ctx, prog, bs):
-    """Every buffer of the epoch, allocated once per run and shape."""
-    key = ("attention_buffers", id(prog), bs)
-    if key in ctx.scratch:
-        return ctx.scratch[key]
-    dtype = prog.dtype
-    pieces = prog.pieces
-    g = np.zeros(prog.param_size, dtype)
-    part = np.zeros((pieces, prog.param_size), dtype)
-    act = np.zeros((pieces, max(prog.act_size, 1)), dtype)
-    gact = np.zeros((pieces, max(prog.act_size, 1)), dtype)
-    tok = np.zeros((pieces, max(prog.max_rows, 1)), np.int64)
-    acc = np.zeros((pieces, max(prog.acc_size, 1)), np.float64)
-    tmp = np.zeros((pieces, max(prog.tmp_size, 1)), dtype)
-    sc = np.zeros((pieces, max(prog.sc_size, 1)), dtype)
-    width = prog.out_w
-    out_all = np.zeros(bs * width, dtype)
-    dz_all = np.zeros(bs * width, dtype)
-    sumsq = np.zeros(prog.chunks, np.float64)
-    ctx.scratch[key] = buffers = (g, part, act, gact, tok, acc, tmp, sc, out_all, dz_all, sumsq)
-    return buffers
-
-
-register_compiled_path("attention", run_epoch)
