@@ -326,10 +326,10 @@ def _run(args) -> int:
     if result.stop_reason:
         print(f"stopped: {result.stop_reason}", file=out)
     if result.piece_plan is not None:
-        print(f"path {result.path} ({result.schedule} schedule), "
-              f"{result.piece_plan['pieces']} pieces per step (from the "
-              f"{result.piece_plan['source']}; --pieces {result.piece_plan['pieces']} "
-              "reproduces it)", file=out)
+        pieces = result.piece_plan["pieces"]
+        print(f"path {result.path} ({result.schedule} schedule), {pieces} "
+              f"piece{'s' if pieces != 1 else ''} per step (from the "
+              f"{result.piece_plan['source']}; --pieces {pieces} reproduces it)", file=out)
 
     pred = model(data.x_test)
     test_loss = losses.loss_value(loss, pred, y_test)
