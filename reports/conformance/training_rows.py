@@ -15,7 +15,7 @@ from reports.conformance.training_cases import EpochCase
 
 __all__ = ["check_epochs", "reference_run", "chain_ops", "depth_factor", "gradient_allowance",
            "loss_condition", "parameter_bounds", "feedback", "check_train_step", "train_rows", "reproduction", "EXACT_DPS", "K_GRAD", "K_STEP",
-           "K_ORDER", "EXAMPLES", "running_radius"]
+           "K_ORDER", "EXAMPLES", "running_radius", "NARROW_NORM", "narrow_norm"]
 
 EXACT_DPS = 30          # exact references: 30 digits, 14 beyond float64
 K_GRAD = 16.0           # roundings per operation on the chain (module doc)
@@ -27,6 +27,9 @@ EPS64 = 2.0 ** -52
 TENSOR_ZERO = 1e-6      # a tensor below this fraction of its layer's scale is "0 as a whole"
 LAYER_ZERO = 1e-4       # a layer below this fraction of the model's scale: its terms cancel
                         # (a two-wide LayerNorm downstream makes its output nearly constant)
+
+NARROW_NORM = 4         # a LayerNorm / RMSNorm this wide or narrower gets the adjoint radius
+                        # (module doc): its x̂ is ill-conditioned where the running one is loose
 
 # drawn examples per row and profile (the explicit boundary cases run on top)
 EXAMPLES = {"dev": 3, "ci": 5, "thorough": 25}
@@ -309,29 +312,58 @@ def reference_run(case, params0, exact):
             if exact:   # the rounding error bound of the same formulas (module doc)
                 model.load_parameters(before)
                 step["radius"], step["loss_radius"] = running_radius(
-                    model, x[idx], y[idx], case.loss, case.dtype)
+                    model, x[idx], y[idx], case.loss, case.dtype,
+                    adjoint=narrow_norm(case.config))
                 model.load_parameters(params)
             steps.append(step)
         losses.append(float(total / n))
     return Reference(steps, losses, orders, clip, params)
 
 
-def running_radius(model, x, y, loss, dtype):
+def narrow_norm(config):
+    """True when ``config`` holds a LayerNorm or RMSNorm at most ``NARROW_NORM`` wide."""
+    if config["type"] in ("LayerNorm", "RMSNorm"):
+        return int(config["d"]) <= NARROW_NORM
+    return any(narrow_norm(c) for c in config.get("layers", ()))
+
+
+def running_radius(model, x, y, loss, dtype, adjoint=False, both=False):
     """The running error bound (``reflib.running_error``) of reflib's loss and gradient of
     ``model`` on one batch, at the unit roundoff of ``dtype``: ``({name: radii}, loss radius)``.
     It bounds, to first order, the rounding error of the same formulas evaluated in ``dtype``
-    from the model's current parameters, entry by entry. A radius that is not finite (a
-    formula with no first-order bound there) counts as 0: it must not excuse every error."""
+    from the model's current parameters, entry by entry. ``adjoint``: the adjoint radius
+    instead (``reflib.adjoint_error``: the same rounding sites carried through the exact
+    adjoint, never larger); ``both``: ``(running, adjoint)``, each such a pair, from one
+    evaluation. A radius that is not finite (a formula with no first-order bound there)
+    counts as 0: it must not excuse every error."""
+    from reflib.adjoint_error import AdjointError, adjoint_radii
     from reflib.running_error import RunningError, radii
     from reflib.train import value_and_grad
 
     def finite(r):
         return np.where(np.isfinite(r), r, 0.0)
 
+    u = _eps(dtype) / 2
+    numeric = AdjointError(u) if adjoint or both else RunningError(u)
     with np.errstate(all="ignore"):
-        loss_value, grads = value_and_grad(model, x, y, loss, dps=RunningError(_eps(dtype) / 2))
-    return ({k: finite(radii(g)) for k, g in grads.items()},
-            float(finite(np.array(loss_value.r))))
+        loss_value, grads = value_and_grad(model, x, y, loss, dps=numeric)
+    running = ({k: finite(radii(g)) for k, g in grads.items()},
+               float(finite(np.array(loss_value.r))))
+    if not (adjoint or both):
+        return running
+    names = list(grads)
+    entries = [loss_value] + [e for k in names for e in np.asarray(grads[k]).reshape(-1)]
+    flat = np.empty(len(entries), dtype=object)
+    flat[:] = entries
+    with np.errstate(all="ignore"):
+        r = finite(adjoint_radii(numeric, flat))
+    out, at = {}, 1
+    for k in names:
+        size = int(np.size(grads[k]))
+        out[k] = r[at:at + size].reshape(np.shape(grads[k]))
+        at += size
+    result = (out, float(r[0]))
+    return (running, result) if both else result
 
 
 def _condition(case, params, x, y):
