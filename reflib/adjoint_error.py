@@ -1,14 +1,14 @@
 """First-order rounding error through the adjoint: running error analysis that keeps correlations.
 
 ``AdjointError(u)`` evaluates reflib's formulas as ``RunningError(u)`` does (same values, same
-radii, same rules for which operations round) and also records every rounding site on a tape.
-``adjoint_radii`` then sweeps the tape backwards once for all outputs together (one adjoint
-per output): the bound of output ``k`` is ``sum_j |d out_k / d z_j| * rho_j`` over the sites
-``z_j``, where ``rho_j`` is the site's own rounding. Errors that cancel downstream (a shift
-common to a row ahead of a LayerNorm) cancel here too; the running radius adds them. Each
-bound is at most its running radius (triangle inequality, site by site).
+radii, same rules for which operations round) and records every rounding site on a tape;
+``adjoint_radii`` sweeps it backwards once for all outputs together (one adjoint per output):
+output ``k`` is bounded by ``sum_j |d out_k / d z_j| * rho_j`` over the sites ``z_j``, ``rho_j``
+the site's own rounding. Errors that cancel downstream cancel here too, except a product's
+rounding, which an engine may fuse away (FMA) in one use and keep in another: its uses by a sum
+count apart. Each bound is at most its running radius (triangle inequality, site by site).
 
-The long story: docs/conformance.md, section ``Training rows``.
+The long story: docs/conformance.md, the train rows' adjoint radius.
 """
 from __future__ import annotations
 
@@ -26,20 +26,26 @@ _TAPE = [None]
 
 
 class _Tape:
-    """The rounding sites of one evaluation: per node its own rounding ``rho`` and up to two
-    parents with the partial derivatives of the node's value with respect to them."""
+    """The rounding sites of one evaluation: per node its own rounding ``rho``, whether it is
+    a rounded product, and up to two parents with the partial derivatives of the node's value
+    with respect to them and whether the node may fuse that parent (a sum of a product)."""
 
     def __init__(self):
-        self.rho, self.pa, self.da, self.pb, self.db = [], [], [], [], []
+        self.rho, self.product = [], []
+        self.pa, self.da, self.fa, self.pb, self.db, self.fb = [], [], [], [], [], []
 
-    def node(self, rho, parents):
-        """A new node (its index) rounding by ``rho`` over ``parents``, [(node, partial)]."""
+    def node(self, rho, parents, product=False, fusing=False):
+        """A new node (its index) rounding by ``rho`` over ``parents``, [(node, partial)];
+        ``fusing``: the node is a sum, which an engine may fuse with a product operand."""
         (pa, da), (pb, db) = (list(parents) + [(-1, 0.0), (-1, 0.0)])[:2]
         self.rho.append(rho)
+        self.product.append(product)
         self.pa.append(pa)
         self.da.append(da)
+        self.fa.append(fusing and pa >= 0 and self.product[pa])
         self.pb.append(pb)
         self.db.append(db)
+        self.fb.append(fusing and pb >= 0 and self.product[pb])
         return len(self.rho) - 1
 
 
@@ -61,17 +67,17 @@ def _node(o):
     return -1
 
 
-def _traced(b, rounds, parents):
+def _traced(b, rounds, parents, product=False, fusing=False):
     """``b`` (a Bounded result) as a Traced: a new node when it rounds or combines parents,
     the parent's own node when it is that parent unchanged, none when nothing upstream
-    rounded."""
+    rounded. ``product``: a rounded product; ``fusing``: a sum (see ``_Tape.node``)."""
     parents = [(n, d) for n, d in parents if n >= 0 and d != 0.0]
     rho = _u_of(b.v) if rounds else 0.0
     if rho == 0.0 and not parents:
         return Traced(b.v, b.r, -1)
-    if rho == 0.0 and len(parents) == 1 and parents[0][1] == 1.0:
+    if rho == 0.0 and len(parents) == 1 and parents[0][1] == 1.0 and not fusing:
         return Traced(b.v, b.r, parents[0][0])
-    return Traced(b.v, b.r, _tape().node(rho, parents))
+    return Traced(b.v, b.r, _tape().node(rho, parents, product and rho > 0.0, fusing))
 
 
 def _u_of(v):
@@ -103,23 +109,19 @@ class Traced(Bounded):
         ov, orr = _parts(o)
         if ov is None:
             return NotImplemented
-        b = Bounded.__add__(self, o)
-        rounds = not ((ov == 0.0 and orr == 0.0) or (self.v == 0.0 and self.r == 0.0))
-        return _traced(b, rounds, [(self.n, 1.0), (_node(o), 1.0)])
+        return _sum(self, o, 1.0)
 
     __radd__ = __add__
 
     def __sub__(self, o):
-        ov, orr = _parts(o)
-        if ov is None:
+        if _parts(o)[0] is None:
             return NotImplemented
-        return self + (-o if isinstance(o, Traced) else Traced(-ov, orr, _node(o)))
+        return _sum(self, o, -1.0)
 
     def __rsub__(self, o):
-        ov, orr = _parts(o)
-        if ov is None:
+        if _parts(o)[0] is None:
             return NotImplemented
-        return Traced(ov, orr, _node(o)) + (-self)
+        return _sum(o, self, -1.0)
 
     def __mul__(self, o):
         ov, orr = _parts(o)
@@ -128,7 +130,7 @@ class Traced(Bounded):
         b = Bounded.__mul__(self, o)
         rounds = not ((orr == 0.0 and _exact_factor(ov)) or
                       (self.r == 0.0 and _exact_factor(self.v)))
-        return _traced(b, rounds, [(self.n, ov), (_node(o), self.v)])
+        return _traced(b, rounds, [(self.n, ov), (_node(o), self.v)], product=True)
 
     __rmul__ = __mul__
 
@@ -143,6 +145,16 @@ class Traced(Bounded):
         if ov is None:
             return NotImplemented
         return _divide(o, ov, orr, self, self.v, self.r)
+
+
+def _sum(a, b, sign):
+    """``a + sign * b`` (``sign`` ±1) as Bounded adds it: a sum that rounds may fuse a
+    product operand (an FMA)."""
+    av, ar = _parts(a)
+    bv, br = _parts(b)
+    s = Bounded(av, ar) + Bounded(sign * bv, br)
+    rounds = not ((bv == 0.0 and br == 0.0) or (av == 0.0 and ar == 0.0))
+    return _traced(s, rounds, [(_node(a), 1.0), (_node(b), sign)], fusing=rounds)
 
 
 def _divide(a, av, ar, b, bv, br):
@@ -279,26 +291,35 @@ def adjoint_radii(numeric, outputs):
     out = np.zeros(len(flat))
     if not live:
         return out.reshape(arr.shape)
-    rho = np.asarray(tape.rho)
-    pa, pb = np.asarray(tape.pa), np.asarray(tape.pb)
-    da, db = np.asarray(tape.da), np.asarray(tape.db)
+    rho, product = np.asarray(tape.rho), np.asarray(tape.product)
     top = live[-1]
     # adj[j, k]: d(output k) / d(node j), filled from the outputs back (parents precede
-    # their children on the tape, so row j is complete when the sweep reaches it)
+    # their children on the tape, so row j is complete when the sweep reaches it); for a
+    # product, fused[j] is the part of adj[j] that reaches it through sums that may fuse it
+    # and apart[j] the sum of those parts' magnitudes, use by use
     adj = np.zeros((top + 1, len(flat)))
+    fused = np.zeros((top + 1, len(flat)))
+    apart = np.zeros((top + 1, len(flat)))
     for k, n in enumerate(flat):
         if n >= 0:
             adj[n, k] = 1.0
     with np.errstate(invalid="ignore", over="ignore"):
         for j in range(top, -1, -1):
             row = adj[j]
-            if not row.any():
+            if not (row.any() or apart[j].any()):
                 continue
             if rho[j]:
-                out += np.abs(row) * rho[j]
-            if pa[j] >= 0:
-                adj[pa[j]] += da[j] * row
-            if pb[j] >= 0:
-                adj[pb[j]] += db[j] * row
+                # a product's rounding may be fused away in any use by a sum: |kept uses| plus
+                # each fusable use on its own; any other site: |its whole adjoint|
+                shared = np.abs(row - fused[j]) + apart[j] if product[j] else np.abs(row)
+                out += shared * rho[j]
+            for p, d, f in ((tape.pa[j], tape.da[j], tape.fa[j]),
+                            (tape.pb[j], tape.db[j], tape.fb[j])):
+                if p >= 0:
+                    step = d * row
+                    adj[p] += step
+                    if f:
+                        fused[p] += step
+                        apart[p] += np.abs(step)
     return out.reshape(arr.shape)
 
