@@ -311,9 +311,13 @@ def reference_run(case, params0, exact):
                     "condition": _condition(case, before, x[idx], y[idx])}
             if exact:   # the rounding error bound of the same formulas (module doc)
                 model.load_parameters(before)
-                step["radius"], step["loss_radius"] = running_radius(
-                    model, x[idx], y[idx], case.loss, case.dtype,
-                    adjoint=narrow_norm(case.config))
+                if narrow_norm(case.config):   # the adjoint radius, and the running one
+                    (step["running_radius"], _), (step["radius"], step["loss_radius"]) = \
+                        running_radius(model, x[idx], y[idx], case.loss, case.dtype,
+                                       both=True)
+                else:
+                    step["radius"], step["loss_radius"] = running_radius(
+                        model, x[idx], y[idx], case.loss, case.dtype)
                 model.load_parameters(params)
             steps.append(step)
         losses.append(float(total / n))
@@ -584,6 +588,15 @@ def check_epochs(case: EpochCase):
 
     # 3. bounds of the parameters after each step
     bounds_after = parameter_bounds(case, ref, params0, allowances, exact, eps, ref_eps_share)
+    if "running_radius" in first:
+        # the optimizer's replay is not monotone in the allowance it carries (Adam divides by
+        # sqrt(v), clipping rescales): each parameter entry keeps the smaller of the two
+        # bounds, the adjoint radius's and the running radius's, each a bound on its own
+        running = [gradient_allowance(s["grads"], dtype, depth, s["condition"],
+                                      s["running_radius"], at_layer) for s in ref.steps]
+        bounds_after = [{k: np.minimum(a[k], b[k]) for k in a} for a, b in zip(
+            bounds_after, parameter_bounds(case, ref, params0, running, exact, eps,
+                                           ref_eps_share))]
 
     # 4. the loss of every epoch
     per_epoch = -(-n // bs)

@@ -115,6 +115,23 @@ def test_a_layer_norm_term_off_by_ulps_passes_the_running_radius_and_fails_the_a
     assert running.ok, running.describe()
 
 
+def test_the_adjoint_radius_tightens_every_bound_of_a_narrow_norm_row(monkeypatch):
+    # entry by entry: the first gradient's allowances (the adjoint radius is at most the
+    # running one), the parameters after the run (the smaller of the two carried bounds) and
+    # the epochs' losses; in front of the two-wide norm by far more than rounding noise
+    case = _two_wide_layer_norm()
+    new = tr.check_epochs(case)
+    monkeypatch.setattr(tr, "narrow_norm", lambda config: False)
+    old = tr.check_epochs(case)
+    assert new.ok and old.ok
+    pairs = list(zip(old.measures, new.measures))
+    assert [o.what for o, _ in pairs] == [n.what for _, n in pairs]
+    assert all(n.bound <= o.bound * (1 + 1e-12) for o, n in pairs), [
+        (o.what, o.bound, n.bound) for o, n in pairs if n.bound > o.bound]
+    front = [o.bound / n.bound for o, n in pairs if o.what.startswith("gradient 0.")]
+    assert max(front) > 10.0
+
+
 def test_a_failure_names_the_entry_and_both_values():
     with MUTANTS["gradient-1e-10"].apply():
         result = tr.check_epochs(WITNESSES[0])
