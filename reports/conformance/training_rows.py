@@ -14,7 +14,7 @@ import numpy as np
 from reports.conformance.training_cases import EpochCase
 
 __all__ = ["check_epochs", "reference_run", "chain_ops", "depth_factor", "gradient_allowance",
-           "loss_condition", "parameter_bounds", "feedback", "check_train_step", "train_rows", "reproduction", "EXACT_DPS", "K_GRAD", "K_STEP",
+           "loss_condition", "parameter_bounds", "run_bounds", "feedback", "check_train_step", "train_rows", "reproduction", "EXACT_DPS", "K_GRAD", "K_STEP",
            "K_ORDER", "EXAMPLES", "running_radius", "NARROW_NORM", "narrow_norm"]
 
 EXACT_DPS = 30          # exact references: 30 digits, 14 beyond float64
@@ -399,6 +399,30 @@ def feedback(case, params, x, y, bound):
     return out
 
 
+def run_bounds(case, ref, params0, exact, share):
+    """Per step of the replayed run ``ref``: the gradient allowances and the parameters'
+    bounds after the step (module doc). A row with a narrow norm (its steps carry a
+    ``running_radius`` beside the adjoint ``radius``) carries both allowances through the
+    optimizer and keeps the smaller bound per entry: the replay is not monotone in the
+    allowance it carries (Adam divides by ``sqrt(v)``, clipping rescales), and each is a
+    bound on its own, so no bound exceeds the running radius's."""
+    dtype = np.dtype(case.dtype)
+    eps = _eps(dtype)
+    depth = depth_factor(case, min(case.batch_size, len(case.x)))
+    at_layer = layer_scaled(case.config)
+
+    def allow(key):
+        return [gradient_allowance(s["grads"], dtype, depth, s["condition"], s.get(key),
+                                   at_layer) for s in ref.steps]
+    allowances = allow("radius")
+    bounds = parameter_bounds(case, ref, params0, allowances, exact, eps, share)
+    if "running_radius" in ref.steps[0]:
+        other = parameter_bounds(case, ref, params0, allow("running_radius"), exact, eps,
+                                 share)
+        bounds = [{k: np.minimum(a[k], b[k]) for k in a} for a, b in zip(bounds, other)]
+    return allowances, bounds
+
+
 def parameter_bounds(case, ref, params0, allowances, exact, eps, share):
     """The bound of every parameter entry after every step (module doc): each step's gradient
     allowance, grown by the feedback of the previous bound, carried through the optimizer
@@ -557,8 +581,7 @@ def check_epochs(case: EpochCase):
     except Exception as exc:
         return result.fail(f"fastlib.value_and_grad raised {type(exc).__name__}: {exc}")
     at_layer = layer_scaled(case.config)
-    allowances = [gradient_allowance(s["grads"], dtype, depth, s["condition"],
-                                     s.get("radius"), at_layer) for s in ref.steps]
+    allowances, bounds_after = run_bounds(case, ref, params0, exact, ref_eps_share)
     scales = tensor_scales(first["grads"], first["condition"][1], at_layer)
     for k, g in first["grads"].items():
         if k not in grads:
@@ -586,17 +609,7 @@ def check_epochs(case: EpochCase):
     if rec is not None:
         _check_order(result, case, ref, rec.batches, bs)
 
-    # 3. bounds of the parameters after each step
-    bounds_after = parameter_bounds(case, ref, params0, allowances, exact, eps, ref_eps_share)
-    if "running_radius" in first:
-        # the optimizer's replay is not monotone in the allowance it carries (Adam divides by
-        # sqrt(v), clipping rescales): each parameter entry keeps the smaller of the two
-        # bounds, the adjoint radius's and the running radius's, each a bound on its own
-        running = [gradient_allowance(s["grads"], dtype, depth, s["condition"],
-                                      s["running_radius"], at_layer) for s in ref.steps]
-        bounds_after = [{k: np.minimum(a[k], b[k]) for k in a} for a, b in zip(
-            bounds_after, parameter_bounds(case, ref, params0, running, exact, eps,
-                                           ref_eps_share))]
+    # 3. bounds of the parameters after each step: bounds_after, above
 
     # 4. the loss of every epoch
     per_epoch = -(-n // bs)

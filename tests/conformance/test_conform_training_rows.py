@@ -116,20 +116,26 @@ def test_a_layer_norm_term_off_by_ulps_passes_the_running_radius_and_fails_the_a
 
 
 def test_the_adjoint_radius_tightens_every_bound_of_a_narrow_norm_row(monkeypatch):
-    # entry by entry: the first gradient's allowances (the adjoint radius is at most the
-    # running one), the parameters after the run (the smaller of the two carried bounds) and
-    # the epochs' losses; in front of the two-wide norm by far more than rounding noise
+    # entry by entry, every step: the gradient allowances (the adjoint radius is at most the
+    # running one), the parameters' bounds (the smaller of the two carried through the
+    # optimizer) and the loss's radius; in front of the two-wide norm by far more than noise
+    import fastlib
+
     case = _two_wide_layer_norm()
-    new = tr.check_epochs(case)
+    model = fastlib.layers.from_config(case.config, dtype=np.float64, seed=case.seed)
+    params0 = tc.moved_parameters(model.parameters(), case.seed, "float64")
+    new = tr.reference_run(case, params0, True)
+    new_allow, new_bounds = tr.run_bounds(case, new, params0, True, 0.0)
     monkeypatch.setattr(tr, "narrow_norm", lambda config: False)
-    old = tr.check_epochs(case)
-    assert new.ok and old.ok
-    pairs = list(zip(old.measures, new.measures))
-    assert [o.what for o, _ in pairs] == [n.what for _, n in pairs]
-    assert all(n.bound <= o.bound * (1 + 1e-12) for o, n in pairs), [
-        (o.what, o.bound, n.bound) for o, n in pairs if n.bound > o.bound]
-    front = [o.bound / n.bound for o, n in pairs if o.what.startswith("gradient 0.")]
-    assert max(front) > 10.0
+    old = tr.reference_run(case, params0, True)
+    old_allow, old_bounds = tr.run_bounds(case, old, params0, True, 0.0)
+    assert "running_radius" in new.steps[0] and "running_radius" not in old.steps[0]
+    for t in range(len(new.steps)):
+        assert new.steps[t]["loss_radius"] <= old.steps[t]["loss_radius"]
+        for k in params0:
+            assert np.all(new_allow[t][k] <= old_allow[t][k]), (t, k)
+            assert np.all(new_bounds[t][k] <= old_bounds[t][k]), (t, k)
+    assert np.max(old_allow[0]["0.weight"] / new_allow[0]["0.weight"]) > 10.0
 
 
 def test_a_failure_names_the_entry_and_both_values():
