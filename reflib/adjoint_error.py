@@ -77,7 +77,10 @@ def _traced(b, rounds, parents, product=False, fusing=False):
         return Traced(b.v, b.r, -1)
     if rho == 0.0 and len(parents) == 1 and parents[0][1] == 1.0 and not fusing:
         return Traced(b.v, b.r, parents[0][0])
-    return Traced(b.v, b.r, _tape().node(rho, parents, product and rho > 0.0, fusing))
+    tape = _tape()
+    # a product that rounds, or the negation of one (which passes its uses on to it)
+    product = product and (rho > 0.0 or (len(parents) == 1 and tape.product[parents[0][0]]))
+    return Traced(b.v, b.r, tape.node(rho, parents, product, fusing))
 
 
 def _u_of(v):
@@ -98,7 +101,8 @@ class Traced(Bounded):
         return f"Traced({self.v!r}, {self.r!r}, node={self.n})"
 
     def __neg__(self):
-        return _traced(Bounded(-self.v, self.r), False, [(self.n, -1.0)])
+        # the negation of a product is fused as one too (c - a b): it passes the flag on
+        return _traced(Bounded(-self.v, self.r), False, [(self.n, -1.0)], product=True)
 
     def __abs__(self):
         # NOTE: at 0 the slope is taken as +1: the error's size is right, its sign unknown
@@ -313,6 +317,9 @@ def adjoint_radii(numeric, outputs):
                 # each fusable use on its own; any other site: |its whole adjoint|
                 shared = np.abs(row - fused[j]) + apart[j] if product[j] else np.abs(row)
                 out += shared * rho[j]
+            elif product[j]:     # a negated product: its fusable uses are the product's
+                fused[tape.pa[j]] += tape.da[j] * fused[j]
+                apart[tape.pa[j]] += apart[j]
             for p, d, f in ((tape.pa[j], tape.da[j], tape.fa[j]),
                             (tape.pb[j], tape.db[j], tape.fb[j])):
                 if p >= 0:

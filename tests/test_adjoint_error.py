@@ -54,6 +54,14 @@ def test_a_product_a_sum_may_fuse_keeps_its_rounding_use_by_use():
     g = forward("mul", [np.array(1.1), np.array(3.3)], dps=F)
     d = forward("sub", [g, g], dps=F)
     assert adjoint_radii(F, d)[()] == pytest.approx(2 * U64 * abs(float(g)), rel=1e-12)
+    # so is c - a b written as c + (-(a b)), against c - a b
+    # (each sum's own rounding, and the product's once per sum)
+    c = np.array(0.25)
+    s1 = forward("add", [c, forward("neg", [g], dps=F)], dps=F)
+    s2 = forward("sub", [c, g], dps=F)
+    expected = U64 * (abs(float(s1)) + abs(float(s2)) + 2 * abs(float(g)))
+    assert adjoint_radii(F, forward("sub", [s1, s2], dps=F))[()] == pytest.approx(
+        expected, rel=1e-12)
     # a quotient is never fused: its rounding cancels as the algebra says
     q = forward("div", [np.array(1.1), np.array(3.3)], dps=F)
     assert adjoint_radii(F, forward("sub", [q, q], dps=F))[()] == 0.0
