@@ -28,8 +28,8 @@ TENSOR_ZERO = 1e-6      # a tensor below this fraction of its layer's scale is "
 LAYER_ZERO = 1e-4       # a layer below this fraction of the model's scale: its terms cancel
                         # (a two-wide LayerNorm downstream makes its output nearly constant)
 
-NARROW_NORM = 4         # a LayerNorm / RMSNorm this wide or narrower gets the adjoint radius
-                        # (module doc): its x̂ is ill-conditioned where the running one is loose
+NARROW_NORM = 4         # a LayerNorm / RMSNorm this wide or narrower: the row takes the
+                        # adjoint radius, where the running one is loosest (docs/conformance.md)
 
 # drawn examples per row and profile (the explicit boundary cases run on top)
 EXAMPLES = {"dev": 3, "ci": 5, "thorough": 25}
@@ -331,14 +331,13 @@ def narrow_norm(config):
     return any(narrow_norm(c) for c in config.get("layers", ()))
 
 
-def running_radius(model, x, y, loss, dtype, adjoint=False, both=False):
+def running_radius(model, x, y, loss, dtype, both=False):
     """The running error bound (``reflib.running_error``) of reflib's loss and gradient of
     ``model`` on one batch, at the unit roundoff of ``dtype``: ``({name: radii}, loss radius)``.
     It bounds, to first order, the rounding error of the same formulas evaluated in ``dtype``
-    from the model's current parameters, entry by entry. ``adjoint``: the adjoint radius
-    instead (``reflib.adjoint_error``: the same rounding sites carried through the exact
-    adjoint, never larger); ``both``: ``(running, adjoint)``, each such a pair, from one
-    evaluation. A radius that is not finite (a formula with no first-order bound there)
+    from the model's current parameters, entry by entry. ``both``: ``(running, adjoint)``,
+    each such a pair, from one evaluation, the adjoint radius (``reflib.adjoint_error``) the
+    same rounding sites carried through the exact adjoint, never larger. A radius that is not finite (a formula with no first-order bound there)
     counts as 0: it must not excuse every error."""
     from reflib.adjoint_error import AdjointError, adjoint_radii
     from reflib.running_error import RunningError, radii
@@ -348,12 +347,12 @@ def running_radius(model, x, y, loss, dtype, adjoint=False, both=False):
         return np.where(np.isfinite(r), r, 0.0)
 
     u = _eps(dtype) / 2
-    numeric = AdjointError(u) if adjoint or both else RunningError(u)
+    numeric = AdjointError(u) if both else RunningError(u)
     with np.errstate(all="ignore"):
         loss_value, grads = value_and_grad(model, x, y, loss, dps=numeric)
     running = ({k: finite(radii(g)) for k, g in grads.items()},
                float(finite(np.array(loss_value.r))))
-    if not (adjoint or both):
+    if not both:
         return running
     names = list(grads)
     entries = [loss_value] + [e for k in names for e in np.asarray(grads[k]).reshape(-1)]
@@ -366,8 +365,7 @@ def running_radius(model, x, y, loss, dtype, adjoint=False, both=False):
         size = int(np.size(grads[k]))
         out[k] = r[at:at + size].reshape(np.shape(grads[k]))
         at += size
-    result = (out, float(r[0]))
-    return (running, result) if both else result
+    return running, (out, float(r[0]))
 
 
 def _condition(case, params, x, y):
