@@ -498,6 +498,17 @@ def boundary_cases(dtype):
                                    19, dtype, "SGD", 0.05, 3, 1, False, path=path,
                                    label=f"MLP categorical targets off 1 by the tolerance, "
                                          f"{path}", moved=True))
+        # a two-wide LayerNorm behind a Dense: its output is ±1 but for eps, so its input
+        # gradient is all cancellation, r h eps / (var + eps) per row (the adjoint radius's
+        # row, training_rows.narrow_norm)
+        cfg = {"type": "Sequential", "layers": [
+            {"type": "Dense", "in_features": 3, "out_features": 2, "activation": "tanh"},
+            {"type": "LayerNorm", "d": 2, "eps": 1e-5},
+            {"type": "Dense", "in_features": 2, "out_features": 2, "activation": "linear"}]}
+        cases.append(EpochCase(cfg, rng.uniform(-1, 1, (5, 3)), rng.uniform(-1, 1, (5, 2)),
+                               "mse", 20, dtype, "SGD", 0.05, 3, 1, False,
+                               label="Dense + two-wide LayerNorm (weights moved), generic",
+                               moved=True))
         return cases
 
     # float32: sizes past the thresholds, against the float64 referee

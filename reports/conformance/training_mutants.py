@@ -159,6 +159,21 @@ def compiled_attention_unmasked():
     return _patched(program.Program, "_grad_modes", wrap)
 
 
+def layer_norm_term_ulps():
+    """The LayerNorm layer's input gradient takes its ``x̂ · mean(g · x̂)`` term ``2**-45``
+    (256 float64 ulps) too large: rounding-sized where the layer is well conditioned, the
+    whole error budget behind a two-wide LayerNorm, whose terms cancel to ``eps / var``."""
+    from fastlib.kernels import dense
+
+    def wrap(backward):
+        def backward_off(dy, xhat, rstd, weight, dx, dweight, dbias):
+            backward(dy, xhat, rstd, weight, dx, dweight, dbias)
+            third = np.mean(dy * weight * xhat, axis=1, keepdims=True) * xhat
+            dx -= 2.0 ** -45 * rstd[:, None] * third
+        return backward_off
+    return _patched(dense, "layer_norm_backward", wrap)
+
+
 MUTANTS = {m.name: m for m in (
     TrainingMutant("step-1e-7-one-tensor", "an optimizer step 1e-7 off on one tensor",
                    step_off_on_one_tensor),
@@ -173,6 +188,9 @@ MUTANTS = {m.name: m for m in (
                    shuffle_repeats_sample),
     TrainingMutant("partial-batch-dropped", "the last partial batch is dropped",
                    partial_batch_dropped),
+    TrainingMutant("layer-norm-term-256-ulps",
+                   "the LayerNorm layer's x̂·mean(g·x̂) input-gradient term 256 ulps off",
+                   layer_norm_term_ulps),
     TrainingMutant("compiled-attention-unmasked",
                    "the compiled attention path ignores the causal mask",
                    compiled_attention_unmasked),

@@ -14,8 +14,8 @@ import numpy as np
 from reports.conformance.training_cases import EpochCase
 
 __all__ = ["check_epochs", "reference_run", "chain_ops", "depth_factor", "gradient_allowance",
-           "loss_condition", "parameter_bounds", "feedback", "check_train_step", "train_rows", "reproduction", "EXACT_DPS", "K_GRAD", "K_STEP",
-           "K_ORDER", "EXAMPLES", "running_radius"]
+           "loss_condition", "parameter_bounds", "run_bounds", "feedback", "check_train_step", "train_rows", "reproduction", "EXACT_DPS", "K_GRAD", "K_STEP",
+           "K_ORDER", "EXAMPLES", "running_radius", "NARROW_NORM", "narrow_norm"]
 
 EXACT_DPS = 30          # exact references: 30 digits, 14 beyond float64
 K_GRAD = 16.0           # roundings per operation on the chain (module doc)
@@ -27,6 +27,9 @@ EPS64 = 2.0 ** -52
 TENSOR_ZERO = 1e-6      # a tensor below this fraction of its layer's scale is "0 as a whole"
 LAYER_ZERO = 1e-4       # a layer below this fraction of the model's scale: its terms cancel
                         # (a two-wide LayerNorm downstream makes its output nearly constant)
+
+NARROW_NORM = 4         # a LayerNorm / RMSNorm this wide or narrower: the row takes the
+                        # adjoint radius, where the running one is loosest (docs/conformance.md)
 
 # drawn examples per row and profile (the explicit boundary cases run on top)
 EXAMPLES = {"dev": 3, "ci": 5, "thorough": 25}
@@ -308,30 +311,61 @@ def reference_run(case, params0, exact):
                     "condition": _condition(case, before, x[idx], y[idx])}
             if exact:   # the rounding error bound of the same formulas (module doc)
                 model.load_parameters(before)
-                step["radius"], step["loss_radius"] = running_radius(
-                    model, x[idx], y[idx], case.loss, case.dtype)
+                if narrow_norm(case.config):   # the adjoint radius, and the running one
+                    (step["running_radius"], _), (step["radius"], step["loss_radius"]) = \
+                        running_radius(model, x[idx], y[idx], case.loss, case.dtype,
+                                       both=True)
+                else:
+                    step["radius"], step["loss_radius"] = running_radius(
+                        model, x[idx], y[idx], case.loss, case.dtype)
                 model.load_parameters(params)
             steps.append(step)
         losses.append(float(total / n))
     return Reference(steps, losses, orders, clip, params)
 
 
-def running_radius(model, x, y, loss, dtype):
+def narrow_norm(config):
+    """True when ``config`` holds a LayerNorm or RMSNorm at most ``NARROW_NORM`` wide."""
+    if config["type"] in ("LayerNorm", "RMSNorm"):
+        return int(config["d"]) <= NARROW_NORM
+    return any(narrow_norm(c) for c in config.get("layers", ()))
+
+
+def running_radius(model, x, y, loss, dtype, both=False):
     """The running error bound (``reflib.running_error``) of reflib's loss and gradient of
     ``model`` on one batch, at the unit roundoff of ``dtype``: ``({name: radii}, loss radius)``.
     It bounds, to first order, the rounding error of the same formulas evaluated in ``dtype``
-    from the model's current parameters, entry by entry. A radius that is not finite (a
-    formula with no first-order bound there) counts as 0: it must not excuse every error."""
+    from the model's current parameters, entry by entry. ``both``: ``(running, adjoint)``,
+    each such a pair, from one evaluation, the adjoint radius (``reflib.adjoint_error``) the
+    same rounding sites carried through the exact adjoint, never larger. A radius that is not finite (a formula with no first-order bound there)
+    counts as 0: it must not excuse every error."""
+    from reflib.adjoint_error import AdjointError, adjoint_radii
     from reflib.running_error import RunningError, radii
     from reflib.train import value_and_grad
 
     def finite(r):
         return np.where(np.isfinite(r), r, 0.0)
 
+    u = _eps(dtype) / 2
+    numeric = AdjointError(u) if both else RunningError(u)
     with np.errstate(all="ignore"):
-        loss_value, grads = value_and_grad(model, x, y, loss, dps=RunningError(_eps(dtype) / 2))
-    return ({k: finite(radii(g)) for k, g in grads.items()},
-            float(finite(np.array(loss_value.r))))
+        loss_value, grads = value_and_grad(model, x, y, loss, dps=numeric)
+    running = ({k: finite(radii(g)) for k, g in grads.items()},
+               float(finite(np.array(loss_value.r))))
+    if not both:
+        return running
+    names = list(grads)
+    entries = [loss_value] + [e for k in names for e in np.asarray(grads[k]).reshape(-1)]
+    flat = np.empty(len(entries), dtype=object)
+    flat[:] = entries
+    with np.errstate(all="ignore"):
+        r = finite(adjoint_radii(numeric, flat))
+    out, at = {}, 1
+    for k in names:
+        size = int(np.size(grads[k]))
+        out[k] = r[at:at + size].reshape(np.shape(grads[k]))
+        at += size
+    return running, (out, float(r[0]))
 
 
 def _condition(case, params, x, y):
@@ -361,6 +395,30 @@ def feedback(case, params, x, y, bound):
             moved = {k: np.abs(g[k] - g0[k]) for k in g}
             out = moved if out is None else {k: np.maximum(out[k], moved[k]) for k in out}
     return out
+
+
+def run_bounds(case, ref, params0, exact, share):
+    """Per step of the replayed run ``ref``: the gradient allowances and the parameters'
+    bounds after the step (module doc). A row with a narrow norm (its steps carry a
+    ``running_radius`` beside the adjoint ``radius``) carries both allowances through the
+    optimizer and keeps the smaller bound per entry: the replay is not monotone in the
+    allowance it carries (Adam divides by ``sqrt(v)``, clipping rescales), and each is a
+    bound on its own, so no bound exceeds the running radius's."""
+    dtype = np.dtype(case.dtype)
+    eps = _eps(dtype)
+    depth = depth_factor(case, min(case.batch_size, len(case.x)))
+    at_layer = layer_scaled(case.config)
+
+    def allow(key):
+        return [gradient_allowance(s["grads"], dtype, depth, s["condition"], s.get(key),
+                                   at_layer) for s in ref.steps]
+    allowances = allow("radius")
+    bounds = parameter_bounds(case, ref, params0, allowances, exact, eps, share)
+    if "running_radius" in ref.steps[0]:
+        other = parameter_bounds(case, ref, params0, allow("running_radius"), exact, eps,
+                                 share)
+        bounds = [{k: np.minimum(a[k], b[k]) for k in a} for a, b in zip(bounds, other)]
+    return allowances, bounds
 
 
 def parameter_bounds(case, ref, params0, allowances, exact, eps, share):
@@ -521,8 +579,7 @@ def check_epochs(case: EpochCase):
     except Exception as exc:
         return result.fail(f"fastlib.value_and_grad raised {type(exc).__name__}: {exc}")
     at_layer = layer_scaled(case.config)
-    allowances = [gradient_allowance(s["grads"], dtype, depth, s["condition"],
-                                     s.get("radius"), at_layer) for s in ref.steps]
+    allowances, bounds_after = run_bounds(case, ref, params0, exact, ref_eps_share)
     scales = tensor_scales(first["grads"], first["condition"][1], at_layer)
     for k, g in first["grads"].items():
         if k not in grads:
@@ -550,8 +607,7 @@ def check_epochs(case: EpochCase):
     if rec is not None:
         _check_order(result, case, ref, rec.batches, bs)
 
-    # 3. bounds of the parameters after each step
-    bounds_after = parameter_bounds(case, ref, params0, allowances, exact, eps, ref_eps_share)
+    # 3. bounds of the parameters after each step: bounds_after, above
 
     # 4. the loss of every epoch
     per_epoch = -(-n // bs)

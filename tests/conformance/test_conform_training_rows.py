@@ -69,14 +69,73 @@ _TOUCHES = {"step-1e-7-one-tensor": ("generic",), "fused-float32-leak": ("fused"
             "compiled-attention-unmasked": ("compiled",)}
 
 
+
+def _two_wide_layer_norm():
+    """A Dense, a two-wide LayerNorm (output ±1 but for eps) and a Dense head, weights moved,
+    on the generic loop: the LayerNorm's input gradient is all cancellation."""
+    rng = np.random.default_rng(7)
+    cfg = {"type": "Sequential", "layers": [
+        {"type": "Dense", "in_features": 3, "out_features": 2, "activation": "tanh"},
+        {"type": "LayerNorm", "d": 2, "eps": 1e-5},
+        {"type": "Dense", "in_features": 2, "out_features": 2, "activation": "linear"}]}
+    return EpochCase(cfg, rng.uniform(-1, 1, (5, 3)), rng.uniform(-1, 1, (5, 2)), "mse", 20,
+                     "float64", "SGD", 0.05, 3, 1, False, label="two-wide LayerNorm",
+                     moved=True)
+
+
+# mutants that only a witness of their own shows: a LayerNorm input-gradient term a few
+# hundred ulps off is rounding-sized in a well-conditioned layer
+_OWN_WITNESSES = {"layer-norm-term-256-ulps": [_two_wide_layer_norm()]}
+
+
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_every_training_mutant_fails_the_rows(name):
-    cases = [c for c in WITNESSES if c.path in _TOUCHES.get(name, (c.path,))]
+    cases = _OWN_WITNESSES.get(name) or [c for c in WITNESSES
+                                         if c.path in _TOUCHES.get(name, (c.path,))]
     with MUTANTS[name].apply():
         results = [tr.check_epochs(c) for c in cases]
     assert all(not r.ok for r in results), [(c.label, r) for c, r in zip(cases, results)]
     # and the planted function is back afterwards
     assert tr.check_epochs(cases[0]).ok
+
+
+def test_a_layer_norm_term_off_by_ulps_passes_the_running_radius_and_fails_the_adjoint(
+        monkeypatch):
+    # behind a two-wide LayerNorm the running radius adds magnitudes that cancel, and admits
+    # a LayerNorm backward 256 ulps off in one term; the adjoint radius does not. The clean
+    # engine passes both
+    case = _two_wide_layer_norm()
+    assert tr.narrow_norm(case.config)
+    assert tr.check_epochs(case).ok
+    with MUTANTS["layer-norm-term-256-ulps"].apply():
+        adjoint = tr.check_epochs(case)
+        monkeypatch.setattr(tr, "narrow_norm", lambda config: False)
+        running = tr.check_epochs(case)
+    assert not adjoint.ok and "gradient 0." in adjoint.describe()
+    assert running.ok, running.describe()
+
+
+def test_the_adjoint_radius_tightens_every_bound_of_a_narrow_norm_row(monkeypatch):
+    # entry by entry, every step: the gradient allowances (the adjoint radius is at most the
+    # running one), the parameters' bounds (the smaller of the two carried through the
+    # optimizer) and the loss's radius; in front of the two-wide norm by far more than noise
+    import fastlib
+
+    case = _two_wide_layer_norm()
+    model = fastlib.layers.from_config(case.config, dtype=np.float64, seed=case.seed)
+    params0 = tc.moved_parameters(model.parameters(), case.seed, "float64")
+    new = tr.reference_run(case, params0, True)
+    new_allow, new_bounds = tr.run_bounds(case, new, params0, True, 0.0)
+    monkeypatch.setattr(tr, "narrow_norm", lambda config: False)
+    old = tr.reference_run(case, params0, True)
+    old_allow, old_bounds = tr.run_bounds(case, old, params0, True, 0.0)
+    assert "running_radius" in new.steps[0] and "running_radius" not in old.steps[0]
+    for t in range(len(new.steps)):
+        assert new.steps[t]["loss_radius"] <= old.steps[t]["loss_radius"]
+        for k in params0:
+            assert np.all(new_allow[t][k] <= old_allow[t][k]), (t, k)
+            assert np.all(new_bounds[t][k] <= old_bounds[t][k]), (t, k)
+    assert np.max(old_allow[0]["0.weight"] / new_allow[0]["0.weight"]) > 10.0
 
 
 def test_a_failure_names_the_entry_and_both_values():
