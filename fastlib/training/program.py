@@ -277,7 +277,8 @@ class Program:
         work = self._slot(width)
         seq = bool(layer.return_sequences)
         out = self._slot(h, seq)
-        self._row(op, src, out, h, aux=(gates, hs, cs), params=params, ints=(0, int(seq)), aux_more=(tcs, work))
+        self._row(op, src, out, h, aux=(gates, hs, cs), params=params, ints=(0, int(seq)),
+                  aux_more=(tcs, work))
         self.acc_size = max(self.acc_size, width)
         self.sc_size = max(self.sc_size, PIECE * max(width, 2 * h))
         self.tmp_size = max(self.tmp_size, h * width)

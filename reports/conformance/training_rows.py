@@ -337,8 +337,9 @@ def running_radius(model, x, y, loss, dtype, both=False):
     It bounds, to first order, the rounding error of the same formulas evaluated in ``dtype``
     from the model's current parameters, entry by entry. ``both``: ``(running, adjoint)``,
     each such a pair, from one evaluation, the adjoint radius (``reflib.adjoint_error``) the
-    same rounding sites carried through the exact adjoint, never larger. A radius that is not finite (a formula with no first-order bound there)
-    counts as 0: it must not excuse every error."""
+    same rounding sites carried through the exact adjoint, never larger. A radius that is not
+    finite (a formula with no first-order bound there) counts as 0: it must not excuse every
+    error."""
     from reflib.adjoint_error import AdjointError, adjoint_radii
     from reflib.running_error import RunningError, radii
     from reflib.train import value_and_grad
