@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from reflib.running_error import _SQRT_PI, Bounded, RunningError, _exact_factor, _parts, _u
+from reflib.running_error import ELEMENTARY, Bounded, RunningError, _exact_factor, _parts, _u
 
 __all__ = ["Traced", "AdjointError", "adjoint_radii"]
 
@@ -180,13 +180,6 @@ def _unary(f, df):
     return apply
 
 
-_exp = _unary(math.exp, lambda x, y: y)
-_log = _unary(math.log, lambda x, y: 1.0 / x)
-_log1p = _unary(math.log1p, lambda x, y: 1.0 / (1.0 + x))
-_sqrt = _unary(math.sqrt, lambda x, y: 0.5 / y if y > 0 else math.inf)
-_tanh = _unary(math.tanh, lambda x, y: 1.0 - y * y)
-_erf = _unary(math.erf, lambda x, y: 2.0 / _SQRT_PI * math.exp(-x * x))
-
 
 class AdjointError(RunningError):
     """``RunningError(u)`` whose entries are :class:`Traced`: the same values and running
@@ -212,6 +205,8 @@ class AdjointError(RunningError):
     >>> bool(adjoint_radii(F, d)[1] <= d[1].r)
     True
     """
+
+    _functions = {name: _unary(f, df) for name, (f, df) in ELEMENTARY.items()}
 
     def __init__(self, u):
         super().__init__(u)
@@ -253,23 +248,6 @@ class AdjointError(RunningError):
         with self.context():
             return Traced(math.pi, self.u * math.pi, self.tape.node(self.u * math.pi, ()))
 
-    def exp(self, x):
-        return self._map(_exp, x)
-
-    def log(self, x):
-        return self._map(_log, x)
-
-    def log1p(self, x):
-        return self._map(_log1p, x)
-
-    def sqrt(self, x):
-        return self._map(_sqrt, x)
-
-    def tanh(self, x):
-        return self._map(_tanh, x)
-
-    def erf(self, x):
-        return self._map(_erf, x)
 
 
 def adjoint_radii(numeric, outputs):

@@ -180,12 +180,17 @@ def _unary(f, df, budget=1.0):
 
 _SQRT_PI = math.sqrt(math.pi)
 
-_exp = _unary(math.exp, lambda x, y: y)
-_log = _unary(math.log, lambda x, y: 1.0 / x)
-_log1p = _unary(math.log1p, lambda x, y: 1.0 / (1.0 + x))
-_sqrt = _unary(math.sqrt, lambda x, y: 0.5 / y if y > 0 else math.inf)
-_tanh = _unary(math.tanh, lambda x, y: 1.0 - y * y)
-_erf = _unary(math.erf, lambda x, y: 2.0 / _SQRT_PI * math.exp(-x * x))
+#: the elementary functions reflib's formulas call on a numeric: ``name -> (f, f'(x, f(x)))``,
+#: one table for every numeric that bounds their rounding (this one and
+#: ``reflib.adjoint_error``)
+ELEMENTARY = {
+    "exp": (math.exp, lambda x, y: y),
+    "log": (math.log, lambda x, y: 1.0 / x),
+    "log1p": (math.log1p, lambda x, y: 1.0 / (1.0 + x)),
+    "sqrt": (math.sqrt, lambda x, y: 0.5 / y if y > 0 else math.inf),
+    "tanh": (math.tanh, lambda x, y: 1.0 - y * y),
+    "erf": (math.erf, lambda x, y: 2.0 / _SQRT_PI * math.exp(-x * x)),
+}
 
 
 def values(arr):
@@ -295,27 +300,30 @@ class RunningError:
     def isfinite(self, arr):
         return np.isfinite(values(arr))
 
-    @staticmethod
-    def _map(fn, x):
-        return np.asarray(np.frompyfunc(fn, 1, 1)(x), dtype=object)
+    # the elementary functions on this numeric's entries, built from ELEMENTARY by the
+    # numeric's own rounding rule (a subclass passes its own)
+    _functions = {name: _unary(f, df) for name, (f, df) in ELEMENTARY.items()}
+
+    def _map(self, name, x):
+        return np.asarray(np.frompyfunc(self._functions[name], 1, 1)(x), dtype=object)
 
     def exp(self, x):
-        return self._map(_exp, x)
+        return self._map("exp", x)
 
     def log(self, x):
-        return self._map(_log, x)
+        return self._map("log", x)
 
     def log1p(self, x):
-        return self._map(_log1p, x)
+        return self._map("log1p", x)
 
     def sqrt(self, x):
-        return self._map(_sqrt, x)
+        return self._map("sqrt", x)
 
     def tanh(self, x):
-        return self._map(_tanh, x)
+        return self._map("tanh", x)
 
     def erf(self, x):
-        return self._map(_erf, x)
+        return self._map("erf", x)
 
     def pi(self):
         return Bounded(math.pi, self.u * math.pi)   # pi is never a binary float: rounded once
