@@ -225,9 +225,11 @@ class JaxEngine(Engine):
                    if f in names else v)
         return new_w, found
 
-    def _compiled(self, name, params, fixed):
-        """(jitted forward, jitted vjp) of op ``name`` with ``params`` closed over."""
-        key = (name, repr(sorted(params.items())))
+    def _jitted(self, kind, name, params, fixed):
+        """The jitted functions of op ``name`` with ``params`` closed over: ``kind`` ``"vjp"``
+        gives (forward, pull-back), ``"jvp"`` the JVP, ``"hvp"`` the HVP; one executable per
+        op, parameters and shapes."""
+        key = (kind, name, repr(sorted(params.items())))
         self._calls += 1
         if self._calls % self.CLEAR_EVERY == 0:
             # NOTE: every (op, params, shape) compiles an executable; drop them now and then, or
@@ -235,20 +237,32 @@ class JaxEngine(Engine):
             self._jax.clear_caches()
             self._cache.clear()
         if key not in self._cache:
-            jax, fn = self._jax, self._ops[name]
-
-            def call(args, target):
-                args = list(args)
-                if fixed is not None:
-                    args.insert(fixed, target)
-                return fn(*args, **params)
-
-            def pull(args, target, g):
-                out, back = jax.vjp(lambda *a: call(a, target), *args)
-                return back(g)
-
-            self._cache[key] = (jax.jit(call), jax.jit(pull))
+            self._cache[key] = self._build(kind, self._ops[name], params, fixed)
         return self._cache[key]
+
+    def _build(self, kind, fn, params, fixed):
+        jax = self._jax
+
+        def call(args, target):
+            args = list(args)
+            if fixed is not None:
+                args.insert(fixed, target)
+            return fn(*args, **params)
+
+        if kind == "vjp":
+            def pull(args, target, g):
+                return jax.vjp(lambda *a: call(a, target), *args)[1](g)
+            return jax.jit(call), jax.jit(pull)
+        if kind == "jvp":
+            def product(free, target, tans):
+                return jax.jvp(lambda *a: call(a, target), free, tans)
+        else:
+            # jvp of the VJP (forward over reverse): d/dε [J(x + εt)ᵀ g], no Hessian formed
+            def product(free, target, tans, g):
+                def pulled(*args):
+                    return jax.vjp(lambda *a: call(a, target), *args)[1](g)
+                return jax.jvp(pulled, free, tans)[1]
+        return jax.jit(product)
 
     def _arguments(self, name, inputs):
         fixed = CLASS_INDEX.get(name)
@@ -259,7 +273,7 @@ class JaxEngine(Engine):
 
     def _forward(self, name, inputs, **params):
         free, target, fixed = self._arguments(name, inputs)
-        forward, _ = self._compiled(name, params, fixed)
+        forward, _ = self._jitted("vjp", name, params, fixed)
         return np.array(forward(free, target))
 
     def _second_order_args(self, name, inputs, tangents):
@@ -268,44 +282,15 @@ class JaxEngine(Engine):
                      enumerate(zip([t for i, t in enumerate(tangents) if i != fixed], free)))
         return free, target, fixed, tans
 
-    def _second_order_compiled(self, kind, name, params, fixed):
-        """The jitted JVP (``kind="jvp"``) or HVP (``"hvp"``) of op ``name`` with ``params``
-        closed over: one executable per op, parameters and shapes, as for the VJP."""
-        key = (kind, name, repr(sorted(params.items())))
-        self._calls += 1
-        if self._calls % self.CLEAR_EVERY == 0:
-            self._jax.clear_caches()     # as in _compiled: bounded memory on a long run
-            self._cache.clear()
-        if key not in self._cache:
-            jax, fn = self._jax, self._ops[name]
-
-            def call(args, target):
-                args = list(args)
-                if fixed is not None:
-                    args.insert(fixed, target)
-                return fn(*args, **params)
-
-            if kind == "jvp":
-                def product(free, target, tans):
-                    return jax.jvp(lambda *a: call(a, target), free, tans)
-            else:
-                # jvp of the VJP (forward over reverse): d/dε [J(x + εt)ᵀ g], no Hessian formed
-                def product(free, target, tans, g):
-                    def pulled(*args):
-                        return jax.vjp(lambda *a: call(a, target), *args)[1](g)
-                    return jax.jvp(pulled, free, tans)[1]
-            self._cache[key] = jax.jit(product)
-        return self._cache[key]
-
     def _jvp(self, name, inputs, tangents, **params):
         free, target, fixed, tans = self._second_order_args(name, inputs, tangents)
-        out, jv = self._second_order_compiled("jvp", name, params, fixed)(free, target, tans)
+        out, jv = self._jitted("jvp", name, params, fixed)(free, target, tans)
         return np.array(out), np.array(jv)
 
     def _hvp(self, name, inputs, cotangent, tangents, **params):
         free, target, fixed, tans = self._second_order_args(name, inputs, tangents)
         g = self._jnp.asarray(np.asarray(cotangent, dtype=free[0].dtype))
-        hv = self._second_order_compiled("hvp", name, params, fixed)(free, target, tans, g)
+        hv = self._jitted("hvp", name, params, fixed)(free, target, tans, g)
         out = [np.array(h) for h in hv]
         if fixed is not None:
             out.insert(fixed, None)
@@ -313,7 +298,7 @@ class JaxEngine(Engine):
 
     def _vjp(self, name, inputs, grad, **params):
         free, target, fixed = self._arguments(name, inputs)
-        forward, pull = self._compiled(name, params, fixed)
+        forward, pull = self._jitted("vjp", name, params, fixed)
         dtype = free[0].dtype
         grads = [np.array(g) for g in pull(free, target, self._jnp.asarray(
             np.asarray(grad, dtype=dtype)))]
