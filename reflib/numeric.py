@@ -59,6 +59,19 @@ def _check_dtype(arr, what):
                     f"or an object array of mpmath.mpf)")
 
 
+def object_array(value, entry, what):
+    """A new object array holding ``entry(v, what)`` for each entry ``v`` of ``value``, a real
+    or object array (a TypeError naming ``what`` for any other dtype): how the numerics whose
+    entries are objects of their own (running-error, dual, recorded) take an array in."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iufO":
+        raise TypeError(f"{what} has dtype {arr.dtype}; pass a real array")
+    out = np.empty(arr.shape, dtype=object)
+    for idx, v in np.ndenumerate(arr):
+        out[idx] = entry(v, what)
+    return out
+
+
 def _to_mpf(v):
     if isinstance(v, np.integer):
         return mpmath.mpf(int(v))

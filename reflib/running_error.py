@@ -17,6 +17,8 @@ import numbers
 import mpmath
 import numpy as np
 
+from reflib.numeric import object_array
+
 __all__ = ["Bounded", "RunningError", "values", "radii"]
 
 # the unit roundoff of the innermost F.context() (None outside one)
@@ -268,13 +270,7 @@ class RunningError:
     def asarray(self, value, what="input"):
         """A new object array of ``Bounded``: entries already bounded are kept, real numbers
         become exact leaves (radius 0)."""
-        arr = np.asarray(value)
-        if arr.dtype.kind not in "iufO":
-            raise TypeError(f"{what} has dtype {arr.dtype}; pass a real array")
-        out = np.empty(arr.shape, dtype=object)
-        for idx, v in np.ndenumerate(arr):
-            out[idx] = self._leaf(v, what)
-        return out
+        return object_array(value, self._leaf, what)
 
     def result(self, value, what="result"):
         """A finished result (a new object array of ``Bounded``)."""

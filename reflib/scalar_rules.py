@@ -16,7 +16,7 @@ import mpmath
 import numpy as np
 from scipy.special import erf as _erf
 
-from reflib.numeric import GUARD_DIGITS, check_dps
+from reflib.numeric import GUARD_DIGITS, check_dps, object_array
 from spec.backends import MPMATH
 from spec.dual import Dual, DualBackend
 
@@ -159,13 +159,7 @@ class ObjectNumeric:
 
     def asarray(self, value, what="input"):
         """A new object array of this numeric's entries (``_entry`` of each value)."""
-        arr = np.asarray(value)
-        if arr.dtype.kind not in "iufO":
-            raise TypeError(f"{what} has dtype {arr.dtype}; pass a real array")
-        out = np.empty(arr.shape, dtype=object)
-        for idx, v in np.ndenumerate(arr):
-            out[idx] = self._entry(v, what)
-        return out
+        return object_array(value, self._entry, what)
 
     def result(self, value, what="input"):
         return self.asarray(value, what)

@@ -125,7 +125,6 @@ def test_behind_a_two_wide_layer_norm_it_is_far_tighter(seed):
         assert np.max(running["0.weight"]) >= factor * np.max(adjoint["0.weight"]), d
 
 
-
 @pytest.mark.parametrize("seed", range(3))
 def test_a_one_wide_layer_norm_in_fastlib_stays_within_the_fused_products_rounding(seed):
     # the front Dense's gradient is exactly 0 (the norm's output is its bias); fastlib's
