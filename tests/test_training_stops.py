@@ -366,3 +366,26 @@ def test_datacodes_positional_order_is_kept():
     assert train[:10] == order + ["x_val", "y_val", "optimizer"]
     assert train_sh[:14] == order + ["optimizer", "monitor", "patience", "min_delta",
                                      "restore_best", "x_val", "y_val"]
+
+
+# every keyword the two functions took before their rarely used options were grouped
+EARLIER_KEYWORDS = {"lr": 0.1, "loss": "cross_entropy", "validation_data": None,
+                    "gradient_clip": 0.0, "clip_mode": "value", "shuffle": True, "seed": 0,
+                    "device": "cpu", "algorithm": "bp", "callbacks": (), "verbose": False,
+                    "checkpoint": None, "checkpoint_every": 1, "resume": None,
+                    "resume_mismatch": "warn", "divergence": None, "distributed": False,
+                    "fused": True, "pieces": None}
+EARLIER_TRAIN_SH = {"monitor": "loss", "patience": 10, "min_delta": 1.0, "restore_best": True,
+                    "lr_factor": 0.5, "stop_patience": None, "min_lr": 1e-6}
+
+
+@pytest.mark.parametrize("fn", ["train", "train_sh"])
+def test_every_earlier_keyword_still_works(fn):
+    x, y = small_data()
+    extra = EARLIER_TRAIN_SH if fn == "train_sh" else {}
+    a, b = small_mlp(), small_mlp()
+    given = getattr(fastlib, fn)(a, x, y, epochs=2, batch_size=4, **EARLIER_KEYWORDS, **extra)
+    plain = getattr(fastlib, fn)(b, x, y, 2, 4, 0.1, "cross_entropy", verbose=False,
+                                 **({"monitor": "loss"} if extra else {}))
+    given, plain = getattr(given, "result", given), getattr(plain, "result", plain)
+    assert given.loss_history == plain.loss_history and given.epochs_run == 2
