@@ -290,14 +290,14 @@ class _Run:
         if verdict is not None:
             self.divergence.stop(verdict, self.result)
             acc = stats.accuracy
-            logs = self._record(epoch, verdict.loss, acc, math.nan, None if acc is None
-                                else math.nan, t0)
+            logs = self._record(verdict.loss, acc, math.nan, None if acc is None else math.nan,
+                                t0)
             self.callbacks.epoch_end(epoch, logs)    # the run stops whatever they answer
             progress.update(epoch, logs)
             warn(self.result.stop_reason, DivergenceWarning)
             return True
         val_loss, val_acc = self._evaluate()
-        logs = self._record(epoch, stats.loss, stats.accuracy, val_loss, val_acc, t0)
+        logs = self._record(stats.loss, stats.accuracy, val_loss, val_acc, t0)
         stop = None
         if self.plateau is not None:
             stop = self.plateau.after_epoch(ctx, self.backend, logs, ctx.loss_type)
@@ -326,7 +326,7 @@ class _Run:
             warn(f"epoch {epoch}: skipped {stats.skipped} optimizer step(s) whose gradient "
                  "held NaN/Inf; consider gradient_clip or a lower learning rate")
 
-    def _record(self, epoch, loss, acc, val_loss, val_acc, t0) -> dict:
+    def _record(self, loss, acc, val_loss, val_acc, t0) -> dict:
         """Write the epoch into the result; its logs for the callbacks and the progress."""
         validated = self.data.validated
         val_loss, val_acc = (val_loss, val_acc) if validated else (None, None)
