@@ -37,6 +37,10 @@ _EXPORTS = {
     "train": "fastlib.training", "train_sh": "fastlib.training",
     "TrainingResult": "fastlib.training",
     "TrainingHistorySH": "fastlib.training", "register_algorithm": "fastlib.training",
+    "TrainOptions": "fastlib.training", "DivergenceRules": "fastlib.training",
+    # the public errors and warnings (fastlib.errors)
+    "CorruptFileError": "fastlib.errors", "CheckpointLockedError": "fastlib.errors",
+    "DivergenceWarning": "fastlib.errors",
     # saving
     "load": "fastlib.loading",
     # Target Propagation and contrastive divergence
@@ -46,7 +50,7 @@ _EXPORTS = {
     "RBM": "fastlib.rbm", "cd_gradients": "fastlib.rbm",
 }
 _SUBMODULES = ("ops", "tape", "layers", "grad", "losses", "optim", "training", "datasets", "io",
-               "kernels", "config", "cuda", "targetprop", "rbm", "cache_guard",
+               "kernels", "config", "cuda", "targetprop", "rbm", "cache_guard", "errors",
                "second_order", "model_hvp")
 
 __all__ = sorted(_EXPORTS)

@@ -1,15 +1,16 @@
-"""The one error type for files fastlib refuses to read.
+"""The public errors and warnings of fastlib (each also importable as ``fastlib.<name>``).
 
 Every loader (``fastlib.load``, training checkpoints, the MNIST IDX reader, the report baseline)
 turns whatever is wrong with a file into :class:`CorruptFileError`, a ``ValueError`` subclass
 whose message names the file, the part of it at fault (an archive member, a metadata field, a
 header) and the problem. Code that reads files it did not write can therefore catch one type, and
 a user never sees a ``RecursionError``, a zip library's internals or a NumPy message without the
-file's name.
+file's name. A training run stopped because it diverged warns with
+:class:`DivergenceWarning`, which a caller can filter or turn into an error by its type.
 """
 from __future__ import annotations
 
-__all__ = ["CorruptFileError", "CheckpointLockedError"]
+__all__ = ["CorruptFileError", "CheckpointLockedError", "DivergenceWarning"]
 
 
 class CorruptFileError(ValueError):
@@ -65,3 +66,13 @@ class CheckpointLockedError(RuntimeError):
 
     def __reduce__(self):
         return (type(self), (self.path, self.holder, self.lock_path))
+
+
+class DivergenceWarning(RuntimeWarning):
+    """Training stopped because it diverged, and the last good epoch's weights were put back.
+
+    The message is ``TrainingResult.stop_reason``: the rule that fired (or the non-finite loss
+    and its batch), the epoch whose weights were restored, and what to try. A subclass of
+    ``RuntimeWarning``, so filters on that keep working; ``warnings.simplefilter("error",
+    fastlib.DivergenceWarning)`` turns a divergence into an exception.
+    """

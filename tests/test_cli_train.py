@@ -54,6 +54,37 @@ def test_early_stopping_uses_train_sh(capsys):
     assert len(table_rows(out)) == 3
 
 
+@pytest.mark.parametrize("early_stopping", [False, True])
+def test_a_diverging_run_keeps_its_epoch_says_why_once_and_exits_3(capsys, early_stopping):
+    extra = ["--early-stopping", "--monitor", "loss"] if early_stopping else []
+    code, out, err = run(capsys, "train", "--lr", "1000", "--optimizer", "sgd", "--epochs", "3",
+                         *extra)
+    assert code == 3, out + err        # docs/cli.md: 3, train stopped because it diverged
+    rows = table_rows(out)
+    # the first epoch ran and tripped a rule: it stays in the table with its loss (SGD at rate
+    # 1000 from a loss of 2.6 jumps past 1e5), its validation not evaluated
+    assert len(rows) == 1 and rows[0][0] == "1" and float(rows[0][1]) > 1e5
+    assert rows[0][3] == "nan" and rows[0][4] == "nan"
+    # the stop is said once, as the command's own line, never as a Python warning
+    both = out + err
+    assert both.count("stopped:") == 1 and both.count("divergence rule") == 1
+    assert "Warning" not in err and "restored" in out
+    assert "test accuracy" in out      # the restored weights are still scored
+
+
+def test_warnings_while_training_are_one_line_each(capsys):
+    import warnings
+
+    from fastlib.errors import DivergenceWarning
+    from reports.commands import train as train_command
+
+    with train_command._training_warnings(__import__("sys").stderr):
+        warnings.warn("epoch 3: skipped 2 optimizer step(s)", RuntimeWarning)
+        warnings.warn("said by the stop line", DivergenceWarning)
+    err = capsys.readouterr().err
+    assert err == "verigrad train: warning: epoch 3: skipped 2 optimizer step(s)\n"
+
+
 def test_save_checkpoint_resume_reproduce_an_uninterrupted_run(capsys, tmp_path):
     full, part, resumed = (tmp_path / n for n in ("full.npz", "part.npz", "resumed.npz"))
     ck = tmp_path / "ck.npz"

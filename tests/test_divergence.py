@@ -92,11 +92,11 @@ def test_exploding_runs_stop_with_the_rule_named_and_the_weights_restored(digits
     assert f"'{r.divergence_rule}'" in r.stop_reason and "restored" in r.stop_reason
     assert r.stop_reason in str(record[0].message)
     # stopped after the first epoch (its loss is 6.8e5 or more), the initial weights put back;
-    # the stopped epoch is still in the histories, so the last loss shows the explosion
-    assert r.restored_epoch == 0 and r.epochs_run == 0
+    # the stopped epoch is an epoch that ran: the histories and the counts say so alike
+    assert r.restored_epoch == r.weights_epoch == 0 and r.epochs_run == 1
     assert len(r.loss_history) == len(r.accuracy_history) == len(r.lr_history) == 1
     assert r.loss_history[-1] >= 6.8e5 or not np.isfinite(r.loss_history[-1])
-    assert r.lr_history == [lr] and np.isnan(r.final_loss)   # no epoch's weights were kept
+    assert r.lr_history == [lr] and r.final_loss == r.loss_history[-1]
     for k, v in _model().parameters().items():
         assert np.array_equal(model.parameters()[k], v), k
 
@@ -126,10 +126,11 @@ def test_thresholds_below_a_healthy_run_fire_after_the_epoch_that_crosses_them(d
     with pytest.warns(RuntimeWarning, match=rule):
         r = fastlib.train(model, digits.x_train, digits.y_train, 20, 32, 1e-3, "cross_entropy",
                           optimizer="Adam", fused=fused, verbose=False, divergence=rules)
-    assert r.divergence_rule == rule and r.restored_epoch == r.epochs_run
+    assert r.divergence_rule == rule
+    assert r.restored_epoch == r.weights_epoch == r.epochs_run - 1 == len(r.loss_history) - 1
     ref = _model()
-    if r.epochs_run:
-        fastlib.train(ref, digits.x_train, digits.y_train, r.epochs_run, 32, 1e-3,
+    if r.restored_epoch:
+        fastlib.train(ref, digits.x_train, digits.y_train, r.restored_epoch, 32, 1e-3,
                       "cross_entropy", optimizer="Adam", fused=fused, verbose=False,
                       divergence=False)
     for k, v in ref.parameters().items():
@@ -175,7 +176,7 @@ def test_a_healthy_rbm_is_not_stopped(digits):
     pytest.param(["--data", "mnist"], marks=pytest.mark.mnist),
 ], ids=lambda a: " ".join(a) or "default")
 def test_the_readme_runs_are_not_stopped_by_the_defaults(argv, capsys, monkeypatch, request):
-    import fastlib.training.loop as loop
+    import fastlib.training.early_stopping as rules   # the monitor calls the rules from here
     from reports import cli
 
     if "mnist" in argv:
@@ -183,12 +184,12 @@ def test_the_readme_runs_are_not_stopped_by_the_defaults(argv, capsys, monkeypat
     checked = []
 
     def spy(*args, **kw):
-        out = loop.__dict__["_original_check"](*args, **kw)
+        out = rules.__dict__["_original_check"](*args, **kw)
         checked.append(out)
         return out
 
-    monkeypatch.setitem(loop.__dict__, "_original_check", loop.check_divergence)
-    monkeypatch.setattr(loop, "check_divergence", spy)
+    monkeypatch.setitem(rules.__dict__, "_original_check", rules.check_divergence)
+    monkeypatch.setattr(rules, "check_divergence", spy)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         assert cli.main(["train", *argv]) == 0

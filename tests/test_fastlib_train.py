@@ -427,13 +427,11 @@ def test_nonfinite_loss_stops_with_a_clear_message(fused):
                           fused=fused, **quiet())
     assert r.diverged and r.stopped and r.epochs_run < 50
     assert "restored" in r.stop_reason and "lower the learning rate" in r.stop_reason
-    # the stopped epoch is the histories' last entry, its non-finite loss recorded as inf
-    assert r.restored_epoch == r.epochs_run == len(r.loss_history) - 1
+    # the stopped epoch is the histories' last entry, its non-finite loss recorded as inf; it
+    # ran, so it counts, and the weights are those of the epoch before it
+    assert r.restored_epoch == r.weights_epoch == r.epochs_run - 1 == len(r.loss_history) - 1
     assert all(np.isfinite(r.loss_history[:-1])) and r.loss_history[-1] == np.inf
-    if r.epochs_run:    # final_loss: the last epoch whose weights were kept
-        assert r.final_loss == r.loss_history[-2]
-    else:
-        assert np.isnan(r.final_loss)
+    assert r.final_loss == r.loss_history[-1] == np.inf
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -284,18 +284,19 @@ def _report(message):
 class _Session:
     """One data-parallel run: the communicator, the wrapped algorithm and the exchanges."""
 
-    def __init__(self, loop, options):
+    def __init__(self, ctx, options):
         self.options = options
         self.comm = _Comm(options.timeout)
         self.rank, self.size = self.comm.rank, self.comm.size
-        self.loop = loop
-        self.names = list(loop.ctx.params)
+        self.ctx = ctx
+        self.names = list(ctx.params)
+        self.algo = None  # the run's algorithm, wrapped (attach sets it)
         self.step_index = 0
 
     # -- start-up ------------------------------------------------------------------------------
     def broadcast_state(self):
         """Rank 0's parameters, optimizer state, Generator, step and rate, to every rank."""
-        ctx = self.loop.ctx
+        ctx = self.ctx
         state = None
         if self.rank == 0:
             state = {"params": {k: np.array(v) for k, v in ctx.params.items()},
@@ -428,7 +429,7 @@ class _Session:
     def reduce(self, leaves, m, dtype, step):
         """The batch gradient: the tree sum of every rank's block gradients, on every rank."""
         k = self.size
-        size = sum(int(p.size) for p in self.loop.ctx.params.values())
+        size = sum(int(p.size) for p in self.ctx.params.values())
         nodes = [tree_nodes(0, m, *rank_blocks(m, k, r)) for r in range(k)]
         mine = {node: tree_sum(leaves, *node) for node in nodes[self.rank]}
         cuts = [(c * size) // k for c in range(k + 1)]
@@ -500,8 +501,22 @@ class _Session:
         return result
 
 
-def attach(loop, distributed):
-    """Make ``loop`` (a training run) data-parallel over MPI; return its session.
+def attach(ctx, algo, x, distributed, verbose):
+    """Make a training run data-parallel over MPI; return its session.
+
+    Parameters
+    ----------
+    ctx : fastlib.training.algorithms.StepContext
+        The run's context (its state is replaced by rank 0's).
+    algo : fastlib.training.algorithms.Algorithm
+        The run's algorithm; ``session.algo`` is it with a data-parallel step and a sharded
+        evaluation, the one the run must use from now on.
+    x : ndarray
+        The training inputs (to say at start-up which path the run takes).
+    distributed : True or DataParallel
+    verbose : bool
+        Rank 0 prints its start-up line. Only rank 0 (``session.rank == 0``) should show
+        progress and write checkpoints.
 
     Raises
     ------
@@ -514,27 +529,24 @@ def attach(loop, distributed):
         When the number of ranks does not divide the blocks per batch (:func:`check_ranks`).
     """
     options = resolve(distributed)
-    name = loop.algo.name
+    name = algo.name
     if name in UNSUPPORTED:
         raise NotImplementedError(f"algorithm {name!r} does not run data-parallel: "
                                   f"{UNSUPPORTED[name]}; train it with distributed=False")
     if name != "bp":
         raise NotImplementedError(f"algorithm {name!r} does not run data-parallel: only 'bp' "
                                   "has a data-parallel step; train it with distributed=False")
-    if loop.config.device != "cpu":
+    if ctx.config.device != "cpu":
         raise NotImplementedError("distributed training runs on the CPU kernels; use "
                                   "device='cpu'")
     check_ranks(options.blocks, world()[1])  # before any collective: every rank raises it
-    session = _Session(loop, options)
+    session = _Session(ctx, options)
     from fastlib.training.schedules import schedule_for
 
-    chosen = schedule_for(loop.ctx, loop.x)
+    chosen = schedule_for(ctx, x)
     fused_possible = chosen is not None and chosen[0].name == "mlp"
-    loop.algo = session.wrap(loop.algo)
+    session.algo = session.wrap(algo)
     session.broadcast_state()
-    if session.rank != 0:
-        loop.verbose = False
-        loop.checkpoint = None
-    elif loop.verbose:
+    if session.rank == 0 and verbose:
         session.banner(fused_possible)
     return session

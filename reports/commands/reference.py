@@ -32,8 +32,10 @@ One grammar holds in every subcommand:
   `--repeat` -> `--repeats`);
 - `verigrad --version` prints the version (`fastlib.__version__`).
 
-Exit status: 0 done; 1 a check failed (or, for `train`, an error while training); 2 a usage
-error.
+Exit status: 0 done (for `train`, also a run that early stopping or a callback ended); 1 a
+check failed (or, for `train`, an error while training); 2 a usage error; 3 `train` stopped
+because the run diverged (a non-finite loss or a divergence rule: the table keeps the epochs
+it ran, `stopped:` says why, the last good weights are scored and saved).
 """
 
 

@@ -3,16 +3,24 @@
 Defaults: scikit-learn's bundled 8x8 digits (no download), a 64-128-10 ReLU MLP, Adam, float32,
 a few seconds end to end. ``--data mnist`` reads the four IDX files from ``--data-dir`` (default:
 ``$VERIGRAD_MNIST_DIR``, else ``../shared/data/mnist``). A stratified 10% of the training split
-is held out for validation (``--val-fraction``); the test split is scored once at the end.
+is held out for validation (``--val-fraction``); the test split is scored once at the end. A
+run that diverges keeps the epochs it ran in the table, prints why it stopped once, and exits
+with :data:`EXIT_DIVERGED`.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
+
+#: the exit status of a run a divergence stopped (its last good weights are kept, the test
+#: split scored and --save honoured; docs/cli.md lists every status)
+EXIT_DIVERGED = 3
 
 # per-data defaults for the options left unset
 DATA_DEFAULTS = {"digits": {"epochs": 20, "batch_size": 32},
@@ -154,7 +162,8 @@ def _targets(loss, y, classes):
 
 
 class _Table:
-    """Prints one row per epoch as training goes (a ``train`` callback)."""
+    """Prints one row per epoch as training goes (a ``train`` callback), the epoch a divergence
+    stopped included (its loss as recorded, its validation not evaluated: nan)."""
 
     HEADER = f"{'epoch':>5}  {'loss':>9}  {'acc':>7}  {'val_loss':>9}  {'val_acc':>7}  " \
              f"{'lr':>9}  {'time s':>7}"
@@ -164,12 +173,33 @@ class _Table:
         print(self.HEADER, file=out)
 
     def on_epoch_end(self, epoch, logs):
-        def f(v, spec):
-            return format(v, spec) if v is not None else "-".rjust(len(format(0.0, spec)))
-
-        print(f"{epoch:>5}  {f(logs['loss'], '9.4f')}  {f(logs['acc'], '7.4f')}  "
-              f"{f(logs['val_loss'], '9.4f')}  {f(logs['val_acc'], '7.4f')}  "
+        print(f"{epoch:>5}  {_cell(logs['loss'], 9)}  {_cell(logs['acc'], 7)}  "
+              f"{_cell(logs['val_loss'], 9)}  {_cell(logs['val_acc'], 7)}  "
               f"{logs['lr']:9.3g}  {logs['epoch_time']:7.2f}", file=self.out, flush=True)
+
+
+def _cell(value, width):
+    """``value`` in ``width`` columns: 4 decimals, or 4 significant digits when that is wider
+    (an exploding loss); ``-`` for no value."""
+    if value is None:
+        return "-".rjust(width)
+    text = f"{value:{width}.4f}"
+    return text if len(text) <= width else f"{value:{width}.4g}"
+
+
+@contextlib.contextmanager
+def _training_warnings(err):
+    """fastlib's warnings as one line each on ``err``, without a source line; the divergence
+    warning not at all (the ``stopped:`` line says it once)."""
+    from fastlib.errors import DivergenceWarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"verigrad train: warning: {message}", file=err, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DivergenceWarning)
+        warnings.showwarning = show
+        yield
 
 
 def _plot(path, hist):
@@ -236,13 +266,15 @@ def validate(args):
 
 def run(args) -> int:
     """Train, print the per-epoch table and the test accuracy; 0 on success, 1 on an error,
-    2 on a usage error (see :func:`validate`)."""
+    2 on a usage error (see :func:`validate`), :data:`EXIT_DIVERGED` when a divergence
+    stopped training."""
     problem = None if getattr(args, "_validated", False) else validate(args)
     if problem:
         print(f"verigrad train: {problem}", file=sys.stderr)
         return 2
     try:
-        return _run(args)
+        with _training_warnings(sys.stderr):
+            return _run(args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError, ImportError,
             NotImplementedError) as exc:
         print(f"verigrad train: error: {exc}", file=sys.stderr)
@@ -318,8 +350,10 @@ def _run(args) -> int:
                                 args.optimizer, args.monitor, args.patience, args.min_delta,
                                 True, x_val, y_val, **common)
         result = hist.result
-        print(f"best {args.monitor} {hist.best_metric:.4f} at epoch {hist.best_epoch} "
-              f"(weights restored); {hist.lr_reductions} LR reduction(s)", file=out)
+        if hist.best_metric is not None:
+            print(f"best {args.monitor} {hist.best_metric:.4f} at epoch {hist.best_epoch} "
+                  f"(weights {'restored' if hist.restored_best else 'kept'}); "
+                  f"{hist.lr_reductions} LR reduction(s)", file=out)
     else:
         result = fastlib.train(model, train.x, y_train, epochs, batch_size, args.lr, loss,
                                x_val, y_val, args.optimizer, **common)
@@ -338,7 +372,7 @@ def _run(args) -> int:
     print(f"test loss {test_loss:.4f}  test accuracy {acc_text}  "
           f"({time.perf_counter() - t0:.1f} s total)", file=out)
     if rank != 0:
-        return 0
+        return _status(result)
     if args.save:
         model.save(args.save)
         print(f"saved model to {args.save}", file=out)
@@ -346,7 +380,13 @@ def _run(args) -> int:
         _plot(args.plot, {"loss": result.loss_history, "val_loss": result.val_loss_history,
                           "acc": result.accuracy_history, "val_acc": result.val_accuracy_history})
         print(f"wrote {args.plot}", file=out)
-    return 0
+    return _status(result)
+
+
+def _status(result) -> int:
+    """The exit status of a run that ended: :data:`EXIT_DIVERGED` after a divergence, else 0
+    (early stopping and a callback's stop are normal ends)."""
+    return EXIT_DIVERGED if result.diverged else 0
 
 
 def _run_cd(args, data, train, val, epochs, batch_size, dtype, t0) -> int:
@@ -379,7 +419,7 @@ def _run_cd(args, data, train, val, epochs, batch_size, dtype, t0) -> int:
     if args.plot:
         _plot_cd(args.plot, rbm.history, result.val_loss_history)
         print(f"wrote {args.plot}", file=out)
-    return 0
+    return _status(result)
 
 
 def _plot_cd(path, history, val_recon):

@@ -90,14 +90,14 @@ def fused_float32_leak():
 
 def clipping_disabled():
     """``train`` validates ``gradient_clip`` and then trains as if it were 0."""
-    from fastlib.training import loop
+    from fastlib.training import options
 
     def wrap(check_clip):
         def check_clip_off(gradient_clip, clip_mode):
             _, mode = check_clip(gradient_clip, clip_mode)
             return 0.0, mode
         return check_clip_off
-    return _patched(loop, "check_clip", wrap)
+    return _patched(options, "check_clip", wrap)
 
 
 class _RepeatingRng:
@@ -125,7 +125,7 @@ def shuffle_repeats_sample():
             init(self, *args, **kwargs)
             self.ctx.rng = _RepeatingRng(self.ctx.rng)
         return init_repeating
-    return _patched(loop._Loop, "__init__", wrap)
+    return _patched(loop._Run, "__init__", wrap)
 
 
 def partial_batch_dropped():
@@ -135,13 +135,14 @@ def partial_batch_dropped():
     def wrap(init):
         def init_dropping(self, *args, **kwargs):
             init(self, *args, **kwargs)
-            n, bs = self.x.shape[0], self.config.batch_size
+            data, bs = self.data, self.ctx.config.batch_size
+            n = data.x.shape[0]
             keep = n - n % bs
             if 0 < keep < n:
-                self.x = self.x[:keep]
-                self.y = None if self.y is None else self.y[:keep]
+                data.x = data.x[:keep]
+                data.y = None if data.y is None else data.y[:keep]
         return init_dropping
-    return _patched(loop._Loop, "__init__", wrap)
+    return _patched(loop._Run, "__init__", wrap)
 
 
 def compiled_attention_unmasked():

@@ -1,0 +1,95 @@
+"""A training run's data, converted to the model's dtype and checked once before any epoch.
+
+Inputs go through the model's own input check (dtype, NaN/Inf, last axis); targets through the
+loss's target check against the model's output shape, so batches skip both checks later.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["RunData", "check_data"]
+
+
+@dataclass
+class RunData:
+    """The checked arrays of a run (``y`` and the validation pair may be None)."""
+
+    x: np.ndarray
+    y: np.ndarray | None
+    x_val: np.ndarray | None
+    y_val: np.ndarray | None
+
+    @property
+    def validated(self) -> bool:
+        """Whether the run evaluates validation data after each epoch."""
+        return self.x_val is not None
+
+    @functools.cached_property
+    def fingerprint(self) -> dict:
+        """Shape, dtype and a hash of each array (compared when a checkpoint is resumed;
+        hashed once per run)."""
+        return {name: _fingerprint(a) for name, a in (
+            ("x", self.x), ("y", self.y), ("x_val", self.x_val), ("y_val", self.y_val))
+            if a is not None}
+
+
+def check_data(model, algo, loss_type, x, y, x_val, y_val) -> RunData:
+    """Convert and check the training and validation data of ``model`` for ``algo``.
+
+    Raises
+    ------
+    ValueError
+        A missing array, inputs the model refuses, targets in the wrong format or count, a
+        validation input without its targets (or the reverse), no samples.
+    """
+    x = _as_inputs(model, x, "x")
+    if x_val is None and y_val is not None:
+        raise ValueError("y_val was given without x_val: pass both for validation, or neither")
+    if x_val is not None and y_val is None and algo.needs_targets:
+        raise ValueError("x_val was given without y_val: pass both for validation, or "
+                         f"neither (only an algorithm without targets, like 'cd', "
+                         f"validates on x_val alone)")
+    x_val = None if x_val is None else _as_inputs(model, x_val, "x_val")
+    if algo.needs_targets:
+        if y is None:
+            raise ValueError(f"algorithm {algo.name!r} needs targets y")
+        y = _check_targets(loss_type, model, x, y, "y")
+        y_val = None if y_val is None else _check_targets(loss_type, model, x_val, y_val, "y_val")
+    else:
+        y = None if y is None else np.asarray(y)
+        y_val = None if y_val is None else np.asarray(y_val)
+    if x.shape[0] == 0:
+        raise ValueError("x has no samples")
+    return RunData(x, y, x_val, y_val)
+
+
+def _as_inputs(model, x, what):
+    if x is None:
+        raise ValueError(f"{what} is None; pass an array of inputs")
+    arr = model.check_input(x) if hasattr(model, "check_input") else np.asarray(x)
+    return np.ascontiguousarray(arr)
+
+
+def _check_targets(loss_type, model, x, y, what):
+    """Validate the whole target array once; batches then skip the per-call checks."""
+    from fastlib import losses
+
+    y = np.asarray(y)
+    if y.ndim == 0 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"{what}: {x.shape[0]} inputs but targets of shape {y.shape}; x and y "
+                         "need the same number of rows")
+    out_shape = tuple(model.infer_shape(x.shape))
+    # A zero "prediction" of the model's output shape (a broadcast view, no memory) lets the
+    # loss module check the target format, class ranges and batch size before training starts.
+    pred_like = np.broadcast_to(np.zeros((), dtype=x.dtype), out_shape)
+    return np.ascontiguousarray(losses.validate_targets(loss_type, pred_like, y))
+
+
+def _fingerprint(a):
+    a = np.ascontiguousarray(a)
+    digest = hashlib.blake2b(memoryview(a).cast("B"), digest_size=8).hexdigest()
+    return f"{a.dtype.str}{list(a.shape)}:{digest}"
