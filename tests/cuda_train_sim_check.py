@@ -566,7 +566,7 @@ class FakeGraphs:
         def launch(self, stream):
             self.replays += 1
             for kern, config, args in self.launches:
-                kern.compiled[config](*args)
+                kern.dispatcher(kern.key(args))[config](*args)
 
         def close(self):
             self.closed = True

@@ -31,3 +31,7 @@ GUARD_BLOCKS = 2 if SIMULATOR else 64
 
 #: Most blocks of the guarded update (a grid-stride loop over the flat parameter buffer).
 UPDATE_BLOCKS = 4 if SIMULATOR else 1024
+
+#: Compile device kernels with numba-cuda's on-disk cache (``cache=True``), so a second process
+#: loads them instead of compiling; fastlib's cache guard drops the cache when a source changes.
+CACHE = True
