@@ -287,7 +287,7 @@ def _measure(model, engines, x, y, bs, args):
     for r in range(args.repeats):
         k = r % len(engines)
         for engine in engines[k:] + engines[:k]:
-            result = model.ENGINES[engine](x, y, bs, args.max_steps)
+            result = _engine(model, engine, args.device)(x, y, bs, args.max_steps)
             runs[engine].append((result.seconds * row["steps_per_epoch"] / result.steps,
                                  result))
     row["load_1min"] = (_loadavg() or [None])[0]
@@ -309,6 +309,16 @@ def _measure(model, engines, x, y, bs, args):
         row["target_s"] = TARGETS[bs]
         row["meets_target"] = row["fastlib"] < TARGETS[bs]
     return row
+
+
+def _engine(model, engine, device):
+    """The bench function of ``engine``; with ``--device cuda`` every engine, fastlib's CPU
+    engine included, runs the steady-state protocol (``common.CUDA_EPOCHS``)."""
+    from reports.bench.models import common
+
+    if device == "cuda" and engine == "fastlib" and common.STEADY_CPU in model.ENGINES:
+        return model.ENGINES[common.STEADY_CPU]
+    return model.ENGINES[engine]
 
 
 def _targets(rows):
@@ -424,6 +434,9 @@ def _print_cuda_table(report, args):
           f"engine on {args.threads} threads; median of {args.repeats} interleaved runs; load "
           f"average at start {load['start']}")
     print("\n".join(environment.header_lines(report["environment"])))
+    print("protocol: every engine trains two epochs from the same weights over the same sample "
+          "orders; the first warms up (kernels compiled, CUDA graphs recorded), the second is "
+          "timed whole; losses and counts are the timed epoch's")
     if report["simulator"]:
         print("note: numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1), not a GPU: the timings "
               "measure Python; only the losses and the counts mean anything")
