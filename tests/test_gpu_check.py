@@ -30,8 +30,11 @@ def simulate(tmp_path, *extra, timeout=900):
     return proc, json.loads(files[0].read_text()), md.read_text()
 
 
-def test_the_gpu_boxes_fit_five_minutes():
-    assert sum(gpu_check.BOXES.values()) <= gpu_check.BUDGET_S == 300
+def test_the_gpu_boxes_fit_the_budget_and_one_device_command():
+    # the boxes leave time to start the process; the whole check fits one 10-minute command
+    assert sum(gpu_check.BOXES.values()) <= gpu_check.BUDGET_S - 10
+    assert gpu_check.BUDGET_S <= 480
+    assert list(gpu_check.BOXES)[:2] == ["versions", "warmup"]  # the compiles come first
     assert [s for s in gpu_check.BOXES if s.startswith("bench-")] == [
         f"bench-{m}" for m in gpu_check.BENCH_MODELS]
 
@@ -93,7 +96,7 @@ def test_the_bench_summary_keeps_times_ratios_losses_and_counts():
                                    {"stage": "bench-mlp", "status": "pass", "seconds": 3,
                                     "box_s": 22, "detail": "", "data": summary}]})
     assert "0.50x PyTorch eager" in text and "kernel_launches" in text
-    assert "numpy.row_stack = numpy.vstack" in text
+    assert "numpy.row_stack = numpy.vstack` for its import only" in text
 
 
 def test_an_unknown_stage_is_refused(tmp_path):

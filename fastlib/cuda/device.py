@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 from . import counters
+from . import profile as _PROFILE
 
 try:
     from numba import cuda
@@ -201,6 +202,9 @@ def _wait(stream):
 #: Every compile of this process: (kernel, signature, seconds), in order (gpu_check reads it).
 COMPILES = []
 
+#: Every :class:`LazyKernel` made in this process, in order (the PTX check compiles them all).
+KERNELS = []
+
 #: The line a process prints (once, to stderr) when it first compiles on a GPU.
 COMPILE_NOTICE = ("fastlib.cuda: compiling GPU kernels at their first launch (only the "
                   "signatures this run uses; kept in numba's on-disk cache for later runs) ...")
@@ -238,15 +242,17 @@ class LazyKernel:
     is its own single-signature dispatcher, the launch path numba-cuda makes cheapest.
     """
 
-    def __init__(self, fn, signatures):
+    def __init__(self, fn, signatures, name=None):
         self.fn = fn
         self.signatures = list(signatures)
         self._by_key = {}
         self._positions = None
         self._keys = None
         self._bound = {}
-        self.__name__ = getattr(fn, "__name__", "kernel")
+        default = getattr(fn, "__name__", "kernel").lstrip("_")
+        self.__name__ = name or (default[:-5] if default.endswith("_body") else default)
         self.__doc__ = getattr(fn, "__doc__", None)
+        KERNELS.append(self)
 
     def _index(self):
         """The argument positions that tell the signatures apart, and each signature's key."""
@@ -343,18 +349,22 @@ class _Launch:
         kern = self.kernel
         key = kern.key(args)
         if self.configured is None:
-            return kern.dispatcher(key)[self.launch](*args)
-        try:
-            configured = self.configured[key]
-        except KeyError:
-            configured = self.configured[key] = kern.dispatcher(key)[self.launch]
+            configured = kern.dispatcher(key)[self.launch]
+        else:
+            try:
+                configured = self.configured[key]
+            except KeyError:
+                configured = self.configured[key] = kern.dispatcher(key)[self.launch]
+        if _PROFILE.active() is not None and not _RECORDING[0]:
+            return _PROFILE.launch(kern.__name__, configured, self.launch, args)
         return configured(*args)
 
 
-def kernel(*signatures):
-    """Decorator: a :class:`LazyKernel` with the given signature strings."""
+def kernel(*signatures, name=None):
+    """Decorator: a :class:`LazyKernel` with the given signature strings (and a ``name`` that
+    tells a factory's kernels apart in :data:`COMPILES` and the profile)."""
     def wrap(fn):
-        return LazyKernel(fn, signatures)
+        return LazyKernel(fn, signatures, name)
     return wrap
 
 
@@ -381,6 +391,42 @@ def tile_grid(m: int, n: int) -> tuple[int, int]:
     (grid-stride past ``config.MAX_GRID``)."""
     return (max(1, min(config.MAX_GRID, -(-n // config.TILE))),
             max(1, min(config.MAX_GRID, -(-m // config.TILE))))
+
+
+_SM = []
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the current GPU (a fixed 2 on the simulator)."""
+    if not _SM:
+        if config.SIMULATOR:
+            _SM.append(2)
+        else:
+            _SM.append(int(cuda.get_current_device().MULTIPROCESSOR_COUNT))
+    return _SM[0]
+
+
+def fill_target() -> int:
+    """Blocks a launch should have to keep every multiprocessor busy."""
+    return config.BLOCKS_PER_SM * sm_count()
+
+
+_COUNTERS = []
+
+
+def arrival_counters(n: int):
+    """At least ``n`` int64 zeros on the device, for the last-block-finishes reductions.
+
+    The kernels count their blocks' arrivals here and the last block to arrive resets its
+    counter to zero, so the buffer stays zero between launches and is allocated (and zeroed)
+    once per process; a larger one is added when needed and the smaller ones are kept, since
+    recorded CUDA graphs hold their pointers.
+    """
+    if not _COUNTERS or _COUNTERS[-1].shape[0] < n:
+        buf = _allocate(max(int(n), 1024), np.int64)
+        fill(buf, 0.0)
+        _COUNTERS.append(buf)
+    return _COUNTERS[-1]
 
 
 def row_grid(rows: int) -> int:
@@ -563,7 +609,8 @@ def _fill_body(out, value):
         i += step
 
 
-_fill = kernel("void(float32[::1], float64)", "void(float64[::1], float64)")(_fill_body)
+_fill = kernel("void(float32[::1], float64)", "void(float64[::1], float64)",
+               "void(int64[::1], float64)")(_fill_body)
 
 
 def fill(d_array, value: float) -> None:

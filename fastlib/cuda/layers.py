@@ -54,12 +54,41 @@ def mm(d_a, d_b, m, n, k, dtype, ta=False, tb=False, batch=1, shared_b=False, ou
                        k, dtype, d_c=out)
 
 
+def column_geometry(rows, d, cap=None):
+    """(threads, column blocks, row chunks) of a column reduction over ``rows`` x ``d``: a
+    power-of-two block over the columns, and the rows split until the launch fills the GPU
+    (each chunk at least ``config.MIN_SPLIT_ROWS`` rows; at most ``cap`` chunks)."""
+    threads = 1
+    while threads < d and threads < device.config.BLOCK:
+        threads *= 2
+    col_blocks = -(-d // threads)
+    splits = 1
+    target = device.fill_target()
+    if col_blocks < target:
+        splits = max(1, min(-(-target // col_blocks), rows // device.config.MIN_SPLIT_ROWS))
+    if cap is not None:
+        splits = max(1, min(splits, cap))
+    return threads, col_blocks, splits
+
+
+def column_sums(d_a, rows, d, mode, out, d_b=None, out2=None):
+    """Per-column sums of a (rows, d) array in one launch (:data:`.train_kernels.column_sums`:
+    ``mode`` SUM_A, SUM_AB or SUM_AB_AND_A), float64 in row order per chunk, chunks added in
+    order, rounded once into ``out`` (and ``out2``)."""
+    threads, col_blocks, splits = column_geometry(rows, d)
+    work = device.empty(2 * splits * d if splits > 1 else 0, np.float64)
+    arrivals = device.arrival_counters(col_blocks)
+    grid = (min(device.config.MAX_GRID, col_blocks), min(device.config.MAX_GRID, splits))
+    tk.column_sums[grid, threads](d_a, d_a if d_b is None else d_b, out,
+                                  out if out2 is None else out2, work, arrivals, rows, d, mode,
+                                  splits)
+    return out
+
+
 def col_sums(d_a, rows, d, dtype, d_b=None, out=None):
     """Per-column ``sum_r a[r, j] (* b[r, j])`` in float64, rounded once to ``dtype``."""
     out = device.empty(d, dtype) if out is None else out
-    launch(tk.column_sums, d)(d_a, d_a if d_b is None else d_b, out, rows, d,
-                              0 if d_b is None else 1)
-    return out
+    return column_sums(d_a, rows, d, tk.SUM_A if d_b is None else tk.SUM_AB, out, d_b)
 
 
 def add_into(d_a, d_b):
@@ -161,7 +190,8 @@ class DLayerNorm(DeviceLayer):
         x, xhat, rows = self.hist
         gw = self.g("weight")
         gb = self.g("bias") if self.affine_bias else gw
-        launch(tk.column_sums_pair, d)(g.data, xhat, gw, gb, rows, d, int(self.affine_bias))
+        column_sums(g.data, rows, d, tk.SUM_AB_AND_A if self.affine_bias else tk.SUM_AB, gw,
+                    xhat, gb)
         grads = {self.prefix + "weight": gw}
         if self.affine_bias:
             grads[self.prefix + "bias"] = gb
@@ -203,7 +233,13 @@ class DEmbedding(DeviceLayer):
         x = self.hist
         n, num, dim = _size(x.shape), self.layer.num, self.layer.dim
         dw = self.g("weight")
-        launch(tk.embedding_backward, dim)(x.data, g.data, dw, n, num, dim)
+        cap = max(1, device.config.MAX_SPLIT_TABLE // max(1, num * dim))
+        threads, col_blocks, splits = column_geometry(n, dim, cap)
+        work = device.empty(splits * num * dim, np.float64)
+        grid = (min(device.config.MAX_GRID, col_blocks), min(device.config.MAX_GRID, splits))
+        tk.embedding_backward[grid, threads](x.data, g.data, dw, work,
+                                             device.arrival_counters(col_blocks), n, num, dim,
+                                             splits)
         return None, {self.prefix + "weight": dw}
 
 

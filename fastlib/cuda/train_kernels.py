@@ -76,22 +76,49 @@ embedding_forward = kernel(*signatures("void({t}[::1], int64[::1], {t}[::1], int
     _embedding_forward_body)
 
 
-def _embedding_backward_body(idx, g, dw, n, num, dim):
-    # One thread per column; rows in order, so repeated indices sum in a fixed order (no atomics:
-    # the result is deterministic and equal run to run).
-    j = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while j < dim:
-        for v in range(num):
-            dw[v * dim + j] = 0.0
-        for r in range(n):
-            dw[idx[r] * dim + j] += g[r * dim + j]
-        j += step
+def _embedding_backward_body(idx, g, dw, work, arrivals, n, num, dim, splits):
+    # dw[v, j] = sum over rows r with idx[r] == v of g[r, j], without atomics: block (x, s)
+    # takes columns x * blockDim.x + tid of rows chunk s, adds them in row order into its own
+    # float64 table work[s] (num x dim), and the last block of the column block (an arrival
+    # count) adds the splits' tables in split order and rounds once: the bits do not depend
+    # on which block finishes when
+    tid = cuda.threadIdx.x
+    last = cuda.shared.array(1, float64)
+    chunk = (n + splits - 1) // splits
+    cb = cuda.blockIdx.x
+    while cb * cuda.blockDim.x < dim:  # uniform per block: the barriers inside are safe
+        j = cb * cuda.blockDim.x + tid
+        s = cuda.blockIdx.y
+        while s < splits:
+            base = s * num * dim
+            if j < dim:
+                for v in range(num):
+                    work[base + v * dim + j] = 0.0
+                for r in range(s * chunk, min(n, (s + 1) * chunk)):
+                    work[base + idx[r] * dim + j] += float64(g[r * dim + j])
+            cuda.threadfence()
+            cuda.syncthreads()
+            if tid == 0:
+                arrived = cuda.atomic.add(arrivals, cb, 1)
+                last[0] = 1.0 if arrived == splits - 1 else 0.0
+                if arrived == splits - 1:
+                    arrivals[cb] = 0
+            cuda.syncthreads()
+            if last[0] != 0.0 and j < dim:
+                cuda.threadfence()
+                for v in range(num):
+                    total = 0.0
+                    for q in range(splits):
+                        total += work[q * num * dim + v * dim + j]
+                    dw[v * dim + j] = total
+            cuda.syncthreads()
+            s += cuda.gridDim.y
+        cb += cuda.gridDim.x
 
 
 embedding_backward = kernel(
-    *signatures("void(int64[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
-    _embedding_backward_body)
+    *signatures("void(int64[::1], {t}[::1], {t}[::1], float64[::1], int64[::1], int64, int64, "
+                "int64, int64)"))(_embedding_backward_body)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,46 +163,70 @@ affine_rows = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], i
                                  "int64)"))(_affine_rows_body)
 
 
-def _column_sums_body(a, b, out, rows, d, with_b):
-    # out[j] = sum_r a[r, j] (* b[r, j]), accumulated in float64 in row order, rounded once
-    j = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while j < d:
-        acc = 0.0
-        for r in range(rows):
-            v = float64(a[r * d + j])
-            if with_b:
-                v = v * float64(b[r * d + j])
-            acc += v
-        out[j] = acc
-        j += step
+#: Modes of :data:`column_sums`: ``out[j] = sum_r a[r, j]``; ``sum_r a[r, j] b[r, j]``; both
+#: (the product into ``out``, the plain sum into ``out2``: a norm layer's weight and bias).
+SUM_A, SUM_AB, SUM_AB_AND_A = range(3)
 
 
-column_sums = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
-    _column_sums_body)
+def _column_sums_body(a, b, out, out2, work, arrivals, rows, d, mode, splits):
+    # Column sums split over the long axis (rows) into `splits` chunks: thread j of block
+    # (x, s) adds column j of chunk s in float64 in row order (neighbouring threads read
+    # neighbouring columns), stores the partial, and the last block of the column block (an
+    # arrival count) adds the chunks' partials in chunk order and rounds once: the bits do not
+    # depend on which block finishes when
+    tid = cuda.threadIdx.x
+    last = cuda.shared.array(1, float64)
+    chunk = (rows + splits - 1) // splits
+    cb = cuda.blockIdx.x
+    while cb * cuda.blockDim.x < d:  # uniform per block: the barriers inside are safe
+        j = cb * cuda.blockDim.x + tid
+        s = cuda.blockIdx.y
+        while s < splits:
+            acc = 0.0
+            acc2 = 0.0
+            if j < d:
+                for r in range(s * chunk, min(rows, (s + 1) * chunk)):
+                    v = float64(a[r * d + j])
+                    if mode == SUM_A:
+                        acc += v
+                    else:
+                        acc += v * float64(b[r * d + j])
+                        acc2 += v
+            if splits == 1:
+                if j < d:
+                    out[j] = acc
+                    if mode == SUM_AB_AND_A:
+                        out2[j] = acc2
+            else:
+                if j < d:
+                    work[(2 * s) * d + j] = acc
+                    work[(2 * s + 1) * d + j] = acc2
+                cuda.threadfence()
+                cuda.syncthreads()
+                if tid == 0:
+                    arrived = cuda.atomic.add(arrivals, cb, 1)
+                    last[0] = 1.0 if arrived == splits - 1 else 0.0
+                    if arrived == splits - 1:
+                        arrivals[cb] = 0
+                cuda.syncthreads()
+                if last[0] != 0.0 and j < d:
+                    cuda.threadfence()
+                    total = 0.0
+                    total2 = 0.0
+                    for q in range(splits):
+                        total += work[(2 * q) * d + j]
+                        total2 += work[(2 * q + 1) * d + j]
+                    out[j] = total
+                    if mode == SUM_AB_AND_A:
+                        out2[j] = total2
+                cuda.syncthreads()
+            s += cuda.gridDim.y
+        cb += cuda.gridDim.x
 
 
-def _column_sums_pair_body(g, xhat, gw, gb, rows, d, with_b):
-    # gw[j] = sum_r g[r, j] xhat[r, j] and gb[j] = sum_r g[r, j]: a norm layer's weight and bias
-    # gradients in one launch, each accumulated in float64 in row order and rounded once
-    j = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while j < d:
-        acc_w = 0.0
-        acc_b = 0.0
-        for r in range(rows):
-            v = float64(g[r * d + j])
-            acc_w += v * float64(xhat[r * d + j])
-            acc_b += v
-        gw[j] = acc_w
-        if with_b:
-            gb[j] = acc_b
-        j += step
-
-
-column_sums_pair = kernel(*signatures(
-    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
-    _column_sums_pair_body)
+column_sums = kernel(*signatures(
+    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], float64[::1], int64[::1], int64, int64, "
+    "int64, int64)"))(_column_sums_body)
 
 
 def _norm_affine_body(x, w, b, xhat, y, rows, n, mode, eps, with_bias):
