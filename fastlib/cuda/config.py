@@ -60,3 +60,7 @@ MIN_SPLIT_ROWS = 2 if SIMULATOR else 32
 #: Most float64 entries of the embedding backward's per-chunk tables (splits x vocabulary x
 #: width): a large vocabulary gets fewer chunks rather than a large workspace.
 MAX_SPLIT_TABLE = 1 << 22
+
+#: The widest attention head the device kernels take (their per-thread float64 accumulators
+#: have this many entries); a wider head is refused when the model is built for the device.
+ATTENTION_MAX_HEAD_DIM = 128

@@ -361,8 +361,25 @@ class DLSTM(DRecurrent):
 
 
 class DAttention(DeviceLayer):
-    """Self-attention: the q, k, v and output projections as Dense GEMMs, the core fused per
-    head (:mod:`.attention`: one launch forward, two backward)."""
+    """Self-attention: the q, k, v and output projections as Dense GEMMs, the core flash-style
+    (:mod:`.attention`: one launch forward, one backward, a block per (batch, head); only the
+    rows' log-sum-exp is kept between them)."""
+
+    def __init__(self, layer, store, prefix, grads=None):
+        super().__init__(layer, store, prefix, grads)
+        dh = layer.d_model // layer.heads
+        if dh > device.config.ATTENTION_MAX_HEAD_DIM:
+            raise DeviceUnsupportedError(
+                f"train(device='cuda'): MultiHeadAttention({layer.d_model}, {layer.heads}) has "
+                f"heads of width {dh}, wider than the device kernels' "
+                f"{device.config.ATTENTION_MAX_HEAD_DIM}; use more heads or train it with "
+                f"device='cpu'")
+
+    def _core_launch(self, batch, steps):
+        threads = 1
+        while threads < steps and threads < device.config.BLOCK:
+            threads *= 2
+        return min(device.config.MAX_GRID, batch * self.layer.heads), threads
 
     def forward(self, x):
         L, dt = self.layer, self.dtype
@@ -374,28 +391,27 @@ class DAttention(DeviceLayer):
                                                d, d, "linear", 0.0)
         # the scale as the dtype holds it (the CPU layer's value)
         scale = float(dt.type(1.0 / np.sqrt(dh)))
-        p = device.empty(batch * nh * steps * steps, dt)
+        lse = device.empty(batch * nh * steps, np.float64)
         att = device.empty(rows * d, dt)
-        launch(attention.forward, batch * nh * steps)(proj["q"], proj["k"], proj["v"], p, att,
-                                                      batch, steps, nh, dh, scale, int(L.causal))
+        attention.forward[self._core_launch(batch, steps)](
+            proj["q"], proj["k"], proj["v"], att, lse, batch, steps, nh, dh, scale,
+            int(L.causal))
         y, _ = _dense_forward_device(att, self.p("w_o"), self.p("b_o"), rows, d, d, "linear", 0.0)
-        self.hist = (x, proj, p, att, scale)
+        self.hist = (x, proj, lse, att, scale)
         return DT(y, x.shape)
 
     def backward(self, g, need_input_grad):
         L, dt = self.layer, self.dtype
-        x, proj, p, att, scale = self.hist
+        x, proj, lse, att, scale = self.hist
         batch, steps, d = x.shape
         nh, dh, rows = L.heads, d // L.heads, batch * steps
         datt, gw_o, gb_o = dense_backward(g.data, att, self.p("w_o"), g.data, rows, d, d,
                                           "linear", dt, True, self.g("w_o"), self.g("b_o"))
-        ds = device.empty(batch * nh * steps * steps, np.float64)
+        delta = device.empty(batch * nh * steps, np.float64)
         dproj = {n: device.empty(rows * d, dt) for n in "qkv"}
-        n_rows = batch * nh * steps
-        launch(attention.backward_rows, n_rows)(proj["q"], proj["k"], proj["v"], p, datt, ds,
-                                                dproj["q"], batch, steps, nh, dh, scale)
-        launch(attention.backward_cols, n_rows)(proj["q"], p, datt, ds, dproj["k"], dproj["v"],
-                                                batch, steps, nh, dh)
+        attention.backward[self._core_launch(batch, steps)](
+            proj["q"], proj["k"], proj["v"], datt, lse, delta, dproj["q"], dproj["k"],
+            dproj["v"], batch, steps, nh, dh, scale, int(L.causal))
         grads, dx = {}, None
         for n in "qkv":
             gx, gw, gb = dense_backward(dproj[n], x.data, self.p(f"w_{n}"), dproj[n], rows, d, d,
