@@ -489,9 +489,99 @@ def parse_args(argv):
     p.add_argument("--budget", type=float, default=None,
                    help=f"seconds for the whole check (default {BUDGET_S}; "
                         f"{SIMULATED_BUDGET_S} with --simulate)")
+    p.add_argument("--ptx", default=None, metavar="MAJOR.MINOR",
+                   help="instead of the checklist: compile every kernel to PTX for this compute "
+                        "capability (9.0: H100, H200) without a GPU, and write "
+                        "ptx-check-<date>-sm<cc>.json (needs numba-cuda, not the simulator)")
+    p.add_argument("--dtypes", default="float32,float64",
+                   help="with --ptx: the dtypes whose signatures are compiled")
+    p.add_argument("--only", default=None,
+                   help="with --ptx: only kernels whose name contains this")
     # tests only: make one stage fail, to see the failure reported
     p.add_argument("--break", dest="broken", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# every kernel compiled to PTX, without a GPU (numba-cuda and its NVVM only)
+
+def catalogue(dtypes):
+    """Every fastlib.cuda kernel a training run or an op can launch, made now: the module
+    kernels, and the factories' kernels for every activation (and none), epilogue and load."""
+    import importlib
+    import pkgutil
+
+    import fastlib.cuda as fc
+    from fastlib.cuda import dense, dense_grad, device, elementwise, linalg, scalar, swiglu
+
+    for info in pkgutil.iter_modules(fc.__path__):
+        importlib.import_module(f"fastlib.cuda.{info.name}")
+    acts = sorted(scalar.ACTIVATIONS)
+    # Dense's activations by their scalar twins (softmax is a row kernel after an identity)
+    dense_acts = sorted({a for a in dense.DENSE_ACTIVATIONS.values() if a in scalar.ACTIVATIONS}
+                        | {"identity"})
+    for name in acts:
+        elementwise.unary_kernels(name)
+    for dt in dtypes:
+        linalg.gemm_kernel(dt)
+        for epilogue in (swiglu.store_pair, swiglu.gate_vjp_epilogue):
+            linalg.gemm_kernel(dt, epilogue)
+        for name in dense_acts:
+            linalg.gemm_kernel(dt, dense.bias_activation_epilogue(name))
+        for name in [None] + [a for a in dense_acts if a != "identity"]:
+            load = dense_grad.gpre_loader(name)
+            linalg.gemm_kernel(dt, linalg.store_plain, load, linalg.load_plain)
+            linalg.gemm_kernel(dt, linalg.store_plain, linalg.load_plain, load)
+        swiglu.gate_up_kernel(dt)
+        swiglu.dx_kernel(dt)
+    return list(device.KERNELS)
+
+
+def ptx_check(cc, dtypes, only, out):
+    """Compile every signature (of ``dtypes``) of every kernel of :func:`catalogue` to PTX for
+    compute capability ``cc`` without a GPU; write the seconds, local-memory accesses and any
+    failure per signature to ``out`` (JSON). Returns the exit code (1 if one failed)."""
+    import platform
+    import re
+    import types
+
+    from numba import cuda
+    import numba.cuda.dispatcher as dispatcher
+
+    # device functions compile for the current device's capability; there is none here
+    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=cc)
+    from fastlib.cuda import compat
+    compat.bridge_row_stack()
+    rows, failed = [], 0
+    for kern in catalogue(dtypes):
+        if only and only not in kern.__name__:
+            continue
+        for sig in kern.signatures:
+            if not any(dt in sig for dt in dtypes):
+                continue
+            t0 = time.perf_counter()
+            try:
+                ptx, _ = cuda.compile_ptx(kern.fn, sig, cc=cc)
+                row = {"kernel": kern.__name__, "signature": sig, "ok": True,
+                       "local_accesses": len(re.findall(r"\b(?:ld|st)\.local", ptx))}
+            except Exception as exc:
+                failed += 1
+                row = {"kernel": kern.__name__, "signature": sig, "ok": False,
+                       "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+            row["seconds"] = round(time.perf_counter() - t0, 2)
+            rows.append(row)
+            print(f"ptx sm_{cc[0]}{cc[1]}: {row['kernel']} {sig}: "
+                  f"{'ok' if row['ok'] else 'FAILED'} in {row['seconds']} s", flush=True)
+    result = {"date": datetime.date.today().isoformat(), "compute_capability": list(cc),
+              "dtypes": list(dtypes), "signatures": len(rows), "failed": failed,
+              "seconds": round(sum(r["seconds"] for r in rows), 1),
+              "load_average": list(os.getloadavg()), "cpus": os.cpu_count(),
+              "machine": platform.machine(), "rows": rows}
+    with open(out, "w") as fh:
+        json.dump(result, fh, indent=2)
+    print(f"ptx: {len(rows) - failed}/{len(rows)} signatures compiled in {result['seconds']} s; "
+          f"wrote {out}")
+    return 1 if failed else 0
 
 
 def _not_run(name, box, status, detail):
@@ -506,6 +596,14 @@ def main(argv=None):
     if argv[:1] == ["--child"]:
         return _child(json.loads(argv[1]), argv[2], argv[3] == "1", argv[4] or None)
     args = parse_args(argv)
+    if args.ptx:
+        sys.path.insert(0, ROOT)
+        cc = tuple(int(v) for v in args.ptx.split("."))
+        dtypes = args.dtypes.split(",")
+        os.makedirs(args.out, exist_ok=True)
+        out = os.path.join(args.out, f"ptx-check-{datetime.date.today().isoformat()}-sm"
+                                     f"{cc[0]}{cc[1]}.json")
+        return ptx_check(cc, dtypes, args.only, out)
     boxes = SIMULATED_BOXES if args.simulate else BOXES
     budget = args.budget or (SIMULATED_BUDGET_S if args.simulate else BUDGET_S)
     chosen = set(boxes) if args.stages is None else {s.strip() for s in args.stages.split(",")}
