@@ -33,7 +33,7 @@ def simulate(tmp_path, *extra, timeout=900):
 def test_the_gpu_boxes_fit_the_budget_and_one_device_command():
     # the boxes leave time to start the process; the whole check fits one 10-minute command
     assert sum(gpu_check.BOXES.values()) <= gpu_check.BUDGET_S - 10
-    assert gpu_check.BUDGET_S <= 480
+    assert gpu_check.BUDGET_S <= 580
     assert list(gpu_check.BOXES)[:2] == ["versions", "warmup"]  # the compiles come first
     assert [s for s in gpu_check.BOXES if s.startswith("bench-")] == [
         f"bench-{m}" for m in gpu_check.BENCH_MODELS]

@@ -1,16 +1,11 @@
 """Matrix products on the device: one register-blocked GEMM, 2-D and batched, with pluggable
 operand loads and epilogues, and ``matmul``'s forward and VJP.
 
-Each thread block computes a ``GEMM_BM x GEMM_BN`` block of C (:mod:`.config`); its
-``GEMM_TY x GEMM_TX`` threads each keep a 4 x 4 block of sums in registers (rows ``ty + TY i``,
-columns ``tx + TX j``, so neighbouring threads store neighbouring columns). A and B come
-through shared memory ``GEMM_BK`` deep, and each is read along whichever of its axes is
-contiguous in memory (a transposed operand such as ``x^T`` in a weight gradient is read by
-rows, not with a stride), so every load is coalesced. When the output has fewer blocks than
-the GPU needs (:func:`.device.fill_target`) the inner axis is split: each block sums its
-chunk in order and stores the float64 partial, and the last block to finish a tile (an atomic
-arrival count) adds the chunks' partials in chunk order and applies the epilogue, so the bits
-do not depend on which block finishes when, and the product is still one launch.
+A block computes a ``GEMM_BM x GEMM_BN`` block of C, each thread 4 x 4 sums in registers; A and
+B come through shared memory along whichever axis is contiguous (coalesced, transposed or not).
+An output with too few blocks for the GPU has its inner axis split: each block stores its
+chunk's float64 partial and the last block to finish a tile (an arrival count) adds them in
+chunk order, so the bits do not depend on timing and the product stays one launch.
 The long story: docs/gpu.md, "Kernels and their parallelism".
 """
 from __future__ import annotations
@@ -147,21 +142,9 @@ def gemm_kernel(dtype_name, epilogue=store_plain, load_a=load_plain, load_b=load
                                 for j in range(_TN):
                                     col_acc[j] += float64(tile_b[kk, tx + _TX * j])
                         cuda.syncthreads()
-                    if splits == 1:
-                        for i in range(_TM):
-                            row = r0 + ty + _TY * i
-                            for j in range(_TN):
-                                col = c0 + tx + _TX * j
-                                if row < m and col < n:
-                                    epilogue(c, out, bias, (z * m + row) * n + col, col,
-                                             acc[i, j], param)
-                        if colsum and tr == 0 and ty == 0:
-                            for j in range(_TN):
-                                col = c0 + tx + _TX * j
-                                if col < n:
-                                    colsum_out[col] = col_acc[j]
-                    else:
-                        # this chunk's partials, then the last block of the tile adds them
+                    finish = True
+                    if splits > 1:
+                        # this chunk's partials; the last block of the tile adds them below
                         base = (z * splits + s) * m * n
                         for i in range(_TM):
                             row = r0 + ty + _TY * i
@@ -184,7 +167,8 @@ def gemm_kernel(dtype_name, epilogue=store_plain, load_a=load_plain, load_b=load
                             if arrived == splits - 1:
                                 arrivals[tile] = 0
                         cuda.syncthreads()
-                        if last[0] != 0.0:
+                        finish = last[0] != 0.0
+                        if finish:
                             cuda.threadfence()
                             for i in range(_TM):
                                 row = r0 + ty + _TY * i
@@ -195,8 +179,7 @@ def gemm_kernel(dtype_name, epilogue=store_plain, load_a=load_plain, load_b=load
                                         for q in range(splits):
                                             total += work[(z * splits + q) * m * n
                                                           + row * n + col]
-                                        epilogue(c, out, bias, (z * m + row) * n + col, col,
-                                                 nbtype(total), param)
+                                        acc[i, j] = total   # the dtype's value, rounded once
                             if colsum and tr == 0 and ty == 0:
                                 cbase = batch * splits * m * n
                                 for j in range(_TN):
@@ -205,8 +188,22 @@ def gemm_kernel(dtype_name, epilogue=store_plain, load_a=load_plain, load_b=load
                                         total = 0.0
                                         for q in range(splits):
                                             total += work[cbase + q * n + col]
-                                        colsum_out[col] = total
-                        cuda.syncthreads()
+                                        col_acc[j] = total
+                    if finish:  # one epilogue for both paths (it is inlined 16 times)
+                        for i in range(_TM):
+                            row = r0 + ty + _TY * i
+                            for j in range(_TN):
+                                col = c0 + tx + _TX * j
+                                if row < m and col < n:
+                                    epilogue(c, out, bias, (z * m + row) * n + col, col,
+                                             acc[i, j], param)
+                        if colsum and tr == 0 and ty == 0:
+                            for j in range(_TN):
+                                col = c0 + tx + _TX * j
+                                if col < n:
+                                    colsum_out[col] = col_acc[j]
+                    if splits > 1:
+                        cuda.syncthreads()  # `last` is read by every thread before its reuse
                     tc += cuda.gridDim.x
                 tr += cuda.gridDim.y
             zs += cuda.gridDim.z
