@@ -40,6 +40,7 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "clip:value", "clip:norm", "unsupported:custom layer", "unsupported:algorithm",
            "layers:every Dense activation", "layers:SwiGLU fused, against the CPU",
            "layers:attention flash-style, against the CPU",
+           "layers:recurrent steps, against the CPU",
            "losses:all five", "budget:MLP of L Dense layers", "budget:SwiGLU",
            "budget:transformer block", "budget:every layer kind",
            "budget:epoch traffic", "mode:graph and launches agree",
@@ -319,6 +320,29 @@ def run_attention(report):
     report("layers:attention flash-style, against the CPU", not bad and moved,
            "; ".join(bad) or f"causal and not within {REL} of the CPU; training moved the "
                              f"weights: {moved}")
+
+
+def run_recurrent(report):
+    """LSTM and RNN time steps (a block per sample and tile of units, the recurrent products
+    split over threads and added in a fixed order) against the CPU engine: 5 and 6 units
+    straddle the simulator's 4-unit forward and 2-unit backward tiles, and 3 samples x 2 tiles
+    exceed its 4-block grid (blocks loop)."""
+    import fastlib
+    from fastlib import layers as L
+
+    def model():
+        return fastlib.Sequential([L.LSTM(3, 5, return_sequences=True), L.RNN(5, 6),
+                                   L.Dense(6, 2)], dtype=np.float64, seed=9)
+    rng = np.random.default_rng(12)
+    x, y = rng.standard_normal((3, 4, 3)), rng.integers(0, 2, 3)
+    cpu, dev = model(), model()
+    kw = dict(optimizer="SGD", verbose=False, seed=1)
+    fastlib.train(cpu, x, y, 1, 3, 0.5, "cross_entropy", **kw)
+    fastlib.train(dev, x, y, 1, 3, 0.5, "cross_entropy", device="cuda", **kw)
+    ok, detail = _close(dev.parameters(), cpu.parameters())
+    moved = not _close(model().parameters(), cpu.parameters(), 1e-6)[0]
+    report("layers:recurrent steps, against the CPU", ok and moved,
+           f"{detail}; training moved the weights: {moved}")
 
 
 def _swiglu_pair():
@@ -781,7 +805,7 @@ def run_slow(report):
 
 GROUPS = {"frame": run_frame, "resume": run_resume, "guard": run_guards, "clip": run_clip,
           "unsupported": run_unsupported, "layers": run_activations, "swiglu": run_swiglu,
-          "attention": run_attention,
+          "attention": run_attention, "recurrent": run_recurrent,
           "losses": run_losses,
           "budget": run_budget, "mode": run_modes, "graph": run_graphs}
 

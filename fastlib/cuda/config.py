@@ -64,3 +64,9 @@ MAX_SPLIT_TABLE = 1 << 22
 #: The widest attention head the device kernels take (their per-thread float64 accumulators
 #: have this many entries); a wider head is refused when the model is built for the device.
 ATTENTION_MAX_HEAD_DIM = 128
+
+#: Recurrent time steps (:mod:`.recurrent`): forward, a block of REC_JT units x REC_KS shares
+#: of each recurrent product; backward, a block of REC_JB units x REC_LANES threads reading
+#: each unit's row of the recurrent weights (a power of two: a tree adds the lanes).
+REC_JT, REC_KS = (4, 2) if SIMULATOR else (32, 4)
+REC_JB, REC_LANES = (2, 4) if SIMULATOR else (4, 32)

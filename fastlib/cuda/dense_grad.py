@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 from numba import cuda, float64
 
 from .linalg import gemm_device

@@ -18,7 +18,7 @@ import numpy as np
 
 from fastlib.layers.activations import LEAKY_SLOPE  # Dense's leaky_relu slope: one source
 
-from . import attention, device, swiglu
+from . import attention, device, recurrent, swiglu
 from . import train_kernels as tk
 from .dense import DENSE_ACTIVATIONS, _dense_forward_device
 from .dense_grad import dense_grads
@@ -273,7 +273,7 @@ def _swap01(d_x, a, b, c):
 
 class DRecurrent(DeviceLayer):
     """RNN and LSTM: time-major (T, B, ...) inside; the input projection of every time step as
-    one GEMM, then one fused launch per time step forward and one backward."""
+    one GEMM, then one launch per time step forward and one backward (:mod:`.recurrent`)."""
 
     def forward(self, x):
         L, dt = self.layer, self.dtype
@@ -321,24 +321,25 @@ class DRecurrent(DeviceLayer):
 
 
 class DRNN(DRecurrent):
-    """One fused launch per time step each way (:data:`.train_kernels.rnn_fused`)."""
+    """One launch per time step each way (:data:`.recurrent.rnn_step`)."""
     _gates = 1
 
     def _run(self, xw, hs, steps, batch, H):
         for t in range(steps):
-            launch(tk.rnn_fused, batch * H)(xw, hs, self.p("w_hh"), t, batch, H)
+            recurrent.rnn_step[recurrent.forward_launch(batch, H)](xw, hs, self.p("w_hh"), t,
+                                                                   batch, H)
         return None
 
     def _back(self, dhs, hs, cache, steps, batch, H):
         dz = device.empty(steps * batch * H, self.dtype)
         for t in range(steps - 1, -1, -1):
-            launch(tk.rnn_fused_back, batch * H)(dhs, hs, dz, self.p("w_hh"), t, steps, batch,
-                                                 H)
+            recurrent.rnn_step_back[recurrent.backward_launch(batch, H)](
+                dhs, hs, dz, self.p("w_hh"), t, steps, batch, H)
         return dz
 
 
 class DLSTM(DRecurrent):
-    """One fused launch per time step each way, all four gates (:data:`.train_kernels.lstm_fused`)."""
+    """One launch per time step each way, all four gates (:data:`.recurrent.lstm_step`)."""
     _gates = 4
 
     def _run(self, xw, hs, steps, batch, H):
@@ -346,7 +347,8 @@ class DLSTM(DRecurrent):
         gates = device.empty(steps * 4 * n, dt)
         cs, tcs = device.empty(steps * n, dt), device.empty(steps * n, dt)
         for t in range(steps):
-            launch(tk.lstm_fused, n)(xw, hs, self.p("w_hh"), gates, cs, tcs, t, batch, H)
+            recurrent.lstm_step[recurrent.forward_launch(batch, H)](
+                xw, hs, self.p("w_hh"), gates, cs, tcs, t, batch, H)
         return gates, cs, tcs
 
     def _back(self, dhs, hs, cache, steps, batch, H):
@@ -355,8 +357,8 @@ class DLSTM(DRecurrent):
         dz = device.empty(steps * 4 * n, dt)
         dc = device.empty(n, dt)  # written at the last step before any read
         for t in range(steps - 1, -1, -1):
-            launch(tk.lstm_fused_back, n)(dhs, gates, cs, tcs, dc, dz, self.p("w_hh"), t,
-                                          steps, batch, H)
+            recurrent.lstm_step_back[recurrent.backward_launch(batch, H)](
+                dhs, gates, cs, tcs, dc, dz, self.p("w_hh"), t, steps, batch, H)
         return dz
 
 

@@ -1,10 +1,10 @@
 """The small kernels of device training that the op kernels do not already provide.
 
 Batches gathered from the resident data through the epoch's shuffled index, Embedding's lookup
-and scatter-add, elementwise helpers (add, product, affine rows), per-column sums accumulated in
-float64, the recurrent steps of RNN and LSTM (one fused launch per time step), the five losses with per-block partial sums, and the guarded optimizer step
-(finiteness, both clipping modes, the update, all decided on the device in two launches over
-the run's flat gradient buffer, so a step needs no readback before its update).
+and its backward, elementwise helpers, per-column sums in float64 (split over rows), the five
+losses with per-block partial sums, and the guarded optimizer step (finiteness, both clipping
+modes, the update, all decided on the device in two launches over the run's flat gradient
+buffer, so a step needs no readback before its update).
 
 Every kernel works on flat C-contiguous arrays with grid-stride loops, like the rest of
 :mod:`fastlib.cuda`, so the simulator's tiny blocks and grids run the same code paths as a GPU.
@@ -288,138 +288,6 @@ def _norm_affine_vjp_body(x, g, w, out, rows, n, mode, eps):
 norm_affine_vjp = kernel(*signatures(
     "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64, float64)"))(
     _norm_affine_vjp_body)
-
-
-# ---------------------------------------------------------------------------------------------
-# recurrences, fused: one launch per time step, the recurrent product h_{t-1} @ w_hh (forward)
-# or dz_{t+1} @ w_hh^T (backward) computed inside it (each thread forms the dot products its
-# unit needs, in float64), so a time step is one launch each way instead of a GEMM and a step
-
-def _rnn_fused_body(xw, hs, w_hh, t, n_batch, hidden):
-    # hs[t] = tanh(xw[t] + hs[t-1] @ w_hh), time-major (T, B, H) flat arrays
-    k = cuda.grid(1)
-    step = cuda.gridsize(1)
-    n = n_batch * hidden
-    while k < n:
-        r = k // hidden
-        j = k - r * hidden
-        z = float64(xw[t * n + k])
-        if t > 0:
-            prev = (t - 1) * n + r * hidden
-            acc = 0.0
-            for m in range(hidden):
-                acc += float64(hs[prev + m]) * float64(w_hh[m * hidden + j])
-            z += acc
-        hs[t * n + k] = math.tanh(z)
-        k += step
-
-
-rnn_fused = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
-    _rnn_fused_body)
-
-
-def _rnn_fused_back_body(dhs, hs, dz, w_hh, t, steps, n_batch, hidden):
-    # dz[t] = (dhs[t] + dz[t+1] @ w_hh^T) * (1 - hs[t]^2)
-    k = cuda.grid(1)
-    step = cuda.gridsize(1)
-    n = n_batch * hidden
-    while k < n:
-        r = k // hidden
-        j = k - r * hidden
-        g = float64(dhs[t * n + k])
-        if t < steps - 1:
-            nxt = (t + 1) * n + r * hidden
-            acc = 0.0
-            for m in range(hidden):
-                acc += float64(dz[nxt + m]) * float64(w_hh[j * hidden + m])
-            g += acc
-        y = float64(hs[t * n + k])
-        dz[t * n + k] = g * (1.0 - y * y)
-        k += step
-
-
-rnn_fused_back = kernel(*signatures(
-    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64, int64)"))(
-    _rnn_fused_back_body)
-
-
-def _lstm_fused_body(xw, hs, w_hh, gates, cs, tcs, t, n_batch, hidden):
-    # gates i, f, g, o of step t (H columns each of a (B, 4H) row, stored activated), the cell
-    # cs[t] = f cs[t-1] + i g, tcs[t] = tanh(cs[t]), hs[t] = o tcs[t]; time-major flat arrays
-    k = cuda.grid(1)
-    step = cuda.gridsize(1)
-    n = n_batch * hidden
-    while k < n:
-        r = k // hidden
-        j = k - r * hidden
-        base = t * 4 * n + r * 4 * hidden + j
-        zs = cuda.local.array(4, float64)
-        for q in range(4):
-            zs[q] = float64(xw[base + q * hidden])
-        if t > 0:
-            prev = (t - 1) * n + r * hidden
-            for q in range(4):
-                acc = 0.0
-                for m in range(hidden):
-                    acc += float64(hs[prev + m]) * float64(w_hh[m * 4 * hidden + q * hidden + j])
-                zs[q] += acc
-        ig = sigmoid_pair(zs[0])[0]
-        fg = sigmoid_pair(zs[1])[0]
-        gg = math.tanh(zs[2])
-        og = sigmoid_pair(zs[3])[0]
-        gates[base] = ig
-        gates[base + hidden] = fg
-        gates[base + 2 * hidden] = gg
-        gates[base + 3 * hidden] = og
-        cp = float64(cs[(t - 1) * n + k]) if t > 0 else 0.0
-        cs[t * n + k] = fg * cp + ig * gg
-        tc = math.tanh(float64(cs[t * n + k]))
-        tcs[t * n + k] = tc
-        hs[t * n + k] = og * float64(tcs[t * n + k])
-        k += step
-
-
-lstm_fused = kernel(*signatures(
-    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
-    _lstm_fused_body)
-
-
-def _lstm_fused_back_body(dhs, gates, cs, tcs, dc, dz, w_hh, t, steps, n_batch, hidden):
-    # dz[t] of the four gates from dh = dhs[t] + dz[t+1] @ w_hh^T; dc carries the cell
-    # cotangent from step t+1 in and to step t-1 out (in place, zero before the last step)
-    k = cuda.grid(1)
-    step = cuda.gridsize(1)
-    n = n_batch * hidden
-    while k < n:
-        r = k // hidden
-        j = k - r * hidden
-        base = t * 4 * n + r * 4 * hidden + j
-        g = float64(dhs[t * n + k])
-        if t < steps - 1:
-            nxt = (t + 1) * 4 * n + r * 4 * hidden
-            acc = 0.0
-            for m in range(4 * hidden):
-                acc += float64(dz[nxt + m]) * float64(w_hh[j * 4 * hidden + m])
-            g += acc
-        ig = float64(gates[base])
-        fg = float64(gates[base + hidden])
-        gg = float64(gates[base + 2 * hidden])
-        og = float64(gates[base + 3 * hidden])
-        tc = float64(tcs[t * n + k])
-        carried = float64(dc[k]) if t < steps - 1 else 0.0
-        dcv = carried + g * og * (1.0 - tc * tc)
-        cp = float64(cs[(t - 1) * n + k]) if t > 0 else 0.0
-        dz[base] = dcv * gg * ig * (1.0 - ig)
-        dz[base + hidden] = dcv * cp * fg * (1.0 - fg)
-        dz[base + 2 * hidden] = dcv * ig * (1.0 - gg * gg)
-        dz[base + 3 * hidden] = g * tc * og * (1.0 - og)
-        dc[k] = dcv * fg
-        k += step
-
-
-lstm_fused_back = kernel(*signatures(
-    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, "
-    "int64, int64)"))(_lstm_fused_back_body)
 
 
 # ---------------------------------------------------------------------------------------------
