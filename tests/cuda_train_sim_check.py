@@ -40,7 +40,7 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "clip:value", "clip:norm", "unsupported:custom layer", "unsupported:algorithm",
            "layers:every Dense activation", "layers:SwiGLU fused, against the CPU",
            "layers:attention flash-style, against the CPU",
-           "layers:recurrent steps, against the CPU",
+           "layers:recurrent steps, against the CPU", "compile:only the run's signatures, once",
            "losses:all five", "budget:MLP of L Dense layers", "budget:SwiGLU",
            "budget:transformer block", "budget:every layer kind",
            "budget:epoch traffic", "mode:graph and launches agree",
@@ -343,6 +343,38 @@ def run_recurrent(report):
     moved = not _close(model().parameters(), cpu.parameters(), 1e-6)[0]
     report("layers:recurrent steps, against the CPU", ok and moved,
            f"{detail}; training moved the weights: {moved}")
+
+
+def run_compile(report):
+    """Kernels compile one signature at their first launch: a float32 run compiles only float32
+    signatures (and the fill of its float64 and int64 bookkeeping buffers), each once; the same
+    run again compiles nothing; a float64 run then compiles the float64 ones."""
+    import fastlib
+    from fastlib.cuda import device
+
+    def model(dtype):
+        return fastlib.Sequential([fastlib.Dense(3, 4, "softplus"), fastlib.Dense(4, 2)],
+                                  dtype=dtype, seed=4)
+    x, y = _data()
+    kw = dict(optimizer="RMSprop", verbose=False, seed=2, device="cuda")
+    start = len(device.COMPILES)
+    fastlib.train(model(np.float32), x.astype(np.float32), y, 1, 2, 0.1, "cross_entropy", **kw)
+    first = device.COMPILES[start:]
+    again = len(device.COMPILES)
+    fastlib.train(model(np.float32), x.astype(np.float32), y, 1, 2, 0.1, "cross_entropy", **kw)
+    repeat = device.COMPILES[again:]
+    fastlib.train(model(np.float64), x, y, 1, 2, 0.1, "cross_entropy", **kw)
+    wide = device.COMPILES[again:]
+    # the fill of the run's float64 numbers and int64 arrival counters is the one kernel a
+    # float32 run launches on other dtypes
+    only32 = all("float32" in sig or name == "fill" for name, sig, _ in first)
+    once = len({(n, sig) for n, sig, _ in device.COMPILES}) == len(device.COMPILES)
+    has64 = bool(wide) and all("float32" not in sig for _, sig, _ in wide)
+    report("compile:only the run's signatures, once",
+           bool(first) and only32 and once and not repeat and has64,
+           f"float32 run: {len(first)} signatures, all float32: {only32}; the same run again: "
+           f"{len(repeat)}; float64 run: {len(wide)}, none float32: {has64}; each compiled "
+           f"once: {once}")
 
 
 def _swiglu_pair():
@@ -805,7 +837,7 @@ def run_slow(report):
 
 GROUPS = {"frame": run_frame, "resume": run_resume, "guard": run_guards, "clip": run_clip,
           "unsupported": run_unsupported, "layers": run_activations, "swiglu": run_swiglu,
-          "attention": run_attention, "recurrent": run_recurrent,
+          "attention": run_attention, "recurrent": run_recurrent, "compile": run_compile,
           "losses": run_losses,
           "budget": run_budget, "mode": run_modes, "graph": run_graphs}
 

@@ -304,3 +304,22 @@ def test_the_row_stack_bridge_imports_the_one_module_and_leaves_numpy_as_shipped
     assert lines["ROW_STACK_AFTER"] == "False"       # and NumPy lacks it again afterwards
     assert lines["AGAIN_SAME"] == "True"
     assert "numpy.row_stack = numpy.vstack for its import only" in lines["LINE"]
+
+
+def test_a_first_compile_on_a_gpu_prints_one_line(monkeypatch, capsys):
+    from fastlib.cuda import device
+    monkeypatch.setattr(device.config, "SIMULATOR", False)  # as on a GPU
+    monkeypatch.setattr(device, "_NOTICED", [False])
+    device._notice()
+    device._notice()  # a later compile of the same process says nothing
+    err = capsys.readouterr().err
+    assert err == device.COMPILE_NOTICE + "\n"
+    assert "first launch" in err and "cache" in err
+
+
+def test_the_simulator_prints_no_compile_line(monkeypatch, capsys):
+    from fastlib.cuda import device
+    monkeypatch.setattr(device.config, "SIMULATOR", True)
+    monkeypatch.setattr(device, "_NOTICED", [False])
+    device._notice()
+    assert capsys.readouterr().err == ""
