@@ -135,3 +135,20 @@ def test_a_timeout_a_failed_check_and_a_simulator_only_script_are_told_apart(tmp
     assert refused["status"] == "refused" and "only under numba's simulator" in refused["detail"]
     empty = gpu_check.judge(_raw("frame-ops", 0), str(tmp_path))
     assert empty["status"] == "fail"  # no check reported is not a pass
+
+
+def test_a_conform_stage_fails_on_a_failed_row_not_on_an_unsupported_one(tmp_path):
+    rows = [{"engine": "fastlib-cuda", "name": "relu", "dtype": "float32", "check": "vjp",
+             "status": "pass"},
+            {"engine": "fastlib-cuda", "name": "relu", "dtype": "float64", "check": "hvp",
+             "status": "unsupported"},
+            {"engine": "fastlib", "name": "relu", "dtype": "float64", "check": "vjp",
+             "status": "fail"}]  # another engine's row: not this stage's
+    (tmp_path / "conform-0.json").write_text(json.dumps({"rows": rows}))
+    ok = gpu_check.judge(_raw("conform-seed0"), str(tmp_path))
+    assert ok["status"] == "pass" and "1/2 fastlib-cuda rows pass, 1 unsupported" in ok["detail"]
+    rows.append({"engine": "fastlib-cuda", "name": "tanh", "dtype": "float32", "check": "vjp",
+                 "status": "fail"})
+    (tmp_path / "conform-0.json").write_text(json.dumps({"rows": rows}))
+    bad = gpu_check.judge(_raw("conform-seed0"), str(tmp_path))
+    assert bad["status"] == "fail" and bad["data"]["not_passed"] == ["tanh float32 vjp: fail"]
