@@ -348,7 +348,7 @@ def run_recurrent(report):
 def run_compile(report):
     """Kernels compile one signature at their first launch: a float32 run compiles only float32
     signatures (and the fill of its float64 and int64 bookkeeping buffers), each once; the same
-    run again compiles nothing; a float64 run then compiles the float64 ones."""
+    run again compiles nothing; a float64 run then has the float64 ones."""
     import fastlib
     from fastlib.cuda import device
 
@@ -369,11 +369,17 @@ def run_compile(report):
     # float32 run launches on other dtypes
     only32 = all("float32" in sig or name == "fill" for name, sig, _ in first)
     once = len({(n, sig) for n, sig, _ in device.COMPILES}) == len(device.COMPILES)
-    has64 = bool(wide) and all("float32" not in sig for _, sig, _ in wide)
+    # the float64 run compiled no float32 signature, and the float64 twin of every kernel the
+    # float32 run compiled exists now (compiled by it, or by an earlier check of this process)
+    compiled = {(n, sig) for n, sig, _ in device.COMPILES}
+    has64 = all("float32" not in sig for _, sig, _ in wide) and all(
+        tuple(v.replace("float32", "float64") for v in (n, sig)) in compiled
+        for n, sig, _ in first if n != "fill")
     report("compile:only the run's signatures, once",
            bool(first) and only32 and once and not repeat and has64,
            f"float32 run: {len(first)} signatures, all float32: {only32}; the same run again: "
-           f"{len(repeat)}; float64 run: {len(wide)}, none float32: {has64}; each compiled "
+           f"{len(repeat)}; float64 run: {len(wide)} new, none float32 and every float64 twin "
+           f"compiled: {has64}; each compiled "
            f"once: {once}")
 
 
