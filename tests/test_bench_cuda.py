@@ -29,8 +29,8 @@ def test_without_a_device_cuda_is_a_usage_error_naming_the_reason(model):
 
 def test_under_the_simulator_it_runs_tiny_with_losses_and_the_torch_cuda_reason(tmp_path):
     out = tmp_path / "cuda.json"
-    proc = run_python(["-m", "reports", "bench", "train", "--device", "cuda", "--json",
-                       str(out)], {"NUMBA_ENABLE_CUDASIM": "1"}, timeout=900)
+    proc = run_python(["-m", "reports", "bench", "train", "--device", "cuda", "--profile",
+                       "--json", str(out)], {"NUMBA_ENABLE_CUDASIM": "1"}, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["model_name"] == "tiny" and report["simulator"] and report["device"] == "cuda"
@@ -45,6 +45,18 @@ def test_under_the_simulator_it_runs_tiny_with_losses_and_the_torch_cuda_reason(
         assert "torch has no CUDA" in proc.stdout
     assert "mean batch loss" in proc.stdout and "fastlib-cuda: mode " in proc.stdout
     assert "numba's CUDA simulator" in proc.stdout
+    # the steady epoch's counts show the zeros, and --profile's table holds the same launches:
+    # the tiny MLP's 3L + 3 = 9 per step, each kernel with its grid and block
+    counts = device["device_counts"]
+    assert counts["kernel_launches"] == 9 and all(
+        counts[k] == 0 for k in ("allocations", "h2d_copies", "d2h_copies", "synchronizations"))
+    prof = report["profile"]["4"]
+    assert sum(r["launches_per_step"] for r in prof["rows"]) == 9
+    names = {r["kernel"] for r in prof["rows"]}
+    assert {"gather_rows", "loss_rows", "guard_partials", "guard_update",
+            "gemm[float32,bias_relu,load_plain,load_plain]"} <= names
+    assert all(r["ms_per_step"] is None and r["grid"] and r["block"] for r in prof["rows"])
+    assert "profile, batch 4: 9 launches per step" in proc.stdout
 
 
 def test_the_tiny_model_is_refused_off_the_simulator(capsys):
