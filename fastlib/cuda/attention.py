@@ -31,6 +31,17 @@ def _score(q, k, qi, kj, dh, scale):
     return s * scale
 
 
+@cuda.jit(device=True)
+def _p_dp(q, k, v, do, qi, kj, dh, scale, row_lse):
+    """(p_ij, dp_ij = do_i . v_j) of query row ``qi`` and key row ``kj``, p recomputed from
+    the row's log-sum-exp."""
+    p = math.exp(_score(q, k, qi, kj, dh, scale) - row_lse)
+    dp = 0.0
+    for c in range(dh):
+        dp += float64(do[qi + c]) * float64(v[kj + c])
+    return p, dp
+
+
 def _forward_body(q, k, v, o, lse, batch, steps, heads, dh, scale, causal):
     acc = cuda.local.array(_MAX_DH, float64)
     d = heads * dh
@@ -89,21 +100,14 @@ def _backward_body(q, k, v, do, lse, delta, dq, dk, dv, batch, steps, heads, dh,
             row_lse = lse[blk * steps + i]
             dlt = 0.0
             for j in range(last):
-                kj = (b * steps + j) * d + h * dh
-                p = math.exp(_score(q, k, qi, kj, dh, scale) - row_lse)
-                dp = 0.0
-                for c in range(dh):
-                    dp += float64(do[qi + c]) * float64(v[kj + c])
+                p, dp = _p_dp(q, k, v, do, qi, (b * steps + j) * d + h * dh, dh, scale, row_lse)
                 dlt += p * dp
             delta[blk * steps + i] = dlt
             for c in range(dh):
                 acc[c] = 0.0
             for j in range(last):
                 kj = (b * steps + j) * d + h * dh
-                p = math.exp(_score(q, k, qi, kj, dh, scale) - row_lse)
-                dp = 0.0
-                for c in range(dh):
-                    dp += float64(do[qi + c]) * float64(v[kj + c])
+                p, dp = _p_dp(q, k, v, do, qi, kj, dh, scale, row_lse)
                 ds = p * (dp - dlt) * scale
                 for c in range(dh):
                     acc[c] += ds * float64(k[kj + c])
@@ -120,10 +124,7 @@ def _backward_body(q, k, v, do, lse, delta, dq, dk, dv, batch, steps, heads, dh,
                 acc2[c] = 0.0
             for i in range(first, steps):
                 qi = (b * steps + i) * d + h * dh
-                p = math.exp(_score(q, k, qi, kj, dh, scale) - lse[blk * steps + i])
-                dp = 0.0
-                for c in range(dh):
-                    dp += float64(do[qi + c]) * float64(v[kj + c])
+                p, dp = _p_dp(q, k, v, do, qi, kj, dh, scale, lse[blk * steps + i])
                 ds = p * (dp - delta[blk * steps + i]) * scale
                 for c in range(dh):
                     acc[c] += ds * float64(q[qi + c])

@@ -360,6 +360,15 @@ class _Launch:
         return configured(*args)
 
 
+def device_function_here(fn, namespace):
+    """``fn`` (a plain function) compiled as a device function that reads its globals from
+    ``namespace`` (the calling kernel module's ``globals()``): see :func:`.reduce.last_to_arrive`."""
+    import types
+
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__)
+    return cuda.jit(device=True)(copy)
+
+
 def kernel(*signatures, name=None):
     """Decorator: a :class:`LazyKernel` with the given signature strings (and a ``name`` that
     tells a factory's kernels apart in :data:`COMPILES` and the profile)."""

@@ -16,7 +16,8 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from . import config, device
-from .device import kernel
+from .device import device_function_here, kernel
+from . import reduce as _reduce
 
 _BM, _BN, _BK = config.GEMM_BM, config.GEMM_BN, config.GEMM_BK
 _TX, _TY = config.GEMM_TX, config.GEMM_TY
@@ -24,6 +25,7 @@ _TM, _TN = _BM // _TY, _BN // _TX
 _THREADS = _TX * _TY
 _BM_PAD, _BN_PAD = _BM + 1, _BN + 1   # shared rows padded by one (a literal shape)
 _NB_TYPES = {"float32": float32, "float64": float64}
+last_to_arrive = device_function_here(_reduce.last_to_arrive, globals())
 
 _SIG_GEMM = ("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], "
              "{t}[::1], float64[::1], int64[::1], int64, int64, int64, int64, int64, int64, "
@@ -40,6 +42,40 @@ def store_plain(c, out, bias, index, col, acc, param):
 def load_plain(x, aux, i, param):
     """Plain operand load: ``x[i]``."""
     return x[i]
+
+
+if _BM != _BN:
+    raise ImportError("fastlib.cuda.config: GEMM_BM and GEMM_BN must be equal (the A and B "
+                      "tiles are staged by one function)")
+
+
+@functools.lru_cache(maxsize=None)
+def _stager(load):
+    """Device function staging one operand's ``GEMM_BK``-deep slice into a shared tile.
+
+    ``tile[kk, o] = load(x, aux, base + (outer0 + o) * s_outer + (p0 + kk) * s_inner)`` for
+    the tile's ``GEMM_BM`` outer indices (rows of A, columns of B) and ``GEMM_BK`` inner ones,
+    zero past ``n_outer`` or ``k1``; each thread loads (BM * BK) / THREADS elements, and
+    neighbouring threads neighbouring addresses: along the outer axis when ``outer_fast``
+    (it is the contiguous one), else along the inner axis.
+    """
+    @cuda.jit(device=True)
+    def stage(tile, x, aux, base, s_outer, s_inner, outer0, n_outer, p0, k1, outer_fast, param,
+              tid):
+        for e in range(tid, _BM * _BK, _THREADS):
+            if outer_fast:
+                o = e % _BM
+                kk = e // _BM
+            else:
+                kk = e % _BK
+                o = e // _BK
+            outer = outer0 + o
+            p = p0 + kk
+            if outer < n_outer and p < k1:
+                tile[kk, o] = load(x, aux, base + outer * s_outer + p * s_inner, param)
+            else:
+                tile[kk, o] = 0.0
+    return stage
 
 
 def _name(fn):
@@ -60,6 +96,7 @@ def gemm_kernel(dtype_name, epilogue=store_plain, load_a=load_plain, load_b=load
     gradient. The shared tiles need a fixed element type, hence one kernel per dtype.
     """
     nbtype = _NB_TYPES[dtype_name]
+    stage_a, stage_b = _stager(load_a), _stager(load_b)
 
     def gemm(a, aux_a, b, aux_b, c, out, bias, colsum_out, work, arrivals, batch, m, n, k,
              sa_z, sa_r, sa_c, sb_z, sb_r, sb_c, param, splits, colsum):
@@ -98,36 +135,11 @@ def gemm_kernel(dtype_name, epilogue=store_plain, load_a=load_plain, load_b=load
                     for j in range(_TN):
                         col_acc[j] = 0.0
                     for p0 in range(k0, k1, _BK):
-                        # stage A^T and B: each thread loads (BM * BK) / THREADS elements,
-                        # neighbouring threads neighbouring addresses
-                        for e in range(tid, _BM * _BK, _THREADS):
-                            if a_m_fast:
-                                mm = e % _BM
-                                kk = e // _BM
-                            else:
-                                kk = e % _BK
-                                mm = e // _BK
-                            row = r0 + mm
-                            p = p0 + kk
-                            if row < m and p < k1:
-                                tile_a[kk, mm] = load_a(a, aux_a,
-                                                        z * sa_z + row * sa_r + p * sa_c, param)
-                            else:
-                                tile_a[kk, mm] = 0.0
-                        for e in range(tid, _BN * _BK, _THREADS):
-                            if b_k_fast:
-                                kk = e % _BK
-                                nn = e // _BK
-                            else:
-                                nn = e % _BN
-                                kk = e // _BN
-                            col = c0 + nn
-                            p = p0 + kk
-                            if col < n and p < k1:
-                                tile_b[kk, nn] = load_b(b, aux_b,
-                                                        z * sb_z + p * sb_r + col * sb_c, param)
-                            else:
-                                tile_b[kk, nn] = 0.0
+                        # A^T and B staged (rows of A and columns of B as the tiles' columns)
+                        stage_a(tile_a, a, aux_a, z * sa_z, sa_r, sa_c, r0, m, p0, k1,
+                                a_m_fast, param, tid)
+                        stage_b(tile_b, b, aux_b, z * sb_z, sb_c, sb_r, c0, n, p0, k1,
+                                not b_k_fast, param, tid)
                         cuda.syncthreads()
                         for kk in range(_BK):
                             for i in range(_TM):
@@ -158,18 +170,9 @@ def gemm_kernel(dtype_name, epilogue=store_plain, load_a=load_plain, load_b=load
                                 col = c0 + tx + _TX * j
                                 if col < n:
                                     work[cbase + col] = col_acc[j]
-                        cuda.threadfence()
-                        cuda.syncthreads()
-                        if tid == 0:
-                            tile = (z * tiles_m + tr) * tiles_n + tc
-                            arrived = cuda.atomic.add(arrivals, tile, 1)
-                            last[0] = 1.0 if arrived == splits - 1 else 0.0
-                            if arrived == splits - 1:
-                                arrivals[tile] = 0
-                        cuda.syncthreads()
-                        finish = last[0] != 0.0
+                        finish = last_to_arrive(arrivals, (z * tiles_m + tr) * tiles_n + tc,
+                                                splits, last)
                         if finish:
-                            cuda.threadfence()
                             for i in range(_TM):
                                 row = r0 + ty + _TY * i
                                 for j in range(_TN):

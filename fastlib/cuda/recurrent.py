@@ -34,24 +34,14 @@ def backward_launch(n_batch, hidden):
 
 
 @cuda.jit(device=True)
-def _share(hs, w_hh, prev, col, hidden, width, ks):
-    """This thread's share of ``h_{t-1} . w_hh[:, col]`` (rows ks, ks + KS, ...)."""
+def _strided_dot(a, a_base, b, b_base, b_stride, start, stop, step):
+    """``sum a[a_base + m] b[b_base + m b_stride]`` over m = start, start + step, ... < stop,
+    in float64 in that order: one thread's share of a recurrent product."""
     acc = 0.0
-    m = ks
-    while m < hidden:
-        acc += float64(hs[prev + m]) * float64(w_hh[m * width + col])
-        m += _KS
-    return acc
-
-
-@cuda.jit(device=True)
-def _row_share(dz, w_hh, nxt, j, width, lane):
-    """This thread's share of ``dz_{t+1} . w_hh[j, :]`` (columns lane, lane + LANES, ...)."""
-    acc = 0.0
-    m = lane
-    while m < width:
-        acc += float64(dz[nxt + m]) * float64(w_hh[j * width + m])
-        m += _LANES
+    m = start
+    while m < stop:
+        acc += float64(a[a_base + m]) * float64(b[b_base + m * b_stride])
+        m += step
     return acc
 
 
@@ -85,7 +75,7 @@ def _rnn_step_body(xw, hs, w_hh, t, n_batch, hidden):
         j = (blk - r * tiles) * _JT + jx
         p = 0.0
         if t > 0 and j < hidden:
-            p = _share(hs, w_hh, (t - 1) * n + r * hidden, j, hidden, hidden, ks)
+            p = _strided_dot(hs, (t - 1) * n + r * hidden, w_hh, j, hidden, ks, hidden, _KS)
         part[ks, jx] = p
         cuda.syncthreads()
         if ks == 0 and j < hidden:
@@ -114,7 +104,8 @@ def _rnn_step_back_body(dhs, hs, dz, w_hh, t, steps, n_batch, hidden):
         j = (blk - r * tiles) * _JB + jy
         p = 0.0
         if t < steps - 1 and j < hidden:
-            p = _row_share(dz, w_hh, (t + 1) * n + r * hidden, j, hidden, lane)
+            p = _strided_dot(dz, (t + 1) * n + r * hidden, w_hh, j * hidden, 1, lane, hidden,
+                              _LANES)
         total = _lane_sum(part, jy, lane, p)
         if lane == 0 and j < hidden:
             k = t * n + r * hidden + j
@@ -145,7 +136,7 @@ def _lstm_step_body(xw, hs, w_hh, gates, cs, tcs, t, n_batch, hidden):
         for q in range(4):
             p = 0.0
             if t > 0 and j < hidden:
-                p = _share(hs, w_hh, prev, q * hidden + j, hidden, width, ks)
+                p = _strided_dot(hs, prev, w_hh, q * hidden + j, width, ks, hidden, _KS)
             part[ks, q, jx] = p
         cuda.syncthreads()
         if ks == 0 and j < hidden:
@@ -194,7 +185,8 @@ def _lstm_step_back_body(dhs, gates, cs, tcs, dc, dz, w_hh, t, steps, n_batch, h
         j = (blk - r * tiles) * _JB + jy
         p = 0.0
         if t < steps - 1 and j < hidden:
-            p = _row_share(dz, w_hh, (t + 1) * 4 * n + r * width, j, width, lane)
+            p = _strided_dot(dz, (t + 1) * 4 * n + r * width, w_hh, j * width, 1, lane,
+                              width, _LANES)
         total = _lane_sum(part, jy, lane, p)
         if lane == 0 and j < hidden:
             k = r * hidden + j

@@ -18,13 +18,15 @@ from numba import cuda, float64
 from fastlib.kernels.optim import SGD
 
 from . import config
-from .device import kernel, signatures
+from .device import device_function_here, kernel, signatures
 from .optim import step_element
 from .norm import LAYER_NORM, row_moments
 from .reduce import block_sum
+from . import reduce as _reduce
 from .scalar import sigmoid_pair
 
 _RB = config.REDUCE_BLOCK
+last_to_arrive = device_function_here(_reduce.last_to_arrive, globals())
 
 #: Loss codes of :data:`loss_rows` (the five losses of fastlib.losses).
 MSE, CE, CCE, BCE, BCE_LOGITS = range(5)
@@ -96,16 +98,7 @@ def _embedding_backward_body(idx, g, dw, work, arrivals, n, num, dim, splits):
                     work[base + v * dim + j] = 0.0
                 for r in range(s * chunk, min(n, (s + 1) * chunk)):
                     work[base + idx[r] * dim + j] += float64(g[r * dim + j])
-            cuda.threadfence()
-            cuda.syncthreads()
-            if tid == 0:
-                arrived = cuda.atomic.add(arrivals, cb, 1)
-                last[0] = 1.0 if arrived == splits - 1 else 0.0
-                if arrived == splits - 1:
-                    arrivals[cb] = 0
-            cuda.syncthreads()
-            if last[0] != 0.0 and j < dim:
-                cuda.threadfence()
+            if last_to_arrive(arrivals, cb, splits, last) and j < dim:
                 for v in range(num):
                     total = 0.0
                     for q in range(splits):
@@ -201,16 +194,7 @@ def _column_sums_body(a, b, out, out2, work, arrivals, rows, d, mode, splits):
                 if j < d:
                     work[(2 * s) * d + j] = acc
                     work[(2 * s + 1) * d + j] = acc2
-                cuda.threadfence()
-                cuda.syncthreads()
-                if tid == 0:
-                    arrived = cuda.atomic.add(arrivals, cb, 1)
-                    last[0] = 1.0 if arrived == splits - 1 else 0.0
-                    if arrived == splits - 1:
-                        arrivals[cb] = 0
-                cuda.syncthreads()
-                if last[0] != 0.0 and j < d:
-                    cuda.threadfence()
+                if last_to_arrive(arrivals, cb, splits, last) and j < d:
                     total = 0.0
                     total2 = 0.0
                     for q in range(splits):
