@@ -757,9 +757,51 @@ def run_training_check(report, only):
     report(label, err <= 1e-12 and state.t == 3, f"max |w - w_numpy| {err:.3g} after 3 steps")
 
 
+SPLIT_DTYPES = ("float32", "float64")
+
+
+def run_split_checks(report, only):
+    """The GEMM's split inner axis (per-chunk float64 partials, the last block of a tile adds
+    them in chunk order) and its fused column sums: a Dense backward over 37 rows (10 chunks
+    of the simulator's 4-deep slices on 2 fake SMs' worth of blocks) against NumPy float64,
+    and run twice for equal bits. Bounds as for the Dense checks: each chunk's sum is a
+    float-dtype dot product of at most ``chunk`` terms, the chunks' float64 sum rounds once."""
+    import reflib
+    import fastlib.cuda as fc
+    from fastlib.cuda import linalg
+
+    rows, n_in, n_out = 37, 6, 3
+    rng = np.random.default_rng(77)
+    x = _uniform(rng, -1, 1, (rows, n_in))
+    w = _uniform(rng, -1, 1, (n_in, n_out))
+    b = _uniform(rng, -1, 1, (n_out,))
+    gout = _uniform(rng, -1, 1, (rows, n_out))
+    for dtype in SPLIT_DTYPES:
+        label = f"split:dense-tanh:{dtype}"
+        if only and only not in label:
+            continue
+        splits = linalg.split_count(n_in, n_out, rows, 1)
+        args = [v.astype(dtype) for v in (x, w, b)]
+        _, pre = fc.dense_forward(*args, "tanh")
+        pre_used = pre.astype(np.float64)
+        gpre = _exact(reflib.vjp("tanh", [pre_used], gout, dps=DPS)[0])
+        terms = np.abs(gpre) + np.abs(gout)
+        first = fc.dense_backward(gout.astype(dtype), args[0], args[1], pre, "tanh")
+        again = fc.dense_backward(gout.astype(dtype), args[0], args[1], pre, "tanh")
+        same = all(np.array_equal(p, q) for p, q in zip(first, again))
+        report(f"{label}:splits", splits > 1 and same,
+               f"{splits} chunks of the 37-row inner axis; two runs equal bit for bit: {same}")
+        gx, gw, gb = first
+        for part, got, want, scale, c in (
+                ("grad_x", gx, gpre @ w.T, terms @ np.abs(w).T, 2 * n_out + 20),
+                ("grad_weight", gw, x.T @ gpre, np.abs(x).T @ terms, 2 * rows + 20),
+                ("grad_bias", gb, gpre.sum(axis=0), terms.sum(axis=0), 2 * rows + 20)):
+            report(f"{label}:{part}", *compare(got, want, scale, c, "dtype", dtype))
+
+
 # ---------------------------------------------------------------------------------------------
 
-GROUPS = {"ops": run_op_checks, "kinks": run_kink_checks, "twins": run_twin_checks,
+GROUPS = {"split": run_split_checks, "ops": run_op_checks, "kinks": run_kink_checks, "twins": run_twin_checks,
           "optim": run_optimizer_checks, "dense": run_dense_checks, "train": run_training_check}
 
 
@@ -786,6 +828,9 @@ def check_names():
                                                             "grad_weight", "grad_bias")]
         names.append(f"dense:{act}:float32:device-arrays")
     names.append("train:dense-adam:float64")
+    for dtype in SPLIT_DTYPES:
+        names += [f"split:dense-tanh:{dtype}:{p}" for p in ("splits", "grad_x", "grad_weight",
+                                                            "grad_bias")]
     return names
 
 

@@ -272,3 +272,54 @@ def test_the_row_stack_failure_says_which_numpy_and_what_to_install():
     reason = import_failure_reason(
         AttributeError("module 'numpy' has no attribute 'row_stack'"))
     assert "removed numpy.row_stack" in reason and "numpy<2.5" in reason
+
+
+_BRIDGE = r"""
+import os, sys, tempfile
+import numpy as np
+folder = tempfile.mkdtemp()
+with open(os.path.join(folder, "fake_overloads.py"), "w") as fh:
+    # what numba-cuda 0.30's array overloads do at import: read numpy.row_stack
+    fh.write("import numpy as np\nREGISTERED = np.row_stack\n")
+sys.path.insert(0, folder)
+had = hasattr(np, "row_stack")
+if had:
+    del np.row_stack                    # NumPy 2.5 as shipped
+from fastlib.cuda import compat
+compat.ROW_STACK_MODULE = "fake_overloads"
+line = compat.bridge_row_stack()
+import fake_overloads
+print("REGISTERED_IS_VSTACK", fake_overloads.REGISTERED is np.vstack)
+print("ROW_STACK_AFTER", hasattr(np, "row_stack"))
+print("AGAIN_SAME", compat.bridge_row_stack() == line)
+print("LINE", line)
+"""
+
+
+def test_the_row_stack_bridge_imports_the_one_module_and_leaves_numpy_as_shipped():
+    proc = run_python(["-c", _BRIDGE], {}, drop=("NUMBA_ENABLE_CUDASIM",))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
+    assert lines["REGISTERED_IS_VSTACK"] == "True"   # the module saw row_stack = vstack
+    assert lines["ROW_STACK_AFTER"] == "False"       # and NumPy lacks it again afterwards
+    assert lines["AGAIN_SAME"] == "True"
+    assert "numpy.row_stack = numpy.vstack for its import only" in lines["LINE"]
+
+
+def test_a_first_compile_on_a_gpu_prints_one_line(monkeypatch, capsys):
+    from fastlib.cuda import device
+    monkeypatch.setattr(device.config, "SIMULATOR", False)  # as on a GPU
+    monkeypatch.setattr(device, "_NOTICED", [False])
+    device._notice()
+    device._notice()  # a later compile of the same process says nothing
+    err = capsys.readouterr().err
+    assert err == device.COMPILE_NOTICE + "\n"
+    assert "first launch" in err and "cache" in err
+
+
+def test_the_simulator_prints_no_compile_line(monkeypatch, capsys):
+    from fastlib.cuda import device
+    monkeypatch.setattr(device.config, "SIMULATOR", True)
+    monkeypatch.setattr(device, "_NOTICED", [False])
+    device._notice()
+    assert capsys.readouterr().err == ""

@@ -1,129 +1,143 @@
-"""Self-attention's core fused per head: scores, scale, causal mask, softmax and the weighted
-sum in one launch forward, two launches backward.
+"""Self-attention's core on the device, flash-style: one launch forward, one backward, one
+block per (batch, head), and no ``T x T`` matrix in global memory.
 
 The projections stay Dense GEMMs; these kernels read q, k, v in place, (B, T, d) with head h in
-columns ``h*dh .. (h+1)*dh``, so no head is gathered and scattered back. :data:`forward` runs
-one thread per query row (scores recomputed per pass, softmax sums in float64, ``p`` kept for
-backward); :data:`backward_rows` forms ``dp``, ``ds`` (float64) and ``dq`` per query row;
-:data:`backward_cols` forms ``dv`` and ``dk`` per key row. The per-kind launch budget is in
-docs/gpu.md.
+columns ``h*dh .. (h+1)*dh``. :data:`forward`: each thread of the (batch, head) block owns query
+rows; a first pass over the keys gives the row's log-sum-exp by an online maximum (float64),
+the second adds ``exp(s - lse) v`` into float64 registers; only the log-sum-exp (``B x heads x
+T``) is kept for backward. :data:`backward` recomputes the probabilities from it: the block's
+threads first own query rows (``D_i = sum_j p_ij dp_ij`` and ``dq``), then, after a barrier, key
+rows (``dk``, ``dv``), each sum in a fixed order, so the bits do not depend on timing. The
+masked keys (``j > i`` when causal) are left out outright, as on the CPU. The launch budgets
+and each kernel's parallelism: docs/gpu.md.
 """
 from __future__ import annotations
 
 import math
 
-from numba import float64
+from numba import cuda, float64
 
-from numba import cuda
-
+from .config import ATTENTION_MAX_HEAD_DIM
 from .device import kernel, signatures
 
+_MAX_DH = ATTENTION_MAX_HEAD_DIM
 
-def _forward_body(q, k, v, p, o, batch, steps, heads, dh, scale, causal):
-    idx = cuda.grid(1)
-    stride = cuda.gridsize(1)
+
+@cuda.jit(device=True)
+def _score(q, k, qi, kj, dh, scale):
+    s = 0.0
+    for c in range(dh):
+        s += float64(q[qi + c]) * float64(k[kj + c])
+    return s * scale
+
+
+@cuda.jit(device=True)
+def _p_dp(q, k, v, do, qi, kj, dh, scale, row_lse):
+    """(p_ij, dp_ij = do_i . v_j) of query row ``qi`` and key row ``kj``, p recomputed from
+    the row's log-sum-exp."""
+    p = math.exp(_score(q, k, qi, kj, dh, scale) - row_lse)
+    dp = 0.0
+    for c in range(dh):
+        dp += float64(do[qi + c]) * float64(v[kj + c])
+    return p, dp
+
+
+def _forward_body(q, k, v, o, lse, batch, steps, heads, dh, scale, causal):
+    acc = cuda.local.array(_MAX_DH, float64)
     d = heads * dh
-    while idx < batch * heads * steps:
-        i = idx % steps
-        h = (idx // steps) % heads
-        b = idx // (steps * heads)
-        qi = (b * steps + i) * d + h * dh
-        last = i + 1 if causal else steps
-        m = -math.inf
-        for j in range(last):
-            kj = (b * steps + j) * d + h * dh
-            s = 0.0
-            for c in range(dh):
-                s += float64(q[qi + c]) * float64(k[kj + c])
-            s *= scale
-            if s > m:
-                m = s
-        total = 0.0
-        for j in range(last):
-            kj = (b * steps + j) * d + h * dh
-            s = 0.0
-            for c in range(dh):
-                s += float64(q[qi + c]) * float64(k[kj + c])
-            total += math.exp(s * scale - m)
-        prow = idx * steps
-        for j in range(steps):
-            if j < last:
-                kj = (b * steps + j) * d + h * dh
-                s = 0.0
-                for c in range(dh):
-                    s += float64(q[qi + c]) * float64(k[kj + c])
-                p[prow + j] = math.exp(s * scale - m) / total
-            else:
-                p[prow + j] = 0.0
-        for c in range(dh):
-            acc = 0.0
+    blk = cuda.blockIdx.x
+    while blk < batch * heads:
+        b = blk // heads
+        h = blk - b * heads
+        i = cuda.threadIdx.x
+        while i < steps:
+            qi = (b * steps + i) * d + h * dh
+            last = i + 1 if causal else steps
+            m = -math.inf
+            total = 0.0
             for j in range(last):
-                acc += float64(p[prow + j]) * float64(v[(b * steps + j) * d + h * dh + c])
-            o[qi + c] = acc
-        idx += stride
+                s = _score(q, k, qi, (b * steps + j) * d + h * dh, dh, scale)
+                if s > m:
+                    total = total * math.exp(m - s) + 1.0
+                    m = s
+                else:
+                    total += math.exp(s - m)
+            row_lse = m + math.log(total)
+            lse[blk * steps + i] = row_lse
+            for c in range(dh):
+                acc[c] = 0.0
+            for j in range(last):
+                kj = (b * steps + j) * d + h * dh
+                p = math.exp(_score(q, k, qi, kj, dh, scale) - row_lse)
+                for c in range(dh):
+                    acc[c] += p * float64(v[kj + c])
+            for c in range(dh):
+                o[qi + c] = acc[c]
+            i += cuda.blockDim.x
+        blk += cuda.gridDim.x
 
 
 forward = kernel(*signatures(
-    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64, int64, "
-    "float64, int64)"))(_forward_body)
+    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], float64[::1], int64, int64, int64, int64, "
+    "float64, int64)"), name="attention_forward")(_forward_body)
 
 
-def _backward_rows_body(q, k, v, p, do, ds, dq, batch, steps, heads, dh, scale):
-    idx = cuda.grid(1)
-    stride = cuda.gridsize(1)
+def _backward_body(q, k, v, do, lse, delta, dq, dk, dv, batch, steps, heads, dh, scale, causal):
+    # ds_ij = p_ij (dp_ij - D_i) scale, dp_ij = do_i . v_j, D_i = sum_j p_ij dp_ij (in float64,
+    # from the probabilities, not from the stored output o, which a float32 model rounded);
+    # dq_i = sum_j ds_ij k_j, dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij do_i
+    acc = cuda.local.array(_MAX_DH, float64)
+    acc2 = cuda.local.array(_MAX_DH, float64)
     d = heads * dh
-    while idx < batch * heads * steps:
-        i = idx % steps
-        h = (idx // steps) % heads
-        b = idx // (steps * heads)
-        qi = (b * steps + i) * d + h * dh
-        prow = idx * steps
-        delta = 0.0
-        for j in range(steps):
-            vj = (b * steps + j) * d + h * dh
-            dp = 0.0
+    blk = cuda.blockIdx.x
+    while blk < batch * heads:  # uniform per block: the barrier inside is safe
+        b = blk // heads
+        h = blk - b * heads
+        i = cuda.threadIdx.x
+        while i < steps:  # query rows: D_i, dq_i
+            qi = (b * steps + i) * d + h * dh
+            last = i + 1 if causal else steps
+            row_lse = lse[blk * steps + i]
+            dlt = 0.0
+            for j in range(last):
+                p, dp = _p_dp(q, k, v, do, qi, (b * steps + j) * d + h * dh, dh, scale, row_lse)
+                dlt += p * dp
+            delta[blk * steps + i] = dlt
             for c in range(dh):
-                dp += float64(do[qi + c]) * float64(v[vj + c])
-            ds[prow + j] = dp            # dp for now; ds below, once delta is known
-            delta += float64(p[prow + j]) * dp
-        for j in range(steps):
-            ds[prow + j] = float64(p[prow + j]) * (ds[prow + j] - delta) * scale
-        for c in range(dh):
-            acc = 0.0
-            for j in range(steps):
-                acc += ds[prow + j] * float64(k[(b * steps + j) * d + h * dh + c])
-            dq[qi + c] = acc
-        idx += stride
+                acc[c] = 0.0
+            for j in range(last):
+                kj = (b * steps + j) * d + h * dh
+                p, dp = _p_dp(q, k, v, do, qi, kj, dh, scale, row_lse)
+                ds = p * (dp - dlt) * scale
+                for c in range(dh):
+                    acc[c] += ds * float64(k[kj + c])
+            for c in range(dh):
+                dq[qi + c] = acc[c]
+            i += cuda.blockDim.x
+        cuda.syncthreads()  # every D_i of the block written (and visible to it)
+        j = cuda.threadIdx.x
+        while j < steps:  # key rows: dk_j, dv_j
+            kj = (b * steps + j) * d + h * dh
+            first = j if causal else 0
+            for c in range(dh):
+                acc[c] = 0.0
+                acc2[c] = 0.0
+            for i in range(first, steps):
+                qi = (b * steps + i) * d + h * dh
+                p, dp = _p_dp(q, k, v, do, qi, kj, dh, scale, lse[blk * steps + i])
+                ds = p * (dp - delta[blk * steps + i]) * scale
+                for c in range(dh):
+                    acc[c] += ds * float64(q[qi + c])
+                    acc2[c] += p * float64(do[qi + c])
+            for c in range(dh):
+                dk[kj + c] = acc[c]
+                dv[kj + c] = acc2[c]
+            j += cuda.blockDim.x
+        cuda.syncthreads()  # the block's next (batch, head) reuses nothing, but keep it uniform
+        blk += cuda.gridDim.x
 
 
-backward_rows = kernel(*signatures(
-    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], float64[::1], {t}[::1], int64, "
-    "int64, int64, int64, float64)"))(_backward_rows_body)
-
-
-def _backward_cols_body(q, p, do, ds, dk, dv, batch, steps, heads, dh):
-    idx = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    d = heads * dh
-    while idx < batch * heads * steps:
-        j = idx % steps
-        h = (idx // steps) % heads
-        b = idx // (steps * heads)
-        kj = (b * steps + j) * d + h * dh
-        head = idx - j                   # (b, h, 0)'s row index: rows i of this head follow
-        for c in range(dh):
-            acc_v = 0.0
-            acc_k = 0.0
-            for i in range(steps):
-                at = (head + i) * steps + j
-                qi = (b * steps + i) * d + h * dh + c
-                acc_v += float64(p[at]) * float64(do[qi])
-                acc_k += ds[at] * float64(q[qi])
-            dv[kj + c] = acc_v
-            dk[kj + c] = acc_k
-        idx += stride
-
-
-backward_cols = kernel(*signatures(
-    "void({t}[::1], {t}[::1], {t}[::1], float64[::1], {t}[::1], {t}[::1], int64, int64, int64, "
-    "int64)"))(_backward_cols_body)
+backward = kernel(*signatures(
+    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], float64[::1], float64[::1], {t}[::1], "
+    "{t}[::1], {t}[::1], int64, int64, int64, int64, float64, int64)"),
+    name="attention_backward")(_backward_body)

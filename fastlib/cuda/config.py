@@ -19,8 +19,25 @@ BLOCK = 8 if SIMULATOR else 256
 #: Largest number of threads per block of the tree reductions; a power of two.
 REDUCE_BLOCK = 8 if SIMULATOR else 256
 
-#: Side of the square shared-memory tiles of the GEMM kernel (TILE x TILE threads per block).
+#: Side of the square shared-memory tiles of the remaining 16 x 16 GEMM-like kernels (SwiGLU's
+#: fused gate / up product and its two-half input gradient): TILE x TILE threads per block.
 TILE = 4 if SIMULATOR else 16
+
+#: The register-blocked GEMM (:mod:`.linalg`): a GEMM_BM x GEMM_BN block of C per thread block,
+#: GEMM_BK-deep slices of A and B staged through shared memory, GEMM_TY x GEMM_TX threads, each
+#: holding (GEMM_BM / GEMM_TY) x (GEMM_BN / GEMM_TX) outputs in registers (4 x 4 on a GPU).
+GEMM_BM = GEMM_BN = 8 if SIMULATOR else 64
+GEMM_BK = 4 if SIMULATOR else 16
+GEMM_TX = GEMM_TY = 4 if SIMULATOR else 16
+
+#: Blocks a launch should have to fill the GPU: a GEMM with fewer output tiles splits its inner
+#: (long) axis into chunks, reduced in a fixed order (:mod:`.linalg`); the column sums likewise.
+#: Per streaming multiprocessor, times the device's count (:func:`.device.sm_count`).
+BLOCKS_PER_SM = 2
+
+#: Each split of a GEMM's inner axis is at least this many GEMM_BK slices (a split that short
+#: would spend more on its partials than on its products).
+MIN_SPLIT_SLICES = 1 if SIMULATOR else 4
 
 #: Most blocks launched along one grid axis; grid-stride loops cover the rest.
 MAX_GRID = 4 if SIMULATOR else 65535
@@ -31,3 +48,25 @@ GUARD_BLOCKS = 2 if SIMULATOR else 64
 
 #: Most blocks of the guarded update (a grid-stride loop over the flat parameter buffer).
 UPDATE_BLOCKS = 4 if SIMULATOR else 1024
+
+#: Compile device kernels with numba-cuda's on-disk cache (``cache=True``), so a second process
+#: loads them instead of compiling; fastlib's cache guard drops the cache when a source changes.
+CACHE = True
+
+#: Each chunk of a split column sum (bias, norm scales, embedding backward) is at least this
+#: many rows.
+MIN_SPLIT_ROWS = 2 if SIMULATOR else 32
+
+#: Most float64 entries of the embedding backward's per-chunk tables (splits x vocabulary x
+#: width): a large vocabulary gets fewer chunks rather than a large workspace.
+MAX_SPLIT_TABLE = 1 << 22
+
+#: The widest attention head the device kernels take (their per-thread float64 accumulators
+#: have this many entries); a wider head is refused when the model is built for the device.
+ATTENTION_MAX_HEAD_DIM = 128
+
+#: Recurrent time steps (:mod:`.recurrent`): forward, a block of REC_JT units x REC_KS shares
+#: of each recurrent product; backward, a block of REC_JB units x REC_LANES threads reading
+#: each unit's row of the recurrent weights (a power of two: a tree adds the lanes).
+REC_JT, REC_KS = (4, 2) if SIMULATOR else (32, 4)
+REC_JB, REC_LANES = (2, 4) if SIMULATOR else (4, 32)

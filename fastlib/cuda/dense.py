@@ -37,18 +37,17 @@ def bias_activation_epilogue(name):
     """GEMM epilogue ``c = acc + bias[col]; out = f(c)`` for the scalar activation ``name``."""
     f = ACTIVATIONS[name][0]
     if name in WITH_PARAM:
-        @cuda.jit(device=True)
         def store(c, out, bias, index, col, acc, param):
             v = acc + bias[col]
             c[index] = v
             out[index] = f(float64(c[index]), param)
     else:
-        @cuda.jit(device=True)
         def store(c, out, bias, index, col, acc, param):
             v = acc + bias[col]
             c[index] = v
             out[index] = f(float64(c[index]))
-    return store
+    store.__name__ = store.__qualname__ = f"bias_{name}"   # names the GEMM kernel that uses it
+    return cuda.jit(device=True)(store)
 
 
 def _dense_forward_device(d_x, d_w, d_b, rows, n_in, n_out, activation, param):

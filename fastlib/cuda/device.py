@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 from . import counters
+from . import profile as _PROFILE
 
 try:
     from numba import cuda
@@ -46,8 +47,9 @@ def import_failure_reason(exc) -> str:
     text = f"{type(exc).__name__}: {exc}"
     if "row_stack" in text:
         return (f"import numba.cuda failed ({text}): NumPy {np.__version__} removed "
-                f"numpy.row_stack, which this numba-cuda still registers; install a NumPy "
-                f"before 2.5 (pip install 'numpy<2.5', or {INSTALL_HINT}, which pins it)")
+                f"numpy.row_stack, which this numba-cuda needs at import (fastlib.cuda bridges "
+                f"it only after the import, at the first compile); install a NumPy before 2.5 "
+                f"(pip install 'numpy<2.5') or a numba-cuda that imports without it")
     return (f"import numba.cuda failed ({text}); install numba-cuda with a CUDA runtime and a "
             f"NumPy it supports: {INSTALL_HINT}")
 
@@ -58,9 +60,15 @@ def is_available() -> bool:
     Returns
     -------
     bool
-        True on a CUDA GPU that numba can drive, or under numba's CUDA simulator
-        (``NUMBA_ENABLE_CUDASIM=1`` in the environment before numba is imported).
+        True on a CUDA GPU where numba-cuda can build kernels (:func:`unavailable_reason`
+        is None), or under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` in the
+        environment before numba is imported).
     """
+    return unavailable_reason() is None
+
+
+def _device_present() -> bool:
+    """numba's own answer: a GPU it can drive (or the simulator)."""
     if cuda is None:
         return False
     try:
@@ -89,13 +97,18 @@ def unavailable_reason() -> str | None:
     -------
     str or None
         One human-readable line: the failing package and the fix when ``import numba.cuda``
-        fails (e.g. a NumPy too new for the installed numba-cuda), that no GPU was found (and
-        how to get the simulator), or None when :func:`is_available` is True.
+        fails, or when numba-cuda cannot compile a one-line kernel on the GPU (checked once
+        per process, after :func:`.compat.bridge_row_stack`), that no GPU was found (and how
+        to get the simulator), or None when kernels can be built and run here.
     """
     if _IMPORT_ERROR is not None:
         return import_failure_reason(_IMPORT_ERROR)
-    if is_available():
-        return None
+    if _device_present():
+        if config.SIMULATOR:
+            return None
+        from . import compat  # a GPU: can numba-cuda build a kernel with this NumPy?
+
+        return compat.compile_problem(cuda)
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0") and not config.SIMULATOR:
         # The variable is read once, when numba is first imported.
         return ("NUMBA_ENABLE_CUDASIM is set but numba was imported before it was; "
@@ -184,29 +197,98 @@ def _wait(stream):
 
 
 # ---------------------------------------------------------------------------------------------
-# kernels compiled on first launch
+# kernels compiled on first launch, one signature at a time
+
+#: Every compile of this process: (kernel, signature, seconds), in order (gpu_check reads it).
+COMPILES = []
+
+#: Every :class:`LazyKernel` made in this process, in order (the PTX check compiles them all).
+KERNELS = []
+
+#: The line a process prints (once, to stderr) when it first compiles on a GPU.
+COMPILE_NOTICE = ("fastlib.cuda: compiling GPU kernels at their first launch (only the "
+                  "signatures this run uses; kept in numba's on-disk cache for later runs) ...")
+
+_NOTICED = [False]
+
+
+def _notice():
+    """Print :data:`COMPILE_NOTICE` once per process, on a GPU (the simulator compiles nothing)."""
+    if _NOTICED[0] or config.SIMULATOR:
+        return
+    _NOTICED[0] = True
+    import sys
+
+    print(COMPILE_NOTICE, file=sys.stderr, flush=True)
+
+
+def _argument_dtypes(signature):
+    """Per argument of a signature string, its array dtype's name (None for a scalar)."""
+    from numba.core import sigutils
+
+    args, _ = sigutils.normalize_signature(signature)
+    return tuple(str(t.dtype) if hasattr(t, "ndim") else None for t in args)
+
 
 class LazyKernel:
-    """A ``cuda.jit`` kernel with explicit signatures, compiled at its first launch.
+    """A ``cuda.jit`` kernel with explicit signatures, each compiled at its first launch.
 
     Compiling eagerly at import would make ``import fastlib.cuda`` pay for every kernel (and
-    fail outright where there is no CUDA toolkit); compiling at first use keeps import free and
-    still gives each kernel fixed, explicit argument types.
+    fail outright where there is no CUDA toolkit); compiling every declared signature at the
+    first launch would pay for dtypes a run never uses. So a launch picks its signature from
+    its arguments' dtypes (only the argument positions where the signatures differ are read)
+    and compiles that one signature once, with numba's on-disk cache where numba-cuda offers
+    it (``cache=True``; fastlib's cache guard drops it when a source changes). Each signature
+    is its own single-signature dispatcher, the launch path numba-cuda makes cheapest.
     """
 
-    def __init__(self, fn, signatures):
+    def __init__(self, fn, signatures, name=None):
         self.fn = fn
         self.signatures = list(signatures)
-        self._compiled = None
+        self._by_key = {}
+        self._positions = None
+        self._keys = None
         self._bound = {}
-        self.__name__ = getattr(fn, "__name__", "kernel")
+        default = getattr(fn, "__name__", "kernel").lstrip("_")
+        self.__name__ = name or (default[:-5] if default.endswith("_body") else default)
         self.__doc__ = getattr(fn, "__doc__", None)
+        KERNELS.append(self)
 
-    @property
-    def compiled(self):
-        if self._compiled is None:
-            self._compiled = cuda.jit(self.signatures)(self.fn)
-        return self._compiled
+    def _index(self):
+        """The argument positions that tell the signatures apart, and each signature's key."""
+        dtypes = [_argument_dtypes(s) for s in self.signatures]
+        self._positions = tuple(i for i in range(len(dtypes[0]))
+                                if len({d[i] for d in dtypes}) > 1)
+        self._keys = [tuple(np.dtype(d[i]) for i in self._positions) for d in dtypes]
+
+    def key(self, args):
+        """The dtype key of a launch's arguments (which signature they call)."""
+        if self._positions is None:
+            self._index()
+        return tuple(args[i].dtype for i in self._positions)
+
+    def dispatcher(self, key):
+        """The compiled single-signature kernel for ``key``, compiled now if it is new."""
+        try:
+            return self._by_key[key]
+        except KeyError:
+            pass
+        if self._keys is None:
+            self._index()
+        if key not in self._keys:
+            raise TypeError(f"{self.__name__}: no signature takes arguments of dtypes "
+                            f"{[str(d) for d in key]} "
+                            f"(at argument positions {self._positions}); it has "
+                            f"{self.signatures}")
+        signature = self.signatures[self._keys.index(key)]
+        self._by_key[key] = compiled = compile_signature(self.fn, signature, self.__name__)
+        return compiled
+
+    def compile_all(self):
+        """Every declared signature, compiled now (tests and the PTX check; not a run's path)."""
+        if self._keys is None:
+            self._index()
+        return [self.dispatcher(k) for k in self._keys]
 
     def __getitem__(self, launch):
         if len(launch) == 2 and _TARGET[0]:
@@ -215,7 +297,7 @@ class LazyKernel:
             # NOTE: not kept: a graph builder lives for one recording; and the simulator's
             # kernel[...] configures the kernel object itself and returns it, so a kept
             # configuration would change when the kernel is next configured otherwise
-            return _Launch(self.compiled[launch])
+            return _Launch(self, launch, keep=False)
         # NOTE: configurations are bound once per (grid, block, stream) and reused: a training
         # step asks for the same few every step
         try:
@@ -223,29 +305,75 @@ class LazyKernel:
         except KeyError:
             if len(self._bound) >= 256:  # keeps no run's stream alive for long
                 self._bound.clear()
-            bound = self._bound[launch] = _Launch(self.compiled[launch])
+            bound = self._bound[launch] = _Launch(self, launch, keep=True)
             return bound
         except TypeError:  # an unhashable stream: bind for this call only
-            return _Launch(self.compiled[launch])
+            return _Launch(self, launch, keep=False)
+
+
+def compile_signature(fn, signature, name):
+    """``cuda.jit(signature)(fn)``, cached on disk where numba-cuda can, timed in COMPILES."""
+    import time
+
+    from . import compat
+
+    if not config.SIMULATOR:
+        compat.bridge_row_stack()
+        _notice()
+    t0 = time.perf_counter()
+    compiled = None
+    if config.CACHE and not config.SIMULATOR:
+        try:
+            compiled = cuda.jit(signature, cache=True)(fn)
+        except Exception:  # NOTE: no writable cache folder, or a closure the cache cannot
+            compiled = None  # key: compile without the cache (a real error repeats below)
+    if compiled is None:
+        compiled = cuda.jit(signature)(fn)
+    COMPILES.append((name, signature, time.perf_counter() - t0))
+    return compiled
 
 
 class _Launch:
-    """A configured kernel that counts its launches (:mod:`.counters`)."""
+    """A configured kernel that counts its launches (:mod:`.counters`) and calls the
+    signature its arguments' dtypes select."""
 
-    __slots__ = ("configured",)
+    __slots__ = ("kernel", "launch", "configured")
 
-    def __init__(self, configured):
-        self.configured = configured
+    def __init__(self, kernel, launch, keep):
+        self.kernel = kernel
+        self.launch = launch
+        self.configured = {} if keep else None
 
     def __call__(self, *args):
         counters.add("kernel_launches")
-        return self.configured(*args)
+        kern = self.kernel
+        key = kern.key(args)
+        if self.configured is None:
+            configured = kern.dispatcher(key)[self.launch]
+        else:
+            try:
+                configured = self.configured[key]
+            except KeyError:
+                configured = self.configured[key] = kern.dispatcher(key)[self.launch]
+        if _PROFILE.active() is not None and not _RECORDING[0]:
+            return _PROFILE.launch(kern.__name__, configured, self.launch, args)
+        return configured(*args)
 
 
-def kernel(*signatures):
-    """Decorator: a :class:`LazyKernel` with the given signature strings."""
+def device_function_here(fn, namespace):
+    """``fn`` (a plain function) compiled as a device function that reads its globals from
+    ``namespace`` (the calling kernel module's ``globals()``): see :func:`.reduce.last_to_arrive`."""
+    import types
+
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__)
+    return cuda.jit(device=True)(copy)
+
+
+def kernel(*signatures, name=None):
+    """Decorator: a :class:`LazyKernel` with the given signature strings (and a ``name`` that
+    tells a factory's kernels apart in :data:`COMPILES` and the profile)."""
     def wrap(fn):
-        return LazyKernel(fn, signatures)
+        return LazyKernel(fn, signatures, name)
     return wrap
 
 
@@ -272,6 +400,42 @@ def tile_grid(m: int, n: int) -> tuple[int, int]:
     (grid-stride past ``config.MAX_GRID``)."""
     return (max(1, min(config.MAX_GRID, -(-n // config.TILE))),
             max(1, min(config.MAX_GRID, -(-m // config.TILE))))
+
+
+_SM = []
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the current GPU (a fixed 2 on the simulator)."""
+    if not _SM:
+        if config.SIMULATOR:
+            _SM.append(2)
+        else:
+            _SM.append(int(cuda.get_current_device().MULTIPROCESSOR_COUNT))
+    return _SM[0]
+
+
+def fill_target() -> int:
+    """Blocks a launch should have to keep every multiprocessor busy."""
+    return config.BLOCKS_PER_SM * sm_count()
+
+
+_COUNTERS = []
+
+
+def arrival_counters(n: int):
+    """At least ``n`` int64 zeros on the device, for the last-block-finishes reductions.
+
+    The kernels count their blocks' arrivals here and the last block to arrive resets its
+    counter to zero, so the buffer stays zero between launches and is allocated (and zeroed)
+    once per process; a larger one is added when needed and the smaller ones are kept, since
+    recorded CUDA graphs hold their pointers.
+    """
+    if not _COUNTERS or _COUNTERS[-1].shape[0] < n:
+        buf = _allocate(max(int(n), 1024), np.int64)
+        fill(buf, 0.0)
+        _COUNTERS.append(buf)
+    return _COUNTERS[-1]
 
 
 def row_grid(rows: int) -> int:
@@ -454,7 +618,8 @@ def _fill_body(out, value):
         i += step
 
 
-_fill = kernel("void(float32[::1], float64)", "void(float64[::1], float64)")(_fill_body)
+_fill = kernel("void(float32[::1], float64)", "void(float64[::1], float64)",
+               "void(int64[::1], float64)")(_fill_body)
 
 
 def fill(d_array, value: float) -> None:

@@ -62,8 +62,9 @@ def unary_kernels(name):
                 out[i] = g[i] * df(float64(x[i]))
                 i += step
 
-    return (kernel(*signatures("void({t}[::1], {t}[::1], float64)"))(fwd),
-            kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], float64)"))(vjp))
+    return (kernel(*signatures("void({t}[::1], {t}[::1], float64)"), name=f"unary[{name}]")(fwd),
+            kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], float64)"),
+                   name=f"unary_vjp[{name}]")(vjp))
 
 
 def unary_forward_device(name, d_x, param=0.0):

@@ -31,6 +31,9 @@ def support():
         return False, "FASTLIB_CUDA_GRAPHS=0 in the environment"
     if config.SIMULATOR:
         return False, "numba's CUDA simulator has no CUDA graphs"
+    from . import profile
+    if profile.active() is not None:
+        return False, "profiling: each kernel is launched and timed on its own"
     try:
         from numba.cuda.cudadrv import driver
     except Exception as exc:  # pragma: no cover - fastlib.cuda reports it as unavailable first

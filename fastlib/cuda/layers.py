@@ -18,7 +18,7 @@ import numpy as np
 
 from fastlib.layers.activations import LEAKY_SLOPE  # Dense's leaky_relu slope: one source
 
-from . import attention, device, swiglu
+from . import attention, device, recurrent, swiglu
 from . import train_kernels as tk
 from .dense import DENSE_ACTIVATIONS, _dense_forward_device
 from .dense_grad import dense_grads
@@ -54,12 +54,41 @@ def mm(d_a, d_b, m, n, k, dtype, ta=False, tb=False, batch=1, shared_b=False, ou
                        k, dtype, d_c=out)
 
 
+def column_geometry(rows, d, cap=None):
+    """(threads, column blocks, row chunks) of a column reduction over ``rows`` x ``d``: a
+    power-of-two block over the columns, and the rows split until the launch fills the GPU
+    (each chunk at least ``config.MIN_SPLIT_ROWS`` rows; at most ``cap`` chunks)."""
+    threads = 1
+    while threads < d and threads < device.config.BLOCK:
+        threads *= 2
+    col_blocks = -(-d // threads)
+    splits = 1
+    target = device.fill_target()
+    if col_blocks < target:
+        splits = max(1, min(-(-target // col_blocks), rows // device.config.MIN_SPLIT_ROWS))
+    if cap is not None:
+        splits = max(1, min(splits, cap))
+    return threads, col_blocks, splits
+
+
+def column_sums(d_a, rows, d, mode, out, d_b=None, out2=None):
+    """Per-column sums of a (rows, d) array in one launch (:data:`.train_kernels.column_sums`:
+    ``mode`` SUM_A, SUM_AB or SUM_AB_AND_A), float64 in row order per chunk, chunks added in
+    order, rounded once into ``out`` (and ``out2``)."""
+    threads, col_blocks, splits = column_geometry(rows, d)
+    work = device.empty(2 * splits * d if splits > 1 else 0, np.float64)
+    arrivals = device.arrival_counters(col_blocks)
+    grid = (min(device.config.MAX_GRID, col_blocks), min(device.config.MAX_GRID, splits))
+    tk.column_sums[grid, threads](d_a, d_a if d_b is None else d_b, out,
+                                  out if out2 is None else out2, work, arrivals, rows, d, mode,
+                                  splits)
+    return out
+
+
 def col_sums(d_a, rows, d, dtype, d_b=None, out=None):
     """Per-column ``sum_r a[r, j] (* b[r, j])`` in float64, rounded once to ``dtype``."""
     out = device.empty(d, dtype) if out is None else out
-    launch(tk.column_sums, d)(d_a, d_a if d_b is None else d_b, out, rows, d,
-                              0 if d_b is None else 1)
-    return out
+    return column_sums(d_a, rows, d, tk.SUM_A if d_b is None else tk.SUM_AB, out, d_b)
 
 
 def add_into(d_a, d_b):
@@ -161,7 +190,8 @@ class DLayerNorm(DeviceLayer):
         x, xhat, rows = self.hist
         gw = self.g("weight")
         gb = self.g("bias") if self.affine_bias else gw
-        launch(tk.column_sums_pair, d)(g.data, xhat, gw, gb, rows, d, int(self.affine_bias))
+        column_sums(g.data, rows, d, tk.SUM_AB_AND_A if self.affine_bias else tk.SUM_AB, gw,
+                    xhat, gb)
         grads = {self.prefix + "weight": gw}
         if self.affine_bias:
             grads[self.prefix + "bias"] = gb
@@ -203,7 +233,13 @@ class DEmbedding(DeviceLayer):
         x = self.hist
         n, num, dim = _size(x.shape), self.layer.num, self.layer.dim
         dw = self.g("weight")
-        launch(tk.embedding_backward, dim)(x.data, g.data, dw, n, num, dim)
+        cap = max(1, device.config.MAX_SPLIT_TABLE // max(1, num * dim))
+        threads, col_blocks, splits = column_geometry(n, dim, cap)
+        work = device.empty(splits * num * dim, np.float64)
+        grid = (min(device.config.MAX_GRID, col_blocks), min(device.config.MAX_GRID, splits))
+        tk.embedding_backward[grid, threads](x.data, g.data, dw, work,
+                                             device.arrival_counters(col_blocks), n, num, dim,
+                                             splits)
         return None, {self.prefix + "weight": dw}
 
 
@@ -237,7 +273,7 @@ def _swap01(d_x, a, b, c):
 
 class DRecurrent(DeviceLayer):
     """RNN and LSTM: time-major (T, B, ...) inside; the input projection of every time step as
-    one GEMM, then one fused launch per time step forward and one backward."""
+    one GEMM, then one launch per time step forward and one backward (:mod:`.recurrent`)."""
 
     def forward(self, x):
         L, dt = self.layer, self.dtype
@@ -285,24 +321,25 @@ class DRecurrent(DeviceLayer):
 
 
 class DRNN(DRecurrent):
-    """One fused launch per time step each way (:data:`.train_kernels.rnn_fused`)."""
+    """One launch per time step each way (:data:`.recurrent.rnn_step`)."""
     _gates = 1
 
     def _run(self, xw, hs, steps, batch, H):
         for t in range(steps):
-            launch(tk.rnn_fused, batch * H)(xw, hs, self.p("w_hh"), t, batch, H)
+            recurrent.rnn_step[recurrent.forward_launch(batch, H)](xw, hs, self.p("w_hh"), t,
+                                                                   batch, H)
         return None
 
     def _back(self, dhs, hs, cache, steps, batch, H):
         dz = device.empty(steps * batch * H, self.dtype)
         for t in range(steps - 1, -1, -1):
-            launch(tk.rnn_fused_back, batch * H)(dhs, hs, dz, self.p("w_hh"), t, steps, batch,
-                                                 H)
+            recurrent.rnn_step_back[recurrent.backward_launch(batch, H)](
+                dhs, hs, dz, self.p("w_hh"), t, steps, batch, H)
         return dz
 
 
 class DLSTM(DRecurrent):
-    """One fused launch per time step each way, all four gates (:data:`.train_kernels.lstm_fused`)."""
+    """One launch per time step each way, all four gates (:data:`.recurrent.lstm_step`)."""
     _gates = 4
 
     def _run(self, xw, hs, steps, batch, H):
@@ -310,7 +347,8 @@ class DLSTM(DRecurrent):
         gates = device.empty(steps * 4 * n, dt)
         cs, tcs = device.empty(steps * n, dt), device.empty(steps * n, dt)
         for t in range(steps):
-            launch(tk.lstm_fused, n)(xw, hs, self.p("w_hh"), gates, cs, tcs, t, batch, H)
+            recurrent.lstm_step[recurrent.forward_launch(batch, H)](
+                xw, hs, self.p("w_hh"), gates, cs, tcs, t, batch, H)
         return gates, cs, tcs
 
     def _back(self, dhs, hs, cache, steps, batch, H):
@@ -319,14 +357,31 @@ class DLSTM(DRecurrent):
         dz = device.empty(steps * 4 * n, dt)
         dc = device.empty(n, dt)  # written at the last step before any read
         for t in range(steps - 1, -1, -1):
-            launch(tk.lstm_fused_back, n)(dhs, gates, cs, tcs, dc, dz, self.p("w_hh"), t,
-                                          steps, batch, H)
+            recurrent.lstm_step_back[recurrent.backward_launch(batch, H)](
+                dhs, gates, cs, tcs, dc, dz, self.p("w_hh"), t, steps, batch, H)
         return dz
 
 
 class DAttention(DeviceLayer):
-    """Self-attention: the q, k, v and output projections as Dense GEMMs, the core fused per
-    head (:mod:`.attention`: one launch forward, two backward)."""
+    """Self-attention: the q, k, v and output projections as Dense GEMMs, the core flash-style
+    (:mod:`.attention`: one launch forward, one backward, a block per (batch, head); only the
+    rows' log-sum-exp is kept between them)."""
+
+    def __init__(self, layer, store, prefix, grads=None):
+        super().__init__(layer, store, prefix, grads)
+        dh = layer.d_model // layer.heads
+        if dh > device.config.ATTENTION_MAX_HEAD_DIM:
+            raise DeviceUnsupportedError(
+                f"train(device='cuda'): MultiHeadAttention({layer.d_model}, {layer.heads}) has "
+                f"heads of width {dh}, wider than the device kernels' "
+                f"{device.config.ATTENTION_MAX_HEAD_DIM}; use more heads or train it with "
+                f"device='cpu'")
+
+    def _core_launch(self, batch, steps):
+        threads = 1
+        while threads < steps and threads < device.config.BLOCK:
+            threads *= 2
+        return min(device.config.MAX_GRID, batch * self.layer.heads), threads
 
     def forward(self, x):
         L, dt = self.layer, self.dtype
@@ -338,28 +393,27 @@ class DAttention(DeviceLayer):
                                                d, d, "linear", 0.0)
         # the scale as the dtype holds it (the CPU layer's value)
         scale = float(dt.type(1.0 / np.sqrt(dh)))
-        p = device.empty(batch * nh * steps * steps, dt)
+        lse = device.empty(batch * nh * steps, np.float64)
         att = device.empty(rows * d, dt)
-        launch(attention.forward, batch * nh * steps)(proj["q"], proj["k"], proj["v"], p, att,
-                                                      batch, steps, nh, dh, scale, int(L.causal))
+        attention.forward[self._core_launch(batch, steps)](
+            proj["q"], proj["k"], proj["v"], att, lse, batch, steps, nh, dh, scale,
+            int(L.causal))
         y, _ = _dense_forward_device(att, self.p("w_o"), self.p("b_o"), rows, d, d, "linear", 0.0)
-        self.hist = (x, proj, p, att, scale)
+        self.hist = (x, proj, lse, att, scale)
         return DT(y, x.shape)
 
     def backward(self, g, need_input_grad):
         L, dt = self.layer, self.dtype
-        x, proj, p, att, scale = self.hist
+        x, proj, lse, att, scale = self.hist
         batch, steps, d = x.shape
         nh, dh, rows = L.heads, d // L.heads, batch * steps
         datt, gw_o, gb_o = dense_backward(g.data, att, self.p("w_o"), g.data, rows, d, d,
                                           "linear", dt, True, self.g("w_o"), self.g("b_o"))
-        ds = device.empty(batch * nh * steps * steps, np.float64)
+        delta = device.empty(batch * nh * steps, np.float64)
         dproj = {n: device.empty(rows * d, dt) for n in "qkv"}
-        n_rows = batch * nh * steps
-        launch(attention.backward_rows, n_rows)(proj["q"], proj["k"], proj["v"], p, datt, ds,
-                                                dproj["q"], batch, steps, nh, dh, scale)
-        launch(attention.backward_cols, n_rows)(proj["q"], p, datt, ds, dproj["k"], dproj["v"],
-                                                batch, steps, nh, dh)
+        attention.backward[self._core_launch(batch, steps)](
+            proj["q"], proj["k"], proj["v"], datt, lse, delta, dproj["q"], dproj["k"],
+            dproj["v"], batch, steps, nh, dh, scale, int(L.causal))
         grads, dx = {}, None
         for n in "qkv":
             gx, gw, gb = dense_backward(dproj[n], x.data, self.p(f"w_{n}"), dproj[n], rows, d, d,

@@ -45,6 +45,32 @@ def block_sum(shared, value):
     return total
 
 
+def last_to_arrive(arrivals, slot, expected, flag):
+    """True (in every thread of the block) when this block is the ``expected``-th to arrive at
+    counter ``slot``: the end of a split reduction, whose last block adds the partials in a
+    fixed order. The block's partials are fenced before it counts itself; the last block
+    resets the counter to zero for the next launch. ``flag`` is a 1-entry shared array; the
+    caller passes a barrier before calling again. Called by every thread (it holds barriers).
+
+    NOTE: a plain function: each kernel module compiles its own copy
+    (:func:`.device.device_function_here`), since numba's simulator swaps a device function's
+    module global ``cuda`` around each call, and a copy living in another module than its
+    kernel races there (a thread reads the real ``numba.cuda``, which has no ``threadfence``).
+    """
+    cuda.threadfence()
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0 and cuda.threadIdx.y == 0:
+        arrived = cuda.atomic.add(arrivals, slot, 1)
+        flag[0] = 1.0 if arrived == expected - 1 else 0.0
+        if arrived == expected - 1:
+            arrivals[slot] = 0
+    cuda.syncthreads()
+    last = flag[0] != 0.0
+    if last:
+        cuda.threadfence()
+    return last
+
+
 @cuda.jit(device=True)
 def compensated_add(acc, comp, value):
     """One step of Neumaier summation: returns the new (sum, compensation).

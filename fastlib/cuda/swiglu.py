@@ -98,7 +98,7 @@ def gate_up_kernel(dtype_name):
                 tc += cuda.gridDim.x
             tr += cuda.gridDim.y
 
-    return kernel(_SIG_GATE_UP.format(t=dtype_name))(body)
+    return kernel(_SIG_GATE_UP.format(t=dtype_name), name=f"swiglu_gate_up[{dtype_name}]")(body)
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,7 +149,7 @@ def dx_kernel(dtype_name):
                 tc += cuda.gridDim.x
             tr += cuda.gridDim.y
 
-    return kernel(_SIG_DX.format(t=dtype_name))(body)
+    return kernel(_SIG_DX.format(t=dtype_name), name=f"swiglu_dx[{dtype_name}]")(body)
 
 
 def swiglu_forward_device(d_x, d_wg, d_wu, d_wd, rows, d, hidden, out, dtype):

@@ -1,10 +1,10 @@
 """The small kernels of device training that the op kernels do not already provide.
 
 Batches gathered from the resident data through the epoch's shuffled index, Embedding's lookup
-and scatter-add, elementwise helpers (add, product, affine rows), per-column sums accumulated in
-float64, the recurrent steps of RNN and LSTM (one fused launch per time step), the five losses with per-block partial sums, and the guarded optimizer step
-(finiteness, both clipping modes, the update, all decided on the device in two launches over
-the run's flat gradient buffer, so a step needs no readback before its update).
+and its backward, elementwise helpers, per-column sums in float64 (split over rows), the five
+losses with per-block partial sums, and the guarded optimizer step (finiteness, both clipping
+modes, the update, all decided on the device in two launches over the run's flat gradient
+buffer, so a step needs no readback before its update).
 
 Every kernel works on flat C-contiguous arrays with grid-stride loops, like the rest of
 :mod:`fastlib.cuda`, so the simulator's tiny blocks and grids run the same code paths as a GPU.
@@ -18,13 +18,15 @@ from numba import cuda, float64
 from fastlib.kernels.optim import SGD
 
 from . import config
-from .device import kernel, signatures
+from .device import device_function_here, kernel, signatures
 from .optim import step_element
 from .norm import LAYER_NORM, row_moments
 from .reduce import block_sum
+from . import reduce as _reduce
 from .scalar import sigmoid_pair
 
 _RB = config.REDUCE_BLOCK
+last_to_arrive = device_function_here(_reduce.last_to_arrive, globals())
 
 #: Loss codes of :data:`loss_rows` (the five losses of fastlib.losses).
 MSE, CE, CCE, BCE, BCE_LOGITS = range(5)
@@ -76,22 +78,40 @@ embedding_forward = kernel(*signatures("void({t}[::1], int64[::1], {t}[::1], int
     _embedding_forward_body)
 
 
-def _embedding_backward_body(idx, g, dw, n, num, dim):
-    # One thread per column; rows in order, so repeated indices sum in a fixed order (no atomics:
-    # the result is deterministic and equal run to run).
-    j = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while j < dim:
-        for v in range(num):
-            dw[v * dim + j] = 0.0
-        for r in range(n):
-            dw[idx[r] * dim + j] += g[r * dim + j]
-        j += step
+def _embedding_backward_body(idx, g, dw, work, arrivals, n, num, dim, splits):
+    # dw[v, j] = sum over rows r with idx[r] == v of g[r, j], without atomics: block (x, s)
+    # takes columns x * blockDim.x + tid of rows chunk s, adds them in row order into its own
+    # float64 table work[s] (num x dim), and the last block of the column block (an arrival
+    # count) adds the splits' tables in split order and rounds once: the bits do not depend
+    # on which block finishes when
+    tid = cuda.threadIdx.x
+    last = cuda.shared.array(1, float64)
+    chunk = (n + splits - 1) // splits
+    cb = cuda.blockIdx.x
+    while cb * cuda.blockDim.x < dim:  # uniform per block: the barriers inside are safe
+        j = cb * cuda.blockDim.x + tid
+        s = cuda.blockIdx.y
+        while s < splits:
+            base = s * num * dim
+            if j < dim:
+                for v in range(num):
+                    work[base + v * dim + j] = 0.0
+                for r in range(s * chunk, min(n, (s + 1) * chunk)):
+                    work[base + idx[r] * dim + j] += float64(g[r * dim + j])
+            if last_to_arrive(arrivals, cb, splits, last) and j < dim:
+                for v in range(num):
+                    total = 0.0
+                    for q in range(splits):
+                        total += work[q * num * dim + v * dim + j]
+                    dw[v * dim + j] = total
+            cuda.syncthreads()
+            s += cuda.gridDim.y
+        cb += cuda.gridDim.x
 
 
 embedding_backward = kernel(
-    *signatures("void(int64[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
-    _embedding_backward_body)
+    *signatures("void(int64[::1], {t}[::1], {t}[::1], float64[::1], int64[::1], int64, int64, "
+                "int64, int64)"))(_embedding_backward_body)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,46 +156,61 @@ affine_rows = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], i
                                  "int64)"))(_affine_rows_body)
 
 
-def _column_sums_body(a, b, out, rows, d, with_b):
-    # out[j] = sum_r a[r, j] (* b[r, j]), accumulated in float64 in row order, rounded once
-    j = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while j < d:
-        acc = 0.0
-        for r in range(rows):
-            v = float64(a[r * d + j])
-            if with_b:
-                v = v * float64(b[r * d + j])
-            acc += v
-        out[j] = acc
-        j += step
+#: Modes of :data:`column_sums`: ``out[j] = sum_r a[r, j]``; ``sum_r a[r, j] b[r, j]``; both
+#: (the product into ``out``, the plain sum into ``out2``: a norm layer's weight and bias).
+SUM_A, SUM_AB, SUM_AB_AND_A = range(3)
 
 
-column_sums = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
-    _column_sums_body)
+def _column_sums_body(a, b, out, out2, work, arrivals, rows, d, mode, splits):
+    # Column sums split over the long axis (rows) into `splits` chunks: thread j of block
+    # (x, s) adds column j of chunk s in float64 in row order (neighbouring threads read
+    # neighbouring columns), stores the partial, and the last block of the column block (an
+    # arrival count) adds the chunks' partials in chunk order and rounds once: the bits do not
+    # depend on which block finishes when
+    tid = cuda.threadIdx.x
+    last = cuda.shared.array(1, float64)
+    chunk = (rows + splits - 1) // splits
+    cb = cuda.blockIdx.x
+    while cb * cuda.blockDim.x < d:  # uniform per block: the barriers inside are safe
+        j = cb * cuda.blockDim.x + tid
+        s = cuda.blockIdx.y
+        while s < splits:
+            acc = 0.0
+            acc2 = 0.0
+            if j < d:
+                for r in range(s * chunk, min(rows, (s + 1) * chunk)):
+                    v = float64(a[r * d + j])
+                    if mode == SUM_A:
+                        acc += v
+                    else:
+                        acc += v * float64(b[r * d + j])
+                        acc2 += v
+            if splits == 1:
+                if j < d:
+                    out[j] = acc
+                    if mode == SUM_AB_AND_A:
+                        out2[j] = acc2
+            else:
+                if j < d:
+                    work[(2 * s) * d + j] = acc
+                    work[(2 * s + 1) * d + j] = acc2
+                if last_to_arrive(arrivals, cb, splits, last) and j < d:
+                    total = 0.0
+                    total2 = 0.0
+                    for q in range(splits):
+                        total += work[(2 * q) * d + j]
+                        total2 += work[(2 * q + 1) * d + j]
+                    out[j] = total
+                    if mode == SUM_AB_AND_A:
+                        out2[j] = total2
+                cuda.syncthreads()
+            s += cuda.gridDim.y
+        cb += cuda.gridDim.x
 
 
-def _column_sums_pair_body(g, xhat, gw, gb, rows, d, with_b):
-    # gw[j] = sum_r g[r, j] xhat[r, j] and gb[j] = sum_r g[r, j]: a norm layer's weight and bias
-    # gradients in one launch, each accumulated in float64 in row order and rounded once
-    j = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while j < d:
-        acc_w = 0.0
-        acc_b = 0.0
-        for r in range(rows):
-            v = float64(g[r * d + j])
-            acc_w += v * float64(xhat[r * d + j])
-            acc_b += v
-        gw[j] = acc_w
-        if with_b:
-            gb[j] = acc_b
-        j += step
-
-
-column_sums_pair = kernel(*signatures(
-    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
-    _column_sums_pair_body)
+column_sums = kernel(*signatures(
+    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], float64[::1], int64[::1], int64, int64, "
+    "int64, int64)"))(_column_sums_body)
 
 
 def _norm_affine_body(x, w, b, xhat, y, rows, n, mode, eps, with_bias):
@@ -237,138 +272,6 @@ def _norm_affine_vjp_body(x, g, w, out, rows, n, mode, eps):
 norm_affine_vjp = kernel(*signatures(
     "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64, float64)"))(
     _norm_affine_vjp_body)
-
-
-# ---------------------------------------------------------------------------------------------
-# recurrences, fused: one launch per time step, the recurrent product h_{t-1} @ w_hh (forward)
-# or dz_{t+1} @ w_hh^T (backward) computed inside it (each thread forms the dot products its
-# unit needs, in float64), so a time step is one launch each way instead of a GEMM and a step
-
-def _rnn_fused_body(xw, hs, w_hh, t, n_batch, hidden):
-    # hs[t] = tanh(xw[t] + hs[t-1] @ w_hh), time-major (T, B, H) flat arrays
-    k = cuda.grid(1)
-    step = cuda.gridsize(1)
-    n = n_batch * hidden
-    while k < n:
-        r = k // hidden
-        j = k - r * hidden
-        z = float64(xw[t * n + k])
-        if t > 0:
-            prev = (t - 1) * n + r * hidden
-            acc = 0.0
-            for m in range(hidden):
-                acc += float64(hs[prev + m]) * float64(w_hh[m * hidden + j])
-            z += acc
-        hs[t * n + k] = math.tanh(z)
-        k += step
-
-
-rnn_fused = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
-    _rnn_fused_body)
-
-
-def _rnn_fused_back_body(dhs, hs, dz, w_hh, t, steps, n_batch, hidden):
-    # dz[t] = (dhs[t] + dz[t+1] @ w_hh^T) * (1 - hs[t]^2)
-    k = cuda.grid(1)
-    step = cuda.gridsize(1)
-    n = n_batch * hidden
-    while k < n:
-        r = k // hidden
-        j = k - r * hidden
-        g = float64(dhs[t * n + k])
-        if t < steps - 1:
-            nxt = (t + 1) * n + r * hidden
-            acc = 0.0
-            for m in range(hidden):
-                acc += float64(dz[nxt + m]) * float64(w_hh[j * hidden + m])
-            g += acc
-        y = float64(hs[t * n + k])
-        dz[t * n + k] = g * (1.0 - y * y)
-        k += step
-
-
-rnn_fused_back = kernel(*signatures(
-    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64, int64)"))(
-    _rnn_fused_back_body)
-
-
-def _lstm_fused_body(xw, hs, w_hh, gates, cs, tcs, t, n_batch, hidden):
-    # gates i, f, g, o of step t (H columns each of a (B, 4H) row, stored activated), the cell
-    # cs[t] = f cs[t-1] + i g, tcs[t] = tanh(cs[t]), hs[t] = o tcs[t]; time-major flat arrays
-    k = cuda.grid(1)
-    step = cuda.gridsize(1)
-    n = n_batch * hidden
-    while k < n:
-        r = k // hidden
-        j = k - r * hidden
-        base = t * 4 * n + r * 4 * hidden + j
-        zs = cuda.local.array(4, float64)
-        for q in range(4):
-            zs[q] = float64(xw[base + q * hidden])
-        if t > 0:
-            prev = (t - 1) * n + r * hidden
-            for q in range(4):
-                acc = 0.0
-                for m in range(hidden):
-                    acc += float64(hs[prev + m]) * float64(w_hh[m * 4 * hidden + q * hidden + j])
-                zs[q] += acc
-        ig = sigmoid_pair(zs[0])[0]
-        fg = sigmoid_pair(zs[1])[0]
-        gg = math.tanh(zs[2])
-        og = sigmoid_pair(zs[3])[0]
-        gates[base] = ig
-        gates[base + hidden] = fg
-        gates[base + 2 * hidden] = gg
-        gates[base + 3 * hidden] = og
-        cp = float64(cs[(t - 1) * n + k]) if t > 0 else 0.0
-        cs[t * n + k] = fg * cp + ig * gg
-        tc = math.tanh(float64(cs[t * n + k]))
-        tcs[t * n + k] = tc
-        hs[t * n + k] = og * float64(tcs[t * n + k])
-        k += step
-
-
-lstm_fused = kernel(*signatures(
-    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64)"))(
-    _lstm_fused_body)
-
-
-def _lstm_fused_back_body(dhs, gates, cs, tcs, dc, dz, w_hh, t, steps, n_batch, hidden):
-    # dz[t] of the four gates from dh = dhs[t] + dz[t+1] @ w_hh^T; dc carries the cell
-    # cotangent from step t+1 in and to step t-1 out (in place, zero before the last step)
-    k = cuda.grid(1)
-    step = cuda.gridsize(1)
-    n = n_batch * hidden
-    while k < n:
-        r = k // hidden
-        j = k - r * hidden
-        base = t * 4 * n + r * 4 * hidden + j
-        g = float64(dhs[t * n + k])
-        if t < steps - 1:
-            nxt = (t + 1) * 4 * n + r * 4 * hidden
-            acc = 0.0
-            for m in range(4 * hidden):
-                acc += float64(dz[nxt + m]) * float64(w_hh[j * 4 * hidden + m])
-            g += acc
-        ig = float64(gates[base])
-        fg = float64(gates[base + hidden])
-        gg = float64(gates[base + 2 * hidden])
-        og = float64(gates[base + 3 * hidden])
-        tc = float64(tcs[t * n + k])
-        carried = float64(dc[k]) if t < steps - 1 else 0.0
-        dcv = carried + g * og * (1.0 - tc * tc)
-        cp = float64(cs[(t - 1) * n + k]) if t > 0 else 0.0
-        dz[base] = dcv * gg * ig * (1.0 - ig)
-        dz[base + hidden] = dcv * cp * fg * (1.0 - fg)
-        dz[base + 2 * hidden] = dcv * ig * (1.0 - gg * gg)
-        dz[base + 3 * hidden] = g * tc * og * (1.0 - og)
-        dc[k] = dcv * fg
-        k += step
-
-
-lstm_fused_back = kernel(*signatures(
-    "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, "
-    "int64, int64)"))(_lstm_fused_back_body)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import numpy as np
 
 from fastlib import optim as _optim
 
-from . import counters, device, graphs
+from . import counters, device, graphs, profile
 from . import train_kernels as tk
 from .layers import DT, DeviceUnsupportedError, build, launch
 
@@ -265,6 +265,7 @@ class DeviceRun:
         epoch_start = counters.snapshot()
         # NOTE: NaN/Inf are reported by the loop (skipped steps, divergence); the simulator's
         # NumPy overflow warnings on the way there would only repeat it less clearly.
+        profile.begin_epoch()
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"), \
                 device.using_stream(self.stream):
             device.upload(self.order, idx)
@@ -274,7 +275,8 @@ class DeviceRun:
             for b, start in enumerate(starts):
                 count = min(bs, self.n - start)
                 before = counters.snapshot()
-                self._submit(count)
+                with profile.step():
+                    self._submit(count)
                 stop = False
                 if per_step:
                     row = device.read(self.rows[b * self.width:(b + 1) * self.width])

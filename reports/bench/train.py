@@ -60,6 +60,10 @@ def add_arguments(parser):
     a("--device", choices=("cpu", "cuda"), default="cpu",
       help="cuda: fastlib on the GPU beside fastlib's CPU engine, PyTorch CUDA eager and "
            "PyTorch with the step captured as one CUDA graph, with the device's counters")
+    a("--profile", action="store_true",
+      help="with --device cuda: after the timing, one more fastlib-cuda run per batch size with "
+           "each kernel launched and timed on its own; prints a per-launch table (kernel, "
+           "grid, block, launches per step, GPU ms per step)")
     a("--distributed", action="store_true",
       help="mlp: data-parallel fastlib under mpiexec at each of --ranks (needs verigrad[mpi])")
     a("--ranks", default="1,2", help="with --distributed: rank counts (default 1,2)")
@@ -265,6 +269,7 @@ def run(args) -> int:
     load_start = _loadavg()
     x, y, source = model.data(args)
     rows = [_measure(model, engines, x, y, bs, args) for bs in sizes]
+    profiles = _profiles(model, x, y, sizes, args) if _wants_profile(args, engines) else None
     floor = _floor(rows, len(x)) if args.model == "mlp" and args.device == "cpu" else None
     report = {"model": model.DESCRIPTION, "model_name": args.model, "data": source,
               "samples": len(x), "threads": args.threads, "jax_threads": jax_pin,
@@ -272,7 +277,7 @@ def run(args) -> int:
               "repeats": args.repeats, "engines": engines, "skipped": skipped,
               "environment": env, "load_average": {"start": load_start, "end": _loadavg()},
               "results": rows, "targets": _targets(rows) if args.device == "cpu" else [],
-              "floor": floor}
+              "floor": floor, "profile": profiles}
     _print_table(report, args)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
@@ -287,7 +292,7 @@ def _measure(model, engines, x, y, bs, args):
     for r in range(args.repeats):
         k = r % len(engines)
         for engine in engines[k:] + engines[:k]:
-            result = model.ENGINES[engine](x, y, bs, args.max_steps)
+            result = _engine(model, engine, args.device)(x, y, bs, args.max_steps)
             runs[engine].append((result.seconds * row["steps_per_epoch"] / result.steps,
                                  result))
     row["load_1min"] = (_loadavg() or [None])[0]
@@ -309,6 +314,51 @@ def _measure(model, engines, x, y, bs, args):
         row["target_s"] = TARGETS[bs]
         row["meets_target"] = row["fastlib"] < TARGETS[bs]
     return row
+
+
+def _engine(model, engine, device):
+    """The bench function of ``engine``; with ``--device cuda`` every engine, fastlib's CPU
+    engine included, runs the steady-state protocol (``common.CUDA_EPOCHS``)."""
+    from reports.bench.models import common
+
+    if device == "cuda" and engine == "fastlib" and common.STEADY_CPU in model.ENGINES:
+        return model.ENGINES[common.STEADY_CPU]
+    return model.ENGINES[engine]
+
+
+def _wants_profile(args, engines):
+    return getattr(args, "profile", False) and args.device == "cuda" and "fastlib-cuda" in engines
+
+
+def _profiles(model, x, y, sizes, args):
+    """Per batch size, fastlib-cuda's per-launch table of its timed epoch (launches mode, each
+    kernel timed with CUDA events on a GPU; ``fastlib.cuda.profile``)."""
+    from fastlib.cuda import profile
+
+    out = {}
+    for bs in sizes:
+        with profile.recording() as prof:
+            run = model.ENGINES["fastlib-cuda"](x, y, bs, args.max_steps)
+        out[bs] = {"rows": prof.table(), "steps": prof.steps,
+                   "cuda_mode": (run.device or {}).get("cuda_mode")}
+    return out
+
+
+def print_profile(profiles, simulator):
+    """The ``--profile`` table: one line per (kernel, grid, block) of the timed epoch."""
+    for bs, prof in profiles.items():
+        rows = prof["rows"]
+        total = sum(r["launches_per_step"] for r in rows)
+        print(f"profile, batch {bs}: {total:g} launches per step over {prof['steps']} steps "
+              f"(mode {prof['cuda_mode']}; GPU time per launch from CUDA events"
+              + ("; none under the simulator)" if simulator else ")"))
+        width = max([len(r["kernel"]) for r in rows] + [6])
+        print(f"  {'kernel':<{width}}  {'grid':>16}  {'block':>10}  {'per step':>8}  "
+              f"{'ms/step':>9}")
+        for r in rows:
+            ms = "-" if r["ms_per_step"] is None else f"{r['ms_per_step']:.4f}"
+            print(f"  {r['kernel']:<{width}}  {str(r['grid']):>16}  {str(r['block']):>10}  "
+                  f"{r['launches_per_step']:>8g}  {ms:>9}")
 
 
 def _targets(rows):
@@ -424,6 +474,9 @@ def _print_cuda_table(report, args):
           f"engine on {args.threads} threads; median of {args.repeats} interleaved runs; load "
           f"average at start {load['start']}")
     print("\n".join(environment.header_lines(report["environment"])))
+    print("protocol: every engine trains two epochs from the same weights over the same sample "
+          "orders; the first warms up (kernels compiled, CUDA graphs recorded), the second is "
+          "timed whole; losses and counts are the timed epoch's")
     if report["simulator"]:
         print("note: numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1), not a GPU: the timings "
               "measure Python; only the losses and the counts mean anything")
@@ -446,6 +499,8 @@ def _print_cuda_table(report, args):
         for e in engines:
             if f"{e}_device" in row:
                 print(f"  batch {row['batch_size']}: {e}: {counters_line(row[e + '_device'])}")
+    if report.get("profile"):
+        print_profile(report["profile"], report["simulator"])
     _print_footer(report, args)
 
 

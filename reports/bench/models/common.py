@@ -86,33 +86,53 @@ NO_COUNTERS = ("fastlib.cuda does not count launches here (no fastlib.cuda.count
                "with snapshot()/reset(), or no TrainingResult.device_counts)")
 
 
-def bench_fastlib_cuda(build, loss, x, y, bs, max_steps, seed=0):
-    """Time ``fastlib.train(device="cuda")`` for one epoch, like :func:`bench_fastlib`.
+#: ``--device cuda``'s protocol: every engine trains the same epochs from the same weights over
+#: the same sample orders; the first epoch warms up (compiles, records CUDA graphs, lets PyTorch
+#: choose its kernels), the last one is timed whole, and its mean batch loss is reported.
+CUDA_EPOCHS = 2
 
-    The data's one upload per run is outside the epoch time (``epoch_times``). ``Run.device``
-    holds ``cuda_mode`` ("graph" or "launches"), ``cuda_graph_reason`` (why not graphs),
-    ``device_counts`` (per-step means over the
-    epoch plus "per_epoch", from ``TrainingResult.device_counts``) and ``run_counts`` (the
-    whole run's counters, upload included), each None when fastlib.cuda does not provide it,
-    with ``note`` saying so.
+
+def epoch_orders(n, seed, epochs=CUDA_EPOCHS):
+    """The sample order of each epoch, as ``fastlib.train(seed=seed)`` draws them."""
+    rng = np.random.default_rng(seed)
+    return [rng.permutation(n) for _ in range(epochs)]
+
+
+def bench_fastlib_steady(build, loss, x, y, bs, max_steps, seed=0, device="cpu"):
+    """Time the last of :data:`CUDA_EPOCHS` epochs of one ``fastlib.train`` run.
+
+    The first epoch of the same run is the warm-up: kernels compile (or load from the cache),
+    the arena allocates and, on a GPU, each batch size's step is recorded as a CUDA graph, so
+    the timed epoch and its per-step counts are the steady state. ``Run.device`` (``device=
+    "cuda"``) holds ``cuda_mode`` ("graph" or "launches"), ``cuda_graph_reason`` (why not
+    graphs), ``device_counts`` (per-step means over the timed epoch plus "per_epoch", from
+    ``TrainingResult.device_counts``) and ``run_counts`` (the whole run's counters, warm-up
+    and upload included), each None when fastlib.cuda does not provide it, with ``note``.
     """
     import fastlib
 
     used, n = measured_samples(len(x), bs, max_steps)
-    fastlib.train(build(seed), x[:2 * bs], y[:2 * bs], 1, bs, LR, loss, optimizer="Adam",
-                  verbose=False, device="cuda")  # kernels compile at their first launch
-    counters = cuda_counters()
+    counters = cuda_counters() if device == "cuda" else None
     if counters is not None:
         counters.reset()
-    result = fastlib.train(build(seed), x[:n], y[:n], 1, bs, LR, loss, optimizer="Adam",
-                           verbose=False, seed=seed, device="cuda")
-    info = {"cuda_mode": getattr(result, "cuda_mode", None),
-            "cuda_graph_reason": getattr(result, "cuda_graph_reason", None),
-            "device_counts": getattr(result, "device_counts", None),
-            "run_counts": dict(counters.snapshot()) if counters is not None else None}
-    if info["device_counts"] is None:
-        info["note"] = NO_COUNTERS
-    return Run(result.epoch_times[0], used, float(result.loss_history[-1]), info)
+    result = fastlib.train(build(seed), x[:n], y[:n], CUDA_EPOCHS, bs, LR, loss,
+                           optimizer="Adam", verbose=False, seed=seed, device=device)
+    info = None
+    if device == "cuda":
+        info = {"cuda_mode": getattr(result, "cuda_mode", None),
+                "cuda_graph_reason": getattr(result, "cuda_graph_reason", None),
+                "device_counts": getattr(result, "device_counts", None),
+                "run_counts": dict(counters.snapshot()) if counters is not None else None,
+                "warmup_s": float(result.epoch_times[0])}
+        if info["device_counts"] is None:
+            info["note"] = NO_COUNTERS
+    return Run(result.epoch_times[-1], used, float(result.loss_history[-1]), info)
+
+
+def bench_fastlib_cuda(build, loss, x, y, bs, max_steps, seed=0):
+    """``fastlib.train(device="cuda")`` under the steady-state protocol
+    (:func:`bench_fastlib_steady`)."""
+    return bench_fastlib_steady(build, loss, x, y, bs, max_steps, seed, device="cuda")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,7 +172,9 @@ def bench_torch(setup, loss_fn, x, y, bs, max_steps, seed=0, device="cpu"):
     """Time a PyTorch eager epoch: ``setup() -> (parameters, forward)``, ``loss_fn(out, yb)``.
 
     ``torch.optim.Adam`` (its default for-each implementation) updates the parameters; the
-    data is on the device before the timing starts, the shuffle inside it.
+    data is on the device before the timing starts, the shuffle inside it. On the CPU a warm-up
+    on a throwaway copy comes first; on a GPU, the ``--device cuda`` protocol: the same run's
+    first epoch warms up and its last (:data:`CUDA_EPOCHS`) is timed, over fastlib's orders.
     """
     import torch
 
@@ -161,7 +183,9 @@ def bench_torch(setup, loss_fn, x, y, bs, max_steps, seed=0, device="cpu"):
     dev = torch.device(device)
     xt = torch.from_numpy(np.ascontiguousarray(x[:n])).to(dev)
     yt = torch.from_numpy(np.ascontiguousarray(y[:n])).to(dev)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device == "cuda":
+        return _torch_steady(setup, loss_fn, xt, yt, n, bs, used, seed, dev)
+    sync = lambda: None  # noqa: E731  (the CPU's work is done when the call returns)
     # warm-up on a throwaway copy: the first steps pay for lazy initialisation (kernels
     # chosen, autograd and optimizer state set up), which the timed epoch must not
     warm = torch.arange(min(n, 2 * bs), device=dev)
@@ -176,13 +200,41 @@ def bench_torch(setup, loss_fn, x, y, bs, max_steps, seed=0, device="cpu"):
     return Run(seconds, used, float(total) / len(order))
 
 
-def _torch_epoch(setup, loss_fn, xt, yt, order, bs, dev):
-    """One pass over ``order`` from fresh parameters; the summed (loss x batch) as a tensor."""
+def bench_torch_steady(setup, loss_fn, x, y, bs, max_steps, seed=0, device="cuda"):
+    """PyTorch eager under the ``--device cuda`` protocol (:data:`CUDA_EPOCHS`) on ``device``
+    (the CPU too, where a test holds its bookkeeping)."""
     import torch
 
+    used, n = measured_samples(len(x), bs, max_steps)
+    torch.manual_seed(seed)
+    dev = torch.device(device)
+    xt = torch.from_numpy(np.ascontiguousarray(x[:n])).to(dev)
+    yt = torch.from_numpy(np.ascontiguousarray(y[:n])).to(dev)
+    return _torch_steady(setup, loss_fn, xt, yt, n, bs, used, seed, dev)
+
+
+def _torch_steady(setup, loss_fn, xt, yt, n, bs, used, seed, dev):
+    import torch
+
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     params, forward = setup(dev)
     opt = torch.optim.Adam(params, lr=LR, betas=(BETA1, BETA2), eps=EPS)
-    total = torch.zeros((), dtype=torch.float64, device=dev)
+    orders = [torch.from_numpy(o).to(dev) for o in epoch_orders(n, seed)]
+    for order in orders[:-1]:
+        _torch_steps(params, forward, opt, loss_fn, xt, yt, order, bs)
+    sync()
+    t0 = time.perf_counter()
+    total = _torch_steps(params, forward, opt, loss_fn, xt, yt, orders[-1], bs)
+    sync()
+    seconds = time.perf_counter() - t0
+    return Run(seconds, used, float(total) / n)
+
+
+def _torch_steps(params, forward, opt, loss_fn, xt, yt, order, bs):
+    """One pass over ``order`` continuing ``params`` / ``opt``; the summed (loss x batch)."""
+    import torch
+
+    total = torch.zeros((), dtype=torch.float64, device=xt.device)
     for s in range(0, len(order), bs):
         idx = order[s:s + bs]
         opt.zero_grad(set_to_none=True)
@@ -191,6 +243,15 @@ def _torch_epoch(setup, loss_fn, xt, yt, order, bs, dev):
         opt.step()
         total += loss.detach() * len(idx)
     return total
+
+
+def _torch_epoch(setup, loss_fn, xt, yt, order, bs, dev):
+    """One pass over ``order`` from fresh parameters; the summed (loss x batch) as a tensor."""
+    import torch
+
+    params, forward = setup(dev)
+    opt = torch.optim.Adam(params, lr=LR, betas=(BETA1, BETA2), eps=EPS)
+    return _torch_steps(params, forward, opt, loss_fn, xt, yt, order, bs)
 
 
 def torch_parameters(params, dev):
@@ -248,10 +309,11 @@ def bench_torch_graph(setup, loss_fn, x, y, bs, max_steps, seed=0, device="cuda"
     and bias corrections on the device), a few warm-up steps on a side stream, gradients set
     to None before capture so the captured backward allocates them in the graph's pool. The
     batch's indices are copied into a static index tensor before each replay, and the graph
-    gathers the batch itself. The warm-up changes the weights and Adam's state, so both are
-    reset to the seed's start afterwards: the timed epoch starts where every other engine's
-    does. The last incomplete batch (another shape) runs eagerly. One host-side launch per
-    step (the index copy) plus the replay.
+    gathers the batch itself. The capture's warm-up changes the weights and Adam's state, so
+    both are reset to the seed's start afterwards. Then the ``--device cuda`` protocol: the
+    first of :data:`CUDA_EPOCHS` epochs (replays) warms up, the last is timed, over fastlib's
+    sample orders. The last incomplete batch (another shape) runs eagerly. One host-side copy
+    per step (the indices) plus the replay.
     """
     import torch
 
@@ -295,22 +357,28 @@ def bench_torch_graph(setup, loss_fn, x, y, bs, max_steps, seed=0, device="cuda"
                 for value in state.values():
                     if torch.is_tensor(value):
                         value.zero_()
-            total.zero_()
+
+    def epoch(order):
+        total.zero_()
+        for s in range(0, full * bs, bs):
+            static_idx.copy_(order[s:s + bs])
+            g.replay()
+        if rest:
+            for p in params:
+                p.grad = None
+            idx = order[full * bs:]
+            loss = loss_fn(forward(xt[idx]), yt[idx])
+            loss.backward()
+            opt.step()
+            total.add_(loss.detach().double() * rest)
+
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    orders = [torch.from_numpy(o).to(dev) for o in epoch_orders(n, seed)]
+    for order in orders[:-1]:
+        epoch(order)
     sync()
     t0 = time.perf_counter()
-    order = torch.from_numpy(np.random.default_rng(seed).permutation(n)).to(dev)
-    for s in range(0, full * bs, bs):
-        static_idx.copy_(order[s:s + bs])
-        g.replay()
-    if rest:
-        for p in params:
-            p.grad = None
-        idx = order[full * bs:]
-        loss = loss_fn(forward(xt[idx]), yt[idx])
-        loss.backward()
-        opt.step()
-        total.add_(loss.detach().double() * rest)
+    epoch(orders[-1])
     sync()
     seconds = time.perf_counter() - t0
     return Run(seconds, used, float(total) / n)
@@ -330,8 +398,9 @@ def torch_cuda_missing():
 
 
 def cuda_engines(build, loss, torch_setup, torch_loss, torch_y=lambda y: y):
-    """The ``--device cuda`` engines of one model: fastlib-cuda, torch-cuda (eager) and
-    torch-cuda-graph (the whole step as one CUDA graph), from the model's definitions."""
+    """The ``--device cuda`` engines of one model: fastlib-cuda, torch-cuda (eager),
+    torch-cuda-graph (the whole step as one CUDA graph) and fastlib's CPU engine, all under
+    the steady-state protocol (:data:`CUDA_EPOCHS`), from the model's definitions."""
     def fastlib_cuda(x, y, bs, max_steps, seed=0):
         return bench_fastlib_cuda(build, loss, x, y, bs, max_steps, seed)
 
@@ -343,8 +412,15 @@ def cuda_engines(build, loss, torch_setup, torch_loss, torch_y=lambda y: y):
         return bench_torch_graph(torch_setup(seed), torch_loss, x, torch_y(y), bs, max_steps,
                                  seed, device="cuda")
 
+    def fastlib_steady(x, y, bs, max_steps, seed=0):
+        return bench_fastlib_steady(build, loss, x, y, bs, max_steps, seed)
+
     return {"fastlib-cuda": fastlib_cuda, "torch-cuda": torch_cuda,
-            "torch-cuda-graph": torch_cuda_graph}
+            "torch-cuda-graph": torch_cuda_graph, STEADY_CPU: fastlib_steady}
+
+
+#: The ``--device cuda`` table's fastlib (CPU engine) column: fastlib under the same protocol.
+STEADY_CPU = "fastlib@steady"
 
 
 # ---------------------------------------------------------------------------------------------
