@@ -527,28 +527,32 @@ def _fmt(value, spec):
 
 
 def render(rows, startup=None):
-    """The table as text."""
-    head = (f"{'case':40s} {'dir':8s} {'kernel ms':>10s} {'api ms':>9s} {'numpy ms':>9s} "
-            f"{'ratio':>6s} {'api':>6s} {'req':>5s}")
+    """The table as text, at most 100 columns (a case label longer than its column pushes its
+    row wider)."""
+    from reports.commands.tables import wrap
+
+    head = (f"{'case':39s} {'dir':8s} {'kernel ms':>9s} {'api ms':>8s} {'numpy ms':>8s} "
+            f"{'ratio':>5s} {'api':>5s} {'req':>5s}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        flag = "" if r["ratio"] <= r["requirement"] else "  FAILS"
-        lines.append(f"{r['case']:40s} {r['direction']:8s} {r['kernel_ms']:10.4f} "
-                     f"{_fmt(r['api_ms'], '9.4f')} {r['numpy_ms']:9.4f} {r['ratio']:6.2f} "
-                     f"{_fmt(r['api_ratio'], '6.2f')} {'<=' + format(r['requirement'], 'g'):>5s}"
+        flag = "" if r["ratio"] <= r["requirement"] else " FAILS"
+        lines.append(f"{r['case']:39s} {r['direction']:8s} {r['kernel_ms']:9.4f} "
+                     f"{_fmt(r['api_ms'], '8.4f')} {r['numpy_ms']:8.4f} {r['ratio']:5.2f} "
+                     f"{_fmt(r['api_ratio'], '5.2f')} {'<=' + format(r['requirement'], 'g'):>5s}"
                      f"{flag}")
     failing = [r for r in rows if r["ratio"] > r["requirement"]]
     lines.append("-" * len(head))
-    lines.append(f"{len(rows)} rows; {len(failing)} miss their requirement (req). ratio = "
-                 f"kernel time / NumPy time (inputs validated once, fastlib.ops.bind; layers: "
-                 f"their forward / backward); api = fastlib.forward / vjp (layers: layer(x)) "
-                 f"with validation, over NumPy; float32")
+    lines.append(wrap(f"{len(rows)} rows; {len(failing)} miss their requirement (req). ratio = "
+                      f"kernel time / NumPy time (inputs validated once, fastlib.ops.bind; "
+                      f"layers: their forward / backward); api = fastlib.forward / vjp (layers: "
+                      f"layer(x)) with validation, over NumPy; float32"))
     if startup:
         for label in ("cold", "warm"):
             s = startup[label]
-            lines.append(f"{label} start: import fastlib {s['import_s']:.3f} s, first Dense "
-                         f"layer step (forward + backward) {s['dense_step_s']:.3f} s, first "
-                         f"op-level step (forward + VJP) {s['op_step_s']:.3f} s")
+            lines.append(wrap(f"{label} start: import fastlib {s['import_s']:.3f} s, first Dense "
+                              f"layer step (forward + backward) {s['dense_step_s']:.3f} s, first "
+                              f"op-level step (forward + VJP) {s['op_step_s']:.3f} s",
+                              indent="  "))
     return "\n".join(lines)
 
 

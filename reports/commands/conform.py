@@ -180,7 +180,8 @@ def _with_unit(x, unit):
 
 
 def row_cells(row):
-    """The table cells of one runner row.
+    """The table cells of one runner row, and its note (the reason of an ``unsupported`` row,
+    what a passing row adds; "" for none), printed under the table.
 
     The error and bound are those of the worst element: in ULPs of its exact value
     (``ulp``), as absolute numbers where the exact value is 0 (``abs``), or in eps relative
@@ -188,13 +189,30 @@ def row_cells(row):
     """
     r = row.result
     measured = r.status in ("pass", "FAIL") and (r.error or r.bound)
-    status = r.status if r.status != "unsupported" else f"unsupported: {r.detail}"
-    if r.status == "pass" and r.detail:
-        status = f"pass ({r.detail})"
+    note = r.detail if r.status in ("pass", "unsupported") and r.detail else ""
     unit = getattr(r, "unit", "")
     return (row.kind, row.name, row.engine, row.dtype, r.examples,
             _with_unit(r.error, unit) if measured else "-",
-            _with_unit(r.bound, unit) if measured else "-", status)
+            _with_unit(r.bound, unit) if measured else "-", r.status), note
+
+
+def rows_table(rows):
+    """The rows as a terminal table, each note numbered once under it (``[1] reason``): a
+    reason shared by many rows (an engine without second order) is printed once, and the
+    table keeps its width whatever the reasons' length."""
+    from reports.commands.tables import wrap
+
+    notes, cells = {}, []
+    for row in rows:
+        (*first, status), note = row_cells(row)
+        if note:
+            status = f"{status} [{notes.setdefault(note, len(notes) + 1)}]"
+        cells.append((*first, status))
+    text = terminal_table(ROW_HEADERS, cells)
+    if notes:
+        text += "\n\n" + "\n".join(wrap(f"[{n}] {' '.join(note.split())}", indent="    ")
+                                     for note, n in notes.items())
+    return text
 
 
 def _engine_names(requested):
@@ -257,7 +275,7 @@ def run_engines(args, out=None):
         bar.update(1)
         bar.close()
     if done:
-        print(terminal_table(ROW_HEADERS, [row_cells(r) for r in done]), file=out)
+        print(rows_table(done), file=out)
     else:
         print("nothing to check: no available engine has a row that matches the filters",
               file=out)

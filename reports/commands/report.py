@@ -292,6 +292,7 @@ def run(args) -> int:
 
     from reports import accuracy
     from reports.commands.arguments import progress_enabled
+    from reports.commands.tables import wrap
     from reports.render import fmt_num
 
     problem = None if getattr(args, "_validated", False) else validate(args)
@@ -339,10 +340,10 @@ def run(args) -> int:
     finally:
         worker.close()
     out = pathlib.Path(args.out)
-    print(f"wrote {out / 'report.md'}, {out / 'report.html'}, {out / 'report.json'} and "
-          f"{sum(p.suffix == '.png' for p in written)} PNG plots "
-          f"({report['timing']['total_seconds']:.0f} s measuring, "
-          f"{report['timing']['render_seconds']:.0f} s rendering)")
+    print(wrap(f"wrote {out / 'report.md'}, {out / 'report.html'}, {out / 'report.json'} and "
+               f"{sum(p.suffix == '.png' for p in written)} PNG plots", indent="  "))
+    print(f"  {report['timing']['total_seconds']:.0f} s measuring, "
+          f"{report['timing']['render_seconds']:.0f} s rendering")
     worst = next((r for r in report["summary"] if r["status"] != "unsupported"), None)
     if worst is not None:
         print(f"  worst row: {worst['op']} on {worst['engine']} {worst['dtype']}: median "

@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 
+from reports.commands.tables import wrap
+
 # per-data defaults for the options left unset
 DATA_DEFAULTS = {"digits": {"epochs": 20, "batch_size": 32},
                  "mnist": {"epochs": 5, "batch_size": 32}}
@@ -296,10 +298,11 @@ def _run(args) -> int:
     out = sys.stdout if rank == 0 else open(os.devnull, "w")
     arch = "-".join(str(d.in_features) for d in model.layers) + f"-{classes}" \
         if all(hasattr(d, "in_features") for d in model.layers) else type(model).__name__
-    print(f"verigrad train: {args.data} ({len(train.x)} train, "
-          f"{0 if val is None else len(val.x)} validation, {len(data.x_test)} test), "
-          f"MLP {arch} {args.activation}, {loss}, {args.optimizer} lr={args.lr:g}, "
-          f"batch {batch_size}, {epochs} epochs, {dtype.name}, {args.algorithm}", file=out)
+    print(wrap(f"verigrad train: {args.data} ({len(train.x)} train, "
+               f"{0 if val is None else len(val.x)} validation, {len(data.x_test)} test), "
+               f"MLP {arch} {args.activation}, {loss}, {args.optimizer} lr={args.lr:g}, "
+               f"batch {batch_size}, {epochs} epochs, {dtype.name}, {args.algorithm}"),
+          file=out)
     if distributed:
         print(f"data-parallel on {ranks} MPI rank(s), {args.blocks} blocks per batch (the fused "
               f"MLP epoch does not apply: gradients are exchanged after every step)", file=out)
@@ -357,11 +360,11 @@ def _run_cd(args, data, train, val, epochs, batch_size, dtype, t0) -> int:
     rbm_cls = fastlib.RBM        # importing fastlib.rbm also lets fastlib.load rebuild an RBM
     rbm = (fastlib.load(args.resume) if args.resume else
            rbm_cls(data.x_train.shape[1], args.hidden[0], dtype=dtype, seed=args.seed))
-    print(f"verigrad train: {args.data} images ({len(train.x)} train, "
-          f"{0 if val is None else len(val.x)} validation), RBM {rbm.visible}-{rbm.hidden}, "
-          f"CD-{args.cd_k}, {args.optimizer} lr={args.lr:g}, batch {batch_size}, {epochs} epochs, "
-          f"{dtype.name}; loss = reconstruction error of the chain, val_loss = mean-field",
-          file=out)
+    print(wrap(f"verigrad train: {args.data} images ({len(train.x)} train, "
+               f"{0 if val is None else len(val.x)} validation), RBM {rbm.visible}-{rbm.hidden}, "
+               f"CD-{args.cd_k}, {args.optimizer} lr={args.lr:g}, batch {batch_size}, "
+               f"{epochs} epochs, {dtype.name}; loss = reconstruction error of the chain, "
+               "val_loss = mean-field"), file=out)
     result = fastlib.train(rbm, train.x, None, epochs, batch_size, args.lr, None,
                            None if val is None else val.x, None,
                            args.optimizer, gradient_clip=args.gradient_clip,
