@@ -308,6 +308,8 @@ def _engine_info(name, engine):
             "composed": dict(getattr(engine, "composed", {})),
             "unsupported": {o: engine.supports(o)[1] for o in spec.OPS
                             if not engine.supports(o)[0]},
+            "unsupported_derivatives": {d: dict(ops) for d, ops in
+                                        getattr(engine, "unsupported_derivatives", {}).items()},
             "derivatives": list(ENGINES[name])}
     missing = second_order.not_provided(engine)
     info["second_order"] = missing or getattr(engine, "second_order_route", "") or \
@@ -348,8 +350,9 @@ def find(engine_names=tuple(ENGINES), ops=None, examples=10, seed=0, progress=No
         for derivative in held:
             start = time.perf_counter()
             for op in ops or spec.OPS:
-                if not engine.supports(op)[0]:
-                    continue
+                if not engine.supports(op)[0] or (
+                        derivative != "vjp" and not engine.supports_derivative(op, derivative)[0]):
+                    continue            # declared: recorded in the engine's entry, not a finding
                 for dtype in engine.dtypes:
                     dt = np.dtype(dtype).name
                     if progress:
