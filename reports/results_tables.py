@@ -3,25 +3,26 @@
 A table sits between ``<!-- results: PATH table=NAME -->`` and ``<!-- /results -->``; PATH is a
 results file under docs/results/ (the command, date, machine, load and versions beside the
 command's own JSON) or the peers' findings file. ``--write`` re-renders every block, ``--check``
-lists the blocks that disagree with their source, ``record`` runs a measuring command and
-stores its JSON. The long story: docs/results.md.
+lists the blocks that disagree with their source, ``record`` runs a measuring command (its JSON
+to a scratch file) and stores it. The long story: docs/results.md.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
 import pathlib
-import platform
 import re
 import shlex
 import subprocess
 import sys
 import time
 
-__all__ = ["BLOCK", "TABLES", "render", "blocks", "check", "write", "record", "main"]
+from reports import provenance
+
+__all__ = ["BLOCK", "TABLES", "render", "blocks", "check", "write", "record", "main",
+           "without_outputs"]
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- results: (?P<path>\S+) table=(?P<table>[\w-]+) -->\n)(?P<body>.*?)"
@@ -232,21 +233,22 @@ def write(root=ROOT):
 # ---------------------------------------------------------------------------------------------
 # recording a measurement
 
-def _machine():
-    return {"system": f"{platform.system()} {platform.machine()}",
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version()}
+#: the flags that only say where a command writes (scratch paths are not part of a record)
+OUTPUT_FLAGS = ("--json", "--out")
 
 
-def _versions():
-    from importlib import metadata
-
-    out = {}
-    for name in ("verigrad", "numpy", "numba", "scipy", "sympy", "mpmath", "torch", "jax"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
+def without_outputs(argv):
+    """``argv`` without ``--json FILE`` / ``--out DIR`` (either spelling, ``=`` or not)."""
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+            continue
+        flag = word.split("=", 1)[0]
+        if flag in OUTPUT_FLAGS:
+            skip = "=" not in word
+            continue
+        out.append(word)
     return out
 
 
@@ -259,41 +261,52 @@ def _trim(kind, data):
     return data
 
 
-def record(out, argv, reads=None, kind="json", ran=None):
+def record(out, argv, kind="json", ran=None, reads=None):
     """Run ``verigrad ARGV`` (or take ``ran``: a run already made) and store its JSON in ``out``.
+
+    The command writes its JSON to a scratch file this function names (``--json``, and
+    ``--out`` for a report's pages), and is recorded without it: the record says what was
+    measured, not where a file went.
 
     Parameters
     ----------
     out : str or path
         The results file to write (under docs/results/).
     argv : list of str
-        The ``verigrad`` arguments, recorded as the command.
-    reads : str or None
-        The file the command writes its JSON to; None reads its standard output.
+        The ``verigrad`` arguments (an output flag among them is dropped).
     kind : {"json", "report"}
         ``report`` keeps the summary, bar, configuration and versions of a report.json.
     ran : dict or None
-        ``{"seconds", "load_before", "load_after"}`` of a run made outside (then nothing runs).
+        ``{"seconds", "load_before", "load_after"}`` of a run made outside (then nothing runs
+        and ``reads`` names the JSON it wrote).
+    reads : str or None
+        With ``ran``: the JSON file that run wrote.
     """
+    import tempfile
+
+    argv = without_outputs(argv)
     if ran is None:
-        load_before = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "reports", *argv], cwd=ROOT,
-                              capture_output=True, text=True)
-        seconds = time.perf_counter() - t0
-        load_after = os.getloadavg()[0]
-        if proc.returncode not in (0, 1):
-            raise SystemExit(f"verigrad {shlex.join(argv)} exited {proc.returncode}:\n"
-                             f"{proc.stderr[-2000:]}")
-        text = proc.stdout if reads is None else pathlib.Path(reads).read_text()
-        printed = "" if reads is None else proc.stdout
+        with tempfile.TemporaryDirectory(prefix="verigrad-record-") as tmp:
+            result = pathlib.Path(tmp) / "result.json"
+            scratch = ["--json", str(result)] + (["--out", str(pathlib.Path(tmp) / "pages")]
+                                                 if argv[:1] == ["report"] else [])
+            load_before = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "reports", *argv, *scratch], cwd=ROOT,
+                                  capture_output=True, text=True)
+            seconds = time.perf_counter() - t0
+            load_after = os.getloadavg()[0]
+            if proc.returncode not in (0, 1) or not result.is_file():
+                raise SystemExit(f"verigrad {shlex.join(argv)} exited {proc.returncode}:\n"
+                                 f"{proc.stderr[-2000:]}")
+            text, printed = result.read_text(encoding="utf-8"), proc.stdout
     else:
         seconds, load_before, load_after = ran["seconds"], ran["load_before"], ran["load_after"]
         text, printed = pathlib.Path(reads).read_text(), ran.get("printed", "")
-    doc = {"command": "verigrad " + shlex.join(argv),
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    doc = {"command": "verigrad " + shlex.join(argv), "date": provenance.now(),
            "seconds": round(seconds, 1), "load_before": round(load_before, 2),
-           "load_after": round(load_after, 2), "machine": _machine(), "versions": _versions(),
+           "load_after": round(load_after, 2), "machine": provenance.machine(),
+           "versions": provenance.versions(),
            "printed": printed.splitlines()[-40:], "data": _trim(kind, json.loads(text))}
     pathlib.Path(out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
                                  encoding="utf-8")
@@ -316,9 +329,8 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="action")
     rec = sub.add_parser("record", help="run a measuring command and store its JSON")
     rec.add_argument("out", help="results file to write, e.g. docs/results/accuracy-quick.json")
-    rec.add_argument("--reads", default=None,
-                     help="the file the command writes its JSON to (default: its stdout)")
-    rec.add_argument("--kind", choices=("json", "report"), default="json")
+    rec.add_argument("--kind", choices=("json", "report"), default="json",
+                     help="report: keep a report's summary, bar and configuration")
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -326,7 +338,7 @@ def main(argv=None):
         if not command:
             parser.error("record needs the verigrad arguments after --, e.g. "
                          "record docs/results/x.json -- bench train --json")
-        record(args.out, command, args.reads, args.kind)
+        record(args.out, command, args.kind)
         return 0
     if args.write:
         for name in write():

@@ -6,6 +6,7 @@ re-rendered from PATH by ``reports.results_tables``; a hand edit or a stale tabl
 from __future__ import annotations
 
 import json
+import pathlib
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,40 @@ def test_every_results_file_records_how_it_was_measured():
         assert not missing, f"{path.name} lacks {sorted(missing)}"
         assert doc["command"].startswith("verigrad "), path.name
         assert doc["machine"].get("cpus"), path.name
+        # the record says what was measured, not where a scratch file went
+        words = doc["command"].split()
+        assert not {"--json", "--out"} & {w.split("=")[0] for w in words}, path.name
+        assert "/tmp" not in doc["command"], path.name
+
+
+def test_record_runs_the_command_with_its_own_scratch_output(tmp_path, monkeypatch):
+    # the output flags a user gives are dropped; record names its own scratch file, reads it,
+    # and records the command without it
+    import subprocess
+    import sys
+
+    seen = {}
+
+    real_run = subprocess.run
+
+    def fake_run(argv, **kwargs):
+        if argv[1:3] != ["-m", "reports"]:
+            return real_run(argv, **kwargs)       # platform's own queries
+        seen["argv"] = argv
+        path = argv[argv.index("--json") + 1]
+        pathlib.Path(path).write_text(json.dumps({"rows": [1]}), encoding="utf-8")
+        return subprocess.CompletedProcess(argv, 0, "table\n", "")
+
+    monkeypatch.setattr(results_tables.subprocess, "run", fake_run)
+    out = tmp_path / "bench.json"
+    doc = results_tables.record(out, ["bench", "ops", "--json", "/tmp/x.json", "--small"])
+    assert doc["command"] == "verigrad bench ops --small"
+    assert seen["argv"][:3] == [sys.executable, "-m", "reports"]
+    assert seen["argv"][3:6] == ["bench", "ops", "--small"] and "/tmp/x.json" not in seen["argv"]
+    assert json.loads(out.read_text())["data"] == {"rows": [1]}
+    assert results_tables.without_outputs(["report", "--out=acc", "--quick", "--json", "r.json",
+                                           "--no-progress"]) == ["report", "--quick",
+                                                                 "--no-progress"]
 
 
 def test_a_hand_edited_table_is_caught(tmp_path):
