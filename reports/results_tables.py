@@ -170,7 +170,20 @@ def peers_summary(doc):
                      sum(sum(c.values()) for c in per.values())])
     return _table(["engine", "version"] + [f"{t}: failures / conventions / contract"
                                            for t in DERIVATIVE_TEXT.values()] + ["findings"],
-                  rows)
+                  rows) + _findings_provenance(doc)
+
+
+def _findings_provenance(doc):
+    """The line under a findings table: the command that wrote the file and, for a merge, how
+    many runs it joins (their records are in the file's ``runs``)."""
+    if not doc.get("command"):
+        return ""
+    runs = doc.get("runs") or []
+    joined = (f"; it joins {len(runs)} runs, from {runs[0]['date']} to {runs[-1]['date']}, "
+              "each with its command, date, machine and versions in the file's `runs`"
+              if runs else f", {doc['machine'].get('cpus', '?')} cores "
+                           f"({doc['machine'].get('system', '?')})")
+    return f"\n*`{doc['command']}`, {doc['date']}{joined}.*\n"
 
 
 def peers_findings(doc):
