@@ -62,13 +62,16 @@ def _table(header, rows):
 def _provenance(doc):
     """One line under every table: where its figures come from."""
     load = doc.get("load_before")
-    load_text = f", load average {_num(load, 2)} before" if load is not None else ""
+    load_text = ("" if load is None else f", load {load}" if isinstance(load, str)
+                 else f", load average {_num(load, 2)} before")
     after = doc.get("load_after")
     load_text += f" and {_num(after, 2)} after" if after is not None else ""
     machine = doc.get("machine", {})
     took = f"; the command took {_num(doc['seconds'], 3)} s" if doc.get("seconds") else ""
-    return (f"\n*`{doc['command']}`, {doc['date']}, {machine.get('cpus', '?')} cores "
-            f"({machine.get('system', '?')}){load_text}{took}.*\n")
+    system = f" ({machine['system']})" if machine.get("system") else ""
+    recorded = f"; {doc['recorded']}" if doc.get("recorded") else ""
+    return (f"\n*`{doc['command']}`, {doc['date']}, {machine.get('cpus', '?')} cores"
+            f"{system}{load_text}{took}{recorded}.*\n")
 
 
 def accuracy_summary(doc):
@@ -144,6 +147,32 @@ def bench_train(doc):
     return _table(header, rows) + _provenance(doc)
 
 
+def schedules(doc):
+    """Each model's s/epoch under its own schedule and under the general one, and their ratio,
+    over the rounds (a range: lowest to highest; from each round's pair where the file keeps
+    them), and whether the general schedule was the slower in every round."""
+    data = doc["data"]
+    rows, slower = [], True
+    for r in data["rows"]:
+        if r.get("rounds"):
+            own = [x["own"] for x in r["rounds"]]
+            general = [x["general"] for x in r["rounds"]]
+            ratios = [g / o for g, o in zip(general, own)]
+            spans = [(min(own), max(own)), (min(general), max(general)),
+                     (min(ratios), max(ratios))]
+        else:
+            spans = [tuple(r["own_s"]), tuple(r["general_s"]), tuple(r["ratio"])]
+        slower = slower and spans[2][0] > 1
+        rows.append([f"`{r['model']}` ({r['shape']})", r["batch"]]
+                    + [f"{_num(lo)} to {_num(hi)}" for lo, hi in spans])
+    verdict = ("In every round the general schedule was the slower." if slower else
+               "In some round the general schedule was as fast or faster.")
+    return (_table(["model", "batch", "own schedule", "general schedule",
+                    "general / own, per round"], rows)
+            + f"\n{verdict} (s/epoch, {data['threads']} thread, median of {data['median_of']} "
+              f"per run, {data['rounds']} rounds alternating)\n" + _provenance(doc))
+
+
 def peers_summary(doc):
     """Per engine: version, and per derivative (VJP, J t, H t) its failures / conventions /
     contract findings (``-`` where it is not held there), and all its findings
@@ -194,7 +223,8 @@ def peers_findings(doc):
 
 
 TABLES = {"accuracy-summary": accuracy_summary, "accuracy-bar": accuracy_bar,
-          "bench-ops": bench_ops, "bench-train": bench_train, "peers-summary": peers_summary,
+          "bench-ops": bench_ops, "bench-train": bench_train, "schedules": schedules,
+          "peers-summary": peers_summary,
           "peers-findings": peers_findings}
 
 
