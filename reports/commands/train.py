@@ -243,6 +243,9 @@ def _check_combinations(args):
                            ("--normalisation", args.normalisation != "row")):
             if used:
                 return f"{flag} only applies to --algorithm targetprop"
+    for dest, flag, applies, where in _APPLIES_WITH:
+        if _given(args, dest) and not applies(algorithm, args):
+            return f"{flag} applies only with {where}; drop it or add {where}"
     if algorithm == "cd":
         if args.early_stopping:
             return "--early-stopping is not available with --algorithm cd"
@@ -255,6 +258,25 @@ def _check_combinations(args):
         return (f"--early-stopping with --monitor {args.monitor} needs --val-fraction > 0 "
                 f"(or --monitor {args.monitor[4:]})")
     return None
+
+
+#: (dest, flag, whether it applies, where it does): options that mean something only beside
+#: another; given alone (away from their default) they are refused, never silently ignored
+_APPLIES_WITH = (
+    ("normalisation", "--normalisation", lambda alg, a: a.pure, "--pure"),
+    ("cd_k", "--cd-k", lambda alg, a: alg == "cd", "--algorithm cd"),
+    ("monitor", "--monitor", lambda alg, a: a.early_stopping, "--early-stopping"),
+    ("patience", "--patience", lambda alg, a: a.early_stopping, "--early-stopping"),
+    ("min_delta", "--min-delta", lambda alg, a: a.early_stopping, "--early-stopping"),
+    ("blocks", "--blocks", lambda alg, a: a.distributed, "--distributed"),
+    ("clip_mode", "--clip-mode", lambda alg, a: a.gradient_clip > 0, "--gradient-clip C > 0"),
+)
+
+
+def _given(args, dest):
+    """Whether option ``dest`` was moved from the parser's default."""
+    parser = getattr(args, "_parser", None)
+    return parser is not None and getattr(args, dest) != parser.get_default(dest)
 
 
 def _piece_algorithms():
