@@ -3,22 +3,28 @@
 Both loaders return features as float arrays in [0, 1] of shape ``[N, D]`` and labels as
 int64 class indices of shape ``[N, 1]``, the format ``cross_entropy`` takes (DataCode's
 ``dataset_features`` / ``dataset_targets``; use :func:`fastlib.onehot` for one-hot targets).
+MNIST is found in ``$VERIGRAD_MNIST_DIR``, the user cache folder or ``../shared/data/mnist``,
+or fetched once into the cache with SHA-256 checks (:func:`download_mnist`).
 """
 from __future__ import annotations
 
 import gzip
+import hashlib
 import math
 import os
 import pathlib
 import struct
+import sys
+import tempfile
 import zlib
 from typing import NamedTuple
 
 import numpy as np
 
 __all__ = ["Split", "Splits", "load_digits", "load_mnist", "read_idx", "train_val_split",
-           "MNIST_FILES", "MNIST_DIR_ENV", "DEFAULT_MNIST_DIR", "mnist_dir", "dataset_features",
-           "dataset_targets"]
+           "MNIST_FILES", "MNIST_DIR_ENV", "MNIST_URL_ENV", "MNIST_URL", "MNIST_SHA256",
+           "DEFAULT_MNIST_DIR", "mnist_dir", "mnist_cache_dir", "user_cache_dir",
+           "download_mnist", "dataset_features", "dataset_targets"]
 
 
 class Split(NamedTuple):
@@ -144,41 +150,206 @@ IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dimensions
 IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension
 MNIST_COUNTS = {"train": 60000, "test": 10000}
 
-# Where load_mnist looks when no path is given: this environment variable, else the default
-# folder (relative to the working directory: the repository's sibling data folder, which is
-# also what `verigrad train --data mnist` uses).
+# Where load_mnist looks when no path is given, first match: this environment variable, the
+# user cache folder (where download_mnist puts the files), the repository's sibling data folder
+# (relative to the working directory, as `verigrad train --data mnist` is run from a checkout).
 MNIST_DIR_ENV = "VERIGRAD_MNIST_DIR"
 DEFAULT_MNIST_DIR = pathlib.Path("..") / "shared" / "data" / "mnist"
-MNIST_HOW_TO_GET = (
-    "download the four files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-    "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) from an MNIST mirror, e.g. "
-    "https://ossci-datasets.s3.amazonaws.com/mnist/, into one folder, then set "
-    f"{MNIST_DIR_ENV}=that folder or pass path=")
+# Where download_mnist fetches from: this environment variable (a folder URL), else the mirror
+# torchvision uses. The SHA-256 of each published file (they match torchvision's MD5 list and
+# LeCun's byte counts): a download that does not hash to it is refused and removed.
+MNIST_URL_ENV = "VERIGRAD_MNIST_URL"
+MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
+MNIST_SHA256 = {
+    "train-images-idx3-ubyte.gz":
+        "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+    "train-labels-idx1-ubyte.gz":
+        "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+    "t10k-images-idx3-ubyte.gz":
+        "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+    "t10k-labels-idx1-ubyte.gz":
+        "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+}
 
 
-def mnist_dir(path=None) -> pathlib.Path:
-    """The folder ``load_mnist`` reads: ``path``, else ``$VERIGRAD_MNIST_DIR``, else
-    :data:`DEFAULT_MNIST_DIR` (``../shared/data/mnist``, relative to the working directory).
+def _how_to_get(cache):
+    return ("put the four files (" + ", ".join(MNIST_SHA256) + ") in one folder and name it: "
+            "--data-dir DIR on the command line, load_mnist(path=DIR) in Python, or "
+            f"${MNIST_DIR_ENV}=DIR; or fetch them once into {cache}, checked by SHA-256: "
+            "--download on the command line, load_mnist(download=True) in Python (from "
+            f"${MNIST_URL_ENV}, default {MNIST_URL})")
+
+
+def user_cache_dir(app: str = "verigrad") -> pathlib.Path:
+    """This user's cache folder for ``app``, by the platform's convention.
+
+    Linux and other Unix: ``$XDG_CACHE_HOME/app`` (default ``~/.cache/app``); macOS:
+    ``~/Library/Caches/app``; Windows: ``%LOCALAPPDATA%\\app\\Cache`` (default
+    ``~\\AppData\\Local``). The folder is not created here.
+    """
+    home = pathlib.Path.home()
+    if sys.platform.startswith("win"):
+        base = os.environ.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
+        return pathlib.Path(base) / app / "Cache"
+    if sys.platform == "darwin":
+        return home / "Library" / "Caches" / app
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = pathlib.Path(xdg) if xdg and os.path.isabs(xdg) else home / ".cache"
+    return base / app
+
+
+def mnist_cache_dir() -> pathlib.Path:
+    """The folder :func:`download_mnist` fills and :func:`load_mnist` looks in:
+    ``user_cache_dir() / "mnist"``."""
+    return user_cache_dir() / "mnist"
+
+
+def _holds_mnist(folder: pathlib.Path) -> bool:
+    return all(any((folder / (n + ext)).is_file() for ext in (".gz", ""))
+               for pair in MNIST_FILES.values() for n in pair)
+
+
+def mnist_dir(path=None, download: bool = False, url=None) -> pathlib.Path:
+    """The folder ``load_mnist`` reads.
+
+    ``path`` when given; else ``$VERIGRAD_MNIST_DIR`` when set; else the first of the user
+    cache folder (:func:`mnist_cache_dir`) and :data:`DEFAULT_MNIST_DIR`
+    (``../shared/data/mnist``, relative to the working directory) that holds the four files.
+    With ``download``, files missing from that folder (the cache, when none was named) are
+    fetched first (:func:`download_mnist`, from ``url``).
 
     Raises
     ------
     FileNotFoundError
-        The chosen folder does not exist; the message says where it came from and how to get
-        the files.
+        The named folder does not exist, or no folder holds the files; the message says where
+        it looked and how to get the files (``--data-dir``, ``path=``, the variable, or
+        ``--download`` / ``download=True``).
     """
+    cache = mnist_cache_dir()
     if path is not None:
-        folder, source = pathlib.Path(path), "path="
+        folder, source = pathlib.Path(path), "the folder named (--data-dir, or path=)"
     elif os.environ.get(MNIST_DIR_ENV):
         folder, source = pathlib.Path(os.environ[MNIST_DIR_ENV]), f"${MNIST_DIR_ENV}"
     else:
-        folder, source = DEFAULT_MNIST_DIR, f"the default folder ({MNIST_DIR_ENV} is not set)"
+        folder = next((f for f in (cache, DEFAULT_MNIST_DIR) if _holds_mnist(f)), None)
+        source = "the default folders"
+        if folder is None and download:
+            folder = cache
+        if folder is None:
+            raise FileNotFoundError(
+                f"no MNIST files in the user cache {str(cache)!r} or in "
+                f"{str(DEFAULT_MNIST_DIR)!r} (relative to {os.getcwd()!r}), and "
+                f"${MNIST_DIR_ENV} is not set; {_how_to_get(cache)}")
+    if download and not _holds_mnist(folder):
+        download_mnist(folder, url)
     if not folder.is_dir():
         raise FileNotFoundError(f"MNIST folder {str(folder)!r} (from {source}) does not exist or "
-                                f"is not a folder; {MNIST_HOW_TO_GET}")
+                                f"is not a folder; {_how_to_get(cache)}")
     return folder
 
 
-def load_mnist(split: str | None = "train", path=None, dtype=np.float32):
+def download_mnist(folder=None, url=None, checksums=None, timeout: float = 60.0
+                   ) -> pathlib.Path:
+    """Fetch the four MNIST files into ``folder``, each checked against its SHA-256.
+
+    A file already there with the right hash is kept. Each download goes to a temporary file
+    in ``folder`` and is renamed into place only once complete and verified, so an interrupted,
+    truncated or corrupted download leaves nothing behind.
+
+    Parameters
+    ----------
+    folder : path-like, optional
+        Where to put the files (created if needed); default :func:`mnist_cache_dir`.
+    url : str, optional
+        The folder URL the files are under; default ``$VERIGRAD_MNIST_URL``, else
+        :data:`MNIST_URL`.
+    checksums : dict, optional
+        File name -> SHA-256 hex digest; default :data:`MNIST_SHA256` (the published files).
+    timeout : float
+        Seconds to wait for the server on each read.
+
+    Returns
+    -------
+    pathlib.Path
+        The folder.
+
+    Raises
+    ------
+    OSError
+        The server cannot be reached or answers with an error (the message names the URL).
+    fastlib.errors.CorruptFileError
+        A download is cut short or does not hash to its checksum (a ``ValueError``; the
+        message names the URL, the expected and the received digest).
+    """
+    folder = pathlib.Path(folder) if folder is not None else mnist_cache_dir()
+    base = url or os.environ.get(MNIST_URL_ENV) or MNIST_URL
+    checksums = MNIST_SHA256 if checksums is None else checksums
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, digest in checksums.items():
+        target = folder / name
+        if target.is_file() and _sha256(target) == digest:
+            continue
+        _fetch(base.rstrip("/") + "/" + name, target, digest, timeout)
+    return folder
+
+
+def _sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fetch(url, target: pathlib.Path, digest: str, timeout: float) -> None:
+    """Download ``url`` to ``target`` through a temporary file beside it, verified first."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    from fastlib.errors import CorruptFileError
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        h, received = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as out:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as response:
+                    expected = response.headers.get("Content-Length")
+                    while True:
+                        chunk = response.read(1 << 16)
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                        h.update(chunk)
+                        received += len(chunk)
+            except urllib.error.HTTPError as exc:
+                raise OSError(f"cannot download {url}: the server answered {exc.code} "
+                              f"{exc.reason}") from None
+            except http.client.IncompleteRead as exc:
+                raise CorruptFileError(url, "download", f"cut short after "
+                                       f"{received + len(exc.partial)} bytes; nothing was kept, "
+                                       "run it again") from None
+            except (urllib.error.URLError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                raise OSError(f"cannot download {url}: {reason}") from None
+            out.flush()
+            os.fsync(out.fileno())
+        if expected is not None and received != int(expected):
+            raise CorruptFileError(url, "download", f"cut short: {received} of {expected} bytes; "
+                                   "nothing was kept, run it again")
+        if h.hexdigest() != digest:
+            raise CorruptFileError(url, "download", f"SHA-256 {h.hexdigest()}, expected "
+                                   f"{digest} ({received} bytes): not the published file; "
+                                   "nothing was kept (check the URL, or the mirror)")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load_mnist(split: str | None = "train", path=None, dtype=np.float32, download=False,
+               url=None):
     """MNIST from the four IDX files in a folder (gzipped or raw), DataCode's
     ``load_mnist("train")``.
 
@@ -189,10 +360,16 @@ def load_mnist(split: str | None = "train", path=None, dtype=np.float32):
     path : str or path-like, optional
         Folder holding ``train-images-idx3-ubyte[.gz]``, ``train-labels-idx1-ubyte[.gz]``,
         ``t10k-images-idx3-ubyte[.gz]`` and ``t10k-labels-idx1-ubyte[.gz]``. Default: the
-        environment variable ``VERIGRAD_MNIST_DIR``, else ``../shared/data/mnist`` relative
-        to the working directory (:func:`mnist_dir`).
+        environment variable ``VERIGRAD_MNIST_DIR``, else the user cache folder
+        (:func:`mnist_cache_dir`), else ``../shared/data/mnist`` relative to the working
+        directory, the first that holds the files (:func:`mnist_dir`).
     dtype : numpy float dtype
         dtype of the images (float32 by default).
+    download : bool
+        Fetch the files missing from that folder (the cache when none holds them) first, each
+        checked against its published SHA-256 (:func:`download_mnist`).
+    url : str, optional
+        Where to fetch from (default ``$VERIGRAD_MNIST_URL``, else :data:`MNIST_URL`).
 
     Returns
     -------
@@ -204,12 +381,15 @@ def load_mnist(split: str | None = "train", path=None, dtype=np.float32):
     FileNotFoundError
         The folder or a file is missing (the message names what was looked for and how to get
         the files).
+    OSError, fastlib.errors.CorruptFileError
+        With ``download``: the server cannot be reached, or a file is cut short or does not
+        hash to its published SHA-256 (nothing is kept).
     ValueError
         A file is truncated, not gzip/IDX, has the wrong magic number, wrong sizes, labels out
         of 0..9, or image and label counts that differ (the message names the file).
     """
     _check_split(split, allow_none=True)
-    folder = mnist_dir(path)
+    folder = mnist_dir(path, download=download, url=url)
     if split is None:
         train, test = _load_mnist_split(folder, "train", dtype), _load_mnist_split(folder, "test",
                                                                                     dtype)
@@ -244,7 +424,7 @@ def _find(folder: pathlib.Path, name: str) -> pathlib.Path:
             return candidate
     raise FileNotFoundError(f"MNIST file {name}.gz (or {name}) not found in {str(folder)!r}; "
                             f"the folder holds: {sorted(os.listdir(folder))}; "
-                            f"{MNIST_HOW_TO_GET}")
+                            f"{_how_to_get(mnist_cache_dir())}")
 
 
 def read_idx(file, magic: int) -> np.ndarray:

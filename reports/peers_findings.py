@@ -10,13 +10,15 @@ import argparse
 import importlib.metadata
 import json
 import math
+import os
+import shlex
 import sys
 import time
 
 import numpy as np
 
 __all__ = ["ENGINES", "PEERS", "DERIVATIVES", "find", "worst_element", "second_order_worst",
-           "markdown", "merge", "main", "rebuild_case", "case_tangents"]
+           "markdown", "merge", "main", "rebuild_case", "case_tangents", "provenance_of"]
 
 #: the derivatives a finding can be about: the first-order VJP, the second-order rows' J t
 #: (``jvp2``) and H t (``hvp``)
@@ -308,6 +310,8 @@ def _engine_info(name, engine):
             "composed": dict(getattr(engine, "composed", {})),
             "unsupported": {o: engine.supports(o)[1] for o in spec.OPS
                             if not engine.supports(o)[0]},
+            "unsupported_derivatives": {d: dict(ops) for d, ops in
+                                        getattr(engine, "unsupported_derivatives", {}).items()},
             "derivatives": list(ENGINES[name])}
     missing = second_order.not_provided(engine)
     info["second_order"] = missing or getattr(engine, "second_order_route", "") or \
@@ -348,8 +352,9 @@ def find(engine_names=tuple(ENGINES), ops=None, examples=10, seed=0, progress=No
         for derivative in held:
             start = time.perf_counter()
             for op in ops or spec.OPS:
-                if not engine.supports(op)[0]:
-                    continue
+                if not engine.supports(op)[0] or (
+                        derivative != "vjp" and not engine.supports_derivative(op, derivative)[0]):
+                    continue            # declared: recorded in the engine's entry, not a finding
                 for dtype in engine.dtypes:
                     dt = np.dtype(dtype).name
                     if progress:
@@ -360,11 +365,50 @@ def find(engine_names=tuple(ENGINES), ops=None, examples=10, seed=0, progress=No
     return doc
 
 
+#: the command line of this module, as a record names it
+COMMAND = "python -m reports.peers_findings"
+#: environment variables that change what a peer computes (tinygrad's backend)
+RECORDED_ENVIRONMENT = ("DEV",)
+
+
+def provenance_of(doc, argv, seconds):
+    """The record of the run (or merge) that made ``doc``: ``command``, ``date``, ``machine``,
+    ``versions`` (each engine's and the packages'), ``seconds``, the ``environment`` variables
+    that change a peer's results, the load average; a merge keeps its parts' records in
+    ``runs``."""
+    from reports import provenance
+
+    env = {k: os.environ[k] for k in RECORDED_ENVIRONMENT if os.environ.get(k)}
+    prefix = "".join(f"{k}={v} " for k, v in env.items())
+    names = [n for n, info in doc["engines"].items() if info.get("available", True)]
+    record = {"command": prefix + COMMAND + (" " + shlex.join(argv) if argv else ""),
+              "date": provenance.now(), "machine": provenance.machine(),
+              "seconds": round(seconds, 1), "load_after": provenance.load_average()}
+    if not doc.get("runs"):      # a merge measured nothing: its parts' records say what did
+        record["versions"] = {**provenance.versions(("verigrad", "numpy", "numba", "mpmath",
+                                                     "sympy")),
+                              **provenance.versions(names, PACKAGES)}
+    if env:
+        record["environment"] = env
+    return record
+
+
+def _runs(doc):
+    """The run records a findings document holds: its parts' (a merge), else its own."""
+    if doc.get("runs"):
+        return list(doc["runs"])
+    own = {k: doc[k] for k in ("command", "date", "machine", "versions", "seconds",
+                               "load_after", "environment", "recorded") if k in doc}
+    return [own] if own else []
+
+
 def merge(docs):
     """One findings document from the parts of a split run (disjoint engines or derivatives,
-    the same profile); a part written before findings named their derivative holds VJPs."""
-    out = {"profile": {}, "engines": {}, "findings": []}
+    the same profile); a part written before findings named their derivative holds VJPs. The
+    parts' run records are kept in ``runs``."""
+    out = {"profile": {}, "engines": {}, "findings": [], "runs": []}
     for doc in docs:
+        out["runs"] += [r for r in _runs(doc) if r not in out["runs"]]
         second = any(d != "vjp" for info in doc["engines"].values()
                      for d in info.get("seconds", {}))
         for key, value in doc["profile"].items():
@@ -497,12 +541,15 @@ def main(argv=None):
     parser.add_argument("--json", metavar="FILE", help="write the findings here")
     parser.add_argument("--markdown", metavar="FILE", help="write the table here")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     if args.merge:
         doc = merge([json.loads(open(f, encoding="utf-8").read()) for f in args.merge])
     else:
         doc = find(args.engines, args.ops, args.examples, args.seed,
                    progress=lambda s: print(s, file=sys.stderr, flush=True),
                    second_order_tables=args.tables, derivatives=args.derivatives)
+    doc.update(provenance_of(doc, sys.argv[1:] if argv is None else argv,
+                             time.perf_counter() - started))
     for name, info in doc["engines"].items():
         if not info["available"]:
             print(f"{name}: unavailable: {info['reason']}", file=sys.stderr)

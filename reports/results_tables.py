@@ -3,25 +3,26 @@
 A table sits between ``<!-- results: PATH table=NAME -->`` and ``<!-- /results -->``; PATH is a
 results file under docs/results/ (the command, date, machine, load and versions beside the
 command's own JSON) or the peers' findings file. ``--write`` re-renders every block, ``--check``
-lists the blocks that disagree with their source, ``record`` runs a measuring command and
-stores its JSON. The long story: docs/results.md.
+lists the blocks that disagree with their source, ``record`` runs a measuring command (its JSON
+to a scratch file) and stores it. The long story: docs/results.md.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
 import pathlib
-import platform
 import re
 import shlex
 import subprocess
 import sys
 import time
 
-__all__ = ["BLOCK", "TABLES", "render", "blocks", "check", "write", "record", "main"]
+from reports import provenance
+
+__all__ = ["BLOCK", "TABLES", "render", "blocks", "check", "write", "record", "main",
+           "without_outputs"]
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- results: (?P<path>\S+) table=(?P<table>[\w-]+) -->\n)(?P<body>.*?)"
@@ -61,13 +62,16 @@ def _table(header, rows):
 def _provenance(doc):
     """One line under every table: where its figures come from."""
     load = doc.get("load_before")
-    load_text = f", load average {_num(load, 2)} before" if load is not None else ""
+    load_text = ("" if load is None else f", load {load}" if isinstance(load, str)
+                 else f", load average {_num(load, 2)} before")
     after = doc.get("load_after")
     load_text += f" and {_num(after, 2)} after" if after is not None else ""
     machine = doc.get("machine", {})
     took = f"; the command took {_num(doc['seconds'], 3)} s" if doc.get("seconds") else ""
-    return (f"\n*`{doc['command']}`, {doc['date']}, {machine.get('cpus', '?')} cores "
-            f"({machine.get('system', '?')}){load_text}{took}.*\n")
+    system = f" ({machine['system']})" if machine.get("system") else ""
+    recorded = f"; {doc['recorded']}" if doc.get("recorded") else ""
+    return (f"\n*`{doc['command']}`, {doc['date']}, {machine.get('cpus', '?')} cores"
+            f"{system}{load_text}{took}{recorded}.*\n")
 
 
 def accuracy_summary(doc):
@@ -143,6 +147,32 @@ def bench_train(doc):
     return _table(header, rows) + _provenance(doc)
 
 
+def schedules(doc):
+    """Each model's s/epoch under its own schedule and under the general one, and their ratio,
+    over the rounds (a range: lowest to highest; from each round's pair where the file keeps
+    them), and whether the general schedule was the slower in every round."""
+    data = doc["data"]
+    rows, slower = [], True
+    for r in data["rows"]:
+        if r.get("rounds"):
+            own = [x["own"] for x in r["rounds"]]
+            general = [x["general"] for x in r["rounds"]]
+            ratios = [g / o for g, o in zip(general, own)]
+            spans = [(min(own), max(own)), (min(general), max(general)),
+                     (min(ratios), max(ratios))]
+        else:
+            spans = [tuple(r["own_s"]), tuple(r["general_s"]), tuple(r["ratio"])]
+        slower = slower and spans[2][0] > 1
+        rows.append([f"`{r['model']}` ({r['shape']})", r["batch"]]
+                    + [f"{_num(lo)} to {_num(hi)}" for lo, hi in spans])
+    verdict = ("In every round the general schedule was the slower." if slower else
+               "In some round the general schedule was as fast or faster.")
+    return (_table(["model", "batch", "own schedule", "general schedule",
+                    "general / own, per round"], rows)
+            + f"\n{verdict} (s/epoch, {data['threads']} thread, median of {data['median_of']} "
+              f"per run, {data['rounds']} rounds alternating)\n" + _provenance(doc))
+
+
 def peers_summary(doc):
     """Per engine: version, and per derivative (VJP, J t, H t) its failures / conventions /
     contract findings (``-`` where it is not held there), and all its findings
@@ -169,7 +199,20 @@ def peers_summary(doc):
                      sum(sum(c.values()) for c in per.values())])
     return _table(["engine", "version"] + [f"{t}: failures / conventions / contract"
                                            for t in DERIVATIVE_TEXT.values()] + ["findings"],
-                  rows)
+                  rows) + _findings_provenance(doc)
+
+
+def _findings_provenance(doc):
+    """The line under a findings table: the command that wrote the file and, for a merge, how
+    many runs it joins (their records are in the file's ``runs``)."""
+    if not doc.get("command"):
+        return ""
+    runs = doc.get("runs") or []
+    joined = (f"; it joins {len(runs)} runs, from {runs[0]['date']} to {runs[-1]['date']}, "
+              "each with its command, date, machine and versions in the file's `runs`"
+              if runs else f", {doc['machine'].get('cpus', '?')} cores "
+                           f"({doc['machine'].get('system', '?')})")
+    return f"\n*`{doc['command']}`, {doc['date']}{joined}.*\n"
 
 
 def peers_findings(doc):
@@ -180,7 +223,8 @@ def peers_findings(doc):
 
 
 TABLES = {"accuracy-summary": accuracy_summary, "accuracy-bar": accuracy_bar,
-          "bench-ops": bench_ops, "bench-train": bench_train, "peers-summary": peers_summary,
+          "bench-ops": bench_ops, "bench-train": bench_train, "schedules": schedules,
+          "peers-summary": peers_summary,
           "peers-findings": peers_findings}
 
 
@@ -232,21 +276,22 @@ def write(root=ROOT):
 # ---------------------------------------------------------------------------------------------
 # recording a measurement
 
-def _machine():
-    return {"system": f"{platform.system()} {platform.machine()}",
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version()}
+#: the flags that only say where a command writes (scratch paths are not part of a record)
+OUTPUT_FLAGS = ("--json", "--out")
 
 
-def _versions():
-    from importlib import metadata
-
-    out = {}
-    for name in ("verigrad", "numpy", "numba", "scipy", "sympy", "mpmath", "torch", "jax"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
+def without_outputs(argv):
+    """``argv`` without ``--json FILE`` / ``--out DIR`` (either spelling, ``=`` or not)."""
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+            continue
+        flag = word.split("=", 1)[0]
+        if flag in OUTPUT_FLAGS:
+            skip = "=" not in word
+            continue
+        out.append(word)
     return out
 
 
@@ -259,41 +304,52 @@ def _trim(kind, data):
     return data
 
 
-def record(out, argv, reads=None, kind="json", ran=None):
+def record(out, argv, kind="json", ran=None, reads=None):
     """Run ``verigrad ARGV`` (or take ``ran``: a run already made) and store its JSON in ``out``.
+
+    The command writes its JSON to a scratch file this function names (``--json``, and
+    ``--out`` for a report's pages), and is recorded without it: the record says what was
+    measured, not where a file went.
 
     Parameters
     ----------
     out : str or path
         The results file to write (under docs/results/).
     argv : list of str
-        The ``verigrad`` arguments, recorded as the command.
-    reads : str or None
-        The file the command writes its JSON to; None reads its standard output.
+        The ``verigrad`` arguments (an output flag among them is dropped).
     kind : {"json", "report"}
         ``report`` keeps the summary, bar, configuration and versions of a report.json.
     ran : dict or None
-        ``{"seconds", "load_before", "load_after"}`` of a run made outside (then nothing runs).
+        ``{"seconds", "load_before", "load_after"}`` of a run made outside (then nothing runs
+        and ``reads`` names the JSON it wrote).
+    reads : str or None
+        With ``ran``: the JSON file that run wrote.
     """
+    import tempfile
+
+    argv = without_outputs(argv)
     if ran is None:
-        load_before = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "reports", *argv], cwd=ROOT,
-                              capture_output=True, text=True)
-        seconds = time.perf_counter() - t0
-        load_after = os.getloadavg()[0]
-        if proc.returncode not in (0, 1):
-            raise SystemExit(f"verigrad {shlex.join(argv)} exited {proc.returncode}:\n"
-                             f"{proc.stderr[-2000:]}")
-        text = proc.stdout if reads is None else pathlib.Path(reads).read_text()
-        printed = "" if reads is None else proc.stdout
+        with tempfile.TemporaryDirectory(prefix="verigrad-record-") as tmp:
+            result = pathlib.Path(tmp) / "result.json"
+            scratch = ["--json", str(result)] + (["--out", str(pathlib.Path(tmp) / "pages")]
+                                                 if argv[:1] == ["report"] else [])
+            load_before = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "reports", *argv, *scratch], cwd=ROOT,
+                                  capture_output=True, text=True)
+            seconds = time.perf_counter() - t0
+            load_after = os.getloadavg()[0]
+            if proc.returncode not in (0, 1) or not result.is_file():
+                raise SystemExit(f"verigrad {shlex.join(argv)} exited {proc.returncode}:\n"
+                                 f"{proc.stderr[-2000:]}")
+            text, printed = result.read_text(encoding="utf-8"), proc.stdout
     else:
         seconds, load_before, load_after = ran["seconds"], ran["load_before"], ran["load_after"]
         text, printed = pathlib.Path(reads).read_text(), ran.get("printed", "")
-    doc = {"command": "verigrad " + shlex.join(argv),
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    doc = {"command": "verigrad " + shlex.join(argv), "date": provenance.now(),
            "seconds": round(seconds, 1), "load_before": round(load_before, 2),
-           "load_after": round(load_after, 2), "machine": _machine(), "versions": _versions(),
+           "load_after": round(load_after, 2), "machine": provenance.machine(),
+           "versions": provenance.versions(),
            "printed": printed.splitlines()[-40:], "data": _trim(kind, json.loads(text))}
     pathlib.Path(out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
                                  encoding="utf-8")
@@ -316,9 +372,8 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="action")
     rec = sub.add_parser("record", help="run a measuring command and store its JSON")
     rec.add_argument("out", help="results file to write, e.g. docs/results/accuracy-quick.json")
-    rec.add_argument("--reads", default=None,
-                     help="the file the command writes its JSON to (default: its stdout)")
-    rec.add_argument("--kind", choices=("json", "report"), default="json")
+    rec.add_argument("--kind", choices=("json", "report"), default="json",
+                     help="report: keep a report's summary, bar and configuration")
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -326,7 +381,7 @@ def main(argv=None):
         if not command:
             parser.error("record needs the verigrad arguments after --, e.g. "
                          "record docs/results/x.json -- bench train --json")
-        record(args.out, command, args.reads, args.kind)
+        record(args.out, command, args.kind)
         return 0
     if args.write:
         for name in write():

@@ -74,17 +74,21 @@ def test_bench_train_prints_the_blas_header_and_the_warning(capsys, monkeypatch)
 # ---------------------------------------------------------------------------------------------
 # --threads
 
-def test_thread_lists_parse_and_bad_ones_are_refused():
-    assert train.parse_threads("1,2,4,8,16") == [1, 2, 4, 8, 16]
-    assert train.parse_threads("2") == [2]
-    for bad in ("0", "two", "", "2,2", "1,-1"):
-        with pytest.raises(ValueError, match="--threads"):
-            train.parse_threads(bad)
-
-
-def test_a_bad_thread_list_is_a_usage_error(capsys):
-    code, _, err = run(capsys, "bench", "train", "--threads", "1,x")
-    assert code == 2 and "--threads '1,x'" in err
+@pytest.mark.parametrize("suite", ["train", "ops"])
+def test_thread_lists_parse_and_bad_ones_are_refused(suite, capsys):
+    parser = build_parser()
+    assert parser.parse_args(["bench", suite, "--threads", "1,2,4,8,16"]).threads == \
+        [1, 2, 4, 8, 16]
+    assert parser.parse_args(["bench", suite, "--threads", "1", "2"]).threads == [1, 2]
+    assert parser.parse_args(["bench", suite, "--threads", "2"]).threads == [2]
+    for bad, why in (("0", "expects an integer >= 1, got '0'"),
+                     ("two", "expects an integer >= 1, got 'two'"),
+                     (",", "expects at least one name"),
+                     ("2,2", "2 is given twice"),
+                     ("1,-1", "expects an integer >= 1, got '-1'")):
+        code, _, err = run(capsys, "bench", suite, "--threads", bad)
+        assert code == 2 and err.startswith(f"usage: verigrad bench {suite}"), bad
+        assert f"argument --threads: {why}" in err, (bad, err)
 
 
 def _fake_runs():
@@ -133,7 +137,7 @@ def test_the_child_command_is_the_same_benchmark_at_one_thread_count():
     child = build_parser().parse_args(argv[3:])
     assert (child.model, child.batch_sizes, child.samples, child.max_steps, child.repeats,
             child.engines, child.threads, child.json) == (
-        "lstm", "4,8", 16, 3, 2, ["fastlib", "torch"], "4", "/tmp/x.json")
+        "lstm", [4, 8], 16, 3, 2, ["fastlib", "torch"], [4], "/tmp/x.json")
     env = scaling.child_environment(16, cores=2)
     assert env["NUMBA_NUM_THREADS"] == "16"
     assert scaling.child_environment(1, cores=2)["NUMBA_NUM_THREADS"] == "2"

@@ -76,13 +76,15 @@ def test_the_numpy_mlp_trains_the_same_model(capsys):
 def test_an_unknown_model_is_exit_2_listing_the_models(capsys):
     code, _, err = run(capsys, "bench", "train", "--model", "lsmt")
     assert code == 2
+    assert err.startswith("usage: verigrad bench train")
     assert "--model" in err and "'lsmt'" in err and "did you mean 'lstm'" in err
-    assert "attention, lstm, mlp, transformer" in err
+    assert "mlp, lstm, attention, transformer" in err
 
 
 def test_an_engine_the_model_has_not_is_refused(capsys):
     code, _, err = run(capsys, "bench", "train", "--model", "lstm", "--engines", "numpy")
-    assert code == 2 and "engines must be among fastlib, torch, jax for --model lstm" in err
+    assert code == 2 and err.startswith("usage: verigrad bench train")
+    assert "--engines numpy: not an engine of --model lstm; its engines: fastlib, torch, jax" in err
 
 
 def test_distributed_runs_are_mlp_only(capsys):

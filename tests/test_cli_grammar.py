@@ -201,3 +201,105 @@ def test_docs_cli_md_is_the_parsers_reference():
         "docs/cli.md is stale: python -m reports.commands.reference > docs/cli.md")
     for path, action in FLAGS:
         assert f"`{action.option_strings[0]}`" in written
+
+
+# ---------------------------------------------------------------------------------------------
+# defaults, shared flags and did-you-mean, walked over every subcommand's flags
+
+@pytest.mark.parametrize("path, action", FLAGS, ids=[_id(f) for f in FLAGS])
+def test_every_flag_states_its_real_default_once(path, action):
+    # a flag whose parsed default is None says what None means (docs/cli.md shows it), and
+    # its help does not state a default of its own beside the table's column
+    switch = action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction)
+    if action.default is None and not switch:
+        assert getattr(action, "default_text", None), (path, action.option_strings)
+    assert "(default" not in (action.help or ""), (path, action.option_strings, action.help)
+    assert arguments._default_text(action) != "none" or action.option_strings[0] in (
+        "--save", "--checkpoint", "--resume", "--plot", "--baseline", "--first"), (
+        path, action.option_strings)
+
+
+def test_a_shared_flag_takes_the_same_form_everywhere():
+    def form(action):
+        return (type(action).__name__, action.metavar, action.nargs, action.type,
+                getattr(action, "convert", None), action.choices is None)
+
+    for flag, uses in reference.shared_flags(PARSER).items():
+        assert uses, f"{flag} is in reference.SHARED but no subcommand takes it"
+        forms = {form(action) for _, action in uses}
+        assert len(forms) == 1, (flag, [(" ".join(p), form(a)) for p, a in uses])
+    # the reference says where each is taken
+    written = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    for flag, uses in reference.shared_flags(PARSER).items():
+        row = next(line for line in written.splitlines() if line.startswith(f"| `{flag}` |"))
+        for path, _ in uses:
+            assert f"`{' '.join(path)}`" in row
+
+
+@pytest.mark.parametrize("path, action", FLAGS, ids=[_id(f) for f in FLAGS])
+def test_every_choice_flag_answers_a_misspelling_with_the_choice(path, action, capsys):
+    choices = getattr(action, "valid", None) or action.choices
+    if not choices:
+        return
+    flag = action.option_strings[0]
+    for choice in [str(c) for c in choices]:
+        typo = choice + choice[-1]              # one letter too many
+        _, code, err = _parse(list(path) + [flag, typo], capsys)
+        assert code == 2 and err.startswith(f"usage: verigrad {' '.join(path)}"), (flag, typo)
+        assert f"did you mean {choice!r}?" in err, (flag, typo, err[-300:])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--algorithm", "tp"], "did you mean 'targetprop'?"),
+    (["conform", "--profile", "fast"], "did you mean 'dev'?"),
+    (["bench", "train", "--model", "lstmm"], "did you mean 'lstm'?"),
+    (["bench", "train", "--engines", "fastlb"], "did you mean 'fastlib'?"),
+    (["bench", "train", "--threads", "abc"], "argument --threads: expects an integer >= 1, "
+                                             "got 'abc'"),
+    (["bench", "train", "--batch-sizes", "0"], "argument --batch-sizes: expects an integer >= 1, "
+                                               "got '0'"),
+    (["bench", "ops", "--threads", "abc"], "argument --threads: expects an integer >= 1, "
+                                           "got 'abc'"),
+])
+def test_the_grammar_answers_these_with_usage_and_the_fix(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: verigrad {' '.join(a for a in argv[:2] if a[0] != '-')}")
+    assert message in err
+    assert err.count("error:") == 1       # one rule, one message
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--algorithm", "targetprop", "--pieces", "2"],
+     "--pieces applies to the compiled epoch of --algorithm bp; --algorithm targetprop has no "
+     "piece plan"),
+    (["train", "--algorithm", "cd", "--pieces", "2"], "--algorithm cd has no piece plan"),
+    (["train", "--cd-k", "3"], "--cd-k applies only with --algorithm cd"),
+    (["train", "--patience", "2"], "--patience applies only with --early-stopping"),
+    (["train", "--monitor", "acc"], "--monitor applies only with --early-stopping"),
+    (["train", "--blocks", "4"], "--blocks applies only with --distributed"),
+    (["train", "--clip-mode", "norm"], "--clip-mode applies only with --gradient-clip C > 0"),
+    (["train", "--algorithm", "targetprop", "--normalisation", "column"],
+     "--normalisation applies only with --pure"),
+    (["train", "--data-dir", "."], "--data-dir applies only with --data mnist"),
+    (["bench", "train", "--model", "lstm", "--engines", "numpy"],
+     "--engines numpy: not an engine of --model lstm; its engines: fastlib, torch, jax"),
+    (["bench", "train", "--ranks", "1"], "--ranks applies only with --distributed"),
+    (["bench", "train", "--blocks", "4"], "--blocks applies only with --distributed"),
+    (["report", "--json", "/nonexistent-folder/r.json"], "--json /nonexistent-folder/r.json: "
+                                                         "folder /nonexistent-folder does not "
+                                                         "exist"),
+])
+def test_an_invalid_combination_is_refused_before_any_work(argv, message, capsys,
+                                                            monkeypatch):
+    # nothing may be loaded or measured: the data loaders and the measurement would raise
+    from fastlib import datasets
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the usage error")
+
+    monkeypatch.setattr(datasets, "load_digits", no_work)
+    monkeypatch.setattr(datasets, "load_mnist", no_work)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: verigrad") and message in err, err[-400:]

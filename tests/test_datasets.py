@@ -189,3 +189,216 @@ def test_real_mnist(mnist_dir):
                                                1009]
     # the famous first digits: a 5 in train, a 7 in test
     assert train.y[0, 0] == 5 and test.y[0, 0] == 7
+
+
+# ---------------------------------------------------------------------------------------------
+# where MNIST is found: the variable, the user cache, ../shared/data/mnist
+
+@pytest.mark.parametrize("platform, env, expected", [
+    ("linux", {"XDG_CACHE_HOME": "/xdg"}, "/xdg/verigrad"),
+    ("linux", {"XDG_CACHE_HOME": "relative/not/allowed"}, "HOME/.cache/verigrad"),
+    ("linux", {}, "HOME/.cache/verigrad"),
+    ("freebsd13", {}, "HOME/.cache/verigrad"),
+    ("darwin", {"XDG_CACHE_HOME": "/xdg"}, "HOME/Library/Caches/verigrad"),
+    ("win32", {"LOCALAPPDATA": "/appdata"}, "/appdata/verigrad/Cache"),
+    ("win32", {}, "HOME/AppData/Local/verigrad/Cache"),
+])
+def test_the_user_cache_folder_follows_the_platform(platform, env, expected, tmp_path,
+                                                    monkeypatch):
+    monkeypatch.setattr(datasets.sys, "platform", platform)
+    monkeypatch.setattr(datasets.pathlib.Path, "home", classmethod(lambda cls: tmp_path))
+    for name in ("XDG_CACHE_HOME", "LOCALAPPDATA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    want = expected.replace("HOME", str(tmp_path))
+    assert datasets.user_cache_dir() == datasets.pathlib.Path(want)
+    assert datasets.mnist_cache_dir() == datasets.pathlib.Path(want) / "mnist"
+
+
+@pytest.fixture
+def places(tmp_path, monkeypatch):
+    """A working folder with its own ../shared/data/mnist, a user cache, and no variable."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv(datasets.MNIST_DIR_ENV, raising=False)
+    monkeypatch.delenv(datasets.MNIST_URL_ENV, raising=False)
+    work = tmp_path / "repo"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return {"cache": tmp_path / "cache" / "verigrad" / "mnist",
+            "shared": tmp_path / "shared" / "data" / "mnist", "env": tmp_path / "elsewhere"}
+
+
+def _fill(folder, seed):
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    labels = {}
+    for split in ("train", "test"):
+        labels[split] = rng.integers(0, 10, size=4, dtype=np.uint8)
+        write_split(folder, split, rng.integers(0, 256, size=(4, 28, 28)), labels[split])
+    return labels["test"]
+
+
+def test_the_lookup_order_is_variable_cache_then_shared(places, monkeypatch):
+    with pytest.raises(FileNotFoundError) as info:
+        datasets.load_mnist("test")
+    message = str(info.value)
+    for words in (str(places["cache"]), "shared/data/mnist", "VERIGRAD_MNIST_DIR",
+                  "--data-dir", "path=", "--download", "download=True"):
+        assert words in message, message
+    shared = _fill(places["shared"], 1)
+    assert np.array_equal(datasets.load_mnist("test").y[:, 0], shared)
+    cached = _fill(places["cache"], 2)
+    assert np.array_equal(datasets.load_mnist("test").y[:, 0], cached)     # the cache first
+    named = _fill(places["env"], 3)
+    monkeypatch.setenv(datasets.MNIST_DIR_ENV, str(places["env"]))
+    assert np.array_equal(datasets.load_mnist("test").y[:, 0], named)      # the variable first
+
+
+# ---------------------------------------------------------------------------------------------
+# fetching: a server on the loopback address, with good, truncated and corrupted files
+
+class _Files:
+    """What the loopback server answers: name -> (body, declared length or None, status)."""
+
+    def __init__(self):
+        self.answers, self.asked = {}, []
+
+
+@pytest.fixture
+def server():
+    import http.server
+    import threading
+
+    files = _Files()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            name = self.path.rsplit("/", 1)[-1]
+            files.asked.append(name)
+            body, length, status = files.answers.get(name, (b"", None, 404))
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body) if length is None else length))
+            self.end_headers()
+            self.wfile.write(body)          # fewer bytes than declared: a cut connection
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    files.url = f"http://127.0.0.1:{httpd.server_address[1]}/mnist/"
+    yield files
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _published(tmp_path):
+    """Four small IDX files and their SHA-256 (the checksums a test passes for them)."""
+    import hashlib
+
+    folder = tmp_path / "published"
+    _fill(folder, 7)
+    bodies = {p.name: p.read_bytes() for p in folder.iterdir()}
+    return bodies, {n: hashlib.sha256(b).hexdigest() for n, b in bodies.items()}
+
+
+def test_a_good_download_lands_verified_and_loads(server, tmp_path):
+    bodies, sums = _published(tmp_path)
+    for name, body in bodies.items():
+        server.answers[name] = (body, None, 200)
+    target = tmp_path / "cache"
+    assert datasets.download_mnist(target, server.url, sums) == target
+    assert sorted(p.name for p in target.iterdir()) == sorted(bodies)
+    for name, body in bodies.items():
+        assert (target / name).read_bytes() == body
+    test = datasets.load_mnist("test", target)
+    assert test.x.shape == (4, 784)
+    # a second call finds the files verified in place and asks for nothing
+    server.asked.clear()
+    datasets.download_mnist(target, server.url, sums)
+    assert server.asked == []
+
+
+@pytest.mark.parametrize("fault", ["truncated", "cut connection", "corrupted", "missing"])
+def test_a_bad_download_is_refused_and_leaves_nothing(fault, server, tmp_path):
+    bodies, sums = _published(tmp_path)
+    for name, body in bodies.items():
+        server.answers[name] = (body, None, 200)
+    bad = "t10k-images-idx3-ubyte.gz"
+    body = bodies[bad]
+    if fault == "truncated":          # the server sends a shorter file, honestly declared
+        server.answers[bad] = (body[:len(body) // 2], None, 200)
+    elif fault == "cut connection":   # the connection ends before the declared length
+        server.answers[bad] = (body[:len(body) // 2], len(body), 200)
+    elif fault == "corrupted":        # the right length, one byte flipped
+        flipped = bytearray(body)
+        flipped[len(flipped) // 3] ^= 0x01
+        server.answers[bad] = (bytes(flipped), None, 200)
+    else:
+        server.answers[bad] = (b"no such file", None, 404)
+    target = tmp_path / "cache"
+    error = OSError if fault == "missing" else ValueError
+    with pytest.raises(error) as info:
+        datasets.download_mnist(target, server.url, sums)
+    message = str(info.value)
+    assert server.url + bad in message, message
+    expected = {"truncated": [sums[bad], "SHA-256"], "cut connection": ["cut short"],
+                "corrupted": [sums[bad], "SHA-256", "nothing was kept"],
+                "missing": ["404"]}[fault]
+    for words in expected:
+        assert words in message, message
+    # the files verified before the bad one stay; nothing half-written, no temporary
+    left = sorted(p.name for p in target.iterdir())
+    assert bad not in left and not [n for n in left if n.startswith(".")]
+    for name in left:
+        assert (target / name).read_bytes() == bodies[name]
+
+
+def test_a_wrong_file_in_the_cache_is_fetched_again(server, tmp_path):
+    bodies, sums = _published(tmp_path)
+    for name, body in bodies.items():
+        server.answers[name] = (body, None, 200)
+    target = tmp_path / "cache"
+    target.mkdir()
+    (target / "train-labels-idx1-ubyte.gz").write_bytes(b"stale")
+    datasets.download_mnist(target, server.url, sums)
+    assert (target / "train-labels-idx1-ubyte.gz").read_bytes() == \
+        bodies["train-labels-idx1-ubyte.gz"]
+
+
+def test_load_mnist_download_fills_the_cache_from_the_variables_url(server, places,
+                                                                    monkeypatch, tmp_path):
+    bodies, sums = _published(tmp_path)
+    for name, body in bodies.items():
+        server.answers[name] = (body, None, 200)
+    monkeypatch.setattr(datasets, "MNIST_SHA256", sums)
+    monkeypatch.setenv(datasets.MNIST_URL_ENV, server.url)
+    test = datasets.load_mnist("test", download=True)
+    assert test.x.shape == (4, 784)
+    assert sorted(p.name for p in places["cache"].iterdir()) == sorted(bodies)
+
+
+@pytest.mark.mnist
+def test_the_published_checksums_are_the_real_files(mnist_dir):
+    # the four files of ../shared/data/mnist are LeCun's (byte counts as published) and hash
+    # to the SHA-256 the downloader checks; a download of them is accepted
+    import hashlib
+
+    sizes = {"train-images-idx3-ubyte.gz": 9912422, "train-labels-idx1-ubyte.gz": 28881,
+             "t10k-images-idx3-ubyte.gz": 1648877, "t10k-labels-idx1-ubyte.gz": 4542}
+    for name, digest in datasets.MNIST_SHA256.items():
+        data = (mnist_dir / name).read_bytes()
+        assert len(data) == sizes[name]
+        assert hashlib.sha256(data).hexdigest() == digest
+
+
+def test_the_cli_names_data_dir_and_download(places, capsys):
+    from reports.cli import main
+
+    assert main(["train", "--data", "mnist", "--epochs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "--data-dir" in err and "--download" in err and "no MNIST files" in err
+    assert main(["train", "--data-dir", "x"]) == 2
+    assert "--data-dir applies only with --data mnist" in capsys.readouterr().err

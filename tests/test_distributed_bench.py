@@ -75,4 +75,5 @@ def test_bench_rejects_bad_rank_counts():
     proc = subprocess.run(
         [sys.executable, "-m", "reports", "bench", "train", "--distributed", "--ranks", "2,0"],
         capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert proc.returncode == 1 and "--ranks takes comma-separated counts" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: verigrad bench train")
+    assert "argument --ranks: expects an integer >= 1, got '0'" in proc.stderr

@@ -6,6 +6,7 @@ re-rendered from PATH by ``reports.results_tables``; a hand edit or a stale tabl
 from __future__ import annotations
 
 import json
+import pathlib
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,40 @@ def test_every_results_file_records_how_it_was_measured():
         assert not missing, f"{path.name} lacks {sorted(missing)}"
         assert doc["command"].startswith("verigrad "), path.name
         assert doc["machine"].get("cpus"), path.name
+        # the record says what was measured, not where a scratch file went
+        words = doc["command"].split()
+        assert not {"--json", "--out"} & {w.split("=")[0] for w in words}, path.name
+        assert "/tmp" not in doc["command"], path.name
+
+
+def test_record_runs_the_command_with_its_own_scratch_output(tmp_path, monkeypatch):
+    # the output flags a user gives are dropped; record names its own scratch file, reads it,
+    # and records the command without it
+    import subprocess
+    import sys
+
+    seen = {}
+
+    real_run = subprocess.run
+
+    def fake_run(argv, **kwargs):
+        if argv[1:3] != ["-m", "reports"]:
+            return real_run(argv, **kwargs)       # platform's own queries
+        seen["argv"] = argv
+        path = argv[argv.index("--json") + 1]
+        pathlib.Path(path).write_text(json.dumps({"rows": [1]}), encoding="utf-8")
+        return subprocess.CompletedProcess(argv, 0, "table\n", "")
+
+    monkeypatch.setattr(results_tables.subprocess, "run", fake_run)
+    out = tmp_path / "bench.json"
+    doc = results_tables.record(out, ["bench", "ops", "--json", "/tmp/x.json", "--small"])
+    assert doc["command"] == "verigrad bench ops --small"
+    assert seen["argv"][:3] == [sys.executable, "-m", "reports"]
+    assert seen["argv"][3:6] == ["bench", "ops", "--small"] and "/tmp/x.json" not in seen["argv"]
+    assert json.loads(out.read_text())["data"] == {"rows": [1]}
+    assert results_tables.without_outputs(["report", "--out=acc", "--quick", "--json", "r.json",
+                                           "--no-progress"]) == ["report", "--quick",
+                                                                 "--no-progress"]
 
 
 def test_a_hand_edited_table_is_caught(tmp_path):
@@ -72,3 +107,23 @@ def test_the_readme_is_short():
     assert len(lines) <= README_MAX_LINES, (
         f"README.md has {len(lines)} lines; keep it under {README_MAX_LINES} and move the "
         "rest to docs/")
+
+
+def test_the_schedules_table_takes_each_rounds_pair_or_the_recorded_ranges():
+    base = {"command": "verigrad bench train --engines fastlib --threads 1", "date": "d",
+            "machine": {"cpus": 2}, "load_before": 1.0}
+    rounds = {"model": "mlp", "shape": "784-128-10", "batch": 64,
+              "rounds": [{"own": 1.0, "general": 1.5}, {"own": 2.0, "general": 2.2},
+                         {"own": 0.5, "general": 0.9}]}
+    data = {"threads": 1, "median_of": 3, "rounds": 3, "rows": [rounds]}
+    text = results_tables.schedules({**base, "data": data})
+    # own 0.5..2, general 0.9..2.2, ratios 1.5, 1.1, 1.8 -> 1.1..1.8, all above 1
+    assert "| `mlp` (784-128-10) | 64 | 0.5 to 2 | 0.9 to 2.2 | 1.1 to 1.8 |" in text
+    assert "In every round the general schedule was the slower." in text
+    rounds["rounds"][1]["general"] = 1.9                 # this round the general one wins
+    assert "In some round the general schedule was as fast or faster." in \
+        results_tables.schedules({**base, "data": data})
+    ranges = {"model": "lstm", "shape": "s", "batch": 32, "own_s": [1, 2], "general_s": [2, 3],
+              "ratio": [1.2, 1.5]}
+    text = results_tables.schedules({**base, "data": {**data, "rows": [ranges]}})
+    assert "| `lstm` (s) | 32 | 1 to 2 | 2 to 3 | 1.2 to 1.5 |" in text

@@ -131,6 +131,7 @@ def test_load_mnist_finds_the_folder_through_the_environment(tmp_path, monkeypat
 
 def test_load_mnist_default_folder_and_how_to_get_the_files(tmp_path, monkeypatch):
     monkeypatch.delenv(datasets.MNIST_DIR_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))    # an empty user cache
     work = tmp_path / "repo"
     work.mkdir()
     monkeypatch.chdir(work)

@@ -95,8 +95,8 @@ def kernel_warnings(environ=None):
         if value is None or value == "":
             continue
         out.append(f"WARNING: {name}={value} {effect}; these figures may not be this "
-                   f"machine's: unset {name} (e.g. `env -u {name} verigrad bench ...`) to "
-                   "measure the kernel the library picks itself")
+                   f"machine's: unset {name} to measure the kernel the library picks itself "
+                   f"(`env -u {name} verigrad bench ...`)")
     return out
 
 
@@ -104,7 +104,7 @@ def describe(library, threads=True):
     """One line for one BLAS library: api, version, threading layer, kernel (and threads)."""
     text = (f"{library.get('loaded_by', '?')}: "
             f"{library.get('internal_api')} {library.get('version')} "
-            f"({library.get('prefix')}), threading {library.get('threading_layer')}, "
+            f"({library.get('prefix')}), {library.get('threading_layer')}, "
             f"kernel {library.get('architecture')}")
     return text + (f", {library.get('num_threads')} threads" if threads else "")
 
@@ -116,7 +116,8 @@ def environment(environ=None):
 
 
 def header_lines(env=None, threads=True):
-    """The header lines every benchmark prints: BLAS in use, the cores, then any warnings.
+    """The header lines every benchmark prints: BLAS in use (one library a line), the cores,
+    then any warnings (wrapped at 100 columns).
 
     Parameters
     ----------
@@ -125,11 +126,14 @@ def header_lines(env=None, threads=True):
     threads : bool
         Print each library's thread count (False where the count varies by run).
     """
+    from reports.commands.tables import wrap
+
     env = environment() if env is None else env
-    libs = env["blas"]
+    # one library per line, in a fixed order (threadpoolctl lists them as they were loaded)
+    libs = sorted(describe(lib, threads) for lib in env["blas"])
     if libs:
-        lines = ["BLAS: " + "; ".join(describe(lib, threads) for lib in libs)]
+        lines = ["BLAS: " + ";\n  ".join(libs)]
     else:
         lines = ["BLAS: unknown (threadpoolctl is not installed: pip install threadpoolctl)"]
     lines.append(f"cores this process may use: {env['usable_cores']}")
-    return lines + list(env["warnings"])
+    return lines + [wrap(w, indent="  ") for w in env["warnings"]]

@@ -527,28 +527,32 @@ def _fmt(value, spec):
 
 
 def render(rows, startup=None):
-    """The table as text."""
-    head = (f"{'case':40s} {'dir':8s} {'kernel ms':>10s} {'api ms':>9s} {'numpy ms':>9s} "
-            f"{'ratio':>6s} {'api':>6s} {'req':>5s}")
+    """The table as text, at most 100 columns (a case label longer than its column pushes its
+    row wider)."""
+    from reports.commands.tables import wrap
+
+    head = (f"{'case':39s} {'dir':8s} {'kernel ms':>9s} {'api ms':>8s} {'numpy ms':>8s} "
+            f"{'ratio':>5s} {'api':>5s} {'req':>5s}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        flag = "" if r["ratio"] <= r["requirement"] else "  FAILS"
-        lines.append(f"{r['case']:40s} {r['direction']:8s} {r['kernel_ms']:10.4f} "
-                     f"{_fmt(r['api_ms'], '9.4f')} {r['numpy_ms']:9.4f} {r['ratio']:6.2f} "
-                     f"{_fmt(r['api_ratio'], '6.2f')} {'<=' + format(r['requirement'], 'g'):>5s}"
+        flag = "" if r["ratio"] <= r["requirement"] else " FAILS"
+        lines.append(f"{r['case']:39s} {r['direction']:8s} {r['kernel_ms']:9.4f} "
+                     f"{_fmt(r['api_ms'], '8.4f')} {r['numpy_ms']:8.4f} {r['ratio']:5.2f} "
+                     f"{_fmt(r['api_ratio'], '5.2f')} {'<=' + format(r['requirement'], 'g'):>5s}"
                      f"{flag}")
     failing = [r for r in rows if r["ratio"] > r["requirement"]]
     lines.append("-" * len(head))
-    lines.append(f"{len(rows)} rows; {len(failing)} miss their requirement (req). ratio = "
-                 f"kernel time / NumPy time (inputs validated once, fastlib.ops.bind; layers: "
-                 f"their forward / backward); api = fastlib.forward / vjp (layers: layer(x)) "
-                 f"with validation, over NumPy; float32")
+    lines.append(wrap(f"{len(rows)} rows; {len(failing)} miss their requirement (req). ratio = "
+                      f"kernel time / NumPy time (inputs validated once, fastlib.ops.bind; "
+                      f"layers: their forward / backward); api = fastlib.forward / vjp (layers: "
+                      f"layer(x)) with validation, over NumPy; float32"))
     if startup:
         for label in ("cold", "warm"):
             s = startup[label]
-            lines.append(f"{label} start: import fastlib {s['import_s']:.3f} s, first Dense "
-                         f"layer step (forward + backward) {s['dense_step_s']:.3f} s, first "
-                         f"op-level step (forward + VJP) {s['op_step_s']:.3f} s")
+            lines.append(wrap(f"{label} start: import fastlib {s['import_s']:.3f} s, first Dense "
+                              f"layer step (forward + backward) {s['dense_step_s']:.3f} s, first "
+                              f"op-level step (forward + VJP) {s['op_step_s']:.3f} s",
+                              indent="  "))
     return "\n".join(lines)
 
 
@@ -556,22 +560,23 @@ def add_arguments(parser):
     """Options of ``verigrad bench ops``."""
     from reports.commands import arguments as shared
 
-    shared.add_json(parser, help="also write the rows as JSON to FILE (default: none)")
-    shared.add_repeats(parser, 15, help="timing repeats per measurement; the best is kept "
-                                        "(default 15; the layer rows use a third as many, "
-                                        "each a longer run)")
+    shared.add_json(parser, help="also write the rows as JSON to FILE")
+    shared.add_repeats(parser, 15, help="timing repeats per measurement; the best is kept (the "
+                                        "layer rows use a third as many, each a longer run)")
     shared.add_ops(parser, help="benchmark only these ops (names or case labels; dense, lstm, "
-                                "mha for the layers) (default: all)")
+                                "mha for the layers)")
     parser.add_argument("--no-layers", action="store_true",
                         help="skip the layer rows (Dense, LSTM, MultiHeadAttention)")
     parser.add_argument("--no-startup", action="store_true",
                         help="skip the cold / warm start measurement (two subprocesses)")
-    parser.add_argument("--threads", type=shared.positive_int, default=None,
-                        help="threads for the parallel kernels and, through threadpoolctl, "
-                             "for the BLAS pools (default: kernels on the idle cores, BLAS "
-                             "as configured)")
+    shared.add_thread_counts(parser, default=None,
+                             help="threads for the parallel kernels and, through threadpoolctl, "
+                                  "for the BLAS pools; several counts (1,2,4) measure each in "
+                                  "its own process, one table each",
+                             default_text="kernels on the idle cores, BLAS as configured")
     parser.add_argument("--small", action="store_true",
                         help="tiny sizes: checks that every row runs (timings meaningless)")
+    shared.add_progress(parser, "status line while timing")
 
 
 LAYER_FAMILIES = ("dense", "lstm", "mha")   # the first word of a layer row's label, lower case
@@ -591,29 +596,43 @@ def validate(args):
 
 
 def run(args) -> int:
-    """Run the benchmark, print the table, write JSON if asked; exit code 0."""
+    """Run the benchmark, print the table, write JSON if asked; exit code 0 (1 when a thread
+    count's process failed)."""
+    if args.threads and len(args.threads) > 1:
+        return _run_counts(args)
+    return _run_one(args, args.threads[0] if args.threads else None)
+
+
+def _run_one(args, threads) -> int:
     import numba
 
     from fastlib import config
+    from reports.commands.arguments import progress_enabled
+    from reports.commands.progress import ProgressLine
 
     blas_limit = contextlib.nullcontext()
-    if args.threads:
-        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-        config.THREADS = args.threads
+    if threads:
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        config.THREADS = threads
         try:     # the BLAS pools too (NumPy's, and SciPy's that np.dot in Numba calls)
             from threadpoolctl import threadpool_limits
-            blas_limit = threadpool_limits(args.threads, user_api="blas")
+            blas_limit = threadpool_limits(threads, user_api="blas")
         except ImportError:
             pass
+    progress = ProgressLine(enabled=progress_enabled(args))
     with blas_limit:
         env = environment.environment()
         print("\n".join(environment.header_lines(env)), flush=True)
+        progress.update("timing the ops" + ("" if args.no_layers else " and the layers") + " ...")
         rows = measure(repeat=args.repeats, only=set(args.ops) if args.ops else None,
                        size="small" if args.small else "full", layers=not args.no_layers)
+    if not args.no_startup:
+        progress.update("timing a cold and a warm start (two processes) ...")
     startup = None if args.no_startup else startup_times()
+    progress.clear()
     print(render(rows, startup))
     if args.json:
-        meta = {"threads": args.threads or "idle cores (adaptive)",
+        meta = {"threads": threads or "idle cores (adaptive)",
                 "numba_threads": numba.get_num_threads(),
                 "size": "small" if args.small else "full", "environment": env,
                 "loadavg": open("/proc/loadavg").read().split()[:4]
@@ -621,3 +640,43 @@ def run(args) -> int:
         with open(args.json, "w") as fh:
             json.dump({"rows": rows, "startup": startup, "meta": meta}, fh, indent=2)
     return 0
+
+
+def child_command(args, threads, out):
+    """The ``verigrad bench ops`` command line that measures one thread count into ``out``."""
+    argv = [sys.executable, "-m", "reports", "bench", "ops", "--repeats", str(args.repeats),
+            "--threads", str(threads), "--json", out, "--no-progress"]
+    if args.ops:
+        argv += ["--ops", *args.ops]
+    argv += [flag for flag, on in (("--no-layers", args.no_layers),
+                                   ("--no-startup", args.no_startup),
+                                   ("--small", args.small)) if on]
+    return argv
+
+
+def _run_counts(args) -> int:
+    """Several ``--threads`` counts: each in its own process (thread pools are sized when a
+    library starts), one table each, and one JSON holding every count's."""
+    from reports.bench.scaling import child_environment
+
+    runs, code = {}, 0
+    for n in args.threads:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "ops.json")
+            proc = subprocess.run(child_command(args, n, out),
+                                  env=child_environment(n, environment.usable_cores()),
+                                  capture_output=True, text=True)
+            print(f"--threads {n}:")
+            if proc.returncode == 0 and os.path.exists(out):
+                print(proc.stdout.rstrip(), flush=True)
+                with open(out) as fh:
+                    runs[str(n)] = json.load(fh)
+            else:
+                code = 1
+                why = (proc.stderr or proc.stdout).strip()[-1500:]
+                print(f"FAILED at {n} threads: exit {proc.returncode}: {why}", flush=True)
+                runs[str(n)] = {"error": f"exit {proc.returncode}: {why}"}
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"threads": list(args.threads), "runs": runs}, fh, indent=2)
+    return code

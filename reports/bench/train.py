@@ -15,13 +15,15 @@ import sys
 
 from reports.bench import environment
 from reports.bench.models import MODELS, SIMULATOR_MODELS, load
+from reports.commands.arguments import progress_enabled
+from reports.commands.progress import ProgressLine
 
 MAX_STEPS, REPEATS = 6000, 3  # defaults of --max-steps and --repeats
 CUDA_ENGINES = ("fastlib-cuda", "fastlib", "torch-cuda", "torch-cuda-graph")
 CUDA_BASELINE = "torch-cuda"  # the --device cuda table's ratios are over PyTorch CUDA eager
 TORCH_CUDA_ENGINES = ("torch-cuda", "torch-cuda-graph")
 # numba's simulator runs each CUDA thread as a Python thread: its defaults are tiny
-SIMULATOR_DEFAULTS = {"samples": 8, "batch_sizes": "4", "max_steps": 2, "repeats": 1}
+SIMULATOR_DEFAULTS = {"samples": 8, "batch_sizes": [4], "max_steps": 2, "repeats": 1}
 COUNTER_KEYS = ("kernel_launches", "graph_launches", "allocations", "h2d_copies", "d2h_copies",
                 "synchronizations")
 TARGETS = {64: 0.4, 1: 6.0}  # the MLP's seconds per epoch: the targets the README reports
@@ -30,33 +32,47 @@ RATIO_BATCH = 32
 FLOOR_BATCH, FLOOR_TARGET = 64, 2.0  # the MLP within 2x of the arithmetic floor at batch 64
 
 
+def _engine_names():
+    """Every engine some model (or ``--device cuda``) runs, for the parser's did-you-mean; the
+    model's own list is checked by :func:`validate`."""
+    names = [e for name in MODELS + SIMULATOR_MODELS for e in load(name).CPU_ENGINES]
+    return list(dict.fromkeys(names + list(CUDA_ENGINES)))
+
+
 def add_arguments(parser):
     """Options of ``verigrad bench train``."""
     from reports.commands import arguments as shared
 
     a = parser.add_argument
-    a("--model", default=None,
-      help=f"model to train: {', '.join(MODELS)} (default mlp; with --device cuda on numba's "
-           "CUDA simulator, tiny)")
-    a("--batch-sizes", default=None,
-      help="comma-separated batch sizes (default: the model's, 1,32,64,128 for mlp, "
-           "1,32,128 for the others)")
-    a("--samples", type=shared.positive_int, default=None,
-      help="samples per epoch (default: 60000 for mlp, 1024 sequences for the others)")
-    a("--max-steps", type=shared.positive_int, default=None,
-      help=f"steps measured per case; longer epochs are scaled from them (default {MAX_STEPS})")
-    a("--threads", default="2", metavar="N[,N...]",
-      help="threads for every engine (default 2); a list such as 1,2,4,8,16 measures each "
-           "count in its own process and prints each engine's speedup over its own "
-           "1-thread epoch")
-    shared.add_engines(parser, help="engines to run (default: all of the model's: fastlib "
-                                    "numpy torch jax for mlp, fastlib torch jax for the others; "
-                                    f"with --device cuda {' '.join(CUDA_ENGINES)})")
+    a("--model", default=None, choices=shared.Choices(MODELS + SIMULATOR_MODELS),
+      help="model to train (tiny: --device cuda on numba's CUDA simulator only)",
+      default_text="mlp; tiny on the simulator")
+    a("--batch-sizes", action=shared.ListAction, convert=shared.positive_int, unique=True,
+      metavar="N", default=None,
+      help="batch sizes, spaces or commas",
+      default_text="the model's: " + "; ".join(f"{load(m).BATCH_SIZES} for {m}"
+                                               for m in MODELS))
+    a("--samples", type=shared.positive_int, metavar="N", default=None,
+      help="samples per epoch (sequences for the sequence models)",
+      default_text="the model's: " + "; ".join(f"{load(m).SAMPLES} for {m}" for m in MODELS))
+    a("--max-steps", type=shared.positive_int, metavar="N", default=None,
+      help="steps measured per case; longer epochs are scaled from them",
+      default_text=str(MAX_STEPS))
+    shared.add_thread_counts(parser, default=[2],
+                             help="threads for every engine; several counts (1,2,4,8,16) "
+                                  "measure each in its own process and print each engine's "
+                                  "speedup over its own epoch at the smallest count")
+    shared.add_engines(parser, valid=shared.LazyChoices(_engine_names),
+                       help="engines to run (each model's own: see --model)",
+                       default_text="the model's: " + "; ".join(
+                           f"{' '.join(load(m).CPU_ENGINES)} for {m}" for m in MODELS)
+                       + f"; with --device cuda {' '.join(CUDA_ENGINES)}")
     shared.add_repeats(parser, None, help="interleaved rounds per batch size; the median is "
-                                          f"reported (default {REPEATS})")
-    a("--data-dir", default=None, help="mlp: MNIST folder (default $VERIGRAD_MNIST_DIR or "
-                                       "../shared/data/mnist; random data when absent)")
-    shared.add_json(parser, help="also write the results as JSON to FILE (default: none)")
+                                          "reported", default_text=str(REPEATS))
+    a("--data-dir", metavar="DIR", default=None, help="mlp: the MNIST folder",
+      default_text="$VERIGRAD_MNIST_DIR, the user cache, ../shared/data/mnist; random data "
+                   "when absent")
+    shared.add_json(parser, help="also write the results as JSON to FILE")
     a("--device", choices=("cpu", "cuda"), default="cpu",
       help="cuda: fastlib on the GPU beside fastlib's CPU engine, PyTorch CUDA eager and "
            "PyTorch with the step captured as one CUDA graph, with the device's counters")
@@ -66,9 +82,43 @@ def add_arguments(parser):
            "grid, block, launches per step, GPU ms per step)")
     a("--distributed", action="store_true",
       help="mlp: data-parallel fastlib under mpiexec at each of --ranks (needs verigrad[mpi])")
-    a("--ranks", default="1,2", help="with --distributed: rank counts (default 1,2)")
-    a("--blocks", type=shared.positive_int, default=8,
-      help="with --distributed: blocks per batch (default 8)")
+    a("--ranks", action=shared.ListAction, convert=shared.positive_int, unique=True,
+      metavar="N", default=[1, 2], help="with --distributed: rank counts, spaces or commas")
+    a("--blocks", type=shared.positive_int, metavar="N", default=8,
+      help="with --distributed: blocks per batch")
+    shared.add_progress(parser, "progress line (case, engine, round)")
+
+
+def validate(args):
+    """The combinations ``verigrad bench train`` refuses, one rule per message (None: fine),
+    before any data is read: the tiny model off the simulator, an engine the model does not
+    run, --distributed off the MLP on the CPU, --ranks or --blocks without it, --profile off
+    the GPU, several --threads counts with --device cuda."""
+    simulated = args.device == "cuda" and on_simulator()
+    model = args.model or (SIMULATOR_MODELS[0] if simulated else "mlp")
+    if model in SIMULATOR_MODELS and not simulated:
+        return (f"--model {model!r} runs only with --device cuda on numba's CUDA simulator "
+                f"(NUMBA_ENABLE_CUDASIM=1); the models: {', '.join(MODELS)}")
+    if args.engines:
+        allowed = CUDA_ENGINES if args.device == "cuda" else load(model).CPU_ENGINES
+        bad = [e for e in args.engines if e not in allowed]
+        if bad:
+            where = f"--model {model}" + (" --device cuda" if args.device == "cuda" else "")
+            return (f"--engines {bad[0]}: not an engine of {where}; its engines: "
+                    f"{', '.join(allowed)}")
+    if args.distributed and (model != "mlp" or args.device == "cuda"):
+        return ("--distributed times the mlp model on the CPU only; drop it or pass "
+                "--model mlp --device cpu")
+    if not args.distributed:
+        for flag, used in (("--ranks", args.ranks != [1, 2]), ("--blocks", args.blocks != 8)):
+            if used:
+                return f"{flag} applies only with --distributed"
+    if getattr(args, "profile", False) and args.device != "cuda":
+        return "--profile times fastlib-cuda's launches: it needs --device cuda"
+    if args.device == "cuda" and len(args.threads) > 1:
+        return ("--device cuda takes one --threads count (the CPU engine's); measure thread "
+                "scaling with --device cpu")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,20 +146,6 @@ def on_simulator():
 
 # ---------------------------------------------------------------------------------------------
 # threads
-
-def parse_threads(text):
-    """``"1,2,4"`` -> ``[1, 2, 4]``; ValueError naming the problem for anything else."""
-    try:
-        counts = [int(t) for t in str(text).replace(" ", ",").split(",") if t.strip()]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        raise ValueError(f"--threads {text!r}: give one or more thread counts >= 1, e.g. "
-                         "--threads 2 or --threads 1,2,4,8,16")
-    if len(set(counts)) != len(counts):
-        raise ValueError(f"--threads {text!r}: a thread count is repeated")
-    return counts
-
 
 def _pin_jax_threads(threads):
     """Pin XLA's CPU pool to ``threads`` before JAX is imported; returns how (for the report).
@@ -169,32 +205,15 @@ def _error(message, code):
 # options
 
 def _options(args):
-    """(model module, batch sizes, engines, thread counts) or an exit code after printing why.
+    """(model module, batch sizes, engines, thread counts), the defaults filled in.
 
-    Usage errors (exit 2, before any work): an unknown model, bad --threads, --device cuda
-    where no device can run it, --device cuda with several thread counts or --distributed.
+    Usage errors were refused by :func:`validate` before any work; ``--device cuda`` where no
+    device can run it is refused here (exit 2), before any data is read.
     """
-    from reports.commands import checks
-
     simulated = args.device == "cuda" and on_simulator()
     if args.model is None:
         args.model = SIMULATOR_MODELS[0] if simulated else "mlp"
-    simulated = simulated and args.model in SIMULATOR_MODELS
-    problem = None if simulated else checks.unknown_names([args.model], MODELS, "--model",
-                                                          "model")
-    if problem:
-        return _error(problem, 2)
-    try:
-        threads = parse_threads(args.threads)
-    except ValueError as exc:
-        return _error(exc, 2)
-    if args.distributed and (args.model != "mlp" or args.device == "cuda"):
-        return _error("--distributed times the mlp model on the CPU only; drop it or pass "
-                      "--model mlp --device cpu", 2)
     if args.device == "cuda":
-        if len(threads) > 1:
-            return _error("--device cuda takes one --threads count (the CPU engine's); "
-                          "measure thread scaling with --device cpu", 2)
         why = cuda_problem()
         if why is not None:
             return _error(f"--device cuda needs a CUDA GPU, and fastlib.cuda says: {why} "
@@ -206,24 +225,18 @@ def _options(args):
                     setattr(args, key, value)
     model = load(args.model)
     args.samples = model.SAMPLES if args.samples is None else args.samples
-    args.batch_sizes = model.BATCH_SIZES if args.batch_sizes is None else args.batch_sizes
+    if args.batch_sizes is None:
+        args.batch_sizes = _counts(model.BATCH_SIZES)
     args.max_steps = MAX_STEPS if args.max_steps is None else args.max_steps
     args.repeats = REPEATS if args.repeats is None else args.repeats
     allowed = CUDA_ENGINES if args.device == "cuda" else model.CPU_ENGINES
-    try:
-        sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
-        engines = list(args.engines) if args.engines else list(allowed)
-        bad = [e for e in engines if e not in allowed]
-        if (bad or not sizes or min(sizes) < 1 or args.max_steps < 1 or args.samples < 1
-                or args.repeats < 1):
-            raise ValueError(f"engines must be among {', '.join(allowed)} for "
-                             f"--model {args.model}" +
-                             (" --device cuda" if args.device == "cuda" else "") +
-                             f" (got {bad}); batch sizes, --samples, --max-steps and "
-                             "--repeats must be >= 1")
-    except ValueError as exc:
-        return _error(exc, 2)
-    return model, sizes, engines, threads
+    engines = list(args.engines) if args.engines else list(allowed)
+    return model, list(args.batch_sizes), engines, list(args.threads)
+
+
+def _counts(text):
+    """``"1,32,128"`` (a model's default batch sizes) -> ``[1, 32, 128]``."""
+    return [int(s) for s in str(text).split(",") if s.strip()]
 
 
 def _missing(model, engine):
@@ -268,7 +281,9 @@ def run(args) -> int:
     env = environment.environment()
     load_start = _loadavg()
     x, y, source = model.data(args)
-    rows = [_measure(model, engines, x, y, bs, args) for bs in sizes]
+    progress = ProgressLine(enabled=progress_enabled(args))
+    rows = [_measure(model, engines, x, y, bs, args, progress) for bs in sizes]
+    progress.clear()
     profiles = _profiles(model, x, y, sizes, args) if _wants_profile(args, engines) else None
     floor = _floor(rows, len(x)) if args.model == "mlp" and args.device == "cpu" else None
     report = {"model": model.DESCRIPTION, "model_name": args.model, "data": source,
@@ -285,13 +300,15 @@ def run(args) -> int:
     return 0
 
 
-def _measure(model, engines, x, y, bs, args):
+def _measure(model, engines, x, y, bs, args, progress=None):
     """One batch size: ``--repeats`` interleaved rounds, the engine order rotated each round."""
     row = {"batch_size": bs, "steps_per_epoch": -(-len(x) // bs), "load_1min": None}
     runs = {e: [] for e in engines}
     for r in range(args.repeats):
         k = r % len(engines)
         for engine in engines[k:] + engines[:k]:
+            if progress is not None:
+                progress.update(f"batch {bs}: {engine}, round {r + 1} of {args.repeats}")
             result = _engine(model, engine, args.device)(x, y, bs, args.max_steps)
             runs[engine].append((result.seconds * row["steps_per_epoch"] / result.steps,
                                  result))

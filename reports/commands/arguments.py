@@ -1,7 +1,7 @@
 """The one grammar of the ``verigrad`` command line: its parser class and its shared options.
 
 Every subcommand builds ``--engines``, ``--dtypes``, ``--ops`` (lists take spaces or commas),
-``--json FILE``, ``--repeats``, ``--seed``, ``--threads``, ``--device`` and
+``--json FILE``, ``--repeats``, ``--seed``, ``--threads N ...``, ``--device`` and
 ``--progress/--no-progress`` (bars only on a terminal) from here, so a flag is spelled, parsed
 and documented the same way everywhere. :class:`Parser` refuses abbreviations, answers a
 mistyped or renamed flag with the subcommand's usage and a did-you-mean, and exits 2 on usage
@@ -13,10 +13,11 @@ import argparse
 import difflib
 import sys
 
-__all__ = ["Parser", "HelpFormatter", "ListAction", "LazyChoices", "RENAMED", "did_you_mean",
-           "add_engines", "add_dtypes", "add_ops", "add_json", "add_repeats", "add_seed",
-           "add_progress", "add_threads", "add_device", "progress_enabled", "positive_int",
-           "nonnegative_int", "positive_float", "nonnegative_float", "fraction", "DTYPES"]
+__all__ = ["Parser", "HelpFormatter", "ListAction", "Choices", "LazyChoices", "RENAMED",
+           "did_you_mean", "closest", "add_engines", "add_dtypes", "add_ops", "add_json",
+           "add_repeats", "add_seed", "add_progress", "add_thread_counts",
+           "add_device", "progress_enabled", "positive_int", "nonnegative_int",
+           "positive_float", "nonnegative_float", "fraction", "DTYPES"]
 
 DTYPES = ("float32", "float64")
 
@@ -25,10 +26,54 @@ RENAMED = {"--engine": "--engines", "--dtype": "--dtypes", "--only": "--ops",
            "--repeat": "--repeats"}
 
 
+def closest(word, candidates):
+    """The candidate ``word`` most likely meant, or None.
+
+    In order: a hint the choices declare (``Choices(..., hints={"fast": "dev"})``: a word that
+    names a choice by what it does), the same name in another case, the one candidate that
+    starts with ``word``, the closest spelling (difflib), else the one candidate ``word``
+    abbreviates (its letters in order, the first one first: ``tp`` for ``targetprop``).
+    """
+    word = str(word)
+    names = [str(c) for c in candidates]
+    hints = getattr(candidates, "hints", None) or {}
+    low = word.lower()
+    if low in hints:
+        return hints[low]
+    for test in (lambda n: n.lower() == low, lambda n: n.lower().startswith(low)):
+        found = [n for n in names if test(n)]
+        if len(found) == 1:
+            return found[0]
+    lowered = {n.lower(): n for n in reversed(names)}
+    close = difflib.get_close_matches(low, list(lowered), n=1)
+    if close:
+        return lowered[close[0]]
+    found = [n for n in names if _abbreviates(low, n.lower())]
+    return found[0] if len(found) == 1 else None
+
+
+def _abbreviates(word, name):
+    """Whether ``word``'s letters appear in ``name`` in order, starting with its first."""
+    if not word or not name or word[0] != name[0]:
+        return False
+    rest = iter(name[1:])
+    return all(ch in rest for ch in word[1:])
+
+
 def did_you_mean(word, candidates) -> str:
-    """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
-    close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """`` (did you mean 'x'?)`` for the closest candidate (:func:`closest`), or ``""``."""
+    close = closest(word, candidates)
+    return f" (did you mean {close!r}?)" if close is not None else ""
+
+
+class Choices(tuple):
+    """A flag's choices, with ``hints``: words a user may type for a choice (``{"fast":
+    "dev"}``), named by the did-you-mean of a refusal (never accepted in its place)."""
+
+    def __new__(cls, names, hints=None):
+        self = super().__new__(cls, names)
+        self.hints = dict(hints or {})
+        return self
 
 
 class LazyChoices:
@@ -38,10 +83,11 @@ class LazyChoices:
     a second of Numba start-up); membership can ignore case where the registry does.
     """
 
-    def __init__(self, load, ignore_case=False):
+    def __init__(self, load, ignore_case=False, hints=None):
         self._load = load
         self._names = None
         self.ignore_case = ignore_case
+        self.hints = dict(hints or {})
 
     def names(self):
         if self._names is None:
@@ -90,6 +136,9 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 def _default_text(action):
+    stated = getattr(action, "default_text", None)
+    if stated is not None:
+        return stated
     default = action.default
     if isinstance(action, argparse.BooleanOptionalAction):
         return "on" if default else ("only when stderr is a terminal" if default is None
@@ -114,6 +163,13 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, default_text=None, **kwargs):
+        """``ArgumentParser.add_argument``, plus ``default_text``: what a default of None
+        means (``"both"``, ``"one per usable core"``), shown in the help and docs/cli.md."""
+        action = super().add_argument(*args, **kwargs)
+        action.default_text = default_text
+        return action
 
     def option_names(self):
         """Every flag this parser takes (not its subcommands')."""
@@ -162,12 +218,18 @@ class ListAction(argparse.Action):
 
     ``valid`` (a sequence or :class:`LazyChoices`) checks every name as it is parsed; None
     leaves the check to the command (names that need a registry lookup, or plugins).
+    ``convert`` turns each item into its value (``positive_int`` for counts; an
+    ``ArgumentTypeError`` refuses it); ``unique`` refuses an item given twice (else the
+    repeat is dropped).
     """
 
-    def __init__(self, option_strings, dest, valid=None, **kwargs):
+    def __init__(self, option_strings, dest, valid=None, convert=None, unique=False,
+                 **kwargs):
         kwargs.setdefault("nargs", "+")
         super().__init__(option_strings, dest, **kwargs)
         self.valid = valid
+        self.convert = convert
+        self.unique = unique
 
     def __call__(self, parser, namespace, values, option_string=None):
         names = [part.strip() for v in values for part in str(v).split(",") if part.strip()]
@@ -179,6 +241,14 @@ class ListAction(argparse.Action):
                     raise argparse.ArgumentError(
                         self, f"invalid choice: {name!r}{did_you_mean(name, self.valid)} "
                               f"(choose from {', '.join(map(str, self.valid))})")
+        if self.convert is not None:
+            try:
+                names = [self.convert(name) for name in names]
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentError(self, str(exc)) from None
+        if self.unique and len(set(names)) != len(names):
+            repeated = next(n for n in names if names.count(n) > 1)
+            raise argparse.ArgumentError(self, f"{repeated} is given twice; give each once")
         setattr(namespace, self.dest, list(dict.fromkeys(names)))
 
 
@@ -225,32 +295,35 @@ nonnegative_int.__name__ = "integer >= 0"
 
 # -- the shared options -----------------------------------------------------------------------
 
-def add_engines(parser, help, default=None, valid=None):
+def add_engines(parser, help, default=None, valid=None, default_text=None):
     """``--engines NAME...``: engines by registered name (or plugin), spaces or commas."""
     parser.add_argument("--engines", action=ListAction, metavar="NAME", default=default,
-                        valid=valid, help=help)
+                        valid=valid, help=help, default_text=default_text)
 
 
-def add_dtypes(parser, default=None, help="dtypes to use, float32 and/or float64"):
+def add_dtypes(parser, default=None, help="dtypes to use, float32 and/or float64",
+               default_text=None):
     """``--dtypes DTYPE...``: float32 and/or float64."""
     parser.add_argument("--dtypes", action=ListAction, metavar="DTYPE", valid=DTYPES,
-                        default=default, help=help)
+                        default=default, help=help, default_text=default_text)
 
 
-def add_ops(parser, help, valid=None):
+def add_ops(parser, help, valid=None, default_text="all"):
     """``--ops NAME...``: only these ops (or the subcommand's other subjects)."""
     parser.add_argument("--ops", action=ListAction, metavar="NAME", default=None, valid=valid,
-                        help=help)
+                        help=help, default_text=default_text)
 
 
 def add_json(parser, help="also write the results as JSON to FILE"):
     """``--json FILE``: write JSON to FILE (checked writable before any work)."""
-    parser.add_argument("--json", metavar="FILE", default=None, help=help)
+    parser.add_argument("--json", metavar="FILE", default=None, help=help,
+                        default_text="none (the table only)")
 
 
-def add_repeats(parser, default, help):
+def add_repeats(parser, default, help, default_text=None):
     """``--repeats N``: an integer >= 1."""
-    parser.add_argument("--repeats", type=positive_int, metavar="N", default=default, help=help)
+    parser.add_argument("--repeats", type=positive_int, metavar="N", default=default, help=help,
+                        default_text=default_text)
 
 
 def add_seed(parser, help, default=0):
@@ -258,14 +331,17 @@ def add_seed(parser, help, default=0):
     parser.add_argument("--seed", type=nonnegative_int, metavar="N", default=default, help=help)
 
 
-def add_threads(parser, help, default=None):
-    """``--threads N``: an integer >= 1."""
-    parser.add_argument("--threads", type=positive_int, metavar="N", default=default, help=help)
+def add_thread_counts(parser, help, default=None, default_text=None):
+    """``--threads N ...``: one or more thread counts (spaces or commas), each an integer >= 1
+    and each once; the benchmarks measure each count (several: each in its own process)."""
+    parser.add_argument("--threads", action=ListAction, convert=positive_int, unique=True,
+                        metavar="N", default=default, help=help, default_text=default_text)
 
 
-def add_workers(parser, help, default=None):
+def add_workers(parser, help, default=None, default_text=None):
     """``--workers N``: processes to spread the work over, an integer >= 1."""
-    parser.add_argument("--workers", type=positive_int, metavar="N", default=default, help=help)
+    parser.add_argument("--workers", type=positive_int, metavar="N", default=default, help=help,
+                        default_text=default_text)
 
 
 def add_device(parser, help="where to run: cpu, or cuda (a GPU; refused at once without one)"):

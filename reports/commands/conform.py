@@ -18,24 +18,30 @@ import sys
 import time
 
 from reports.commands.arguments import progress_enabled
+from reports.commands.progress import ProgressLine  # noqa: F401 - re-exported (spec, tests)
 from reports.commands.tables import terminal_table
 from reports.render.markdown import format_table  # noqa: F401 - re-exported (tests, tools)
+
+
+#: words for a profile by what it does, named by the did-you-mean of ``--profile fast``
+PROFILE_HINTS = {"fast": "dev", "quick": "dev", "default": "dev", "short": "dev",
+                 "slow": "thorough", "full": "thorough", "deep": "thorough", "long": "thorough"}
 
 
 def add_arguments(parser):
     """Options of ``verigrad conform``."""
     from reports.commands import arguments as shared
 
-    parser.add_argument("--profile", choices=("dev", "ci", "thorough"), default="dev",
+    parser.add_argument("--profile", default="dev",
+                        choices=shared.Choices(("dev", "ci", "thorough"), hints=PROFILE_HINTS),
                         help="examples per check: dev (fast), ci, thorough")
     shared.add_engines(parser, help="engines to check: reflib fastlib fastlib-cuda torch jax, "
-                                    "'all', or a plugin module:Class (default: reflib fastlib "
-                                    "fastlib-cuda)")
+                                    "'all', or a plugin module:Class",
+                       default_text="reflib fastlib fastlib-cuda")
     shared.add_ops(parser, help="only these ops (or optimizers, layer kinds, or checks: exact "
                                 "jvp special jvp2 hvp optimizer tape train targetprop cd "
-                                "program; with "
-                                "--mutants: mutant keys) (default: all)")
-    shared.add_dtypes(parser, help="only these dtypes (default: both)")
+                                "program; with --mutants: mutant keys)")
+    shared.add_dtypes(parser, help="only these dtypes", default_text="both")
     shared.add_json(parser, help="also write the rows as JSON to FILE")
     shared.add_seed(parser, help="Hypothesis seed: the same seed draws the same examples")
     parser.add_argument("--mutants", action="store_true",
@@ -49,59 +55,28 @@ def add_arguments(parser):
                         help="stop at the first failing row")
     parser.add_argument("--first", action=shared.ListAction, metavar="NAME", default=None,
                         help="run the rows of these ops / checks first (order only; used by "
-                             "the mutant run to reach a mutant's likely failure sooner) "
-                             "(default: none)")
+                             "the mutant run to reach a mutant's likely failure sooner)",
+                        default_text="none")
     shared.add_progress(parser, "progress bar and the proofs' status line")
     parser.add_argument("--kinks", choices=("strict", "subgradient"), default=None,
                         help="at a kink (relu'(0), a tie of maximum): strict = the registry's "
                              "conventions; subgradient = any member of the Clarke "
                              "subdifferential passes and is reported as the engine's "
                              "convention. A value outside the subdifferential fails in both "
-                             "modes (default: strict for reflib and fastlib, subgradient for "
-                             "other engines)")
+                             "modes",
+                        default_text="strict for reflib and fastlib, subgradient for other "
+                                     "engines")
     parser.add_argument("--cluster", metavar="SPEC", default=None,
                         help="run the checks (or mutants) as tasks on Dask: local:N (N worker "
                              "processes here) or a scheduler address tcp://host:8786; the rows "
-                             "are a serial run's (needs verigrad[dask]) (default: none, run "
-                             "here)")
+                             "are a serial run's (needs verigrad[dask])",
+                        default_text="none, run here")
 
 
 def dtype_filter(args):
     """The one dtype ``--dtypes`` selects, or None for both (the runner's ``dtype=``)."""
     chosen = set(getattr(args, "dtypes", None) or ())
     return next(iter(chosen)) if len(chosen) == 1 else None
-
-
-class ProgressLine:
-    """A single status line on stderr, rewritten in place on a terminal.
-
-    Off a terminal (CI logs) nothing is written until ``finish``, which prints one line.
-    """
-
-    def __init__(self, stream=None, enabled=True):
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self._width = 0
-
-    def update(self, text):
-        """Replace the line with ``text`` (terminal only)."""
-        if self.tty:
-            pad = max(0, self._width - len(text))
-            self.stream.write("\r" + text + " " * pad)
-            self.stream.flush()
-            self._width = len(text)
-
-    def finish(self, text):
-        """End the line with a final message."""
-        if not self.enabled:
-            return
-        if self.tty:
-            self.update(text)
-            self.stream.write("\n")
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
 
 
 def proof_rows(results, kind, full_shapes=False):
@@ -180,7 +155,8 @@ def _with_unit(x, unit):
 
 
 def row_cells(row):
-    """The table cells of one runner row.
+    """The table cells of one runner row, and its note (the reason of an ``unsupported`` row,
+    what a passing row adds; "" for none), printed under the table.
 
     The error and bound are those of the worst element: in ULPs of its exact value
     (``ulp``), as absolute numbers where the exact value is 0 (``abs``), or in eps relative
@@ -188,13 +164,30 @@ def row_cells(row):
     """
     r = row.result
     measured = r.status in ("pass", "FAIL") and (r.error or r.bound)
-    status = r.status if r.status != "unsupported" else f"unsupported: {r.detail}"
-    if r.status == "pass" and r.detail:
-        status = f"pass ({r.detail})"
+    note = r.detail if r.status in ("pass", "unsupported") and r.detail else ""
     unit = getattr(r, "unit", "")
     return (row.kind, row.name, row.engine, row.dtype, r.examples,
             _with_unit(r.error, unit) if measured else "-",
-            _with_unit(r.bound, unit) if measured else "-", status)
+            _with_unit(r.bound, unit) if measured else "-", r.status), note
+
+
+def rows_table(rows):
+    """The rows as a terminal table, each note numbered once under it (``[1] reason``): a
+    reason shared by many rows (an engine without second order) is printed once, and the
+    table keeps its width whatever the reasons' length."""
+    from reports.commands.tables import wrap
+
+    notes, cells = {}, []
+    for row in rows:
+        (*first, status), note = row_cells(row)
+        if note:
+            status = f"{status} [{notes.setdefault(note, len(notes) + 1)}]"
+        cells.append((*first, status))
+    text = terminal_table(ROW_HEADERS, cells)
+    if notes:
+        text += "\n\n" + "\n".join(wrap(f"[{n}] {' '.join(note.split())}", indent="    ")
+                                     for note, n in notes.items())
+    return text
 
 
 def _engine_names(requested):
@@ -257,7 +250,7 @@ def run_engines(args, out=None):
         bar.update(1)
         bar.close()
     if done:
-        print(terminal_table(ROW_HEADERS, [row_cells(r) for r in done]), file=out)
+        print(rows_table(done), file=out)
     else:
         print("nothing to check: no available engine has a row that matches the filters",
               file=out)

@@ -21,9 +21,13 @@ class Variable(NamedTuple):
 
 
 VARIABLES = (
-    Variable("VERIGRAD_MNIST_DIR", "DIR", "`../shared/data/mnist` beside the checkout",
+    Variable("VERIGRAD_MNIST_DIR", "DIR", "the user cache (`~/.cache/verigrad/mnist` on Linux), "
+             "then `../shared/data/mnist`, whichever holds the files",
              "the folder with the four MNIST idx files (train, bench, the MNIST tests)",
              "training.md"),
+    Variable("VERIGRAD_MNIST_URL", "URL", "torchvision's mirror (`fastlib.datasets.MNIST_URL`)",
+             "where `load_mnist(download=True)` and `verigrad train --download` fetch the four "
+             "MNIST files from, each checked by its published SHA-256", "training.md"),
     Variable("VERIGRAD_PIECES", "N", "from the usable cores and the model's size",
              "how many pieces a compiled training step is cut into; fixes every bit of the "
              "result on any machine (`train(pieces=)` and `--pieces` win)", "architecture.md"),

@@ -14,29 +14,64 @@ INTRO = """\
 # The `verigrad` command line
 
 Generated from the parsers by `python -m reports.commands.reference > docs/cli.md` (a test
-fails when this file and the parsers disagree).
+fails when this file and the parsers disagree); every default below is the parser's own.
 
 One grammar holds in every subcommand:
 
-- lists take spaces or commas: `--engines fastlib torch` or `--engines fastlib,torch`
-  (`--engines`, `--dtypes`, `--ops`, `--first`);
-- `--json FILE` writes JSON to FILE (the table is still printed);
-- `--repeats N`, `--seed N`, `--threads N`, `--device cpu|cuda`;
-- `--progress` / `--no-progress`: progress bars on stderr, by default only when stderr is a
-  terminal (a redirected log never holds carriage-return frames);
+- lists take spaces or commas: `--engines fastlib torch` or `--engines fastlib,torch`;
 - no abbreviations: `--op` is refused, not taken as `--ops`;
-- every usage error (an unknown flag, name or value, an impossible device, a path that cannot
-  be written) exits with status 2 before any work, printing the subcommand's usage and a
-  did-you-mean; a flag renamed since an earlier release names its new spelling
-  (`--engine` -> `--engines`, `--dtype` -> `--dtypes` in `conform`, `--only` -> `--ops`,
-  `--repeat` -> `--repeats`);
+- every usage error (an unknown flag, name or value, an impossible device or combination, a
+  path that cannot be written) exits with status 2 before any work, printing the subcommand's
+  usage and one message per rule broken, with a did-you-mean for a mistyped flag or choice; a
+  flag renamed since an earlier release names its new spelling (`--engine` -> `--engines`,
+  `--dtype` -> `--dtypes` in `conform`, `--only` -> `--ops`, `--repeat` -> `--repeats`);
 - `verigrad --version` prints the version (`fastlib.__version__`).
 
+The flags several subcommands share take the same form and mean the same in each (a test
+holds them to it):
+"""
+
+#: the shared flags: spelling -> what it means wherever it is taken
+SHARED = {
+    "--engines": "engines by registered name (or a plugin `module:Class` where engines are "
+                 "checked or measured)",
+    "--dtypes": "`float32` and/or `float64`",
+    "--ops": "only these ops (or the subcommand's other subjects)",
+    "--json": "`--json FILE`: also write the results as JSON to FILE (the table is still "
+              "printed)",
+    "--repeats": "`--repeats N`: rounds per measurement",
+    "--seed": "`--seed N`: the same seed draws the same examples (or the same initialisation)",
+    "--threads": "`--threads N ...`: thread counts; several measure each in its own process",
+    "--device": "`--device cpu|cuda`: cuda without a usable GPU is refused before any work",
+    "--progress": "`--progress` / `--no-progress`: progress on stderr, by default only when "
+                  "stderr is a terminal (a redirected log never holds carriage-return frames)",
+    "--data-dir": "`--data-dir DIR`: the folder with the four MNIST IDX files",
+}
+
+EXIT_STATUS = """\
 Exit status: 0 done (for `train`, also a run that early stopping or a callback ended); 1 a
 check failed (or, for `train`, an error while training); 2 a usage error; 3 `train` stopped
 because the run diverged (a non-finite loss or a divergence rule: the table keeps the epochs
 it ran, `stopped:` says why, the last good weights are scored and saved).
 """
+
+
+def shared_flags(parser):
+    """``{flag: [(command path, action)]}`` of the :data:`SHARED` flags, every subcommand."""
+    found = {flag: [] for flag in SHARED}
+    for path, p in parsers(parser):
+        for action in options(p):
+            if action.option_strings[0] in found:
+                found[action.option_strings[0]].append((path[1:], action))
+    return found
+
+
+def _grammar_table(parser):
+    lines = ["| flag | means | taken by |", "|---|---|---|"]
+    for flag, uses in shared_flags(parser).items():
+        where = ", ".join(f"`{' '.join(path)}`" for path, _ in uses)
+        lines.append(f"| `{flag}` | {_cell(SHARED[flag])} | {where} |")
+    return "\n".join(lines) + "\n"
 
 
 def parsers(parser, path=("verigrad",)):
@@ -76,7 +111,7 @@ def render(parser=None) -> str:
         from reports.cli import build_parser
 
         parser = build_parser()
-    out = [INTRO]
+    out = [INTRO, _grammar_table(parser), EXIT_STATUS]
     for path, p in parsers(parser):
         if len(path) == 1:
             continue

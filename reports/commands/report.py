@@ -22,16 +22,16 @@ def add_arguments(parser):
     from reports.commands import arguments as shared
 
     parser.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
-                        help=f"directory to write into (default: ./{DEFAULT_OUT})")
+                        help="directory to write into")
+    shared.add_json(parser, help="also write the report's JSON (report.json) to FILE")
     shared.add_engines(parser, help="engines to measure: registered names (reflib fastlib "
-                                    "fastlib-cuda torch jax) or 'module:Engine' plugins "
-                                    "(default: every registered engine available here)")
-    shared.add_dtypes(parser, default=list(accuracy.DTYPES),
-                      help="float32 and/or float64 (default: both)")
+                                    "fastlib-cuda torch jax) or 'module:Engine' plugins",
+                       default_text="every registered engine available here")
+    shared.add_dtypes(parser, default=list(accuracy.DTYPES), help="float32 and/or float64")
     parser.add_argument("--samples", type=shared.positive_int, metavar="N",
-                        help=f"random cases per source (uniform, log-uniform) and op "
-                             f"(default {accuracy.DEFAULT_SAMPLES}; "
-                             f"{accuracy.QUICK_SAMPLES} with --quick)")
+                        help="random cases per source (uniform, log-uniform) and op",
+                        default_text=f"{accuracy.DEFAULT_SAMPLES}; {accuracy.QUICK_SAMPLES} "
+                                     "with --quick")
     parser.add_argument("--quick", action="store_true",
                         help="a fast report: few samples and three finite-difference steps")
     parser.add_argument("--second-order", action="store_true",
@@ -39,21 +39,21 @@ def add_arguments(parser):
                              "spec's exact values (two draws per op and dtype), shown beside "
                              "the first-order figures; an engine without jvp/hvp reads 'not "
                              "provided' (slower: spec's dual numbers per draw)")
-    shared.add_ops(parser, help="measure only these registry ops (default: all)")
+    shared.add_ops(parser, help="measure only these registry ops")
     shared.add_seed(parser, help="seed of the random cases")
     parser.add_argument("--baseline", metavar="OLD.json",
                         help="an earlier report.json: flag each op whose error grew by more "
-                             "than 2x (default: none)")
+                             "than 2x", default_text="none")
     parser.add_argument("--fail-on-regression", action="store_true",
                         help="exit 1 when --baseline flags a regression (for CI)")
     shared.add_workers(parser, help="processes that measure the ops, one op each at a time (the "
-                                    "report is the same for any count; 1: this process) "
-                                    "(default: one per usable core)")
+                                    "report is the same for any count; 1: this process)",
+                       default_text="one per usable core")
     shared.add_progress(parser, "progress bars (measuring, plotting)")
     parser.add_argument("--cluster", metavar="SPEC", default=None,
                         help="measure the ops as tasks on Dask: local:N or tcp://host:8786; "
-                             "the report is a serial run's (needs verigrad[dask]) (default: "
-                             "none, measure here)")
+                             "the report is a serial run's (needs verigrad[dask])",
+                        default_text="none, measure here")
 
 
 def _fail(message):
@@ -265,7 +265,8 @@ def validate(args):
     if getattr(args, "cluster", None) and getattr(args, "workers", None):
         return ("--workers and --cluster both say where to measure: give one (--cluster runs "
                 "on the Dask cluster's workers)")
-    problem = checks.writable_dir(args.out, "--out")
+    problem = checks.writable_dir(args.out, "--out") or (
+        checks.writable_file(args.json, "--json") if args.json else None)
     if problem:
         return problem
     try:
@@ -292,6 +293,7 @@ def run(args) -> int:
 
     from reports import accuracy
     from reports.commands.arguments import progress_enabled
+    from reports.commands.tables import wrap
     from reports.render import fmt_num
 
     problem = None if getattr(args, "_validated", False) else validate(args)
@@ -339,10 +341,14 @@ def run(args) -> int:
     finally:
         worker.close()
     out = pathlib.Path(args.out)
-    print(f"wrote {out / 'report.md'}, {out / 'report.html'}, {out / 'report.json'} and "
-          f"{sum(p.suffix == '.png' for p in written)} PNG plots "
-          f"({report['timing']['total_seconds']:.0f} s measuring, "
-          f"{report['timing']['render_seconds']:.0f} s rendering)")
+    if args.json:
+        pathlib.Path(args.json).write_text((out / "report.json").read_text(encoding="utf-8"),
+                                           encoding="utf-8")
+    print(wrap(f"wrote {out / 'report.md'}, {out / 'report.html'}, {out / 'report.json'} and "
+               f"{sum(p.suffix == '.png' for p in written)} PNG plots"
+               + (f" (and {args.json})" if args.json else ""), indent="  "))
+    print(f"  {report['timing']['total_seconds']:.0f} s measuring, "
+          f"{report['timing']['render_seconds']:.0f} s rendering")
     worst = next((r for r in report["summary"] if r["status"] != "unsupported"), None)
     if worst is not None:
         print(f"  worst row: {worst['op']} on {worst['engine']} {worst['dtype']}: median "

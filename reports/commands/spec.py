@@ -24,9 +24,9 @@ def add_arguments(parser):
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--list", action="store_true",
                        help="list the ops (inputs, params, domains, kinks) and the optimizers")
-    group.add_argument("--prove", nargs="*", metavar="NAME",
-                       help="prove these ops / optimizers, spaces or commas (default: all of "
-                            "them)")
+    prove = group.add_argument("--prove", nargs="*", metavar="NAME",
+                               help="prove these ops / optimizers, spaces or commas")
+    prove.default_text = "all of them (--prove alone)"
     shared.add_progress(parser, "one-line progress display")
 
 

@@ -1,4 +1,4 @@
-"""Tables for the terminal: the Markdown pipe layout, at most 100 columns, no escapes.
+"""Tables and lines for the terminal: the Markdown pipe layout, at most 100 columns, no escapes.
 
 A cell too wide for its share of the line wraps onto continuation lines (the other cells of
 those lines left blank), so a row's first line still reads ``| name | ... |``. Unlike
@@ -9,43 +9,75 @@ from __future__ import annotations
 
 import textwrap
 
-__all__ = ["terminal_table", "WIDTH"]
+__all__ = ["terminal_table", "wrap", "WIDTH"]
 
 WIDTH = 100
 MIN_COLUMN = 6   # a column is never squeezed below this many characters
 
 
-def _fit(widths, limit, keep=()):
-    """Column widths that fit ``limit``: narrow columns keep their width, wide ones share the rest.
+def _fit(widths, limit, keep=(), shortest=None):
+    """Column widths that fit ``limit``, each at least its ``shortest`` (its longest word, so
+    that no word is cut) where the room allows.
 
-    Water-filling: a column no wider than an equal share of the room left keeps its natural
-    width; the room it leaves is shared among the others, until every remaining column is
-    wider than the share, which each then gets.
+    Every column starts at its shortest width (``keep``: its natural one) and the room left is
+    shared out toward the natural widths, the smallest needs first. Where even the shortest
+    widths do not fit, they are water-filled: a column whose shortest width is within an equal
+    share of the room keeps it, and the columns with longer words share what is left (only
+    their words are cut).
     """
     room = limit - 3 * len(widths) - 1
     if sum(widths) <= room:
         return list(widths)
-    fitted = [widths[i] if i in keep else None for i in range(len(widths))]
-    room -= sum(widths[i] for i in keep)
-    open_ = sorted((i for i in range(len(widths)) if i not in keep), key=lambda i: widths[i])
-    while open_:
-        share = room // len(open_)
-        if widths[open_[0]] <= share:
+    shortest = [MIN_COLUMN] * len(widths) if shortest is None else shortest
+    start = [widths[i] if i in keep else min(widths[i], max(MIN_COLUMN, shortest[i]))
+             for i in range(len(widths))]
+    if sum(start) > room:
+        fitted = [start[i] if i in keep else None for i in range(len(widths))]
+        room -= sum(start[i] for i in keep)
+        open_ = sorted((i for i in range(len(widths)) if i not in keep), key=lambda i: start[i])
+        while open_:
+            share = room // len(open_)
+            if start[open_[0]] > share:
+                for i in open_:
+                    fitted[i] = max(MIN_COLUMN, share)
+                break
             i = open_.pop(0)
-            fitted[i] = widths[i]
-            room -= widths[i]
-            continue
-        for i in open_:
-            fitted[i] = max(MIN_COLUMN, share)
-        break
+            fitted[i] = start[i]
+            room -= start[i]
+        start = fitted
+    return _share(start, widths, limit - 3 * len(widths) - 1 - sum(start))
+
+
+def _share(fitted, widths, spare):
+    """``fitted`` widened toward ``widths`` by ``spare`` columns, the smallest needs first."""
+    fitted = list(fitted)
+    open_ = sorted((i for i in range(len(widths)) if fitted[i] < widths[i]),
+                   key=lambda i: widths[i] - fitted[i])
+    while open_ and spare > 0:
+        share = max(1, spare // len(open_))
+        i = open_.pop(0)
+        give = min(widths[i] - fitted[i], share, spare)
+        fitted[i] += give
+        spare -= give
+        if fitted[i] < widths[i]:
+            open_.append(i)
     return fitted
 
 
 def _wrap(text, width):
     lines = []
     for paragraph in text.splitlines() or [""]:
-        lines += textwrap.wrap(paragraph, width, break_on_hyphens=False) or [""]
+        lines += textwrap.wrap(paragraph, width, break_on_hyphens=False,
+                               break_long_words=max(map(len, paragraph.split() or [""])) > width
+                               ) or [""]
     return lines
+
+
+def wrap(text, width=WIDTH, indent=""):
+    """``text`` broken at spaces into lines of at most ``width`` columns (a word longer than
+    that, such as a long path, keeps its own line); continuation lines start with ``indent``."""
+    return textwrap.fill(text, width, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False)
 
 
 def terminal_table(headers, rows, width=WIDTH, keep=(0,)):
@@ -68,7 +100,9 @@ def terminal_table(headers, rows, width=WIDTH, keep=(0,)):
     """
     cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
     natural = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    widths = _fit(natural, width, tuple(keep))
+    longest_word = [max(len(w) for r in cells for w in r[i].split() or [""])
+                    for i in range(len(headers))]
+    widths = _fit(natural, width, tuple(keep), longest_word)
     lines = []
     for k, row in enumerate(cells):
         wrapped = [_wrap(c, w) for c, w in zip(row, widths)]

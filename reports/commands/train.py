@@ -2,10 +2,10 @@
 
 Defaults: scikit-learn's bundled 8x8 digits (no download), a 64-128-10 ReLU MLP, Adam, float32,
 a few seconds end to end. ``--data mnist`` reads the four IDX files from ``--data-dir`` (default:
-``$VERIGRAD_MNIST_DIR``, else ``../shared/data/mnist``). A stratified 10% of the training split
-is held out for validation (``--val-fraction``); the test split is scored once at the end. A
-run that diverges keeps the epochs it ran in the table, prints why it stopped once, and exits
-with :data:`EXIT_DIVERGED`.
+``fastlib.datasets.mnist_dir``'s lookup; ``--download`` fetches them once, checked). A
+stratified 10% of the training split is held out for validation (``--val-fraction``); the
+test split is scored once at the end. A run that diverges keeps the epochs it ran in the
+table, prints why it stopped once, and exits with :data:`EXIT_DIVERGED`.
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import time
 import warnings
 
 import numpy as np
+
+from reports.commands.tables import wrap
 
 #: the exit status of a run a divergence stopped (its last good weights are kept, the test
 #: split scored and --save honoured; docs/cli.md lists every status)
@@ -62,6 +64,13 @@ def _algorithms():
     return algorithm_names() + ["kBP", "kCD"] * bool(ALIASES)
 
 
+#: other names of the algorithms, named by the did-you-mean of a refusal
+ALGORITHM_HINTS = {"backprop": "bp", "backpropagation": "bp", "sgd": "bp",
+                   "target_propagation": "targetprop", "target-propagation": "targetprop",
+                   "rbm": "cd", "contrastive_divergence": "cd",
+                   "contrastive-divergence": "cd"}
+
+
 def add_arguments(parser):
     """The options of ``verigrad train``."""
     from reports.commands import arguments as shared
@@ -69,10 +78,15 @@ def add_arguments(parser):
     a = parser.add_argument
     a("--data", choices=("digits", "mnist"), default="digits",
       help="data set (digits: bundled with scikit-learn, no download)")
-    a("--data-dir", default=None,
-      help="folder with the four MNIST IDX files (default $VERIGRAD_MNIST_DIR or "
-           "../shared/data/mnist)")
-    a("--hidden", type=_hidden, default=[128], help="hidden widths, e.g. 128,64 (default 128)")
+    a("--data-dir", metavar="DIR", default=None,
+      help="with --data mnist: the folder with the four MNIST IDX files",
+      default_text="$VERIGRAD_MNIST_DIR, then the user cache, then ../shared/data/mnist")
+    a("--download", action="store_true",
+      help="with --data mnist: fetch the files missing from that folder (the user cache when "
+           "none holds them) once, each checked by its SHA-256 ($VERIGRAD_MNIST_URL, default "
+           "torchvision's mirror)")
+    a("--hidden", type=_hidden, default=[128], help="hidden widths, e.g. 128,64",
+      default_text="128")
     a("--activation", default="relu", choices=shared.LazyChoices(_activations),
       help="hidden activation")
     a("--loss", default="cross_entropy", choices=shared.LazyChoices(_losses),
@@ -81,16 +95,20 @@ def add_arguments(parser):
     a("--optimizer", default="Adam", choices=shared.LazyChoices(_optimizers, ignore_case=True),
       help="optimizer, any case (the CLI's default is Adam; fastlib.train's is SGD, "
            "DataCode's)")
-    a("--epochs", type=shared.positive_int, default=None,
-      help="epochs (default 20 digits, 5 mnist)")
-    a("--batch-size", type=shared.positive_int, default=None, help="mini-batch size (default 32)")
+    a("--epochs", type=shared.positive_int, metavar="N", default=None, help="epochs",
+      default_text=", ".join(f"{d['epochs']} for {name}" for name, d in DATA_DEFAULTS.items()))
+    a("--batch-size", type=shared.positive_int, metavar="N", default=None,
+      help="mini-batch size",
+      default_text=", ".join(f"{d['batch_size']} for {name}"
+                             for name, d in DATA_DEFAULTS.items()))
     a("--lr", type=shared.positive_float, default=1e-3, help="learning rate")
     shared.add_seed(parser, help="initialisation and shuffling seed")
     a("--dtype", choices=("float32", "float64"), default="float32",
       help="the model's one dtype")
     shared.add_device(parser, help="where every step runs: cpu, or cuda (a GPU; refused at "
                                    "once without one, naming why)")
-    a("--algorithm", default="bp", choices=shared.LazyChoices(_algorithms, ignore_case=True),
+    a("--algorithm", default="bp",
+      choices=shared.LazyChoices(_algorithms, ignore_case=True, hints=ALGORITHM_HINTS),
       help="registered training algorithm: bp, targetprop, cd (an RBM with --hidden's first "
            "width on the images alone); SINGA's kBP and kCD also work")
     a("--pure", action="store_true",
@@ -117,22 +135,25 @@ def add_arguments(parser):
     a("--patience", type=shared.positive_int, default=5, help="train_sh's patience")
     a("--min-delta", type=shared.nonnegative_float, default=1.0,
       help="train_sh's minimum improvement in percent")
-    a("--save", default=None, help="save the trained model to this .npz file (default: none)")
-    a("--checkpoint", default=None,
-      help="write a training checkpoint here after every epoch (default: none)")
-    a("--resume", default=None,
-      help="resume from a checkpoint (its architecture is used) (default: none)")
-    a("--plot", default=None,
-      help="write loss and accuracy curves to this PNG file (default: none)")
+    a("--save", metavar="FILE", default=None,
+      help="save the trained model to this .npz file", default_text="none")
+    a("--checkpoint", metavar="FILE", default=None,
+      help="write a training checkpoint here after every epoch", default_text="none")
+    a("--resume", metavar="FILE", default=None,
+      help="resume from a checkpoint (its architecture is used)", default_text="none")
+    a("--plot", metavar="FILE", default=None,
+      help="write loss and accuracy curves to this PNG file", default_text="none")
     a("--distributed", action="store_true",
       help="data-parallel over MPI: launch as mpiexec -n K verigrad train --distributed "
            "(needs verigrad[mpi]); only rank 0 prints, plots and saves")
     a("--blocks", type=shared.positive_int, default=8,
       help="with --distributed: blocks per batch, the fixed summation order; the number of "
            "ranks must divide it")
-    a("--pieces", type=_pieces, default=None,
-      help="pieces each step of a compiled epoch is cut into (default: chosen from this "
-           "machine's cores); the same N gives the same bits on any machine")
+    a("--pieces", type=_pieces, metavar="N", default=None,
+      help="with --algorithm bp: pieces each step of a compiled epoch is cut into; the same N "
+           "gives the same bits on any machine",
+      default_text="$VERIGRAD_PIECES, else chosen from this machine's cores")
+    shared.add_progress(parser, "progress bar over the epochs (fastlib.train's verbose)")
 
 
 def _pieces(text):
@@ -149,8 +170,9 @@ def _load(args, dtype):
 
     if args.data == "digits":
         return datasets.load_digits(None, dtype=dtype)
-    # no --data-dir: load_mnist's own lookup ($VERIGRAD_MNIST_DIR, else ../shared/data/mnist)
-    return datasets.load_mnist(None, args.data_dir, dtype=dtype)
+    # no --data-dir: load_mnist's own lookup ($VERIGRAD_MNIST_DIR, the user cache, then
+    # ../shared/data/mnist), fetching into the cache with --download
+    return datasets.load_mnist(None, args.data_dir, dtype=dtype, download=args.download)
 
 
 def _targets(loss, y, classes):
@@ -223,7 +245,8 @@ def _check_paths(args):
     """The paths given, checked before any data is read or any epoch runs (None: all fine)."""
     from reports.commands import checks
 
-    problems = [checks.existing_dir(args.data_dir, "--data-dir") if args.data_dir else None,
+    data_dir = checks.writable_dir if args.download else checks.existing_dir
+    problems = [data_dir(args.data_dir, "--data-dir") if args.data_dir else None,
                 checks.existing_file(args.resume, "--resume") if args.resume else None]
     for option in ("save", "checkpoint", "plot"):
         value = getattr(args, option)
@@ -237,11 +260,22 @@ def _check_combinations(args):
     from fastlib.training import ALIASES
 
     algorithm = ALIASES.get(args.algorithm.strip().lower(), args.algorithm.strip().lower())
+    if args.data != "mnist":
+        for flag, used in (("--data-dir", args.data_dir), ("--download", args.download)):
+            if used:
+                return f"{flag} applies only with --data mnist (the digits are bundled)"
+    if args.pieces is not None and algorithm not in _piece_algorithms():
+        return (f"--pieces applies to the compiled epoch of --algorithm "
+                f"{' or '.join(_piece_algorithms())}; --algorithm {algorithm} has no piece plan: "
+                "drop --pieces")
     if algorithm != "targetprop":
         for flag, used in (("--pure", args.pure), ("--update", args.update != "gradient"),
                            ("--normalisation", args.normalisation != "row")):
             if used:
                 return f"{flag} only applies to --algorithm targetprop"
+    for dest, flag, applies, where in _APPLIES_WITH:
+        if _given(args, dest) and not applies(algorithm, args):
+            return f"{flag} applies only with {where}; drop it or add {where}"
     if algorithm == "cd":
         if args.early_stopping:
             return "--early-stopping is not available with --algorithm cd"
@@ -256,12 +290,39 @@ def _check_combinations(args):
     return None
 
 
+#: (dest, flag, whether it applies, where it does): options that mean something only beside
+#: another; given alone (away from their default) they are refused, never silently ignored
+_APPLIES_WITH = (
+    ("normalisation", "--normalisation", lambda alg, a: a.pure, "--pure"),
+    ("cd_k", "--cd-k", lambda alg, a: alg == "cd", "--algorithm cd"),
+    ("monitor", "--monitor", lambda alg, a: a.early_stopping, "--early-stopping"),
+    ("patience", "--patience", lambda alg, a: a.early_stopping, "--early-stopping"),
+    ("min_delta", "--min-delta", lambda alg, a: a.early_stopping, "--early-stopping"),
+    ("blocks", "--blocks", lambda alg, a: a.distributed, "--distributed"),
+    ("clip_mode", "--clip-mode", lambda alg, a: a.gradient_clip > 0, "--gradient-clip C > 0"),
+)
+
+
+def _given(args, dest):
+    """Whether option ``dest`` was moved from the parser's default."""
+    parser = getattr(args, "_parser", None)
+    return parser is not None and getattr(args, dest) != parser.get_default(dest)
+
+
+def _piece_algorithms():
+    """The algorithms whose options take ``pieces`` (the registry's own declaration)."""
+    from fastlib.training import algorithms
+
+    return [name for name in algorithms.algorithm_names()
+            if "pieces" in (algorithms.get_algorithm(name).options or ())]
+
+
 def validate(args):
     """Every usage error of ``verigrad train`` (None: none), before any banner or epoch:
     paths, option combinations and ``--device cuda`` without a usable GPU."""
     from reports.commands.arguments import cuda_problem
 
-    return _check_paths(args) or _check_combinations(args) or cuda_problem(args)
+    return _check_combinations(args) or _check_paths(args) or cuda_problem(args)
 
 
 def run(args) -> int:
@@ -283,6 +344,8 @@ def run(args) -> int:
 
 def _run(args) -> int:
     import fastlib
+
+    from reports.commands.arguments import progress_enabled
     from fastlib import datasets, losses
 
     from fastlib.training import ALIASES
@@ -328,16 +391,18 @@ def _run(args) -> int:
     out = sys.stdout if rank == 0 else open(os.devnull, "w")
     arch = "-".join(str(d.in_features) for d in model.layers) + f"-{classes}" \
         if all(hasattr(d, "in_features") for d in model.layers) else type(model).__name__
-    print(f"verigrad train: {args.data} ({len(train.x)} train, "
-          f"{0 if val is None else len(val.x)} validation, {len(data.x_test)} test), "
-          f"MLP {arch} {args.activation}, {loss}, {args.optimizer} lr={args.lr:g}, "
-          f"batch {batch_size}, {epochs} epochs, {dtype.name}, {args.algorithm}", file=out)
+    print(wrap(f"verigrad train: {args.data} ({len(train.x)} train, "
+               f"{0 if val is None else len(val.x)} validation, {len(data.x_test)} test), "
+               f"MLP {arch} {args.activation}, {loss}, {args.optimizer} lr={args.lr:g}, "
+               f"batch {batch_size}, {epochs} epochs, {dtype.name}, {args.algorithm}"),
+          file=out)
     if distributed:
         print(f"data-parallel on {ranks} MPI rank(s), {args.blocks} blocks per batch (the fused "
               f"MLP epoch does not apply: gradients are exchanged after every step)", file=out)
     common = dict(gradient_clip=args.gradient_clip, clip_mode=args.clip_mode, seed=args.seed,
                   device=args.device, algorithm=args.algorithm, callbacks=[_Table(out)],
-                  verbose=False, checkpoint=args.checkpoint, resume=args.resume,
+                  verbose=progress_enabled(args) and rank == 0,
+                  checkpoint=args.checkpoint, resume=args.resume,
                   distributed=distributed)
     if args.pieces is not None:
         common["pieces"] = args.pieces
@@ -393,20 +458,23 @@ def _run_cd(args, data, train, val, epochs, batch_size, dtype, t0) -> int:
     """``--algorithm cd``: train an RBM on the images alone, plot its reconstruction error."""
     import fastlib
 
+    from reports.commands.arguments import progress_enabled
+
     out = sys.stdout
     rbm_cls = fastlib.RBM        # importing fastlib.rbm also lets fastlib.load rebuild an RBM
     rbm = (fastlib.load(args.resume) if args.resume else
            rbm_cls(data.x_train.shape[1], args.hidden[0], dtype=dtype, seed=args.seed))
-    print(f"verigrad train: {args.data} images ({len(train.x)} train, "
-          f"{0 if val is None else len(val.x)} validation), RBM {rbm.visible}-{rbm.hidden}, "
-          f"CD-{args.cd_k}, {args.optimizer} lr={args.lr:g}, batch {batch_size}, {epochs} epochs, "
-          f"{dtype.name}; loss = reconstruction error of the chain, val_loss = mean-field",
-          file=out)
+    print(wrap(f"verigrad train: {args.data} images ({len(train.x)} train, "
+               f"{0 if val is None else len(val.x)} validation), RBM {rbm.visible}-{rbm.hidden}, "
+               f"CD-{args.cd_k}, {args.optimizer} lr={args.lr:g}, batch {batch_size}, "
+               f"{epochs} epochs, {dtype.name}; loss = reconstruction error of the chain, "
+               "val_loss = mean-field"), file=out)
     result = fastlib.train(rbm, train.x, None, epochs, batch_size, args.lr, None,
                            None if val is None else val.x, None,
                            args.optimizer, gradient_clip=args.gradient_clip,
                            clip_mode=args.clip_mode, seed=args.seed, device=args.device,
-                           algorithm="cd", callbacks=[_Table(out)], verbose=False,
+                           algorithm="cd", callbacks=[_Table(out)],
+                           verbose=progress_enabled(args),
                            checkpoint=args.checkpoint, resume=args.resume, cd_k=args.cd_k)
     if result.stop_reason:
         print(f"stopped: {result.stop_reason}", file=out)

@@ -78,6 +78,9 @@ class Engine:
     optimizer_reasons: dict = {}
     no_gradient: dict = {}       # {op: {input: reason}}: inputs without a gradient here
     rounded_once: dict = {}      # {op: {"forward"|"vjp": dtype names}}: results rounded once
+    #: {"jvp2"|"hvp": {op: reason}}: a higher derivative the engine cannot take of an op it
+    #: supports (its second-order rows read "unsupported" with the reason, not a failure)
+    unsupported_derivatives: dict = {}
 
     # -- coverage -----------------------------------------------------------------------------
     def supports(self, op):
@@ -112,6 +115,18 @@ class Engine:
         return tuple(self._vjp(name, inputs, grad, **params))
 
     # -- optional: forward mode and second order ----------------------------------------------
+    def supports_derivative(self, op, derivative):
+        """``(True, "")`` when the engine's ``derivative`` (``"jvp2"``: J t, ``"hvp"``: H t)
+        of ``op`` can be checked, else ``(False, reason)``: no second order at all, the op
+        unsupported, or that derivative declared missing (``unsupported_derivatives``)."""
+        if not self.second_order:
+            return False, "not provided: no jvp/hvp"
+        ok, reason = self.supports(op)
+        if not ok:
+            return False, reason
+        reason = self.unsupported_derivatives.get(derivative, {}).get(op)
+        return (False, reason) if reason else (True, "")
+
     @property
     def second_order(self):
         """True when the engine implements ``jvp`` and ``hvp`` (both optional)."""

@@ -242,8 +242,10 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
                                               getattr(engine, "description", "")))
         dtypes = [np.dtype(d) for d in engine.dtypes]
         engine_rows = [_completeness_row(engine, all_ops)]
+        # an op's rows, and its rows with a longer name ("maximum NaN routing")
+        op_words = set() if wanted is None else {w.split()[0] for w in wanted if w.split()}
         engine_rows += _op_rows(engine, name, dtypes, [o for o in all_ops if
-                                                 wanted is None or o in wanted or
+                                                 wanted is None or o in op_words or
                                                  {"exact", "jvp", "special"} & wanted],
                                 kink_mode)
         engine_rows += second_order_rows(engine, name, dtypes,
@@ -281,20 +283,21 @@ def order_rows(rows, first):
 
 
 def _command(row, profile, seed):
-    """The ``verigrad conform`` line that runs ``row`` again (same profile, seed and draws)."""
-    parts = ["verigrad conform", f"--profile {profile.name}",
-             f"--engines {row.engine_ref or row.engine}"]
-    if row.kind in ("tape", "targetprop", "cd", "program"):
-        parts.append(f"--ops {row.kind}")        # their names hold spaces: select the kind
-    elif row.kind != "completeness":
-        parts.append(f"--ops {row.name}")
-    parts.append(f"--seed {seed}")
+    """The ``verigrad conform`` line that runs ``row`` again (same profile, seed and draws),
+    quoted for a POSIX shell, so that a name with spaces is one ``--ops`` value."""
+    import shlex
+
+    parts = ["verigrad", "conform", "--profile", profile.name,
+             "--engines", row.engine_ref or row.engine]
+    if row.kind != "completeness":
+        parts += ["--ops", row.name]
+    parts += ["--seed", str(seed)]
     if row.dtype != "-":
-        parts.append(f"--dtypes {row.dtype}")
+        parts += ["--dtypes", row.dtype]
     if row.kinks:
-        parts.append(f"--kinks {row.kinks}")
+        parts += ["--kinks", row.kinks]
     parts.append("--no-proofs")
-    return " ".join(parts)
+    return shlex.join(parts)
 
 
 def run_rows(rows, profile, seed, progress=None, fail_fast=False):

@@ -240,11 +240,21 @@ def _reproduce(engine_ref, check, kinks):
     return snippet
 
 
+def _declared(engine, name, kind):
+    """The reason ``engine`` declares its ``kind`` of op ``name`` missing, or ""."""
+    supports = getattr(engine, "supports_derivative", None)
+    if supports is None:        # a plugin without the base class: nothing declared
+        return ""
+    ok, reason = supports(name, kind)
+    return "" if ok else reason
+
+
 def second_order_rows(engine, ref, dtypes, ops, kinks=None):
     """The ``jvp2`` and ``hvp`` rows of ``engine`` for ``ops`` in ``dtypes``.
 
     An engine without ``jvp``/``hvp`` gets its rows as "unsupported" with the reason
-    ("not provided: ..."), never failed; an op it does not support likewise.
+    ("not provided: ..."), never failed; an op it does not support likewise, and a derivative
+    of an op it declares missing (``Engine.supports_derivative``).
     """
     from reports.conformance import kinks as _kinks
     from reports.conformance import second_order
@@ -258,11 +268,13 @@ def second_order_rows(engine, ref, dtypes, ops, kinks=None):
         ok, reason = engine.supports(name)
         for dtype in dtypes:
             dt = np.dtype(dtype).name
-            if missing or not ok:
-                rows += [Row(kind, name, engine.name, dt, result=RowResult(
-                    status="unsupported", detail=missing or reason)) for kind in KINDS]
-                continue
             for kind, check in zip(KINDS, ("check_jvp2", "check_hvp")):
+                why = (missing or reason) if (missing or not ok) else _declared(engine, name, kind)
+                if why:
+                    rows.append(Row(kind, name, engine.name, dt, result=RowResult(
+                        status="unsupported", detail=why)))
+                    continue
+
                 def run(profile, seed, name=name, dtype=dtype, check=check):
                     fn = getattr(second_order, check)
                     return run_property(second_order_examples(name, dtype),

@@ -1,4 +1,5 @@
-"""docs/engines.md's tiny example engine, run exactly as printed: `verigrad conform` passes it.
+"""docs/engines.md's tiny example engine, run exactly as printed: `verigrad conform` passes it,
+and prints what the page's transcript shows.
 
 The verdicts come from the suite's exact oracle; the engine's code is the documentation's.
 """
@@ -6,11 +7,17 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 from reports.cli import main
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
+TESTS = Path(__file__).resolve().parents[1]
+DOC = TESTS.parent / "docs" / "engines.md"
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+from doc_outputs import mismatch  # noqa: E402 - tests/ holds the docs' shared helpers
+from test_docs_examples import outputs  # noqa: E402
 
 
 def _example_code():
@@ -27,6 +34,12 @@ def test_docs_example_engine_passes(tmp_path, capsys):
                  "--json", str(report)])
     out = capsys.readouterr().out
     assert code == 0, out
+    # the transcript on the page is this run's output (its masks aside)
+    (shown,) = [o for o in outputs(DOC.read_text(encoding="utf-8"), DOC)
+                if o.commands == ("verigrad conform --engines tiny_engine.py:TinyEngine "
+                                  "--no-proofs",)]
+    problem = mismatch(shown.text, out)
+    assert problem is None, problem
     rows = json.loads(report.read_text())["rows"]
     measured = {(r["check"], r["name"]) for r in rows if r["status"] == "pass"}
     for op in ("tanh", "mul", "sum", "relu"):

@@ -141,3 +141,49 @@ def test_a_first_order_part_does_not_pin_the_second_order_settings():
     first["profile"]["second_order_tables"] = True        # set, but nothing of it ran
     second["profile"]["second_order_tables"] = False
     assert peers_findings.merge([first, second])["profile"]["second_order_tables"] is False
+
+
+# ---------------------------------------------------------------------------------------------
+# every findings file says how it was made
+
+def test_the_findings_file_records_its_command_date_machine_and_runs():
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parent / "findings.json").read_text(encoding="utf-8"))
+    assert doc["command"].startswith("python -m reports.peers_findings ")
+    assert doc["date"] and doc["machine"]["cpus"]
+    assert doc["runs"]
+    for run in doc["runs"]:
+        assert "reports.peers_findings" in run["command"] and run["date"]
+        assert run["machine"]["cpus"] and run["versions"]
+    # every engine of the file was measured by some run that names its version
+    measured = {(e, v) for run in doc["runs"] for e, v in run["versions"].items()}
+    for name, info in doc["engines"].items():
+        if info.get("available", True):
+            assert (name, info["version"]) in measured, name
+
+
+def test_a_run_and_a_merge_write_their_records(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("DEV", "PYTHON")
+    part = _part("autograd", "1", None)
+    monkeypatch.setattr(peers_findings, "find", lambda *a, **k: json.loads(json.dumps(part)))
+    monkeypatch.setattr(peers_findings, "markdown", lambda doc: "")
+    monkeypatch.setattr(peers_findings, "engine_version", lambda name: "1")
+    out = tmp_path / "p1.json"
+    assert peers_findings.main(["--engines", "autograd", "--json", str(out)]) == 0
+    run = json.loads(out.read_text())
+    assert run["command"] == f"DEV=PYTHON python -m reports.peers_findings --engines autograd " \
+                             f"--json {out}"
+    assert run["environment"] == {"DEV": "PYTHON"} and run["machine"]["cpus"]
+    assert run["date"].endswith("UTC") and "numpy" in run["versions"]
+    second = tmp_path / "p2.json"
+    second.write_text(json.dumps(_part("torch", "2", "hvp")), encoding="utf-8")
+    merged = tmp_path / "all.json"
+    assert peers_findings.main(["--merge", str(out), str(second), "--json", str(merged)]) == 0
+    doc = json.loads(merged.read_text())
+    assert "--merge" in doc["command"] and "versions" not in doc
+    assert doc["runs"][0]["command"] == run["command"]     # the part's own record, kept
+    assert len(doc["runs"]) == 1                           # the other part recorded nothing

@@ -1,7 +1,7 @@
 """mlp: a 784-128-10 ReLU MLP, cross_entropy, Adam lr 1e-3, float32, on MNIST-shaped data.
 
-Data: the real MNIST training images when ``--data-dir`` (or ``$VERIGRAD_MNIST_DIR``, or
-``../shared/data/mnist``) has them, else uniform random images of the same shape with random
+Data: the real MNIST training images when ``--data-dir`` (or ``load_mnist``'s own lookup:
+``$VERIGRAD_MNIST_DIR``, the user cache, ``../shared/data/mnist``) has them, else uniform random images of the same shape with random
 labels; 60000 samples per epoch. Weights: fastlib's ``Dense`` draws (He-normal for the ReLU
 layer, Xavier-uniform for the output, zero biases, seed 0), copied into every engine.
 
@@ -12,8 +12,6 @@ time for the epoch's arithmetic (see its docstring).
 """
 from __future__ import annotations
 
-import os
-import pathlib
 import time
 
 import numpy as np
@@ -24,7 +22,6 @@ DESCRIPTION = "784-128-10 relu, cross_entropy, Adam lr=1e-3, float32"
 BATCH_SIZES = "1,32,64,128"
 SAMPLES = 60000
 SIZES = (784, 128, 10)
-DEFAULT_MNIST_DIR = pathlib.Path("..") / "shared" / "data" / "mnist"
 
 
 def build(seed=0):
@@ -39,8 +36,8 @@ def data(args):
     """MNIST training images (or random data of their shape), repeated or cut to --samples."""
     from fastlib import datasets
 
-    folder = args.data_dir or os.environ.get("VERIGRAD_MNIST_DIR") or DEFAULT_MNIST_DIR
     try:
+        folder = datasets.mnist_dir(args.data_dir)      # the loader's own lookup
         x, y = datasets.load_mnist("train", folder)
         source = f"MNIST train images from {folder}"
     except (FileNotFoundError, ValueError):

@@ -11,7 +11,7 @@ from reports.conformance.adapters._peer import (GraphSecondOrder, PeerEngine, nu
                                                 slice_index)
 from reports.conformance.engines import FLOAT32, FLOAT64
 
-__all__ = ["PaddleEngine", "paddle_ops", "COMPOSED"]
+__all__ = ["PaddleEngine", "paddle_ops", "COMPOSED", "NO_GRAD_OP"]
 
 COMPOSED = {
     "identity": "Paddle has no identity op: paddle.assign (a differentiable copy)",
@@ -98,6 +98,41 @@ def paddle_label_parts(paddle):
     }
 
 
+# Paddle 3.3.1 has no grad op for these ops' backward kernels (it raises "RuntimeError: The Op
+# X doesn't have any grad op"), so it cannot take the derivative the check needs of them:
+# {derivative: {registry op: the backward op without a grad op}}. J t goes through
+# paddle.incubate.autograd.jvp, which in dynamic mode differentiates the backward of the
+# backward (the double-backward trick); H t differentiates the backward once more.
+NO_GRAD_OP = {
+    "jvp2": {"relu": "relu_double_grad", "leaky_relu": "leaky_relu_double_grad",
+             "softplus": "softplus_double_grad", "sqrt": "sqrt_double_grad",
+             "square": "square_double_grad", "mse": "square_double_grad",
+             "rms_norm": "square_double_grad", "div": "divide_double_grad",
+             "gelu": "gelu_grad", "gelu_tanh": "gelu_grad", "layer_norm": "layer_norm_grad",
+             "softmax": "softmax_grad", "log_softmax": "log_softmax_grad",
+             "logsumexp": "logsumexp_grad", "slice": "strided_slice_grad",
+             "cross_entropy": "mean_all_grad", "categorical_cross_entropy": "mean_all_grad",
+             "binary_cross_entropy": "mean_all_grad",
+             "binary_cross_entropy_with_logits": "mean_all_grad"},
+    "hvp": {"gelu": "gelu_grad", "gelu_tanh": "gelu_grad", "layer_norm": "layer_norm_grad",
+            "softmax": "softmax_grad", "log_softmax": "log_softmax_grad",
+            "logsumexp": "logsumexp_grad", "slice": "strided_slice_grad",
+            "cross_entropy": "mean_all_grad", "categorical_cross_entropy": "mean_all_grad",
+            "binary_cross_entropy": "mean_all_grad",
+            "binary_cross_entropy_with_logits": "mean_all_grad"},
+}
+_HOW = {"jvp2": "J t (paddle.incubate.autograd.jvp differentiates the backward of the backward)",
+        "hvp": "H t (paddle.grad of the backward)"}
+
+
+def _no_grad_op_reasons():
+    """``unsupported_derivatives`` of the adapter: each entry of :data:`NO_GRAD_OP` in words."""
+    return {kind: {op: f"{_HOW[kind]} needs a grad op of {grad}, which Paddle lacks "
+                       f"(RuntimeError: The Op {grad} doesn't have any grad op)"
+                   for op, grad in ops.items()}
+            for kind, ops in NO_GRAD_OP.items()}
+
+
 _OPTIMIZER_REASONS = {
     "Momentum": "paddle.optimizer.Momentum updates v = beta*v + g (no (1 - beta) on g)",
     "NAG": "Paddle has no optimizer in the registry's look-ahead form (Momentum's "
@@ -120,6 +155,7 @@ class PaddleEngine(GraphSecondOrder, PeerEngine):
     composed = COMPOSED
     optimizers = tuple(_STATE)
     optimizer_reasons = _OPTIMIZER_REASONS
+    unsupported_derivatives = _no_grad_op_reasons()
     second_order_route = ("J t by paddle.incubate.autograd.jvp (in dynamic mode Paddle's "
                           "double-backward trick); H t by paddle.grad(create_graph=True) of "
                           "<t, paddle.grad(<g, f>)>")
