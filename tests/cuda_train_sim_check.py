@@ -40,12 +40,17 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "clip:value", "clip:norm", "unsupported:custom layer", "unsupported:algorithm",
            "layers:every Dense activation", "layers:SwiGLU fused, against the CPU",
            "layers:attention flash-style, against the CPU",
-           "layers:recurrent steps, against the CPU", "compile:only the run's signatures, once",
+           "layers:recurrent persistent, against the CPU",
+           "layers:recurrent float32, against the CPU",
+           "recurrent:persistent and per-step agree bit for bit",
+           "budget:recurrent launches constant in the time steps",
+           "compile:only the run's signatures, once",
            "losses:all five", "budget:MLP of L Dense layers", "budget:SwiGLU",
            "budget:transformer block", "budget:every layer kind",
            "budget:epoch traffic", "mode:graph and launches agree",
            "graph:mode and reason reported", "graph:replayed steps equal launches",
            "graph:failed recording falls back to launches",
+           "graph:a refused persistent kernel records per step",
            "graph:a copy inside a recorded step is refused")
 SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
         "slow:train_sh resume is bit for bit")
@@ -322,27 +327,163 @@ def run_attention(report):
                              f"weights: {moved}")
 
 
+def _recurrent_model(dtype=np.float64):
+    """Tiles of every kind under the simulator's constants (recurrent.geometry reports them):
+    LSTM(3, 5) has 3 unit tiles each way (weights from L2 in its one-block cooperative grid),
+    LSTM(5, 2) and RNN(2, 6)'s forward one (weights in shared memory); 3 samples give products
+    split into 2 and 4 shares, and per-step launches of up to 4 blocks loop over 6 tiles."""
+    import fastlib
+    from fastlib import layers as L
+
+    return fastlib.Sequential([L.LSTM(3, 5, return_sequences=True),
+                               L.LSTM(5, 2, return_sequences=True), L.RNN(2, 6),
+                               L.Dense(6, 2)], dtype=dtype, seed=9)
+
+
+def _recurrent_data(steps=4):
+    rng = np.random.default_rng(12)
+    return rng.standard_normal((3, steps, 3)), rng.integers(0, 2, 3)
+
+
+def train_keeping_run(*args, **kwargs):
+    """``fastlib.train(...)`` on the device and the run's DeviceRun (its recurrent mode)."""
+    import fastlib
+    from fastlib.cuda.training import DeviceRun
+
+    runs, original = [], DeviceRun.finish
+
+    def finish(self):
+        runs.append(self)
+        original(self)
+    DeviceRun.finish = finish
+    try:
+        result = fastlib.train(*args, device="cuda", **kwargs)
+    finally:
+        DeviceRun.finish = original
+    return result, runs[-1]
+
+
+def _tile_kinds(model, n_batch):
+    """Per recurrent layer and direction: (cached weights, shares) of its persistent launch in
+    the simulator's one-block cooperative grid."""
+    from fastlib.cuda import recurrent
+
+    kinds = []
+    for layer in model.layers:
+        if type(layer).__name__ in ("RNN", "LSTM"):
+            gates = 4 if type(layer).__name__ == "LSTM" else 1
+            for back in (False, True):
+                _, _, shares, _, _, cache = recurrent.geometry(n_batch, layer.hidden_size,
+                                                               gates, back, 1)
+                kinds.append((bool(cache), shares))
+    return kinds
+
+
 def run_recurrent(report):
-    """LSTM and RNN time steps (a block per sample and tile of units, the recurrent products
-    split over threads and added in a fixed order) against the CPU engine: 5 and 6 units
-    straddle the simulator's 4-unit forward and 2-unit backward tiles, and 3 samples x 2 tiles
-    exceed its 4-block grid (blocks loop)."""
+    """The persistent recurrent kernels (every time step in one cooperative launch per layer
+    and direction) against the CPU engine in float64 and float32, against their own per-step
+    launches bit for bit, and their launches per training step at several sequence lengths."""
+    import fastlib
+
+    x, y = _recurrent_data()
+    kw = dict(optimizer="SGD", verbose=False, seed=1)
+    cpu = _recurrent_model()
+    fastlib.train(cpu, x, y, 1, 3, 0.5, "cross_entropy", **kw)
+    dev = _recurrent_model()
+    _, run = train_keeping_run(dev, x, y, 1, 3, 0.5, "cross_entropy", **kw)
+    ok, detail = _close(dev.parameters(), cpu.parameters())
+    moved = not _close(_recurrent_model().parameters(), cpu.parameters(), 1e-6)[0]
+    kinds = _tile_kinds(dev, 3)
+    covered = {c for c, _ in kinds} == {True, False} and max(s for _, s in kinds) > 1
+    report("layers:recurrent persistent, against the CPU",
+           ok and moved and run.recurrent_mode == "persistent" and covered,
+           f"{detail}; training moved the weights: {moved}; mode {run.recurrent_mode}; "
+           f"(cached weights, shares) per layer and direction {kinds}")
+
+    os.environ["FASTLIB_CUDA_PERSISTENT"] = "0"
+    try:
+        stepped = _recurrent_model()
+        _, run_s = train_keeping_run(stepped, x, y, 1, 3, 0.5, "cross_entropy", **kw)
+    finally:
+        os.environ.pop("FASTLIB_CUDA_PERSISTENT", None)
+    a, b = dev.parameters(), stepped.parameters()
+    differ = [k for k in a if not np.array_equal(a[k], b[k])]
+    report("recurrent:persistent and per-step agree bit for bit",
+           not differ and run_s.recurrent_mode == "per-step"
+           and "FASTLIB_CUDA_PERSISTENT=0" in (run_s.recurrent_reason or "")
+           and run.recurrent_reason is None,
+           f"parameters that differ: {differ}; modes {run.recurrent_mode} / "
+           f"{run_s.recurrent_mode} ({run_s.recurrent_reason})")
+
+    run_recurrent_float32(report, x, y, kw)
+    run_recurrent_budget(report)
+
+
+def run_recurrent_float32(report, x, y, kw):
+    """float32 on the device (products summed in float32, as the CPU's BLAS does) against the
+    CPU engine, both measured against float64 from the same float32 weights: the conformance
+    ``train`` rows' rule (docs/CONTRACTS.md), normwise in float32 eps, the device within
+    max(4 (L + 1) k, 2 x the CPU's own error) of float64 and max(4 (L + 1) k, 3 x) of the CPU."""
+    import fastlib
+    from reports.conformance.device_training import float32_bound
+
+    start = _recurrent_model(np.float32).parameters()
+    runs = {}
+    for name, dtype, device in (("cpu", np.float32, "cpu"), ("cuda", np.float32, "cuda"),
+                                ("ref", np.float64, "cpu")):
+        m = _recurrent_model(dtype)
+        m.load_parameters({k: v.astype(dtype) for k, v in start.items()})
+        xs = x.astype(np.float32).astype(dtype)
+        fastlib.train(m, xs, y, 1, 3, 0.5, "cross_entropy", device=device, **kw)
+        runs[name] = {k: v.astype(np.float64) for k, v in m.parameters().items()}
+    eps = float(np.finfo(np.float32).eps)
+    floor = max(float(np.linalg.norm(v.astype(np.float64))) for v in start.values())
+
+    def err(a, b):
+        return max(float(np.linalg.norm(a[k] - b[k])) / (eps * max(
+            float(np.linalg.norm(b[k])), floor)) for k in b)
+    lo = float32_bound(_recurrent_model().get_config(), 1)
+    cpu_ref, dev_ref, dev_cpu = (err(runs["cpu"], runs["ref"]), err(runs["cuda"], runs["ref"]),
+                                 err(runs["cuda"], runs["cpu"]))
+    report("layers:recurrent float32, against the CPU",
+           dev_ref <= max(lo, 2 * cpu_ref) and dev_cpu <= max(lo, 3 * cpu_ref),
+           f"in float32 eps: device vs float64 {dev_ref:.3g}, device vs CPU {dev_cpu:.3g}, CPU "
+           f"vs float64 {cpu_ref:.3g}; floor {lo:g}")
+
+
+def run_recurrent_budget(report):
+    """Launches per step of an LSTM and an RNN at 2, 3 and 6 time steps: constant with the
+    persistent kernels (the step's 4 + LSTM 9 as the first layer + RNN 12 + Dense 3), 2 per
+    step per layer more with per-step launches."""
     import fastlib
     from fastlib import layers as L
 
     def model():
-        return fastlib.Sequential([L.LSTM(3, 5, return_sequences=True), L.RNN(5, 6),
-                                   L.Dense(6, 2)], dtype=np.float64, seed=9)
-    rng = np.random.default_rng(12)
-    x, y = rng.standard_normal((3, 4, 3)), rng.integers(0, 2, 3)
-    cpu, dev = model(), model()
-    kw = dict(optimizer="SGD", verbose=False, seed=1)
-    fastlib.train(cpu, x, y, 1, 3, 0.5, "cross_entropy", **kw)
-    fastlib.train(dev, x, y, 1, 3, 0.5, "cross_entropy", device="cuda", **kw)
-    ok, detail = _close(dev.parameters(), cpu.parameters())
-    moved = not _close(model().parameters(), cpu.parameters(), 1e-6)[0]
-    report("layers:recurrent steps, against the CPU", ok and moved,
-           f"{detail}; training moved the weights: {moved}")
+        return fastlib.Sequential([L.LSTM(2, 3, return_sequences=True), L.RNN(3, 3),
+                                   L.Dense(3, 2)], dtype=np.float64, seed=4)
+    rng = np.random.default_rng(5)
+    kw = dict(optimizer="Adam", verbose=False, seed=1)
+    counts, bad = {}, []
+    for persistent in ("1", "0"):
+        os.environ["FASTLIB_CUDA_PERSISTENT"] = persistent
+        try:
+            for steps in (2, 3, 6):
+                x, y = rng.standard_normal((2, steps, 2)), rng.integers(0, 2, 2)
+                m = model()
+                r = fastlib.train(m, x, y, 2, 2, 0.1, "cross_entropy", device="cuda", **kw)
+                want = step_budget(m, steps, per_step=persistent == "0")
+                ok, detail = _held(r, want)
+                got = r.device_counts["kernel_launches"]
+                counts[(persistent, steps)] = got
+                if not ok or (r.cuda_mode == "launches" and got != want):
+                    bad.append(f"T={steps}, persistent={persistent}: {detail}")
+        finally:
+            os.environ.pop("FASTLIB_CUDA_PERSISTENT", None)
+    constant = len({counts[("1", t)] for t in (2, 3, 6)}) == 1
+    report("budget:recurrent launches constant in the time steps", not bad and constant,
+           "; ".join(bad) or "launches per step at T = 2, 3, 6: persistent "
+           f"{[counts[('1', t)] for t in (2, 3, 6)]}, per step "
+           f"{[counts[('0', t)] for t in (2, 3, 6)]}; no allocation, copy or wait")
 
 
 def run_compile(report):
@@ -480,23 +621,27 @@ def _dense_budget(layer, first):
     return (2 if first else 3) + extra
 
 
-def _recurrent_budget(layer, steps, first):
-    return 2 * steps + (7 if first else 9) + (0 if layer.return_sequences else 1)
+def _recurrent_budget(layer, steps, first, per_step):
+    # forward: layout, input GEMM, the time steps, layout; backward: layout (2 for the last
+    # state), the time steps, grad W_ih, grad b, grad W_hh, and grad x with its layout
+    through_time = 2 * steps if per_step else 2
+    return through_time + (7 if first else 9) + (0 if layer.return_sequences else 1)
 
 
-def _budget(layer, steps, first):
+def _budget(layer, steps, first, per_step=False):
     kind = type(layer).__name__
     if kind == "Dense":
         return _dense_budget(layer, first)
     if kind in ("RNN", "LSTM"):
-        return _recurrent_budget(layer, steps, first)
+        return _recurrent_budget(layer, steps, first, per_step)
     if kind == "MultiHeadAttention":
         return 11 if first else 16
     if kind == "Sequential":
-        return sum(_budget(c, steps, first and i == 0) for i, c in enumerate(layer._children))
+        return sum(_budget(c, steps, first and i == 0, per_step)
+                   for i, c in enumerate(layer._children))
     if kind == "Parallel":
         n = len(layer._children)
-        inner = sum(_budget(c, steps, first) for c in layer._children)
+        inner = sum(_budget(c, steps, first, per_step) for c in layer._children)
         glue = 1 + 2 * (n - 1) if layer.combine == "add" else 2 * n + (n - 1)
         return inner + glue
     if kind == "SwiGLU":
@@ -505,9 +650,10 @@ def _budget(layer, steps, first):
     return fixed[kind]
 
 
-def step_budget(model, steps=1):
-    """Launches per step allowed for ``model`` (a Sequential) in "launches" mode."""
-    return 4 + sum(_budget(c, steps, i == 0) for i, c in enumerate(model._children))
+def step_budget(model, steps=1, per_step=False):
+    """Launches per step allowed for ``model`` (a Sequential) in "launches" mode (recurrent
+    layers through persistent kernels, or ``per_step``)."""
+    return 4 + sum(_budget(c, steps, i == 0, per_step) for i, c in enumerate(model._children))
 
 
 def _held(r, budget):
@@ -626,7 +772,9 @@ class FakeGraphs:
     kernel that took a per-batch value (the batch's offset, the step count) as an argument
     would replay a stale one, and the run would differ from launches.
 
-    ``fail`` makes ``end_building`` raise, as stream capture does when it was invalidated.
+    ``fail`` makes ``end_building`` raise, as stream capture does when it was invalidated;
+    ``refuse_cooperative`` makes it raise when a recorded launch is cooperative (a driver
+    that cannot capture one).
     """
 
     class Builder:
@@ -643,6 +791,9 @@ class FakeGraphs:
             self.state = "ended"
             if self.owner.fail:
                 raise RuntimeError(self.owner.fail)
+            if self.owner.refuse_cooperative and any(k.cooperative for k, _, _ in self.launches):
+                raise RuntimeError("operation not permitted when stream is capturing (fake: a "
+                                   "cooperative launch)")
             return self
 
         def complete(self):
@@ -663,8 +814,9 @@ class FakeGraphs:
         def close(self):
             self.closed = True
 
-    def __init__(self, fail=None):
+    def __init__(self, fail=None, refuse_cooperative=False):
         self.fail, self.builders = fail, []
+        self.refuse_cooperative = refuse_cooperative
 
     def __enter__(self):
         from numba import cuda
@@ -772,6 +924,8 @@ def run_graphs(report):
            f"mode {r.cuda_mode}, reason {reason!r}; same numbers as launches: {same}; "
            f"builders {[b.state for b in fake.builders]}")
 
+    run_graph_fallback_per_step(report)
+
     buf = device.empty(3, np.float64)
     before = counters.snapshot()
     with FakeGraphs() as fake:
@@ -785,6 +939,40 @@ def run_graphs(report):
            "host-to-device copy" in raised and [b.state for b in fake.builders] == ["closed"]
            and not any(unchanged.values()),
            f"{raised}; builders {[b.state for b in fake.builders]}; counts {unchanged}")
+
+
+def run_graph_fallback_per_step(report):
+    """A driver that refuses to record the cooperative (persistent) recurrent kernels: the run
+    keeps CUDA graphs, its recurrent layers step per launch from the next step on, the reason
+    is reported, and the numbers are the launched run's bit for bit (3 epochs: the last
+    one replays a graph at every step)."""
+    import fastlib
+
+    x, y = _recurrent_data(3)
+    kw = dict(optimizer="Adam", verbose=False, seed=3, shuffle=True)
+
+    def run():
+        m = _recurrent_model()
+        r, dev = train_keeping_run(m, x, y, 3, 2, 0.1, "cross_entropy", **kw)
+        return r, dev, m.parameters()
+    plain, _, plain_w = run()
+    with FakeGraphs(refuse_cooperative=True) as fake:
+        r, dev, w = run()
+    same = r.loss_history == plain.loss_history and all(
+        np.array_equal(w[k], plain_w[k]) for k in w)
+    recorded = [b for b in fake.builders if b.state == "closed"]
+    cooperative_in = [any(k.cooperative for k, _, _ in b.launches) for b in fake.builders]
+    c = r.device_counts
+    report("graph:a refused persistent kernel records per step",
+           same and r.cuda_mode == "graph" and dev.recurrent_mode == "per-step"
+           and "cooperative launch" in (dev.recurrent_reason or "")
+           and c["graph_launches"] == 1 and c["kernel_launches"] == 0
+           and cooperative_in[0] and not any(cooperative_in[1:]) and len(recorded) == len(
+               fake.builders),
+           f"mode {r.cuda_mode}, recurrent {dev.recurrent_mode} ({dev.recurrent_reason}); "
+           f"the same numbers as launches: {same}; recordings with a cooperative launch "
+           f"{cooperative_in}; per step {c['graph_launches']:g} graph launch, "
+           f"{c['kernel_launches']:g} kernel launches")
 
 
 def run_sh_resume(report):

@@ -519,7 +519,8 @@ def catalogue(dtypes):
     import pkgutil
 
     import fastlib.cuda as fc
-    from fastlib.cuda import dense, dense_grad, device, elementwise, linalg, scalar, swiglu
+    from fastlib.cuda import (dense, dense_grad, device, elementwise, linalg, recurrent, scalar,
+                              swiglu)
 
     for info in pkgutil.iter_modules(fc.__path__):
         importlib.import_module(f"fastlib.cuda.{info.name}")
@@ -541,6 +542,10 @@ def catalogue(dtypes):
             linalg.gemm_kernel(dt, linalg.store_plain, linalg.load_plain, load)
         swiglu.gate_up_kernel(dt)
         swiglu.dx_kernel(dt)
+        for lstm in (False, True):
+            for persistent in (True, False):
+                recurrent.forward_kernel(dt, lstm, persistent)
+                recurrent.backward_kernel(dt, lstm, persistent)
     return list(device.KERNELS)
 
 
@@ -570,7 +575,13 @@ def ptx_check(cc, dtypes, only, out):
             try:
                 ptx, _ = cuda.compile_ptx(kern.fn, sig, cc=cc)
                 row = {"kernel": kern.__name__, "signature": sig, "ok": True,
-                       "local_accesses": len(re.findall(r"\b(?:ld|st)\.local", ptx))}
+                       "local_accesses": len(re.findall(r"\b(?:ld|st)\.local", ptx)),
+                       "grid_barrier": "cudaCGSynchronize" in ptx}
+                if row["grid_barrier"] != kern.cooperative:
+                    raise RuntimeError(f"a grid-wide barrier in the PTX: {row['grid_barrier']}, "
+                                       f"but the kernel declares cooperative={kern.cooperative}")
+                if kern.cooperative:
+                    row["linked_cudadevrt"] = _link_cooperative(ptx, cc)
             except Exception as exc:
                 failed += 1
                 row = {"kernel": kern.__name__, "signature": sig, "ok": False,
@@ -589,6 +600,20 @@ def ptx_check(cc, dtypes, only, out):
     print(f"ptx: {len(rows) - failed}/{len(rows)} signatures compiled in {result['seconds']} s; "
           f"wrote {out}")
     return 1 if failed else 0
+
+
+def _link_cooperative(ptx, cc):
+    """Link a cooperative kernel's PTX with the CUDA device runtime (its grid barrier) into a
+    cubin for ``cc``, as numba-cuda does when it loads the kernel: nvJitLink, no GPU needed.
+    Returns the cubin's size in bytes."""
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+    from numba.cuda.cudadrv import libs
+
+    with open(libs.get_cudalib("cudadevrt", static=True), "rb") as fh:
+        devrt = fh.read()
+    linker = Linker(ObjectCode.from_ptx(ptx.encode()), ObjectCode.from_library(devrt),
+                    options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}"))
+    return len(linker.link("cubin").code)
 
 
 def _not_run(name, box, status, detail):

@@ -65,8 +65,12 @@ MAX_SPLIT_TABLE = 1 << 22
 #: have this many entries); a wider head is refused when the model is built for the device.
 ATTENTION_MAX_HEAD_DIM = 128
 
-#: Recurrent time steps (:mod:`.recurrent`): forward, a block of REC_JT units x REC_KS shares
-#: of each recurrent product; backward, a block of REC_JB units x REC_LANES threads reading
-#: each unit's row of the recurrent weights (a power of two: a tree adds the lanes).
-REC_JT, REC_KS = (4, 2) if SIMULATOR else (32, 4)
-REC_JB, REC_LANES = (2, 4) if SIMULATOR else (4, 32)
+#: Recurrent layers (:mod:`.recurrent`): REC_THREADS threads per block; a forward tile holds
+#: REC_COLUMNS gate columns (an LSTM's unit with its four gates), a backward tile REC_BACK_UNITS
+#: units; a product is split into shares of at least REC_MIN_SHARE terms; REC_WEIGHT_CACHE
+#: entries of shared memory hold a block's recurrent weights across steps (32 KiB in float64).
+REC_THREADS = 16 if SIMULATOR else 128
+REC_COLUMNS = 8 if SIMULATOR else 4
+REC_BACK_UNITS = 2 if SIMULATOR else 1
+REC_MIN_SHARE = 2 if SIMULATOR else 16
+REC_WEIGHT_CACHE = 64 if SIMULATOR else 4096

@@ -242,6 +242,9 @@ class LazyKernel:
     is its own single-signature dispatcher, the launch path numba-cuda makes cheapest.
     """
 
+    #: True for a kernel with a grid-wide barrier (numba-cuda launches it cooperatively).
+    cooperative = False
+
     def __init__(self, fn, signatures, name=None):
         self.fn = fn
         self.signatures = list(signatures)
@@ -283,6 +286,16 @@ class LazyKernel:
         signature = self.signatures[self._keys.index(key)]
         self._by_key[key] = compiled = compile_signature(self.fn, signature, self.__name__)
         return compiled
+
+    def cooperative_blocks(self, key, block):
+        """The most blocks of ``block`` threads a cooperative launch of signature ``key`` may
+        have here (all co-resident on the GPU; 1 on the simulator, whose grid barrier is its
+        block barrier). Compiles the signature if it is new."""
+        compiled = self.dispatcher(key)
+        if config.SIMULATOR:
+            return 1
+        overload = next(iter(compiled.overloads.values()))
+        return int(overload.max_cooperative_grid_blocks(block))
 
     def compile_all(self):
         """Every declared signature, compiled now (tests and the PTX check; not a run's path)."""

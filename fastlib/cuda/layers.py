@@ -273,7 +273,10 @@ def _swap01(d_x, a, b, c):
 
 class DRecurrent(DeviceLayer):
     """RNN and LSTM: time-major (T, B, ...) inside; the input projection of every time step as
-    one GEMM, then one launch per time step forward and one backward (:mod:`.recurrent`)."""
+    one GEMM, then one persistent launch through time forward and one backward, or one launch
+    per step where ``recurrence`` says so (:mod:`.recurrent`)."""
+
+    recurrence = None  # the run's (set by build); a fresh one for a twin built alone
 
     def forward(self, x):
         L, dt = self.layer, self.dtype
@@ -283,7 +286,15 @@ class DRecurrent(DeviceLayer):
         xw, _ = _dense_forward_device(xt, self.p("w_ih"), self.p("b"), steps * batch, n_in,
                                       k * H, "linear", 0.0)
         hs = device.empty(steps * batch * H, dt)
-        cache = self._run(xw, hs, steps, batch, H)
+        if self._gates == 4:
+            cache = (device.empty(steps * 4 * batch * H, dt), device.empty(steps * batch * H, dt),
+                     device.empty(steps * batch * H, dt))
+        else:
+            cache = (hs, hs, hs)  # an RNN has no gates or cells: the kernel never reads these
+        if self.recurrence is None:
+            self.recurrence = recurrent.Recurrence()
+        recurrent.forward(self._gates == 4, xw, self.p("w_hh"), hs, *cache, steps, batch, H,
+                          self.recurrence)
         self.hist = (x, xt, hs, cache)
         if L.return_sequences:
             return DT(_swap01(hs, steps, batch, H), (batch, steps, H))
@@ -301,7 +312,11 @@ class DRecurrent(DeviceLayer):
         else:
             dhs = device.zeros(steps * batch * H, dt)
             launch(tk.copy, batch * H)(g.data, dhs[(steps - 1) * batch * H:])
-        dz = self._back(dhs, hs, cache, steps, batch, H)
+        dz = device.empty(steps * k * batch * H, dt)
+        # the LSTM's carried cell cotangent, written at the last step before any read
+        dc = device.empty(batch * H, dt) if k == 4 else dz
+        recurrent.backward(k == 4, dhs, hs, *cache, dc, dz, self.p("w_hh"), steps, batch, H,
+                           self.recurrence)
         rows = steps * batch
         grads = {self.prefix + "w_ih": mm(xt, dz, n_in, k * H, rows, dt, ta=True,
                                           out=self.g("w_ih")),
@@ -321,45 +336,11 @@ class DRecurrent(DeviceLayer):
 
 
 class DRNN(DRecurrent):
-    """One launch per time step each way (:data:`.recurrent.rnn_step`)."""
     _gates = 1
-
-    def _run(self, xw, hs, steps, batch, H):
-        for t in range(steps):
-            recurrent.rnn_step[recurrent.forward_launch(batch, H)](xw, hs, self.p("w_hh"), t,
-                                                                   batch, H)
-        return None
-
-    def _back(self, dhs, hs, cache, steps, batch, H):
-        dz = device.empty(steps * batch * H, self.dtype)
-        for t in range(steps - 1, -1, -1):
-            recurrent.rnn_step_back[recurrent.backward_launch(batch, H)](
-                dhs, hs, dz, self.p("w_hh"), t, steps, batch, H)
-        return dz
 
 
 class DLSTM(DRecurrent):
-    """One launch per time step each way, all four gates (:data:`.recurrent.lstm_step`)."""
     _gates = 4
-
-    def _run(self, xw, hs, steps, batch, H):
-        n, dt = batch * H, self.dtype
-        gates = device.empty(steps * 4 * n, dt)
-        cs, tcs = device.empty(steps * n, dt), device.empty(steps * n, dt)
-        for t in range(steps):
-            recurrent.lstm_step[recurrent.forward_launch(batch, H)](
-                xw, hs, self.p("w_hh"), gates, cs, tcs, t, batch, H)
-        return gates, cs, tcs
-
-    def _back(self, dhs, hs, cache, steps, batch, H):
-        gates, cs, tcs = cache
-        n, dt = batch * H, self.dtype
-        dz = device.empty(steps * 4 * n, dt)
-        dc = device.empty(n, dt)  # written at the last step before any read
-        for t in range(steps - 1, -1, -1):
-            recurrent.lstm_step_back[recurrent.backward_launch(batch, H)](
-                dhs, gates, cs, tcs, dc, dz, self.p("w_hh"), t, steps, batch, H)
-        return dz
 
 
 class DAttention(DeviceLayer):
@@ -492,11 +473,13 @@ _TWINS = {"Dense": DDense, "LayerNorm": DLayerNorm, "RMSNorm": DRMSNorm, "Softma
 _CONTAINERS = {"Sequential": DSequential, "Parallel": DParallel}
 
 
-def build(model, store, prefix="", where="model", grads=None):
+def build(model, store, prefix="", where="model", grads=None, recurrence=None):
     """The device twin of ``model`` reading parameters from ``store`` (flat device arrays).
 
     ``grads`` (keyed like ``store``) are where backward writes each parameter's gradient
     (views of one flat buffer in training); without it, backward returns new arrays.
+    ``recurrence`` (:class:`.recurrent.Recurrence`, one per run) tells the recurrent layers
+    how to step through time.
 
     Raises
     ------
@@ -509,11 +492,14 @@ def build(model, store, prefix="", where="model", grads=None):
     kind = type(model).__name__
     from fastlib import layers as host_layers
     if kind in _CONTAINERS and type(model) is getattr(host_layers, kind):
-        children = [build(c, store, f"{prefix}{i}.", f"{where}.layers[{i}]", grads)
+        children = [build(c, store, f"{prefix}{i}.", f"{where}.layers[{i}]", grads, recurrence)
                     for i, c in enumerate(model._children)]
         return _CONTAINERS[kind](model, store, prefix, children, grads)
     if kind in _TWINS and type(model) is getattr(host_layers, kind):
-        return _TWINS[kind](model, store, prefix, grads)
+        twin = _TWINS[kind](model, store, prefix, grads)
+        if recurrence is not None and isinstance(twin, DRecurrent):
+            twin.recurrence = recurrence
+        return twin
     raise DeviceUnsupportedError(
         f"train(device='cuda'): {where} is a {type(model).__module__}.{type(model).__qualname__}, "
         f"which has no device implementation (the device runs fastlib's own "

@@ -10,7 +10,7 @@ import numpy as np
 
 from fastlib import optim as _optim
 
-from . import counters, device, graphs, profile
+from . import counters, device, graphs, profile, recurrent
 from . import train_kernels as tk
 from .layers import DT, DeviceUnsupportedError, build, launch
 
@@ -94,6 +94,11 @@ class DeviceRun:
     device_counts : dict
         Per-step counts of the last epoch (:mod:`.counters` keys, mean over its steps) and
         ``"per_epoch"``: that epoch's boundary traffic (order, coefficients, state, readback).
+    recurrent_mode : {"persistent", "per-step"} or None
+        How the recurrent layers stepped through time: one cooperative launch per layer and
+        direction, or one launch per time step (:mod:`.recurrent`); None without one.
+    recurrent_reason : str or None
+        Why not persistent (None when persistent, or without a recurrent layer).
     """
 
     #: "epoch": one readback per epoch (nothing in the loop needs a step's numbers sooner);
@@ -129,7 +134,8 @@ class DeviceRun:
         with device.using_stream(self.stream):
             self._allocate(ctx, x, y)
         self.t = int(ctx.opt_state.t)
-        self.twin = build(self.model, self.params, grads=self.grads)
+        self.recurrence = recurrent.Recurrence()
+        self.twin = build(self.model, self.params, grads=self.grads, recurrence=self.recurrence)
         self.loss_code = tk.LOSS_CODES[ctx.loss_type]
         self.categorical = self.loss_code in (tk.CE, tk.CCE)
         self.x_shape = tuple(x.shape[1:])
@@ -174,6 +180,17 @@ class DeviceRun:
         self.table = device.empty(self.n_steps * self.n_coef, dt)
         self.rows = device.zeros(self.n_steps * self.width, np.float64)
         self.partials = device.empty(2 * device.config.GUARD_BLOCKS, np.float64)
+
+    @property
+    def recurrent_mode(self):
+        return self.recurrence.mode if self._has_recurrent() else None
+
+    @property
+    def recurrent_reason(self):
+        return None if self.recurrent_mode is None else self.recurrence.reason
+
+    def _has_recurrent(self):
+        return any(type(layer).__name__ in ("RNN", "LSTM") for layer in _layers(self.model))
 
     def finish(self):
         """Free the device copies of the data and the optimizer state at the end of a run.
@@ -336,11 +353,20 @@ class DeviceRun:
             try:
                 with self.arena.step(count):
                     self.graphs[count] = graphs.StepGraph(lambda: self._step(count))
-            except Exception as exc:  # no graphs after all: the same kernels, launched
-                # (the step itself already ran as launches; recording runs nothing)
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+                if self.recurrence.mode == "persistent" and self.recurrence.used:
+                    # the cooperative launches may be what capture refused: the next step of
+                    # this size runs per step (compiling those kernels) and is recorded then
+                    self.recurrence.fall_back(f"recording a step with its persistent recurrent "
+                                              f"kernels as a CUDA graph failed ({why})")
+                    self._drop_graphs()
+                    return
+                # no graphs after all: the same kernels, launched (the step itself already
+                # ran as launches; recording runs nothing)
                 self.mode = "launches"
                 self.graph_reason = (f"recording the step of {count} samples as a CUDA graph "
-                                     f"failed ({type(exc).__name__}: {exc})")
+                                     f"failed ({why})")
                 self._drop_graphs()
 
     def _step(self, count):
