@@ -799,9 +799,89 @@ def run_split_checks(report, only):
             report(f"{label}:{part}", *compare(got, want, scale, c, "dtype", dtype))
 
 
+# The register-blocked GEMM's operand staging (128-bit loads where aligned, double-buffered
+# slices) on the simulator's 8 x 8 tiles, 4-deep slices: (name, batch, m, k, n, A transposed,
+# B transposed, A's row pitch (None: k or m, dense), B shared by the batch). Dimensions that are
+# multiples of 4 let float32's 4-wide and float64's 2-wide loads apply; 20 columns end in a
+# partial tile; "pitched" reads a 10-deep A from rows 12 apart, so its last group of each row
+# straddles the end and is read element by element; "split" has one tile and a 40-deep inner
+# axis (4 chunks); "batched" shares B across two products.
+GEMM_CASES = (("plain", 1, 12, 12, 20, False, False, None, False),
+              ("a-transposed", 1, 12, 12, 20, True, False, None, False),
+              ("b-transposed", 1, 12, 12, 20, False, True, None, False),
+              ("both-transposed", 1, 12, 12, 20, True, True, None, False),
+              ("pitched", 1, 12, 10, 8, False, False, 12, False),
+              ("split", 1, 4, 40, 4, True, False, None, False),
+              ("batched", 2, 8, 12, 12, False, False, None, True))
+
+
+def _placed(host, aligned):
+    """A flat device copy of ``host`` whose first element is (or is not) 16 bytes aligned."""
+    import fastlib.cuda as fc
+    from fastlib.cuda import vector_load
+
+    flat = np.ascontiguousarray(host).reshape(-1)
+    width = 16 // flat.dtype.itemsize
+    buf = fc.to_device(np.zeros(flat.size + 2 * width, flat.dtype))
+    for off in range(2 * width):
+        view = buf[off:off + flat.size]
+        if vector_load.aligned(view, 0) == aligned:
+            view.copy_to_device(flat)
+            return view
+    raise AssertionError("no offset with the asked alignment")
+
+
+def run_gemm_checks(report, only):
+    """Each case against NumPy float64 (products of float32 numbers, exact in float64; the
+    GEMM's chunk sums in the dtype, gamma_k with k terms, plus the chunks' float64 sum rounded
+    once: c = 2k + 4), twice for equal bits, and from aligned and unaligned copies of the same
+    operands: the aligned run takes the 128-bit loads (the host's flag says so), the unaligned
+    one element loads, and both must give the same bits (the same values, added in the same
+    order)."""
+    from fastlib.cuda import linalg
+
+    for name, batch, m, k, n, ta, tb, pitch, shared in GEMM_CASES:
+        rng = np.random.default_rng(hash(name) % 1000)
+        pa = pitch or (m if ta else k)
+        a_host = _signed(rng, 0.5, 2.0, (batch, k, pa) if ta else (batch, m, pa))
+        b_host = _signed(rng, 0.5, 2.0, (1 if shared else batch,) + ((n, k) if tb else (k, n)))
+        a_used = a_host[:, :, :m] if ta else a_host[:, :, :k]
+        a_mat = np.swapaxes(a_used, 1, 2) if ta else a_used
+        b_mat = np.swapaxes(b_host, 1, 2) if tb else b_host
+        want = a_mat @ b_mat
+        scale = np.abs(a_mat) @ np.abs(b_mat)
+        a_strides = (a_host[0].size, 1, pa) if ta else (a_host[0].size, pa, 1)
+        b_strides = (0 if shared else b_host[0].size,) + ((1, k) if tb else (n, 1))
+        for dtype in DTYPES:
+            label = f"gemm:{name}:{dtype}"
+            if only and only not in label:
+                continue
+            runs, flags = [], []
+            for aligned in (True, False):
+                d_a, d_b = (_placed(v.astype(dtype), aligned) for v in (a_host, b_host))
+                flags.append((linalg.vector_flag(d_a, d_a, linalg.load_plain, a_strides[0],
+                                                 *((a_strides[1], a_strides[2]) if ta else
+                                                   (a_strides[1], a_strides[2])),
+                                                 a_strides[1] == 1, batch),
+                              linalg.vector_flag(d_b, d_b, linalg.load_plain, b_strides[0],
+                                                 b_strides[2], b_strides[1],
+                                                 not (b_strides[1] == 1 and b_strides[2] != 1),
+                                                 batch)))
+                for _ in range(2):
+                    c = linalg.gemm_device(d_a, a_strides, d_b, b_strides, batch, m, n, k, dtype)
+                    runs.append(c.copy_to_host().reshape(batch, m, n))
+            ok, detail = compare(runs[0], want, scale, 2 * k + 4, "dtype", dtype)
+            report(f"{label}:accuracy", ok, detail)
+            same = all(np.array_equal(runs[0], r) for r in runs[1:])
+            vector = flags[0] == (1, 1) and flags[1] == (0, 0)
+            report(f"{label}:aligned and unaligned equal bit for bit", same and vector,
+                   f"128-bit loads (A, B) aligned {flags[0]}, unaligned {flags[1]}; two runs "
+                   f"each, all four equal: {same}")
+
+
 # ---------------------------------------------------------------------------------------------
 
-GROUPS = {"split": run_split_checks, "ops": run_op_checks, "kinks": run_kink_checks, "twins": run_twin_checks,
+GROUPS = {"gemm": run_gemm_checks, "split": run_split_checks, "ops": run_op_checks, "kinks": run_kink_checks, "twins": run_twin_checks,
           "optim": run_optimizer_checks, "dense": run_dense_checks, "train": run_training_check}
 
 
@@ -831,6 +911,10 @@ def check_names():
     for dtype in SPLIT_DTYPES:
         names += [f"split:dense-tanh:{dtype}:{p}" for p in ("splits", "grad_x", "grad_weight",
                                                             "grad_bias")]
+    for case in GEMM_CASES:
+        for dtype in DTYPES:
+            names += [f"gemm:{case[0]}:{dtype}:{p}" for p in (
+                "accuracy", "aligned and unaligned equal bit for bit")]
     return names
 
 

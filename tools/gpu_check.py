@@ -580,8 +580,7 @@ def ptx_check(cc, dtypes, only, out):
                 if row["grid_barrier"] != kern.cooperative:
                     raise RuntimeError(f"a grid-wide barrier in the PTX: {row['grid_barrier']}, "
                                        f"but the kernel declares cooperative={kern.cooperative}")
-                if kern.cooperative:
-                    row["linked_cudadevrt"] = _link_cooperative(ptx, cc)
+                row["cubin_bytes"] = _assemble(ptx, cc, kern.cooperative)
             except Exception as exc:
                 failed += 1
                 row = {"kernel": kern.__name__, "signature": sig, "ok": False,
@@ -602,17 +601,19 @@ def ptx_check(cc, dtypes, only, out):
     return 1 if failed else 0
 
 
-def _link_cooperative(ptx, cc):
-    """Link a cooperative kernel's PTX with the CUDA device runtime (its grid barrier) into a
-    cubin for ``cc``, as numba-cuda does when it loads the kernel: nvJitLink, no GPU needed.
+def _assemble(ptx, cc, cooperative):
+    """Assemble a kernel's PTX into a cubin for ``cc`` (and link a cooperative one with the
+    CUDA device runtime, its grid barrier), as numba-cuda does when it loads the kernel:
+    nvJitLink, no GPU needed; this is what checks inline assembly such as the 128-bit loads.
     Returns the cubin's size in bytes."""
     from cuda.core import Linker, LinkerOptions, ObjectCode
     from numba.cuda.cudadrv import libs
 
-    with open(libs.get_cudalib("cudadevrt", static=True), "rb") as fh:
-        devrt = fh.read()
-    linker = Linker(ObjectCode.from_ptx(ptx.encode()), ObjectCode.from_library(devrt),
-                    options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}"))
+    codes = [ObjectCode.from_ptx(ptx.encode())]
+    if cooperative:
+        with open(libs.get_cudalib("cudadevrt", static=True), "rb") as fh:
+            codes.append(ObjectCode.from_library(fh.read()))
+    linker = Linker(*codes, options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}"))
     return len(linker.link("cubin").code)
 
 

@@ -19,23 +19,26 @@ from .scalar import ACTIVATIONS, WITH_PARAM
 
 @functools.lru_cache(maxsize=None)
 def gpre_loader(scalar):
-    """Device function ``load(g, pre, i, param)``: ``g[i] * f'(pre[i])`` for the activation
-    ``scalar`` (a name of :data:`.scalar.ACTIVATIONS`), or ``g[i]`` for ``None`` (linear)."""
+    """GEMM operand load ``load(g, pre, param)`` (the values ``g[i]``, ``pre[i]``): ``g *
+    f'(pre)`` for the activation ``scalar`` (a name of :data:`.scalar.ACTIVATIONS`), or ``g``
+    for ``None`` (linear, which reads no ``pre``)."""
     if scalar is None:
-        def load(g, pre, i, param):
-            return g[i]
+        def load(g, pre, param):
+            return g
     elif scalar in WITH_PARAM:
         df = ACTIVATIONS[scalar][1]
 
-        def load(g, pre, i, param):
-            return g[i] * df(float64(pre[i]), param)
+        def load(g, pre, param):
+            return g * df(float64(pre), param)
     else:
         df = ACTIVATIONS[scalar][1]
 
-        def load(g, pre, i, param):
-            return g[i] * df(float64(pre[i]))
+        def load(g, pre, param):
+            return g * df(float64(pre))
     load.__name__ = load.__qualname__ = f"gpre_{scalar or 'linear'}"   # names the kernel
-    return cuda.jit(device=True)(load)
+    compiled = cuda.jit(device=True)(load)
+    compiled.uses_aux = scalar is not None
+    return compiled
 
 
 def dense_grads(d_g, d_x, d_w, d_pre, rows, n_in, n_out, scalar, param, d_gw, d_gb, d_gx=None):

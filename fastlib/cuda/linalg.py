@@ -2,8 +2,9 @@
 operand loads and epilogues, and ``matmul``'s forward and VJP.
 
 A block computes a ``GEMM_BM x GEMM_BN`` block of C, each thread 4 x 4 sums in registers; A and
-B come through shared memory along whichever axis is contiguous (coalesced, transposed or not).
-An output with too few blocks for the GPU has its inner axis split: each block stores its
+B come through shared memory along whichever axis is contiguous (coalesced, transposed or not),
+in 128-bit loads where aligned, double-buffered (the next slice is read while this one is
+multiplied). An output with too few blocks for the GPU has its inner axis split: each block stores its
 chunk's float64 partial and the last block to finish a tile (an arrival count) adds them in
 chunk order, so the bits do not depend on timing and the product stays one launch.
 The long story: docs/gpu.md, "Kernels and their parallelism".
@@ -15,9 +16,10 @@ import functools
 import numpy as np
 from numba import cuda, float32, float64
 
-from . import config, device
+from . import config, device, vector_load
 from .device import device_function_here, kernel
 from . import reduce as _reduce
+from .vector_load import load_vector
 
 _BM, _BN, _BK = config.GEMM_BM, config.GEMM_BN, config.GEMM_BK
 _TX, _TY = config.GEMM_TX, config.GEMM_TY
@@ -29,7 +31,7 @@ last_to_arrive = device_function_here(_reduce.last_to_arrive, globals())
 
 _SIG_GEMM = ("void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], "
              "{t}[::1], float64[::1], int64[::1], int64, int64, int64, int64, int64, int64, "
-             "int64, int64, int64, int64, float64, int64, int64)")
+             "int64, int64, int64, int64, float64, int64, int64, int64, int64)")
 
 
 @cuda.jit(device=True)
@@ -39,9 +41,14 @@ def store_plain(c, out, bias, index, col, acc, param):
 
 
 @cuda.jit(device=True)
-def load_plain(x, aux, i, param):
-    """Plain operand load: ``x[i]``."""
-    return x[i]
+def load_plain(value, aux, param):
+    """Plain operand load: the operand's element as read."""
+    return value
+
+
+#: Operand loads are value functions ``load(x[i], aux[i], param)``; one with ``uses_aux`` False
+#: (the default) is passed zeros for ``aux[i]``, which is then never read.
+load_plain.uses_aux = False
 
 
 if _BM != _BN:
@@ -50,32 +57,75 @@ if _BM != _BN:
 
 
 @functools.lru_cache(maxsize=None)
-def _stager(load):
-    """Device function staging one operand's ``GEMM_BK``-deep slice into a shared tile.
+def _staging(load, dtype_name):
+    """(fetch, put): device functions staging one operand's ``GEMM_BK``-deep slice.
 
-    ``tile[kk, o] = load(x, aux, base + (outer0 + o) * s_outer + (p0 + kk) * s_inner)`` for
-    the tile's ``GEMM_BM`` outer indices (rows of A, columns of B) and ``GEMM_BK`` inner ones,
-    zero past ``n_outer`` or ``k1``; each thread loads (BM * BK) / THREADS elements, and
-    neighbouring threads neighbouring addresses: along the outer axis when ``outer_fast``
-    (it is the contiguous one), else along the inner axis.
+    ``fetch`` reads the elements ``load(x[e], aux[e], param)``, ``e = base + (outer0 + o) *
+    s_outer + (p0 + kk) * s_inner``, of the tile's ``GEMM_BM`` outer indices (rows of A,
+    columns of B) and ``GEMM_BK`` inner ones into the thread's registers, zero past
+    ``n_outer`` or ``k1``; ``put`` stores them as ``tile[buf, kk, o]``. A thread takes groups
+    of W neighbouring elements along the contiguous axis (the outer one when ``outer_fast``),
+    neighbouring threads neighbouring groups, each group one 128-bit load when ``vec`` says
+    the operand's addresses allow it (:func:`.vector_load.aligned`) and it lies inside.
     """
+    width = vector_load.WIDTH[dtype_name]
+    uses_aux = getattr(load, "uses_aux", False)
+    groups = _BM * _BK // width
+    per_thread = -(-groups // _THREADS)
+    go, gi = _BM // width, _BK // width
+
     @cuda.jit(device=True)
-    def stage(tile, x, aux, base, s_outer, s_inner, outer0, n_outer, p0, k1, outer_fast, param,
-              tid):
-        for e in range(tid, _BM * _BK, _THREADS):
-            if outer_fast:
-                o = e % _BM
-                kk = e // _BM
-            else:
-                kk = e % _BK
-                o = e // _BK
-            outer = outer0 + o
-            p = p0 + kk
-            if outer < n_outer and p < k1:
-                tile[kk, o] = load(x, aux, base + outer * s_outer + p * s_inner, param)
-            else:
-                tile[kk, o] = 0.0
-    return stage
+    def fetch(regs, x, aux, base, s_outer, s_inner, outer0, n_outer, p0, k1, outer_fast, vec,
+              param, tid):
+        for r in range(per_thread):
+            g = tid + r * _THREADS
+            if g < groups:
+                if outer_fast:
+                    kk = g // go
+                    o = (g - kk * go) * width
+                    whole = outer0 + o + width <= n_outer and p0 + kk < k1
+                else:
+                    o = g // gi
+                    kk = (g - o * gi) * width
+                    whole = outer0 + o < n_outer and p0 + kk + width <= k1
+                e = base + (outer0 + o) * s_outer + (p0 + kk) * s_inner
+                if vec and whole:
+                    xs = load_vector(x, e)
+                    if uses_aux:
+                        auxs = load_vector(aux, e)
+                        for v in range(width):
+                            regs[r * width + v] = load(xs[v], auxs[v], param)
+                    else:
+                        for v in range(width):
+                            regs[r * width + v] = load(xs[v], 0.0, param)
+                else:
+                    for v in range(width):
+                        oo = o + v if outer_fast else o
+                        pp = p0 + kk if outer_fast else p0 + kk + v
+                        if outer0 + oo < n_outer and pp < k1:
+                            i = base + (outer0 + oo) * s_outer + pp * s_inner
+                            regs[r * width + v] = load(x[i], aux[i] if uses_aux else 0.0,
+                                                       param)
+                        else:
+                            regs[r * width + v] = 0.0
+
+    @cuda.jit(device=True)
+    def put(tile, buf, regs, outer_fast, tid):
+        for r in range(per_thread):
+            g = tid + r * _THREADS
+            if g < groups:
+                if outer_fast:
+                    kk = g // go
+                    o = (g - kk * go) * width
+                    for v in range(width):
+                        tile[buf, kk, o + v] = regs[r * width + v]
+                else:
+                    o = g // gi
+                    kk = (g - o * gi) * width
+                    for v in range(width):
+                        tile[buf, kk + v, o] = regs[r * width + v]
+
+    return fetch, put, per_thread * width
 
 
 def _name(fn):
@@ -89,26 +139,30 @@ def gemm_kernel(dtype_name, epilogue=store_plain, load_a=load_plain, load_b=load
 
     ``epilogue(c, out, bias, index, col, acc, param)`` stores the finished dot product ``acc``
     of element ``index`` (column ``col``): :func:`store_plain` for matmul, a bias +
-    activation store for Dense (:mod:`.dense`). ``load_a(a, aux_a, i, param)`` (and
-    ``load_b``) reads an operand's element ``i``: plain, or Dense's ``g * f'(pre)`` formed on
-    the fly (:mod:`.dense_grad`). With ``colsum`` the launch also writes ``colsum_out[j] =
+    activation store for Dense (:mod:`.dense`). ``load_a(a[i], aux_a[i], param)`` (and
+    ``load_b``) forms an operand's element ``i`` from the values read: plain, or Dense's
+    ``g * f'(pre)`` formed on the fly (:mod:`.dense_grad`; ``uses_aux`` on the load says
+    whether ``aux`` is read). With ``colsum`` the launch also writes ``colsum_out[j] =
     sum_r B[r, j]`` (float64 in order, rounded once): a Dense bias gradient beside its weight
     gradient. The shared tiles need a fixed element type, hence one kernel per dtype.
     """
     nbtype = _NB_TYPES[dtype_name]
-    stage_a, stage_b = _stager(load_a), _stager(load_b)
+    fetch_a, put_a, regs_n = _staging(load_a, dtype_name)
+    fetch_b, put_b, _ = _staging(load_b, dtype_name)
 
     def gemm(a, aux_a, b, aux_b, c, out, bias, colsum_out, work, arrivals, batch, m, n, k,
-             sa_z, sa_r, sa_c, sb_z, sb_r, sb_c, param, splits, colsum):
+             sa_z, sa_r, sa_c, sb_z, sb_r, sb_c, param, splits, colsum, vec_a, vec_b):
         # NOTE: every loop that holds a barrier is uniform per block (its bounds depend on
         # block indices and arguments only), so the barriers are safe
-        tile_a = cuda.shared.array((_BK, _BM_PAD), nbtype)     # A^T slice: [k][m]
-        tile_b = cuda.shared.array((_BK, _BN_PAD), nbtype)     # B slice: [k][n]
+        tile_a = cuda.shared.array((2, _BK, _BM_PAD), nbtype)  # A^T slices: [buffer][k][m]
+        tile_b = cuda.shared.array((2, _BK, _BN_PAD), nbtype)  # B slices: [buffer][k][n]
         last = cuda.shared.array(1, float64)
         acc = cuda.local.array((_TM, _TN), nbtype)
         col_acc = cuda.local.array(_TN, float64)
         a_reg = cuda.local.array(_TM, nbtype)
         b_reg = cuda.local.array(_TN, nbtype)
+        next_a = cuda.local.array(regs_n, nbtype)   # the next slice, on its way to shared
+        next_b = cuda.local.array(regs_n, nbtype)
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         tid = ty * _TX + tx
@@ -116,13 +170,14 @@ def gemm_kernel(dtype_name, epilogue=store_plain, load_a=load_plain, load_b=load
         tiles_n = (n + _BN - 1) // _BN
         chunk = ((k + splits - 1) // splits + _BK - 1) // _BK * _BK
         a_m_fast = sa_r == 1 and sa_c != 1       # A's rows are contiguous: read along m
-        b_k_fast = sb_r == 1 and sb_c != 1       # B's columns are contiguous: read along k
+        b_n_fast = not (sb_r == 1 and sb_c != 1)  # B's rows are contiguous: read along n
         zs = cuda.blockIdx.z
         while zs < batch * splits:
             z = zs // splits
             s = zs - z * splits
             k0 = s * chunk
             k1 = min(k, k0 + chunk)
+            slices = (k1 - k0 + _BK - 1) // _BK if k1 > k0 else 0
             tr = cuda.blockIdx.y
             while tr < tiles_m:
                 tc = cuda.blockIdx.x
@@ -134,25 +189,41 @@ def gemm_kernel(dtype_name, epilogue=store_plain, load_a=load_plain, load_b=load
                             acc[i, j] = 0.0
                     for j in range(_TN):
                         col_acc[j] = 0.0
-                    for p0 in range(k0, k1, _BK):
-                        # A^T and B staged (rows of A and columns of B as the tiles' columns)
-                        stage_a(tile_a, a, aux_a, z * sa_z, sa_r, sa_c, r0, m, p0, k1,
-                                a_m_fast, param, tid)
-                        stage_b(tile_b, b, aux_b, z * sb_z, sb_c, sb_r, c0, n, p0, k1,
-                                not b_k_fast, param, tid)
+                    # double buffering: slice q + 1 is read from global memory into registers
+                    # while slice q is multiplied from shared memory, then stored into the
+                    # other buffer: one barrier per slice
+                    if slices > 0:
+                        fetch_a(next_a, a, aux_a, z * sa_z, sa_r, sa_c, r0, m, k0, k1, a_m_fast,
+                                vec_a, param, tid)
+                        fetch_b(next_b, b, aux_b, z * sb_z, sb_c, sb_r, c0, n, k0, k1, b_n_fast,
+                                vec_b, param, tid)
+                        put_a(tile_a, 0, next_a, a_m_fast, tid)
+                        put_b(tile_b, 0, next_b, b_n_fast, tid)
                         cuda.syncthreads()
+                    for q in range(slices):
+                        buf = q % 2
+                        more = q + 1 < slices
+                        if more:
+                            p1 = k0 + (q + 1) * _BK
+                            fetch_a(next_a, a, aux_a, z * sa_z, sa_r, sa_c, r0, m, p1, k1,
+                                    a_m_fast, vec_a, param, tid)
+                            fetch_b(next_b, b, aux_b, z * sb_z, sb_c, sb_r, c0, n, p1, k1,
+                                    b_n_fast, vec_b, param, tid)
                         for kk in range(_BK):
                             for i in range(_TM):
-                                a_reg[i] = tile_a[kk, ty + _TY * i]
+                                a_reg[i] = tile_a[buf, kk, ty + _TY * i]
                             for j in range(_TN):
-                                b_reg[j] = tile_b[kk, tx + _TX * j]
+                                b_reg[j] = tile_b[buf, kk, tx + _TX * j]
                             for i in range(_TM):
                                 for j in range(_TN):
                                     acc[i, j] += a_reg[i] * b_reg[j]
                         if colsum and tr == 0 and ty == 0:
                             for kk in range(_BK):
                                 for j in range(_TN):
-                                    col_acc[j] += float64(tile_b[kk, tx + _TX * j])
+                                    col_acc[j] += float64(tile_b[buf, kk, tx + _TX * j])
+                        if more:
+                            put_a(tile_a, 1 - buf, next_a, a_m_fast, tid)
+                            put_b(tile_b, 1 - buf, next_b, b_n_fast, tid)
                         cuda.syncthreads()
                     finish = True
                     if splits > 1:
@@ -260,13 +331,32 @@ def gemm_device(d_a, a_strides, d_b, b_strides, batch, m, n, k, dtype, epilogue=
         arrivals = device.arrival_counters(batch * -(-m // _BM) * -(-n // _BN))
     else:
         work, arrivals = _EMPTY_WORK(), device.arrival_counters(1)
+    aux_a = d_a if aux_a is None else aux_a
+    aux_b = d_b if aux_b is None else aux_b
+    sa_z, sa_r, sa_c = (int(s) for s in a_strides)
+    sb_z, sb_r, sb_c = (int(s) for s in b_strides)
+    a_m_fast = sa_r == 1 and sa_c != 1
+    b_n_fast = not (sb_r == 1 and sb_c != 1)
+    vec_a = vector_flag(d_a, aux_a, load_a, sa_z, sa_r, sa_c, a_m_fast, batch)
+    vec_b = vector_flag(d_b, aux_b, load_b, sb_z, sb_c, sb_r, b_n_fast, batch)
     gemm_kernel(np.dtype(dtype).name, epilogue, load_a, load_b)[
         gemm_grid(m, n, batch, splits), GEMM_BLOCK](
-        d_a, d_a if aux_a is None else aux_a, d_b, d_b if aux_b is None else aux_b, d_c, d_out,
-        d_bias, d_c if d_colsum is None else d_colsum, work, arrivals, batch, m, n, k,
-        *[int(s) for s in a_strides], *[int(s) for s in b_strides], float(param), splits,
-        int(colsum))
+        d_a, aux_a, d_b, aux_b, d_c, d_out, d_bias, d_c if d_colsum is None else d_colsum, work,
+        arrivals, batch, m, n, k, sa_z, sa_r, sa_c, sb_z, sb_r, sb_c, float(param), splits,
+        int(colsum), vec_a, vec_b)
     return d_c
+
+
+def vector_flag(x, aux, load, s_z, s_outer, s_inner, outer_fast, batch):
+    """1 when every group of an operand's staging lies on a 16-byte boundary (its contiguous
+    axis has stride 1; the array, and ``aux`` where ``load`` reads it, aligned; the other
+    strides multiples of the vector width), else 0: the 128-bit loads' precondition."""
+    fast, other = (s_outer, s_inner) if outer_fast else (s_inner, s_outer)
+    if fast != 1:
+        return 0
+    z = s_z if batch > 1 else 0
+    arrays = (x, aux) if getattr(load, "uses_aux", False) else (x,)
+    return int(all(vector_load.aligned(arr, 0, z, other) for arr in arrays))
 
 
 _NO_WORK = []
