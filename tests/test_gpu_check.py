@@ -27,7 +27,11 @@ def simulate(tmp_path, *extra, timeout=900):
     assert len(files) == 1, (proc.stdout, proc.stderr[-3000:])
     md = files[0].with_suffix(".md")
     assert md.exists()
-    return proc, json.loads(files[0].read_text()), md.read_text()
+    recorded = json.loads(files[0].read_text())
+    # the envelope of every results file: how it was measured, the check's own data inside
+    assert recorded["command"].startswith("python tools/gpu_check.py --simulate")
+    assert "--out" not in recorded["command"] and recorded["machine"]["cpus"]
+    return proc, recorded["data"], md.read_text()
 
 
 def test_the_gpu_boxes_fit_the_budget_and_one_device_command():

@@ -549,7 +549,7 @@ def catalogue(dtypes):
     return list(device.KERNELS)
 
 
-def ptx_check(cc, dtypes, only, out):
+def ptx_check(cc, dtypes, only, out, argv=()):
     """Compile every signature (of ``dtypes``) of every kernel of :func:`catalogue` to PTX for
     compute capability ``cc`` without a GPU; write the seconds, local-memory accesses and any
     failure per signature to ``out`` (JSON). Returns the exit code (1 if one failed)."""
@@ -557,6 +557,7 @@ def ptx_check(cc, dtypes, only, out):
     import re
     import types
 
+    load_before = round(os.getloadavg()[0], 2)
     from numba import cuda
     import numba.cuda.dispatcher as dispatcher
 
@@ -595,7 +596,7 @@ def ptx_check(cc, dtypes, only, out):
               "load_average": list(os.getloadavg()), "cpus": os.cpu_count(),
               "machine": platform.machine(), "rows": rows}
     with open(out, "w") as fh:
-        json.dump(result, fh, indent=2)
+        json.dump(recorded(argv, result, result["seconds"], load_before), fh, indent=2)
     print(f"ptx: {len(rows) - failed}/{len(rows)} signatures compiled in {result['seconds']} s; "
           f"wrote {out}")
     return 1 if failed else 0
@@ -622,6 +623,26 @@ def _not_run(name, box, status, detail):
             "data": None, "returncode": None, "command": None}
 
 
+def recorded(argv, data, seconds, load_before):
+    """``data`` in the envelope every file under docs/results/ carries: the command that wrote
+    it (its output folder left out), the date, machine, versions and load
+    (:mod:`reports.provenance`)."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from reports import provenance
+
+    words, skip = [], False
+    for word in argv:
+        if skip or word.split("=", 1)[0] == "--out":
+            skip = not skip and "=" not in word
+            continue
+        words.append(word)
+    return {"command": " ".join(["python tools/gpu_check.py", *words]), "date": provenance.now(),
+            "machine": provenance.machine(), "versions": provenance.versions(),
+            "load_before": load_before, "load_after": provenance.load_average(),
+            "seconds": seconds, "data": data}
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--exec"]:
@@ -629,6 +650,7 @@ def main(argv=None):
     if argv[:1] == ["--child"]:
         return _child(json.loads(argv[1]), argv[2], argv[3] == "1", argv[4] or None)
     args = parse_args(argv)
+    load_before = round(os.getloadavg()[0], 2)
     if args.ptx:
         sys.path.insert(0, ROOT)
         cc = tuple(int(v) for v in args.ptx.split("."))
@@ -636,7 +658,7 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
         out = os.path.join(args.out, f"ptx-check-{datetime.date.today().isoformat()}-sm"
                                      f"{cc[0]}{cc[1]}.json")
-        return ptx_check(cc, dtypes, args.only, out)
+        return ptx_check(cc, dtypes, args.only, out, argv)
     boxes = SIMULATED_BOXES if args.simulate else BOXES
     budget = args.budget or (SIMULATED_BUDGET_S if args.simulate else BUDGET_S)
     chosen = set(boxes) if args.stages is None else {s.strip() for s in args.stages.split(",")}
@@ -683,7 +705,7 @@ def main(argv=None):
     base = os.path.join(args.out, f"gpu-check-{result['date']}-"
                                   f"{gpu_slug(versions, args.simulate)}")
     with open(base + ".json", "w") as fh:
-        json.dump(result, fh, indent=2)
+        json.dump(recorded(argv, result, result["seconds"], load_before), fh, indent=2)
     with open(base + ".md", "w") as fh:
         fh.write(markdown(result))
     print(f"gpu_check: {result['passed']}/{len(stages)} stages passed"
