@@ -6,6 +6,9 @@ numba without it. Standalone::
 
     NUMBA_ENABLE_CUDASIM=1 python tests/cuda_sim_check.py [--only SUBSTRING]
 
+On a GPU, without the variable, it runs the groups of :data:`DEVICE_GROUPS` (the GEMM's
+operand loads and split) on the device.
+
 Each line is ``{"check": name, "ok": bool, "detail": str}``. :func:`check_names` lists every
 name without running anything, so the pytest side can parametrize over the full list and a
 check that never reports fails instead of vanishing.
@@ -881,6 +884,9 @@ def run_gemm_checks(report, only):
 
 # ---------------------------------------------------------------------------------------------
 
+# the groups that also run on a GPU (the others call device functions from the host, which
+# only the simulator allows; the device's op rows are the conformance suite's)
+DEVICE_GROUPS = ("gemm", "split")
 GROUPS = {"gemm": run_gemm_checks, "split": run_split_checks, "ops": run_op_checks, "kinks": run_kink_checks, "twins": run_twin_checks,
           "optim": run_optimizer_checks, "dense": run_dense_checks, "train": run_training_check}
 
@@ -921,9 +927,13 @@ def check_names():
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     only = argv[argv.index("--only") + 1] if "--only" in argv else None
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-        sys.exit("run with NUMBA_ENABLE_CUDASIM=1 in the environment (numba reads it at import)")
+    simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # checkout
+    if not simulator:
+        import fastlib.cuda as fc
+        if not fc.is_available():
+            sys.exit("run with NUMBA_ENABLE_CUDASIM=1 in the environment (numba reads it at "
+                     f"import), or on a GPU ({fc.unavailable_reason()})")
     # The simulator runs each CUDA thread as a Python thread and polls them while they wait at
     # cuda.syncthreads(); with Python's default 5 ms switch interval every barrier costs several
     # milliseconds of idle polling. A 0.1 ms interval makes the block reductions ~15x faster.
@@ -936,6 +946,8 @@ def main(argv=None):
         print(json.dumps({"check": check, "ok": bool(ok), "detail": str(detail)}), flush=True)
 
     for group, run in GROUPS.items():
+        if not simulator and group not in DEVICE_GROUPS:
+            continue
         try:
             run(report, only)
         except Exception:

@@ -11,8 +11,8 @@ stage it did not reach is ``skipped``. Stages: ``versions`` (the GPU, driver, nu
 numba-cuda, NumPy, PyTorch; whether fastlib.cuda can compile, and whether it bridged NumPy
 2.5's missing ``row_stack``); ``warmup`` (one short run of every benchmark model, compiling
 what the later stages launch); ``conform-seed0/1`` (``verigrad conform`` of fastlib-cuda);
-``frame-ops``, ``frame-train`` (tests/cuda_sim_check.py, tests/cuda_train_sim_check.py on the
-device); ``digits`` (CPU and GPU test accuracy within one sample); ``bench-<model>``
+``frame-ops``, ``frame-train`` (tests/cuda_sim_check.py's GEMM checks, tests/cuda_train_sim_check.py
+on the device); ``digits`` (CPU and GPU test accuracy within one sample); ``bench-<model>``
 (``verigrad bench train --device cuda``, steady state, with the per-step counts).
 
 Writes ``<out>/gpu-check-<date>-<gpu>.json`` and a ``.md`` summary (default docs/results/);
@@ -44,8 +44,8 @@ DIGITS_EPOCHS = 5
 # compiles dominate a first run, so the stages that compile come first and get the long boxes
 # (the warm-up: the bench models' float32 kernels; conform-seed0: every op and layer kind in
 # float32 and float64), and the later stages find their kernels compiled
-BOXES = {"versions": 30, "warmup": 150, "conform-seed0": 180, "conform-seed1": 40,
-         "frame-ops": 10, "frame-train": 60, "digits": 30, "bench-mlp": 15, "bench-lstm": 15,
+BOXES = {"versions": 30, "warmup": 150, "conform-seed0": 180, "conform-seed1": 30,
+         "frame-ops": 20, "frame-train": 60, "digits": 30, "bench-mlp": 15, "bench-lstm": 15,
          "bench-attention": 15, "bench-transformer": 15}
 BUDGET_S = 570  # the whole checklist: the boxes and the process's start, in one 10-min command
 # under the simulator: the same stages, tiny; one bench model
