@@ -44,12 +44,12 @@ REAL_FIELDS = ("slope", "eps", "scale")
 #: One instruction. Slot and block fields hold an index into the slot or block table (NONE
 #: when unused); what each holds per kind is declared in :data:`INSTRUCTIONS`.
 ROW = np.dtype([("op", _I)] + [(f, _I) for f in SLOT_FIELDS + BLOCK_FIELDS + INT_FIELDS]
-               + [(f, _F) for f in REAL_FIELDS])
+               + [(f, _F) for f in REAL_FIELDS], align=True)
 #: An activation slot of one piece of ``samples`` samples: ``samples * steps`` rows of
 #: ``width`` entries from ``offset`` (rows in the piece's layout, :func:`row_index`).
-SLOT = np.dtype([("offset", _I), ("steps", _I), ("width", _I)])
+SLOT = np.dtype([("offset", _I), ("steps", _I), ("width", _I)], align=True)
 #: A parameter block: a ``rows x cols`` row-major matrix from ``offset`` of the flat vector.
-BLOCK = np.dtype([("offset", _I), ("rows", _I), ("cols", _I)])
+BLOCK = np.dtype([("offset", _I), ("rows", _I), ("cols", _I)], align=True)
 
 #: A built program's tables, as the kernels take them (a NumPy record array each).
 ProgramTables = collections.namedtuple("ProgramTables", "rows slots blocks")
@@ -131,11 +131,12 @@ class Instruction:
     scratch: Callable = lambda s: {}
 
     def block_shapes(self, s) -> dict:
-        """``{block field: (rows, cols)}`` for the sizes ``s``: each block's parameters side
-        by side, a vector as one row."""
-        if not self.blocks:
-            return {}
-        shapes = parameter_shapes(self.layer, self.sizes(s))
+        """``{block field: (rows, cols)}`` for the row sizes ``s``."""
+        return self.spans(parameter_shapes(self.layer, self.sizes(s))) if self.blocks else {}
+
+    def spans(self, shapes) -> dict:
+        """``{block field: (rows, cols)}`` of the parameters of ``shapes`` (name -> shape):
+        each block's parameters side by side, a vector as one row."""
         out = {}
         for name, params in self.blocks.items():
             spans = [(1, shapes[p][0]) if len(shapes[p]) == 1 else

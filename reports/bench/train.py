@@ -28,6 +28,9 @@ TARGETS = {64: 0.4, 1: 6.0}  # the MLP's seconds per epoch: the targets the READ
 RATIO_TARGETS = {"torch": 0.5, "jax": 1.0}  # fastlib / peer at RATIO_BATCH, every model
 RATIO_BATCH = 32
 FLOOR_BATCH, FLOOR_TARGET = 64, 2.0  # the MLP within 2x of the arithmetic floor at batch 64
+# fastlib with its compiled schedules limited to these (fastlib.config.SCHEDULES): the schedule
+# benchmark of docs/architecture.md times each specialised schedule against the interpreter
+SCHEDULE_ENGINES = {"fastlib-general": ("general",)}
 
 
 def add_arguments(parser):
@@ -51,7 +54,9 @@ def add_arguments(parser):
            "1-thread epoch")
     shared.add_engines(parser, help="engines to run (default: all of the model's: fastlib "
                                     "numpy torch jax for mlp, fastlib torch jax for the others; "
-                                    f"with --device cuda {' '.join(CUDA_ENGINES)})")
+                                    f"with --device cuda {' '.join(CUDA_ENGINES)}); also, by "
+                                    "name, fastlib-general: fastlib with every model in its "
+                                    "general schedule (the schedule benchmark)")
     shared.add_repeats(parser, None, help="interleaved rounds per batch size; the median is "
                                           f"reported (default {REPEATS})")
     a("--data-dir", default=None, help="mlp: MNIST folder (default $VERIGRAD_MNIST_DIR or "
@@ -206,6 +211,8 @@ def _options(args):
     args.max_steps = MAX_STEPS if args.max_steps is None else args.max_steps
     args.repeats = REPEATS if args.repeats is None else args.repeats
     allowed = CUDA_ENGINES if args.device == "cuda" else model.CPU_ENGINES
+    if args.device == "cpu" and args.engines:    # asked for by name only
+        allowed = tuple(allowed) + tuple(SCHEDULE_ENGINES)
     try:
         sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
         engines = list(args.engines) if args.engines else list(allowed)
@@ -280,6 +287,23 @@ def run(args) -> int:
     return 0
 
 
+def _engine(model, name):
+    """The model's bench function of engine ``name`` (a :data:`SCHEDULE_ENGINES` name runs the
+    model's fastlib bench with the compiled schedules limited to its own)."""
+    if name not in SCHEDULE_ENGINES:
+        return model.ENGINES[name]
+
+    def limited(*args, **kwargs):
+        from fastlib import config
+
+        before, config.SCHEDULES = config.SCHEDULES, SCHEDULE_ENGINES[name]
+        try:
+            return model.ENGINES["fastlib"](*args, **kwargs)
+        finally:
+            config.SCHEDULES = before
+    return limited
+
+
 def _measure(model, engines, x, y, bs, args):
     """One batch size: ``--repeats`` interleaved rounds, the engine order rotated each round."""
     row = {"batch_size": bs, "steps_per_epoch": -(-len(x) // bs), "load_1min": None}
@@ -287,7 +311,7 @@ def _measure(model, engines, x, y, bs, args):
     for r in range(args.repeats):
         k = r % len(engines)
         for engine in engines[k:] + engines[:k]:
-            result = model.ENGINES[engine](x, y, bs, args.max_steps)
+            result = _engine(model, engine)(x, y, bs, args.max_steps)
             runs[engine].append((result.seconds * row["steps_per_epoch"] / result.steps,
                                  result))
     row["load_1min"] = (_loadavg() or [None])[0]
