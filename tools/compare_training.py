@@ -91,9 +91,16 @@ def run_case(tree, name, optimizer, pieces, out):
         return {k: f[k] for k in f.files}
 
 
+def _largest_change(here, there, keys):
+    """The largest difference over the arrays ``keys``, relative to each array's largest
+    magnitude (0.0 when none differs)."""
+    return max([float(np.max(np.abs(here[k] - there[k])) / max(np.max(np.abs(there[k])), 1e-300))
+                for k in keys if k in there and here[k].shape == there[k].shape] + [0.0])
+
+
 def compare(against, names, optimizers, pieces, report=print):
     """Run every case in both trees; returns rows ``(case, schedule here, schedule there,
-    arrays equal, arrays, first differing array or "")``."""
+    arrays equal, arrays, first differing array or "", largest relative difference)``."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
@@ -106,7 +113,8 @@ def compare(against, names, optimizers, pieces, report=print):
                     diff = [k for k in keys if k not in there or
                             not np.array_equal(here[k], there[k])]
                     rows.append((case, str(here["schedule"]), str(there["schedule"]),
-                                 len(keys) - len(diff), len(keys), diff[0] if diff else ""))
+                                 len(keys) - len(diff), len(keys), diff[0] if diff else "",
+                                 f"{_largest_change(here, there, diff):.1e}"))
                     report(" | ".join(str(v) for v in rows[-1]))
     return rows
 
@@ -118,7 +126,8 @@ def main(argv=None):
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--pieces", default=",".join(PIECES))
     args = parser.parse_args(argv)
-    print("case | schedule here | schedule there | equal arrays | arrays | first differing")
+    print("case | schedule here | schedule there | equal arrays | arrays | first differing | "
+          "largest relative difference")
     rows = compare(pathlib.Path(args.against).resolve(), args.models.split(","),
                    args.optimizers.split(","), args.pieces.split(","))
     equal = sum(r[3] for r in rows)

@@ -157,12 +157,13 @@ def fast_derivative(z, code, slope):
 
 @njit(cache=True, error_model="numpy")
 def bias_activation(pre, bias, post, code, slope):
-    """``pre += bias; post = f(pre)``: the Dense forward epilogue, one pass (``post`` may be
-    ``pre`` when ``code`` is linear)."""
+    """``pre += bias; post = f(pre)``: the Dense forward epilogue, one pass (linear: ``post``
+    is ``pre``, the bias added in place)."""
     require_activation(code)
-    if code == _SOFTMAX:
+    if code == _LINEAR or code == _SOFTMAX:
         add_bias(pre, bias)
-        softmax_rows(pre, post)
+        if code == _SOFTMAX:
+            softmax_rows(pre, post)
         return
     rows, cols = pre.shape
     for i in range(rows):
@@ -173,11 +174,6 @@ def bias_activation(pre, bias, post, code, slope):
                 z = p[j] + bias[j]
                 p[j] = z
                 o[j] = scalar.relu_f(z)
-        elif code == _LINEAR:
-            for j in range(cols):
-                z = p[j] + bias[j]
-                p[j] = z
-                o[j] = z
         else:
             for j in range(cols):
                 z = p[j] + bias[j]
@@ -310,7 +306,7 @@ def pass_grad(g, gx, mode):
 # -- Dense ----------------------------------------------------------------------------------
 @njit(cache=True, error_model="numpy")
 def dense_forward(x, w, b, pre, post, code, slope):
-    """``pre = x @ w + b``, ``post = f(pre)`` (``post`` may be ``pre`` when linear)."""
+    """``pre = x @ w + b``, ``post = f(pre)`` (``post`` is ``pre`` when linear)."""
     np.dot(x, w, pre)
     bias_activation(pre, b, post, code, slope)
 

@@ -137,6 +137,9 @@ def _limit_threads(threads, engines=()):
     kernels (no adaptive shrinking to idle cores: each engine gets the same count), PyTorch,
     and XLA (before JAX is imported)."""
     import numba
+    # NOTE: threadpoolctl pins the BLAS libraries loaded now: SciPy's, the one Numba's np.dot
+    # (fastlib's kernels, layers included) calls, is loaded here so that it is pinned too
+    import scipy.linalg.cython_blas  # noqa: F401
     from threadpoolctl import threadpool_limits
 
     from fastlib import config
@@ -211,12 +214,12 @@ def _options(args):
     args.max_steps = MAX_STEPS if args.max_steps is None else args.max_steps
     args.repeats = REPEATS if args.repeats is None else args.repeats
     allowed = CUDA_ENGINES if args.device == "cuda" else model.CPU_ENGINES
-    if args.device == "cpu" and args.engines:    # asked for by name only
-        allowed = tuple(allowed) + tuple(SCHEDULE_ENGINES)
+    # by name only, beside the model's own
+    named = tuple(SCHEDULE_ENGINES) if args.device == "cpu" else ()
     try:
         sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
         engines = list(args.engines) if args.engines else list(allowed)
-        bad = [e for e in engines if e not in allowed]
+        bad = [e for e in engines if e not in allowed and e not in named]
         if (bad or not sizes or min(sizes) < 1 or args.max_steps < 1 or args.samples < 1
                 or args.repeats < 1):
             raise ValueError(f"engines must be among {', '.join(allowed)} for "

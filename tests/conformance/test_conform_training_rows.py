@@ -232,7 +232,7 @@ def test_boundary_cases_follow_the_kernels_constants(monkeypatch):
 
     # the generic recurrent rows: "(pieces of N)" (the compiled program's say "sub-pieces")
     before = [c.batch_size for c in tc.boundary_cases("float64") if "(pieces of" in c.label]
-    monkeypatch.setattr(recurrent, "_PIECE", 5)
+    monkeypatch.setattr(recurrent, "PIECE", 5)
     after = [c for c in tc.boundary_cases("float64") if "(pieces of" in c.label]
     assert [c.batch_size for c in after] == [5, 6, 6, 4] and before != [5, 6, 6, 4]
     assert all("pieces of 5" in c.label for c in after)
