@@ -36,6 +36,11 @@ SUM_ROW_PIECES = 8
 # VERIGRAD_PIECES at import; set it here (or pass ``pieces=`` to ``train``) to override.
 PIECES = os.environ.get("VERIGRAD_PIECES") or None
 
+# The compiled training schedules fastlib may use, by name, in fastlib.training.schedules'
+# order; None allows every one. ("general",) runs every program in the one interpreter: the
+# schedule benchmark (docs/architecture.md) measures each specialised schedule against it.
+SCHEDULES = None
+
 # Threads for parallel kernels; None means Numba's default (all cores), reduced to the cores
 # that are idle right now when ADAPTIVE_THREADS is on.
 THREADS = int(os.environ["VERIGRAD_THREADS"]) if os.environ.get("VERIGRAD_THREADS") else None

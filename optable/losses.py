@@ -10,11 +10,13 @@ import warnings
 
 from optable.layers import close_matches
 
-__all__ = ["LOSSES", "DEPRECATED_ALIASES", "resolve_loss"]
+__all__ = ["LOSSES", "LOSS_CODES", "DEPRECATED_ALIASES", "resolve_loss"]
 
 LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
           "binary_cross_entropy_with_logits")
 DEPRECATED_ALIASES = {"sparse_cross_entropy": "cross_entropy"}
+#: Each loss's integer code in the engines' compiled kernels.
+LOSS_CODES = {name: code for code, name in enumerate(LOSSES)}
 
 
 def resolve_loss(name):

@@ -147,32 +147,6 @@ def bench_train(doc):
     return _table(header, rows) + _provenance(doc)
 
 
-def schedules(doc):
-    """Each model's s/epoch under its own schedule and under the general one, and their ratio,
-    over the rounds (a range: lowest to highest; from each round's pair where the file keeps
-    them), and whether the general schedule was the slower in every round."""
-    data = doc["data"]
-    rows, slower = [], True
-    for r in data["rows"]:
-        if r.get("rounds"):
-            own = [x["own"] for x in r["rounds"]]
-            general = [x["general"] for x in r["rounds"]]
-            ratios = [g / o for g, o in zip(general, own)]
-            spans = [(min(own), max(own)), (min(general), max(general)),
-                     (min(ratios), max(ratios))]
-        else:
-            spans = [tuple(r["own_s"]), tuple(r["general_s"]), tuple(r["ratio"])]
-        slower = slower and spans[2][0] > 1
-        rows.append([f"`{r['model']}` ({r['shape']})", r["batch"]]
-                    + [f"{_num(lo)} to {_num(hi)}" for lo, hi in spans])
-    verdict = ("In every round the general schedule was the slower." if slower else
-               "In some round the general schedule was as fast or faster.")
-    return (_table(["model", "batch", "own schedule", "general schedule",
-                    "general / own, per round"], rows)
-            + f"\n{verdict} (s/epoch, {data['threads']} thread, median of {data['median_of']} "
-              f"per run, {data['rounds']} rounds alternating)\n" + _provenance(doc))
-
-
 def peers_summary(doc):
     """Per engine: version, and per derivative (VJP, J t, H t) its failures / conventions /
     contract findings (``-`` where it is not held there), and all its findings
@@ -223,7 +197,7 @@ def peers_findings(doc):
 
 
 TABLES = {"accuracy-summary": accuracy_summary, "accuracy-bar": accuracy_bar,
-          "bench-ops": bench_ops, "bench-train": bench_train, "schedules": schedules,
+          "bench-ops": bench_ops, "bench-train": bench_train,
           "peers-summary": peers_summary,
           "peers-findings": peers_findings}
 

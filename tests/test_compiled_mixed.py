@@ -15,12 +15,11 @@ import pytest
 
 import fastlib
 from fastlib import config
-from fastlib.kernels.recurrent_pieces import PIECE
+from fastlib.kernels.instructions import ELEMENTWISE_ACTIVATIONS
+from fastlib.kernels.recurrent import PIECE
 from fastlib.layers import (LSTM, RNN, Dense, Embedding, LayerNorm, MultiHeadAttention,
                             Parallel, RMSNorm, Sequential, SwiGLU)
-from fastlib.training import general_schedule as gs
 from fastlib.training import schedules
-from fastlib.training import fused_kernels as fk
 # the attention path's comparison: each parameter against its layer's scale (tests/ is on the
 # path as pytest runs this file)
 from test_compiled_attention import NORMALISING, _close
@@ -145,9 +144,9 @@ def test_mixed_models_compile_and_agree_with_the_generic_path(monkeypatch, dtype
     _close(dtype, runs[0][1], runs[1][1], p0, ulps, ("b_k",) if optimizer in NORMALISING else ())
 
 
-def test_chains_of_the_recurrent_schedule_stay_there(monkeypatch):
-    """An Embedding -> LSTM -> Dense chain keeps the recurrent schedule; a norm after the LSTM
-    moves the model to the general one."""
+def test_recurrent_chains_and_mixed_programs_share_the_general_schedule(monkeypatch):
+    """An Embedding -> LSTM -> Dense chain and the same chain with a norm after the LSTM both
+    run under the one interpreter."""
     x, y = _data("tokens", False, "cross_entropy", np.float64)
     spy = _Spy(monkeypatch)
     chain = Sequential([Embedding(7, 3), LSTM(3, 4), Dense(4, 2)], dtype=np.float64, seed=1)
@@ -155,23 +154,20 @@ def test_chains_of_the_recurrent_schedule_stay_there(monkeypatch):
     normed = Sequential([Embedding(7, 3), LSTM(3, 4), LayerNorm(4), Dense(4, 2)],
                         dtype=np.float64, seed=1)
     _train(normed, x, y, True, "cross_entropy", "Adam", 0.0, "value")
-    assert spy.ran == ["recurrent", "recurrent", "general", "general"]
+    assert spy.ran == ["general"] * 4
 
 
-# sequences of 4: one piece of more than a recurrent sub-piece (rows one below the piece
-# boundary), and two pieces of a sub-piece plus one (past it); the last batch is partial
+# sequences of 4 in one piece of more than recurrent.PIECE sequences: the program's cells run
+# the whole piece as one group, the layers' in groups of PIECE; the last batch is partial
 STEPS = 4
-BATCHES = [(gs.MIN_PIECE_ROWS - 1) // STEPS, 2 * PIECE + 2]
+BATCHES = [PIECE + 3, 2 * PIECE + 2]
 
 
 @pytest.mark.parametrize("bs", BATCHES)
-def test_pieces_of_several_sub_pieces_same_bits_on_one_thread_and_two(monkeypatch, bs):
-    """Equal bits on one thread and two, and agreement with the generic path where a piece
-    holds more than one recurrent sub-piece (their w_hh terms are added)."""
-    # the plan two cores choose, fixed so the pieces are the same on any machine
-    pieces = gs.machine_pieces(bs, STEPS, 2)
-    monkeypatch.setattr(config, "PIECES", pieces)
-    assert -(-bs // pieces) > PIECE
+def test_pieces_past_a_cell_group_same_bits_on_one_thread_and_two(monkeypatch, bs):
+    """Equal bits on one thread and two, and agreement with the generic path, where a piece
+    holds more sequences than the layers' cell groups."""
+    monkeypatch.setattr(config, "PIECES", 1 if bs < 2 * PIECE else 2)
     rng = np.random.default_rng(3)
     x = rng.uniform(-1, 1, (bs + 3, STEPS, 3)).astype(np.float32)
     y = rng.uniform(-1, 1, (bs + 3, STEPS, 2)).astype(np.float32)
@@ -181,7 +177,7 @@ def test_pieces_of_several_sub_pieces_same_bits_on_one_thread_and_two(monkeypatc
         model = _residual(np.float32)
         p0 = {k: v.copy() for k, v in model.parameters().items()}
         r = _train(model, x, y, True, "mse", "Adam", 0.0, "value", bs=bs)
-        assert r.fused
+        assert r.fused and -(-bs // r.piece_plan["pieces"]) > PIECE
         got.append((r.loss_history, model.parameters()))
     assert got[0][0] == got[1][0]
     for k, v in got[0][1].items():
@@ -213,7 +209,7 @@ def test_fused_activations_are_the_tables_elementwise_activations():
 
     unary = {a.name for a in optable.ACTIVATIONS.values()
              if optable.OPS[a.op].category == "unary"}
-    assert set(fk.FUSED_ACTIVATIONS) == unary and "softmax" not in unary
+    assert set(ELEMENTWISE_ACTIVATIONS) == unary and "softmax" not in unary
     rng = np.random.default_rng(2)
     x, y = rng.uniform(-1, 1, (9, 3)), rng.uniform(-1, 1, (9, 2))
     runs = []

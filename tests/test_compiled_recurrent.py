@@ -1,5 +1,5 @@
-"""The program's recurrent schedule (fastlib.training.recurrent_schedule):
-RNN, LSTM, Embedding and Dense chains, pieces of sequences per thread, blocks per update.
+"""Recurrent programs under the general schedule (fastlib.kernels.interpreter): RNN, LSTM,
+Embedding and Dense chains, pieces of sequences per thread, blocks per update.
 
 Independent sources: the generic per-batch path (``fused=False``: the layers' own forward and
 backward, ``Optimizer.update``, ``clip_gradients``; itself held to reflib by the conformance
@@ -14,8 +14,8 @@ import pytest
 
 import fastlib
 from fastlib import config
-from fastlib.kernels.recurrent_pieces import PIECE
-from fastlib.training import recurrent_kernels
+from fastlib.kernels.recurrent import PIECE
+from fastlib.kernels.skeleton import BLOCK
 
 # float64: the two paths differ by summation order only (BLAS's products, the pieces'
 # partial gradients added in piece order), ~1e-16 relative per operation; a few epochs on
@@ -40,6 +40,11 @@ def lstm_last(dtype, i=4, h=5, c=3):
 def rnn_seq(dtype, i=4, h=5, c=3):
     return fastlib.Sequential([fastlib.RNN(i, h, True), fastlib.Dense(h, c, "tanh")],
                               dtype=dtype, seed=1)
+
+
+def lstm_probs(dtype, i=4, h=5, c=3):
+    return fastlib.Sequential([fastlib.LSTM(i, h), fastlib.Dense(h, c, "sigmoid")], dtype=dtype,
+                              seed=1)
 
 
 def stacked(dtype, i=4, h=5, c=3):
@@ -76,7 +81,7 @@ def both_paths(build, x, t, loss, dtype=np.float64, epochs=3, bs=5, **kw):
         r = fastlib.train(m, x, t, epochs, bs, 0.02, loss, x, t, seed=2, fused=fused,
                           verbose=False, **kw)
         assert r.fused == fused
-        assert r.schedule == ("recurrent" if fused else None)
+        assert r.schedule == ("general" if fused else None)
         out.append((r, m.parameters()))
     return out
 
@@ -93,6 +98,7 @@ CASES = [
     (lstm_last, "cross_entropy", "nag", 1, 0.0, "value"),
     (rnn_seq, "mse", "rmsprop", 5, 0.0, "value"),
     (rnn_seq, "binary_cross_entropy_with_logits", "adagrad", 23, 0.1, "norm"),
+    (lstm_probs, "binary_cross_entropy", "adam", PIECE + 1, 0.0, "value"),
     (stacked, "cross_entropy", "adam", 2 * PIECE + 1, 0.05, "value"),
     (stacked, "mse", "sgd", 1, 0.0, "value"),
 ]
@@ -191,7 +197,7 @@ def test_a_parameter_vector_past_one_block_equals_the_generic_path():
     """LSTM(2, 63) + Dense: 16760 parameters, past one update block of 16384."""
     h = 63
     n_params = 4 * h * (2 + h + 1) + (h + 1) * 2
-    assert n_params > recurrent_kernels.BLOCK
+    assert n_params > BLOCK
     x, y = data(n=PIECE + 3, steps=2, width=2)
     build = lambda dtype: fastlib.Sequential([fastlib.LSTM(2, h), fastlib.Dense(h, 2)],
                                              dtype=dtype, seed=1)
@@ -222,9 +228,9 @@ def test_the_path_declines_what_it_does_not_run():
     ln = fastlib.Sequential([fastlib.LSTM(4, 5), fastlib.LayerNorm(5), fastlib.Dense(5, 3)],
                             dtype=d)
     assert fused(ln)
-    # binary_cross_entropy on probabilities is not one of the compiled losses
+    # binary_cross_entropy on probabilities is one of the compiled losses too
     probs = fastlib.Sequential([fastlib.LSTM(4, 5), fastlib.Dense(5, 1, "sigmoid")], dtype=d)
-    assert not fused(probs, yy=(y > 0).astype(d), loss="binary_cross_entropy")
+    assert fused(probs, yy=(y > 0).astype(d), loss="binary_cross_entropy")
 
 
 def test_token_ids_out_of_range_are_refused_with_the_layers_message():

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import fastlib
-from fastlib.kernels import transformer as kt
+from fastlib.kernels import instructions as ins
 from fastlib.layers import (LSTM, RNN, Dense, Embedding, LayerNorm, MultiHeadAttention,
                             Sequential)
 from fastlib.layers.activations import ACTIVATIONS
-from fastlib.training import mlp_schedule, recurrent_schedule, schedules
+from fastlib.training import mlp_schedule, schedules
 from fastlib.training.program import Program
 from fastlib.training.schedules import ScheduleError
 
@@ -47,8 +47,8 @@ def _family(name):
     }[name]
 
 
-@pytest.mark.parametrize("name, schedule", [("mlp", "mlp"), ("recurrent", "recurrent"),
-                                            ("recurrent_tokens", "recurrent"),
+@pytest.mark.parametrize("name, schedule", [("mlp", "mlp"), ("recurrent", "general"),
+                                            ("recurrent_tokens", "general"),
                                             ("general", "general")])
 def test_every_family_runs_in_the_program_under_its_schedule(name, schedule):
     model, x, y = _family(name)
@@ -74,13 +74,20 @@ def test_a_model_built_by_hand_of_dense_rows_only_gets_the_mlp_schedule():
         np.testing.assert_allclose(runs[0][1][k], v, rtol=RTOL, atol=RTOL * np.abs(v).max())
 
 
-def test_dense_rows_on_positions_stay_with_the_generic_loop():
-    """A Dense chain on (N, T, d) data: neither specialised schedule takes it, and the general
-    one leaves such a chain to the generic loop."""
+def test_dense_rows_on_positions_run_in_the_program():
+    """A Dense chain on (N, T, d) data: the MLP schedule declines it (it runs (N, d) data), and
+    the general schedule's loss reads the output per position, as the generic loop does."""
     x, _ = _data((9, 3, 5))
     y = np.random.default_rng(2).standard_normal((9, 3, 2))
-    r = _train(Sequential([Dense(5, 2)], dtype=np.float64, seed=0), x, y, "mse")
-    assert (r.path, r.schedule, r.fused) == ("generic", None, False)
+    runs = []
+    for fused in (True, False):
+        model = Sequential([Dense(5, 4, "tanh"), Dense(4, 2)], dtype=np.float64, seed=0)
+        r = _train(model, x, y, "mse", fused=fused)
+        assert r.schedule == ("general" if fused else None)
+        runs.append((r.loss_history, model.parameters()))
+    np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=RTOL)
+    for k, v in runs[1][1].items():
+        np.testing.assert_allclose(runs[0][1][k], v, rtol=RTOL, atol=RTOL * np.abs(v).max())
 
 
 def _program(model, x, tokens=False):
@@ -93,50 +100,29 @@ def test_the_mlp_plan_is_read_from_the_rows():
     model = Sequential([Dense(5, 7, "leaky_relu"), Sequential([Dense(7, 2, "sigmoid")])],
                        dtype=np.float64, seed=0)
     prog = _program(model, np.zeros((1, 5)))
-    rows = mlp_schedule.takes(prog)
-    assert rows is not None
-    plan = mlp_schedule.plan_from_rows(rows, prog.row_names, prog.dtype, 0, 2)
+    assert mlp_schedule.takes(prog) is not None
+    plan = mlp_schedule.plan_from_rows(prog.tables, prog.row_names, prog.dtype, 0, 2)
     assert plan.dims.tolist() == [5, 7, 2]
     assert plan.codes.tolist() == [ACTIVATIONS["leaky_relu"], ACTIVATIONS["sigmoid"]]
     assert plan.names == [("0.weight", "0.bias"), ("1.0.weight", "1.0.bias")]
     assert plan.size == sum(v.size for v in model.parameters().values())
 
 
-def test_the_recurrent_plan_is_read_from_the_rows():
-    model = Sequential([Embedding(6, 5), LSTM(5, 4, return_sequences=True), RNN(4, 3),
-                        Dense(3, 2, "relu")], dtype=np.float64, seed=0)
-    prog = _program(model, np.zeros((1, 4), np.int64), tokens=True)
-    rows = recurrent_schedule.takes(prog)
-    shapes = {n: v.shape for n, v in model.parameters().items()}
-    plan = recurrent_schedule._Plan(rows, prog.row_names, shapes, prog.dtype, 0)
-    rk = recurrent_schedule.rk
-    assert plan.meta[:, rk.KIND].tolist() == [rk.EMBEDDING, rk.LSTM, rk.RNN, rk.DENSE]
-    assert plan.meta[:, rk.DIN].tolist() == [6, 5, 4, 3]
-    assert plan.meta[:, rk.DOUT].tolist() == [5, 4, 3, 2]
-    assert plan.meta[:, rk.SEQ_OUT].tolist() == [1, 1, 0, 0]
-    assert plan.meta[3, rk.ACT] == ACTIVATIONS["relu"]
-    assert plan.names == list(model.parameters())
-
-
-def test_rows_of_another_kind_are_refused_by_a_schedule():
-    """Handed rows they do not run, the schedules' plan builders raise instead of reading the
-    fields as their own."""
+def test_rows_of_another_kind_are_refused_by_the_mlp_schedule():
+    """Handed rows it does not run, the MLP schedule's plan builder raises instead of reading
+    the fields as its own."""
     x, _ = _data((1, 4, 3))
     prog = _program(Sequential([LSTM(3, 3), LayerNorm(3), Dense(3, 2)], dtype=np.float64), x)
-    rows = prog.fields()
-    assert mlp_schedule.takes(prog) is None and recurrent_schedule.takes(prog) is None
-    with pytest.raises(ScheduleError, match="mlp schedule runs Dense rows"):
-        mlp_schedule.plan_from_rows(rows, prog.row_names, prog.dtype, 0, 1)
-    shapes = {n: entry[5] for n, entry in prog.layout.items()}
-    with pytest.raises(ScheduleError, match=f"row 1 is op {kt.OP_LAYER_NORM}"):
-        recurrent_schedule._Plan(rows, prog.row_names, shapes, prog.dtype, 0)
+    assert mlp_schedule.takes(prog) is None
+    with pytest.raises(ScheduleError, match=f"row 0 is op {ins.LSTM}"):
+        mlp_schedule.plan_from_rows(prog.tables, prog.row_names, prog.dtype, 0, 1)
     # a Dense row whose activation code the kernels do not apply
     dense = _program(Sequential([Dense(3, 2)], dtype=np.float64), np.zeros((1, 3)))
-    bad = dense.fields()
-    bad[0]["int0"] = ACTIVATIONS["softmax"]
+    bad = ins.ProgramTables(dense.tables.rows.copy(), dense.tables.slots, dense.tables.blocks)
+    bad.rows[0]["activation"] = ACTIVATIONS["softmax"]
     with pytest.raises(ScheduleError, match="row 0 is op"):
         mlp_schedule.plan_from_rows(bad, dense.row_names, dense.dtype, 0, 1)
 
 
 def test_the_schedules_are_one_registry_tried_most_specialised_first():
-    assert [s.name for s in schedules.schedules()] == ["mlp", "recurrent", "general"]
+    assert [s.name for s in schedules.schedules()] == ["mlp", "general"]

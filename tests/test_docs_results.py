@@ -111,22 +111,3 @@ def test_the_readme_is_short():
         f"README.md has {len(lines)} lines; keep it under {README_MAX_LINES} and move the "
         "rest to docs/")
 
-
-def test_the_schedules_table_takes_each_rounds_pair_or_the_recorded_ranges():
-    base = {"command": "verigrad bench train --engines fastlib --threads 1", "date": "d",
-            "machine": {"cpus": 2}, "load_before": 1.0}
-    rounds = {"model": "mlp", "shape": "784-128-10", "batch": 64,
-              "rounds": [{"own": 1.0, "general": 1.5}, {"own": 2.0, "general": 2.2},
-                         {"own": 0.5, "general": 0.9}]}
-    data = {"threads": 1, "median_of": 3, "rounds": 3, "rows": [rounds]}
-    text = results_tables.schedules({**base, "data": data})
-    # own 0.5..2, general 0.9..2.2, ratios 1.5, 1.1, 1.8 -> 1.1..1.8, all above 1
-    assert "| `mlp` (784-128-10) | 64 | 0.5 to 2 | 0.9 to 2.2 | 1.1 to 1.8 |" in text
-    assert "In every round the general schedule was the slower." in text
-    rounds["rounds"][1]["general"] = 1.9                 # this round the general one wins
-    assert "In some round the general schedule was as fast or faster." in \
-        results_tables.schedules({**base, "data": data})
-    ranges = {"model": "lstm", "shape": "s", "batch": 32, "own_s": [1, 2], "general_s": [2, 3],
-              "ratio": [1.2, 1.5]}
-    text = results_tables.schedules({**base, "data": {**data, "rows": [ranges]}})
-    assert "| `lstm` (s) | 32 | 1 to 2 | 2 to 3 | 1.2 to 1.5 |" in text

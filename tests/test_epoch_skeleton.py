@@ -1,4 +1,4 @@
-"""The epoch skeleton every compiled path ends its steps with (fastlib.training.skeleton).
+"""The epoch skeleton every compiled path ends its steps with (fastlib.kernels.skeleton).
 
 Independent sources: NumPy's elementwise sums in the same piece order, ``np.clip``, the
 global norm from ``np.linalg.norm``, and plain SGD ``w - lr * g`` written out by hand.
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastlib.kernels import optim as kopt
-from fastlib.training import skeleton as sk
+from fastlib.kernels import skeleton as sk
 
 N, PIECES = 10, 3
 CUTS = np.array([0, 4, 7, 10], np.int64)   # three blocks of unequal size
@@ -69,6 +69,7 @@ def test_the_same_bits_on_one_thread_and_two(clip_mode):
         np.testing.assert_array_equal(a, b)
 
 
-def test_even_cuts_cover_the_vector_once():
-    assert sk.even_cuts(10, 3).tolist() == [0, 3, 6, 10]
-    assert sk.even_cuts(5, 1).tolist() == [0, 5]
+def test_the_update_blocks_cover_the_vector_once():
+    assert sk.block_cuts(2 * sk.BLOCK + 5).tolist() == [0, sk.BLOCK, 2 * sk.BLOCK,
+                                                        2 * sk.BLOCK + 5]
+    assert sk.block_cuts(5).tolist() == [0, 5]

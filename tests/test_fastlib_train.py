@@ -288,9 +288,19 @@ def test_fused_path_is_used_only_where_it_applies():
     # a nested chain compiles to the same Dense rows as a flat one: the mlp schedule runs it
     r = fastlib.train(nested, x, y, 1, 4, 0.1, "cross_entropy", **quiet())
     assert r.fused and (r.path, r.schedule) == ("program", "mlp")
-    probs = fastlib.Sequential([fastlib.Dense(5, 1, "sigmoid")], dtype=np.float64)
-    yb = (y > 0).astype(np.float64)
-    assert not fastlib.train(probs, x, yb, 1, 4, 0.1, "binary_cross_entropy", **quiet()).fused
+    # binary_cross_entropy on probabilities is one of the compiled losses, and agrees with the
+    # generic path to summation order (float64)
+    runs = []
+    for fused in (True, False):
+        probs = fastlib.Sequential([fastlib.Dense(5, 2, "sigmoid")], dtype=np.float64, seed=1)
+        yb = np.concatenate([y > 0, y > 1], axis=1).astype(np.float64)
+        r = fastlib.train(probs, x, yb, 2, 4, 0.1, "binary_cross_entropy", fused=fused,
+                          **quiet())
+        assert r.fused == fused
+        runs.append((r.loss_history, probs.parameters()))
+    np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-12)
+    for k, v in runs[1][1].items():
+        np.testing.assert_allclose(runs[0][1][k], v, rtol=1e-12, atol=1e-14)
 
 
 def test_float32_training_runs_in_float32_and_learns():

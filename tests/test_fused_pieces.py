@@ -1,4 +1,4 @@
-"""The fused MLP epoch cut into pieces (fastlib.training.fused_kernels): column/row pieces per
+"""The fused MLP epoch cut into pieces (fastlib.kernels.dense_columns): column/row pieces per
 layer pair, each piece's parameters in one contiguous block, pieces run on their own threads.
 
 Independent sources: the generic per-batch path (``fused=False``, itself tested against reflib

@@ -153,6 +153,15 @@ def test_the_three_former_cycles_stay_broken(pair):
     assert not any(set(pair) <= set(c) for c in cycles(graph)), pair
 
 
+def test_the_kernels_never_import_the_training_package():
+    """The compiled program's instruction set and interpreter are kernels: fastlib.kernels
+    reads nothing of fastlib.training (the schedules import the kernels, never the reverse)."""
+    wrong = [f"{a} -> {b} (line {line})" for a, edges in _graph().items()
+             if a.startswith("fastlib.kernels") for b, line in edges.items()
+             if b == "fastlib.training" or b.startswith("fastlib.training.")]
+    assert not wrong, "fastlib.kernels imports fastlib.training:\n" + "\n".join(wrong)
+
+
 def test_the_package_arrows_point_one_way():
     graph = _graph()
     wrong = [f"{a} -> {b} (line {line})" for a, edges in graph.items()

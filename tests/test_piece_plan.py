@@ -18,7 +18,7 @@ import pytest
 
 import fastlib
 from fastlib import config
-from fastlib.training import general_schedule, mlp_schedule, piece_plan, recurrent_schedule
+from fastlib.training import general_schedule, mlp_schedule, piece_plan
 
 PLANS = (1, 2, 3, 4, 8, 16)
 
@@ -34,19 +34,20 @@ _SCRIPT = textwrap.dedent("""
     x3 = rng.standard_normal((21, 3, 2)); y3 = rng.standard_normal((21, 3, 2))
 
     def models():
-        yield "mlp", fastlib.Sequential([fastlib.Dense(5, 9, "tanh"), fastlib.Dense(9, 3)],
-                                        seed=1), x2, y2, "cross_entropy"
-        yield "recurrent", fastlib.Sequential([fastlib.LSTM(2, 3), fastlib.Dense(3, 3)],
-                                              seed=1), x3, y2, "cross_entropy"
-        yield "general", fastlib.Sequential([fastlib.MultiHeadAttention(2, 2, causal=True),
-                                               fastlib.LayerNorm(2)], seed=1), x3, y3, "mse"
+        yield "mlp", "mlp", fastlib.Sequential([fastlib.Dense(5, 9, "tanh"),
+                                                fastlib.Dense(9, 3)], seed=1), x2, y2, "cross_entropy"
+        yield "lstm", "general", fastlib.Sequential([fastlib.LSTM(2, 3), fastlib.Dense(3, 3)],
+                                                    seed=1), x3, y2, "cross_entropy"
+        yield "attention", "general", fastlib.Sequential([
+            fastlib.MultiHeadAttention(2, 2, causal=True), fastlib.LayerNorm(2)], seed=1), \
+            x3, y3, "mse"
 
     out = {}
     for plan in plans:
-        for name, m, x, y, loss in models():
+        for name, schedule, m, x, y, loss in models():
             r = fastlib.train(m, x, y, 2, 6, 0.05, loss, optimizer="Adam", seed=3,
                               gradient_clip=0.5, clip_mode="norm", verbose=False, pieces=plan)
-            assert (r.path, r.schedule) == ("program", name) and r.piece_plan == {"pieces": plan, "source": "argument"}, r
+            assert (r.path, r.schedule) == ("program", schedule) and r.piece_plan == {"pieces": plan, "source": "argument"}, r
             h = hashlib.sha256(np.asarray(r.loss_history).tobytes())
             for k, v in sorted(m.parameters().items()):
                 h.update(v.tobytes())
@@ -139,11 +140,13 @@ def test_threads_never_exceed_the_pieces_or_the_cores(monkeypatch):
 def test_the_schedules_choose_from_the_cores_and_the_shapes():
     # sample pieces: one per core down to one sample each; recurrent pieces of at most
     # PIECE sequences (batch 32: 4 pieces of 8 on one or two cores)
-    assert [recurrent_schedule.machine_pieces(32, c) for c in (1, 2, 16, 64)] == [4, 4, 16, 32]
-    # attention: one piece below MIN_PIECE_ROWS rows, else one per core (at most a sample each)
+    assert [general_schedule.machine_pieces(32, 64, True, c) for c in (1, 2, 16, 64)] == \
+        [4, 4, 16, 32]
+    # no recurrent row: one piece below MIN_PIECE_ROWS rows, else one per core (at most a
+    # sample each)
     rows = general_schedule.MIN_PIECE_ROWS
-    assert general_schedule.machine_pieces(rows - 1, 1, 16) == 1
-    assert [general_schedule.machine_pieces(32, 64, c) for c in (1, 2, 16, 64)] == \
+    assert general_schedule.machine_pieces(rows - 1, 1, False, 16) == 1
+    assert [general_schedule.machine_pieces(32, 64, False, c) for c in (1, 2, 16, 64)] == \
         [1, 2, 16, 32]
     assert mlp_schedule.machine_pieces(mlp_schedule.SPLIT_MIN_PARAMS - 1, 16) == 1
 
@@ -161,7 +164,7 @@ def test_sample_pieces_at_the_boundaries_equal_the_generic_path(dtype, plan):
         m = fastlib.Sequential([fastlib.LSTM(2, 3), fastlib.Dense(3, 2)], dtype=dtype, seed=4)
         r = fastlib.train(m, x, y, 2, 5, 0.05, "cross_entropy", optimizer="Adam", seed=1,
                           verbose=False, fused=fused, pieces=plan)
-        assert r.schedule == ("recurrent" if fused else None)
+        assert r.schedule == ("general" if fused else None)
         got.append(m.parameters())
     # two epochs of four Adam steps on O(1) values: the paths differ by summation order
     # (a few eps per product), amplified by Adam's normalisation near zero gradients

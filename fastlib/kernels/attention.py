@@ -1,11 +1,12 @@
-"""Scaled dot-product attention over contiguous head slices, forward and backward.
+"""Multi-head self-attention, forward and backward: the layer and the compiled program's rows
+call these same kernels.
 
-For each (batch, head) block the kernel forms the scores ``q_h k_h^T * scale`` of that block
-only, applies the causal mask, the row softmax (through the row maximum) and the weighted sum of
-values, and keeps just the per-row log-sum-exp. The full ``(B, heads, T, T)`` probability
-tensor is never stored: the backward recomputes each block's probabilities from the saved
-log-sum-exp (the flash-attention scheme), so memory stays ``O(B T d)``.
-
+One GEMM forms q, k, v for every row (``[w_q | w_k | w_v]`` is one ``(d, 3d)`` block); then per
+(sample, head) block the scores ``q_h k_h^T * scale``, the causal mask, the row softmax
+(through the row maximum, its sum in float64), kept as the block's ``(T, T)`` probabilities,
+and their product with ``v_h``; one GEMM forms the output. The backward reads the kept
+probabilities (no recomputation). Rows are in any layout of ``instructions.row_index``
+(``group``: 1 for the layer's ``(batch, seq)`` rows, the piece's samples in the program).
 The long story: docs/fastlib.md, section ``fastlib/kernels/attention.py``.
 """
 from __future__ import annotations
@@ -14,147 +15,161 @@ import numpy as np
 from numba import njit
 
 from fastlib.config import FASTMATH
-from fastlib.kernels.reduce import _block_sum, _row_max
+from fastlib.kernels.dense import add_bias, column_sums_into, input_grad
+from fastlib.kernels.instructions import row_index
+from fastlib.kernels.reduce import _block_sum
 from fastlib.kernels.vecmath import fexp
 
-_FASTMATH = set(FASTMATH)  # numba takes a set (config holds a frozenset)
-
-# NOTE: every loop below runs over 1-D row views (``scores[i]``, ``src[b, t, start:stop]``),
-# never ``a[i, j]`` on a 2-D array, and the row softmax is split into separate passes (scale,
-# max, exp, sum, normalise): a loop that accumulates a sum while it calls exp is a serial
-# chain that LLVM cannot vectorise. Measured at B = 32, T = 64, d = 128, 4 heads (float32, one
-# thread): the forward kernel took 7.5 ms with the fused exp-and-sum loop over 2-D indices.
+_FM = set(FASTMATH)  # numba takes a set (config holds a frozenset)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FASTMATH, inline="always")
-def _gather(src, b, start, out):
-    """``out[:] = src[b, :, start:start + out.shape[1]]`` (a contiguous copy for BLAS)."""
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def _gather_cols(src, s, c0, samples, group, out):
+    """``out[t] = src[row of (s, t), c0:c0 + out.shape[1]]`` (contiguous, for BLAS)."""
     steps, width = out.shape
     for t in range(steps):
-        s = src[b, t, start:start + width]
+        r = src[row_index(s, t, samples, steps, group)]
         o = out[t]
         for j in range(width):
-            o[j] = s[j]
+            o[j] = r[c0 + j]
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FASTMATH, inline="always")
-def _scatter(block, b, start, dst):
-    """``dst[b, :, start:start + block.shape[1]] = block``."""
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def _scatter_cols(block, s, c0, samples, group, dst):
     steps, width = block.shape
     for t in range(steps):
-        s = block[t]
-        o = dst[b, t, start:start + width]
+        b = block[t]
+        o = dst[row_index(s, t, samples, steps, group)]
         for j in range(width):
-            o[j] = s[j]
+            o[c0 + j] = b[j]
 
 
-@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FASTMATH)
-def _forward_range(qkv, heads, scale, causal, out, lse, t0, t1):
-    """The forward of blocks t0..t1 (block = (batch b, head h) = (t // heads, t % heads)).
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def _head_block(qkv, s, c0, d, samples, group, steps, sc):
+    """The block's q, k, v gathered into the scratch ``sc`` of four (T, dh) arrays, and the
+    fourth array (the output, or the output's cotangent)."""
+    dh = sc.shape[0] // (4 * steps)
+    qh = sc[:steps * dh].reshape((steps, dh))
+    kh = sc[steps * dh:2 * steps * dh].reshape((steps, dh))
+    vh = sc[2 * steps * dh:3 * steps * dh].reshape((steps, dh))
+    _gather_cols(qkv, s, c0, samples, group, qh)
+    _gather_cols(qkv, s, d + c0, samples, group, kh)
+    _gather_cols(qkv, s, 2 * d + c0, samples, group, vh)
+    return qh, kh, vh, sc[3 * steps * dh:4 * steps * dh].reshape((steps, dh))
 
-    NOTE: masked keys (j > i when causal) are left out of the softmax outright (weight exactly
-    0), as reflib slices them away, rather than given a large negative score.
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def _block_forward(qkv, s, c0, d, samples, group, scale, causal, p, att, lse, sc):
+    """Block (sample s, head columns c0..): ``p = softmax(q k^T scale [causal])`` kept in
+    ``p`` (T, T), ``att[rows, head] = p v``, each score row's log-sum-exp into ``lse`` when it
+    is not empty. Masked keys are left out of the softmax (weight exactly 0), as reflib
+    slices them away."""
+    steps = p.shape[0]
+    qh, kh, vh, oh = _head_block(qkv, s, c0, d, samples, group, steps, sc)
+    np.dot(qh, kh.T, p)
+    for i in range(steps):
+        last = i + 1 if causal else steps
+        full = p[i]
+        row = full[:last]
+        for j in range(last):
+            row[j] = row[j] * scale
+        m = row[0]
+        for j in range(1, last):
+            m = max(m, row[j])
+        for j in range(last):
+            row[j] = fexp(row[j] - m)
+        total = _block_sum(row, 0, last)     # float64
+        inv = 1.0 / total
+        for j in range(last):
+            row[j] = row[j] * inv
+        for j in range(last, steps):
+            full[j] = 0.0
+        if lse.shape[0] > 0:
+            lse[i] = m + np.log(total)
+    np.dot(p, vh, oh)
+    _scatter_cols(oh, s, c0, samples, group, att)
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def _block_backward(qkv, s, c0, d, samples, group, scale, causal, p, gatt, dqkv, dp, sc):
+    """Cotangents of the block's q, k, v into ``dqkv`` from ``gatt`` and the kept ``p``:
+    ``dv = p^T do``, ``dP = do v^T``, ``dS = p (dP - sum_j p dP) scale``, ``dq = dS k``,
+    ``dk = dS^T q``.
+
+    NOTE: the row term ``sum_j p_ij dP_ij`` is taken from the block's own ``p`` and ``dP``
+    in float64, not as ``sum(do * o)`` from the rounded output (equal in exact arithmetic):
+    ``dP - sum`` cancels, and the output's rounding made the query and key gradients tens of
+    times less accurate than the value gradients.
     """
-    steps = qkv.shape[1]
-    d = out.shape[2]
+    steps = p.shape[0]
+    qh, kh, vh, doh = _head_block(qkv, s, c0, d, samples, group, steps, sc)
+    _gather_cols(gatt, s, c0, samples, group, doh)
+    np.dot(p.T, doh, vh)                      # vh now holds dv
+    _scatter_cols(vh, s, 2 * d + c0, samples, group, dqkv)
+    _gather_cols(qkv, s, 2 * d + c0, samples, group, vh)     # v again
+    np.dot(doh, vh.T, dp)
+    for i in range(steps):
+        last = i + 1 if causal else steps
+        pr = p[i]
+        dr = dp[i]
+        total = 0.0
+        for j in range(last):
+            total += np.float64(pr[j]) * np.float64(dr[j])
+        for j in range(last):
+            dr[j] = pr[j] * (dr[j] - total) * scale
+        for j in range(last, steps):
+            dr[j] = 0.0
+    np.dot(dp, kh, doh)                       # dq
+    _scatter_cols(doh, s, c0, samples, group, dqkv)
+    np.dot(dp.T, qh, doh)                     # dk
+    _scatter_cols(doh, s, d + c0, samples, group, dqkv)
+
+
+@njit(inline="always")
+def _probs(probs, s, h, heads, steps):
+    o = (s * heads + h) * steps
+    return probs[o:o + steps]
+
+
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def attention_forward(x, w_qkv, b_qkv, w_o, b_o, qkv, att, probs, lse, y, samples, steps, heads,
+                      scale, causal, group, sc):
+    """``y = concat_h(softmax(q_h k_h^T scale) v_h) @ w_o + b_o`` over ``samples`` samples of
+    ``steps`` rows (layout ``group``). Kept for the backward: ``qkv`` (rows, 3d), ``att``
+    (rows, d), ``probs`` (samples * heads * T, T); ``lse`` (samples * heads * T, or empty)
+    the score rows' log-sum-exps. ``sc``: 4 T dh entries of scratch."""
+    np.dot(x, w_qkv, qkv)
+    add_bias(qkv, b_qkv)
+    d = att.shape[1]
     dh = d // heads
-    qh = np.empty((steps, dh), dtype=qkv.dtype)
-    kh = np.empty((steps, dh), dtype=qkv.dtype)
-    vh = np.empty((steps, dh), dtype=qkv.dtype)
-    scores = np.empty((steps, steps), dtype=qkv.dtype)
-    oh = np.empty((steps, dh), dtype=qkv.dtype)
-    for t in range(t0, t1):
-        b = t // heads
-        h = t % heads
-        start = h * dh
-        _gather(qkv, b, start, qh)
-        _gather(qkv, b, d + start, kh)
-        _gather(qkv, b, 2 * d + start, vh)
-        np.dot(qh, kh.T, scores)
-        for i in range(steps):
-            last = i + 1 if causal else steps
-            full = scores[i]
-            row = full[:last]
-            for j in range(last):
-                row[j] = row[j] * scale
-            m = _row_max(row)
-            for j in range(last):
-                row[j] = fexp(row[j] - m)
-            total = _block_sum(row, 0, last)     # float64, vectorised
-            inv = 1.0 / total
-            for j in range(last):
-                row[j] = row[j] * inv
-            for j in range(last, steps):
-                full[j] = 0.0
-            lse[b, h, i] = m + np.log(total)
-        np.dot(scores, vh, oh)
-        _scatter(oh, b, start, out)
+    for s in range(samples):
+        for h in range(heads):
+            o = (s * heads + h) * steps
+            _block_forward(qkv, s, h * dh, d, samples, group, scale, causal,
+                           _probs(probs, s, h, heads, steps), att,
+                           lse[o:o + steps] if lse.shape[0] > 0 else lse, sc[:4 * steps * dh])
+    np.dot(att, w_o, y)
+    add_bias(y, b_o)
 
 
-@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FASTMATH)
-def _backward_range(qkv, out, dout, lse, heads, scale, causal, dqkv, t0, t1):
-    """Cotangents of q, k, v (packed into ``dqkv``) for blocks t0..t1, recomputing each
-    block's probabilities from ``lse``.
-
-    With P the block's probabilities: ``dv = P^T do``, ``dP = do v^T``,
-    ``dS = P * (dP - rowsum(do * o))`` (rowsum(dP * P) = rowsum(do * o)), ``dq = dS k * scale``,
-    ``dk = dS^T q * scale``.
-    """
-    steps = qkv.shape[1]
-    d = out.shape[2]
+@njit(cache=True, error_model="numpy", fastmath=_FM)
+def attention_backward(x, w_qkv, w_o, qkv, att, probs, g, gatt, dqkv, gw_qkv, gb_qkv, gw_o, gb_o,
+                       acc, gx, mode, tmp, samples, steps, heads, scale, causal, group, sc):
+    """The parameters' gradients and the input's cotangent (by ``mode``) of
+    :func:`attention_forward` from the output's cotangent ``g``; ``gatt``, ``dqkv`` receive
+    the heads' and the projections' cotangents; ``acc`` is float64 (3d); ``sc`` holds
+    4 T dh + T^2 entries."""
+    np.dot(att.T, g, gw_o)
+    column_sums_into(g, gb_o, acc)
+    np.dot(g, w_o.T, gatt)
+    d = att.shape[1]
     dh = d // heads
-    qh = np.empty((steps, dh), dtype=qkv.dtype)
-    kh = np.empty((steps, dh), dtype=qkv.dtype)
-    vh = np.empty((steps, dh), dtype=qkv.dtype)
-    oh = np.empty((steps, dh), dtype=qkv.dtype)
-    doh = np.empty((steps, dh), dtype=qkv.dtype)
-    p = np.empty((steps, steps), dtype=qkv.dtype)
-    dp = np.empty((steps, steps), dtype=qkv.dtype)
-    block = np.empty((steps, dh), dtype=qkv.dtype)
-    prod = np.empty(dh, dtype=qkv.dtype)
-    for t in range(t0, t1):
-        b = t // heads
-        h = t % heads
-        start = h * dh
-        _gather(qkv, b, start, qh)
-        _gather(qkv, b, d + start, kh)
-        _gather(qkv, b, 2 * d + start, vh)
-        _gather(out, b, start, oh)
-        _gather(dout, b, start, doh)
-        np.dot(qh, kh.T, p)
-        for i in range(steps):
-            last = i + 1 if causal else steps
-            pr = p[i]
-            shift = lse[b, h, i]
-            for j in range(last):
-                pr[j] = fexp(pr[j] * scale - shift)
-            for j in range(last, steps):
-                pr[j] = 0.0
-        np.dot(p.T, doh, block)
-        _scatter(block, b, 2 * d + start, dqkv)
-        np.dot(doh, vh.T, dp)
-        for i in range(steps):
-            dor = doh[i]
-            orow = oh[i]
-            for j in range(dh):
-                prod[j] = dor[j] * orow[j]
-            row = _block_sum(prod, 0, dh)       # rowsum(do * o), float64
-            pr = p[i]
-            dpr = dp[i]
-            for j in range(steps):
-                dpr[j] = pr[j] * (dpr[j] - row) * scale
-        np.dot(dp, kh, block)
-        _scatter(block, b, start, dqkv)
-        np.dot(dp.T, qh, block)
-        _scatter(block, b, d + start, dqkv)
-
-
-def attention_forward(qkv, heads, scale, causal, out, lse):
-    """``out[b, :, head] = softmax(q_h k_h^T * scale [+ causal mask]) v_h`` for every block;
-    ``lse[b, head, i]`` the log-sum-exp of score row i (kept for the backward)."""
-    _forward_range(qkv, heads, scale, causal, out, lse, 0, qkv.shape[0] * heads)
-
-
-def attention_backward(qkv, out, dout, lse, heads, scale, causal, dqkv):
-    """Cotangents of the packed q, k, v into ``dqkv`` (B, T, 3d) from ``dout``."""
-    _backward_range(qkv, out, dout, lse, heads, scale, causal, dqkv, 0, qkv.shape[0] * heads)
+    dp = sc[4 * steps * dh:4 * steps * dh + steps * steps].reshape((steps, steps))
+    for s in range(samples):
+        for h in range(heads):
+            _block_backward(qkv, s, h * dh, d, samples, group, scale, causal,
+                            _probs(probs, s, h, heads, steps), gatt, dqkv, dp,
+                            sc[:4 * steps * dh])
+    np.dot(x.T, dqkv, gw_qkv)
+    column_sums_into(dqkv, gb_qkv, acc)
+    input_grad(dqkv, w_qkv.T, gx, mode, tmp)

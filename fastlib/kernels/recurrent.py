@@ -1,11 +1,11 @@
-"""Recurrences of the RNN and LSTM layers: the sequential part only, time-major.
+"""RNN (tanh) and LSTM (gates i, f, g, o) over sequences, forward and backward: the layers and
+the compiled program's rows call these same kernels; ``h_{-1} = c_{-1} = 0``.
 
-The input projections of every step (``x_t @ w_ih + b``) and the weight gradients are single
-large GEMMs done by the layer; these kernels run what must be sequential: the recurrence
-``h_{t-1} @ w_hh`` (``np.dot`` inside Numba, i.e. BLAS) fused with the cell's elementwise work,
-forward and backward through time. Arrays are C-contiguous, time-major ``(T, B, ...)``, all of
-one float dtype; the layers allocate them and are the only callers.
-
+The input projections of every step (``x @ w_ih + b``) and the weight gradients are single
+GEMMs over all rows; the cells run what must be sequential, the recurrence ``h_{t-1} @ w_hh``
+(BLAS) fused with the cell's elementwise work, on groups of sequences laid out time-major
+(row ``t * n + b``, ``instructions.row_index``). A row layout that is not the cells' (the
+layers' ``(batch, seq)`` rows) is copied into cell groups of :data:`PIECE` sequences and back.
 The long story: docs/fastlib.md, section ``fastlib/kernels/recurrent.py``.
 """
 from __future__ import annotations
@@ -15,197 +15,287 @@ from numba import njit
 
 from fastlib.config import FASTMATH
 from fastlib.kernels import scalar
+from fastlib.kernels.dense import add_bias, column_sums_into, input_grad, weight_gradient
+from fastlib.kernels.instructions import row_index
 from fastlib.kernels.vecmath import like
 
-_FASTMATH = set(FASTMATH)  # numba takes a set (config holds a frozenset)
-_PIECE = 8                 # batch rows per independent piece
+_FASTMATH = set(FASTMATH)
+
+# NOTE: the sequences of one cell group when the rows' layout is not already the cells' (the
+# layers), and the most sequences a piece of a compiled program with a recurrent row holds
+# when the machine chooses the plan (fastlib.training.piece_plan). Eight rows suit OpenBLAS's
+# small-matrix kernel for the per-step product (measured: 8 x 128 @ 128 x 512, one thread,
+# 3.0-3.3 ms over 63 steps in pieces of 8, 4.0 ms as one 32-row product, 6.4-6.7 ms in pieces
+# of 16). The piece plan, not the threads, fixes every summation order of the compiled paths.
+PIECE = 8
 
 
-# --- RNN ---------------------------------------------------------------------------------
-
-@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FASTMATH)
-def _rnn_forward_range(xw, w_hh, hs, p0, p1):
-    """``hs[t] = tanh(xw[t] + hs[t-1] @ w_hh)`` with ``h_{-1} = 0`` for pieces p0..p1."""
-    steps, batch, hidden = xw.shape
-    z = np.empty((min(_PIECE, batch), hidden), dtype=xw.dtype)
-    for piece in range(p0, p1):
-        b0 = piece * _PIECE
-        b1 = min(b0 + _PIECE, batch)
-        zp = z[:b1 - b0]
-        for t in range(steps):
-            if t > 0:
-                np.dot(hs[t - 1, b0:b1], w_hh, zp)
-            for b in range(b0, b1):
-                x = xw[t, b]
-                h = hs[t, b]
-                if t == 0:
-                    for j in range(hidden):
-                        h[j] = scalar.tanh_f(x[j])
-                else:
-                    zr = zp[b - b0]
-                    for j in range(hidden):
-                        h[j] = scalar.tanh_f(x[j] + zr[j])
-
+# -- the cells: one group of nb sequences, time-major (row t * nb + b), caller-owned buffers ----
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FASTMATH)
-def _rnn_backward_range(dhs, hs, w_hh_t, dpre, p0, p1):
-    """``dpre[t] = (dhs[t] + dh_next) * (1 - hs[t]^2)`` backward through time, pieces p0..p1."""
-    steps, batch, hidden = hs.shape
-    carry_all = np.zeros((min(_PIECE, batch), hidden), dtype=hs.dtype)
-    for piece in range(p0, p1):
-        b0 = piece * _PIECE
-        b1 = min(b0 + _PIECE, batch)
-        carry = carry_all[:b1 - b0]                       # dL/dh_t arriving from step t + 1
-        for b in range(b1 - b0):
-            cr = carry[b]
-            for j in range(hidden):
-                cr[j] = 0.0
-        for t in range(steps - 1, -1, -1):
-            for b in range(b0, b1):
-                h = hs[t, b]
-                dh = dhs[t, b]
-                cr = carry[b - b0]
-                out = dpre[t, b]
+def rnn_forward(hs, w_hh, z, steps, nb):
+    """``hs[t] = tanh(hs[t] + hs[t-1] @ w_hh)`` in place; ``hs`` holds the projections.
+
+    hs : (steps * nb, H) input projections with the bias added, overwritten by the states;
+    z : (>= nb, H) scratch.
+    """
+    hidden = hs.shape[1]
+    zp = z[:nb]
+    for t in range(steps):
+        if t > 0:
+            np.dot(hs[(t - 1) * nb:t * nb], w_hh, zp)
+        for b in range(nb):
+            h = hs[t * nb + b]
+            if t == 0:
+                for j in range(hidden):
+                    h[j] = scalar.tanh_f(h[j])
+            else:
+                zr = zp[b]
+                for j in range(hidden):
+                    h[j] = scalar.tanh_f(h[j] + zr[j])
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FASTMATH)
+def rnn_backward(gout, seq, hs, w_hh, dpre, carry, steps, nb):
+    """Backward through time: ``dpre[t] = (dh_t + carry) * (1 - hs[t]^2)``.
+
+    gout : the output cotangent, (steps * nb, H) when ``seq`` (every state is an output), else
+    (nb, H) for the last state only; carry : (>= nb, H) scratch; dpre : (steps * nb, H) out.
+    """
+    hidden = hs.shape[1]
+    cr_all = carry[:nb]
+    for b in range(nb):
+        cr = cr_all[b]
+        for j in range(hidden):
+            cr[j] = 0.0
+    for t in range(steps - 1, -1, -1):
+        for b in range(nb):
+            r = t * nb + b
+            h = hs[r]
+            cr = cr_all[b]
+            out = dpre[r]
+            if seq or t == steps - 1:
+                dh = gout[r] if seq else gout[b]
                 for j in range(hidden):
                     out[j] = (dh[j] + cr[j]) * (like(h[j], 1.0) - h[j] * h[j])
-            if t > 0:
-                np.dot(dpre[t, b0:b1], w_hh_t, carry)
+            else:
+                for j in range(hidden):
+                    out[j] = cr[j] * (like(h[j], 1.0) - h[j] * h[j])
+        if t > 0:
+            np.dot(dpre[t * nb:(t + 1) * nb], w_hh.T, cr_all)
 
-
-# --- LSTM --------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FASTMATH)
-def _lstm_forward_range(xw, w_hh, gates, cs, tcs, hs, p0, p1):
-    """The LSTM cell over the sequence for batch pieces p0..p1 (see ``lstm_forward``)."""
-    steps, batch, four_h = xw.shape
-    hidden = four_h // 4
-    z = np.zeros((min(_PIECE, batch), four_h), dtype=xw.dtype)
-    for piece in range(p0, p1):
-        b0 = piece * _PIECE
-        b1 = min(b0 + _PIECE, batch)
-        zp = z[:b1 - b0]
-        for t in range(steps):
+def lstm_forward(gates, w_hh, cs, tcs, hs, z, steps, nb):
+    """The LSTM cell over one piece, gate order i, f, g, o; ``h_{-1} = c_{-1} = 0``.
+
+    gates : (steps * nb, 4H) input projections with the bias added, activated in place
+    (sigmoid i, f, o; tanh g); cs, tcs, hs : (steps * nb, H) cell states, their tanh and the
+    hidden states; z : (>= nb, 4H) scratch.
+    """
+    hidden = cs.shape[1]
+    zp = z[:nb]
+    for t in range(steps):
+        if t > 0:
+            np.dot(hs[(t - 1) * nb:t * nb], w_hh, zp)
+        for b in range(nb):
+            r = t * nb + b
+            g = gates[r]
             if t > 0:
-                np.dot(hs[t - 1, b0:b1], w_hh, zp)
-            for b in range(b0, b1):
-                x = xw[t, b]
-                zr = zp[b - b0]
-                g = gates[t, b]
-                # i and f: sigmoid over the first 2H columns; g: tanh; o: sigmoid
-                if t == 0:                                 # h_{-1} = 0: no recurrent term
-                    for j in range(four_h):
-                        zr[j] = 0.0
-                xa, za, ga = x[:2 * hidden], zr[:2 * hidden], g[:2 * hidden]
+                zr = zp[b]
+                ga, za = g[:2 * hidden], zr[:2 * hidden]
                 for j in range(2 * hidden):
-                    ga[j] = scalar.sigmoid_f(xa[j] + za[j])
-                xa, za, ga = x[2 * hidden:3 * hidden], zr[2 * hidden:3 * hidden], \
-                    g[2 * hidden:3 * hidden]
+                    ga[j] = scalar.sigmoid_f(ga[j] + za[j])
+                ga, za = g[2 * hidden:3 * hidden], zr[2 * hidden:3 * hidden]
                 for j in range(hidden):
-                    ga[j] = scalar.tanh_f(xa[j] + za[j])
-                xa, za, ga = x[3 * hidden:], zr[3 * hidden:], g[3 * hidden:]
+                    ga[j] = scalar.tanh_f(ga[j] + za[j])
+                ga, za = g[3 * hidden:], zr[3 * hidden:]
                 for j in range(hidden):
-                    ga[j] = scalar.sigmoid_f(xa[j] + za[j])
-                gi, gf, gg, go = g[:hidden], g[hidden:2 * hidden], g[2 * hidden:3 * hidden], \
-                    g[3 * hidden:]
-                c = cs[t, b]
-                if t == 0:
-                    for j in range(hidden):
-                        c[j] = gi[j] * gg[j]
-                else:
-                    c_prev = cs[t - 1, b]
-                    for j in range(hidden):
-                        c[j] = gf[j] * c_prev[j] + gi[j] * gg[j]
-                tc = tcs[t, b]
-                h = hs[t, b]
+                    ga[j] = scalar.sigmoid_f(ga[j] + za[j])
+            else:                                  # h_{-1} = 0: no recurrent term
+                ga = g[:2 * hidden]
+                for j in range(2 * hidden):
+                    ga[j] = scalar.sigmoid_f(ga[j])
+                ga = g[2 * hidden:3 * hidden]
                 for j in range(hidden):
-                    v = scalar.tanh_f(c[j])
-                    tc[j] = v
-                    h[j] = go[j] * v
+                    ga[j] = scalar.tanh_f(ga[j])
+                ga = g[3 * hidden:]
+                for j in range(hidden):
+                    ga[j] = scalar.sigmoid_f(ga[j])
+            gi, gf, gg, go = g[:hidden], g[hidden:2 * hidden], g[2 * hidden:3 * hidden], \
+                g[3 * hidden:]
+            c = cs[r]
+            if t == 0:
+                for j in range(hidden):
+                    c[j] = gi[j] * gg[j]
+            else:
+                c_prev = cs[r - nb]
+                for j in range(hidden):
+                    c[j] = gf[j] * c_prev[j] + gi[j] * gg[j]
+            tc = tcs[r]
+            h = hs[r]
+            for j in range(hidden):
+                v = scalar.tanh_f(c[j])
+                tc[j] = v
+                h[j] = go[j] * v
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FASTMATH)
-def _lstm_backward_range(dhs, gates, cs, tcs, w_hh_t, dz, p0, p1):
-    """Backward through time of the LSTM cell for batch pieces p0..p1."""
-    steps, batch, hidden = cs.shape
-    dh_all = np.empty((min(_PIECE, batch), hidden), dtype=cs.dtype)
-    dc_all = np.empty((min(_PIECE, batch), hidden), dtype=cs.dtype)
-    zero_row = np.zeros(hidden, dtype=cs.dtype)            # c_{-1}
-    for piece in range(p0, p1):
-        b0 = piece * _PIECE
-        b1 = min(b0 + _PIECE, batch)
-        dh_carry = dh_all[:b1 - b0]      # dL/dh_t and dL/dc_t arriving from step t + 1
-        dc_carry = dc_all[:b1 - b0]
-        for b in range(b1 - b0):
-            dhc = dh_carry[b]
-            dcc = dc_carry[b]
-            for j in range(hidden):
-                dhc[j] = 0.0
-                dcc[j] = 0.0
-        for t in range(steps - 1, -1, -1):
-            for row in range(b0, b1):
-                b = row - b0
-                g = gates[t, row]
-                gi, gfr, gg, go = g[:hidden], g[hidden:2 * hidden], g[2 * hidden:3 * hidden], \
-                    g[3 * hidden:]
-                one = like(gi[0], 1.0)
-                d = dz[t, row]
-                di, df, dg, do = d[:hidden], d[hidden:2 * hidden], d[2 * hidden:3 * hidden], \
-                    d[3 * hidden:]
-                tc = tcs[t, row]
-                dht = dhs[t, row]
-                dhc = dh_carry[b]
-                c_prev = cs[t - 1, row] if t > 0 else zero_row
+def lstm_backward(gout, seq, gates, cs, tcs, w_hh, dz, dh_carry, dc_carry, steps, nb):
+    """Backward through time of :func:`lstm_forward` for one piece.
+
+    gout : (steps * nb, H) when ``seq``, else (nb, H) (the last state's cotangent only);
+    dz : (steps * nb, 4H) out, the cotangents of the gate pre-activations; dh_carry,
+    dc_carry : (>= nb, H) scratch.
+    """
+    hidden = cs.shape[1]
+    dhc_all = dh_carry[:nb]
+    dcc_all = dc_carry[:nb]
+    for b in range(nb):
+        dhc = dhc_all[b]
+        dcc = dcc_all[b]
+        for j in range(hidden):
+            dhc[j] = 0.0
+            dcc[j] = 0.0
+    for t in range(steps - 1, -1, -1):
+        for b in range(nb):
+            r = t * nb + b
+            g = gates[r]
+            gi, gfr, gg, go = g[:hidden], g[hidden:2 * hidden], g[2 * hidden:3 * hidden], \
+                g[3 * hidden:]
+            one = like(gi[0], 1.0)
+            d = dz[r]
+            di, df, dg, do = d[:hidden], d[hidden:2 * hidden], d[2 * hidden:3 * hidden], \
+                d[3 * hidden:]
+            tc = tcs[r]
+            dhc = dhc_all[b]
+            dcc = dcc_all[b]
+            has_out = seq or t == steps - 1
+            dht = gout[r] if seq else gout[b]
+            if t > 0:
+                c_prev = cs[r - nb]
                 for j in range(hidden):
                     gf = gfr[j]
-                    dh = dht[j] + dhc[j]
-                    dc = dh * go[j] * (one - tc[j] * tc[j]) + dc_carry[b, j]
+                    dh = dht[j] + dhc[j] if has_out else dhc[j]
+                    dc = dh * go[j] * (one - tc[j] * tc[j]) + dcc[j]
                     di[j] = dc * gg[j] * gi[j] * (one - gi[j])
                     df[j] = dc * c_prev[j] * gf * (one - gf)
                     dg[j] = dc * gi[j] * (one - gg[j] * gg[j])
                     do[j] = dh * tc[j] * go[j] * (one - go[j])
-                    dc_carry[b, j] = dc * gf
-            if t > 0:
-                np.dot(dz[t, b0:b1], w_hh_t, dh_carry)
+                    dcc[j] = dc * gf
+            else:                                  # c_{-1} = 0: no forget-gate gradient
+                for j in range(hidden):
+                    gf = gfr[j]
+                    dh = dht[j] + dhc[j] if has_out else dhc[j]
+                    dc = dh * go[j] * (one - tc[j] * tc[j]) + dcc[j]
+                    di[j] = dc * gg[j] * gi[j] * (one - gi[j])
+                    df[j] = dc * 0.0 * gf * (one - gf)
+                    dg[j] = dc * gi[j] * (one - gg[j] * gg[j])
+                    do[j] = dh * tc[j] * go[j] * (one - go[j])
+                    dcc[j] = dc * gf
+        if t > 0:
+            np.dot(dz[t * nb:(t + 1) * nb], w_hh.T, dhc_all)
 
 
-# --- launchers ---------------------------------------------------------------------------
+# -- a layer's (or a program row's) forward and backward -------------------------------------
 
-def _pieces(batch):
-    return -(-batch // _PIECE)
-
-
-def rnn_forward(xw, w_hh, hs):
-    """``hs[t] = tanh(xw[t] + hs[t-1] @ w_hh)`` with ``h_{-1} = 0`` (no product at t = 0).
-
-    xw : (T, B, H) input projections with the bias added; hs : (T, B, H) output.
-    """
-    _rnn_forward_range(xw, w_hh, hs, 0, _pieces(xw.shape[1]))
-
-
-def rnn_backward(dhs, hs, w_hh_t, dpre):
-    """Backward through time: ``dpre[t] = (dhs[t] + dh_next) * (1 - hs[t]^2)``.
-
-    dhs : (T, B, H) cotangents of the outputs; w_hh_t : (H, H) = w_hh transposed (contiguous);
-    dpre : (T, B, H) output, the cotangents of the pre-activations (from which the layer forms
-    every weight gradient with one GEMM each).
-    """
-    _rnn_backward_range(dhs, hs, w_hh_t, dpre, 0, _pieces(hs.shape[1]))
+@njit(cache=True, error_model="numpy", fastmath=_FASTMATH)
+def _relayout(a, b, samples, steps, g_from, g_to):
+    """``b = a`` with the rows moved from the layout of groups ``g_from`` to ``g_to``."""
+    width = a.shape[1]
+    for s in range(samples):
+        for t in range(steps):
+            src = a[row_index(s, t, samples, steps, g_from)]
+            dst = b[row_index(s, t, samples, steps, g_to)]
+            for j in range(width):
+                dst[j] = src[j]
 
 
-def lstm_forward(xw, w_hh, gates, cs, tcs, hs):
-    """The LSTM cell over the sequence, gate order i, f, g, o; ``h_{-1} = c_{-1} = 0``.
-
-    xw : (T, B, 4H) input projections with the bias added. Outputs, all saved for the backward:
-    gates (T, B, 4H) activated gates (sigmoid i, f, o; tanh g), cs (T, B, H) cell states,
-    tcs (T, B, H) tanh of the cell states, hs (T, B, H) hidden states.
-    """
-    _lstm_forward_range(xw, w_hh, gates, cs, tcs, hs, 0, _pieces(xw.shape[1]))
+@njit(inline="always")
+def _cells(samples, group):
+    """The sequences of a cell group: the rows' own groups when they are time-major
+    (``group > 1``), else :data:`PIECE`."""
+    return group if group > 1 else min(PIECE, samples)
 
 
-def lstm_backward(dhs, gates, cs, tcs, w_hh_t, dz):
-    """Backward through time of ``lstm_forward``.
+@njit(cache=True, error_model="numpy", fastmath=_FASTMATH)
+def recurrent_forward(x, w_ih, w_hh, bias, gates, hs, cs, tcs, y, work, samples, steps, lstm,
+                      every_state, group, sc):
+    """The layer over ``samples`` sequences of ``steps`` rows of ``x`` (layout ``group``):
+    ``gates = x @ w_ih + b`` then the recurrence, in cell layout, into ``gates`` (activated in
+    place), ``hs`` (states; an RNN's are its ``gates``), an LSTM's ``cs`` and ``tcs`` (cells and
+    their tanh); ``y`` every state (layout ``group``) or each sequence's last. ``work`` (rows x
+    gates) holds the projections when ``group`` is not the cells' layout; ``sc`` holds a cell
+    group's product (cells x gates)."""
+    cells = _cells(samples, group)
+    width, hidden = gates.shape[1], hs.shape[1]
+    if cells == group:
+        np.dot(x, w_ih, gates)
+        add_bias(gates, bias)
+    else:
+        np.dot(x, w_ih, work)
+        add_bias(work, bias)
+        _relayout(work, gates, samples, steps, group, cells)
+    z = sc[:cells * width].reshape((cells, width))
+    for q0 in range(0, samples, cells):
+        n = min(cells, samples - q0)
+        r0, r1 = q0 * steps, (q0 + n) * steps
+        if lstm:
+            lstm_forward(gates[r0:r1], w_hh, cs[r0:r1], tcs[r0:r1], hs[r0:r1], z, steps, n)
+        else:
+            rnn_forward(gates[r0:r1], w_hh, z, steps, n)
+        if not every_state:
+            for b in range(n):
+                src, dst = hs[r1 - n + b], y[q0 + b]
+                for j in range(hidden):
+                    dst[j] = src[j]
+    if every_state:
+        _relayout(hs, y, samples, steps, cells, group)
 
-    dhs : (T, B, H) cotangents of the hidden states; w_hh_t : (4H, H) = w_hh transposed;
-    dz : (T, B, 4H) output, the cotangents of the gate pre-activations.
-    """
-    _lstm_backward_range(dhs, gates, cs, tcs, w_hh_t, dz, 0, _pieces(gates.shape[1]))
+
+@njit(cache=True, error_model="numpy", fastmath=_FASTMATH)
+def recurrent_backward(x, w_ih, w_hh, gates, hs, cs, tcs, g, g_cells, dz, dz_cells, gw_ih, gw_hh,
+                       gb, acc, gx, mode, tmp, samples, steps, lstm, every_state, group, sc):
+    """Backward through time of :func:`recurrent_forward` from the output's cotangent ``g``:
+    the gates' cotangents into ``dz`` (layout ``group``), the weight gradients (``w_hh``'s
+    summed over the cell groups in order), the bias gradient through the float64 ``acc`` and
+    the input's cotangent by ``mode``. When ``group`` is not the cells' layout, ``g_cells``
+    (every state's cotangent) and ``dz_cells`` hold the cell layout's copies (else they may
+    be anything); ``tmp`` holds one hidden x gates product; ``sc`` two cells x hidden
+    carries."""
+    cells = _cells(samples, group)
+    width, hidden = gates.shape[1], hs.shape[1]
+    native = cells == group
+    gc = g if native or not every_state else g_cells
+    dzc = dz if native else dz_cells
+    if every_state and not native:
+        _relayout(g, g_cells, samples, steps, group, cells)
+    dh = sc[:cells * hidden].reshape((cells, hidden))
+    dc = sc[cells * hidden:2 * cells * hidden].reshape((cells, hidden))
+    part = tmp[:hidden * width].reshape((hidden, width))
+    for q0 in range(0, samples, cells):
+        n = min(cells, samples - q0)
+        r0, r1 = q0 * steps, (q0 + n) * steps
+        gq = gc[r0:r1] if every_state else gc[q0:q0 + n]
+        if lstm:
+            lstm_backward(gq, every_state, gates[r0:r1], cs[r0:r1], tcs[r0:r1], w_hh, dzc[r0:r1],
+                          dh, dc, steps, n)
+        else:
+            rnn_backward(gq, every_state, hs[r0:r1], w_hh, dzc[r0:r1], dh, steps, n)
+        # w_hh pairs the state of step t - 1 with the cotangent of step t
+        if q0 == 0:
+            if steps > 1:
+                weight_gradient(hs[r0:r1 - n], dzc[r0 + n:r1], gw_hh)
+            else:
+                gw_hh[:] = 0.0
+        elif steps > 1:
+            weight_gradient(hs[r0:r1 - n], dzc[r0 + n:r1], part)
+            for i in range(hidden):
+                gr, pr = gw_hh[i], part[i]
+                for j in range(width):
+                    gr[j] += pr[j]
+    if not native:
+        _relayout(dz_cells, dz, samples, steps, cells, group)
+    weight_gradient(x, dz, gw_ih)
+    column_sums_into(dz, gb, acc)
+    input_grad(dz, w_ih.T, gx, mode, tmp)

@@ -1,11 +1,12 @@
-"""Multi-head self-attention over ``(batch, seq, d_model)``; heads are contiguous slices of d."""
+"""Multi-head self-attention over ``(batch, seq, d_model)``; heads are contiguous slices of d.
+Its forward and backward are the kernels the compiled program's rows run."""
 from __future__ import annotations
 
 import numpy as np
 
 from fastlib.kernels import attention as kernels
-from fastlib.kernels import reduce as _reduce
 from fastlib.layers.base import Layer
+from fastlib.layers.dense import input_cotangent
 from optable.layers import AttentionShell
 
 
@@ -41,50 +42,51 @@ class MultiHeadAttention(AttentionShell, Layer):
     def forward(self, x):
         p = self._params
         batch, steps, d = x.shape
-        x2 = x.reshape(batch * steps, d)
+        x2 = np.ascontiguousarray(x).reshape(batch * steps, d)
         w_qkv, b_qkv = self._stacked_qkv()
-        qkv = np.dot(x2, w_qkv)
-        qkv += b_qkv
-        qkv = qkv.reshape(batch, steps, 3 * d)
-        att = np.empty((batch, steps, d), dtype=self.dtype)
-        lse = np.empty((batch, self.heads, steps), dtype=self.dtype)
-        scale = self.dtype.type(1.0 / np.sqrt(d // self.heads))
-        kernels.attention_forward(qkv, self.heads, scale, self.causal, att, lse)
-        y = np.dot(att.reshape(batch * steps, d), p["w_o"])
-        y += p["b_o"]
+        rows, heads = batch * steps, self.heads
+        qkv = np.empty((rows, 3 * d), self.dtype)
+        att = np.empty((rows, d), self.dtype)
+        # NOTE: each (sample, head) block's (T, T) probabilities are kept for the backward
+        probs = np.empty((batch * heads * steps, steps), self.dtype)
+        lse = np.empty(batch * heads * steps, self.dtype)
+        y = np.empty((rows, d), self.dtype)
+        scale = self.dtype.type(1.0 / np.sqrt(d // heads))
+        kernels.attention_forward(x2, w_qkv, b_qkv, p["w_o"], p["b_o"], qkv, att, probs, lse, y,
+                                  batch, steps, heads, scale, self.causal, 1,
+                                  np.empty(4 * steps * (d // heads), self.dtype))
         self.hist_in, self.hist_pre = x, att
-        # q, k, v as views of the packed projections (fastlib.targetprop reads q and k)
-        self._cache = (qkv[:, :, :d], qkv[:, :, d:2 * d], qkv[:, :, 2 * d:], lse, scale)
-        self._qkv = qkv
+        qkv = qkv.reshape(batch, steps, 3 * d)
+        # q, k, v as views of the packed projections, and the score rows' log-sum-exps
+        # (fastlib.targetprop reads q, k and lse)
+        self._cache = (qkv[:, :, :d], qkv[:, :, d:2 * d], qkv[:, :, 2 * d:],
+                       lse.reshape(batch, heads, steps), scale)
+        self._kept = (x2, qkv.reshape(rows, 3 * d), att, probs)
         self._out_shape = x.shape
         return y.reshape(batch, steps, d)
 
     def backward(self, grad_out, need_input_grad=True):
-        g = self._cotangent(grad_out)
-        x, att = self.hist_in, self.hist_pre
-        _, _, _, lse, scale = self._cache
-        qkv = self._qkv
+        g = np.ascontiguousarray(self._cotangent(grad_out))
+        x2, qkv, att, probs = self._kept
+        scale = self._cache[4]
         p = self._params
-        batch, steps, d = x.shape
-        g = g.reshape(batch * steps, d)
-        att2 = att.reshape(batch * steps, d)
-        grads = {"w_o": np.dot(att2.T, g)}
-        datt = np.dot(g, p["w_o"].T).reshape(batch, steps, d)
-        dqkv = np.empty((batch, steps, 3 * d), dtype=self.dtype)
-        kernels.attention_backward(qkv, att, datt, lse, self.heads, scale, self.causal, dqkv)
-        x2 = x.reshape(batch * steps, d)
-        dqkv2 = dqkv.reshape(batch * steps, 3 * d)
-        gw = np.dot(x2.T, dqkv2)                                 # (d, 3d): [gw_q | gw_k | gw_v]
-        # NOTE: bias gradients are column sums accumulated in float64 (reduce.py's NOTE)
-        gb = _reduce.sum_forward(dqkv2, (0,), serial=True)
+        batch, steps, d = self.hist_in.shape
+        rows, heads = batch * steps, self.heads
+        gw_qkv = np.empty((d, 3 * d), self.dtype)
+        gb_qkv = np.empty(3 * d, self.dtype)
+        grads = {"w_o": np.empty((d, d), self.dtype), "b_o": np.empty(d, self.dtype)}
+        dx, mode = input_cotangent(need_input_grad, rows, d, self.dtype)
+        w_qkv, _ = self._stacked_qkv()
+        kernels.attention_backward(x2, w_qkv, p["w_o"], qkv, att, probs, g.reshape(rows, d),
+                                   np.empty((rows, d), self.dtype),
+                                   np.empty((rows, 3 * d), self.dtype), gw_qkv, gb_qkv,
+                                   grads["w_o"], grads["b_o"], np.empty(3 * d, np.float64), dx,
+                                   mode, np.empty(0, self.dtype), batch, steps, heads, scale,
+                                   self.causal, 1,
+                                   np.empty(4 * steps * (d // heads) + steps * steps,
+                                            self.dtype))
         for i, n in enumerate("qkv"):
-            grads[f"w_{n}"] = np.ascontiguousarray(gw[:, i * d:(i + 1) * d])
-            grads[f"b_{n}"] = gb[i * d:(i + 1) * d].copy()
-        grads["b_o"] = _reduce.sum_forward(g, (0,), serial=True)
-        dx = None
-        if need_input_grad:
-            w_qkv, _ = self._stacked_qkv()
-            dx = np.dot(dqkv2, w_qkv.T).reshape(batch, steps, d)   # the three parts, one GEMM
+            grads[f"w_{n}"] = np.ascontiguousarray(gw_qkv[:, i * d:(i + 1) * d])
+            grads[f"b_{n}"] = gb_qkv[i * d:(i + 1) * d].copy()
         ordered = {name: grads[name] for name in p}  # keyed in parameters() order
-        return dx, ordered
-
+        return (dx.reshape(batch, steps, d) if need_input_grad else None), ordered

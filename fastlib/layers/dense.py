@@ -1,20 +1,27 @@
-"""Dense: ``y = activation(x @ weight + bias)``, forward and backward each one fused pass.
-
-The GEMMs go through ``np.dot`` (BLAS); the elementwise epilogue (bias, activation, and in the
-backward the activation derivative and the bias gradient) is one Numba kernel.
+"""Dense: ``y = activation(x @ weight + bias)``, its forward and backward the kernels the
+compiled program's rows run (``fastlib.kernels.dense.dense_forward`` / ``dense_backward``).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from fastlib.kernels import dense as kernels
+from fastlib.kernels.instructions import GRAD_SKIP, GRAD_WRITE
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE, LINEAR, check_activation
 from fastlib.layers.base import Layer, set_sizes
 
 
 def as_matrix(x, width):
-    """``x`` viewed as 2-D ``(rows, width)``, without a copy when ``x`` is C-contiguous."""
-    return x if x.ndim == 2 else x.reshape(-1, width)
+    """``x`` as a C-contiguous 2-D ``(rows, width)`` array, without a copy when it is one."""
+    return np.ascontiguousarray(x if x.ndim == 2 else x.reshape(-1, width))
+
+
+def input_cotangent(need, rows, width, dtype):
+    """``(buffer, mode)`` for a kernel's input cotangent: a new ``(rows, width)`` array written
+    (``GRAD_WRITE``), or an empty one skipped (``GRAD_SKIP``) when it is not needed."""
+    if need:
+        return np.empty((rows, width), dtype), GRAD_WRITE
+    return np.empty((0, width), dtype), GRAD_SKIP
 
 
 class Dense(Layer):
@@ -54,13 +61,9 @@ class Dense(Layer):
     def forward(self, x):
         w, b = self._params["weight"], self._params["bias"]
         x2 = as_matrix(x, self.in_features)
-        pre = np.dot(x2, w)
-        if self._code == LINEAR:
-            kernels.add_bias(pre, b)
-            post = pre
-        else:
-            post = np.empty_like(pre)
-            kernels.bias_activation(pre, b, post, self._code, LEAKY_SLOPE)
+        pre = np.empty((x2.shape[0], self.out_features), self.dtype)
+        post = pre if self._code == LINEAR else np.empty_like(pre)
+        kernels.dense_forward(x2, w, b, pre, post, self._code, self.dtype.type(LEAKY_SLOPE))
         lead = x.shape[:-1]
         self.hist_in, self.hist_pre, self.hist_post = x, pre, post
         out = post if x.ndim == 2 else post.reshape(lead + (self.out_features,))
@@ -70,19 +73,19 @@ class Dense(Layer):
     def backward(self, grad_out, need_input_grad=True):
         g = as_matrix(self._cotangent(grad_out), self.out_features)
         x = self.hist_in
-        db = np.empty(self.out_features, dtype=self.dtype)
-        if self._code == LINEAR:
-            gpre = g
-            kernels.column_sums(g, db)
-        else:
-            gpre = np.empty_like(g)
-            kernels.activation_backward(g, self.hist_pre, self.hist_post, gpre, db, self._code,
-                                        LEAKY_SLOPE)
         x2 = as_matrix(x, self.in_features)
-        grads = {"weight": np.dot(x2.T, gpre), "bias": db}
+        grads = {"weight": np.empty((self.in_features, self.out_features), self.dtype),
+                 "bias": np.empty(self.out_features, self.dtype)}
+        # the pre-activation's cotangent: g itself when linear (left unwritten), else new
+        gpre = g if self._code == LINEAR else np.empty_like(g)
+        gin, mode = input_cotangent(need_input_grad, g.shape[0], self.in_features, self.dtype)
+        kernels.dense_backward(x2, self._params["weight"], self.hist_pre, self.hist_post, g, gpre,
+                               grads["weight"], grads["bias"],
+                               np.empty(self.out_features, np.float64), gin, mode,
+                               np.empty(0, self.dtype), self._code,
+                               self.dtype.type(LEAKY_SLOPE))
         if not need_input_grad:
             return None, grads
-        gin = np.dot(gpre, self._params["weight"].T)
         return (gin if x.ndim == 2 else gin.reshape(x.shape)), grads
 
     def get_config(self):

@@ -55,16 +55,19 @@ class Embedding(Layer):
         return idx
 
     def forward(self, x):
-        idx = self.indices(x)
+        idx = np.ascontiguousarray(self.indices(x))
         self.hist_in, self.hist_pre = idx, None
         self._out_shape = idx.shape + (self.dim,)
-        return self._params["weight"][idx]
+        y = np.empty((idx.size, self.dim), self.dtype)
+        kernels.embedding_forward(idx.reshape(-1), self._params["weight"], y)
+        return y.reshape(self._out_shape)
 
     def backward(self, grad_out, need_input_grad=True):
-        g = self._cotangent(grad_out).reshape(-1, self.dim)
-        idx = self.hist_in
+        g = np.ascontiguousarray(self._cotangent(grad_out).reshape(-1, self.dim))
+        idx = self.hist_in.reshape(-1)
         dw = np.empty_like(self._params["weight"])
-        kernels.embedding_backward(idx.reshape(-1), g, dw)
+        # the rows in index order: one sample of one position each (layout group 1)
+        kernels.embedding_backward(idx, g, dw, np.empty(dw.size, np.float64), idx.size, 1, 1)
         return None, {"weight": dw}
 
     def get_config(self):

@@ -7,11 +7,35 @@ import numpy as np
 
 from fastlib.kernels import dense as kernels
 from fastlib.layers.base import Layer, make_rng
-from fastlib.layers.dense import as_matrix
+from fastlib.layers.dense import as_matrix, input_cotangent
 from optable.layers import NormShell
 
 
-class LayerNorm(NormShell, Layer):
+class _Norm(NormShell, Layer):
+    """What LayerNorm and RMSNorm share: rows of the last axis in, each row's statistics kept
+    (``hist_pre``) for the backward, parameters of ``d`` entries; each names its kernels."""
+
+    def __init__(self, d, eps, dtype, seed, rng):
+        super().__init__(dtype)
+        self._setup(d, eps, seed, rng)
+
+    def forward(self, x):
+        x2 = as_matrix(x, self.d)
+        y = np.empty_like(x2)
+        self.hist_in, self.hist_pre = x, self._forward(x2, y)
+        self._out_shape = x.shape
+        return y.reshape(x.shape)
+
+    def backward(self, grad_out, need_input_grad=True):
+        g = as_matrix(self._cotangent(grad_out), self.d)
+        x = self.hist_in
+        dx, mode = input_cotangent(need_input_grad, g.shape[0], self.d, self.dtype)
+        grads = {name: np.empty(self.d, dtype=self.dtype) for name in self._params}
+        self._backward(g, as_matrix(x, self.d), dx, mode, grads)
+        return (dx.reshape(x.shape) if need_input_grad else None), grads
+
+
+class LayerNorm(_Norm):
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis (biased variance).
 
     Parameters
@@ -24,32 +48,23 @@ class LayerNorm(NormShell, Layer):
     """
 
     def __init__(self, d, eps=1e-5, *, dtype=np.float32, seed=None, rng=None):
-        super().__init__(dtype)
-        self._setup(d, eps, seed, rng)
+        super().__init__(d, eps, dtype, seed, rng)
 
-    def forward(self, x):
-        x2 = as_matrix(x, self.d)
-        xhat, y = np.empty_like(x2), np.empty_like(x2)
-        rstd = np.empty(x2.shape[0], dtype=self.dtype)
+    def _forward(self, x2, y):
+        """Kept: x-hat (returned) and each row's 1/std."""
+        xhat = np.empty_like(x2)
+        self._rstd = np.empty(x2.shape[0], dtype=self.dtype)
         kernels.layer_norm_forward(x2, self._params["weight"], self._params["bias"], self.eps,
-                                   xhat, rstd, y)
-        self.hist_in, self.hist_pre = x, xhat
-        self._rstd = rstd
-        self._out_shape = x.shape
-        return y.reshape(x.shape)
+                                   xhat, self._rstd, y)
+        return xhat
 
-    def backward(self, grad_out, need_input_grad=True):
-        g = as_matrix(self._cotangent(grad_out), self.d)
-        x = self.hist_in
-        dx = np.empty_like(g)
-        dw = np.empty(self.d, dtype=self.dtype)
-        db = np.empty(self.d, dtype=self.dtype)
+    def _backward(self, g, x2, dx, mode, grads):
         kernels.layer_norm_backward(g, self.hist_pre, self._rstd, self._params["weight"], dx,
-                                    dw, db)
-        return (dx.reshape(x.shape) if need_input_grad else None), {"weight": dw, "bias": db}
+                                    mode, grads["weight"], grads["bias"],
+                                    np.empty(2 * self.d, np.float64))
 
 
-class RMSNorm(NormShell, Layer):
+class RMSNorm(_Norm):
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis; ``weight (d,)`` starts at 1.
 
     Parameters
@@ -61,26 +76,17 @@ class RMSNorm(NormShell, Layer):
     """
 
     def __init__(self, d, eps=1e-6, *, dtype=np.float32, seed=None, rng=None):
-        super().__init__(dtype)
-        self._setup(d, eps, seed, rng)
+        super().__init__(d, eps, dtype, seed, rng)
 
-    def forward(self, x):
-        x2 = as_matrix(x, self.d)
-        y = np.empty_like(x2)
+    def _forward(self, x2, y):
+        """Kept: each row's 1/rms (returned)."""
         rinv = np.empty(x2.shape[0], dtype=self.dtype)
         kernels.rms_norm_forward(x2, self._params["weight"], self.eps, rinv, y)
-        self.hist_in, self.hist_pre = x, rinv
-        self._out_shape = x.shape
-        return y.reshape(x.shape)
+        return rinv
 
-    def backward(self, grad_out, need_input_grad=True):
-        g = as_matrix(self._cotangent(grad_out), self.d)
-        x = self.hist_in
-        dx = np.empty_like(g)
-        dw = np.empty(self.d, dtype=self.dtype)
-        kernels.rms_norm_backward(g, as_matrix(x, self.d), self.hist_pre, self._params["weight"],
-                                  dx, dw)
-        return (dx.reshape(x.shape) if need_input_grad else None), {"weight": dw}
+    def _backward(self, g, x2, dx, mode, grads):
+        kernels.rms_norm_backward(g, x2, self.hist_pre, self._params["weight"], dx, mode,
+                                  grads["weight"], np.empty(self.d, np.float64))
 
 
 class Softmax(Layer):

@@ -1,17 +1,16 @@
 """RNN (tanh) and LSTM (gates i, f, g, o) over ``(batch, seq, features)``; h0 = c0 = 0.
 
-Each layer does its input projection for all steps as one GEMM, runs the recurrence in a fused
-Numba kernel (``fastlib.kernels.recurrent``), and forms every weight gradient with one GEMM over
-the whole sequence. Internally the sequence is time-major ``(T, B, ...)`` so each step is a
-contiguous block.
+Each layer runs the kernels the compiled program's rows run (``fastlib.kernels.recurrent``):
+its input projection for all steps as one GEMM, the recurrence on groups of sequences laid out
+time-major, every weight gradient as one GEMM over the whole sequence.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from fastlib.kernels import recurrent as kernels
-from fastlib.kernels import reduce as _reduce
 from fastlib.layers.base import Layer
+from fastlib.layers.dense import input_cotangent
 from optable.layers import RecurrentShell
 
 
@@ -28,44 +27,48 @@ class _Recurrent(RecurrentShell, Layer):
         out = super().infer_shape(shape)
         return out if self.return_sequences else (out[0], out[2])
 
-    # -- shared pieces ------------------------------------------------------------------------
-    def _project(self, x):
-        """Time-major input ``(T*B, I)`` and its projections ``(T, B, k*H)`` (bias added)."""
+    def forward(self, x):
         batch, steps, _ = x.shape
-        xt = np.ascontiguousarray(x.transpose(1, 0, 2)).reshape(steps * batch, self.input_size)
-        xw = np.dot(xt, self._params["w_ih"])
-        xw += self._params["b"]
-        return xt, xw.reshape(steps, batch, -1)
-
-    def _output(self, hs):
-        """(T, B, H) states -> the layer output (last state, or batch-major sequence)."""
-        out = np.ascontiguousarray(hs.transpose(1, 0, 2)) if self.return_sequences \
-            else hs[-1].copy()
+        rows, width = batch * steps, self._gates * self.hidden_size
+        p = self._params
+        x2 = np.ascontiguousarray(x, dtype=self.dtype).reshape(rows, self.input_size)
+        lstm = self._gates > 1
+        gates = np.empty((rows, width), self.dtype)
+        hs = np.empty((rows, self.hidden_size), self.dtype) if lstm else gates
+        cs = np.empty_like(hs) if lstm else hs
+        tcs = np.empty_like(hs) if lstm else hs
+        y = np.empty((rows if self.return_sequences else batch, self.hidden_size), self.dtype)
+        cells = min(kernels.PIECE, batch)
+        kernels.recurrent_forward(x2, p["w_ih"], p["w_hh"], p["b"], gates, hs, cs, tcs, y,
+                                  np.empty((rows, width), self.dtype), batch, steps, lstm,
+                                  self.return_sequences, 1,
+                                  np.empty(cells * width, self.dtype))
+        self.hist_in, self.hist_pre = x, gates
+        self._cache = (x2, gates, hs, cs, tcs)
+        out = y.reshape(batch, steps, self.hidden_size) if self.return_sequences else y
         self._out_shape = out.shape
         return out
 
-    def _output_cotangent(self, grad_out, steps, batch):
-        """The layer's output cotangent as time-major per-step cotangents ``(T, B, H)``."""
-        g = self._cotangent(grad_out)
-        if self.return_sequences:
-            return np.ascontiguousarray(g.transpose(1, 0, 2))
-        dhs = np.zeros((steps, batch, self.hidden_size), dtype=self.dtype)
-        dhs[-1] = g
-        return dhs
-
-    def _weight_grads(self, xt, hs, dz, need_input_grad, batch):
-        """Gradients of w_ih, w_hh, b and x from the pre-activation cotangents ``dz``."""
-        steps = hs.shape[0]
-        width = dz.shape[2]
-        dz2 = dz.reshape(steps * batch, width)
-        h_prev = hs[:-1].reshape((steps - 1) * batch, self.hidden_size)
-        grads = {"w_ih": np.dot(xt.T, dz2),
-                 "w_hh": np.dot(h_prev.T, dz2[batch:]),
-                 "b": _reduce.sum_forward(dz2, (0,), serial=True)}  # float64 accumulation
-        if not need_input_grad:
-            return None, grads
-        dx = np.dot(dz2, self._params["w_ih"].T).reshape(steps, batch, self.input_size)
-        return np.ascontiguousarray(dx.transpose(1, 0, 2)), grads
+    def backward(self, grad_out, need_input_grad=True):
+        x = self._history("hist_in")
+        x2, gates, hs, cs, tcs = self._cache
+        batch, steps, _ = x.shape
+        rows, hidden, width = batch * steps, self.hidden_size, self._gates * self.hidden_size
+        p = self._params
+        g = np.ascontiguousarray(self._cotangent(grad_out), self.dtype).reshape(-1, hidden)
+        grads = {"w_ih": np.empty((self.input_size, width), self.dtype),
+                 "w_hh": np.empty((hidden, width), self.dtype),
+                 "b": np.empty(width, self.dtype)}
+        dx, mode = input_cotangent(need_input_grad, rows, self.input_size, self.dtype)
+        cells = min(kernels.PIECE, batch)
+        kernels.recurrent_backward(x2, p["w_ih"], p["w_hh"], gates, hs, cs, tcs, g,
+                                   np.empty_like(g), np.empty((rows, width), self.dtype),
+                                   np.empty((rows, width), self.dtype), grads["w_ih"],
+                                   grads["w_hh"], grads["b"], np.empty(width, np.float64), dx,
+                                   mode, np.empty(hidden * width, self.dtype), batch, steps,
+                                   self._gates > 1, self.return_sequences, 1,
+                                   np.empty(2 * cells * hidden, self.dtype))
+        return (dx.reshape(x.shape) if need_input_grad else None), grads
 
 
 class RNN(_Recurrent):
@@ -82,22 +85,7 @@ class RNN(_Recurrent):
         As for ``Dense``.
     """
 
-    def forward(self, x):
-        xt, xw = self._project(x)
-        hs = np.empty_like(xw)
-        kernels.rnn_forward(xw, self._params["w_hh"], hs)
-        self.hist_in, self.hist_pre = x, xw
-        self._cache = (xt, hs)
-        return self._output(hs)
-
-    def backward(self, grad_out, need_input_grad=True):
-        x = self._history("hist_in")
-        xt, hs = self._cache
-        steps, batch = hs.shape[0], hs.shape[1]
-        dhs = self._output_cotangent(grad_out, steps, batch)
-        dpre = np.empty_like(hs)
-        kernels.rnn_backward(dhs, hs, np.ascontiguousarray(self._params["w_hh"].T), dpre)
-        return self._weight_grads(xt, hs, dpre, need_input_grad, x.shape[0])
+    _gates = 1
 
 
 class LSTM(_Recurrent):
@@ -116,24 +104,4 @@ class LSTM(_Recurrent):
         As for ``Dense``.
     """
 
-    def forward(self, x):
-        xt, xw = self._project(x)
-        steps, batch, _ = xw.shape
-        gates = np.empty_like(xw)
-        cs = np.empty((steps, batch, self.hidden_size), dtype=self.dtype)
-        tcs = np.empty_like(cs)
-        hs = np.empty_like(cs)
-        kernels.lstm_forward(xw, self._params["w_hh"], gates, cs, tcs, hs)
-        self.hist_in, self.hist_pre = x, xw
-        self._cache = (xt, gates, cs, tcs, hs)
-        return self._output(hs)
-
-    def backward(self, grad_out, need_input_grad=True):
-        x = self._history("hist_in")
-        xt, gates, cs, tcs, hs = self._cache
-        steps, batch = hs.shape[0], hs.shape[1]
-        dhs = self._output_cotangent(grad_out, steps, batch)
-        dz = np.empty_like(gates)
-        kernels.lstm_backward(dhs, gates, cs, tcs, np.ascontiguousarray(self._params["w_hh"].T),
-                              dz)
-        return self._weight_grads(xt, hs, dz, need_input_grad, x.shape[0])
+    _gates = 4

@@ -1,11 +1,12 @@
-"""SwiGLU feed-forward: ``y = (silu(x @ w_gate) * (x @ w_up)) @ w_down`` (no biases)."""
+"""SwiGLU feed-forward: ``y = (silu(x @ w_gate) * (x @ w_up)) @ w_down`` (no biases); its
+forward and backward the kernels the compiled program's rows run."""
 from __future__ import annotations
 
 import numpy as np
 
 from fastlib.kernels import dense as kernels
 from fastlib.layers.base import Layer, set_sizes
-from fastlib.layers.dense import as_matrix
+from fastlib.layers.dense import as_matrix, input_cotangent
 
 
 class SwiGLU(Layer):
@@ -32,35 +33,39 @@ class SwiGLU(Layer):
         set_sizes(self, d=d, hidden=hidden, out=out)
         self.reset_parameters(seed, rng)
 
+    def _stacked(self):
+        """``[w_gate | w_up]`` (d, 2 hidden): both projections as one product (restacked on
+        every call, so that in-place updates of the parameters are always seen)."""
+        return np.concatenate((self._params["w_gate"], self._params["w_up"]), axis=1)
+
     def forward(self, x):
-        p = self._params
         x2 = as_matrix(x, self.d)
-        a = np.dot(x2, p["w_gate"])
-        u = np.dot(x2, p["w_up"])
-        hidden = np.empty_like(a)
-        kernels.swiglu_gate(a, u, hidden)
-        self.hist_in, self.hist_pre = x, a
-        self._cache = (u, hidden)
-        y = np.dot(hidden, p["w_down"])
+        rows = x2.shape[0]
+        au = np.empty((rows, 2 * self.hidden), self.dtype)
+        hidden = np.empty((rows, self.hidden), self.dtype)
+        y = np.empty((rows, self.out), self.dtype)
+        kernels.swiglu_forward(x2, self._stacked(), self._params["w_down"], au, hidden, y)
+        self.hist_in, self.hist_pre = x, au
+        self._hidden = hidden
         y = y if x.ndim == 2 else y.reshape(x.shape[:-1] + (self.out,))
         self._out_shape = y.shape
         return y
 
     def backward(self, grad_out, need_input_grad=True):
         g = as_matrix(self._cotangent(grad_out), self.out)
-        x, a = self.hist_in, self.hist_pre
-        u, hidden = self._cache
-        p = self._params
-        dh = np.dot(g, p["w_down"].T)
-        da, du = np.empty_like(a), np.empty_like(u)
-        kernels.swiglu_gate_backward(dh, a, u, da, du)
-        x2 = as_matrix(x, self.d)
-        grads = {"w_gate": np.dot(x2.T, da), "w_up": np.dot(x2.T, du),
-                 "w_down": np.dot(hidden.T, g)}
+        x, au = self.hist_in, self.hist_pre
+        rows, h = g.shape[0], self.hidden
+        gw_gu = np.empty((self.d, 2 * h), self.dtype)
+        gw_down = np.empty((h, self.out), self.dtype)
+        dx, mode = input_cotangent(need_input_grad, rows, self.d, self.dtype)
+        kernels.swiglu_backward(as_matrix(x, self.d), self._stacked(), self._params["w_down"], au,
+                                self._hidden, g, np.empty((rows, h), self.dtype),
+                                np.empty((rows, 2 * h), self.dtype), gw_gu, gw_down, dx, mode,
+                                np.empty(0, self.dtype))
+        grads = {"w_gate": np.ascontiguousarray(gw_gu[:, :h]),
+                 "w_up": np.ascontiguousarray(gw_gu[:, h:]), "w_down": gw_down}
         if not need_input_grad:
             return None, grads
-        dx = np.dot(da, p["w_gate"].T)
-        dx += np.dot(du, p["w_up"].T)
         return (dx if x.ndim == 2 else dx.reshape(x.shape)), grads
 
     def get_config(self):

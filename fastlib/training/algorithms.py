@@ -80,7 +80,7 @@ class EpochStats:
     diverged_loss: float = 0.0
     fused: bool = False        # the epoch ran in the compiled program
     path: str = "generic"      # which path ran it: "program" (compiled) or "generic"
-    schedule: str | None = None  # the program's schedule ("mlp", "recurrent", "general")
+    schedule: str | None = None  # the program's schedule ("mlp" or "general")
     piece_plan: dict | None = None  # the program's piece plan (piece_plan.PiecePlan)
 
     def add(self, result: BatchResult, n: int) -> None:

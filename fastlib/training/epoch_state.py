@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastlib.training import fused_kernels as fk
-from fastlib.training import skeleton as sk
+from fastlib.kernels import skeleton as sk
+from fastlib.kernels.batch_loss import CE
+from fastlib.kernels.interpreter import EpochUpdate
 from fastlib.training.algorithms import EpochStats
+from optable.losses import LOSS_CODES
 
 _BLAS = {}
 
@@ -37,7 +39,7 @@ def epoch_inputs(ctx, y, order, n, dtype, rows=None):
     ``yi`` (``yf`` empty), else ``yf`` of ``rows`` rows (default ``n``) in ``dtype``."""
     order = np.arange(n, dtype=np.int64) if order is None else np.ascontiguousarray(
         order, dtype=np.int64)
-    if fk.LOSS_CODES[ctx.loss_type] == fk.CE:
+    if LOSS_CODES[ctx.loss_type] == CE:
         return order, np.ascontiguousarray(y, dtype=np.int64).reshape(-1), np.zeros((0, 0), dtype)
     yf = np.ascontiguousarray(y, dtype=dtype).reshape(n if rows is None else rows, -1)
     return order, np.zeros(0, np.int64), yf
@@ -53,14 +55,15 @@ def flat_state(ctx, layout, dtype):
     return w, slots
 
 
-def epoch_settings(ctx, n_batches, dtype):
-    """``(coefficients, clip_mode, clip)`` of an epoch of ``n_batches`` steps: the optimizer's
-    per-step coefficients (``Optimizer.coefficient_table``) and the clipping code and value."""
+def epoch_update(ctx, n_batches, dtype):
+    """The :class:`~fastlib.kernels.interpreter.EpochUpdate` of an epoch of ``n_batches``
+    steps: the optimizer's kind, its per-step coefficients (``Optimizer.coefficient_table``)
+    and the clipping code and value."""
     coeffs = ctx.optimizer.coefficient_table(ctx.opt_state.t + 1, n_batches, ctx.lr, dtype)
     clip = ctx.config.gradient_clip
     clip_mode = sk.CLIP_NONE if clip == 0 else (sk.CLIP_VALUE if ctx.config.clip_mode == "value"
                                                 else sk.CLIP_NORM)
-    return coeffs, clip_mode, clip
+    return EpochUpdate(ctx.optimizer.kind, coeffs, clip_mode, float(clip))
 
 
 def finish_epoch(ctx, layout, w, slots, out, n, bs, schedule, plan, correct_per_row=1.0):

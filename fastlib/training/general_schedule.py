@@ -1,67 +1,53 @@
-"""The general schedule: the program's rows interpreted by one Numba epoch
-(:func:`fastlib.kernels.transformer.epoch`), a batch cut into pieces of samples.
+"""The general schedule: the program's rows interpreted by the one compiled epoch
+(:func:`fastlib.kernels.interpreter.epoch`), each batch cut into pieces of samples.
 
-It runs every program the specialised schedules (:mod:`fastlib.training.mlp_schedule`,
-:mod:`fastlib.training.recurrent_schedule`) decline: attention, norms, SwiGLU, ``Parallel``
-joins, recurrent layers among them. The long story: docs/fastlib.md, section
-``fastlib/training/general_schedule.py``.
+It runs every program the MLP schedule (:mod:`fastlib.training.mlp_schedule`) declines:
+recurrent chains, attention, norms, SwiGLU, ``Parallel`` joins, Dense chains on ``(N, T, d)``
+data. The long story: docs/architecture.md, "Training".
 """
 from __future__ import annotations
 
 import numpy as np
 
-from fastlib.kernels import transformer as kt
-from fastlib.training import fused_kernels as fk
+from fastlib.kernels import instructions as ins
+from fastlib.kernels import interpreter as ki
+from fastlib.kernels import skeleton as sk
+from fastlib.kernels.recurrent import PIECE
 from fastlib.training import piece_plan
-from fastlib.training import skeleton as sk
-from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
+from fastlib.training.epoch_state import (epoch_inputs, epoch_update, finish_epoch, flat_state,
                                           single_threaded_blas)
 from fastlib.training.piece_plan import piece_threads
 from fastlib.training.schedules import register_schedule
+from optable.losses import LOSS_CODES
 
-# NOTE (speed): a batch is cut into the run's piece plan's P pieces of samples
-# (fastlib.training.piece_plan; a batch of fewer samples into one piece per sample), each on
-# its own thread. The machine's choice: one piece per usable core from MIN_PIECE_ROWS rows
-# (samples x positions) per batch up, one piece below (a parallel region costs a few
-# microseconds). The pieces depend on the plan and the batch's shape only, never on the cores
-# idle now, so a run's result is the same whatever the machine's load.
+# NOTE (speed): a batch is cut into the run's piece plan's P pieces of ceil(batch / P) samples
+# (fastlib.training.piece_plan), each on its own thread. The machine's choice: one piece per
+# usable core from MIN_PIECE_ROWS rows (samples x positions) per batch up, one piece below (a
+# parallel region costs a few microseconds); with a recurrent row, pieces of at most
+# recurrent.PIECE sequences, the per-step product's best shape. The pieces depend on the plan
+# and the batch's shape only, never on the cores idle now, so a run's result is the same
+# whatever the machine's load.
 MIN_PIECE_ROWS = 64
-# the gradient is added up and the optimizer applied in chunks of at least CHUNK_MIN_PARAMS
-# parameters, at most one per piece (the chunks fix the sum of squares' order: a function of
-# the plan and the parameter count)
-CHUNK_MIN_PARAMS = 1 << 14
-
-# instruction kinds of a chain the generic loop keeps when the specialised schedules decline
-# it (see plan_from_program)
-_CHAIN_KINDS = frozenset((kt.OP_DENSE, kt.OP_EMBEDDING))
+_RECURRENT = frozenset((ins.RNN, ins.LSTM))
 
 
 def plan_from_program(ctx, program, x):
-    """The program sized for this run's pieces, with its piece plan and update chunks; None
-    for a program of Dense and Embedding rows only.
-
-    NOTE: such a program reaches here only when the MLP and recurrent schedules declined it: a
-    Dense chain on ``(N, T, d)`` data, or a sequence output under a loss the recurrent schedule
-    does not take. The interpreter's loss reads the output as one row per sample, while the
-    generic loop's losses read it per position, so these stay the generic loop's.
-    """
-    if all(r["op"] in _CHAIN_KINDS for r in program.fields()):
-        return None
-    bs = ctx.config.batch_size
+    """The program sized for this run's pieces, with its piece plan; it takes every program."""
+    bs = min(ctx.config.batch_size, x.shape[0])
     steps = program.steps
-    plan = piece_plan.resolve(ctx, lambda cores: machine_pieces(bs, steps, cores))
+    recurrent = bool(program.kinds() & _RECURRENT)
+    plan = piece_plan.resolve(ctx, lambda cores: machine_pieces(bs, steps, recurrent, cores))
     # sized for the largest piece of any batch
     sized = program.sized_for(-(-bs // plan.pieces))
     sized.piece_plan = plan
-    sized.pieces = min(plan.pieces, bs)
-    sized.chunks = max(1, min(sized.pieces, sized.param_size // CHUNK_MIN_PARAMS))
-    sized.cuts = sk.even_cuts(sized.param_size, sized.chunks)
     return sized
 
 
-def machine_pieces(batch, steps, cores):
+def machine_pieces(batch, steps, recurrent, cores):
     """The pieces this schedule chooses for batches of ``batch`` samples of ``steps``
     positions on ``cores`` usable cores (see the NOTE at :data:`MIN_PIECE_ROWS`)."""
+    if recurrent:
+        return max(min(cores, batch), -(-batch // PIECE))
     if batch * steps < MIN_PIECE_ROWS:
         return 1
     return max(1, min(cores, batch))
@@ -77,27 +63,31 @@ def run(ctx, prog, x, y, order):
     """
     dtype = prog.dtype
     n = x.shape[0]
-    bs = ctx.config.batch_size
-    steps = prog.steps
+    bs = min(ctx.config.batch_size, n)
     if prog.tokens:
-        xi = _first_embedding(ctx.model).indices(x)   # the layer's own checks and errors
-        xf = np.zeros((1, 1), dtype)
+        # NOTE: the kernel indexes the table without checks: the layer's own validation
+        # (whole numbers in [0, num)) runs first, with its message
+        tokens = np.ascontiguousarray(_first_embedding(ctx.model).indices(x))
+        features = np.zeros((0, 0), dtype)
     else:
-        xi = np.zeros((1, 1), np.int64)
-        xf = np.ascontiguousarray(x, dtype=dtype).reshape(n, -1)
-    code = fk.LOSS_CODES[ctx.loss_type]
-    order, yi, yf = epoch_inputs(ctx, y, order, n, dtype)
-    opt = ctx.optimizer
+        tokens = np.zeros((0, 0), np.int64)
+        features = np.ascontiguousarray(x, dtype=dtype).reshape(n, -1)
+    out = prog.tables.slots[prog.output_slot]
+    out_steps = int(out["steps"])
+    order, classes, values = epoch_inputs(ctx, y, order, n, dtype, n * out_steps)
     w, slots = flat_state(ctx, prog, dtype)
-    buffers = _buffers(ctx, prog, bs)
-    coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
-    threads = piece_threads(prog.pieces)
-    args = (xf, xi, prog.tokens, yi, yf, order, bs, steps, threads, prog.pieces, prog.cuts,
-            prog.prog, prog.fpar_arr, prog.out_slot, prog.out_w, code, opt.kind, coeffs,
-            clip_mode, float(clip), w, slots[0], slots[1], *buffers)
+    piece = prog.max_samples
+    plan = ki.EpochPlan(prog.tables, prog.input_slot, prog.output_slot, prog.steps, bs, piece,
+                        piece_threads(-(-bs // piece)), LOSS_CODES[ctx.loss_type],
+                        sk.block_cuts(prog.param_size), prog.tokens)
+    part, bufs = _buffers(ctx, prog, bs, plan.cuts)
+    state = ki.EpochState(w, slots[0], slots[1], part)
+    data = ki.EpochData(features, tokens, classes, values, order)
     with single_threaded_blas():
-        out = kt.epoch(*args)
-    return finish_epoch(ctx, prog, w, slots, out, n, bs, "general", prog.piece_plan)
+        stats = ki.epoch(plan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype))
+    # a sequence output's rows are its positions: the accuracy counts each sample once
+    return finish_epoch(ctx, prog, w, slots, stats, n, bs, "general", prog.piece_plan,
+                        out_steps)
 
 
 def _first_embedding(model):
@@ -106,27 +96,28 @@ def _first_embedding(model):
     return model
 
 
-def _buffers(ctx, prog, bs):
-    """Every buffer of the epoch, allocated once per run and shape."""
+def _buffers(ctx, prog, bs, cuts):
+    """The summed gradient and every buffer of the epoch, allocated once per run and shape."""
     key = ("general_buffers", id(prog), bs)
-    if key in ctx.scratch:
-        return ctx.scratch[key]
-    dtype = prog.dtype
-    pieces = prog.pieces
-    g = np.zeros(prog.param_size, dtype)
-    part = np.zeros((pieces, prog.param_size), dtype)
-    act = np.zeros((pieces, max(prog.act_size, 1)), dtype)
-    gact = np.zeros((pieces, max(prog.act_size, 1)), dtype)
-    tok = np.zeros((pieces, max(prog.max_rows, 1)), np.int64)
-    acc = np.zeros((pieces, max(prog.acc_size, 1)), np.float64)
-    tmp = np.zeros((pieces, max(prog.tmp_size, 1)), dtype)
-    sc = np.zeros((pieces, max(prog.sc_size, 1)), dtype)
-    width = prog.out_w
-    out_all = np.zeros(bs * width, dtype)
-    dz_all = np.zeros(bs * width, dtype)
-    sumsq = np.zeros(prog.chunks, np.float64)
-    ctx.scratch[key] = buffers = (g, part, act, gact, tok, acc, tmp, sc, out_all, dz_all, sumsq)
-    return buffers
+    if key not in ctx.scratch:
+        dtype = prog.dtype
+        pieces = -(-bs // prog.max_samples)
+        rows = prog.max_rows
+        out_rows = prog.max_samples * int(prog.tables.slots[prog.output_slot]["steps"])
+        need = prog.scratch
+        bufs = ki.EpochBuffers(
+            part=np.zeros((pieces, prog.param_size), dtype),
+            act=np.zeros((pieces, max(prog.act_size, 1)), dtype),
+            gact=np.zeros((pieces, max(prog.act_size, 1)), dtype),
+            tok=np.zeros((pieces, max(rows, 1)), np.int64),
+            acc=np.zeros((pieces, need["acc"]), np.float64),
+            tmp=np.zeros((pieces, need["tmp"]), dtype),
+            sc=np.zeros((pieces, need["sc"]), dtype),
+            target_rows=np.zeros((pieces, out_rows), np.int64),
+            totals=np.zeros(pieces, np.float64), corrects=np.zeros(pieces, np.float64),
+            sumsq=np.zeros(cuts.shape[0] - 1, np.float64))
+        ctx.scratch[key] = (np.zeros(prog.param_size, dtype), bufs)
+    return ctx.scratch[key]
 
 
 register_schedule("general", plan_from_program, run)

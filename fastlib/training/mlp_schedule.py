@@ -1,27 +1,28 @@
 """The MLP schedule of the program: a chain of Dense rows on ``(N, d)`` data, run as whole
-epochs by the fused kernel (:mod:`fastlib.training.fused_kernels`), each layer pair cut into
+epochs by the column epoch (:mod:`fastlib.kernels.dense_columns`), each layer pair cut into
 pieces of columns and rows.
 
-The plan is read from the program's rows (:mod:`fastlib.training.program`): widths from
-``in_w`` / ``out_w``, activation codes from ``int0``, parameter names from the rows' blocks.
-The long story: docs/fastlib.md, section ``fastlib/training/mlp_schedule.py``.
+The plan is read from the program's rows (:mod:`fastlib.training.program`): widths from their
+``x`` and ``y`` slots, activation codes from ``activation``, parameter names from the rows'
+blocks. Why it is kept beside the general schedule: docs/architecture.md, "Training".
 """
 from __future__ import annotations
 
 import numpy as np
 
-from fastlib.kernels import transformer as kt
+from fastlib.kernels import dense_columns as kc
+from fastlib.kernels import instructions as ins
+from fastlib.kernels.interpreter import EpochData, EpochState
 from fastlib.layers.activations import LEAKY_SLOPE
-from fastlib.training import fused_kernels as fk
 from fastlib.training import piece_plan
-from fastlib.training.epoch_state import (epoch_inputs, epoch_settings, finish_epoch, flat_state,
+from fastlib.training.epoch_state import (epoch_inputs, epoch_update, finish_epoch, flat_state,
                                           single_threaded_blas)
-from fastlib.training.fused_kernels import FUSED_ACTIVATIONS, LOSS_CODES  # noqa: F401 - public
 from fastlib.training.piece_plan import piece_threads
 from fastlib.training.schedules import ScheduleError, register_schedule
+from optable.losses import LOSS_CODES
 
 # NOTE (speed): every layer pair is cut into the run's piece plan's P pieces (model
-# parallelism inside one step, see fused_kernels and fastlib.training.piece_plan): each thread
+# parallelism inside one step, see dense_columns and fastlib.training.piece_plan): each thread
 # forms its pieces' activations, gradients and update from its own contiguous parameter block,
 # which stays in its core's cache, and BLAS runs single-threaded inside each piece. The
 # machine's choice: one piece below SPLIT_MIN_PARAMS parameters (a parallel region costs
@@ -105,22 +106,26 @@ def takes(program):
     """The program's rows when they are this schedule's: one chain of Dense rows on data
     without a time axis; else None."""
     rows = program.chain()
-    if not rows or program.tokens or any(r["op"] != kt.OP_DENSE or r["rows"] != 1
-                                         for r in rows):
+    if rows is None or not len(rows) or program.tokens or program.steps != 1 or \
+            any(r["op"] != ins.DENSE for r in rows):
         return None
     return rows
 
 
-def plan_from_rows(rows, row_names, dtype, loss_code, n_pieces):
-    """A :class:`_Plan` of ``n_pieces`` pieces read from Dense rows (``row_fields`` dicts) and
-    their parameter names; a :class:`~fastlib.training.schedules.ScheduleError` on a row of
-    another kind or an activation the kernel does not apply."""
+def plan_from_rows(tables, row_names, dtype, loss_code, n_pieces):
+    """A :class:`_Plan` of ``n_pieces`` pieces read from a chain's ``tables``
+    (``instructions.ProgramTables``) and its rows' parameter names; a
+    :class:`~fastlib.training.schedules.ScheduleError` on a row of another kind or an
+    activation the kernel does not apply."""
+    rows, slots = tables.rows, tables.slots
     for k, r in enumerate(rows):
-        if r["op"] != kt.OP_DENSE or r["int0"] not in fk.FUSED_CODES:
+        if r["op"] != ins.DENSE or r["activation"] not in ins.ELEMENTWISE_CODES:
             raise ScheduleError(f"the mlp schedule runs Dense rows with an elementwise "
-                                f"activation; row {k} is op {r['op']} with code {r['int0']}")
-    dims = [rows[0]["in_w"]] + [r["out_w"] for r in rows]
-    return _Plan(dims, [r["int0"] for r in rows], row_names, dtype, loss_code, n_pieces)
+                                f"activation; row {k} is op {r['op']} with code "
+                                f"{r['activation']}")
+    dims = [int(slots[rows[0]["x"]]["width"])] + [int(slots[r["y"]]["width"]) for r in rows]
+    return _Plan(dims, [int(r["activation"]) for r in rows], row_names, dtype, loss_code,
+                 n_pieces)
 
 
 def plan_from_program(ctx, program, x):
@@ -130,8 +135,8 @@ def plan_from_program(ctx, program, x):
     if rows is None or x.ndim != 2:
         return None
     pieces = piece_plan.resolve(ctx, lambda cores: machine_pieces(program.param_size, cores))
-    plan = plan_from_rows(rows, program.row_names, program.dtype, fk.LOSS_CODES[ctx.loss_type],
-                          pieces.pieces)
+    plan = plan_from_rows(program.tables, program.row_names, program.dtype,
+                          LOSS_CODES[ctx.loss_type], pieces.pieces)
     plan.slope = LEAKY_SLOPE
     plan.piece_plan = pieces
     return plan
@@ -146,7 +151,7 @@ def machine_pieces(n_params, cores):
 
 
 def run(ctx, plan, x, y, order):
-    """Train one epoch of ``plan`` (:func:`plan_from_program`) in the fused kernel.
+    """Train one epoch of ``plan`` (:func:`plan_from_program`) in the column epoch.
 
     ``x`` holds inputs ``[N, D]`` in the model's dtype (validated by ``train``), ``y`` the
     targets as ``fastlib.losses.validate_targets`` normalised them, ``order`` the epoch's
@@ -155,10 +160,8 @@ def run(ctx, plan, x, y, order):
     dtype = plan.dtype
     n = x.shape[0]
     bs = ctx.config.batch_size
-    order, yi, yf = epoch_inputs(ctx, y, order, n, dtype)
-    opt = ctx.optimizer
+    order, classes, values = epoch_inputs(ctx, y, order, n, dtype)
     w, slots = flat_state(ctx, plan, dtype)
-    g = np.zeros_like(w)
     dims = plan.dims
     n_pieces = plan.n_pieces
     n_layers = len(plan.codes)
@@ -171,21 +174,23 @@ def run(ctx, plan, x, y, order):
                                       (dims[layer] if layer else 0))
                   for layer in range(n_layers)]
     part_off = np.concatenate([[0], np.cumsum(part_sizes)[:-1]]).astype(np.int64)
-    a_in = np.zeros(2 * bs * int(dims[0]), dtype)  # this batch and the next
     post, pre, gout = (np.zeros(act_size, dtype) for _ in range(3))
-    part = np.zeros(sum(part_sizes), dtype)
-    logits, dz = np.zeros(bs * int(dims[-1]), dtype), np.zeros(bs * int(dims[-1]), dtype)
-    acc64 = np.zeros((n_pieces + 1, int(dims.max())), np.float64)  # bias-gradient sums
-    coeffs, clip_mode, clip = epoch_settings(ctx, -(-n // bs), dtype)
-    threads = piece_threads(n_pieces)
-    args = (x, yi, yf, order, bs, threads, dims, plan.cols,
-            plan.w_off, plan.b_off, plan.blk, act_off, part_off, plan.codes,
-            dtype.type(plan.slope), plan.loss_code, opt.kind, coeffs, clip_mode, float(clip), w,
-            slots[0], slots[1], g, a_in, post, pre, gout, part, logits, dz, acc64)
+    bufs = kc.ColumnBuffers(
+        a_in=np.zeros(2 * bs * int(dims[0]), dtype),  # this batch and the next
+        post=post, pre=pre, gout=gout, part=np.zeros(sum(part_sizes), dtype),
+        logits=np.zeros(bs * int(dims[-1]), dtype), dz=np.zeros(bs * int(dims[-1]), dtype),
+        acc64=np.zeros((n_pieces + 1, int(dims.max())), np.float64),  # bias-gradient sums
+        sumsq=np.zeros(n_pieces, np.float64))
+    cplan = kc.ColumnPlan(dims, plan.codes, plan.cols, plan.w_off, plan.b_off, plan.blk,
+                          act_off, part_off, dtype.type(plan.slope), bs,
+                          piece_threads(n_pieces), plan.loss_code)
+    data = EpochData(np.ascontiguousarray(x), np.zeros((0, 0), np.int64), classes, values,
+                     order)
+    state = EpochState(w, slots[0], slots[1], np.zeros_like(w))
     # one piece too: a multi-threaded BLAS under one piece could use cores the plan leaves
     # idle, and its hand-offs made the small products slower with more threads
     with single_threaded_blas():
-        out = fk.epoch(*args)
+        out = kc.epoch(cplan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype))
     return finish_epoch(ctx, plan, w, slots, out, n, bs, "mlp", plan.piece_plan)
 
 

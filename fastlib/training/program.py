@@ -1,9 +1,9 @@
-"""The program builder: a model compiled to one program of checked instruction rows.
+"""The program builder: a model compiled to one program of checked instruction records.
 
 Every model a compiled epoch can train is first compiled here, whatever schedule then runs it
-(:mod:`fastlib.training.schedules`): one row per layer (and per join of a ``Parallel``), the
-row's fields named by its instruction kind (:mod:`fastlib.training.instructions`) and checked
-when the program is built, the parameters laid out in the blocks the kinds declare. A model
+(:mod:`fastlib.training.schedules`): one row per layer (and per join of a ``Parallel``), its
+fields named by the records of :mod:`fastlib.kernels.instructions`, its slots and parameter
+blocks sized from its kind's declaration there and checked when the program is built. A model
 holding a layer the program cannot express raises :class:`Unsupported` here, and the generic
 per-batch loop trains it.
 
@@ -11,15 +11,12 @@ The long story: docs/fastlib.md, section ``fastlib/training/program.py``.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from fastlib.kernels import transformer as kt
-from fastlib.kernels.recurrent_pieces import PIECE
-from fastlib.training import fused_kernels as fk
-from fastlib.training.instructions import (INSTRUCTIONS, ProgramError, check_program,
-                                          row_fields)
+from fastlib.kernels import instructions as ins
+from fastlib.kernels.instructions import INSTRUCTIONS, ProgramError, check_program
+from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE, SOFTMAX
+from optable.losses import LOSS_CODES
 from optable.parameters import kind_of, layer_sizes, parameter_shapes
 
 
@@ -29,6 +26,8 @@ class Unsupported(Exception):
 
 # the config keys that hold a layer kind's input width (its declared sizing keys)
 _INPUT_WIDTH_KEYS = ("in_features", "d", "d_model", "input_size")
+# slot offsets in entries: rows start on 64-byte boundaries for float32
+_ALIGN = 16
 
 
 def declared_shapes(layer):
@@ -37,13 +36,8 @@ def declared_shapes(layer):
     return parameter_shapes(kind_of(layer), layer_sizes(layer))
 
 
-def _as_matrix(shape):
-    """The (rows, columns) a parameter of ``shape`` spans in a block: a vector is one row."""
-    return (1, shape[0]) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
-
-
 class Program:
-    """A model compiled for one sample shape: program rows, buffer sizes, parameter layout.
+    """A model compiled for one sample shape: record tables, buffer sizes, parameter layout.
 
     Parameters
     ----------
@@ -54,9 +48,7 @@ class Program:
     steps : int
         Positions per sample (1 for ``(N, d)`` data).
     max_samples : int
-        The most samples one piece holds: the activation slots are sized for it (a schedule
-        that runs the rows in pieces builds the program at its piece size, see
-        :meth:`sized_for`).
+        The most samples one piece holds: the slots are sized for it (see :meth:`sized_for`).
     d_in : int
         Feature width per position of the data (0 for token ids).
     tokens : bool
@@ -66,44 +58,40 @@ class Program:
 
     Attributes
     ----------
-    prog : ndarray of int64, shape (rows, N_FIELDS)
-        The checked instruction rows (:func:`~fastlib.training.instructions.row_fields` names
-        their fields).
+    tables : instructions.ProgramTables
+        The checked rows, slots and blocks (``fastlib.kernels.instructions``).
     row_names : list of tuple of str
         Per row, the full names of the parameters its blocks hold, in block order.
     layout : dict
-        ``name -> (offset, block rows, block cols, col0, col1, shape)`` in the flat vector.
+        ``name -> (block, col0, col1, shape)``: the block that holds the parameter and its
+        columns there.
     """
 
     def __init__(self, model, dtype, steps, max_samples, d_in, tokens, d_in_seq):
         self._args = (model, dtype, steps, d_in, tokens, d_in_seq)
         self.dtype = dtype
         self.steps = steps
-        self.max_rows = max_samples * steps
         self.max_samples = max_samples
-        self.rows, self.fpar, self.row_names = [], [], []
-        self.act_size = 0
-        self.tmp_size = 0
-        self.acc_size = 0
-        self.sc_size = 0
-        self.param_size = 0
-        self.layout = {}     # name -> (offset, block rows, block cols, col0, col1, shape)
+        self.max_rows = max_samples * steps
         self.tokens = tokens
-        # a slot is (offset, width, whether it has a time axis); the data has one when it is
-        # tokens or (N, T, d), not when it is (N, d)
+        self._rows, self._slots, self._blocks, self.row_names = [], [], [], []
+        self.act_size = 0
+        self.param_size = 0
+        self.layout = {}
+        # the data has a time axis when it is tokens or (N, T, d), not when it is (N, d)
         seq_in = tokens or d_in_seq
-        self.input_slot = self._slot(1 if tokens else d_in, seq_in)
-        out, width, seq = self._emit(model, (self.input_slot, d_in, seq_in), "")
-        self.out_slot = out
-        # the output's width per sample: every position's features, or the last state's
-        self.out_w = width * (steps if seq else 1)
+        self.input_slot = self._slot(1 if tokens else d_in, steps if seq_in else 1)
+        self.output_slot = self._emit(model, (self.input_slot, 1 if tokens else d_in, seq_in),
+                                      "")[0]
         self._grad_modes()
-        self.prog = np.array(self.rows, np.int64).reshape(-1, kt.N_FIELDS)
-        # every field of every row checked against its instruction kind before a kernel
-        # reads it (a wrong offset raises here instead of giving wrong gradients)
-        check_program(self.prog, act_size=self.act_size, param_size=self.param_size,
+        self.tables = ins.ProgramTables(np.array(self._rows, ins.ROW),
+                                        np.array(self._slots, ins.SLOT),
+                                        np.array(self._blocks, ins.BLOCK))
+        # every record checked against its instruction kind before a kernel reads it (a wrong
+        # slot or block raises here instead of giving wrong gradients)
+        check_program(self.tables, act_size=self.act_size, param_size=self.param_size,
                       samples=max_samples, input_slot=self.input_slot)
-        self.fpar_arr = np.array(self.fpar, np.float64)
+        self.scratch = ins.scratch_sizes(self.tables.rows, self.tables.slots, max_samples)
 
     def sized_for(self, max_samples):
         """The same model's program with slots for pieces of ``max_samples`` samples (the
@@ -111,79 +99,84 @@ class Program:
         model, dtype, steps, d_in, tokens, d_in_seq = self._args
         return Program(model, dtype, steps, max_samples, d_in, tokens, d_in_seq)
 
-    # -- reading the rows ----------------------------------------------------------------------
-    def fields(self):
-        """Per row, ``{field name: value}`` (:func:`~fastlib.training.instructions.row_fields`)."""
-        return [row_fields(row) for row in self.prog]
-
     def chain(self):
-        """The rows' fields when the program is one chain (each row reads the row before it,
-        the first the model's input), else None: the shape the MLP and recurrent schedules
-        run."""
-        rows = self.fields()
+        """The rows when the program is one chain (each row reads the row before it, the
+        first the model's input), else None."""
         src = self.input_slot
-        for r in rows:
-            if r["in"] != src:
+        for r in self.tables.rows:
+            if r["x"] != src:
                 return None
-            src = r["out"]
-        return rows
+            src = r["y"]
+        return self.tables.rows
+
+    def kinds(self):
+        """The set of the rows' instruction kinds."""
+        return {int(op) for op in self.tables.rows["op"]}
 
     # -- building ------------------------------------------------------------------------------
-    def _slot(self, width, seq=True):
-        off = self.act_size
-        self.act_size += self.max_samples * (self.steps if seq else 1) * width
-        return off
+    def _slot(self, width, steps):
+        """A new slot of ``steps`` rows per sample of ``width`` entries; returns its index."""
+        self._slots.append((self.act_size, steps, width))
+        self.act_size += -(-self.max_samples * steps * width // _ALIGN) * _ALIGN
+        return len(self._slots) - 1
 
-    def _blocks(self, op, layer, prefix):
-        """Lay out ``layer``'s parameters in the blocks its instruction kind names (``p0``,
-        ``p1``, ... in order; ``instructions.INSTRUCTIONS``), each block holding its
-        parameters' declared shapes side by side as column ranges. Returns the four
-        parameter fields' offsets and the parameters' full names in block order."""
+    def _param_blocks(self, op, layer, prefix):
+        """Lay out ``layer``'s parameters in the blocks its instruction kind names
+        (``instructions.INSTRUCTIONS``), each holding its parameters' declared shapes side by
+        side; returns ``({block field: block index}, parameter names in block order)``."""
         shapes = declared_shapes(layer)
-        offsets = [0, 0, 0, 0]
-        full = []
-        for field, names in INSTRUCTIONS[op].blocks.items():
-            spans = [_as_matrix(shapes[n]) for n in names]
-            rows = spans[0][0]
-            if any(r != rows for r, _ in spans):
-                raise ProgramError(f"{type(layer).__name__}: the parameters {names} of block "
-                                   f"'{field}' do not share a row count ({spans})")
-            cols = sum(c for _, c in spans)
-            off = self.param_size
-            self.param_size += rows * cols
+        out, names = {}, []
+        kind = INSTRUCTIONS[op]
+        spans = kind.spans(shapes)
+        for field, params in kind.blocks.items():
+            rows, cols = spans[field]
+            self._blocks.append((self.param_size, rows, cols))
+            out[field] = len(self._blocks) - 1
             c0 = 0
-            for name, (_, width) in zip(names, spans):
-                self.layout[prefix + name] = (off, rows, cols, c0, c0 + width, shapes[name])
-                full.append(prefix + name)
+            for name in params:
+                shape = shapes[name]
+                width = shape[0] if len(shape) == 1 else int(np.prod(shape[1:]))
+                self.layout[prefix + name] = (out[field], c0, c0 + width, shape)
+                names.append(prefix + name)
                 c0 += width
-            offsets[int(field[1:])] = off
-        return tuple(offsets), tuple(full)
+            self.param_size += rows * cols
+        return out, tuple(names)
 
-    def _row(self, op, src, out, out_w, aux=(0, 0, 0), params=((0, 0, 0, 0), ()), ints=(0, 0),
-             fpar=0.0, src_b=-1, aux_more=(0, 0)):
-        params, names = params
-        row = [0] * kt.N_FIELDS
-        row[kt.F_OP] = op
-        row[kt.F_IN], row[kt.F_IN_W], seq = src
-        row[kt.F_ROWS] = self.steps if seq else 1
-        row[kt.F_AUX4], row[kt.F_AUX5] = aux_more
-        row[kt.F_OUT], row[kt.F_OUT_W] = out, out_w
-        row[kt.F_AUX1], row[kt.F_AUX2], row[kt.F_AUX3] = aux
-        row[kt.F_P0], row[kt.F_P1], row[kt.F_P2], row[kt.F_P3] = params
-        row[kt.F_INT0], row[kt.F_INT1] = ints
-        if src_b >= 0:
-            row[kt.F_AUX1] = src_b
-        self.rows.append(row)
+    def _row(self, op, src, d_out, layer=None, prefix="", shared=None, seq=None, **fields):
+        """Append a row of kind ``op`` reading the slot ``src = (index, width, seq)`` (``seq``:
+        it has a time axis), with output width ``d_out`` and its integer and real ``fields``:
+        its parameter blocks laid out from ``layer`` and each slot it uses new, at the extent
+        the kind declares, unless ``shared`` names it (``{field: slot index}``: the join's
+        output; -1: the alias the kind allows). Returns its output slot ``(index, width,
+        seq)``, ``seq`` the input's unless given."""
+        kind = INSTRUCTIONS[op]
+        row = np.zeros((), ins.ROW)
+        for f in ins.SLOT_FIELDS + ins.BLOCK_FIELDS:
+            row[f] = ins.NONE
+        blocks, names = self._param_blocks(op, layer, prefix) if kind.blocks else ({}, ())
+        for f, v in dict(blocks, **fields).items():
+            row[f] = v
+        row["op"], row["x"] = op, src[0]
+        sizes = {"steps": self.steps if src[2] else 1, "d_in": src[1], "d_out": d_out}
+        sizes.update({f: int(row[f]) for f in ins.INT_FIELDS})
+        shared = dict(shared or {})
+        for f, extent in kind.slots.items():
+            if f == "x":
+                continue
+            if f in shared:
+                row[f] = shared[f] if shared[f] >= 0 else row[kind.aliases[f]]
+                continue
+            steps, width = extent(sizes)
+            row[f] = self._slot(width, steps)
+        self._rows.append(row)
         self.row_names.append(names)
-        self.fpar.append(float(fpar))
-        self.tmp_size = max(self.tmp_size, self.max_rows * src[1])
+        return int(row["y"]), d_out, src[2] if seq is None else seq
 
     def _emit(self, layer, src, prefix):
-        """Rows for ``layer`` on the slot ``src = (offset, width, seq)``; returns its output
-        slot."""
+        """Rows for ``layer`` on the slot ``src = (index, width, seq)``; returns its output
+        slot the same way."""
         from fastlib.layers import (LSTM, RNN, Dense, Embedding, LayerNorm, MultiHeadAttention,
                                     Parallel, RMSNorm, Sequential, SwiGLU)
-        from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE, SOFTMAX
 
         kind = type(layer)
         if kind is Sequential:
@@ -192,97 +185,47 @@ class Program:
             return src
         if kind is Parallel:
             return self._parallel(layer, src, prefix)
-        if self.tokens and src[0] == self.input_slot and kind is not Embedding:
+        at_input = src[0] == self.input_slot
+        if self.tokens and at_input and kind is not Embedding:
             raise Unsupported
         if kind is Embedding:
-            if not (self.tokens and src[0] == self.input_slot):
+            if not (self.tokens and at_input):
                 raise Unsupported
-            params = self._blocks(kt.OP_EMBEDDING, layer, prefix)
-            out = self._slot(layer.dim)
-            self._row(kt.OP_EMBEDDING, src, out, layer.dim, params=params, ints=(layer.num, 0))
-            self.acc_size = max(self.acc_size, layer.num * layer.dim)
-            return out, layer.dim, True
+            return self._row(ins.EMBEDDING, src, layer.dim, layer, prefix, num=layer.num)
         d, seq = src[1], src[2]
         cfg = layer.get_config()
-        width_in = next((cfg[k] for k in _INPUT_WIDTH_KEYS if k in cfg), d)
-        if width_in != d:
+        if next((cfg[k] for k in _INPUT_WIDTH_KEYS if k in cfg), d) != d:
             raise Unsupported   # a width mismatch: the generic path names it
         if kind is Dense:
             code = ACTIVATIONS[layer.activation]
             if code == SOFTMAX:
                 raise Unsupported
-            dout = layer.out_features
-            params = self._blocks(kt.OP_DENSE, layer, prefix)
-            out = self._slot(dout, seq)
-            pre = out if code == 0 else self._slot(dout, seq)
-            self._row(kt.OP_DENSE, src, out, dout, aux=(pre, 0, 0), params=params,
-                      ints=(code, 0), fpar=LEAKY_SLOPE)
-            self.acc_size = max(self.acc_size, dout)
-            return out, dout, seq
+            linear = code == ACTIVATIONS["linear"]
+            # a linear Dense's pre-activation is its output (the kind allows the alias)
+            return self._row(ins.DENSE, src, layer.out_features, layer, prefix,
+                             shared={"pre": -1} if linear else None, activation=code,
+                             slope=LEAKY_SLOPE)
         if kind is LayerNorm:
-            params = self._blocks(kt.OP_LAYER_NORM, layer, prefix)
-            xhat, rstd, out = self._slot(d, seq), self._slot(1, seq), self._slot(d, seq)
-            self._row(kt.OP_LAYER_NORM, src, out, d, aux=(xhat, rstd, 0), params=params,
-                      fpar=layer.eps)
-            self.acc_size = max(self.acc_size, 2 * d)
-            return out, d, seq
+            return self._row(ins.LAYER_NORM, src, d, layer, prefix, eps=layer.eps)
         if kind is RMSNorm:
-            params = self._blocks(kt.OP_RMS_NORM, layer, prefix)
-            rinv, out = self._slot(1, seq), self._slot(d, seq)
-            self._row(kt.OP_RMS_NORM, src, out, d, aux=(rinv, 0, 0), params=params,
-                      fpar=layer.eps)
-            self.acc_size = max(self.acc_size, d)
-            return out, d, seq
+            return self._row(ins.RMS_NORM, src, d, layer, prefix, eps=layer.eps)
         if kind is SwiGLU:
-            h, dout = layer.hidden, layer.out
-            params = self._blocks(kt.OP_SWIGLU, layer, prefix)
-            au, hidden, out = self._slot(2 * h, seq), self._slot(h, seq), self._slot(dout, seq)
-            self._row(kt.OP_SWIGLU, src, out, dout, aux=(au, hidden, 0), params=params,
-                      ints=(h, 0))
-            return out, dout, seq
+            return self._row(ins.SWIGLU, src, layer.out, layer, prefix, hidden=layer.hidden)
         if kind in (RNN, LSTM):
-            return self._recurrent(layer, kind is LSTM, src, prefix)
+            if not seq or layer.input_size != d:
+                raise Unsupported   # no time axis, or a width mismatch: the generic path says so
+            # an RNN's states overwrite its gates (the kind allows the alias)
+            every = bool(layer.return_sequences)
+            return self._row(ins.LSTM if kind is LSTM else ins.RNN, src, layer.hidden_size,
+                             layer, prefix, shared=None if kind is LSTM else {"states": -1},
+                             seq=every, every_state=int(every))
         if kind is MultiHeadAttention:
             if not seq:
                 raise Unsupported   # attention needs (batch, seq, d): the generic path says so
-            heads, dh = layer.heads, d // layer.heads
-            params = self._blocks(kt.OP_ATTENTION, layer, prefix)
-            qkv, att, out = self._slot(3 * d), self._slot(d), self._slot(d)
-            probs = self.act_size   # per sample and head a (T, T) block
-            self.act_size += self.max_samples * heads * self.steps * self.steps
-            scale = float(self.dtype.type(1.0 / np.sqrt(dh)))
-            self._row(kt.OP_ATTENTION, src, out, d, aux=(qkv, att, probs),
-                      params=params, ints=(heads, int(layer.causal)),
-                      fpar=scale)
-            self.acc_size = max(self.acc_size, 3 * d)
-            self.sc_size = max(self.sc_size, 4 * self.steps * dh + self.steps * self.steps)
-            self.tmp_size = max(self.tmp_size, self.max_rows * d)
-            return out, d, True
+            scale = float(self.dtype.type(1.0 / np.sqrt(d // layer.heads)))
+            return self._row(ins.ATTENTION, src, d, layer, prefix, heads=layer.heads,
+                             causal=int(layer.causal), scale=scale)
         raise Unsupported
-
-    def _recurrent(self, layer, lstm, src, prefix):
-        """An RNN or LSTM: its parameters (``w_ih``, ``w_hh``, ``b``), the time-major slots of
-        its gates, states and cells, and its output (every state, or the last)."""
-        d = src[1]
-        if not src[2] or layer.input_size != d:
-            raise Unsupported   # no time axis, or a width mismatch: the generic path says so
-        h = layer.hidden_size
-        op = kt.OP_LSTM if lstm else kt.OP_RNN
-        params = self._blocks(op, layer, prefix)
-        width = declared_shapes(layer)["b"][0]      # the gates' columns (LSTM: 4 per unit)
-        gates = self._slot(width)
-        hs = self._slot(h) if lstm else gates      # an RNN's states overwrite its gates
-        cs = self._slot(h)                         # an RNN's holds its output's cotangent only
-        tcs = self._slot(h) if lstm else cs
-        work = self._slot(width)
-        seq = bool(layer.return_sequences)
-        out = self._slot(h, seq)
-        self._row(op, src, out, h, aux=(gates, hs, cs), params=params, ints=(0, int(seq)),
-                  aux_more=(tcs, work))
-        self.acc_size = max(self.acc_size, width)
-        self.sc_size = max(self.sc_size, PIECE * max(width, 2 * h))
-        self.tmp_size = max(self.tmp_size, h * width)
-        return out, h, seq
 
     def _parallel(self, layer, src, prefix):
         outs = [self._emit(child, src, f"{prefix}{i}.") for i, child in enumerate(layer.layers)]
@@ -290,66 +233,64 @@ class Program:
 
         if any(type(c) is Embedding for c in layer.layers) and len(outs) > 1:
             raise Unsupported  # two lookups of one index slot: left to the generic path
-        seq = outs[0][2]
-        if any(o[2] != seq for o in outs):
+        if any(o[2] != outs[0][2] for o in outs):
             raise Unsupported  # a branch with a time axis and one without: the generic path's
         if layer.combine == "add":
             if any(o[1] != outs[0][1] for o in outs):
                 raise Unsupported
+            if len(outs) == 1:
+                return self._row(ins.COLUMNS, outs[0], outs[0][1])
             # summed left to right, as the layer does
             acc = outs[0]
-            if len(outs) == 1:
-                out = self._slot(acc[1], seq)
-                self._row(kt.OP_COLUMNS, acc, out, acc[1])
-                return out, acc[1], seq
             for nxt in outs[1:]:
-                out = self._slot(acc[1], seq)
-                self._row(kt.OP_ADD, acc, out, acc[1], src_b=nxt[0])
-                acc = (out, acc[1], seq)
+                acc = self._row(ins.ADD, acc, acc[1], shared={"x2": nxt[0]})
             return acc
         total = sum(o[1] for o in outs)
-        out = self._slot(total, seq)
+        out = None
         c0 = 0
         for o in outs:
-            self._row(kt.OP_COLUMNS, o, out, total, ints=(c0, 0))
+            # the first branch's row makes the join's output; the others write into it
+            out = self._row(ins.COLUMNS, o, total, shared=None if out is None else {"y": out[0]},
+                            col0=c0)
             c0 += o[1]
-        return out, total, seq
+        return out
 
     def _grad_modes(self):
-        """Per row and input: write the cotangent, add it (a later consumer, in forward
-        order, wrote first in the backward) or skip it (the model's input)."""
+        """Per row and input: write the cotangent, add it (a later reader, in forward order,
+        wrote first in the backward) or skip it (the model's input)."""
         written = set()
-        for row in reversed(self.rows):
-            if row[kt.F_OP] == kt.OP_EMBEDDING:
+        for row in reversed(self._rows):
+            if row["op"] == ins.EMBEDDING:
                 continue
-            operands = [(kt.F_IN, kt.F_GRAD_A)]
-            if row[kt.F_OP] == kt.OP_ADD:
-                operands.append((kt.F_AUX1, kt.F_GRAD_B))
+            operands = [("x", "grad_x")] + ([("x2", "grad_x2")] if row["op"] == ins.ADD else [])
             for field, mode in operands:
-                slot = row[field]
+                slot = int(row[field])
                 if slot == self.input_slot:
-                    row[mode] = kt.GRAD_SKIP
+                    row[mode] = ins.GRAD_SKIP
                 elif slot in written:
-                    row[mode] = kt.GRAD_ADD
+                    row[mode] = ins.GRAD_ADD
                 else:
-                    row[mode] = kt.GRAD_WRITE
+                    row[mode] = ins.GRAD_WRITE
                     written.add(slot)
 
     # -- parameters ----------------------------------------------------------------------------
     def _views(self, flat):
-        for name, (off, rows, cols, c0, c1, shape) in self.layout.items():
+        blocks = self.tables.blocks
+        for name, (b, c0, c1, shape) in self.layout.items():
+            off, rows, cols = (int(v) for v in blocks[b])
             yield name, flat[off:off + rows * cols].reshape(rows, cols)[:, c0:c1].reshape(shape)
 
     def flatten(self, arrays):
+        """The arrays of :attr:`layout` as one flat vector of the model's dtype."""
         flat = np.zeros(self.param_size, self.dtype)
         for name, view in self._views(flat):
             view[...] = arrays[name]
         return flat
 
     def unflatten(self, flat, arrays):
+        """Copy the flat vector back into the arrays of :attr:`layout`, in place."""
         for name, view in self._views(flat):
             np.copyto(arrays[name], view)
-
 
 
 def _model_steps(x, tokens):
@@ -379,7 +320,7 @@ def _make_program(ctx, x):
     model, cfg = ctx.model, ctx.config
     if not cfg.extra.get("fused", True) or cfg.device != "cpu" or cfg.algorithm != "bp":
         return None
-    if ctx.loss_type not in fk.LOSS_CODES or type(model) not in (Sequential, Parallel):
+    if ctx.loss_type not in LOSS_CODES or type(model) not in (Sequential, Parallel):
         return None
     tokens = bool(model.takes_indices)
     steps, d_in = _model_steps(x, tokens)

@@ -5,10 +5,9 @@ rows (:mod:`fastlib.training.program`). A schedule decides how those rows run as
 epochs in compiled code; each reads the rows (instruction kinds and their named fields) and
 either takes the program, returning its plan, or declines it. They are tried in the order of
 :data:`SCHEDULE_MODULES`: ``"mlp"`` (a chain of Dense rows on ``(N, d)`` data, cut into
-column pieces), ``"recurrent"`` (a chain of Embedding / RNN / LSTM / Dense rows, cut into
-pieces of sequences), ``"general"`` (the row interpreter, cut into pieces of samples). A
-schedule registers itself when its module is imported, so a new schedule is one module plus
-one line here. A model with no program, or one no schedule takes, trains in the generic
+column pieces), ``"general"`` (the one interpreter of the rows, cut into pieces of samples,
+which takes every program). A schedule registers itself when its module is imported, so a
+new schedule is one module plus one line here. A model with no program trains in the generic
 per-batch loop.
 """
 from __future__ import annotations
@@ -17,11 +16,12 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
+from fastlib import config
+
 # The modules that hold schedules, most specialised first; imported on first use (their Numba
 # kernels compile on first call).
 SCHEDULE_MODULES = (
     "fastlib.training.mlp_schedule",
-    "fastlib.training.recurrent_schedule",
     "fastlib.training.general_schedule",
 )
 
@@ -72,7 +72,7 @@ def register_schedule(name: str, plan_from_program: Callable, run: Callable) -> 
 
 def schedules() -> list[Schedule]:
     """The registered schedules in the order they are tried (imports
-    :data:`SCHEDULE_MODULES` once)."""
+    :data:`SCHEDULE_MODULES` once), those ``fastlib.config.SCHEDULES`` allows."""
     global _loaded
     if not _loaded:
         for module in SCHEDULE_MODULES:
@@ -82,7 +82,8 @@ def schedules() -> list[Schedule]:
         rank = {m: i for i, m in enumerate(SCHEDULE_MODULES)}
         _SCHEDULES.sort(key=lambda s: rank.get(s.run.__module__, len(rank)))
         _loaded = True
-    return list(_SCHEDULES)
+    allowed = config.SCHEDULES
+    return [s for s in _SCHEDULES if allowed is None or s.name in allowed]
 
 
 def schedule_for(ctx, x):
@@ -90,7 +91,7 @@ def schedule_for(ctx, x):
     program or no schedule takes it (decided once per run and sample shape)."""
     from fastlib.training.program import program_for
 
-    key = ("schedule", x.shape[1:], x.dtype.kind)
+    key = ("schedule", x.shape[1:], x.dtype.kind, config.SCHEDULES)
     if key not in ctx.scratch:
         chosen = None
         program = program_for(ctx, x)

@@ -30,13 +30,16 @@ TARGETS = {64: 0.4, 1: 6.0}  # the MLP's seconds per epoch: the targets the READ
 RATIO_TARGETS = {"torch": 0.5, "jax": 1.0}  # fastlib / peer at RATIO_BATCH, every model
 RATIO_BATCH = 32
 FLOOR_BATCH, FLOOR_TARGET = 64, 2.0  # the MLP within 2x of the arithmetic floor at batch 64
+# fastlib with its compiled schedules limited to these (fastlib.config.SCHEDULES): the schedule
+# benchmark of docs/architecture.md times each specialised schedule against the interpreter
+SCHEDULE_ENGINES = {"fastlib-general": ("general",)}
 
 
 def _engine_names():
     """Every engine some model (or ``--device cuda``) runs, for the parser's did-you-mean; the
     model's own list is checked by :func:`validate`."""
     names = [e for name in MODELS + SIMULATOR_MODELS for e in load(name).CPU_ENGINES]
-    return list(dict.fromkeys(names + list(CUDA_ENGINES)))
+    return list(dict.fromkeys(names + list(SCHEDULE_ENGINES) + list(CUDA_ENGINES)))
 
 
 def add_arguments(parser):
@@ -66,7 +69,9 @@ def add_arguments(parser):
                        help="engines to run (each model's own: see --model)",
                        default_text="the model's: " + "; ".join(
                            f"{' '.join(load(m).CPU_ENGINES)} for {m}" for m in MODELS)
-                       + f"; with --device cuda {' '.join(CUDA_ENGINES)}")
+                       + f"; with --device cuda {' '.join(CUDA_ENGINES)}; also, by name, "
+                         "fastlib-general: fastlib with every model in its general schedule "
+                         "(the schedule benchmark)")
     shared.add_repeats(parser, None, help="interleaved rounds per batch size; the median is "
                                           "reported", default_text=str(REPEATS))
     a("--data-dir", metavar="DIR", default=None, help="mlp: the MNIST folder",
@@ -101,7 +106,9 @@ def validate(args):
                 f"(NUMBA_ENABLE_CUDASIM=1); the models: {', '.join(MODELS)}")
     if args.engines:
         allowed = CUDA_ENGINES if args.device == "cuda" else load(model).CPU_ENGINES
-        bad = [e for e in args.engines if e not in allowed]
+        # the schedule engines by name only, beside the model's own
+        named = tuple(SCHEDULE_ENGINES) if args.device == "cpu" else ()
+        bad = [e for e in args.engines if e not in allowed and e not in named]
         if bad:
             where = f"--model {model}" + (" --device cuda" if args.device == "cuda" else "")
             return (f"--engines {bad[0]}: not an engine of {where}; its engines: "
@@ -172,6 +179,9 @@ def _limit_threads(threads, engines=()):
     kernels (no adaptive shrinking to idle cores: each engine gets the same count), PyTorch,
     and XLA (before JAX is imported)."""
     import numba
+    # NOTE: threadpoolctl pins the BLAS libraries loaded now: SciPy's, the one Numba's np.dot
+    # (fastlib's kernels, layers included) calls, is loaded here so that it is pinned too
+    import scipy.linalg.cython_blas  # noqa: F401
     from threadpoolctl import threadpool_limits
 
     from fastlib import config
@@ -335,12 +345,26 @@ def _measure(model, engines, x, y, bs, args, progress=None):
 
 def _engine(model, engine, device):
     """The bench function of ``engine``; with ``--device cuda`` every engine, fastlib's CPU
-    engine included, runs the steady-state protocol (``common.CUDA_EPOCHS``)."""
+    engine included, runs the steady-state protocol (``common.CUDA_EPOCHS``); a
+    :data:`SCHEDULE_ENGINES` name runs the model's fastlib bench with the compiled schedules
+    limited to its own."""
     from reports.bench.models import common
 
     if device == "cuda" and engine == "fastlib" and common.STEADY_CPU in model.ENGINES:
         return model.ENGINES[common.STEADY_CPU]
-    return model.ENGINES[engine]
+    if engine not in SCHEDULE_ENGINES:
+        return model.ENGINES[engine]
+
+    def limited(*args, **kwargs):
+        # fastlib with its compiled schedules limited to the named engine's
+        from fastlib import config
+
+        before, config.SCHEDULES = config.SCHEDULES, SCHEDULE_ENGINES[engine]
+        try:
+            return model.ENGINES["fastlib"](*args, **kwargs)
+        finally:
+            config.SCHEDULES = before
+    return limited
 
 
 def _wants_profile(args, engines):

@@ -177,8 +177,8 @@ MUTANTS = (
            "(float32 arithmetic leaks into a float64 kernel)", "kernels/elementwise.py",
            "            out[i] = S.tanh_vjp(x[i], g[i])\n",
            "            out[i] = S.tanh_vjp(np.float32(x[i]), g[i])\n", ("tanh",)),
-    Mutant("f32-leak-fused", "the float64 fused MLP epoch rounds the cross-entropy gradient's "
-           "softmax to float32", "training/fused_kernels.py",
+    Mutant("f32-leak-fused", "the float64 compiled epochs' loss rounds the cross-entropy "
+           "gradient's softmax to float32", "kernels/batch_loss.py",
            "                    dz[i, j] = math.exp(z[i, j] - lse) * inv_n\n",
            "                    dz[i, j] = np.float32(math.exp(z[i, j] - lse)) * inv_n\n",
            ("train",)),
@@ -236,9 +236,9 @@ MUTANTS = (
            "return w - lr * (m_hat / (math.sqrt(v_hat) + eps)) - wd * w, m, v", ("AdamW",)),
     # -- layers and training --------------------------------------------------------------------
     Mutant("dense-transposed-weight-grad", "Dense's weight gradient transposed (g^T x reshaped)",
-           "layers/dense.py", 'grads = {"weight": np.dot(x2.T, gpre), "bias": db}',
-           'grads = {"weight": np.dot(gpre.T, x2).reshape(self.in_features, '
-           'self.out_features), "bias": db}', ("train",)),
+           "kernels/dense.py", "    weight_gradient(x, gpre, gw)\n    input_grad(",
+           "    weight_gradient(x, gpre, gw)\n    gw[:, :] = np.dot(gpre.T, x).reshape(gw.shape)\n"
+           "    input_grad(", ("train",)),
     Mutant("dense-stale-cache", "Dense keeps the first batch's input for every backward",
            "layers/dense.py",
            "self.hist_in, self.hist_pre, self.hist_post = x, pre, post",
@@ -249,39 +249,40 @@ MUTANTS = (
            "norm = math.sqrt(total) if finite else math.nan",
            "norm = float(np.float32(math.sqrt(total))) if finite else math.nan", ("train",)),
     Mutant("fused-row-bias", "the fused MLP epoch leaves out the second layer's bias",
-           "training/fused_kernels.py", "z = pre_f[i, j] + bias[j - c0]", "z = pre_f[i, j]",
+           "kernels/dense_columns.py", "z = pre_f[i, j] + bias[j - c0]", "z = pre_f[i, j]",
            ("train",)),
     Mutant("fused-piece-overwrite", "the fused epoch's pieces overwrite each other's partial "
-           "products instead of adding them", "training/fused_kernels.py",
+           "products instead of adding them", "kernels/dense_columns.py",
            "dst[i, j] += src[i, j]", "dst[i, j] = src[i, j]", ("train",)),
     Mutant("compiled-recurrent-piece-dropped", "the compiled epochs' skeleton adds only the "
            "first piece's partial gradients (batches past one piece lose the rest)",
-           "training/skeleton.py", "    for p in range(1, n_pieces):\n",
+           "kernels/skeleton.py", "    for p in range(1, n_pieces):\n",
            "    for p in range(1, min(n_pieces, 1)):\n", ("train",)),
     Mutant("compiled-lstm-step-carry", "the compiled LSTM backward drops the hidden-state "
-           "gradient carried from step 1 into step 0", "kernels/recurrent_pieces.py",
+           "gradient carried from step 1 into step 0", "kernels/recurrent.py",
            "        if t > 0:\n            np.dot(dz[t * nb:(t + 1) * nb], w_hh.T, dhc_all)",
            "        if t > 1:\n            np.dot(dz[t * nb:(t + 1) * nb], w_hh.T, dhc_all)",
            ("train",)),
     Mutant("compiled-recurrent-block-norm", "the compiled epochs' skeleton's gradient norm "
-           "counts the first update block only", "training/skeleton.py",
+           "counts the first update block only", "kernels/skeleton.py",
            "    sumsq[k] = kopt._sum_squares(dst)\n",
            "    sumsq[k] = kopt._sum_squares(dst) if k == 0 else 0.0\n", ("train",)),
     Mutant("lstm-cell-carry", "LSTM backward carries the cell gradient through i, not f",
-           "kernels/recurrent.py", "dc_carry[b, j] = dc * gf", "dc_carry[b, j] = dc * gi",
-           ("LSTM",)),
-    Mutant("rnn-piece-carry", "RNN backward: a batch's second piece starts from the first "
-           "piece's leftover carry (not reset to 0)", "kernels/recurrent.py",
-           "        carry = carry_all[:b1 - b0]                       # dL/dh_t arriving from "
-           "step t + 1\n        for b in range(b1 - b0):",
-           "        carry = carry_all[:b1 - b0]                       # dL/dh_t arriving from "
-           "step t + 1\n        for b in range(b1 - b0 if piece == 0 else 0):",
-           ("boundaries", "RNN")),
+           "kernels/recurrent.py",
+           "                    do[j] = dh * tc[j] * go[j] * (one - go[j])\n"
+           "                    dcc[j] = dc * gf\n            else:",
+           "                    do[j] = dh * tc[j] * go[j] * (one - go[j])\n"
+           "                    dcc[j] = dc * gi[j]\n            else:", ("LSTM",)),
+    Mutant("rnn-piece-carry", "RNN backward: a cell group starts from the scratch's leftover "
+           "carry (the previous group's, not reset to 0)", "kernels/recurrent.py",
+           "    cr_all = carry[:nb]\n    for b in range(nb):",
+           "    cr_all = carry[:nb]\n    for b in range(0):", ("boundaries", "RNN")),
     Mutant("attention-scale", "attention scores scaled by 1/sqrt(d), not 1/sqrt(d/heads)",
-           "layers/attention.py", "scale = self.dtype.type(1.0 / np.sqrt(d // self.heads))",
+           "layers/attention.py", "scale = self.dtype.type(1.0 / np.sqrt(d // heads))",
            "scale = self.dtype.type(1.0 / np.sqrt(d))", ("MultiHeadAttention",)),
     Mutant("embedding-overwrite", "repeated tokens overwrite instead of summing their gradients",
-           "kernels/dense.py", "acc[row, j] += grad_rows[n, j]", "acc[row, j] = grad_rows[n, j]",
+           "kernels/dense.py", "                tr[j] += gr[j]\n",
+           "                tr[j] = gr[j]\n",
            ("Embedding",)),
     Mutant("tape-overwrite", "the tape overwrites a slot instead of adding the contribution",
            "tape.py", "else np.asarray(existing + contribution, self.dtype))",
@@ -342,28 +343,24 @@ MUTANTS = (
            "log1p(s - 1): a dominant logit's loss of 1e-17 rounds to 0",
            "kernels/loss.py", "tail = math.log1p(rest) if v[t] == m else math.log(s)",
            "tail = math.log(s)", ("special",)),
-    Mutant("compiled-program-recurrent-subpiece", "the compiled program's recurrent w_hh "
-           "gradient keeps only the last sub-piece of a piece (overwrites, not adds)",
-           "kernels/transformer.py", "                    gr[j] += pr[j]\n",
+    Mutant("compiled-program-recurrent-subpiece", "a recurrent layer's w_hh gradient keeps only "
+           "the last cell group's terms (overwrites, not adds)",
+           "kernels/recurrent.py", "                    gr[j] += pr[j]\n",
            "                    gr[j] = pr[j]\n", ("train",)),
     # -- every path at every parameter, and the conventions -------------------------------------
     Mutant("layer-norm-layer-unweighted", "the LayerNorm layer's backward forms mean(g·x̂) "
            "without the affine weight (exact while the weight is all ones)", "kernels/dense.py",
-           "            mean_gx += g * xhat[i, j]\n",
-           "            mean_gx += dy[i, j] * xhat[i, j]\n", ("train",)),
+           "            mean_gx += g * hr[j]\n",
+           "            mean_gx += dr[j] * hr[j]\n", ("train",)),
     Mutant("fused-cce-sum-one", "the fused epoch's categorical cross-entropy gradient assumes "
            "the targets sum to 1 (softmax - t, not softmax · Σt - t)",
-           "training/fused_kernels.py",
+           "kernels/batch_loss.py",
            "dz[i, j] = (math.exp(z[i, j] - lse) * t_sum - yf[r, j]) * inv_n",
            "dz[i, j] = (math.exp(z[i, j] - lse) - yf[r, j]) * inv_n", ("train",)),
     Mutant("dense-bias-f32-accumulation", "a float32 Dense's bias gradient accumulated in "
            "float32 (a running sum that drops terms below half an ulp of the total)",
-           "kernels/dense.py",
-           "    acc = np.zeros(cols, dtype=np.float64)\n    for i in range(rows):\n"
-           "        gr = g[i]\n        for j in range(cols):\n            acc[j] += gr[j]\n",
-           "    acc = np.zeros(cols, dtype=g.dtype)\n    for i in range(rows):\n"
-           "        gr = g[i]\n        for j in range(cols):\n            acc[j] += gr[j]\n",
-           ("Dense bias sum",)),
+           "layers/dense.py", "np.empty(self.out_features, np.float64), gin, mode,",
+           "np.empty(self.out_features, self.dtype), gin, mode,", ("Dense bias sum",)),
     Mutant("maximum-nan-routing", "maximum sends the gradient to b where a is NaN (the forward "
            "still returns a's NaN)", "kernels/binary.py",
            "return x >= y or x != x", "return x >= y", ("maximum NaN routing",)),

@@ -24,7 +24,7 @@ LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNor
 SMOOTH = tuple(n for n, a in optable.ACTIVATIONS.items()
                if a.op != "softmax" and not optable.OPS[a.op].kinks)
 # the compiled paths' Dense activations are the op table's elementwise ones
-# (fastlib.training.fused_kernels.FUSED_ACTIVATIONS): every smooth activation but softmax
+# (fastlib.kernels.instructions.ELEMENTWISE_ACTIVATIONS): every smooth activation but softmax
 FUSED_SMOOTH = tuple(n for n in SMOOTH if optable.OPS[optable.ACTIVATIONS[n].op].category ==
                      "unary")
 
@@ -74,17 +74,19 @@ PIECES_PATH_PLAN = 3
 def kernel_boundaries():
     """The kernels' block and piece sizes, read now from the modules that define them."""
     from fastlib import config
-    from fastlib.kernels import recurrent, recurrent_pieces, reduce
-    from fastlib.training import general_schedule, mlp_schedule, recurrent_kernels
+    from fastlib.kernels import recurrent, reduce, skeleton
+    from fastlib.training import general_schedule, mlp_schedule
 
-    return {"recurrent_piece": int(recurrent._PIECE), "reduce_block": int(reduce._BLOCK),
+    # the layers' cell groups and the compiled pieces' most sequences are one constant, and
+    # every compiled program's update blocks one other
+    return {"recurrent_piece": int(recurrent.PIECE), "reduce_block": int(reduce._BLOCK),
             "split_min_params": int(mlp_schedule.SPLIT_MIN_PARAMS),
             "min_piece_params": int(mlp_schedule.MIN_PIECE_PARAMS),
             "parallel_min_size": int(config.PARALLEL_MIN_SIZE),
-            "compiled_recurrent_piece": int(recurrent_pieces.PIECE),
-            "compiled_recurrent_block": int(recurrent_kernels.BLOCK),
+            "compiled_recurrent_piece": int(recurrent.PIECE),
+            "compiled_recurrent_block": int(skeleton.BLOCK),
             "attention_min_piece_rows": int(general_schedule.MIN_PIECE_ROWS),
-            "attention_chunk_min_params": int(general_schedule.CHUNK_MIN_PARAMS)}
+            "attention_chunk_min_params": int(skeleton.BLOCK)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -232,7 +232,7 @@ def test_boundary_cases_follow_the_kernels_constants(monkeypatch):
 
     # the generic recurrent rows: "(pieces of N)" (the compiled program's say "sub-pieces")
     before = [c.batch_size for c in tc.boundary_cases("float64") if "(pieces of" in c.label]
-    monkeypatch.setattr(recurrent, "_PIECE", 5)
+    monkeypatch.setattr(recurrent, "PIECE", 5)
     after = [c for c in tc.boundary_cases("float64") if "(pieces of" in c.label]
     assert [c.batch_size for c in after] == [5, 6, 6, 4] and before != [5, 6, 6, 4]
     assert all("pieces of 5" in c.label for c in after)
@@ -294,8 +294,7 @@ def test_drawn_compiled_recurrent_runs_pass(case):
 
 
 def test_compiled_recurrent_boundaries_follow_the_kernels_constants(monkeypatch):
-    from fastlib.kernels import recurrent_pieces
-    from fastlib.training import recurrent_kernels
+    from fastlib.kernels import recurrent, skeleton
 
     b = tc.kernel_boundaries()
     piece, block = b["compiled_recurrent_piece"], b["compiled_recurrent_block"]
@@ -306,8 +305,8 @@ def test_compiled_recurrent_boundaries_follow_the_kernels_constants(monkeypatch)
     sizes = sorted(sum(np.prod(v.shape) for v in fastlib_params(c).values())
                    for c in tc.boundary_cases("float32") if "update blocks" in c.label)
     assert sizes[0] < block <= sizes[1]
-    monkeypatch.setattr(recurrent_pieces, "PIECE", 5)
-    monkeypatch.setattr(recurrent_kernels, "BLOCK", 4096)
+    monkeypatch.setattr(recurrent, "PIECE", 5)
+    monkeypatch.setattr(skeleton, "BLOCK", 4096)
     moved = [c for c in tc.boundary_cases("float64") if "compiled" in c.label]
     assert {4, 5, 6, 11} <= {c.batch_size for c in moved}
     sizes = sorted(sum(np.prod(v.shape) for v in fastlib_params(c).values())

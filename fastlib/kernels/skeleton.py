@@ -4,7 +4,7 @@ However a compiled path forms a step's gradient, the step ends the same way, wri
 once: the pieces' partial gradients summed in piece order, block by block, with float64 sums
 of squares (:func:`reduce_region`); the guard, which adds the blocks' sums in block order and
 skips a step whose gradient is not finite (:func:`guard`); clipping and the optimizer per
-block (:func:`update_block`, :func:`update_region`). The blocks depend on the piece plan and
+block (:func:`update_block`, :func:`update_region`). The blocks (:func:`block_cuts`) depend on
 the parameter count only, so the result is the same for any number of threads; every region
 runs with flush-to-zero on. The story: docs/architecture.md, "The epoch skeleton".
 """
@@ -21,10 +21,16 @@ from fastlib.kernels import optim as kopt
 CLIP_NONE, CLIP_VALUE, CLIP_NORM = range(3)
 
 
-def even_cuts(n, blocks):
-    """Boundaries of ``blocks`` near-equal blocks of ``n`` entries, as int64 (``(k * n) //
-    blocks``)."""
-    return np.array([(k * n) // blocks for k in range(blocks + 1)], np.int64)
+# NOTE: parameter entries per block of the gradient sum and update. Fixed (a property of the
+# results: the sums of squares add per block), large enough that a block costs far more than
+# its share of a parallel region's start.
+BLOCK = 1 << 14
+
+
+def block_cuts(n):
+    """Boundaries of the blocks of :data:`BLOCK` entries (the last shorter) of ``n`` parameter
+    entries, as int64."""
+    return np.array(list(range(0, n, BLOCK)) + [n], np.int64)
 
 
 @njit(cache=True, error_model="numpy")
