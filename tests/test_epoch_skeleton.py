@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastlib.kernels import optim as kopt
+from fastlib import optim
 from fastlib.training import skeleton as sk
 
 N, PIECES = 10, 3
@@ -20,11 +20,10 @@ def _step(parts, clip_mode=sk.CLIP_NONE, clip=0.0, threads=1):
     w = np.linspace(-1.0, 1.0, N)
     g = np.zeros(N)
     sumsq = np.zeros(CUTS.shape[0] - 1)
-    coeffs = np.zeros(kopt.N_COEFFS)
-    coeffs[0] = LR
+    sgd = optim.SGD(lr=LR)
     empty = np.zeros(0)
-    applied = sk.end_step(threads, CUTS, PIECES, parts, g, sumsq, kopt.SGD, w, empty, empty,
-                          coeffs, clip_mode, clip)
+    applied = sk.end_step(threads, CUTS, PIECES, parts, g, sumsq, sgd.kind, w, empty, empty,
+                          sgd.coefficients(1), clip_mode, clip)
     return applied, w, g, sumsq
 
 

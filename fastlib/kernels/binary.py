@@ -201,15 +201,6 @@ def _split(m, size):
     return parts, nchunks
 
 
-def _code(name, what):
-    """The op table's code of binary op ``name``; ``ValueError`` naming it and the table."""
-    code = CODES.get(name)
-    if code is None:
-        raise ValueError(f"{what}: unknown binary op {name!r}: not a binary op of optable "
-                         f"(binary ops: {', '.join(BINARY_OPS)})")
-    return code
-
-
 def broadcast_shape(op, a_shape, b_shape):
     """The broadcast output shape, or a ValueError naming both shapes."""
     try:
@@ -294,7 +285,7 @@ def binary_forward(name, a, b):
     ndarray
         The broadcast result, a new C-contiguous array.
     """
-    code = _code(name, "binary_forward")
+    code = optable.code_of(name, "binary", "binary_forward")
     shape = broadcast_shape(name, a.shape, b.shape)
     out = np.empty(shape, a.dtype)
     if out.size == 0:
@@ -381,7 +372,7 @@ def _summed_vjp64(name, a, b, grad, shape):
 
 def binary_vjp(name, a, b, grad):
     """(grad_a, grad_b): each operand's cotangent, summed back to the operand's shape."""
-    code = _code(name, "binary_vjp")
+    code = optable.code_of(name, "binary", "binary_vjp")
     shape = broadcast_shape(name, a.shape, b.shape)
     if a.dtype == np.float64 and (shape != a.shape or shape != b.shape):
         return _summed_vjp64(name, a, b, grad, shape)
@@ -404,3 +395,9 @@ def binary_vjp(name, a, b, grad):
             _vjp(code, fa, sa, fb, sb, *views, parts, nchunks)
     return (sum_to_shape(ga, a.shape).astype(a.dtype, copy=False),
             sum_to_shape(gb, b.shape).astype(a.dtype, copy=False))
+
+
+# every binary op of the table has its forward branch, and every product its VJP branch
+optable.require_branches(_binop, "op", CODES, "fastlib.kernels.binary")
+optable.require_branches(_vjp_pair, "op", {n: CODES[n] for n in ("mul", "div", "maximum")},
+                         "fastlib.kernels.binary")

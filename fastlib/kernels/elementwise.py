@@ -1,14 +1,17 @@
-"""The unary ops over arrays: forward ``y = f(x)`` and VJP ``gx = g * f'(x)``.
+"""The unary ops over arrays: forward ``y = f(x)``, VJP ``g f'(x)`` and the second order ``g f''(x) t``.
 
-One chunk kernel per direction maps the op's scalar function (``fastlib.kernels.scalar``) over a
-contiguous slice, the op chosen by an integer code outside the loop; a ``prange`` driver splits
-large arrays into ``config.num_chunks`` slices. The VJPs of exp, sqrt, tanh, sigmoid, silu,
-gelu and gelu_tanh call ``scalar.<name>_vjp(x, g)``, which rounds ``g * f'(x)`` once (float32
-via float64, float64 silu / gelu / gelu_tanh in double-double); the others are
-``g * scalar.<name>_df(x)``. A code the kernels do not know raises ``ValueError`` (never an
-identity fallback). docs/fastlib.md has the details.
+One chunk kernel per direction maps the op's scalar functions (``fastlib.kernels.scalar``) over a
+contiguous slice, the op chosen by the op table's code outside the loop; a ``prange`` driver
+splits large arrays into ``config.num_chunks`` slices. The kernels are generated from the table
+(``fastlib.kernels.switch``): a branch per unary op, calling ``<name>_f``, ``<name>_vjp`` where
+scalar has one (rounded once: exp, log, sqrt, tanh, sigmoid, silu, gelu, gelu_tanh), else
+``g * <name>_df``, and ``<name>_d2f``. An op of the table without its scalar functions is an
+ImportError; a code the kernels do not know raises ``ValueError`` (never an identity fallback).
+docs/fastlib.md has the details.
 """
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 from numba import njit, prange
@@ -16,133 +19,72 @@ from numba import njit, prange
 import optable
 from fastlib import config
 from fastlib.kernels import scalar as S
+from fastlib.kernels.switch import compile_switch, switch_source
 
 _FM = config.FASTMATH
 
 # op name -> code: the op table's stable codes (compiled into the kernels as constants)
 UNARY_OPS = optable.names(category="unary")
 CODES = optable.codes(UNARY_OPS)
-_NEG, _EXP, _LOG, _SQRT, _SQUARE = (CODES[n] for n in ("neg", "exp", "log", "sqrt", "square"))
-_ABS, _RELU, _LEAKY, _SILU, _GELU = (CODES[n] for n in ("abs", "relu", "leaky_relu", "silu",
-                                                        "gelu"))
-_GELU_TANH, _TANH, _SIGMOID = (CODES[n] for n in ("gelu_tanh", "tanh", "sigmoid"))
-_SOFTPLUS, _IDENTITY = CODES["softplus"], CODES["identity"]
 # NOTE: a code the kernels do not know raises (never an identity fallback); the launchers
 # check the name first, so this is the message of a direct kernel call with a bad code.
 _UNKNOWN = "unknown unary op code (not a code of optable's unary ops):"
 
 
-def _code(name, what):
-    """The op table's code of unary op ``name``; ``ValueError`` naming it and the table."""
-    code = CODES.get(name)
-    if code is None:
-        raise ValueError(f"{what}: unknown unary op {name!r}: not a unary op of optable "
-                         f"(unary ops: {', '.join(UNARY_OPS)})")
-    return code
+def _scalar(name, suffix):
+    fn = getattr(S, name + suffix, None)
+    if fn is None:
+        raise ImportError(f"fastlib.kernels.elementwise: unary op {name!r} of the op table has no "
+                          f"scalar function {name}{suffix} in fastlib/kernels/scalar.py")
+    return fn
+
+
+def _takes_param(name):
+    """Whether ``name``'s scalar functions take the op's param (leaky_relu's slope)."""
+    fn = _scalar(name, "_f")
+    return len(inspect.signature(getattr(fn, "py_func", fn)).parameters) > 1
+
+
+def _call(name, suffix, *args):
+    return f"{name}{suffix}({', '.join(args + (('slope',) if _takes_param(name) else ()))})"
+
+
+def _direction(kernel, params, element):
+    """The chunk kernel ``kernel(op, params)``: ``out[i] = element(name)`` for op ``name``."""
+    cases = [(CODES[n], n, ["for i in range(n):", f"    out[i] = {element(n)}"]) for n in UNARY_OPS]
+    source = switch_source(kernel, f"op, {params}", "op", cases, head=["    n = x.size"],
+                           tail=["    else:", "        raise ValueError(_UNKNOWN, op)"])
+    names = {n + suffix: _scalar(n, suffix) for n in UNARY_OPS for suffix in ("_f", "_df", "_d2f")}
+    names.update({n + "_vjp": getattr(S, n + "_vjp") for n in UNARY_OPS if hasattr(S, n + "_vjp")})
+    return compile_switch(source, kernel, {**names, "_UNKNOWN": _UNKNOWN}, njit(inline="always"))
+
+
+def _vjp_element(name):
+    if hasattr(S, name + "_vjp"):
+        return f"{name}_vjp(x[i], g[i])"
+    return "g[i] * " + _call(name, "_df", "x[i]")
+
+
+# The generated switches (inlined into the cached chunk kernels below).
+_forward_switch = _direction("forward", "x, out, slope", lambda n: _call(n, "_f", "x[i]"))
+_vjp_switch = _direction("vjp", "x, g, out, slope", _vjp_element)
+_hvp_switch = _direction("hvp", "x, g, t, out, slope",
+                         lambda n: "g[i] * " + _call(n, "_d2f", "x[i]") + " * t[i]")
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
 def _forward_chunk(op, x, out, slope):
-    n = x.size
-    if op == _NEG:
-        for i in range(n):
-            out[i] = S.neg_f(x[i])
-    elif op == _EXP:
-        for i in range(n):
-            out[i] = S.exp_f(x[i])
-    elif op == _LOG:
-        for i in range(n):
-            out[i] = S.log_f(x[i])
-    elif op == _SQRT:
-        for i in range(n):
-            out[i] = S.sqrt_f(x[i])
-    elif op == _SQUARE:
-        for i in range(n):
-            out[i] = S.square_f(x[i])
-    elif op == _ABS:
-        for i in range(n):
-            out[i] = S.abs_f(x[i])
-    elif op == _RELU:
-        for i in range(n):
-            out[i] = S.relu_f(x[i])
-    elif op == _LEAKY:
-        for i in range(n):
-            out[i] = S.leaky_relu_f(x[i], slope)
-    elif op == _SILU:
-        for i in range(n):
-            out[i] = S.silu_f(x[i])
-    elif op == _GELU:
-        for i in range(n):
-            out[i] = S.gelu_f(x[i])
-    elif op == _GELU_TANH:
-        for i in range(n):
-            out[i] = S.gelu_tanh_f(x[i])
-    elif op == _TANH:
-        for i in range(n):
-            out[i] = S.tanh_f(x[i])
-    elif op == _SIGMOID:
-        for i in range(n):
-            out[i] = S.sigmoid_f(x[i])
-    elif op == _SOFTPLUS:
-        for i in range(n):
-            out[i] = S.softplus_f(x[i])
-    elif op == _IDENTITY:
-        for i in range(n):
-            out[i] = S.identity_f(x[i])
-    else:
-        raise ValueError(_UNKNOWN, op)
+    _forward_switch(op, x, out, slope)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
 def _vjp_chunk(op, x, g, out, slope):
-    n = x.size
-    if op == _NEG:
-        for i in range(n):
-            out[i] = -g[i]
-    elif op == _EXP:
-        for i in range(n):
-            out[i] = S.exp_vjp(x[i], g[i])
-    elif op == _LOG:
-        for i in range(n):
-            out[i] = g[i] / x[i]
-    elif op == _SQRT:
-        for i in range(n):
-            out[i] = S.sqrt_vjp(x[i], g[i])
-    elif op == _SQUARE:
-        for i in range(n):
-            out[i] = g[i] * S.square_df(x[i])
-    elif op == _ABS:
-        for i in range(n):
-            out[i] = g[i] * S.abs_df(x[i])
-    elif op == _RELU:
-        for i in range(n):
-            out[i] = g[i] * S.relu_df(x[i])
-    elif op == _LEAKY:
-        for i in range(n):
-            out[i] = g[i] * S.leaky_relu_df(x[i], slope)
-    elif op == _SILU:
-        for i in range(n):
-            out[i] = S.silu_vjp(x[i], g[i])
-    elif op == _GELU:
-        for i in range(n):
-            out[i] = S.gelu_vjp(x[i], g[i])
-    elif op == _GELU_TANH:
-        for i in range(n):
-            out[i] = S.gelu_tanh_vjp(x[i], g[i])
-    elif op == _TANH:
-        for i in range(n):
-            out[i] = S.tanh_vjp(x[i], g[i])
-    elif op == _SIGMOID:
-        for i in range(n):
-            out[i] = S.sigmoid_vjp(x[i], g[i])
-    elif op == _SOFTPLUS:
-        for i in range(n):
-            out[i] = g[i] * S.softplus_df(x[i])
-    elif op == _IDENTITY:
-        for i in range(n):
-            out[i] = g[i]
-    else:
-        raise ValueError(_UNKNOWN, op)
+    _vjp_switch(op, x, g, out, slope)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+def _hvp_chunk(op, x, g, t, out, slope):
+    _hvp_switch(op, x, g, t, out, slope)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -163,6 +105,20 @@ def _vjp(op, x, g, out, slope, nchunks):
         _vjp_chunk(op, x[lo:hi], g[lo:hi], out[lo:hi], slope)
 
 
+def _launch(name, what, serial, parallel, x, *arrays, negative_slope=0.01):
+    """``out`` of the kernel of ``name`` over the flat arrays, one chunk or ``prange``'s."""
+    code = optable.code_of(name, "unary", what)
+    out = np.empty_like(x)
+    flat = [a.reshape(-1) for a in (x, *arrays, out)]
+    nchunks = config.num_chunks(flat[0].size)
+    slope = x.dtype.type(negative_slope)
+    if nchunks == 1 or parallel is None:  # no parallel region: no thread hand-off
+        serial(code, *flat, slope)
+    else:
+        parallel(code, *flat, slope, nchunks)
+    return out
+
+
 def unary_forward(name, x, negative_slope=0.01):
     """``name(x)`` for a unary op on a C-contiguous float32/float64 array (new array).
 
@@ -180,16 +136,8 @@ def unary_forward(name, x, negative_slope=0.01):
     ndarray
         Same shape and dtype as ``x``.
     """
-    code = _code(name, "unary_forward")
-    out = np.empty_like(x)
-    flat = x.reshape(-1)
-    nchunks = config.num_chunks(flat.size)
-    slope = x.dtype.type(negative_slope)
-    if nchunks == 1:    # no parallel region at all: no thread hand-off on a busy machine
-        _forward_chunk(code, flat, out.reshape(-1), slope)
-    else:
-        _forward(code, flat, out.reshape(-1), slope, nchunks)
-    return out
+    return _launch(name, "unary_forward", _forward_chunk, _forward, x,
+                   negative_slope=negative_slope)
 
 
 def unary_vjp(name, x, grad, negative_slope=0.01):
@@ -209,13 +157,26 @@ def unary_vjp(name, x, grad, negative_slope=0.01):
     ndarray
         The cotangent of ``x``.
     """
-    code = _code(name, "unary_vjp")
-    out = np.empty_like(x)
-    flat = x.reshape(-1)
-    nchunks = config.num_chunks(flat.size)
-    slope = x.dtype.type(negative_slope)
-    if nchunks == 1:
-        _vjp_chunk(code, flat, grad.reshape(-1), out.reshape(-1), slope)
-    else:
-        _vjp(code, flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)
-    return out
+    return _launch(name, "unary_vjp", _vjp_chunk, _vjp, x, grad,
+                   negative_slope=negative_slope)
+
+
+def unary_hvp(name, x, grad, tangent, negative_slope=0.01):
+    """``grad * name''(x) * tangent``: the derivative of the VJP in direction ``tangent``.
+
+    Parameters
+    ----------
+    name : str
+        One of ``UNARY_OPS``.
+    x, grad, tangent : ndarray
+        C-contiguous arrays of one shape and dtype.
+    negative_slope : float
+        leaky_relu's slope (ignored by the other ops).
+
+    Returns
+    -------
+    ndarray
+        The Hessian-vector product of ``<grad, name(x)>`` in direction ``tangent``.
+    """
+    return _launch(name, "unary_hvp", _hvp_chunk, None, x, grad, tangent,
+                   negative_slope=negative_slope)

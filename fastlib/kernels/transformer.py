@@ -740,7 +740,7 @@ def epoch(x, xi, use_tokens, yi, yf, order, batch_size, steps, threads, pieces, 
                          sc, out_slot, out_w, dz_all)
         # the skeleton: sum the pieces' partials, guard, clip and update
         applied = sk.end_step(threads, cuts, n_pieces, part, g, sumsq, kind, w, a, b,
-                              coeffs[updates], clip_mode, clip)
+                              coeffs[updates:updates + 1], clip_mode, clip)
         batch += 1
         if not applied:
             skipped += 1

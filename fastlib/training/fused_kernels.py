@@ -16,10 +16,10 @@ from fastlib.kernels import scalar
 from fastlib.layers.activations import ACTIVATIONS
 from fastlib.training import skeleton as sk
 
-# loss codes of the kernel
-CE, CCE, MSE, BCE_LOGITS = range(4)
-LOSS_CODES = {"cross_entropy": CE, "categorical_cross_entropy": CCE, "mse": MSE,
-              "binary_cross_entropy_with_logits": BCE_LOGITS}
+# loss codes of the kernel: the op table's, for the losses it runs
+LOSS_CODES = {n: c for n, c in optable.loss_codes().items() if n != "binary_cross_entropy"}
+CE, CCE, MSE, BCE_LOGITS = (LOSS_CODES[n] for n in (
+    "cross_entropy", "categorical_cross_entropy", "mse", "binary_cross_entropy_with_logits"))
 
 # Activations the compiled paths apply elementwise: the op table's activations whose op is
 # unary (softmax normalises a whole row and trains through the generic path). The kernels
@@ -480,8 +480,8 @@ def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, 
             kopt.leave_ftz(old_fp)
             _forward_pair(threads, layer, pending and layer == 0, nb, bs, n_pieces, dims, cols,
                           w_off, b_off, act_off, part_off, codes, slope, w, step_in, post, pre,
-                          part, blk, kind, g, a, b, coeffs[max(updates - 1, 0)], clip_mode, clip,
-                          total)
+                          part, blk, kind, g, a, b, coeffs[max(updates - 1, 0):][:1], clip_mode,
+                          clip, total)
             kopt.enter_ftz()
             if layer + 1 < n_layers:
                 _join_forward(layer + 1, nb, bs, n_pieces, dims, cols, b_off, act_off,
@@ -527,5 +527,5 @@ def epoch(x, yi, yf, order, batch_size, threads, dims, cols, w_off, b_off, blk, 
     if pending:
         _forward_pair(threads, -1, True, 0, bs, n_pieces, dims, cols, w_off, b_off, act_off,
                       part_off, codes, slope, w, a_in, post, pre, part, blk, kind, g, a, b,
-                      coeffs[updates - 1], clip_mode, clip, total)
+                      coeffs[updates - 1:updates], clip_mode, clip, total)
     return loss_sum, correct_sum, skipped, updates, -1, 0.0

@@ -306,7 +306,7 @@ def epoch(x3, idx, yi, yf, order, batch_size, steps, piece, threads, meta, scrat
         # -- the skeleton: sum the pieces' partials, guard, clip and update
         kopt.leave_ftz(old_fp)
         applied = sk.end_step(threads, blk, n_pieces, gp, g, sumsq, kind, w, a, b,
-                              coeffs[updates], clip_mode, clip)
+                              coeffs[updates:updates + 1], clip_mode, clip)
         kopt.enter_ftz()
         batch += 1
         if not applied:

@@ -552,19 +552,20 @@ def _rel_measure(what, got, exact_hi, dtype, k_eps, scale=None):
 def exact_trajectory(name, w0, grads, hyper):
     """Exact parameters and state after each step of ``spec.step`` (the table's form).
 
-    For NAG the parameters reported are w - beta v: the look-ahead point the engine form
-    stores (spec.optimizers' NOTE), so engines are compared on what they hold.
+    The parameters reported are those an engine holds (``OptimizerSpec.held``: NAG's engine
+    form stores the look-ahead point w - beta v, spec.optimizers' NOTE), so engines are compared
+    on what they hold.
     """
     import spec
+
+    opt = spec.optimizers.lookup_optimizer(name)
+    values = {k: spec.backends.MPMATH.param(v) for k, v in {**opt.hyper, **hyper}.items()}
 
     def compute():
         w, state, out = np.asarray(w0, np.float64), None, []
         for t, g in enumerate(grads, start=1):
             w, state = spec.step(name, w, np.asarray(g, np.float64), state, t, **hyper)
-            shown = w
-            if name == "NAG":
-                beta = hyper.get("beta", spec.OPTIMIZERS["NAG"].hyper["beta"])
-                shown = w - spec.backends.MPMATH.param(beta) * state["v"]
+            shown = opt.held(spec.backends.MPMATH, w, state, values)
             out.append((np.asarray(shown, dtype=float),
                         {k: np.asarray(v, dtype=float) for k, v in state.items()}))
         return out
@@ -574,16 +575,17 @@ def exact_trajectory(name, w0, grads, hyper):
 
 
 def _bias_condition(name, hyper, t):
-    """Condition number of Adam's bias corrections 1 - beta^t at step t (0 for the others).
+    """Condition number of the bias corrections 1 - beta^t at step t of an optimizer with the
+    moment decays ``beta1`` and ``beta2`` (Adam's; 0 for an optimizer without them).
 
     ``1 - beta2**t`` cancels for beta2 near 1 (1 - 0.9999**2 ~ 2e-4): a rounding of beta2**t is
     amplified by beta2**t / (1 - beta2**t), and the update divides by its square root.
     """
-    if name not in ("Adam", "AdamW"):
-        return 0.0
     import spec
 
-    h = {**spec.OPTIMIZERS[name].hyper, **hyper}
+    h = {**spec.optimizers.lookup_optimizer(name).hyper, **hyper}
+    if "beta1" not in h or "beta2" not in h:
+        return 0.0
     b1, b2 = float(h["beta1"]), float(h["beta2"])
     k1 = b1 ** t / (1 - b1 ** t) if b1 ** t < 1 else 0.0
     k2 = b2 ** t / (1 - b2 ** t) if b2 ** t < 1 else 0.0

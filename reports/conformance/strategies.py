@@ -375,7 +375,12 @@ def reached(nodes, out):
 # ---------------------------------------------------------------------------------------------
 # optimizer runs
 
-OPTIMIZER_NAMES = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW")
+OPTIMIZER_NAMES = tuple(optable.OPTIMIZERS)
+# where each hyperparameter is drawn: inside its legal range (optable.OPTIMIZERS), away from
+# the ends where an optimizer stops moving (beta = 1) or divides by almost nothing
+HYPERPARAMETER_DRAWS = {"lr": (1e-4, 1.0), "beta": (0.0, 0.99), "gamma": (0.0, 0.99),
+                        "beta1": (0.0, 0.99), "beta2": (0.5, 0.9999), "eps": (1e-8, 1e-2),
+                        "weight_decay": (0.0, 0.5)}
 
 
 @st.composite
@@ -384,20 +389,8 @@ def optimizer_cases(draw, names=OPTIMIZER_NAMES):
     name = draw(st.sampled_from(list(names)))
     shape = draw(st.sampled_from([(1,), (5,), (2, 3), (3, 1, 2)]))
     seed = draw(st.integers(0, 2**31 - 1))
-    lr = draw(st.floats(1e-4, 1.0))
-    extra = {}
-    if name in ("Momentum", "NAG"):
-        extra["beta"] = draw(st.floats(0.0, 0.99))
-    if name == "RMSprop":
-        extra["gamma"] = draw(st.floats(0.0, 0.99))
-    if name in ("Adam", "AdamW"):
-        extra["beta1"] = draw(st.floats(0.0, 0.99))
-        extra["beta2"] = draw(st.floats(0.5, 0.9999))
-    if name in ("Adagrad", "RMSprop", "Adam", "AdamW"):
-        extra["eps"] = draw(st.floats(1e-8, 1e-2))
-    if name == "AdamW":
-        extra["weight_decay"] = draw(st.floats(0.0, 0.5))
-    return name, shape, seed, {"lr": lr, **extra}
+    return name, shape, seed, {h.name: draw(st.floats(*HYPERPARAMETER_DRAWS[h.name]))
+                               for h in optable.OPTIMIZERS[name].hyper}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import optable
 __all__ = ["EpochCase", "moved_parameters", "tolerance_targets", "epoch_cases", "fused_cases", "recurrent_cases", "attention_cases",
            "boundary_cases", "kernel_boundaries", "OPTIMIZERS", "LAYER_KINDS"]
 
-OPTIMIZERS = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW")
+OPTIMIZERS = tuple(optable.OPTIMIZERS)
 LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNorm", "RMSNorm",
                "Embedding", "Softmax", "Parallel", "Sequential")
 # smooth activations only: a pre-activation that the engine's rounding moves across a relu
