@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import optable
 from fastlib import ops as _ops
 from fastlib.kernels import elementwise as _elementwise
 
@@ -159,28 +160,8 @@ UNARY = frozenset(_elementwise.UNARY_OPS)
 def _prepared(name, inputs, tangents, params):
     params = dict(params or {})
     entry, arrays, ctx, out_shape, dtype = _ops._prepare(name, inputs, params)
-    if isinstance(tangents, np.ndarray) or not isinstance(tangents, (list, tuple)):
-        raise TypeError(f"{name}: tangents must be a list or tuple with one array per input "
-                        f"({', '.join(entry.inputs)}); wrap a single array as [t]")
-    if len(tangents) != len(entry.inputs):
-        raise ValueError(f"{name}: tangents need one entry per input "
-                         f"({', '.join(entry.inputs)}); got {len(tangents)}")
-    tans = []
-    for iname, a, t in zip(entry.inputs, arrays, tangents):
-        if iname in entry.class_index:
-            if t is not None:
-                raise ValueError(f"{name}: input {iname!r} holds class indices and has no "
-                                 f"tangent; pass None for it")
-            tans.append(None)
-            continue
-        if t is None:
-            raise ValueError(f"{name}: the tangent for {iname!r} is None; pass an array (zeros "
-                             f"to hold the input fixed)")
-        t = np.asarray(t)
-        if t.shape != a.shape or t.dtype != a.dtype:
-            raise ValueError(f"{name}: the tangent for {iname!r} is {t.dtype}{t.shape}; pass "
-                             f"one shaped and typed like the input ({a.dtype}{a.shape})")
-        tans.append(np.array(t, order="C"))
+    tans = [None if t is None else np.array(t, order="C") for t in optable.check_tangents(
+        name, entry.inputs, entry.class_index, arrays, tangents, dtype=dtype)]
     return entry, arrays, ctx, tans, _ops._resolve_params(entry, params), out_shape, dtype
 
 

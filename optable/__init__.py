@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from optable.boundary import (check_class_index, check_grad, check_input_list, common_dtype,
-                              float_dtype, lookup, resolve_params)
+from optable.boundary import (check_class_index, check_grad, check_input_list, check_tangents,
+                              common_dtype, float_dtype, lookup, resolve_params)
 from optable.errors import UnknownOpError, close_names, did_you_mean
 from optable.kernel_codes import require_branches
 from optable.optimizers import OPTIMIZERS, OptimizerSignature
+from optable.shapes import output_shape
 from optable.signature import CATEGORIES, KINK_KINDS, REQUIRED, Activation, OpSignature, Param
 from optable.table import ACTIVATION_LIST, SIGNATURES
 from optable.targetprop import TargetPropConfig
@@ -99,5 +100,5 @@ def loss_codes():
 __all__ = ["OPS", "ACTIVATIONS", "OpSignature", "Param", "Activation", "REQUIRED", "names",
            "codes", "code_of", "activation_codes", "loss_codes", "require_branches", "UnknownOpError",
            "did_you_mean", "close_names", "lookup", "resolve_params", "check_input_list", "float_dtype", "common_dtype",
-           "check_class_index", "check_grad", "TargetPropConfig", "OPTIMIZERS",
+           "check_class_index", "check_grad", "check_tangents", "output_shape", "TargetPropConfig", "OPTIMIZERS",
            "OptimizerSignature"]

@@ -100,33 +100,6 @@ def split_parts(arr, zero):
     return values, tangents
 
 
-def check_tangents(name, sig, inputs, tangents, what="tangents"):
-    """One tangent per input shaped like it, None exactly for class-index inputs."""
-    if isinstance(tangents, np.ndarray) or not isinstance(tangents, (list, tuple)):
-        raise TypeError(f"{name}: {what} must be a list or tuple with one array per input "
-                        f"({', '.join(sig.inputs)}); wrap a single array as [t]")
-    if len(tangents) != len(sig.inputs):
-        raise ValueError(f"{name}: {what} needs one entry per input ({', '.join(sig.inputs)}); "
-                         f"got {len(tangents)}")
-    out = []
-    for iname, x, t in zip(sig.inputs, inputs, tangents):
-        if iname in sig.class_index:
-            if t is not None:
-                raise ValueError(f"{name}: input {iname!r} holds class indices and is not "
-                                 f"differentiable; pass None as its tangent")
-            out.append(None)
-            continue
-        if t is None:
-            raise ValueError(f"{name}: the tangent for input {iname!r} is None; pass an array "
-                             f"(zeros to hold the input fixed)")
-        arr = np.asarray(t)
-        if arr.shape != np.shape(x):
-            raise ValueError(f"{name}: the tangent for {iname!r} has shape {arr.shape}, the "
-                             f"input has {np.shape(x)}; pass one shaped like the input")
-        out.append(arr)
-    return out
-
-
 def _finish(values, digits):
     """Results rounded to ``digits`` (object arrays of mpf), or float64 arrays."""
     if digits is None:
@@ -195,7 +168,7 @@ def jvp(name, inputs, tangents, dps=None, **params):
 
     sig = optable.lookup(optable.OPS, name)
     digits = check_dps(dps)
-    tangents = check_tangents(name, sig, inputs, tangents)
+    tangents = optable.check_tangents(name, sig.inputs, sig.class_index, inputs, tangents)
 
     def compute():
         F = DualNumeric(digits, working=None if digits is None else mpmath.mp.dps)

@@ -15,7 +15,7 @@ import numpy as np
 
 import optable
 from optable.losses import resolve_loss
-from reflib.forward_mode import check_tangents, run_exactly
+from reflib.forward_mode import run_exactly
 from reflib.numeric import check_dps
 from reflib.recorded import RecordingNumeric, gradient, values_of
 from reflib.tape import Tape
@@ -98,7 +98,7 @@ def hvp(name, inputs, cotangent, tangents, dps=None, **params):
     """
     sig = optable.lookup(optable.OPS, name)
     digits = check_dps(dps)
-    tangents = check_tangents(name, sig, inputs, tangents)
+    tangents = optable.check_tangents(name, sig.inputs, sig.class_index, inputs, tangents)
     for iname, t in zip(sig.inputs, tangents):
         if t is not None:
             _check_finite(name, f"the tangent for {iname!r}", t)

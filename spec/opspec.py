@@ -40,7 +40,7 @@ class Example:
 
     def describe(self, inputs):
         """``"a(2, 3) b(3,) axis=0"``: the shapes named by input, then the params."""
-        parts = [f"{n}{_shapes.fmt(s)}" for n, s in zip(inputs, self.shapes)]
+        parts = [f"{n}{optable.shapes.fmt(s)}" for n, s in zip(inputs, self.shapes)]
         parts += [f"{k}={v!r}" for k, v in self.params.items()]
         return " ".join(parts)
 
@@ -157,15 +157,8 @@ class OpSpec:
                      for n in self.inputs)
 
 
-#: shape-rule names of the op table -> the rules in ``spec.shapes``
-SHAPE_RULES = {
-    "same_shape": _shapes.same_shape, "broadcast": _shapes.broadcast,
-    "reduction": _shapes.reduction, "matmul": _shapes.matmul,
-    "transpose": _shapes.transpose, "reshape": _shapes.reshape, "concat": _shapes.concat,
-    "slice": _shapes.slice_, "along_axis": _shapes.along_axis, "last_axis": _shapes.last_axis,
-    "same_shape_loss": _shapes.same_shape_loss, "class_index_loss": _shapes.class_index_loss,
-    "distribution_loss": _shapes.distribution_loss,
-}
+#: shape-rule names of the op table -> the rules (``optable.shapes``, shared by every engine)
+SHAPE_RULES = optable.shapes.SHAPE_RULES
 
 
 def declare(name, *, forward, vjp, examples, kinks=(), math=""):

@@ -55,18 +55,24 @@ def coefficient_signatures(template):
     return out
 
 
+@cuda.jit(device=True)
+def update_at(kind, i, w, g, a, b, c):
+    """One step of optimizer ``kind`` on element ``i`` of ``w`` and its state ``a``, ``b``, in
+    place; a state array is empty (and never indexed) where the rule keeps less state."""
+    if a.shape[0] == 0:
+        w[i], _, _ = step_element(kind, w[i], g[i], w[i], w[i], c)
+    elif b.shape[0] == 0:
+        w[i], a[i], _ = step_element(kind, w[i], g[i], a[i], a[i], c)
+    else:
+        w[i], a[i], b[i] = step_element(kind, w[i], g[i], a[i], b[i], c)
+
+
 def _update_body(kind, w, g, a, b, table):
-    # a and b may be empty for kinds with less state; they are indexed only when used.
     c = table[0]
     i = cuda.grid(1)
     step = cuda.gridsize(1)
     while i < w.shape[0]:
-        if a.shape[0] == 0:
-            w[i], _, _ = step_element(kind, w[i], g[i], w[i], w[i], c)
-        elif b.shape[0] == 0:
-            w[i], a[i], _ = step_element(kind, w[i], g[i], a[i], a[i], c)
-        else:
-            w[i], a[i], b[i] = step_element(kind, w[i], g[i], a[i], b[i], c)
+        update_at(kind, i, w, g, a, b, c)
         i += step
 
 

@@ -19,7 +19,7 @@ import optable
 
 from . import config
 from .device import kernel, signatures
-from .optim import coefficient_signatures, step_element
+from .optim import coefficient_signatures, update_at
 from .norm import LAYER_NORM, row_moments
 from .reduce import block_sum
 from .scalar import sigmoid_pair
@@ -553,12 +553,7 @@ def _guard_update_body(kind, w, g, a, b, table, state, stats, stats_width, n_los
                         g[i] = g[i] * s
                 else:
                     g[i] = min(max(g[i], -clip), clip)
-            if a.shape[0] == 0:
-                w[i], _, _ = step_element(kind, w[i], g[i], w[i], w[i], c)
-            elif b.shape[0] == 0:
-                w[i], a[i], _ = step_element(kind, w[i], g[i], a[i], a[i], c)
-            else:
-                w[i], a[i], b[i] = step_element(kind, w[i], g[i], a[i], b[i], c)
+            update_at(kind, i, w, g, a, b, c)
             i += step
     # the last block out advances the state (every block has read it by then)
     cuda.threadfence()

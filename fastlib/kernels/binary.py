@@ -13,7 +13,6 @@ forward and backward as in ``np.maximum``.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -201,21 +200,6 @@ def _split(m, size):
     return parts, nchunks
 
 
-def broadcast_shape(op, a_shape, b_shape):
-    """The broadcast output shape, or a ValueError naming both shapes."""
-    try:
-        return _broadcast_shapes(tuple(a_shape), tuple(b_shape))
-    except ValueError:
-        raise ValueError(f"{op}: shapes {a_shape} and {b_shape} do not broadcast (NumPy rules: "
-                         f"trailing dimensions must be equal or 1)") from None
-
-
-@functools.lru_cache(maxsize=256)
-def _broadcast_shapes(a_shape, b_shape):
-    return np.broadcast_shapes(a_shape, b_shape)
-
-
-@functools.lru_cache(maxsize=256)
 def _stride_plan(a_shape, b_shape, shape):
     """(M, K, a's (row, col) strides, b's) of an (M, K) view of the output, or None when the
     axes do not merge into two; cached per shape triple (the plan is pure shape arithmetic)."""
@@ -286,7 +270,7 @@ def binary_forward(name, a, b):
         The broadcast result, a new C-contiguous array.
     """
     code = optable.code_of(name, "binary", "binary_forward")
-    shape = broadcast_shape(name, a.shape, b.shape)
+    shape = optable.output_shape(name, [a.shape, b.shape], {})
     out = np.empty(shape, a.dtype)
     if out.size == 0:
         return out
@@ -373,7 +357,7 @@ def _summed_vjp64(name, a, b, grad, shape):
 def binary_vjp(name, a, b, grad):
     """(grad_a, grad_b): each operand's cotangent, summed back to the operand's shape."""
     code = optable.code_of(name, "binary", "binary_vjp")
-    shape = broadcast_shape(name, a.shape, b.shape)
+    shape = optable.output_shape(name, [a.shape, b.shape], {})
     if a.dtype == np.float64 and (shape != a.shape or shape != b.shape):
         return _summed_vjp64(name, a, b, grad, shape)
     if name in ("add", "sub"):

@@ -1,25 +1,26 @@
-"""The unary ops over arrays: forward ``y = f(x)``, VJP ``g f'(x)`` and the second order ``g f''(x) t``.
+"""The unary ops over arrays: forward ``y = f(x)``, VJP ``g f'(x)`` and second order ``g f''(x) t``.
 
-One chunk kernel per direction maps the op's scalar functions (``fastlib.kernels.scalar``) over a
-contiguous slice, the op chosen by the op table's code outside the loop; a ``prange`` driver
-splits large arrays into ``config.num_chunks`` slices. The kernels are generated from the table
-(``fastlib.kernels.switch``): a branch per unary op, calling ``<name>_f``, ``<name>_vjp`` where
-scalar has one (rounded once: exp, log, sqrt, tanh, sigmoid, silu, gelu, gelu_tanh), else
-``g * <name>_df``, and ``<name>_d2f``. An op of the table without its scalar functions is an
-ImportError; a code the kernels do not know raises ``ValueError`` (never an identity fallback).
-docs/fastlib.md has the details.
+One chunk kernel per direction maps the op's scalar functions (``fastlib.kernels.scalar``) over
+a contiguous slice; a ``prange`` driver splits large arrays into ``config.num_chunks`` slices.
+Each op has its own kernels, closing over its table code, which they read as a literal to pick,
+at compile time, ``<name>_f``, ``<name>_vjp`` where scalar has one
+(rounded once: exp, log, sqrt, tanh, sigmoid, silu, gelu, gelu_tanh) else ``g * <name>_df``,
+and ``<name>_d2f``. Nothing here is written per op: an op of the table without its scalar
+functions is an ImportError; a code that is not the table's raises ``ValueError`` (never an
+identity fallback). docs/fastlib.md has the details.
 """
 from __future__ import annotations
 
 import inspect
+from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 import optable
 from fastlib import config
 from fastlib.kernels import scalar as S
-from fastlib.kernels.switch import compile_switch, switch_source
 
 _FM = config.FASTMATH
 
@@ -39,83 +40,164 @@ def _scalar(name, suffix):
     return fn
 
 
-def _takes_param(name):
-    """Whether ``name``'s scalar functions take the op's param (leaky_relu's slope)."""
-    fn = _scalar(name, "_f")
-    return len(inspect.signature(getattr(fn, "py_func", fn)).parameters) > 1
+def _elements(name):
+    """``(forward(x, p), vjp(x, g, p), hvp(x, g, t, p))`` of op ``name``: its scalar functions,
+    each taking the op's param ``p`` last (used by leaky_relu only)."""
+    f, df, d2f = (_scalar(name, s) for s in ("_f", "_df", "_d2f"))
+    rounded_vjp = getattr(S, name + "_vjp", None)
+    inline = njit(inline="always")
+    if len(inspect.signature(f.py_func).parameters) > 1:
+        forward, slope, curve = (inline(lambda x, p: f(x, p)), inline(lambda x, p: df(x, p)),
+                                 inline(lambda x, p: d2f(x, p)))
+    else:
+        forward, slope, curve = (inline(lambda x, p: f(x)), inline(lambda x, p: df(x)),
+                                 inline(lambda x, p: d2f(x)))
+    vjp = (inline(lambda x, g, p: rounded_vjp(x, g)) if rounded_vjp is not None
+           else inline(lambda x, g, p: g * slope(x, p)))
+    return forward, vjp, inline(lambda x, g, t, p: g * curve(x, p) * t)
 
 
-def _call(name, suffix, *args):
-    return f"{name}{suffix}({', '.join(args + (('slope',) if _takes_param(name) else ()))})"
+#: code -> the op's element functions (built at import: a missing scalar function fails here).
+ELEMENTS = {CODES[n]: _elements(n) for n in UNARY_OPS}
 
 
-def _direction(kernel, params, element):
-    """The chunk kernel ``kernel(op, params)``: ``out[i] = element(name)`` for op ``name``."""
-    cases = [(CODES[n], n, ["for i in range(n):", f"    out[i] = {element(n)}"]) for n in UNARY_OPS]
-    source = switch_source(kernel, f"op, {params}", "op", cases, head=["    n = x.size"],
-                           tail=["    else:", "        raise ValueError(_UNKNOWN, op)"])
-    names = {n + suffix: _scalar(n, suffix) for n in UNARY_OPS for suffix in ("_f", "_df", "_d2f")}
-    names.update({n + "_vjp": getattr(S, n + "_vjp") for n in UNARY_OPS if hasattr(S, n + "_vjp")})
-    return compile_switch(source, kernel, {**names, "_UNKNOWN": _UNKNOWN}, njit(inline="always"))
+def _element(op, direction):
+    """The element function of the literal code ``op`` (None: not a literal yet, or unknown)."""
+    if not isinstance(op, types.IntegerLiteral):
+        return None
+    return ELEMENTS.get(op.literal_value, (None,) * 3)[direction]
 
 
-def _vjp_element(name):
-    if hasattr(S, name + "_vjp"):
-        return f"{name}_vjp(x[i], g[i])"
-    return "g[i] * " + _call(name, "_df", "x[i]")
+def _unknown(op, *arrays):
+    raise ValueError(_UNKNOWN, op)
 
 
-# The generated switches (inlined into the cached chunk kernels below).
-_forward_switch = _direction("forward", "x, out, slope", lambda n: _call(n, "_f", "x[i]"))
-_vjp_switch = _direction("vjp", "x, g, out, slope", _vjp_element)
-_hvp_switch = _direction("hvp", "x, g, t, out, slope",
-                         lambda n: "g[i] * " + _call(n, "_d2f", "x[i]") + " * t[i]")
+def _map_forward(op, x, out, slope):
+    """``out = f(x)`` for the literal code ``op`` (typed by the overload below)."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+@overload(_map_forward, inline="always")
+def _map_forward_typed(op, x, out, slope):
+    e = _element(op, 0)
+    if e is None:
+        return _unknown if isinstance(op, types.IntegerLiteral) else None
+
+    def impl(op, x, out, slope):
+        for i in range(x.size):
+            out[i] = e(x[i], slope)
+    return impl
+
+
+def _map_vjp(op, x, g, out, slope):
+    """``out = g f'(x)`` for the literal code ``op``."""
+
+
+@overload(_map_vjp, inline="always")
+def _map_vjp_typed(op, x, g, out, slope):
+    e = _element(op, 1)
+    if e is None:
+        return _unknown if isinstance(op, types.IntegerLiteral) else None
+
+    def impl(op, x, g, out, slope):
+        for i in range(x.size):
+            out[i] = e(x[i], g[i], slope)
+    return impl
+
+
+def _map_hvp(op, x, g, t, out, slope):
+    """``out = g f''(x) t`` for the literal code ``op``."""
+
+
+@overload(_map_hvp, inline="always")
+def _map_hvp_typed(op, x, g, t, out, slope):
+    e = _element(op, 2)
+    if e is None:
+        return _unknown if isinstance(op, types.IntegerLiteral) else None
+
+    def impl(op, x, g, t, out, slope):
+        for i in range(x.size):
+            out[i] = e(x[i], g[i], t[i], slope)
+    return impl
+
+
+class _OpKernels(NamedTuple):
+    forward: object         # forward(x, out, slope): one chunk, serial
+    vjp: object             # vjp(x, g, out, slope)
+    hvp: object             # hvp(x, g, t, out, slope)
+    forward_split: object   # forward_split(x, out, slope, nchunks): prange over chunks
+    vjp_split: object       # vjp_split(x, g, out, slope, nchunks)
+
+
+def _op_kernels(op):
+    """The kernels of the op of code ``op``, compiled (and cached) on first use.
+
+    NOTE: each closes over its op's code, a constant the ``_map_*`` overloads read as a literal
+    to pick the op's scalar functions at compile time: every op compiles on its own, so a
+    process compiles the ops it runs and no others.
+    """
+    chunk = njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
+    split = njit(cache=True, parallel=True, error_model="numpy", fastmath=_FM)
+
+    def forward(x, out, slope):
+        _map_forward(op, x, out, slope)
+
+    def vjp(x, g, out, slope):
+        _map_vjp(op, x, g, out, slope)
+
+    def hvp(x, g, t, out, slope):
+        _map_hvp(op, x, g, t, out, slope)
+
+    def forward_split(x, out, slope, nchunks):
+        n = x.size
+        for c in prange(nchunks):
+            lo, hi = n * c // nchunks, n * (c + 1) // nchunks
+            _map_forward(op, x[lo:hi], out[lo:hi], slope)
+
+    def vjp_split(x, g, out, slope, nchunks):
+        n = x.size
+        for c in prange(nchunks):
+            lo, hi = n * c // nchunks, n * (c + 1) // nchunks
+            _map_vjp(op, x[lo:hi], g[lo:hi], out[lo:hi], slope)
+
+    return _OpKernels(chunk(forward), chunk(vjp), chunk(hvp), split(forward_split),
+                      split(vjp_split))
+
+
+#: code -> the op's kernels (compiled lazily, on first call).
+KERNELS = {code: _op_kernels(code) for code in ELEMENTS}
+
+
+def _kernels(op):
+    """The kernels of code ``op``; ``ValueError`` naming it for a code that is not the table's."""
+    kernels = KERNELS.get(op)
+    if kernels is None:
+        raise ValueError(_UNKNOWN, op)
+    return kernels
+
+
 def _forward_chunk(op, x, out, slope):
-    _forward_switch(op, x, out, slope)
+    """``out = f(x)`` for the op of code ``op`` (one chunk)."""
+    _kernels(op).forward(x, out, slope)
 
 
-@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
 def _vjp_chunk(op, x, g, out, slope):
-    _vjp_switch(op, x, g, out, slope)
+    """``out = g f'(x)`` for the op of code ``op`` (one chunk)."""
+    _kernels(op).vjp(x, g, out, slope)
 
 
-@njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
-def _hvp_chunk(op, x, g, t, out, slope):
-    _hvp_switch(op, x, g, t, out, slope)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def _forward(op, x, out, slope, nchunks):
-    n = x.size
-    for c in prange(nchunks):
-        lo = n * c // nchunks
-        hi = n * (c + 1) // nchunks
-        _forward_chunk(op, x[lo:hi], out[lo:hi], slope)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def _vjp(op, x, g, out, slope, nchunks):
-    n = x.size
-    for c in prange(nchunks):
-        lo = n * c // nchunks
-        hi = n * (c + 1) // nchunks
-        _vjp_chunk(op, x[lo:hi], g[lo:hi], out[lo:hi], slope)
-
-
-def _launch(name, what, serial, parallel, x, *arrays, negative_slope=0.01):
-    """``out`` of the kernel of ``name`` over the flat arrays, one chunk or ``prange``'s."""
-    code = optable.code_of(name, "unary", what)
+def _launch(name, what, direction, x, *arrays, negative_slope=0.01):
+    """``out`` of op ``name``'s kernel ``direction`` over the flat arrays: one chunk, or
+    ``prange``'s chunks where the op has a split kernel for it and the size asks for one."""
+    kernels = KERNELS[optable.code_of(name, "unary", what)]
     out = np.empty_like(x)
     flat = [a.reshape(-1) for a in (x, *arrays, out)]
     nchunks = config.num_chunks(flat[0].size)
     slope = x.dtype.type(negative_slope)
-    if nchunks == 1 or parallel is None:  # no parallel region: no thread hand-off
-        serial(code, *flat, slope)
+    split = getattr(kernels, direction + "_split", None)
+    if nchunks == 1 or split is None:  # no parallel region: no thread hand-off
+        getattr(kernels, direction)(*flat, slope)
     else:
-        parallel(code, *flat, slope, nchunks)
+        split(*flat, slope, nchunks)
     return out
 
 
@@ -136,8 +218,7 @@ def unary_forward(name, x, negative_slope=0.01):
     ndarray
         Same shape and dtype as ``x``.
     """
-    return _launch(name, "unary_forward", _forward_chunk, _forward, x,
-                   negative_slope=negative_slope)
+    return _launch(name, "unary_forward", "forward", x, negative_slope=negative_slope)
 
 
 def unary_vjp(name, x, grad, negative_slope=0.01):
@@ -157,8 +238,7 @@ def unary_vjp(name, x, grad, negative_slope=0.01):
     ndarray
         The cotangent of ``x``.
     """
-    return _launch(name, "unary_vjp", _vjp_chunk, _vjp, x, grad,
-                   negative_slope=negative_slope)
+    return _launch(name, "unary_vjp", "vjp", x, grad, negative_slope=negative_slope)
 
 
 def unary_hvp(name, x, grad, tangent, negative_slope=0.01):
@@ -178,5 +258,4 @@ def unary_hvp(name, x, grad, tangent, negative_slope=0.01):
     ndarray
         The Hessian-vector product of ``<grad, name(x)>`` in direction ``tangent``.
     """
-    return _launch(name, "unary_hvp", _hvp_chunk, None, x, grad, tangent,
-                   negative_slope=negative_slope)
+    return _launch(name, "unary_hvp", "hvp", x, grad, tangent, negative_slope=negative_slope)

@@ -480,30 +480,6 @@ def first_outside(x, lo, hi):
 
 # --- launchers ----------------------------------------------------------------------------
 
-def normalize_axes(axis, ndim, op="sum"):
-    """``axis`` (None, int or tuple of ints) as a sorted tuple of distinct non-negative axes.
-
-    Raises
-    ------
-    ValueError
-        An axis out of range, repeated, or not an int.
-    """
-    if axis is None:
-        return tuple(range(ndim))
-    items = axis if isinstance(axis, (tuple, list)) else (axis,)
-    out = []
-    for a in items:
-        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
-            raise ValueError(f"{op}: axis must be None, an int or a tuple of ints, got {axis!r}")
-        if not -ndim <= a < ndim:
-            raise ValueError(f"{op}: axis {a} is out of range for an input with {ndim} "
-                             f"dimension(s); use -{ndim} <= axis < {ndim}")
-        out.append(int(a) % ndim)
-    if len(set(out)) != len(out):
-        raise ValueError(f"{op}: axis {axis!r} repeats an axis")
-    return tuple(sorted(out))
-
-
 @functools.lru_cache(maxsize=256)
 def _layout(shape, axes):
     """(kind, view shape or axis order, kept shape) of ``_canonical``, cached per (shape, axes)."""

@@ -117,6 +117,19 @@ def exact_vjp(name, inputs, grad, params=None):
 _DEDUPE_MIN = 4096
 
 
+def representable(examples, dtype):
+    """The examples whose exact output and VJPs are finite in ``dtype`` (an edge draw whose
+    true result overflows the dtype asks nothing an engine can answer)."""
+    big = float(np.finfo(dtype).max)
+    kept = []
+    for ex in examples:
+        exact = exact_vjp(ex.name, ex.inputs, ex.grad, ex.params)
+        arrays = [exact.out[0]] + [g[0] for g in exact.grads if g is not None]
+        if all(np.all(np.abs(v) <= big) for v in arrays):
+            kept.append(ex)
+    return kept
+
+
 def _unary_by_unique_pairs(name, x, grad, params):
     import spec
 

@@ -83,6 +83,19 @@ def _differentiable(name):
     return [op.vjp.get(n) is not None for n in op.inputs]
 
 
+def one_per_input(result, what, got, name):
+    """Op ``name``'s input names when ``got`` (what ``what`` returned) holds one entry per
+    input; otherwise None, and ``result`` failed with the counts."""
+    import spec
+
+    names = spec.OPS[name].inputs
+    if len(got) != len(names):
+        result.fail(f"{what} returned {len(got)} arrays for {len(names)} inputs "
+                    f"({', '.join(names)})")
+        return None
+    return names
+
+
 def _call(result, what, fn):
     """Run an engine call; an exception on a valid call is a failure with its message.
 
@@ -203,13 +216,9 @@ def check_call(engine, ex, kinks="strict"):
                                                      **ex.params))
     if grads is None:
         return result
-    grads = tuple(grads)
-    import spec
-
-    names = spec.OPS[ex.name].inputs
-    if len(grads) != len(names):
-        return result.fail(f"vjp returned {len(grads)} gradients for {len(names)} inputs "
-                           f"({', '.join(names)})")
+    grads, names = tuple(grads), one_per_input(result, "vjp", grads, ex.name)
+    if names is None:
+        return result
     skip = declared_no_gradient(engine, ex.name)
     measured = {}
     for k, (iname, g, e, a) in enumerate(zip(names, grads, exact.grads, a_grads)):

@@ -417,18 +417,26 @@ class ModelCase:
     kinds: frozenset
 
 
-def _block(draw, kind, width, rank, depth, kinds):
-    """One block of ``kind`` mapping (..., width): returns (config, out width, out rank)."""
-    kinds.add(kind)
+def layer_block(draw, kind, width, rank, activations, kinds=None, most_hidden=4,
+                heads=(1, 2, 3)):
+    """One block of ``kind`` (any layer kind but Sequential) mapping (..., width): returns
+    (config, out width, out rank), or None for a Sequential (each caller nests its own).
+
+    ``activations`` are the Dense activations drawn from; ``kinds`` (a set) collects the layer
+    kinds drawn; ``most_hidden`` bounds SwiGLU's hidden width and ``heads`` lists the head
+    counts attention may take.
+    """
+    if kinds is not None:
+        kinds.add(kind)
     if kind == "Dense":
         out = draw(st.integers(1, 4))
         return {"type": "Dense", "in_features": width, "out_features": out,
-                "activation": draw(st.sampled_from(ACTIVATIONS))}, out, rank
+                "activation": draw(st.sampled_from(activations))}, out, rank
     if kind in ("LayerNorm", "RMSNorm"):
         return {"type": kind, "d": width, "eps": draw(st.sampled_from([1e-5, 1e-3]))}, width, rank
     if kind == "SwiGLU":
         out = draw(st.integers(1, 3))
-        return {"type": "SwiGLU", "d": width, "hidden": draw(st.integers(1, 4)),
+        return {"type": "SwiGLU", "d": width, "hidden": draw(st.integers(1, most_hidden)),
                 "out": out}, out, rank
     if kind in ("RNN", "LSTM"):
         hidden = draw(st.integers(1, 3))
@@ -436,28 +444,37 @@ def _block(draw, kind, width, rank, depth, kinds):
         return {"type": kind, "input_size": width, "hidden_size": hidden,
                 "return_sequences": seqs}, hidden, (3 if seqs else 2)
     if kind == "MultiHeadAttention":
-        heads = draw(st.sampled_from([h for h in (1, 2, 3) if width % h == 0]))
+        heads = draw(st.sampled_from([h for h in heads if width % h == 0]))
         return {"type": kind, "d_model": width, "heads": heads,
                 "causal": draw(st.booleans())}, width, rank
-    if kind == "Sequential":
-        layers, out = [], width
-        for _ in range(draw(st.integers(1, 2))):
-            cfg, out, rank = _any_block(draw, out, rank, depth + 1, kinds)
-            layers.append(cfg)
-        return {"type": "Sequential", "layers": layers}, out, rank
     if kind == "Parallel":
         combine = draw(st.sampled_from(["concat", "add"]))
         common = draw(st.integers(1, 3))
         branches, widths = [], []
         for _ in range(draw(st.integers(1, 2))):
             out = draw(st.integers(1, 3)) if combine == "concat" else common
-            kinds.add("Dense")
+            if kinds is not None:
+                kinds.add("Dense")
             branches.append({"type": "Dense", "in_features": width, "out_features": out,
-                             "activation": draw(st.sampled_from(ACTIVATIONS))})
+                             "activation": draw(st.sampled_from(activations))})
             widths.append(out)
         return ({"type": "Parallel", "combine": combine, "layers": branches},
                 sum(widths) if combine == "concat" else common, rank)
+    if kind == "Sequential":
+        return None
     raise ValueError(f"no block builder for layer kind {kind!r}")
+
+
+def _block(draw, kind, width, rank, depth, kinds):
+    """One block of ``kind`` mapping (..., width): returns (config, out width, out rank)."""
+    block = layer_block(draw, kind, width, rank, ACTIVATIONS, kinds)
+    if block is not None:
+        return block
+    layers, out = [], width
+    for _ in range(draw(st.integers(1, 2))):
+        cfg, out, rank = _any_block(draw, out, rank, depth + 1, kinds)
+        layers.append(cfg)
+    return {"type": "Sequential", "layers": layers}, out, rank
 
 
 def _any_block(draw, width, rank, depth, kinds):

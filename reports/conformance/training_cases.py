@@ -11,6 +11,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 import optable
+from reports.conformance.strategies import layer_block
 
 __all__ = ["EpochCase", "moved_parameters", "tolerance_targets", "epoch_cases", "fused_cases", "recurrent_cases", "attention_cases",
            "boundary_cases", "kernel_boundaries", "OPTIMIZERS", "LAYER_KINDS"]
@@ -91,44 +92,16 @@ def kernel_boundaries():
 # models
 
 def _block(draw, kind, width, rank):
-    """(config, out width, out rank) of one block of ``kind`` on (..., width) inputs."""
-    if kind == "Dense":
-        out = draw(st.integers(1, 4))
-        return {"type": "Dense", "in_features": width, "out_features": out,
-                "activation": draw(st.sampled_from(SMOOTH))}, out, rank
-    if kind in ("LayerNorm", "RMSNorm"):
-        return {"type": kind, "d": width, "eps": draw(st.sampled_from([1e-5, 1e-3]))}, width, rank
-    if kind == "SwiGLU":
-        out = draw(st.integers(1, 3))
-        return {"type": "SwiGLU", "d": width, "hidden": draw(st.integers(1, 3)),
-                "out": out}, out, rank
-    if kind in ("RNN", "LSTM"):
-        hidden = draw(st.integers(1, 3))
-        seqs = draw(st.booleans())
-        return {"type": kind, "input_size": width, "hidden_size": hidden,
-                "return_sequences": seqs}, hidden, (3 if seqs else 2)
-    if kind == "MultiHeadAttention":
-        heads = draw(st.sampled_from([h for h in (1, 2) if width % h == 0]))
-        return {"type": kind, "d_model": width, "heads": heads,
-                "causal": draw(st.booleans())}, width, rank
-    if kind == "Parallel":
-        combine = draw(st.sampled_from(["concat", "add"]))
-        common = draw(st.integers(1, 3))
-        branches, widths = [], []
-        for _ in range(draw(st.integers(1, 2))):
-            out = draw(st.integers(1, 3)) if combine == "concat" else common
-            branches.append({"type": "Dense", "in_features": width, "out_features": out,
-                             "activation": draw(st.sampled_from(SMOOTH))})
-            widths.append(out)
-        return ({"type": "Parallel", "combine": combine, "layers": branches},
-                sum(widths) if combine == "concat" else common, rank)
-    if kind == "Sequential":   # nested: a Sequential holding a Parallel or a norm and a Dense
-        inner, w = [], width
-        for k in (draw(st.sampled_from(["Parallel", "LayerNorm", "SwiGLU"])), "Dense"):
-            cfg, w, rank = _block(draw, k, w, rank)
-            inner.append(cfg)
-        return {"type": "Sequential", "layers": inner}, w, rank
-    raise ValueError(f"no block builder for layer kind {kind!r}")
+    """(config, out width, out rank) of one block of ``kind`` on (..., width) inputs, with
+    smooth activations; a Sequential nests a Parallel or a norm and a Dense."""
+    block = layer_block(draw, kind, width, rank, SMOOTH, most_hidden=3, heads=(1, 2))
+    if block is not None:
+        return block
+    inner, w = [], width
+    for k in (draw(st.sampled_from(["Parallel", "LayerNorm", "SwiGLU"])), "Dense"):
+        cfg, w, rank = _block(draw, k, w, rank)
+        inner.append(cfg)
+    return {"type": "Sequential", "layers": inner}, w, rank
 
 
 def moved_parameters(params, seed, dtype):
