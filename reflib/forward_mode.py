@@ -14,7 +14,7 @@ import mpmath
 import numpy as np
 
 import optable
-from reflib.numeric import GUARD_DIGITS, check_dps
+from reflib.numeric import GUARD_DIGITS, ByValue, check_dps
 from reflib.scalar_rules import ObjectNumeric, is_real
 from spec.dual import Dual, tangent_of, value_of
 from spec.precision import converge
@@ -22,25 +22,12 @@ from spec.precision import converge
 __all__ = ["ForwardDual", "DualNumeric", "jvp"]
 
 
-class ForwardDual(Dual):
+class ForwardDual(ByValue, Dual):
     """``spec.dual.Dual`` that compares and converts by its value, as reflib's code needs
     (``x == 0`` in the cross-entropies, ``float(v)`` in target checks)."""
 
     __slots__ = ()
-
-    def __eq__(self, other):
-        return self.value == value_of(other)
-
-    def __ne__(self, other):
-        return self.value != value_of(other)
-
-    __hash__ = None
-
-    def __float__(self):
-        return float(self.value)
-
-    def __int__(self):
-        return int(self.value)
+    _plain = staticmethod(value_of)
 
 
 def _as_forward(r):

@@ -216,6 +216,19 @@ def sample_differences(op, example, values, extra, diffs, rng, points, dps, tol,
     return worst
 
 
+def worst_at_points(symbols, diffs, seed, points=10, dps=MIN_DPS):
+    """Largest |difference| of the SymPy expressions ``diffs`` at ``points`` points of
+    ``symbols`` drawn uniform in [-1, 1], evaluated at ``dps`` digits."""
+    fn = SYMPY.sp.lambdify(symbols, diffs, modules="mpmath")
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    with mpmath.workdps(dps):
+        for _ in range(points):
+            values = fn(*[mpmath.mpf(float(v)) for v in rng.uniform(-1, 1, len(symbols))])
+            worst = max([worst] + [float(abs(v)) for v in values])
+    return worst
+
+
 def prove_examples(op, label, prove_example, points, dps, conventions=lambda: []):
     """Run ``prove_example(example, index, cache) -> (exact, pieces, sampled, max error)`` on
     each of ``op``'s examples and state the verdict as one ``ProofResult`` named ``label``.

@@ -73,16 +73,10 @@ def jvp(name, inputs, tangents, params=None, dps=50):
 
     Parameters
     ----------
-    name : str
-        A registry op name (``spec.OPS``).
-    inputs : list or tuple of array_like
-        One array per input, in the registry's input order (as for ``spec.evaluate``).
+    name, inputs, params, dps
+        As for ``spec.evaluate``.
     tangents : list or tuple
         One array per input shaped like it (``None`` for class indices); the direction.
-    params : dict, optional
-        Keyword parameters (defaults fill the rest).
-    dps : int, default 50
-        Decimal digits of the results.
 
     Returns
     -------
@@ -93,8 +87,8 @@ def jvp(name, inputs, tangents, params=None, dps=50):
     Raises
     ------
     ValueError, TypeError
-        As ``spec.evaluate.evaluate``; and a tangent of the wrong shape, a non-finite tangent,
-        a tangent given for a class-index input.
+        As ``spec.evaluate``; and tangents that ``optable.check_tangents`` refuses, or that
+        are not finite.
 
     Examples
     --------

@@ -366,20 +366,9 @@ def forward(name, inputs, **params):
 
 
 def vjp(name, inputs, grad, **params):
-    """Vector-Jacobian product of registry op ``name`` on the CUDA device.
-
-    Parameters
-    ----------
-    name, inputs, **params
-        As for :func:`forward`.
-    grad : array_like
-        The cotangent, shaped like the output (``()`` for losses), of the inputs' dtype.
-
-    Returns
-    -------
-    tuple of (numpy.ndarray or None)
-        One cotangent per input, of that input's shape and dtype; None for class indices.
-    """
+    """Vector-Jacobian product of registry op ``name`` on the CUDA device: the parameters,
+    results and errors of :func:`fastlib.vjp` (one cotangent per input, None for class indices),
+    and :func:`forward`'s device errors."""
     op = lookup(name)
     merged = _params(name, op, params)
     arrays, dtype = _inputs(name, op, inputs)

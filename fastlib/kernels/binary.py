@@ -104,6 +104,13 @@ def _forward_span(op, a, oa, ca, b, ob, cb, out):
             out[j] = v
 
 
+@njit(inline="always")
+def _task(t, parts, k):
+    """(row, first column, end column) of task ``t``: row ``t // parts``, piece ``t % parts``
+    of its ``k`` columns."""
+    return t // parts, k * (t % parts) // parts, k * (t % parts + 1) // parts
+
+
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
 def _forward_tasks(op, a, sa, b, sb, out, parts, t0, t1):
     """out = op(a, b) for tasks t0..t1 of the (M, K) output; sa/sb = (row, col) strides.
@@ -111,11 +118,8 @@ def _forward_tasks(op, a, sa, b, sb, out, parts, t0, t1):
     Task t covers row t // parts, columns of piece t % parts (parts > 1 splits long rows).
     """
     _require_code(op, False)
-    k = out.shape[1]
     for t in range(t0, t1):
-        r = t // parts
-        j0 = k * (t % parts) // parts
-        j1 = k * (t % parts + 1) // parts
+        r, j0, j1 = _task(t, parts, out.shape[1])
         _forward_span(op, a, r * sa[0] + j0 * sa[1], sa[1], b, r * sb[0] + j0 * sb[1], sb[1],
                       out[r, j0:j1])
 
@@ -168,11 +172,8 @@ def _vjp_tasks(op, a, sa, b, sb, g, ga, gb, parts, t0, t1):
     """Contributions at the output's shape: ga = g * d op/da, gb = g * d op/db (mul, div, max),
     for tasks as in ``_forward_tasks``. Products and quotients are formed in float64."""
     _require_code(op, True)
-    k = g.shape[1]
     for t in range(t0, t1):
-        r = t // parts
-        j0 = k * (t % parts) // parts
-        j1 = k * (t % parts + 1) // parts
+        r, j0, j1 = _task(t, parts, g.shape[1])
         _vjp_span(op, a, r * sa[0] + j0 * sa[1], sa[1], b, r * sb[0] + j0 * sb[1], sb[1],
                   g[r, j0:j1], ga[r, j0:j1], gb[r, j0:j1])
 

@@ -90,6 +90,12 @@ def _cached(key, compute):
     return value
 
 
+def as_float64(x):
+    """``x`` (floats, or an object array of exact numbers) as a float64 array."""
+    x = np.asarray(x)
+    return x.astype(np.float64) if x.dtype == object else np.asarray(x, dtype=np.float64)
+
+
 def exact_vjp(name, inputs, grad, params=None):
     """Exact forward and VJPs of op ``name`` at ``inputs`` with cotangent ``grad`` (cached).
 

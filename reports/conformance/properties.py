@@ -83,6 +83,39 @@ def _differentiable(name):
     return [op.vjp.get(n) is not None for n in op.inputs]
 
 
+def measurable(result, what, iname, got, exact, skip=(), hint=""):
+    """Whether ``got`` (``what``'s array for input ``iname``) is to be measured against
+    ``exact``: None is expected for a non-differentiable input (``exact`` None) and a skipped
+    one (``skip``, name -> reason); anything else is a failure recorded in ``result``."""
+    if exact is None:
+        if got is not None:
+            result.fail(f"{what} returned an array for {iname!r}, which is not "
+                        f"differentiable (class indices): expected None")
+        return False
+    if iname in skip:
+        result.skipped.append(f"d/d{iname}: {skip[iname]}")
+        return False
+    if got is None:
+        result.fail(f"{what} returned None for the differentiable input {iname!r}{hint}")
+        return False
+    return True
+
+
+def nonfinite_call(result, call, rejects, failure, fix):
+    """``call()`` (an engine on NaN or inf inputs) with floating-point warnings silenced; None
+    when it raised: a ValueError (or FloatingPointError) is the convention ``rejects``, noted in
+    ``result``; any other error fails ``result`` (``failure`` and the error, then ``fix``)."""
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return call()
+    except (ValueError, FloatingPointError) as exc:
+        result.conventions.append(f"{rejects} ({type(exc).__name__})")
+    except Exception as exc:
+        result.fail(f"{failure}{type(exc).__name__}: {exc} ({fix})")
+    return None
+
+
 def one_per_input(result, what, got, name):
     """Op ``name``'s input names when ``got`` (what ``what`` returned) holds one entry per
     input; otherwise None, and ``result`` failed with the counts."""
@@ -219,22 +252,14 @@ def check_call(engine, ex, kinks="strict"):
     grads, names = tuple(grads), one_per_input(result, "vjp", grads, ex.name)
     if names is None:
         return result
+    import spec
+
     skip = declared_no_gradient(engine, ex.name)
     measured = {}
     for k, (iname, g, e, a) in enumerate(zip(names, grads, exact.grads, a_grads)):
-        if e is None:
-            if g is not None:
-                result.fail(f"vjp returned an array for {iname!r}, which is not "
-                            f"differentiable (class indices): expected None")
-            continue
-        if iname in skip:
-            result.skipped.append(f"d/d{iname}: {skip[iname]}")
-            continue
-        if g is None:
-            result.fail(f"vjp returned None for the differentiable input {iname!r} (declare "
-                        f"it in the engine's no_gradient, with a reason, if it has none)")
-            continue
-        measured[k] = (iname, g, e, a)
+        if measurable(result, "vjp", iname, g, e, skip, " (declare it in the engine's "
+                      "no_gradient, with a reason, if it has none)"):
+            measured[k] = (iname, g, e, a)
     verdict = None
     if spec.OPS[ex.name].kinks and measured:
         eps = float(np.finfo(dtype).eps)
@@ -445,17 +470,14 @@ def check_nonfinite(engine, ex):
     result = Result()
     dtype = np.dtype(ex.dtype)
     x = np.asarray(ex.inputs[0])
-    try:
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            out = engine.forward(ex.name, [x], **ex.params)
-            grads = engine.vjp(ex.name, [x], ex.grad, **ex.params)
-    except (ValueError, FloatingPointError) as exc:
-        result.conventions.append(f"rejects non-finite inputs ({type(exc).__name__})")
+    called = nonfinite_call(
+        result, lambda: (engine.forward(ex.name, [x], **ex.params),
+                         engine.vjp(ex.name, [x], ex.grad, **ex.params)),
+        "rejects non-finite inputs", "non-finite input: ", "reject it with a ValueError naming "
+        "the input, or propagate it")
+    if called is None:
         return result
-    except Exception as exc:
-        return result.fail(f"non-finite input: {type(exc).__name__}: {exc} (reject it with a "
-                           f"ValueError naming the input, or propagate it)")
+    out, grads = called
     out = np.asarray(out, np.float64)
     g = np.asarray(grads[0], np.float64)
     if out.shape != x.shape or g.shape != x.shape:

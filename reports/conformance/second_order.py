@@ -205,7 +205,7 @@ def check_jvp2(engine, ex, kinks="strict"):
     properties.Result
     """
     from reports.conformance import oracle
-    from reports.conformance.properties import Result, _call, one_per_input
+    from reports.conformance.properties import Result, _call
 
     result = Result()
     dtype = np.dtype(ex.dtype)
@@ -236,7 +236,7 @@ def check_hvp(engine, ex, kinks="strict"):
     every kink of the registry is 0 in both modes (module docstring).
     """
     from reports.conformance import oracle
-    from reports.conformance.properties import Result, _call, one_per_input
+    from reports.conformance.properties import Result, _call, measurable, one_per_input
 
     result = Result()
     dtype = np.dtype(ex.dtype)
@@ -250,13 +250,7 @@ def check_hvp(engine, ex, kinks="strict"):
     if names is None:
         return result
     for iname, h, e, E in zip(names, got, exact["hvp"], exact["hvp_E"]):
-        if e is None:
-            if h is not None:
-                result.fail(f"hvp returned an array for {iname!r}, which is not "
-                            f"differentiable (class indices): expected None")
-            continue
-        if h is None:
-            result.fail(f"hvp returned None for the differentiable input {iname!r}")
+        if not measurable(result, "hvp", iname, h, e):
             continue
         m = oracle.measure(f"H t (d/d{iname})", np.asarray(h), e, _admissible(E), dtype)
         if m.index is not None and not m.note:

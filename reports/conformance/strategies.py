@@ -557,24 +557,31 @@ FUSED_MLP_LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy",
                     "binary_cross_entropy_with_logits")
 
 
+def dense_chain(draw, activations, most_hidden):
+    """(input width, classes, Dense configs) of an MLP: 0 to ``most_hidden`` hidden layers 1-6
+    wide with ``activations``, then a linear layer to 2 or 3 classes."""
+    widths = [draw(st.integers(1, 5))]
+    layers = []
+    for _ in range(draw(st.integers(0, most_hidden))):
+        widths.append(draw(st.integers(1, 6)))
+        layers.append({"type": "Dense", "in_features": widths[-2], "out_features": widths[-1],
+                       "activation": draw(st.sampled_from(activations))})
+    classes = draw(st.integers(2, 3))
+    layers.append({"type": "Dense", "in_features": widths[-1], "out_features": classes,
+                   "activation": "linear"})
+    return widths[0], classes, layers
+
+
 @st.composite
 def mlp_cases(draw):
     """A plain MLP of 1-4 Dense layers, 1-6 wide (a width of 1 leaves a piece of the fused
     epoch's layout empty), batches of 1-4 rows: the models the fused epoch trains."""
     seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
-    widths = [draw(st.integers(1, 5))]
-    layers = []
-    for _ in range(draw(st.integers(0, 3))):
-        widths.append(draw(st.integers(1, 6)))
-        layers.append({"type": "Dense", "in_features": widths[-2], "out_features": widths[-1],
-                       "activation": draw(st.sampled_from(FUSED_MLP_ACTIVATIONS))})
-    classes = draw(st.integers(2, 3))
-    layers.append({"type": "Dense", "in_features": widths[-1], "out_features": classes,
-                   "activation": "linear"})
+    width, classes, layers = dense_chain(draw, FUSED_MLP_ACTIVATIONS, 3)
     batch = draw(st.integers(1, 4))
     loss = draw(st.sampled_from(FUSED_MLP_LOSSES))
-    x = rng.uniform(-2, 2, size=(batch, widths[0]))
+    x = rng.uniform(-2, 2, size=(batch, width))
     y = _targets(rng, loss, batch, classes, (batch, classes))
     return ModelCase({"type": "Sequential", "layers": layers}, x, y, loss, seed,
                      frozenset(("Dense", "Sequential")))
