@@ -66,24 +66,10 @@ def _fail(op, message):
 
 
 def _real(op, pname, value, positive=False):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) \
-            or not math.isfinite(float(value)):
-        _fail(op, f"{pname} must be a finite real number; got {value!r}")
-    if positive and value <= 0:
-        _fail(op, f"{pname} must be > 0; got {value!r}")
-    return float(value)
+    return float(_shapes.PARAM_KINDS["positive" if positive else "real"](op, pname, value))
 
 
-def _int(op, pname, value):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        _fail(op, f"{pname} must be an int; got {value!r}")
-    return int(value)
-
-
-def _bool(op, pname, value):
-    if not isinstance(value, (bool, np.bool_)):
-        _fail(op, f"{pname} must be True or False; got {value!r}")
-    return bool(value)
+_int, _bool = _shapes.PARAM_KINDS["int"], _shapes.PARAM_KINDS["bool"]
 
 
 # --- checkers: (arrays, params) -> (ctx, out_shape); the shapes are the op table's rules ------

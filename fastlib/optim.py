@@ -26,7 +26,8 @@ class OptState:
     t : int
         Number of updates applied so far; the next update uses step ``t + 1`` (the first is 1).
     slots : dict
-        ``{state_name: {param_name: ndarray}}``, e.g. ``slots["m"]["0.weight"]`` for Adam.
+        ``{state_name: {param_name: ndarray}}``, e.g. ``slots["m"]["0.weight"]`` (the registry
+        names each optimizer's state).
         Arrays are updated in place by :meth:`Optimizer.update`.
     """
 
@@ -166,7 +167,7 @@ def _optimizer_class(rule):
 
 # name (lower case) -> class; the public spelling is each class's ``name``.
 OPTIMIZERS = {rule.name.lower(): _optimizer_class(rule) for rule in _rules.RULES}
-globals().update({cls.name: cls for cls in OPTIMIZERS.values()})   # fastlib.optim.Adam, ...
+globals().update({cls.name: cls for cls in OPTIMIZERS.values()})   # fastlib.optim.<Name>
 
 __all__ = ["Optimizer", "OptState", *(cls.name for cls in OPTIMIZERS.values()), "OPTIMIZERS",
            "get", "from_config"]

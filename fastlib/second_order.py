@@ -5,8 +5,8 @@ tangents)`` gives ``∇_x <g, J(x) t>`` per input (the derivative of the VJP in 
 The unary ops' rules are their scalar sources' (``fastlib.kernels.scalar``: ``f'`` through the
 VJP kernel, ``f''`` from ``<name>_d2f``, run by ``fastlib.kernels.elementwise``); the other
 ops' are written here from their derivatives (the differentiated VJP), in NumPy on the inputs'
-dtype, with the values and VJPs from fastlib's own kernels. ``fastlib.model_hvp`` composes them for a model's loss.
-The exact referee these are held to is ``spec.jvp`` / ``spec.hvp`` (``verigrad conform``).
+dtype, with fastlib's own kernels for values and VJPs. ``fastlib.model_hvp`` composes them for a
+model's loss. The exact referee: ``spec.jvp`` / ``spec.hvp`` (``verigrad conform``).
 """
 from __future__ import annotations
 
@@ -149,8 +149,7 @@ def _loss_rules(name, arrays, tangents):
     return jvp, ((ds * tz - tt) / n, -tz / n)
 
 
-LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
-          "binary_cross_entropy_with_logits")
+LOSSES = optable.names(category="loss")
 LINEAR = ("transpose", "reshape", "concat", "slice", "sum", "mean", "add", "sub")
 UNARY = frozenset(_elementwise.UNARY_OPS)
 

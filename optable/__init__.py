@@ -98,7 +98,7 @@ def loss_codes():
 
 
 __all__ = ["OPS", "ACTIVATIONS", "OpSignature", "Param", "Activation", "REQUIRED", "names",
-           "codes", "code_of", "activation_codes", "loss_codes", "require_branches", "UnknownOpError",
-           "did_you_mean", "close_names", "lookup", "resolve_params", "check_input_list", "float_dtype", "common_dtype",
-           "check_class_index", "check_grad", "check_tangents", "output_shape", "TargetPropConfig", "OPTIMIZERS",
-           "OptimizerSignature"]
+           "codes", "code_of", "activation_codes", "loss_codes", "require_branches",
+           "UnknownOpError", "did_you_mean", "close_names", "lookup", "resolve_params",
+           "check_input_list", "float_dtype", "common_dtype", "check_class_index", "check_grad",
+           "check_tangents", "output_shape", "TargetPropConfig", "OPTIMIZERS", "OptimizerSignature"]

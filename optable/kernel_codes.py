@@ -28,26 +28,17 @@ def _value(node, namespace):
 
 
 def branch_codes(function, switch):
-    """The codes ``function`` compares its variable ``switch`` with (``switch == X``,
-    ``X == switch`` or ``switch in (X, Y)``), resolved in the function's globals.
-
-    ``function`` may be a Numba dispatcher or device function (its ``py_func`` is read).
-    """
+    """The codes ``function`` compares its variable ``switch`` with (``switch == X`` or
+    ``X == switch``), resolved in its globals; a Numba dispatcher's ``py_func`` is read."""
     fn = getattr(function, "py_func", function)
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    namespace = fn.__globals__
     found = set()
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Compare) and len(node.ops) == 1):
-            continue
-        left, right = node.left, node.comparators[0]
-        if isinstance(node.ops[0], ast.Eq):
-            for mine, other in ((left, right), (right, left)):
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))):
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and \
+                isinstance(node.ops[0], ast.Eq):
+            sides = (node.left, node.comparators[0])
+            for mine, other in (sides, sides[::-1]):
                 if isinstance(mine, ast.Name) and mine.id == switch:
-                    found.add(_value(other, namespace))
-        elif isinstance(node.ops[0], ast.In) and isinstance(left, ast.Name) \
-                and left.id == switch and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
-            found.update(_value(e, namespace) for e in right.elts)
+                    found.add(_value(other, fn.__globals__))
     found.discard(None)
     return found
 

@@ -1,9 +1,10 @@
-"""The shape rules, written once: each op's output shape from its input shapes and params.
+"""The shape rules and param kinds, written once: each op's output shape from its input shapes.
 
 ``output_shape(name, shapes, params)`` applies op ``name``'s rule (the table's ``shape`` field)
-and raises ``ValueError("op: what to fix")``; spec, reflib, fastlib and fastlib.cuda call it
-after checking their params' types. The helpers normalise what a kernel needs besides the
-shape (a reduction's axes, an axis, a permutation, a reshape's target, a slice's range).
+and raises ``ValueError("op: what to fix")``; spec, fastlib and fastlib.cuda call it after
+checking their params (``PARAM_KINDS``: one check per kind of the table's ``Param.kind``). The
+helpers normalise what a kernel needs besides the shape (a reduction's axes, an axis, a
+permutation, a reshape's target, a slice's range).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from optable.table import SIGNATURES
 
-__all__ = ["output_shape", "SHAPE_RULES", "fmt", "resolve_axes", "one_axis", "permutation",
+__all__ = ["output_shape", "SHAPE_RULES", "PARAM_KINDS", "fmt", "resolve_axes", "one_axis", "permutation",
            "reshape_target", "slice_range"]
 
 
@@ -29,6 +30,71 @@ def _is_int(v):
 
 def _fail(op, message):
     raise ValueError(f"{op}: {message}")
+
+
+# --- param kinds: each validates one value of a param of that kind (the table's ``kind``) ----
+
+def _check_axis(op, name, v):
+    if v is None or _is_int(v):
+        return None if v is None else int(v)
+    if isinstance(v, (tuple, list)) and all(_is_int(a) for a in v):
+        return tuple(int(a) for a in v)
+    raise ValueError(f"{op}: {name} must be None, an int or a tuple of ints; got {v!r}")
+
+
+def _check_int(op, name, v):
+    if _is_int(v):
+        return int(v)
+    raise ValueError(f"{op}: {name} must be an int; got {v!r}")
+
+
+def _check_optional_int(op, name, v):
+    return None if v is None else _check_int(op, name, v)
+
+
+def _check_bool(op, name, v):
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    raise ValueError(f"{op}: {name} must be True or False; got {v!r}")
+
+
+def _check_real(op, name, v):
+    if isinstance(v, (numbers.Real, np.floating, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        if math.isfinite(float(v)):
+            return float(v) if not _is_int(v) else int(v)
+    raise ValueError(f"{op}: {name} must be a finite real number; got {v!r}")
+
+
+def _check_positive(op, name, v):
+    v = _check_real(op, name, v)
+    if v <= 0:
+        raise ValueError(f"{op}: {name} must be > 0; got {v!r}")
+    return v
+
+
+def _check_shape(op, name, v):
+    if _is_int(v):
+        v = (v,)
+    if isinstance(v, (tuple, list)) and all(_is_int(a) for a in v):
+        v = tuple(int(a) for a in v)
+        if sum(1 for a in v if a == -1) > 1:
+            raise ValueError(f"{op}: {name} may hold at most one -1; got {v!r}")
+        if any(a < -1 for a in v):
+            raise ValueError(f"{op}: {name} entries must be >= 0 (or one -1); got {v!r}")
+        return v
+    raise ValueError(f"{op}: {name} must be a tuple of ints (one may be -1); got {v!r}")
+
+
+PARAM_KINDS = {
+    "axis": _check_axis,             # None, int, or tuple of ints
+    "axes": _check_axis,             # a permutation, or None
+    "int": _check_int,
+    "optional_int": _check_optional_int,
+    "bool": _check_bool,
+    "real": _check_real,
+    "positive": _check_positive,
+    "shape": _check_shape,
+}
 
 
 # --- normalising helpers -------------------------------------------------------------------------

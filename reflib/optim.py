@@ -91,7 +91,8 @@ def step(optimizer, params, grads, state=None, t=None, lr=None, dps=None, form="
     dps : int or None
         None: float64 results; an int: exact results at that many digits.
     form : {"engine", "table"}
-        ``spec.engine_step`` (default) or ``spec.step``; they differ for NAG only.
+        ``spec.engine_step`` (default) or ``spec.step``; they differ only for an optimizer whose
+        engine form holds its parameters elsewhere (spec.optimizers).
     **hyper :
         Other hyperparameters by name.
 

@@ -22,7 +22,6 @@ from typing import Callable, Mapping
 import optable
 from optable import REQUIRED, Param  # noqa: F401 (public names of spec.opspec)
 from optable.signature import freeze, param_defaults
-import spec.shapes as _shapes
 
 
 
@@ -97,7 +96,7 @@ class OpSpec:
     def resolve_params(self, params=None):
         """Defaults merged with ``params``, each checked; ``ValueError`` names the problem."""
         merged = optable.resolve_params(self.name, self.defaults, dict(params or {}))
-        return {p.name: _shapes.PARAM_KINDS[p.kind](self.name, p.name, merged[p.name])
+        return {p.name: optable.shapes.PARAM_KINDS[p.kind](self.name, p.name, merged[p.name])
                 for p in self.params}
 
     # -- shapes --------------------------------------------------------------------------------

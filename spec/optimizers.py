@@ -163,10 +163,6 @@ def lookup_optimizer(name):
     return OPTIMIZERS[_registry.lookup_optimizer(name, UnknownOptimizerError).name]
 
 
-def _check_hyper(opt, hyper):
-    return _registry.check_hyperparameters(_registry.OPTIMIZERS[opt.name], hyper, opt.name)
-
-
 def _arrays(opt, w, g, state):
     w = as_array(w, f"{opt.name}: w")
     g = as_array(g, f"{opt.name}: g")
@@ -218,7 +214,7 @@ def _step(opt, w, g, state, t, dps, hyper, engine):
     if not isinstance(t, (numbers.Integral, np.integer)) or isinstance(t, bool) or t < 1:
         raise ValueError(f"{opt.name}: t is the step count, an int >= 1 (1 for the first "
                          f"update); got {t!r}")
-    hyper = _check_hyper(opt, hyper)
+    hyper = _registry.check_hyperparameters(_registry.OPTIMIZERS[opt.name], hyper, opt.name)
     w, g, state = _arrays(opt, w, g, state)
     with mpmath.workdps(dps + GUARD_DIGITS):
         values = {k: MPMATH.param(v) for k, v in hyper.items()}

@@ -5,7 +5,7 @@ functions over ``fastlib.cuda.scalar``'s math shim, and :func:`step_element` swi
 kind with text generated from them, reading the coefficient record by field name (``c["lr"]``):
 the same kinds, the same record (filled by ``fastlib.optim``'s optimizer objects in float64 and
 rounded once to the parameter dtype), the same arithmetic in the same order as on the CPU.
-NAG runs on the look-ahead variable w~ = w - beta v, as on the CPU.
+An engine-form rule (the look-ahead variable w~ = w - beta v) runs as on the CPU.
 """
 from __future__ import annotations
 

@@ -368,6 +368,7 @@ class DeviceRun:
         blocks = max(1, min(device.config.UPDATE_BLOCKS,
                             device.grid_1d(self.w.shape[0])[0]))
         tk.guarded_update[blocks, device.config.BLOCK](
-            self.opt.kind, self.w, self.g, slots[0], slots[1], self.table, self.state, self.rows, self.width, self.blocks, self.partials,
+            self.opt.kind, self.w, self.g, slots[0], slots[1], self.table, self.state,
+            self.rows, self.width, self.blocks, self.partials,
             float(cfg.gradient_clip), int(cfg.clip_mode == "norm"), 1.0 / n_terms,
             float(np.finfo(dt).max), count)

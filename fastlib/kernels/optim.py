@@ -29,11 +29,11 @@ from fastlib.kernels.switch import compile_switch, switch_source
 # ---------------------------------------------------------------------------------------------
 # flush-to-zero while a kernel runs
 #
-# NOTE: Adam's and RMSprop's g * g, and the decaying state of parameters whose gradient is 0
+# NOTE: the adaptive rules' g * g, and the decaying state of parameters whose gradient is 0
 # most of the time (MNIST's border pixels), fall into the subnormal range, where x86 arithmetic
-# is ~100 times slower: batch-1 Adam on MNIST ran 7x slower than with subnormals off. The
-# optimizer kernels (and the fused epoch) therefore run with the SSE control bits FTZ and DAZ
-# set, as ``torch.set_flush_denormal(True)`` does, and restore the caller's bits on return:
+# is ~100 times slower: a batch-1 adaptive update on MNIST ran 7x slower than with subnormals
+# off. The optimizer kernels (and the fused epoch) therefore run with the SSE control bits FTZ
+# and DAZ set, as ``torch.set_flush_denormal(True)`` does, and restore the caller's bits on return:
 # results below the smallest normal number (1.2e-38 in float32, 2.2e-308 in float64) become 0.
 # That is far below every tolerance of the tests, and it never changes a normal-range result.
 # Other processors keep their default (no-op functions below).

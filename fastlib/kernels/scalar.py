@@ -1,14 +1,14 @@
 """Scalar value and derivative of every unary op: one source, compiled for the CPU and for CUDA.
 
-Every op ``<name>`` has ``<name>_f(x)`` (the value) and ``<name>_df(x)`` (the derivative at
-``x``; ``leaky_relu`` takes the slope as a second argument), written once as plain Python
+Every op ``<name>`` has ``<name>_f(x)`` (the value), ``<name>_df(x)`` and ``<name>_d2f(x)``
+(its derivatives at ``x``; ``leaky_relu``'s take the slope second), written once as plain Python
 against a small math shim (``MATH_SHIM``: ``exp``, ``log``, ``sqrt``, ``normcdf``, ``like``,
 ...). ``@scalar_source`` compiles each here with ``@njit`` (float32 or float64, the result in
 ``x``'s type) for fastlib's elementwise, Dense, LSTM and attention kernels, and records its
 source in ``SOURCES``; ``fastlib.cuda.scalar`` compiles the same sources as device functions
-over its own shim. Also here: the once-rounded VJPs ``<name>_vjp(x, g)`` of exp, sqrt, tanh,
-sigmoid, silu, gelu and gelu_tanh, and ``ACTIVATIONS`` (name -> ``(f, df)``). docs/fastlib.md
-explains the compile options, the kink conventions and the accuracy choices.
+over its own shim. Also here: the once-rounded VJPs ``<name>_vjp(x, g)`` of exp, log, sqrt,
+tanh, sigmoid, silu, gelu and gelu_tanh. docs/fastlib.md explains the compile options, the
+kink conventions and the accuracy choices.
 """
 from __future__ import annotations
 
@@ -683,19 +683,3 @@ overload(gelu_vjp, inline="always")(_vjp_typer(lambda x, g: g * gelu_df(x),
                                                lambda x, g: _gelu_vjp64(x, g)))
 overload(gelu_tanh_vjp, inline="always")(_vjp_typer(lambda x, g: g * gelu_tanh_df(x),
                                                     lambda x, g: _gelu_tanh_vjp64(x, g)))
-
-
-# activation name (docs/CONTRACTS.md's names, ``linear`` = identity) -> (f, df); leaky_relu's pair
-# takes the slope as a second argument.
-ACTIVATIONS = {
-    "linear": (identity_f, identity_df),
-    "identity": (identity_f, identity_df),
-    "relu": (relu_f, relu_df),
-    "leaky_relu": (leaky_relu_f, leaky_relu_df),
-    "tanh": (tanh_f, tanh_df),
-    "sigmoid": (sigmoid_f, sigmoid_df),
-    "silu": (silu_f, silu_df),
-    "gelu": (gelu_f, gelu_df),
-    "gelu_tanh": (gelu_tanh_f, gelu_tanh_df),
-    "softplus": (softplus_f, softplus_df),
-}

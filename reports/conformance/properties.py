@@ -583,9 +583,9 @@ def _rel_measure(what, got, exact_hi, dtype, k_eps, scale=None):
 def exact_trajectory(name, w0, grads, hyper):
     """Exact parameters and state after each step of ``spec.step`` (the table's form).
 
-    The parameters reported are those an engine holds (``OptimizerSpec.held``: NAG's engine
-    form stores the look-ahead point w - beta v, spec.optimizers' NOTE), so engines are compared
-    on what they hold.
+    The parameters reported are those an engine holds (``OptimizerSpec.held``: a look-ahead
+    engine form stores the point w - beta v, spec.optimizers' NOTE), so engines are compared on
+    what they hold.
     """
     import spec
 
@@ -607,7 +607,7 @@ def exact_trajectory(name, w0, grads, hyper):
 
 def _bias_condition(name, hyper, t):
     """Condition number of the bias corrections 1 - beta^t at step t of an optimizer with the
-    moment decays ``beta1`` and ``beta2`` (Adam's; 0 for an optimizer without them).
+    moment decays ``beta1`` and ``beta2`` (0 for an optimizer without them).
 
     ``1 - beta2**t`` cancels for beta2 near 1 (1 - 0.9999**2 ~ 2e-4): a rounding of beta2**t is
     amplified by beta2**t / (1 - beta2**t), and the update divides by its square root.
@@ -630,7 +630,7 @@ def check_optimizer(engine, name, w0, grads, hyper, dtype):
     values, so only the engine's arithmetic is measured. Bound after step t:
     ``OPTIMIZER_K * t * (1 + κ_t)`` eps, relative to the larger of ||w|| and the distance the
     parameters travelled (so a step much larger than w is measured against the step), with κ_t
-    the conditioning of Adam's bias corrections (``_bias_condition``); the state (m, v, G, E,
+    the conditioning of the bias corrections (``_bias_condition``); the state (m, v, G, E,
     v) is held to ``OPTIMIZER_K * t`` relative to its own norm.
     """
     dtype = np.dtype(dtype)
