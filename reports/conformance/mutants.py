@@ -164,9 +164,10 @@ MUTANTS = (
            ("tanh",)),
     Mutant("large-vjp-entry", "a unary VJP of >= PARALLEL_MIN_SIZE entries has its smallest "
            "nonzero entry 1e-3 (relative) off", "kernels/elementwise.py",
-           "        _vjp(code, flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)\n"
-           "    return out\n",
-           "        _vjp(code, flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)\n"
+           "    return _launch(name, \"unary_vjp\", \"vjp\", x, grad, "
+           "negative_slope=negative_slope)\n",
+           "    out = _launch(name, \"unary_vjp\", \"vjp\", x, grad, "
+           "negative_slope=negative_slope)\n"
            "    o = out.reshape(-1)\n"
            "    nz = np.flatnonzero(o) if o.size >= config.PARALLEL_MIN_SIZE else o[:0]\n"
            "    if nz.size:\n"
@@ -174,9 +175,9 @@ MUTANTS = (
            "        o[k] = o[k] * o.dtype.type(1.001)\n"
            "    return out\n", ("exp", "tanh", "sigmoid")),
     Mutant("f32-leak-elementwise", "float64 tanh VJP evaluates tanh' at x rounded to float32 "
-           "(float32 arithmetic leaks into a float64 kernel)", "kernels/elementwise.py",
-           "            out[i] = S.tanh_vjp(x[i], g[i])\n",
-           "            out[i] = S.tanh_vjp(np.float32(x[i]), g[i])\n", ("tanh",)),
+           "(float32 arithmetic leaks into a float64 kernel)", "kernels/scalar.py",
+           "lambda x, g: g * tanh_df(x)))", "lambda x, g: g * tanh_df(np.float32(x))))",
+           ("tanh",)),
     Mutant("f32-leak-fused", "the float64 fused MLP epoch rounds the cross-entropy gradient's "
            "softmax to float32", "training/fused_kernels.py",
            "                    dz[i, j] = math.exp(z[i, j] - lse) * inv_n\n",
@@ -314,10 +315,9 @@ MUTANTS = (
            "gz[n, j] = (p * total - np.float64(tr[j])) * gscale",
            "gz[n, j] = (p - np.float64(tr[j])) * gscale", ("categorical_cross_entropy",)),
     Mutant("axis-empty-means-all", "axis=() read as axis=None (reduces every axis, not none)",
-           "kernels/reduce.py",
-           "    if axis is None:\n        return tuple(range(ndim))",
-           "    if axis is None or axis == ():\n        return tuple(range(ndim))",
-           ("sum", "mean", "logsumexp")),
+           "ops.py", "axes = _shapes.resolve_axes(name, p[\"axis\"], a[0].ndim)",
+           "axes = _shapes.resolve_axes(name, p[\"axis\"] if p[\"axis\"] != () else None, "
+           "a[0].ndim)", ("sum", "mean", "logsumexp")),
     Mutant("row-max-lane-group", "the vectorised row maximum skips its last group of 16 lanes "
            "(a shift below the true maximum: exp overflows)", "kernels/reduce.py",
            "for i in range(16, k, 16):", "for i in range(16, k - 16, 16):",
