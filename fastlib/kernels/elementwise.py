@@ -3,11 +3,10 @@
 One chunk kernel per direction maps the op's scalar functions (``fastlib.kernels.scalar``) over
 a contiguous slice; a ``prange`` driver splits large arrays into ``config.num_chunks`` slices.
 Each op has its own kernels, closing over its table code, which they read as a literal to pick,
-at compile time, ``<name>_f``, ``<name>_vjp`` where scalar has one
-(rounded once: exp, log, sqrt, tanh, sigmoid, silu, gelu, gelu_tanh) else ``g * <name>_df``,
-and ``<name>_d2f``. Nothing here is written per op: an op of the table without its scalar
-functions is an ImportError; a code that is not the table's raises ``ValueError`` (never an
-identity fallback). docs/fastlib.md has the details.
+at compile time, ``<name>_f``, ``<name>_vjp`` where scalar has one (rounded once) else
+``g * <name>_df``, and ``<name>_d2f``. Nothing here is written per op: an op of the table
+without its scalar functions is an ImportError; a code that is not the table's raises
+``ValueError`` (never an identity fallback). docs/fastlib.md has the details.
 """
 from __future__ import annotations
 
