@@ -26,6 +26,7 @@ from fastlib.kernels import reduce as _reduce
 from fastlib.kernels import scalar as _scalar
 from fastlib.kernels import structure as _structure
 from optable import REQUIRED, UnknownOpError  # noqa: F401 (public names of fastlib.ops)
+from optable import shapes as _shapes
 
 __all__ = ["OPS", "OpEntry", "UnknownOpError", "forward", "vjp", "value_and_vjp", "bind",
            "BoundOp", "op_names"]
@@ -65,114 +66,96 @@ def _fail(op, message):
 
 
 def _real(op, pname, value, positive=False):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) \
-            or not math.isfinite(float(value)):
-        _fail(op, f"{pname} must be a finite real number; got {value!r}")
-    if positive and value <= 0:
-        _fail(op, f"{pname} must be > 0; got {value!r}")
-    return float(value)
+    return float(_shapes.PARAM_KINDS["positive" if positive else "real"](op, pname, value))
 
 
-def _int(op, pname, value):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        _fail(op, f"{pname} must be an int; got {value!r}")
-    return int(value)
+_int, _bool = _shapes.PARAM_KINDS["int"], _shapes.PARAM_KINDS["bool"]
 
 
-def _bool(op, pname, value):
-    if not isinstance(value, (bool, np.bool_)):
-        _fail(op, f"{pname} must be True or False; got {value!r}")
-    return bool(value)
+# --- checkers: (arrays, params) -> (ctx, out_shape); the shapes are the op table's rules ------
 
+def _shape(name, a, p):
+    return optable.output_shape(name, [x.shape for x in a], p)
 
-def _one_axis(op, axis, ndim):
-    axis = _int(op, "axis", axis)
-    if ndim == 0 or not -ndim <= axis < ndim:
-        _fail(op, f"axis={axis} is out of range for an input with {ndim} dimension(s)"
-                  + (f"; use -{ndim} <= axis < {ndim}" if ndim else ""))
-    return axis % ndim
-
-
-def _rows_of_last_axis(op, x):
-    if x.ndim == 0:
-        _fail(op, "the input is 0-d; it needs at least one axis (the last axis is normalised)")
-
-
-# --- checkers: (arrays, params) -> (ctx, out_shape) ---------------------------------------------
 
 def _check_unary(a, p):
     return {"negative_slope": _real("leaky_relu", "negative_slope", p["negative_slope"])} \
         if "negative_slope" in p else {}, a[0].shape
 
 
-def _check_binary_for(name):
+def _check_shape_only(name):
     def check(a, p):
-        return {}, _binary.broadcast_shape(name, a[0].shape, a[1].shape)
+        return {}, _shape(name, a, p)
     return check
 
 
 def _check_reduction_for(name):
     def check(a, p):
-        x = a[0]
-        axes = _reduce.normalize_axes(p["axis"], x.ndim, name)
         keepdims = _bool(name, "keepdims", p["keepdims"])
-        if name != "sum" and any(x.shape[i] == 0 for i in axes):
-            _fail(name, f"reducing over an empty axis of shape {x.shape} is undefined; "
-                        f"pass a non-empty input")
-        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keepdims else \
-            tuple(d for i, d in enumerate(x.shape) if i not in axes)
-        return {"axes": axes, "keepdims": keepdims}, shape
+        axes = _shapes.resolve_axes(name, p["axis"], a[0].ndim)
+        return {"axes": axes, "keepdims": keepdims}, _shape(name, a, p)
     return check
 
 
-def _check_matmul(a, p):
-    return {}, _linalg.matmul_shape(a[0].shape, a[1].shape)
-
-
 def _check_transpose(a, p):
-    perm = _structure.normalize_perm(p["axes"], a[0].ndim)
+    perm = _shapes.permutation("transpose", p["axes"], a[0].ndim)
     return {"perm": perm}, tuple(a[0].shape[i] for i in perm)
 
 
 def _check_reshape(a, p):
-    shape = _structure.normalize_shape(p["shape"], a[0].size)
-    return {"shape": shape}, shape
+    if _shapes._is_int(p["shape"]) or (isinstance(p["shape"], (tuple, list))
+                                        and all(_shapes._is_int(d) for d in p["shape"])):
+        shape = _shape("reshape", a, p)
+        return {"shape": shape}, shape
+    _fail("reshape", f"shape must be a tuple of ints, got {p['shape']!r}")
 
 
 def _check_concat(a, p):
-    axis, shape = _structure.concat_shape(a[0].shape, a[1].shape, p["axis"])
-    return {"axis": axis}, shape
+    shape = _shape("concat", a, {"axis": _int("concat", "axis", p["axis"])})
+    return {"axis": _shapes.one_axis("concat", p["axis"], a[0].ndim)}, shape
 
 
 def _check_slice(a, p):
-    plan = _structure.slice_plan(a[0].shape, p["axis"], p["start"], p["stop"], p["step"])
-    return {"plan": plan}, plan[3]
+    x = a[0]
+    start, stop = (None if p[k] is None else _int_or_none("slice", k, p[k])
+                   for k in ("start", "stop"))
+    step = p["step"]
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, numbers.Integral) or step < 1:
+        _fail("slice", f"step must be an int >= 1, got {step!r}")
+    if x.ndim and not (_is_plain_int(p["axis"]) and -x.ndim <= p["axis"] < x.ndim):
+        _fail("slice", f"axis must be an int in [-{x.ndim}, {x.ndim}), got {p['axis']!r}")
+    shape = _shape("slice", a, {**p, "start": start, "stop": stop})
+    axis, kept = _shapes.slice_range(x.shape, p["axis"], start, stop, int(step))
+    return {"plan": (axis, kept.start, kept.step, shape)}, shape
+
+
+def _is_plain_int(v):
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _int_or_none(op, pname, value):
+    if not _is_plain_int(value):
+        _fail(op, f"{pname} must be an int or None, got {value!r}")
+    return int(value)
 
 
 def _check_along_axis_for(name):
     def check(a, p):
-        _rows_of_last_axis(name, a[0])
-        return {"axis": _one_axis(name, p["axis"], a[0].ndim)}, a[0].shape
+        shape = _shape(name, a, p)
+        return {"axis": _shapes.one_axis(name, p["axis"], a[0].ndim)}, shape
     return check
 
 
 def _check_last_axis_for(name):
     def check(a, p):
-        _rows_of_last_axis(name, a[0])
-        return {"eps": _real(name, "eps", p["eps"], positive=True)}, a[0].shape
+        shape = _shape(name, a, p)
+        return {"eps": _real(name, "eps", p["eps"], positive=True)}, shape
     return check
 
 
 def _check_same_shape_loss_for(name):
-    first, second = optable.OPS[name].inputs
-
     def check(a, p):
-        if a[0].shape != a[1].shape:
-            _fail(name, f"{first} has shape {a[0].shape} but {second} has shape {a[1].shape}; "
-                        f"pass arrays of the same shape")
-        if a[0].size == 0:
-            _fail(name, f"the inputs are empty (shape {a[0].shape}); the mean of no terms is "
-                        f"undefined")
+        _shape(name, a, p)
         if name.startswith("binary_cross_entropy"):
             if name == "binary_cross_entropy":
                 _in_unit_interval(name, "p", a[0], "probabilities; apply sigmoid first, or use "
@@ -189,21 +172,10 @@ def _in_unit_interval(name, what, x, hint):
         _fail(name, f"{what} must lie in [0, 1] ({hint}); {what}{idx} = {x.reshape(-1)[i].item()}")
 
 
-def _check_logits(name, z):
-    if z.ndim != 2:
-        _fail(name, f"logits must be 2-D (N, C); got shape {z.shape}")
-    if z.shape[0] == 0 or z.shape[1] == 0:
-        _fail(name, f"logits {z.shape} are empty; need N >= 1 rows and C >= 1 classes")
-
-
 def _check_cross_entropy(a, p):
     z, t = a
-    _check_logits("cross_entropy", z)
-    n, c = z.shape
-    if t.shape not in ((n, 1), (n,)):
-        _fail("cross_entropy", f"expects class indices [N, 1] or [N] with N = {n}, got "
-                               f"{list(t.shape)}; for one-hot targets use "
-                               f"categorical_cross_entropy")
+    _shape("cross_entropy", a, p)
+    c = z.shape[1]
     flat = t.reshape(-1)
     if flat.dtype.kind == "f":
         whole = np.isfinite(flat) & (flat == np.round(flat))
@@ -220,13 +192,7 @@ def _check_cross_entropy(a, p):
 
 
 def _check_categorical(a, p):
-    z, t = a
-    _check_logits("categorical_cross_entropy", z)
-    if t.shape != z.shape:
-        _fail("categorical_cross_entropy", f"expects one-hot targets {list(z.shape)}, got "
-                                           f"{list(t.shape)}; for class indices use "
-                                           f"cross_entropy (or fastlib.onehot)")
-    return {}, ()
+    return {}, _shape("categorical_cross_entropy", a, p)
 
 
 # --- launchers -----------------------------------------------------------------------------------
@@ -247,7 +213,7 @@ def _unary_entry(name):
 
 def _binary_entry(name):
     return OpEntry(
-        name=name, inputs=optable.OPS[name].inputs, params={}, check=_check_binary_for(name),
+        name=name, inputs=optable.OPS[name].inputs, params={}, check=_check_shape_only(name),
         forward=lambda a, c: _binary.binary_forward(name, a[0], a[1]),
         vjp=lambda a, g, c: _binary.binary_vjp(name, a[0], a[1], g))
 
@@ -287,7 +253,7 @@ def _build_table():
         _reduction_entry("mean", _reduce.mean_forward, _reduce.mean_vjp),
         _reduction_entry("logsumexp", _reduce.logsumexp_forward, _reduce.logsumexp_vjp,
                          finite_only=True),
-        _entry("matmul", _check_matmul,
+        _entry("matmul", _check_shape_only("matmul"),
                lambda a, c: _linalg.matmul_forward(a[0], a[1]),
                lambda a, g, c: _linalg.matmul_vjp(a[0], a[1], g)),
         _entry("transpose", _check_transpose,

@@ -1,21 +1,20 @@
 """Optimizers: (init, update) pairs over a parameter dict, with explicit, checkpointable state.
 
+One class per optimizer of the registry (``optable.OPTIMIZERS``: names, hyperparameters,
+defaults, state), made from it here; each runs its rule of ``fastlib.kernels.optim_rules``.
 The long story: docs/fastlib.md, section ``fastlib/optim.py``.
 """
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Mapping
 
 import numpy as np
 
+import optable.optimizers as _registry
 from fastlib.kernels import optim as _k
-
-__all__ = ["Optimizer", "OptState", "SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam",
-           "AdamW", "OPTIMIZERS", "get", "from_config"]
+from fastlib.kernels import optim_rules as _rules
 
 
 @dataclass
@@ -27,7 +26,8 @@ class OptState:
     t : int
         Number of updates applied so far; the next update uses step ``t + 1`` (the first is 1).
     slots : dict
-        ``{state_name: {param_name: ndarray}}``, e.g. ``slots["m"]["0.weight"]`` for Adam.
+        ``{state_name: {param_name: ndarray}}``, e.g. ``slots["m"]["0.weight"]`` (the registry
+        names each optimizer's state).
         Arrays are updated in place by :meth:`Optimizer.update`.
     """
 
@@ -50,27 +50,14 @@ class Optimizer:
     name: ClassVar[str] = ""
     kind: ClassVar[int] = -1
     state_names: ClassVar[tuple] = ()
+    rule: ClassVar[object] = None       # its ``optim_rules.Rule``
 
     lr: float = 0.01
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating,
-                                                                 np.integer)):
-                raise TypeError(f"{self.name}: hyperparameter {f.name!r} must be a real number, "
-                                f"got {type(value).__name__}")
-            value = float(value)
-            if not math.isfinite(value):
-                raise ValueError(f"{self.name}: hyperparameter {f.name!r} must be finite, "
-                                 f"got {value}")
-            object.__setattr__(self, f.name, value)
-        if self.lr <= 0:
-            raise ValueError(f"{self.name}: lr must be > 0, got {self.lr}")
-        self._check()
-
-    def _check(self) -> None:
-        """Range checks of the subclass's own hyperparameters."""
+        declared = _registry.OPTIMIZERS[self.name].hyper
+        for h in declared:
+            object.__setattr__(self, h.name, float(h.check(self.name, getattr(self, h.name))))
 
     # -- configuration ------------------------------------------------------------------------
     def hyperparameters(self) -> dict:
@@ -93,30 +80,27 @@ class Optimizer:
                             for s in self.state_names})
 
     def coefficients(self, t: int, lr: float | None = None, dtype=np.float64) -> np.ndarray:
-        """The scalar coefficient vector the kernel uses at step ``t`` (>= 1), in ``dtype``.
-
-        Layout (unused entries 0): SGD ``(lr)``; Momentum ``(lr, beta, 1-beta)``; NAG
-        ``(lr, beta)``; Adagrad ``(lr, eps)``; RMSprop ``(lr, gamma, 1-gamma, eps)``;
-        Adam/AdamW ``(lr, beta1, 1-beta1, beta2, 1-beta2, 1/(1-beta1^t), 1/(1-beta2^t), eps,
-        weight_decay)`` with weight_decay 0 for Adam.
-        """
-        return self.coefficient_table(t, 1, lr, dtype)[0]
+        """The coefficients of step ``t`` (>= 1) in ``dtype``, as the kernels take them: a
+        table of one record (``coefficient_table(t, 1, lr, dtype)``)."""
+        return self.coefficient_table(t, 1, lr, dtype)
 
     def coefficient_table(self, t0: int, count: int, lr: float | None = None,
                           dtype=np.float64) -> np.ndarray:
-        """Coefficients of steps ``t0, t0 + 1, ..., t0 + count - 1``, one row each.
+        """Coefficient records of steps ``t0, t0 + 1, ..., t0 + count - 1``, one each: one
+        field per parameter of the rule (``optim_rules.coefficient_dtype``), the others 0.
 
         Computed in float64 with Python's float arithmetic (``1 - beta ** t`` through the C
         library's ``pow``) and rounded once to ``dtype``, so one step and the fused epoch
         kernel's table hold identical numbers.
         """
-        c = np.zeros((count, _k.N_COEFFS), np.float64)
-        c[:, 0] = self.lr if lr is None else lr
-        self._fill(c, range(t0, t0 + count))
-        return c.astype(dtype)
-
-    def _fill(self, c: np.ndarray, steps: range) -> None:
-        """Write the subclass's coefficient columns (after column 0, the rate) for ``steps``."""
+        hyper = self.hyperparameters()
+        if lr is not None:
+            hyper["lr"] = lr
+        steps = range(t0, t0 + count)
+        table = np.zeros(count, _rules.coefficient_dtype(dtype))
+        for f in self.rule.fields:
+            table[f] = _rules.coefficient_column(f, hyper, steps)
+        return table
 
     def update(self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray],
                state: OptState, *, lr: float | None = None) -> OptState:
@@ -161,154 +145,32 @@ _EMPTY = {np.dtype(np.float32): np.zeros(0, np.float32),
 
 def _state_flat(opt, state, key, p):
     arrays = [state.slots[s][key].reshape(-1) for s in opt.state_names]
-    while len(arrays) < 2:
+    while len(arrays) < _rules.MAX_STATE:
         arrays.append(_EMPTY[p.dtype])
     return arrays
 
 
-def _check_beta(opt, name, value):
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{opt.name}: {name} must be in [0, 1), got {value}")
-
-
-def _check_eps(opt, value):
-    if value < 0.0:
-        raise ValueError(f"{opt.name}: eps must be >= 0, got {value}")
-
-
-@dataclass(frozen=True)
-class SGD(Optimizer):
-    """Plain gradient descent: ``w = w - lr * g``."""
-
-    name: ClassVar[str] = "SGD"
-    kind: ClassVar[int] = _k.SGD
-    state_names: ClassVar[tuple] = ()
-    lr: float = 0.01
-
-
-@dataclass(frozen=True)
-class Momentum(Optimizer):
-    """Momentum with DataCode's (1 - beta): ``v = beta v + (1-beta) g ; w = w - lr v``."""
-
-    name: ClassVar[str] = "Momentum"
-    kind: ClassVar[int] = _k.MOMENTUM
-    state_names: ClassVar[tuple] = ("v",)
-    lr: float = 0.01
-    beta: float = 0.9
-
-    def _check(self):
-        _check_beta(self, "beta", self.beta)
-
-    def _fill(self, c, steps):
-        c[:, 1], c[:, 2] = self.beta, 1.0 - self.beta
-
-
-@dataclass(frozen=True)
-class NAG(Optimizer):
-    """Nesterov: ``v = beta v + lr grad f(w - beta v) ; w = w - v``.
-
-    Runs in spec's engine form on the shifted parameters ``w~ = w - beta v`` (what the model
-    holds and where the gradient is taken): ``v = beta v + lr g ; w~ = w~ - lr g - beta v``.
-    The table's ``w`` is ``w~ + beta v``.
-    """
-
-    name: ClassVar[str] = "NAG"
-    kind: ClassVar[int] = _k.NAG
-    state_names: ClassVar[tuple] = ("v",)
-    lr: float = 0.01
-    beta: float = 0.9
-
-    def _check(self):
-        _check_beta(self, "beta", self.beta)
-
-    def _fill(self, c, steps):
-        c[:, 1] = self.beta
-
-
-@dataclass(frozen=True)
-class Adagrad(Optimizer):
-    """``G = G + g^2 ; w = w - lr / sqrt(G + eps) g`` (eps inside the root, as DataCode)."""
-
-    name: ClassVar[str] = "Adagrad"
-    kind: ClassVar[int] = _k.ADAGRAD
-    state_names: ClassVar[tuple] = ("G",)
-    lr: float = 0.01
-    eps: float = 1e-8
-
-    def _check(self):
-        _check_eps(self, self.eps)
-
-    def _fill(self, c, steps):
-        c[:, 1] = self.eps
-
-
-@dataclass(frozen=True)
-class RMSprop(Optimizer):
-    """``E = gamma E + (1-gamma) g^2 ; w = w - lr / sqrt(E + eps) g`` (eps inside the root)."""
-
-    name: ClassVar[str] = "RMSprop"
-    kind: ClassVar[int] = _k.RMSPROP
-    state_names: ClassVar[tuple] = ("E",)
-    lr: float = 0.001
-    gamma: float = 0.9
-    eps: float = 1e-8
-
-    def _check(self):
-        _check_beta(self, "gamma", self.gamma)
-        _check_eps(self, self.eps)
-
-    def _fill(self, c, steps):
-        c[:, 1], c[:, 2], c[:, 3] = self.gamma, 1.0 - self.gamma, self.eps
-
-
-@dataclass(frozen=True)
-class Adam(Optimizer):
-    """Adam with bias correction: ``w = w - lr m_hat / (sqrt(v_hat) + eps)``."""
-
-    name: ClassVar[str] = "Adam"
-    kind: ClassVar[int] = _k.ADAM
-    state_names: ClassVar[tuple] = ("m", "v")
-    lr: float = 0.001
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-
-    def _check(self):
-        _check_beta(self, "beta1", self.beta1)
-        _check_beta(self, "beta2", self.beta2)
-        _check_eps(self, self.eps)
-
-    def _fill(self, c, steps):
-        c[:, 1], c[:, 2] = self.beta1, 1.0 - self.beta1
-        c[:, 3], c[:, 4] = self.beta2, 1.0 - self.beta2
-        b1, b2 = self.beta1, self.beta2
-        # NOTE: Python floats (the C library's pow) everywhere; the kernel multiplies by these
-        # reciprocals of the bias corrections 1 - beta^t (see fastlib.kernels.optim).
-        c[:, 5] = [1.0 / (1.0 - b1 ** t) for t in steps]
-        c[:, 6] = [1.0 / (1.0 - b2 ** t) for t in steps]
-        c[:, 7] = self.eps
-
-
-@dataclass(frozen=True)
-class AdamW(Adam):
-    """Adam with decoupled weight decay: ``w = w - lr (m_hat / (sqrt(v_hat) + eps) + wd w)``."""
-
-    name: ClassVar[str] = "AdamW"
-    kind: ClassVar[int] = _k.ADAMW
-    weight_decay: float = 0.01
-
-    def _check(self):
-        super()._check()
-        if self.weight_decay < 0:
-            raise ValueError(f"AdamW: weight_decay must be >= 0, got {self.weight_decay}")
-
-    def _fill(self, c, steps):
-        super()._fill(c, steps)
-        c[:, 8] = self.weight_decay
+def _optimizer_class(rule):
+    """The dataclass of ``rule``'s optimizer: its hyperparameters as fields with defaults."""
+    sig = _registry.OPTIMIZERS[rule.name]
+    summary = rule.source.__doc__.split("\n\n")[0]
+    hyper = ", ".join(f"{h.name}={h.default:g}" for h in sig.hyper)
+    doc = (f"{rule.name}: {summary}\n\nHyperparameters (defaults): {hyper}; state: "
+           f"{', '.join(sig.state) or 'none'}.")
+    cls = dataclasses.make_dataclass(
+        rule.name, [(h.name, float, field(default=h.default)) for h in sig.hyper],
+        bases=(Optimizer,), frozen=True,
+        namespace={"name": rule.name, "kind": rule.kind, "state_names": sig.state,
+                   "rule": rule, "__doc__": doc, "__module__": __name__})
+    return cls
 
 
 # name (lower case) -> class; the public spelling is each class's ``name``.
-OPTIMIZERS = {cls.name.lower(): cls for cls in (SGD, Momentum, NAG, Adagrad, RMSprop, Adam, AdamW)}
+OPTIMIZERS = {rule.name.lower(): _optimizer_class(rule) for rule in _rules.RULES}
+globals().update({cls.name: cls for cls in OPTIMIZERS.values()})   # fastlib.optim.<Name>
+
+__all__ = ["Optimizer", "OptState", *(cls.name for cls in OPTIMIZERS.values()), "OPTIMIZERS",
+           "get", "from_config"]
 
 
 def get(optimizer="SGD", **hyper) -> Optimizer:
@@ -317,8 +179,8 @@ def get(optimizer="SGD", **hyper) -> Optimizer:
     Parameters
     ----------
     optimizer : str or Optimizer
-        ``"SGD" "Momentum" "NAG" "Adagrad" "RMSprop" "Adam" "AdamW"`` in any case, or an
-        :class:`Optimizer` instance (returned as is when ``hyper`` is empty).
+        A name of ``OPTIMIZERS`` in any case, or an :class:`Optimizer` instance (returned as
+        is when ``hyper`` is empty).
     **hyper
         Hyperparameters (``lr``, ``beta``, ...). Unknown names raise ``TypeError`` naming the
         accepted ones.
@@ -328,18 +190,12 @@ def get(optimizer="SGD", **hyper) -> Optimizer:
     Optimizer
     """
     if isinstance(optimizer, Optimizer):
-        return dataclasses.replace(optimizer, **_check_hyper(type(optimizer), hyper)) \
+        return dataclasses.replace(optimizer, **_check_hyper(optimizer, hyper)) \
             if hyper else optimizer
     if not isinstance(optimizer, str):
-        raise TypeError(f"optimizer must be a name ({', '.join(c.name for c in OPTIMIZERS.values())}) "
-                        f"or a fastlib.optim.Optimizer, got {type(optimizer).__name__}")
-    cls = OPTIMIZERS.get(optimizer.lower())
-    if cls is None:
-        close = difflib.get_close_matches(optimizer.lower(), OPTIMIZERS, n=3, cutoff=0.5)
-        hint = (f" (did you mean {' or '.join(OPTIMIZERS[c].name for c in close)}?)" if close
-                else "")
-        raise ValueError(f"unknown optimizer {optimizer!r}{hint}; known optimizers (any case): "
-                         f"{', '.join(c.name for c in OPTIMIZERS.values())}")
+        raise TypeError(f"optimizer must be a name ({', '.join(_registry.OPTIMIZERS)}) or a "
+                        f"fastlib.optim.Optimizer, got {type(optimizer).__name__}")
+    cls = OPTIMIZERS[_registry.lookup_optimizer(optimizer, ValueError).name.lower()]
     return cls(**_check_hyper(cls, hyper))
 
 
@@ -354,13 +210,7 @@ def from_config(config: Mapping) -> Optimizer:
 
 
 def _check_hyper(cls, hyper: dict) -> dict:
-    allowed = [f.name for f in dataclasses.fields(cls)]
-    for key in hyper:
-        if key not in allowed:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise TypeError(f"{cls.name} has no hyperparameter {key!r}{hint}; it takes "
-                            f"{', '.join(allowed)}")
+    _registry.check_hyperparameters(_registry.OPTIMIZERS[cls.name], hyper)
     return hyper
 
 

@@ -2,82 +2,28 @@
 
 ``jvp(name, inputs, tangents)`` gives ``(f(x), J t)``; ``hvp(name, inputs, cotangent,
 tangents)`` gives ``∇_x <g, J(x) t>`` per input (the derivative of the VJP in direction ``t``).
-Each op's rule is written here from its derivatives (elementwise: ``f'`` and ``f''`` of the
-value; structured ops: the differentiated VJP), in NumPy on the inputs' dtype, with the values
-and VJPs from fastlib's own kernels. ``fastlib.model_hvp`` composes them for a model's loss.
-The exact referee these are held to is ``spec.jvp`` / ``spec.hvp`` (``verigrad conform``).
+The unary ops' rules are their scalar sources' (``fastlib.kernels.scalar``: ``f'`` through the
+VJP kernel, ``f''`` from ``<name>_d2f``, run by ``fastlib.kernels.elementwise``); the other
+ops' are written here from their derivatives (the differentiated VJP), in NumPy on the inputs'
+dtype, with fastlib's own kernels for values and VJPs. ``fastlib.model_hvp`` composes them for a
+model's loss. The exact referee: ``spec.jvp`` / ``spec.hvp`` (``verigrad conform``).
 """
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import erf as _erf
 
+import optable
 from fastlib import ops as _ops
+from fastlib.kernels import elementwise as _elementwise
 
 __all__ = ["jvp", "hvp"]
 
 
-# --- elementwise: (f', f'') from x and y = f(x) ----------------------------------------------
-
-def _sigmoid(x):
-    out = np.empty_like(x)
-    pos = x >= 0
-    out[pos] = 1 / (1 + np.exp(-x[pos]))
-    e = np.exp(x[~pos])
-    out[~pos] = e / (1 + e)
-    return out
-
-
-def _gelu_tanh(x, y, p):
-    c = x.dtype.type(np.sqrt(2 / np.pi))
-    k = x.dtype.type(0.044715)
-    th = np.tanh(c * (x + k * x**3))
-    s = 1 - th * th
-    du = c * (1 + 3 * k * x * x)
-    d2u = 6 * c * k * x
-    return ((1 + th) / 2 + x * s * du / 2, s * du - x * th * s * du * du + x * s * d2u / 2)
-
-
 def _sigmoid_slopes(x):
-    """(σ(x), σ'(x), σ(-x) - σ(x)): σ' as σ(x)·σ(-x), never 1 - σ (which cancels once σ
-    saturates: at x = 30 it would keep 3 digits of σ' = 9e-14)."""
-    s, sm = _sigmoid(x), _sigmoid(-x)
-    return s, s * sm, sm - s
-
-
-def _silu(x, y, p):
-    s, ds, diff = _sigmoid_slopes(x)
-    return s + x * ds, ds * (2 + x * diff)
-
-
-def _gelu(x, y, p):
-    phi = np.exp(-x * x / 2) / x.dtype.type(np.sqrt(2 * np.pi))
-    Phi = (1 + _erf(x / x.dtype.type(np.sqrt(2)))).astype(x.dtype) / 2
-    return Phi + x * phi, phi * (2 - x * x)
-
-
-def _zero(x):
-    return np.zeros_like(x)
-
-
-UNARY = {
-    "neg": lambda x, y, p: (-np.ones_like(x), _zero(x)),
-    "exp": lambda x, y, p: (y, y),
-    "log": lambda x, y, p: (1 / x, -1 / (x * x)),
-    "sqrt": lambda x, y, p: (1 / (2 * y), -1 / (4 * y * x)),
-    "square": lambda x, y, p: (2 * x, np.full_like(x, 2)),
-    "abs": lambda x, y, p: (np.sign(x), _zero(x)),
-    "relu": lambda x, y, p: ((x > 0).astype(x.dtype), _zero(x)),
-    "leaky_relu": lambda x, y, p: (np.where(x > 0, x.dtype.type(1),
-                                            x.dtype.type(p["negative_slope"])), _zero(x)),
-    "silu": _silu,
-    "gelu": _gelu,
-    "gelu_tanh": _gelu_tanh,
-    "tanh": lambda x, y, p: (1 - y * y, -2 * y * (1 - y * y)),
-    "sigmoid": lambda x, y, p: (lambda s, ds, diff: (ds, ds * diff))(*_sigmoid_slopes(x)),
-    "softplus": lambda x, y, p: _sigmoid_slopes(x)[:2],
-    "identity": lambda x, y, p: (np.ones_like(x), _zero(x)),
-}
+    """(σ(x), σ'(x)): σ' as σ(x)·σ(-x), never 1 - σ (which cancels once σ saturates: at
+    x = 30 it would keep 3 digits of σ' = 9e-14)."""
+    s = _elementwise.unary_forward("sigmoid", np.ascontiguousarray(x))
+    return s, s * _elementwise.unary_forward("sigmoid", np.ascontiguousarray(-x))
 
 
 def _sum_to(g, shape):
@@ -198,15 +144,14 @@ def _loss_rules(name, arrays, tangents):
     z, t = arrays
     tz, tt = tangents
     n = z.size
-    s, ds, _ = _sigmoid_slopes(z)
+    s, ds = _sigmoid_slopes(z)
     jvp = np.sum((s - t) * tz - z * tt) / n
     return jvp, ((ds * tz - tt) / n, -tz / n)
 
 
-LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
-          "binary_cross_entropy_with_logits")
-LINEAR = ("transpose", "reshape", "concat", "slice", "sum", "mean", "identity", "neg", "add",
-          "sub")
+LOSSES = optable.names(category="loss")
+LINEAR = ("transpose", "reshape", "concat", "slice", "sum", "mean", "add", "sub")
+UNARY = frozenset(_elementwise.UNARY_OPS)
 
 
 # --- the public functions ------------------------------------------------------------------------
@@ -214,28 +159,8 @@ LINEAR = ("transpose", "reshape", "concat", "slice", "sum", "mean", "identity", 
 def _prepared(name, inputs, tangents, params):
     params = dict(params or {})
     entry, arrays, ctx, out_shape, dtype = _ops._prepare(name, inputs, params)
-    if isinstance(tangents, np.ndarray) or not isinstance(tangents, (list, tuple)):
-        raise TypeError(f"{name}: tangents must be a list or tuple with one array per input "
-                        f"({', '.join(entry.inputs)}); wrap a single array as [t]")
-    if len(tangents) != len(entry.inputs):
-        raise ValueError(f"{name}: tangents need one entry per input "
-                         f"({', '.join(entry.inputs)}); got {len(tangents)}")
-    tans = []
-    for iname, a, t in zip(entry.inputs, arrays, tangents):
-        if iname in entry.class_index:
-            if t is not None:
-                raise ValueError(f"{name}: input {iname!r} holds class indices and has no "
-                                 f"tangent; pass None for it")
-            tans.append(None)
-            continue
-        if t is None:
-            raise ValueError(f"{name}: the tangent for {iname!r} is None; pass an array (zeros "
-                             f"to hold the input fixed)")
-        t = np.asarray(t)
-        if t.shape != a.shape or t.dtype != a.dtype:
-            raise ValueError(f"{name}: the tangent for {iname!r} is {t.dtype}{t.shape}; pass "
-                             f"one shaped and typed like the input ({a.dtype}{a.shape})")
-        tans.append(np.array(t, order="C"))
+    tans = [None if t is None else np.array(t, order="C") for t in optable.check_tangents(
+        name, entry.inputs, entry.class_index, arrays, tangents, dtype=dtype)]
     return entry, arrays, ctx, tans, _ops._resolve_params(entry, params), out_shape, dtype
 
 
@@ -265,9 +190,8 @@ def jvp(name, inputs, tangents, params=None):
 
 
 def _jvp(name, arrays, tans, p, out):
-    if name in UNARY:
-        d1, _ = UNARY[name](arrays[0], out, p)
-        return (d1 * tans[0]).astype(out.dtype)
+    if name in UNARY:  # f'(x) t: the VJP kernel with the tangent as the cotangent
+        return _elementwise.unary_vjp(name, arrays[0], tans[0], **p)
     if name in ("add", "sub", "mul", "div", "maximum"):
         fa, fb, *_ = _binary_partials(name, *arrays)
         return (fa * tans[0] + fb * tans[1]).astype(out.dtype)
@@ -320,11 +244,8 @@ def hvp(name, inputs, cotangent, tangents, params=None):
 def _hvp(entry, ctx, name, arrays, tans, p, g):
     if name in LINEAR:
         return [np.zeros_like(a) for a in arrays]
-    if name in UNARY:
-        x = arrays[0]
-        y = entry.forward(arrays, ctx)
-        _, d2 = UNARY[name](x, y, p)
-        return [g * d2 * tans[0]]
+    if name in UNARY:  # g f''(x) t, f'' the op's scalar second derivative
+        return [_elementwise.unary_hvp(name, arrays[0], np.ascontiguousarray(g), tans[0], **p)]
     if name in ("mul", "div", "maximum"):
         a, b = arrays
         _, _, faa, fab, fbb = _binary_partials(name, a, b)

@@ -2,7 +2,8 @@
 
 Imports NumPy only, so fastlib reads it without SymPy. Each op's name, inputs, params and
 defaults, category, shape rule, domains, kink kinds, bound family and flags; the activations
-with their kernel codes; the checks every engine makes before computing. docs/optable.md
+with their kernel codes; the optimizers' names, hyperparameters and state; the checks every
+engine makes before computing. docs/optable.md
 describes the fields and how to add an op.
 
 >>> import optable
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from optable.boundary import (check_class_index, check_grad, check_input_list, common_dtype,
-                              float_dtype, lookup, resolve_params)
+from optable.boundary import (check_class_index, check_grad, check_input_list, check_tangents,
+                              common_dtype, float_dtype, lookup, resolve_params)
 from optable.errors import UnknownOpError, close_names, did_you_mean
+from optable.kernel_codes import require_branches
+from optable.optimizers import OPTIMIZERS, OptimizerSignature
+from optable.shapes import output_shape
 from optable.signature import CATEGORIES, KINK_KINDS, REQUIRED, Activation, OpSignature, Param
 from optable.table import ACTIVATION_LIST, SIGNATURES
 from optable.targetprop import TargetPropConfig
@@ -67,12 +71,34 @@ def codes(op_names):
     return {n: OPS[n].code for n in op_names}
 
 
+def code_of(name, category, what):
+    """The code of op ``name`` of ``category`` (what a kernel launcher switches on).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not an op of ``category``; the message names ``what`` asked and lists
+        the category's ops.
+    """
+    sig = OPS.get(name) if isinstance(name, str) else None
+    if sig is None or sig.category != category:
+        raise ValueError(f"{what}: unknown {category} op {name!r}: not a {category} op of optable "
+                         f"({category} ops: {', '.join(names(category=category))})")
+    return sig.code
+
+
 def activation_codes():
     """``{activation name: code}`` of every activation."""
     return {a.name: a.code for a in ACTIVATIONS.values()}
 
 
+def loss_codes():
+    """``{loss name: code}`` of every loss op: the codes the training kernels switch on."""
+    return codes(names(category="loss"))
+
+
 __all__ = ["OPS", "ACTIVATIONS", "OpSignature", "Param", "Activation", "REQUIRED", "names",
-           "codes", "activation_codes", "UnknownOpError", "did_you_mean", "close_names",
-           "lookup", "resolve_params", "check_input_list", "float_dtype", "common_dtype",
-           "check_class_index", "check_grad", "TargetPropConfig"]
+           "codes", "code_of", "activation_codes", "loss_codes", "require_branches",
+           "UnknownOpError", "did_you_mean", "close_names", "lookup", "resolve_params",
+           "check_input_list", "float_dtype", "common_dtype", "check_class_index", "check_grad",
+           "check_tangents", "output_shape", "TargetPropConfig", "OPTIMIZERS", "OptimizerSignature"]

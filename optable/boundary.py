@@ -3,8 +3,9 @@
 ``lookup`` finds an op (``UnknownOpError`` with close names), ``resolve_params`` merges the
 caller's params with the table's defaults (unknown names and missing ``REQUIRED`` params are
 errors), ``check_input_list`` checks the inputs' container and count, ``float_dtype`` and
-``common_dtype`` check dtypes, ``check_grad`` the cotangent's dtype and shape. Every message
-names the op, the problem and the fix. reflib, fastlib and fastlib.cuda call these; a plug-in
+``common_dtype`` check dtypes, ``check_grad`` the cotangent's dtype and shape,
+``check_tangents`` the tangents of forward mode and second order. Every message names the op,
+the problem and the fix. reflib, fastlib and fastlib.cuda call these; a plug-in
 engine may too (docs/engines.md). Values of params (an axis in range, a positive eps) are each
 engine's to check: they depend on the shapes the engine sees.
 """
@@ -105,3 +106,50 @@ def check_grad(name, grad_shape, grad_dtype, out_shape, dtype=None):
     if tuple(grad_shape) != tuple(out_shape):
         raise ValueError(f"{name}: grad has shape {tuple(grad_shape)} but the output has shape "
                          f"{tuple(out_shape)}; pass a cotangent shaped like the output")
+
+
+def check_tangents(name, input_names, class_index, inputs, tangents, dtype=None):
+    """One tangent per input, shaped like it (and of ``dtype``, when given); None exactly for
+    the class-index inputs. The forward-mode and second-order boundary of every engine.
+
+    Returns
+    -------
+    list
+        ``np.asarray`` of each tangent (values as given), None for a class-index input.
+
+    Raises
+    ------
+    TypeError
+        ``tangents`` is not a list or tuple.
+    ValueError
+        A wrong count, a tangent for a class-index input, None for a differentiable one, or a
+        tangent of another shape (or dtype) than its input.
+    """
+    listed = ", ".join(input_names)
+    if isinstance(tangents, np.ndarray) or not isinstance(tangents, (list, tuple)):
+        raise TypeError(f"{name}: tangents must be a list or tuple with one array per input "
+                        f"({listed}); wrap a single array as [t]")
+    if len(tangents) != len(input_names):
+        raise ValueError(f"{name}: tangents need one entry per input ({listed}); got "
+                         f"{len(tangents)}")
+    out = []
+    for iname, x, t in zip(input_names, inputs, tangents):
+        if iname in class_index:
+            if t is not None:
+                raise ValueError(f"{name}: input {iname!r} holds class indices and is not "
+                                 f"differentiable; pass None as its tangent")
+            out.append(None)
+            continue
+        if t is None:
+            raise ValueError(f"{name}: the tangent for input {iname!r} is None; pass an array "
+                             f"(zeros to hold the input fixed)")
+        arr = np.asarray(t)
+        if arr.shape != np.shape(x) or (dtype is not None and arr.dtype != dtype):
+            like = "shaped and typed like the input" if dtype is not None else \
+                "shaped like the input"
+            given, wanted = (f"{arr.dtype}{arr.shape}", f"{np.dtype(dtype)}{np.shape(x)}") \
+                if dtype is not None else (f"shape {arr.shape}", f"shape {np.shape(x)}")
+            raise ValueError(f"{name}: the tangent for {iname!r} has {given}, the input has "
+                             f"{wanted}; pass one {like}")
+        out.append(arr)
+    return out

@@ -67,3 +67,26 @@ def require_domain(op, name, x, test, what):
         idx = tuple(int(i) for i in np.argwhere(~ok)[0])
         fail(op, f"{name} must be {what}; {name}[{idx}] = {x[idx]}" if idx else
                  f"{name} must be {what}; got {x[()]}")
+
+
+def class_indices(op, target, n, c):
+    """Class indices as int64 (N,) for ``n`` rows and ``c`` classes: from (N, 1) or (N,), of an
+    integer dtype, or floats (or exact numbers) holding whole numbers."""
+    t = np.asarray(target)
+    if t.ndim == 2 and t.shape[1] == 1:
+        t = t[:, 0]
+    if t.ndim != 1 or t.shape[0] != n:
+        fail(op, f"target must hold {n} class indices, shape ({n},) or ({n}, 1); got shape "
+                 f"{np.shape(target)} (for one-hot targets use categorical_cross_entropy)")
+    if t.dtype.kind == "b":
+        fail(op, "target must hold class indices (int), not booleans")
+    if t.dtype.kind in "fO":
+        if not all(np.isfinite(float(v)) and float(v) == int(v) for v in t.flat):
+            fail(op, f"target must hold whole-number class indices; got {t.tolist()}")
+        t = np.array([int(v) for v in t.flat], dtype=np.int64)
+    idx = t.astype(np.int64)
+    bad = (idx < 0) | (idx >= c)
+    if bad.any():
+        fail(op, f"target index {idx[bad][0]} is out of range for {c} classes; use "
+                 f"0 <= target < {c}")
+    return np.ascontiguousarray(idx)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import warnings
 
 from optable.layers import close_matches
+from optable.table import SIGNATURES
 
 __all__ = ["LOSSES", "LOSS_CODES", "DEPRECATED_ALIASES", "resolve_loss"]
 
-LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
-          "binary_cross_entropy_with_logits")
+#: The loss ops of the table, in its order.
+LOSSES = tuple(s.name for s in SIGNATURES if s.category == "loss")
 DEPRECATED_ALIASES = {"sparse_cross_entropy": "cross_entropy"}
 #: Each loss's integer code in the engines' compiled kernels.
 LOSS_CODES = {name: code for code, name in enumerate(LOSSES)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from optable.checks import class_indices
 from reflib._ops_common import fail, implementations, require_domain
 from reflib._ops_reduce import shifted_exp
 
@@ -29,24 +30,6 @@ def mse(F, pred, target):
 def mse_vjp(F, pred, target, out, g):
     gp = g * 2 * (pred - target) / pred.size
     return gp, -gp
-
-
-def class_indices(op, target, n, c):
-    """Class indices as an int array (N,): accepts (N, 1) or (N,), int dtype or floats holding ints."""
-    t = np.asarray(target)
-    if t.ndim == 2 and t.shape[1] == 1:
-        t = t[:, 0]
-    if t.ndim != 1 or t.shape[0] != n:
-        fail(op, f"target must hold {n} class indices, shape ({n},) or ({n}, 1); got shape "
-                 f"{np.shape(target)} (for one-hot targets use categorical_cross_entropy)")
-    vals = [float(v) for v in t.flat] if t.dtype.kind in "fO" else None
-    if vals is not None and not all(np.isfinite(v) and v == int(v) for v in vals):
-        fail(op, f"target must hold whole-number class indices; got {t.tolist()}")
-    idx = np.array([int(v) for v in t.flat], dtype=np.int64).reshape(t.shape)
-    bad = (idx < 0) | (idx >= c)
-    if bad.any():
-        fail(op, f"target index {idx[bad][0]} is out of range for {c} classes; use 0 <= target < {c}")
-    return idx
 
 
 def _log_softmax_rows(F, z):

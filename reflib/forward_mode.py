@@ -14,7 +14,7 @@ import mpmath
 import numpy as np
 
 import optable
-from reflib.numeric import GUARD_DIGITS, check_dps
+from reflib.numeric import GUARD_DIGITS, ByValue, check_dps
 from reflib.scalar_rules import ObjectNumeric, is_real
 from spec.dual import Dual, tangent_of, value_of
 from spec.precision import converge
@@ -22,25 +22,12 @@ from spec.precision import converge
 __all__ = ["ForwardDual", "DualNumeric", "jvp"]
 
 
-class ForwardDual(Dual):
+class ForwardDual(ByValue, Dual):
     """``spec.dual.Dual`` that compares and converts by its value, as reflib's code needs
     (``x == 0`` in the cross-entropies, ``float(v)`` in target checks)."""
 
     __slots__ = ()
-
-    def __eq__(self, other):
-        return self.value == value_of(other)
-
-    def __ne__(self, other):
-        return self.value != value_of(other)
-
-    __hash__ = None
-
-    def __float__(self):
-        return float(self.value)
-
-    def __int__(self):
-        return int(self.value)
+    _plain = staticmethod(value_of)
 
 
 def _as_forward(r):
@@ -98,33 +85,6 @@ def split_parts(arr, zero):
         values[idx] = value_of(v)
         tangents[idx] = tangent_of(v, zero)
     return values, tangents
-
-
-def check_tangents(name, sig, inputs, tangents, what="tangents"):
-    """One tangent per input shaped like it, None exactly for class-index inputs."""
-    if isinstance(tangents, np.ndarray) or not isinstance(tangents, (list, tuple)):
-        raise TypeError(f"{name}: {what} must be a list or tuple with one array per input "
-                        f"({', '.join(sig.inputs)}); wrap a single array as [t]")
-    if len(tangents) != len(sig.inputs):
-        raise ValueError(f"{name}: {what} needs one entry per input ({', '.join(sig.inputs)}); "
-                         f"got {len(tangents)}")
-    out = []
-    for iname, x, t in zip(sig.inputs, inputs, tangents):
-        if iname in sig.class_index:
-            if t is not None:
-                raise ValueError(f"{name}: input {iname!r} holds class indices and is not "
-                                 f"differentiable; pass None as its tangent")
-            out.append(None)
-            continue
-        if t is None:
-            raise ValueError(f"{name}: the tangent for input {iname!r} is None; pass an array "
-                             f"(zeros to hold the input fixed)")
-        arr = np.asarray(t)
-        if arr.shape != np.shape(x):
-            raise ValueError(f"{name}: the tangent for {iname!r} has shape {arr.shape}, the "
-                             f"input has {np.shape(x)}; pass one shaped like the input")
-        out.append(arr)
-    return out
 
 
 def _finish(values, digits):
@@ -195,7 +155,7 @@ def jvp(name, inputs, tangents, dps=None, **params):
 
     sig = optable.lookup(optable.OPS, name)
     digits = check_dps(dps)
-    tangents = check_tangents(name, sig, inputs, tangents)
+    tangents = optable.check_tangents(name, sig.inputs, sig.class_index, inputs, tangents)
 
     def compute():
         F = DualNumeric(digits, working=None if digits is None else mpmath.mp.dps)

@@ -80,7 +80,35 @@ def _to_mpf(v):
     return mpmath.mpf(v)
 
 
-class Float64:
+class NumpyFunctions:
+    """The elementary functions in float64, NumPy's (and SciPy's erf): scalars or arrays."""
+
+    exp = staticmethod(np.exp)
+    log = staticmethod(np.log)
+    log1p = staticmethod(np.log1p)
+    sqrt = staticmethod(np.sqrt)
+    tanh = staticmethod(np.tanh)
+
+    @staticmethod
+    def erf(x):
+        import scipy.special
+        return np.float64(scipy.special.erf(x))
+
+
+#: The elementary functions every numeric offers (``F.exp(x)``, ...), in this order.
+ELEMENTARY_NAMES = ("exp", "log", "log1p", "sqrt", "tanh", "erf")
+
+
+def elementwise_method(name):
+    """The method ``name(self, x)`` of an object-array numeric: ``self._map(name, x)``, the
+    numeric's own function ``name`` on every entry."""
+    def method(self, x):
+        return self._map(name, x)
+    method.__name__ = name
+    return method
+
+
+class Float64(NumpyFunctions):
     """float64 NumPy arithmetic (``dps=None``)."""
 
     dps = None
@@ -110,16 +138,6 @@ class Float64:
     def isfinite(self, arr):
         return np.isfinite(arr)
 
-    exp = staticmethod(np.exp)
-    log = staticmethod(np.log)
-    log1p = staticmethod(np.log1p)
-    sqrt = staticmethod(np.sqrt)
-    tanh = staticmethod(np.tanh)
-
-    @staticmethod
-    def erf(x):
-        import scipy.special
-        return scipy.special.erf(x)
 
     def pi(self):
         return np.pi
@@ -176,26 +194,10 @@ class Exact:
         return np.asarray(np.frompyfunc(mpmath.isfinite, 1, 1)(arr), dtype=bool)
 
     @staticmethod
-    def _map(fn, x):
-        return np.asarray(np.frompyfunc(fn, 1, 1)(x), dtype=object)
+    def _map(name, x):
+        return np.asarray(np.frompyfunc(getattr(mpmath, name), 1, 1)(x), dtype=object)
 
-    def exp(self, x):
-        return self._map(mpmath.exp, x)
-
-    def log(self, x):
-        return self._map(mpmath.log, x)
-
-    def log1p(self, x):
-        return self._map(mpmath.log1p, x)
-
-    def sqrt(self, x):
-        return self._map(mpmath.sqrt, x)
-
-    def tanh(self, x):
-        return self._map(mpmath.tanh, x)
-
-    def erf(self, x):
-        return self._map(mpmath.erf, x)
+    exp, log, log1p, sqrt, tanh, erf = map(elementwise_method, ELEMENTARY_NAMES)
 
     def pi(self):
         return +mpmath.pi
@@ -216,3 +218,38 @@ def numeric_for(dps):
         return dps
     dps = check_dps(dps)
     return FLOAT64 if dps is None else Exact(dps)
+
+
+class ByValue:
+    """Comparisons and ``float()`` / ``int()`` by the plain value, so that control flow follows
+    the value as in a plain run: mixed into the number systems that carry more than a value (a
+    recorded step, a value with its error bound, a dual), each naming its value with
+    ``_plain(x)`` (a plain number is its own value)."""
+
+    __slots__ = ()
+
+    def __lt__(self, o):
+        return self._plain(self) < self._plain(o)
+
+    def __le__(self, o):
+        return self._plain(self) <= self._plain(o)
+
+    def __gt__(self, o):
+        return self._plain(self) > self._plain(o)
+
+    def __ge__(self, o):
+        return self._plain(self) >= self._plain(o)
+
+    def __eq__(self, o):
+        return self._plain(self) == self._plain(o)
+
+    def __ne__(self, o):
+        return self._plain(self) != self._plain(o)
+
+    __hash__ = None
+
+    def __float__(self):
+        return float(self._plain(self))
+
+    def __int__(self):
+        return int(self._plain(self))

@@ -1,7 +1,8 @@
 """Reference optimizers: ``spec``'s update applied to every parameter of a dict, explicit state.
 
 The arithmetic is the spec's (``spec.engine_step`` / ``spec.step``: DataCode's equations
-evaluated with mpmath); names, defaults and state variables are ``spec.OPTIMIZERS``'. This
+evaluated with mpmath); names, defaults and state variables are the registry's
+(``optable.OPTIMIZERS``, which ``spec.OPTIMIZERS`` reads). This
 module only validates, routes over the parameter dict and converts:
 
 - ``dps=None``: the spec runs at ``SPEC_DPS`` digits and the results are rounded to float64
@@ -14,10 +15,9 @@ from __future__ import annotations
 
 import numbers
 
-import mpmath
 import numpy as np
 
-from reflib.models.base import close_matches
+from optable.optimizers import check_hyperparameters, find_optimizer
 from reflib.numeric import numeric_for
 
 # NOTE: float64 results are rounded from a 50-digit evaluation, far beyond float64's 16 digits.
@@ -44,33 +44,25 @@ def optimizer_spec(name):
 
 
 def state_variables(optimizer):
-    """The names of ``optimizer``'s state arrays (``()`` for SGD)."""
+    """The names of ``optimizer``'s state arrays (``()`` for a stateless one)."""
     return tuple(optimizer_spec(optimizer).state)
 
 
 def hyperparameters(optimizer, lr=None, **hyper):
-    """The full hyperparameter dict of ``optimizer``: spec's defaults overridden by the given.
+    """The full hyperparameter dict of ``optimizer``: the registry's defaults overridden by the
+    given (``optable.optimizers.check_hyperparameters``: names, real numbers, ranges).
 
     Raises
     ------
     ValueError
         For a name the optimizer does not have (with close matches), or a value that is not a
-        finite real number. Ranges (lr > 0, 0 <= beta <= 1, ...) are checked by the spec.
+        finite real number in the hyperparameter's range.
     """
     opt = optimizer_spec(optimizer)
     given = dict(hyper)
     if lr is not None:
         given["lr"] = lr
-    out = dict(opt.hyper)
-    for key, value in given.items():
-        if key not in opt.hyper:
-            raise ValueError(f"{opt.name} has no hyperparameter {key!r}"
-                             f"{close_matches(key, opt.hyper)}; its hyperparameters are "
-                             f"{list(opt.hyper)}")
-        if isinstance(value, bool) or not _is_real(value) or not _finite(value):
-            raise ValueError(f"{opt.name}: {key} must be a finite real number, got {value!r}")
-        out[key] = value
-    return out
+    return check_hyperparameters(find_optimizer(opt.name), given, opt.name)
 
 
 def init_state(optimizer, params, dps=None):
@@ -87,7 +79,7 @@ def step(optimizer, params, grads, state=None, t=None, lr=None, dps=None, form="
     Parameters
     ----------
     optimizer : str
-        ``SGD Momentum NAG Adagrad RMSprop Adam AdamW`` (case-insensitive).
+        A name of the optimizer registry (``optable.OPTIMIZERS``), in any case.
     params, grads : dict[str, numpy.ndarray]
         Same keys and shapes (``grads`` from ``reflib.value_and_grad``).
     state : dict, OptState-like or None
@@ -99,7 +91,8 @@ def step(optimizer, params, grads, state=None, t=None, lr=None, dps=None, form="
     dps : int or None
         None: float64 results; an int: exact results at that many digits.
     form : {"engine", "table"}
-        ``spec.engine_step`` (default) or ``spec.step``; they differ for NAG only.
+        ``spec.engine_step`` (default) or ``spec.step``; they differ only for an optimizer whose
+        engine form holds its parameters elsewhere (spec.optimizers).
     **hyper :
         Other hyperparameters by name.
 
@@ -179,11 +172,3 @@ def _convert(arr, dps):
 
 def _zeros_for(dps):
     return numeric_for(dps).zeros
-
-
-def _is_real(v):
-    return isinstance(v, (numbers.Real, mpmath.mpf))
-
-
-def _finite(v):
-    return bool(mpmath.isfinite(v))

@@ -17,6 +17,7 @@ import operator
 import mpmath
 import numpy as np
 
+from reflib.numeric import ByValue
 from reflib.scalar_rules import ObjectNumeric, dual_scalars, is_real
 from spec.dual import Dual
 
@@ -31,10 +32,12 @@ def _val(x):
     return x.value if isinstance(x, Recorded) else x
 
 
-class Recorded:
-    """A scalar with the steps that produced it: ``parents`` and ``partials`` (∂self/∂parent)."""
+class Recorded(ByValue):
+    """A scalar with the steps that produced it: ``parents`` and ``partials`` (∂self/∂parent);
+    it compares and converts by its value (``ByValue``)."""
 
     __slots__ = ("value", "parents", "partials", "order")
+    _plain = staticmethod(_val)
 
     def __init__(self, value, parents=(), partials=()):
         self.value = value
@@ -44,33 +47,6 @@ class Recorded:
 
     def __repr__(self):
         return f"Recorded({self.value!r}, {len(self.parents)} parents)"
-
-    # comparisons and conversions by value: control flow follows the value, as in a plain run
-    def __lt__(self, o):
-        return self.value < _val(o)
-
-    def __le__(self, o):
-        return self.value <= _val(o)
-
-    def __gt__(self, o):
-        return self.value > _val(o)
-
-    def __ge__(self, o):
-        return self.value >= _val(o)
-
-    def __eq__(self, o):
-        return self.value == _val(o)
-
-    def __ne__(self, o):
-        return self.value != _val(o)
-
-    __hash__ = None
-
-    def __float__(self):
-        return float(self.value)
-
-    def __int__(self):
-        return int(self.value)
 
     # arithmetic: each step recorded with its partials from spec.dual
     def __add__(self, o):

@@ -17,7 +17,7 @@ import numbers
 import mpmath
 import numpy as np
 
-from reflib.numeric import object_array
+from reflib.numeric import ELEMENTARY_NAMES, ByValue, elementwise_method, object_array
 
 __all__ = ["Bounded", "RunningError", "values", "radii"]
 
@@ -39,11 +39,12 @@ def _exact_factor(b):
     return b == 0.0 or abs(math.frexp(b)[0]) == 0.5
 
 
-class Bounded:
+class Bounded(ByValue):
     """A value ``v`` (float) and the radius ``r`` that bounds its rounding error (module doc).
 
-    Comparisons and ``float()`` use the value, so control flow (``np.where(x > 0, ...)``,
-    ``np.max``) follows the value as it does in a float evaluation.
+    Comparisons, ``float()`` and ``int()`` (class indices held as floats) use the value
+    (``ByValue``), so control flow (``np.where(x > 0, ...)``, ``np.max``) follows the value as
+    it does in a float evaluation.
     """
 
     __slots__ = ("v", "r")
@@ -55,32 +56,9 @@ class Bounded:
     def __repr__(self):
         return f"Bounded({self.v!r}, {self.r!r})"
 
-    def __float__(self):
-        return self.v
-
-    def __int__(self):   # class indices held as floats (a leaf's entries are Bounded)
-        return int(self.v)
-
-    # -- comparisons: on the value
-    def __lt__(self, o):
-        return self.v < _val(o)
-
-    def __le__(self, o):
-        return self.v <= _val(o)
-
-    def __gt__(self, o):
-        return self.v > _val(o)
-
-    def __ge__(self, o):
-        return self.v >= _val(o)
-
-    def __eq__(self, o):
-        return self.v == _val(o)
-
-    def __ne__(self, o):
-        return self.v != _val(o)
-
-    __hash__ = None
+    @staticmethod
+    def _plain(o):
+        return o.v if isinstance(o, Bounded) else o
 
     # -- arithmetic
     def __neg__(self):
@@ -156,8 +134,7 @@ def _divide(a, ar, b, br):
     return Bounded(v, r)
 
 
-def _val(o):
-    return o.v if isinstance(o, Bounded) else o
+_val = Bounded._plain
 
 
 def _parts(o):
@@ -303,23 +280,7 @@ class RunningError:
     def _map(self, name, x):
         return np.asarray(np.frompyfunc(self._functions[name], 1, 1)(x), dtype=object)
 
-    def exp(self, x):
-        return self._map("exp", x)
-
-    def log(self, x):
-        return self._map("log", x)
-
-    def log1p(self, x):
-        return self._map("log1p", x)
-
-    def sqrt(self, x):
-        return self._map("sqrt", x)
-
-    def tanh(self, x):
-        return self._map("tanh", x)
-
-    def erf(self, x):
-        return self._map("erf", x)
+    exp, log, log1p, sqrt, tanh, erf = map(elementwise_method, ELEMENTARY_NAMES)
 
     def pi(self):
         return Bounded(math.pi, self.u * math.pi)   # pi is never a binary float: rounded once

@@ -14,28 +14,19 @@ import numbers
 
 import mpmath
 import numpy as np
-from scipy.special import erf as _erf
 
-from reflib.numeric import GUARD_DIGITS, check_dps, object_array
+from reflib.numeric import (GUARD_DIGITS, NumpyFunctions, check_dps, elementwise_method,
+                            object_array)
 from spec.backends import MPMATH
 from spec.dual import Dual, DualBackend
 
 
-class Float64Scalars:
+class Float64Scalars(NumpyFunctions):
     """The scalar functions ``spec.dual.DualBackend`` reads from a backend, on float64 numbers."""
 
     name = "float64"
-    exp = staticmethod(np.exp)
-    log = staticmethod(np.log)
-    log1p = staticmethod(np.log1p)
-    sqrt = staticmethod(np.sqrt)
-    tanh = staticmethod(np.tanh)
     abs = staticmethod(np.abs)
     sign = staticmethod(np.sign)
-
-    @staticmethod
-    def erf(x):
-        return np.float64(_erf(x))
 
     @staticmethod
     def gt(a, b):
@@ -177,14 +168,11 @@ class ObjectNumeric:
         return np.array(flat, dtype=bool).reshape(np.shape(arr))
 
     def _map(self, dual_fn, x):
-        return np.asarray(np.frompyfunc(lambda v: self._apply(dual_fn, v), 1, 1)(x),
-                          dtype=object)
+        """``dual_fn`` (or the dual backend's function of that name) on every entry."""
+        fn = getattr(self._dual, dual_fn) if isinstance(dual_fn, str) else dual_fn
+        return np.asarray(np.frompyfunc(lambda v: self._apply(fn, v), 1, 1)(x), dtype=object)
 
-    def exp(self, x):
-        return self._map(self._dual.exp, x)
-
-    def log(self, x):
-        return self._map(self._dual.log, x)
+    exp, log, sqrt, tanh, erf = map(elementwise_method, ("exp", "log", "sqrt", "tanh", "erf"))
 
     def log1p(self, x):
         # NOTE: the value by the base's log1p (no 1 + x rounding); the slope log'(1 + x)
@@ -196,14 +184,6 @@ class ObjectNumeric:
             return Dual(base.log1p(v.value), log(Dual(1 + v.value, v.tangent)).tangent)
         return self._map(one, x)
 
-    def sqrt(self, x):
-        return self._map(self._dual.sqrt, x)
-
-    def tanh(self, x):
-        return self._map(self._dual.tanh, x)
-
-    def erf(self, x):
-        return self._map(self._dual.erf, x)
 
     def pi(self):
         return self._base.pi if self.digits is None else +mpmath.pi

@@ -15,7 +15,7 @@ import numpy as np
 
 import optable
 from optable.losses import resolve_loss
-from reflib.forward_mode import check_tangents, run_exactly
+from reflib.forward_mode import run_exactly
 from reflib.numeric import check_dps
 from reflib.recorded import RecordingNumeric, gradient, values_of
 from reflib.tape import Tape
@@ -62,18 +62,10 @@ def hvp(name, inputs, cotangent, tangents, dps=None, **params):
 
     Parameters
     ----------
-    name : str
-        A registry op (``reflib.ops.op_names()``).
-    inputs : sequence of array_like
-        The op's inputs in the table's order, as for ``reflib.forward``.
+    name, inputs, tangents, dps, **params
+        As for ``reflib.jvp`` (``tangents`` is ``t``).
     cotangent : array_like
         ``g``, shaped like the output (0-d for losses).
-    tangents : list or tuple
-        One array per input shaped like it (``None`` for class indices): ``t``.
-    dps : int or None
-        None: float64 arithmetic; an int: exact (mpmath), results rounded to ``dps`` digits.
-    **params
-        The op's params, as for ``reflib.forward``.
 
     Returns
     -------
@@ -86,19 +78,19 @@ def hvp(name, inputs, cotangent, tangents, dps=None, **params):
     Raises
     ------
     ValueError, TypeError
-        As ``reflib.vjp``; and a tangent of the wrong shape or count, a tangent for a
-        class-index input, non-finite tangents.
+        As ``reflib.vjp`` and ``reflib.jvp`` (the tangents).
 
     Examples
     --------
     >>> import numpy as np
-    >>> (h,) = hvp("square", [np.array([3.0])], np.array([1.0]), [np.array([1.0])], dps=20)
-    >>> str(h[0])
-    '2.0'
+    >>> ha, hb = hvp("mul", [np.array([3.0]), np.array([7.0])], np.array([1.0]),
+    ...              [np.array([1.0]), np.array([0.0])])
+    >>> float(ha[0]), float(hb[0])          # the cross term reaches b only
+    (0.0, 1.0)
     """
     sig = optable.lookup(optable.OPS, name)
     digits = check_dps(dps)
-    tangents = check_tangents(name, sig, inputs, tangents)
+    tangents = optable.check_tangents(name, sig.inputs, sig.class_index, inputs, tangents)
     for iname, t in zip(sig.inputs, tangents):
         if t is not None:
             _check_finite(name, f"the tangent for {iname!r}", t)
@@ -143,6 +135,14 @@ def _parameter_directions(model, v, who):
     return out
 
 
+def _prepared(model, v, dps, who):
+    """(reference twin, digits, checked directions, parameter names) of a model product."""
+    from reflib.models.config import twin
+
+    model = twin(model)
+    return model, check_dps(dps), _parameter_directions(model, v, who), list(model.parameters())
+
+
 def model_hvp(model, x, y, loss, v, dps=None, gauss_newton=False):
     """``H v``: the Hessian of the mean loss of a reference model on ``(x, y)`` times ``v``,
     by a second backward through the model's recorded first backward.
@@ -175,14 +175,9 @@ def model_hvp(model, x, y, loss, v, dps=None, gauss_newton=False):
     The same signature as ``fastlib.model_hvp`` (``fastlib.hvp(model, x, y, loss, v)``), plus
     ``dps``.
     """
-    from reflib.models.config import twin
-
     if gauss_newton:
         return gnvp(model, x, y, loss, v, dps=dps)
-    model = twin(model)
-    digits = check_dps(dps)
-    directions = _parameter_directions(model, v, "reflib.model_hvp")
-    names = list(model.parameters())
+    model, digits, directions, names = _prepared(model, v, dps, "reflib.model_hvp")
 
     def compute():
         from reflib.train import trace_loss
@@ -215,12 +210,7 @@ def gnvp(model, x, y, loss, v, dps=None):
     dict[str, numpy.ndarray]
         Keyed like ``model.parameters()``.
     """
-    from reflib.models.config import twin
-
-    model = twin(model)
-    digits = check_dps(dps)
-    directions = _parameter_directions(model, v, "reflib.gnvp")
-    names = list(model.parameters())
+    model, digits, directions, names = _prepared(model, v, dps, "reflib.gnvp")
 
     def compute():
         from reflib.train import trace_loss

@@ -70,7 +70,7 @@ def train_step(model, x, y, loss_type, optimizer="SGD", state=None, t=None, lr=N
     model, x, y, loss_type, dps :
         As for ``value_and_grad``.
     optimizer : str
-        ``SGD Momentum NAG Adagrad RMSprop Adam AdamW`` (case-insensitive).
+        A name of the optimizer registry (``optable.OPTIMIZERS``), in any case.
     state : dict or None
         From ``reflib.optim.init_state`` or a previous step: ``{"t": steps taken, "slots":
         {param name: {state variable: array}}}``; None means a fresh state.
@@ -94,9 +94,9 @@ def train_step(model, x, y, loss_type, optimizer="SGD", state=None, t=None, lr=N
 
     Notes
     -----
-    The update is ``spec.engine_step`` (``reflib.optim.step``). NAG: the model's parameters
-    are the shifted variable w~ = w - beta v of spec.optimizers' engine form; the gradient is
-    taken at them.
+    The update is ``spec.engine_step`` (``reflib.optim.step``): where an optimizer's engine
+    form holds the parameters elsewhere than its table's form (spec.optimizers' look-ahead
+    form), the model holds them there and the gradient is taken at them.
     """
     if apply and not _is_reference(model):
         raise ValueError("apply=True needs a reflib model; load new_params into a fastlib model "

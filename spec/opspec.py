@@ -22,7 +22,6 @@ from typing import Callable, Mapping
 import optable
 from optable import REQUIRED, Param  # noqa: F401 (public names of spec.opspec)
 from optable.signature import freeze, param_defaults
-import spec.shapes as _shapes
 
 
 
@@ -40,7 +39,7 @@ class Example:
 
     def describe(self, inputs):
         """``"a(2, 3) b(3,) axis=0"``: the shapes named by input, then the params."""
-        parts = [f"{n}{_shapes.fmt(s)}" for n, s in zip(inputs, self.shapes)]
+        parts = [f"{n}{optable.shapes.fmt(s)}" for n, s in zip(inputs, self.shapes)]
         parts += [f"{k}={v!r}" for k, v in self.params.items()]
         return " ".join(parts)
 
@@ -97,7 +96,7 @@ class OpSpec:
     def resolve_params(self, params=None):
         """Defaults merged with ``params``, each checked; ``ValueError`` names the problem."""
         merged = optable.resolve_params(self.name, self.defaults, dict(params or {}))
-        return {p.name: _shapes.PARAM_KINDS[p.kind](self.name, p.name, merged[p.name])
+        return {p.name: optable.shapes.PARAM_KINDS[p.kind](self.name, p.name, merged[p.name])
                 for p in self.params}
 
     # -- shapes --------------------------------------------------------------------------------
@@ -157,15 +156,8 @@ class OpSpec:
                      for n in self.inputs)
 
 
-#: shape-rule names of the op table -> the rules in ``spec.shapes``
-SHAPE_RULES = {
-    "same_shape": _shapes.same_shape, "broadcast": _shapes.broadcast,
-    "reduction": _shapes.reduction, "matmul": _shapes.matmul,
-    "transpose": _shapes.transpose, "reshape": _shapes.reshape, "concat": _shapes.concat,
-    "slice": _shapes.slice_, "along_axis": _shapes.along_axis, "last_axis": _shapes.last_axis,
-    "same_shape_loss": _shapes.same_shape_loss, "class_index_loss": _shapes.class_index_loss,
-    "distribution_loss": _shapes.distribution_loss,
-}
+#: shape-rule names of the op table -> the rules (``optable.shapes``, shared by every engine)
+SHAPE_RULES = optable.shapes.SHAPE_RULES
 
 
 def declare(name, *, forward, vjp, examples, kinks=(), math=""):

@@ -186,15 +186,18 @@ def _general_step(opt):
     return diffs, sym
 
 
-def _nag_engine_step(opt):
-    """The engine's shifted form against the stated one, from a symbolic (w̃, v): after one
-    step, v agrees and w̃ = w − β·v (so the next gradient is taken at the same point)."""
+def _engine_step(opt):
+    """The engine's form against the stated one, from a symbolic engine state (NAG: w̃, v):
+    after one step the state agrees and the engine holds the parameters where the stated form
+    puts them (NAG: w̃ = w − β·v, so the next gradient is taken at the same point)."""
     sym = _symbols(opt)
-    shifted, beta = sym["w"], sym["beta"]
-    w_table, table = _stated(opt, sym, w=shifted + beta * sym["v"])
+    hyper = {h: sym[h] for h in opt.hyper}
+    state = {s: sym[s] for s in opt.state}
+    w_table, table = _stated(opt, sym, w=sym["w"] + opt.offset(SYMPY, state, hyper))
     w_engine, engine = _stated(opt, sym, engine=True)
-    return {"engine v": engine["v"] - table["v"],
-            "engine w̃": w_engine - (w_table - beta * table["v"])}, sym
+    diffs = {f"engine {s}": engine[s] - table[s] for s in opt.state}
+    diffs["engine w"] = w_engine - opt.held(SYMPY, w_table, table, hyper)
+    return diffs, sym
 
 
 def _used(sym, diffs):
@@ -227,10 +230,10 @@ def prove_optimizers(names=None):
         what = f"one general step vs {book.source} (symbolic state, g, t, hyperparameters)"
         try:
             diffs, sym = _general_step(opt)
-            if opt.name == "NAG":
-                more, _ = _nag_engine_step(opt)
+            if opt.engine_update is not None:
+                more, _ = _engine_step(opt)
                 diffs.update(more)
-                what += "; engine form w̃ = w − β·v"
+                what += "; the engine's form and the point it holds"
             method, ok, worst, where = _decide(diffs, _used(sym, diffs))
             if ok:
                 detail = "equal" + (f" (only checked: max |diff| {worst:.1e} at {POINTS} "

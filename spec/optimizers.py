@@ -15,8 +15,9 @@ from typing import Callable, Mapping
 import mpmath
 import numpy as np
 
+import optable.optimizers as _registry
 from spec.backends import MPMATH, SYMPY
-from spec.errors import UnknownOptimizerError, did_you_mean
+from spec.errors import RegistryError, UnknownOptimizerError, did_you_mean
 from spec.evaluate import as_array, _check_dps, GUARD_DIGITS
 from spec.opspec import call_formula
 
@@ -35,6 +36,8 @@ class OptimizerSpec:
     update: Callable
     equations: str
     engine_update: Callable = None      # the form an engine runs, when it differs (NAG)
+    engine_offset: Callable = None      # how far behind the table's w that form holds the
+    #                                     parameters (NAG: β·v, it holds w̃ = w − β·v)
 
     def __post_init__(self):
         object.__setattr__(self, "hyper", MappingProxyType(dict(self.hyper)))
@@ -47,6 +50,20 @@ class OptimizerSpec:
         env.update(hyper)
         env.update(M=M, w=w, g=g, t=t)
         return call_formula(fn, env)
+
+    def offset(self, M, state, hyper):
+        """``engine_offset`` at ``state`` (0 when the engine holds the table's parameters)."""
+        if self.engine_offset is None:
+            return 0
+        env = dict(state)
+        env.update(hyper)
+        env.update(M=M)
+        return call_formula(self.engine_offset, env)
+
+    def held(self, M, w, state, hyper):
+        """The parameters an engine running ``engine_update`` holds when the table's form is at
+        ``w`` with ``state``: ``w − offset``."""
+        return w - self.offset(M, state, hyper)
 
     def symbolic(self):
         """The update as SymPy equations ``[Eq(v_new, ...), Eq(w_new, ...)]`` (scalar symbols)."""
@@ -81,6 +98,10 @@ def _nag_engine(M, w, g, v, lr, beta):
     return w - lr * g - beta * v_new, {"v": v_new}
 
 
+def _nag_offset(M, v, beta):
+    return beta * v
+
+
 def _adagrad(M, w, g, G, lr, eps):
     G_new = G + g**2
     return w - lr / M.sqrt(G_new + eps) * g, {"G": G_new}
@@ -109,66 +130,37 @@ def _adamw(M, w, g, t, m, v, lr, beta1, beta2, eps, weight_decay):
             {"m": m_new, "v": v_new})
 
 
-_LR_SMALL, _LR_ADAPTIVE = 0.01, 0.001
+def _declare(name, update, equations, engine_update=None, engine_offset=None):
+    """``name``'s formulas, with its hyperparameters, defaults and state from the op table's
+    optimizer registry (``optable.optimizers``)."""
+    sig = _registry.OPTIMIZERS[name]
+    return OptimizerSpec(name, sig.defaults, sig.state, update, equations, engine_update,
+                         engine_offset)
+
 
 OPTIMIZERS = MappingProxyType({o.name: o for o in (
-    OptimizerSpec("SGD", {"lr": _LR_SMALL}, (), _sgd, "w ← w − η·g"),
-    OptimizerSpec("Momentum", {"lr": _LR_SMALL, "beta": 0.9}, ("v",), _momentum,
-                  "v ← β·v + (1−β)·g ; w ← w − η·v"),
-    OptimizerSpec("NAG", {"lr": _LR_SMALL, "beta": 0.9}, ("v",), _nag,
-                  "v ← β·v + η·∇f(w − β·v) ; w ← w − v   (g = ∇f(w − β·v))",
-                  engine_update=_nag_engine),
-    OptimizerSpec("Adagrad", {"lr": _LR_SMALL, "eps": 1e-8}, ("G",), _adagrad,
-                  "G ← G + g² ; w ← w − η/√(G + ε)·g"),
-    OptimizerSpec("RMSprop", {"lr": _LR_ADAPTIVE, "gamma": 0.9, "eps": 1e-8}, ("E",), _rmsprop,
-                  "E ← γ·E + (1−γ)·g² ; w ← w − η/√(E + ε)·g"),
-    OptimizerSpec("Adam", {"lr": _LR_ADAPTIVE, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
-                  ("m", "v"), _adam,
-                  "m ← β1·m + (1−β1)·g ; v ← β2·v + (1−β2)·g² ; m̂ = m/(1−β1^t) ; "
-                  "v̂ = v/(1−β2^t) ; w ← w − η·m̂/(√v̂ + ε)"),
-    OptimizerSpec("AdamW", {"lr": _LR_ADAPTIVE, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
-                            "weight_decay": 0.01},
-                  ("m", "v"), _adamw,
-                  "as Adam, then w ← w − η·(m̂/(√v̂ + ε) + λ·w)   (λ = weight_decay)"),
+    _declare("SGD", _sgd, "w ← w − η·g"),
+    _declare("Momentum", _momentum, "v ← β·v + (1−β)·g ; w ← w − η·v"),
+    _declare("NAG", _nag, "v ← β·v + η·∇f(w − β·v) ; w ← w − v   (g = ∇f(w − β·v))",
+             engine_update=_nag_engine, engine_offset=_nag_offset),
+    _declare("Adagrad", _adagrad, "G ← G + g² ; w ← w − η/√(G + ε)·g"),
+    _declare("RMSprop", _rmsprop, "E ← γ·E + (1−γ)·g² ; w ← w − η/√(E + ε)·g"),
+    _declare("Adam", _adam, "m ← β1·m + (1−β1)·g ; v ← β2·v + (1−β2)·g² ; m̂ = m/(1−β1^t) ; "
+                            "v̂ = v/(1−β2^t) ; w ← w − η·m̂/(√v̂ + ε)"),
+    _declare("AdamW", _adamw,
+             "as Adam, then w ← w − η·(m̂/(√v̂ + ε) + λ·w)   (λ = weight_decay)"),
 )})
-
-# Allowed ranges of the hyperparameters: (low, high, high included).
-_RANGES = {"lr": (0.0, None, False), "beta": (0.0, 1.0, True), "gamma": (0.0, 1.0, True),
-           "beta1": (0.0, 1.0, False), "beta2": (0.0, 1.0, False), "eps": (0.0, None, False),
-           "weight_decay": (0.0, None, False)}
+if list(OPTIMIZERS) != list(_registry.OPTIMIZERS):
+    raise RegistryError(f"spec.optimizers states {list(OPTIMIZERS)} but the optimizer registry "
+                        f"lists {list(_registry.OPTIMIZERS)}; give each registered optimizer "
+                        f"one formula")
 
 
 def lookup_optimizer(name):
     """The ``OptimizerSpec`` called ``name`` (case-insensitive)."""
     if isinstance(name, OptimizerSpec):
         return name
-    if not isinstance(name, str):
-        raise TypeError(f"optimizer name must be a string; got {type(name).__name__}")
-    by_lower = {n.lower(): o for n, o in OPTIMIZERS.items()}
-    try:
-        return by_lower[name.lower()]
-    except KeyError:
-        raise UnknownOptimizerError(f"unknown optimizer {name!r}{did_you_mean(name, OPTIMIZERS)}"
-                                    f" (optimizers: {', '.join(OPTIMIZERS)})") from None
-
-
-def _check_hyper(opt, hyper):
-    out = dict(opt.hyper)
-    for key, value in hyper.items():
-        if key not in opt.hyper:
-            raise ValueError(f"{opt.name}: unknown hyperparameter {key!r}"
-                             f"{did_you_mean(key, opt.hyper)} (it takes "
-                             f"{', '.join(opt.hyper)})")
-        if (not isinstance(value, (numbers.Real, np.floating, np.integer))
-                or isinstance(value, (bool, np.bool_)) or not np.isfinite(float(value))):
-            raise ValueError(f"{opt.name}: {key} must be a finite real number; got {value!r}")
-        low, high, high_ok = _RANGES[key]
-        v = float(value)
-        if v < low or (high is not None and (v > high or (v == high and not high_ok))):
-            bound = "" if high is None else (f", <= {high}" if high_ok else f", < {high}")
-            raise ValueError(f"{opt.name}: {key} must be >= {low}{bound}; got {value!r}")
-        out[key] = value
-    return out
+    return OPTIMIZERS[_registry.lookup_optimizer(name, UnknownOptimizerError).name]
 
 
 def _arrays(opt, w, g, state):
@@ -222,7 +214,7 @@ def _step(opt, w, g, state, t, dps, hyper, engine):
     if not isinstance(t, (numbers.Integral, np.integer)) or isinstance(t, bool) or t < 1:
         raise ValueError(f"{opt.name}: t is the step count, an int >= 1 (1 for the first "
                          f"update); got {t!r}")
-    hyper = _check_hyper(opt, hyper)
+    hyper = _registry.check_hyperparameters(_registry.OPTIMIZERS[opt.name], hyper, opt.name)
     w, g, state = _arrays(opt, w, g, state)
     with mpmath.workdps(dps + GUARD_DIGITS):
         values = {k: MPMATH.param(v) for k, v in hyper.items()}

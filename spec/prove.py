@@ -174,19 +174,26 @@ def _prove_example(op, example, index, points, dps, tol, seed, cache):
 
     # Sampling first: a wrong VJP is rejected at once (simplifying a non-zero difference can
     # take SymPy a long time); a right one is then upgraded to exact where SymPy can.
-    worst = _sample_differences(op, example, values, grad, diffs, rng, points, dps, tol)
+    worst = sample_differences(op, example, values, [grad], diffs, rng, points, dps, tol, "VJP",
+                               "Jᵀ·grad")
     # A declared kink's switch = 0 is a convention, proven separately (kink_conventions).
     kinds = [_prove_entry_cached(d, cache, boundaries=not op.kinks) for _, _, d in diffs]
     exact, pieces = kinds.count("exact"), kinds.count("pieces")
     return exact, pieces, len(diffs) - exact - pieces, worst
 
 
-def _sample_differences(op, example, values, grad, diffs, rng, points, dps, tol):
-    """Largest |difference| over ``points`` random domain points; _Failure above ``tol``."""
+def sample_differences(op, example, values, extra, diffs, rng, points, dps, tol, label, truth):
+    """Largest |difference| of ``diffs`` over ``points`` random points: the inputs drawn from
+    the op's domains, the ``extra`` symbol arrays (cotangent, tangents) uniform in [-2, 2].
+
+    Raises ``_Failure`` naming ``label`` (``"VJP"``, ``"HVP"``, ...), the entry and ``truth``
+    (what it was compared with) at the first difference above ``tol``.
+    """
     sp = SYMPY.sp
     symbols = [v for name, v in zip(op.inputs, values) if op.domains[name] != "class_index"]
-    flat_symbols = [s for arr in symbols + [grad] for s in arr.reshape(-1)]
+    flat_symbols = [s for arr in symbols + list(extra) for s in arr.reshape(-1)]
     fn = sp.lambdify(flat_symbols, [d for _, _, d in diffs], modules="mpmath")
+    n_extra = sum(a.size for a in extra)
     worst = 0.0
     with mpmath.workdps(dps):
         for _ in range(points):
@@ -195,18 +202,79 @@ def _sample_differences(op, example, values, grad, diffs, rng, points, dps, tol)
             for name, arr in zip(op.inputs, drawn):
                 if op.domains[name] != "class_index":
                     args += [mpmath.mpf(float(v)) for v in np.reshape(arr, -1)]
-            args += [mpmath.mpf(float(v)) for v in rng.uniform(-2.0, 2.0, size=grad.size)]
+            args += [mpmath.mpf(float(v)) for v in rng.uniform(-2.0, 2.0, size=n_extra)]
             for (name, idx, _), value in zip(diffs, fn(*args)):
                 if not isinstance(value, (mpmath.mpf, int)):
-                    raise _Failure(f"VJP for {name!r} entry {idx}: the difference evaluates to "
-                                   f"{value!r}, not a real number", "sampling")
+                    raise _Failure(f"{label} for {name!r} entry {idx}: the difference evaluates "
+                                   f"to {value!r}, not a real number", "sampling")
                 err = float(abs(value))
                 worst = max(worst, err)
                 if not err < tol:
-                    raise _Failure(f"VJP for {name!r} entry {idx} differs from Jᵀ·grad by "
+                    raise _Failure(f"{label} for {name!r} entry {idx} differs from {truth} by "
                                    f"{mpmath.nstr(abs(value), 5)} at a sampled point "
                                    f"(tolerance {tol:g})", "sampling")
     return worst
+
+
+def worst_at_points(symbols, diffs, seed, points=10, dps=MIN_DPS):
+    """Largest |difference| of the SymPy expressions ``diffs`` at ``points`` points of
+    ``symbols`` drawn uniform in [-1, 1], evaluated at ``dps`` digits."""
+    fn = SYMPY.sp.lambdify(symbols, diffs, modules="mpmath")
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    with mpmath.workdps(dps):
+        for _ in range(points):
+            values = fn(*[mpmath.mpf(float(v)) for v in rng.uniform(-1, 1, len(symbols))])
+            worst = max([worst] + [float(abs(v)) for v in values])
+    return worst
+
+
+def prove_examples(op, label, prove_example, points, dps, conventions=lambda: []):
+    """Run ``prove_example(example, index, cache) -> (exact, pieces, sampled, max error)`` on
+    each of ``op``'s examples and state the verdict as one ``ProofResult`` named ``label``.
+
+    ``conventions()`` proves what holds at the kinks (a list of findings, or
+    ``ConventionError``). A failed example, or one whose formulas raise, is a failed proof
+    naming the example, never an exception.
+    """
+    start = time.perf_counter()
+    described = tuple(ex.describe(op.inputs) for ex in op.examples)
+    counts = [0, 0, 0]      # entries: exact, zero on each piece, only sampled
+    worst = 0.0
+    cache = {}   # (canonical difference, boundaries) -> "exact" | "pieces" | None
+
+    def result(ok, method, detail):
+        return ProofResult(op=label, ok=ok, method=method, shapes=described,
+                           seconds=time.perf_counter() - start, detail=detail,
+                           exact_entries=counts[0], piecewise_entries=counts[1],
+                           sampled_entries=counts[2], max_error=worst, points=points)
+
+    for index, example in enumerate(op.examples):
+        try:
+            e, p, s, w = prove_example(example, index, cache)
+        except _Failure as exc:
+            return result(False, exc.method, f"example {example.describe(op.inputs)}: {exc}")
+        except Exception as exc:  # a formula that raises is a failed proof, not a crash
+            return result(False, "symbolic", f"example {example.describe(op.inputs)}: "
+                                             f"{type(exc).__name__}: {exc}")
+        counts = [counts[0] + e, counts[1] + p, counts[2] + s]
+        worst = max(worst, w)
+    try:
+        at_kinks = conventions()
+    except ConventionError as exc:
+        return result(False, "symbolic", str(exc))
+    except Exception as exc:  # a convention that raises is a failed proof, not a crash
+        return result(False, "symbolic", f"kink convention: {type(exc).__name__}: {exc}")
+    exact, pieces, sampled = counts
+    checked = f"{points} points at {dps} digits, max |diff| {worst:.1e}"
+    proven = ([f"{exact} simplify to 0"] if exact else []) + (
+        [f"{pieces} are 0 on each side of every branch"] if pieces else []) + at_kinks
+    if sampled:
+        return result(True, "sampling", f"{sampled} of {sum(counts)} entries are NOT proven, only "
+                                         f"checked at {checked}; proven: {'; '.join(proven)}")
+    method = "piecewise" if pieces or op.kinks else "symbolic"
+    return result(True, method, f"all {sum(counts)} entries proven: {'; '.join(proven)} "
+                                f"(and all agree at {checked})")
 
 
 def prove(name, *, points=MIN_POINTS, dps=MIN_DPS, tol=DEFAULT_TOL, seed=0):
@@ -235,44 +303,11 @@ def prove(name, *, points=MIN_POINTS, dps=MIN_DPS, tol=DEFAULT_TOL, seed=0):
     if points < MIN_POINTS or dps < MIN_DPS:
         raise ValueError(f"prove: points >= {MIN_POINTS} and dps >= {MIN_DPS} are required; got "
                          f"points={points}, dps={dps}")
-    start = time.perf_counter()
-    described = tuple(ex.describe(op.inputs) for ex in op.examples)
-    counts = [0, 0, 0]      # entries: exact, zero on each piece, only sampled
-    worst = 0.0
-    cache = {}   # (canonical difference, boundaries) -> "exact" | "pieces" | None
-
-    def result(ok, method, detail):
-        return ProofResult(op=op.name, ok=ok, method=method, shapes=described,
-                           seconds=time.perf_counter() - start, detail=detail,
-                           exact_entries=counts[0], piecewise_entries=counts[1],
-                           sampled_entries=counts[2], max_error=worst, points=points)
-
-    for index, example in enumerate(op.examples):
-        try:
-            e, p, s, w = _prove_example(op, example, index, points, dps, tol, seed, cache)
-        except _Failure as exc:
-            return result(False, exc.method, f"example {example.describe(op.inputs)}: {exc}")
-        except Exception as exc:  # a formula that raises is a failed proof, not a crash
-            return result(False, "symbolic", f"example {example.describe(op.inputs)}: "
-                                             f"{type(exc).__name__}: {exc}")
-        counts = [counts[0] + e, counts[1] + p, counts[2] + s]
-        worst = max(worst, w)
-    try:
-        at_kinks = kink_conventions(op, _is_zero)
-    except ConventionError as exc:
-        return result(False, "symbolic", str(exc))
-    except Exception as exc:  # a convention that raises is a failed proof, not a crash
-        return result(False, "symbolic", f"kink convention: {type(exc).__name__}: {exc}")
-    exact, pieces, sampled = counts
-    checked = f"{points} points at {dps} digits, max |diff| {worst:.1e}"
-    proven = ([f"{exact} simplify to 0"] if exact else []) + (
-        [f"{pieces} are 0 on each side of every branch"] if pieces else []) + at_kinks
-    if sampled:
-        return result(True, "sampling", f"{sampled} of {sum(counts)} entries are NOT proven, only "
-                                         f"checked at {checked}; proven: {'; '.join(proven)}")
-    method = "piecewise" if pieces or op.kinks else "symbolic"
-    return result(True, method, f"all {sum(counts)} entries proven: {'; '.join(proven)} "
-                                f"(and all agree at {checked})")
+    return prove_examples(
+        op, op.name,
+        lambda example, index, cache: _prove_example(op, example, index, points, dps, tol,
+                                                     seed, cache),
+        points, dps, lambda: kink_conventions(op, _is_zero))
 
 
 def prove_all(names=None, *, progress=None, **options):

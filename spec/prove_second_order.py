@@ -7,16 +7,13 @@ decides stays "checked at N points". Kink points are conventions (docs/second-or
 """
 from __future__ import annotations
 
-import time
-
-import mpmath
 import numpy as np
 
 from spec.backends import SYMPY
 from spec.dual import DualBackend, make_duals, split
 from spec.evaluate import lookup
-from spec.prove import (DEFAULT_TOL, MIN_DPS, MIN_POINTS, ProofResult, _Failure,
-                        _prove_entry_cached, _symbols)
+from spec.prove import (DEFAULT_TOL, MIN_DPS, MIN_POINTS, _Failure, _prove_entry_cached,
+                        _symbols, prove_examples, sample_differences)
 from spec.samples import sample_inputs
 
 ORDERS = ("jvp", "hvp")
@@ -81,48 +78,16 @@ def _differences(op, order, params, values, tangents):
     return diffs, extra + [grad]
 
 
-def _sample(op, example, values, extra, diffs, rng, points, dps, tol, order):
-    """Largest |difference| over ``points`` random domain points; _Failure above ``tol``."""
-    sp = SYMPY.sp
-    symbols = [v for name, v in zip(op.inputs, values) if op.domains[name] != "class_index"]
-    flat = [s for arr in symbols + extra for s in arr.reshape(-1)]
-    # NOTE: DiracDelta (the second derivative of a kink) is 0 away from the kink, which is
-    # where random points fall; the value at the kink is the stated convention.
-    exprs = [d.replace(sp.DiracDelta, lambda *a: sp.Integer(0)) for _, _, d in diffs]
-    fn = sp.lambdify(flat, exprs, modules="mpmath")
-    worst = 0.0
-    n_extra = sum(a.size for a in extra)
-    with mpmath.workdps(dps):
-        for _ in range(points):
-            drawn = sample_inputs(op, rng, example.shapes, dict(example.params))
-            args = []
-            for name, arr in zip(op.inputs, drawn):
-                if op.domains[name] != "class_index":
-                    args += [mpmath.mpf(float(v)) for v in np.reshape(arr, -1)]
-            args += [mpmath.mpf(float(v)) for v in rng.uniform(-2.0, 2.0, size=n_extra)]
-            for (name, idx, _), value in zip(diffs, fn(*args)):
-                if not isinstance(value, (mpmath.mpf, int)):
-                    raise _Failure(f"{order.upper()} for {name!r} entry {idx}: the difference "
-                                   f"evaluates to {value!r}, not a real number", "sampling")
-                err = float(abs(value))
-                worst = max(worst, err)
-                if not err < tol:
-                    raise _Failure(f"{order.upper()} for {name!r} entry {idx} differs from "
-                                   f"SymPy's derivative by {mpmath.nstr(abs(value), 5)} at a "
-                                   f"sampled point (tolerance {tol:g})", "sampling")
-    return worst
-
-
 def _prove_example(op, order, example, index, points, dps, tol, seed, cache):
     sp = SYMPY.sp
     params, rng, values, tangents = _setup(op, example, index, seed)
     diffs, extra = _differences(op, order, params, values, tangents)
-    worst = _sample(op, example, values, extra, diffs, rng, points, dps, tol, order)
-    kinds = []
-    for _, _, d in diffs:
-        # away from a kink its Dirac mass is 0 (the kink itself is the stated convention)
-        d = d.replace(sp.DiracDelta, lambda *a: sp.Integer(0))
-        kinds.append(_prove_entry_cached(d, cache, boundaries=not op.kinks))
+    # NOTE: DiracDelta (the second derivative of a kink) is 0 away from the kink, which is
+    # where random points fall; the value at the kink is the stated convention.
+    diffs = [(n, i, d.replace(sp.DiracDelta, lambda *a: sp.Integer(0))) for n, i, d in diffs]
+    worst = sample_differences(op, example, values, extra, diffs, rng, points, dps, tol,
+                               order.upper(), "SymPy's derivative")
+    kinds = [_prove_entry_cached(d, cache, boundaries=not op.kinks) for _, _, d in diffs]
     exact, pieces = kinds.count("exact"), kinds.count("pieces")
     return exact, pieces, len(diffs) - exact - pieces, worst
 
@@ -151,39 +116,13 @@ def prove_order(name, order, *, points=MIN_POINTS, dps=MIN_DPS, tol=DEFAULT_TOL,
     if points < MIN_POINTS or dps < MIN_DPS:
         raise ValueError(f"prove_order: points >= {MIN_POINTS} and dps >= {MIN_DPS} are "
                          f"required; got points={points}, dps={dps}")
-    start = time.perf_counter()
-    described = tuple(ex.describe(op.inputs) for ex in op.examples)
-    counts, worst, cache = [0, 0, 0], 0.0, {}
-    label = f"{op.name} {order}"
-
-    def result(ok, method, detail):
-        return ProofResult(op=label, ok=ok, method=method, shapes=described,
-                           seconds=time.perf_counter() - start, detail=detail,
-                           exact_entries=counts[0], piecewise_entries=counts[1],
-                           sampled_entries=counts[2], max_error=worst, points=points)
-
-    for index, example in enumerate(op.examples):
-        try:
-            e, p, s, w = _prove_example(op, order, example, index, points, dps, tol, seed, cache)
-        except _Failure as exc:
-            return result(False, exc.method, f"example {example.describe(op.inputs)}: {exc}")
-        except Exception as exc:  # a formula that raises is a failed proof, not a crash
-            return result(False, "symbolic", f"example {example.describe(op.inputs)}: "
-                                             f"{type(exc).__name__}: {exc}")
-        counts = [counts[0] + e, counts[1] + p, counts[2] + s]
-        worst = max(worst, w)
-    exact, pieces, sampled = counts
-    checked = f"{points} points at {dps} digits, max |diff| {worst:.1e}"
-    proven = ([f"{exact} simplify to 0"] if exact else []) + (
-        [f"{pieces} are 0 on each side of every branch"] if pieces else [])
-    if op.kinks:
-        proven.append("at the kinks: the derivative of the selected piece (convention)")
-    if sampled:
-        return result(True, "sampling", f"{sampled} of {sum(counts)} entries are NOT proven, only "
-                                         f"checked at {checked}; proven: {'; '.join(proven)}")
-    method = "piecewise" if pieces or op.kinks else "symbolic"
-    return result(True, method, f"all {sum(counts)} entries proven: {'; '.join(proven)} "
-                                f"(and all agree at {checked})")
+    at_kinks = ["at the kinks: the derivative of the selected piece (convention)"] \
+        if op.kinks else []
+    return prove_examples(
+        op, f"{op.name} {order}",
+        lambda example, index, cache: _prove_example(op, order, example, index, points, dps,
+                                                     tol, seed, cache),
+        points, dps, lambda: at_kinks)
 
 
 def prove_second(name, **options):

@@ -15,9 +15,9 @@ import numpy as np
 import optable
 import optable.signature
 import spec.domains as _domains
+from optable.shapes import PARAM_KINDS
 from spec.errors import RegistryError, did_you_mean
 from spec.opspec import Example, Kink, OpSpec, Param, formula_arguments
-from spec.shapes import PARAM_KINDS
 
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 KINK_KINDS = optable.signature.KINK_KINDS

@@ -15,6 +15,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
+import optable
 from spec.backends import MPMATH
 from spec.dual import DualBackend, make_duals, split
 from spec.evaluate import (_check_dps, _finite_mask, _first_bad, _mpf_array, _rounded, as_array,
@@ -25,46 +26,27 @@ GUARD_DIGITS = 20
 DUAL_MPMATH = DualBackend(MPMATH)
 
 
-def _check_like(op, what, arrays, given, shapes):
-    """``given`` as arrays shaped like ``shapes`` (None where an input is not differentiable)."""
-    if isinstance(given, np.ndarray) or not isinstance(given, (list, tuple)):
-        raise TypeError(f"{op.name}: {what} must be a list or tuple with one array per input "
-                        f"({', '.join(op.inputs)}); wrap a single array as [t]")
-    if len(given) != len(op.inputs):
-        raise ValueError(f"{op.name}: {what} needs one entry per input ({', '.join(op.inputs)});"
-                         f" got {len(given)}")
-    out = []
-    for name, t, shape in zip(op.inputs, given, shapes):
-        if op.vjp.get(name) is None:
-            if t is not None:
-                raise ValueError(f"{op.name}: input {name!r} is not differentiable (class "
-                                 f"indices); pass None as its {what[:-1]}")
-            out.append(None)
-            continue
-        if t is None:
-            raise ValueError(f"{op.name}: {what[:-1]} for input {name!r} is None; pass an array "
-                             f"(zeros to hold the input fixed)")
-        arr = as_array(t, f"{op.name}: {what[:-1]} for {name!r}")
-        if arr.shape != tuple(shape):
-            raise ValueError(f"{op.name}: {what[:-1]} for {name!r} has shape {arr.shape}, the "
-                             f"input has {tuple(shape)}; pass one shaped like the input")
-        bad = _first_bad(~_finite_mask(arr))
-        if bad is not None:
-            raise ValueError(f"{op.name}: {what[:-1]} for {name!r} holds {arr[bad]} at index "
-                             f"{bad}; it must be finite")
-        out.append(arr)
-    return out
+def _check_tangents(op, arrays, tangents):
+    """The tangents as finite arrays (``optable.check_tangents``: count, shapes, class indices)."""
+    checked = optable.check_tangents(op.name, op.inputs,
+                                     [n for n in op.inputs if op.vjp.get(n) is None], arrays,
+                                     tangents)
+    return [None if t is None else _finite(op, f"tangent for {n!r}", t)
+            for n, t in zip(op.inputs, checked)]
+
+
+def _finite(op, what, value):
+    arr = as_array(value, f"{op.name}: {what}")
+    bad = _first_bad(~_finite_mask(arr))
+    if bad is not None:
+        raise ValueError(f"{op.name}: the {what} holds {arr[bad]} at index {bad}; it must be "
+                         f"finite")
+    return arr
 
 
 def _check_grad(op, grad, out_shape):
-    g = as_array(grad, f"{op.name}: cotangent")
-    if g.shape != tuple(out_shape):
-        raise ValueError(f"{op.name}: the cotangent has shape {g.shape} but the output has shape "
-                         f"{tuple(out_shape)}; pass one shaped like the output")
-    bad = _first_bad(~_finite_mask(g))
-    if bad is not None:
-        raise ValueError(f"{op.name}: the cotangent holds {g[bad]} at index {bad}; it must be "
-                         f"finite")
+    g = _finite(op, "cotangent", grad)
+    optable.check_grad(op.name, g.shape, None, out_shape)
     return g
 
 
@@ -76,7 +58,7 @@ def dual_inputs(op, values, tangents):
 def _prepared(op, inputs, tangents, params, dps):
     dps = _check_dps(dps)
     arrays, resolved, out_shape = prepare(op, inputs, params)
-    tangents = _check_like(op, "tangents", arrays, tangents, [a.shape for a in arrays])
+    tangents = _check_tangents(op, arrays, tangents)
     return dps, arrays, resolved, out_shape, tangents
 
 
@@ -91,16 +73,10 @@ def jvp(name, inputs, tangents, params=None, dps=50):
 
     Parameters
     ----------
-    name : str
-        A registry op name (``spec.OPS``).
-    inputs : list or tuple of array_like
-        One array per input, in the registry's input order (as for ``spec.evaluate``).
+    name, inputs, params, dps
+        As for ``spec.evaluate``.
     tangents : list or tuple
         One array per input shaped like it (``None`` for class indices); the direction.
-    params : dict, optional
-        Keyword parameters (defaults fill the rest).
-    dps : int, default 50
-        Decimal digits of the results.
 
     Returns
     -------
@@ -111,8 +87,8 @@ def jvp(name, inputs, tangents, params=None, dps=50):
     Raises
     ------
     ValueError, TypeError
-        As ``spec.evaluate.evaluate``; and a tangent of the wrong shape, a non-finite tangent,
-        a tangent given for a class-index input.
+        As ``spec.evaluate``; and tangents that ``optable.check_tangents`` refuses, or that
+        are not finite.
 
     Examples
     --------

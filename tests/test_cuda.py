@@ -192,7 +192,7 @@ BAD_CALLS = [
     ("dense NaN", lambda: fc.dense_forward(np.full((1, 3), np.nan), np.ones((3, 2))), ValueError,
      "NaN"),
     ("optimizer name", lambda: fc.optimizer_update("Adamm", {}, {}, fc.optimizer_init("SGD", {})),
-     ValueError, "did you mean Adam"),
+     ValueError, "did you mean 'Adam'"),
     ("optimizer keys", lambda: fc.optimizer_update("SGD", {"w": X}, {"v": X},
                                                   fc.optimizer_init("SGD", {"w": X})),
      ValueError, "different keys"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fastlib import optim
 from fastlib.kernels import optim as kopt
 from fastlib.kernels import skeleton as sk
 
@@ -20,11 +21,10 @@ def _step(parts, clip_mode=sk.CLIP_NONE, clip=0.0, threads=1):
     w = np.linspace(-1.0, 1.0, N)
     g = np.zeros(N)
     sumsq = np.zeros(CUTS.shape[0] - 1)
-    coeffs = np.zeros(kopt.N_COEFFS)
-    coeffs[0] = LR
+    sgd = optim.SGD(lr=LR)
     empty = np.zeros(0)
-    applied = sk.end_step(threads, CUTS, PIECES, parts, g, sumsq, kopt.SGD, w, empty, empty,
-                          coeffs, clip_mode, clip)
+    applied = sk.end_step(threads, CUTS, PIECES, parts, g, sumsq, sgd.kind, w, empty, empty,
+                          sgd.coefficients(1), clip_mode, clip)
     return applied, w, g, sumsq
 
 

@@ -151,3 +151,99 @@ def test_spec_refuses_formulas_that_disagree_with_the_table():
         from spec.opspec import declare
         declare("hardtanh", forward=lambda M, x: x, vjp={"x": lambda M, grad: grad},
                 examples=())
+
+
+# --- the optimizer registry ------------------------------------------------------------------
+
+def test_every_engine_reads_the_optimizer_registry():
+    from fastlib import optim
+    from fastlib.kernels import optim_rules
+
+    names = list(optable.OPTIMIZERS)
+    assert list(spec.OPTIMIZERS) == names == [r.name for r in optim_rules.RULES]
+    for name, sig in optable.OPTIMIZERS.items():
+        assert dict(spec.OPTIMIZERS[name].hyper) == sig.defaults
+        assert tuple(spec.OPTIMIZERS[name].state) == sig.state
+        cls = optim.get(name.upper())
+        assert type(cls).__name__ == name and cls.hyperparameters() == sig.defaults
+        assert cls.kind == names.index(name) and cls.state_names == sig.state
+        assert reflib.optim.hyperparameters(name.lower()) == sig.defaults
+
+
+@pytest.mark.parametrize("call", [
+    lambda h: spec.step("Momentum", [1.0], [1.0], None, 1, **h),
+    lambda h: reflib.optim.hyperparameters("Momentum", **h),
+    lambda h: fastlib.optim.get("Momentum", **h),
+])
+def test_one_hyperparameter_check_and_message_for_every_engine(call):
+    with pytest.raises(ValueError, match=r"Momentum: beta must be in \[0, 1\), got 1.0"):
+        call({"beta": 1.0})
+    with pytest.raises(ValueError, match=r"lr must be > 0, got 0.0"):
+        call({"lr": 0.0})
+    for error in (TypeError, ValueError):       # a keyword the optimizer does not take
+        with pytest.raises(error, match=r"unknown hyperparameter 'betta'; did you mean 'beta'"):
+            call({"betta": 0.5})
+
+
+def test_adamw_is_adam_chained_with_decoupled_decay():
+    from fastlib.kernels import optim_rules
+
+    adam, adamw = optim_rules.SOURCES["adam"], optim_rules.SOURCES["adamw"]
+    # both take Adam's direction from the one scale_by_adam; AdamW adds the decay only
+    assert "scale_by_adam" in adam.__code__.co_names
+    assert {"scale_by_adam", "add_decayed_weights"} <= set(adamw.__code__.co_names)
+    assert "sqrt" not in adam.__code__.co_names + adamw.__code__.co_names
+    c = dict(lr=0.1, beta1=0.9, one_minus_beta1=0.1, beta2=0.99, one_minus_beta2=0.01,
+             inv_bias_beta1=10.0, inv_bias_beta2=100.0, eps=1e-8)
+    w, m, v = adamw(2.0, 0.5, 0.0, 0.0, weight_decay=0.25, **c)
+    # by hand: m = 0.05, v = 0.0025, m^ = 0.5, v^ = 0.25, direction 0.5 / (0.5 + 1e-8)
+    assert (m, v) == pytest.approx((0.05, 0.0025), rel=1e-15)
+    assert w == pytest.approx(2.0 - 0.1 * (0.5 / (0.5 + 1e-8) + 0.25 * 2.0), rel=1e-15)
+
+
+def test_kernels_read_the_coefficient_record_by_name():
+    import re
+
+    from fastlib.cuda import optim as cuda_optim
+    from fastlib.kernels import optim as cpu_optim
+    from fastlib.kernels import optim_rules
+
+    for source in (cpu_optim.UPDATE_SOURCE, cuda_optim.STEP_SOURCE):
+        read = set(re.findall(r"c(?:\[0\])?\['(\w+)'\]", source))
+        assert read == set(optim_rules.FIELDS)
+        assert not re.search(r"c(\[0\])?\[[1-9]", source)      # no field read by position
+    record = fastlib.optim.Adam(lr=0.5).coefficients(3, dtype=np.float32)
+    assert record.dtype.names == optim_rules.FIELDS and record["lr"][0] == np.float32(0.5)
+    assert record["inv_bias_beta2"][0] == np.float32(1.0 / (1.0 - 0.999 ** 3))
+
+
+# --- the import-time check of kernel branches ------------------------------------------------
+
+_ONE, _TWO = 11, 12
+
+
+def _switch(code, x):
+    if code == _ONE:
+        return x
+    elif _TWO == code:
+        return -x
+    return 0
+
+
+def test_require_branches_names_a_claimed_code_without_a_branch():
+    optable.require_branches(_switch, "code", {"one": _ONE, "two": _TWO}, "a test kernel")
+    with pytest.raises(ImportError, match=r"a test kernel: _switch has no branch on 'code' for "
+                                          r"\{'three': 13\}"):
+        optable.require_branches(_switch, "code", {"one": _ONE, "three": 13}, "a test kernel")
+
+
+def test_loss_codes_are_the_tables_in_every_kernel_module():
+    from fastlib.cuda import loss as cuda_loss
+    from fastlib.cuda import train_kernels
+    from fastlib.training import fused_kernels
+
+    codes = optable.loss_codes()
+    assert codes == {n: optable.OPS[n].code for n in optable.names(category="loss")}
+    assert train_kernels.LOSS_CODES == codes
+    for module in (fused_kernels.LOSS_CODES, cuda_loss.ELEMENTWISE):
+        assert all(codes[n] == c for n, c in module.items())

@@ -2,10 +2,11 @@
 
 Measures what adding an op costs: copies the repository's tracked files to a scratch folder,
 makes every edit the op needs (its signature in the op table, spec's formulas, reflib's
-reference code, fastlib's scalar functions (fastlib.cuda compiles the same sources as device
-functions) and kernel branches,
-the contract's table), lists the files it touched, then runs spec's derivative proof and
-``verigrad conform --ops hardtanh --profile dev`` for reflib and fastlib in the copy.
+reference code, fastlib's scalar functions: value, first and second derivative, from which
+fastlib's kernels, its second order and fastlib.cuda's device functions follow; the contract's
+table), lists the files it touched, then runs spec's proofs (the VJP, the JVP and the HVP) and
+``verigrad conform --ops hardtanh --profile dev`` for reflib and fastlib (forward, VJP, jvp2,
+hvp) in the copy.
 
     python tools/add_activation.py [--keep DIR] [--no-conform] [--json FILE]
 
@@ -48,20 +49,11 @@ EDITS = (
      '@scalar_source\n'
      'def hardtanh_df(x):\n'
      '    """hardtanh\'(x): 1 inside (-1, 1), else 0."""\n'
-     '    return like(x, 1.0) if -1 < x < 1 else like(x, 0.0)\n\n'),
-    ("fastlib/kernels/elementwise.py",
-     '_SOFTPLUS, _IDENTITY = CODES["softplus"], CODES["identity"]\n',
-     '_HARDTANH = CODES["hardtanh"]\n'),
-    ("fastlib/kernels/elementwise.py",
-     '            out[i] = S.relu_f(x[i])\n',
-     '    elif op == _HARDTANH:\n'
-     '        for i in range(n):\n'
-     '            out[i] = S.hardtanh_f(x[i])\n'),
-    ("fastlib/kernels/elementwise.py",
-     '            out[i] = g[i] * S.relu_df(x[i])\n',
-     '    elif op == _HARDTANH:\n'
-     '        for i in range(n):\n'
-     '            out[i] = g[i] * S.hardtanh_df(x[i])\n'),
+     '    return like(x, 1.0) if -1 < x < 1 else like(x, 0.0)\n\n\n'
+     '@scalar_source\n'
+     'def hardtanh_d2f(x):\n'
+     '    """hardtanh\'\'(x) = 0 (the derivative of the piece the value selects)."""\n'
+     '    return like(x, 0.0)\n\n'),
 )
 
 BEFORE = {   # text inserted *before* the anchor
@@ -132,10 +124,13 @@ def _run(cmd, cwd, label):
 
 
 def run_checks(dest):
-    """spec's proof of hardtanh's VJP, then the conformance rows of reflib and fastlib."""
+    """spec's proofs of hardtanh's VJP, JVP and HVP, then the conformance rows of reflib and
+    fastlib (jvp2 and hvp included)."""
     py = sys.executable
-    proof = _run([py, "-c", "import spec; r = spec.prove('hardtanh'); print(r); "
-                  "raise SystemExit(0 if r.ok else 1)"], dest, "spec's derivative proof")
+    proof = _run([py, "-c", "import spec; rs = [spec.prove('hardtanh'), "
+                  "*spec.prove_second('hardtanh')]; print(*rs, sep='\\n'); "
+                  "raise SystemExit(0 if all(r.ok for r in rs) else 1)"], dest,
+                 "spec's derivative proofs")
     conform = _run([py, "-m", "reports", "conform", "--ops", "hardtanh", "--profile", "dev",
                     "--engines", "reflib", "fastlib", "--no-proofs"], dest,
                    "conformance, reflib and fastlib")

@@ -14,6 +14,8 @@ import math
 import numpy as np
 from numba import cuda, float64
 
+import optable
+
 from . import config, device
 from .device import kernel, signatures
 from .norm import row_max_sum
@@ -22,9 +24,10 @@ from .scalar import sigmoid_f
 
 _RB = config.REDUCE_BLOCK
 
-MSE, BCE, BCE_LOGITS = range(3)
-ELEMENTWISE = {"mse": MSE, "binary_cross_entropy": BCE,
-               "binary_cross_entropy_with_logits": BCE_LOGITS}
+# the elementwise losses' codes: the op table's
+ELEMENTWISE = {n: optable.OPS[n].code for n in (
+    "mse", "binary_cross_entropy", "binary_cross_entropy_with_logits")}
+MSE, BCE, BCE_LOGITS = ELEMENTWISE.values()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import numpy as np
 
 import optable
 from optable import REQUIRED, UnknownOpError  # noqa: F401 (public names of this module)
-from optable.checks import check_int, check_real, fail, one_axis, reduce_axes, require_domain
+from optable.checks import check_int, check_real, class_indices, fail, require_domain
+from optable.shapes import one_axis, output_shape, permutation, resolve_axes
 
 from . import device, elementwise, linalg, loss, norm, reduce, structure
 
@@ -73,11 +74,7 @@ def _unary(name):
 def _binary(name):
     def check(arrays, params):
         a, b = arrays
-        try:
-            shape = np.broadcast_shapes(a.shape, b.shape)
-        except ValueError:
-            fail(name, f"shapes {a.shape} and {b.shape} do not broadcast (NumPy rules); make "
-                       f"trailing dimensions equal or 1")
+        shape = _shape(name, arrays, params)
         if name == "div":
             require_domain(name, "b", b, b != 0, "nonzero (the divisor)")
         return shape, params
@@ -96,10 +93,9 @@ def _reduction(name, fwd, bwd):
         keepdims = params["keepdims"]
         if not isinstance(keepdims, (bool, np.bool_)):
             fail(name, f"param keepdims must be True or False; got {keepdims!r}")
-        axes = reduce_axes(name, params["axis"], x.ndim)
-        shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape)) if keepdims else \
-            tuple(d for k, d in enumerate(x.shape) if k not in axes)
-        return shape, {"axes": axes, "keepdims": bool(keepdims)}
+        shape = _shape(name, arrays, params)
+        return shape, {"axes": resolve_axes(name, params["axis"], x.ndim),
+                       "keepdims": bool(keepdims)}
 
     return CudaOp(("x",), check,
                   lambda arrays, p: fwd(arrays[0], p["axes"], p["keepdims"]),
@@ -110,83 +106,49 @@ def _reduction(name, fwd, bwd):
 # ---------------------------------------------------------------------------------------------
 # structure
 
+def _shape(name, arrays, params):
+    """The output shape by the op table's rule (``optable.output_shape``)."""
+    return output_shape(name, [a.shape for a in arrays], params)
+
+
 def _check_matmul(arrays, params):
-    a, b = arrays
-    if a.ndim < 2 or b.ndim < 2 or (b.ndim != 2 and b.ndim != a.ndim):
-        fail("matmul", f"inputs must be 2-D or batched (..., m, k) @ (..., k, n) or "
-                       f"(..., m, k) @ (k, n); got shapes {a.shape} and {b.shape}")
-    if a.shape[-1] != b.shape[-2]:
-        fail("matmul", f"inner dimensions differ: a {a.shape} has k={a.shape[-1]} columns but b "
-                       f"{b.shape} has {b.shape[-2]} rows")
-    if b.ndim > 2 and a.shape[:-2] != b.shape[:-2]:
-        fail("matmul", f"batch shapes differ: a {a.shape} has batch {a.shape[:-2]}, b {b.shape} "
-                       f"has {b.shape[:-2]}; use equal batch shapes or a 2-D b shared by the batch")
-    return a.shape[:-1] + (b.shape[-1],), params
+    return _shape("matmul", arrays, params), params
 
 
 def _check_transpose(arrays, params):
     (x,) = arrays
     axes = params["axes"]
-    if axes is None:
-        axes = tuple(range(x.ndim))[::-1]
-    else:
-        if not isinstance(axes, (list, tuple)):
-            fail("transpose", f"param axes must be None or a sequence of ints; got {axes!r}")
-        axes = tuple(one_axis("transpose", a, x.ndim, "axes") for a in axes) if x.ndim else ()
-        if sorted(axes) != list(range(x.ndim)):
-            fail("transpose", f"axes={tuple(params['axes'])!r} is not a permutation of the "
-                              f"{x.ndim} axes of an input of shape {x.shape}")
-    return tuple(x.shape[k] for k in axes), {"axes": axes}
+    if axes is not None and not isinstance(axes, (list, tuple)):
+        fail("transpose", f"param axes must be None or a sequence of ints; got {axes!r}")
+    if axes is not None:
+        axes = tuple(check_int("transpose", "axes", a) for a in axes)
+    return _shape("transpose", arrays, params), {"axes": permutation("transpose", axes, x.ndim)}
 
 
 def _check_reshape(arrays, params):
-    (x,) = arrays
     shape = params["shape"]
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (shape,)
     if not isinstance(shape, (list, tuple)):
         fail("reshape", f"param shape must be a tuple of ints (one may be -1); got {shape!r}")
     shape = tuple(check_int("reshape", "shape", d, minimum=-1) for d in shape)
-    if shape.count(-1) > 1:
-        fail("reshape", f"shape={shape} holds more than one -1; at most one dimension can be "
-                        f"inferred")
-    known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
-    if -1 in shape:
-        if known == 0 or x.size % known:
-            fail("reshape", f"cannot reshape an input of shape {x.shape} ({x.size} elements) "
-                            f"to {shape}")
-        shape = tuple(x.size // known if d == -1 else d for d in shape)
-    elif known != x.size:
-        fail("reshape", f"cannot reshape an input of shape {x.shape} ({x.size} elements) to "
-                        f"{shape}")
+    shape = _shape("reshape", arrays, {"shape": shape})
     return shape, {"shape": shape}
 
 
 def _check_concat(arrays, params):
-    a, b = arrays
-    if a.ndim != b.ndim or a.ndim == 0:
-        fail("concat", f"inputs need the same number (>= 1) of dimensions; got shapes {a.shape} "
-                       f"and {b.shape}")
-    axis = one_axis("concat", params["axis"], a.ndim)
-    if any(da != db for k, (da, db) in enumerate(zip(a.shape, b.shape)) if k != axis):
-        fail("concat", f"shapes {a.shape} and {b.shape} differ off axis {axis}; all other "
-                       f"dimensions must match")
-    shape = list(a.shape)
-    shape[axis] += b.shape[axis]
-    return tuple(shape), {"axis": axis}
+    shape = _shape("concat", arrays, {"axis": check_int("concat", "axis", params["axis"])})
+    return shape, {"axis": one_axis("concat", params["axis"], arrays[0].ndim)}
 
 
 def _check_slice(arrays, params):
-    (x,) = arrays
-    if x.ndim == 0:
-        fail("slice", "cannot slice a 0-d input; it has no axis")
-    axis = one_axis("slice", params["axis"], x.ndim)
     start = None if params["start"] is None else check_int("slice", "start", params["start"])
     stop = None if params["stop"] is None else check_int("slice", "stop", params["stop"])
     step = check_int("slice", "step", params["step"], minimum=1)
-    shape = list(x.shape)
-    shape[axis] = len(range(*slice(start, stop, step).indices(x.shape[axis])))
-    return tuple(shape), {"axis": axis, "start": start, "stop": stop, "step": step}
+    checked = {"axis": check_int("slice", "axis", params["axis"]), "start": start,
+               "stop": stop, "step": step}
+    shape = _shape("slice", arrays, checked)
+    return shape, {**checked, "axis": one_axis("slice", params["axis"], arrays[0].ndim)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,18 +156,15 @@ def _check_slice(arrays, params):
 
 def _check_softmax(name):
     def check(arrays, params):
-        (x,) = arrays
-        if x.ndim == 0:
-            fail(name, "needs an input with at least one axis; got a 0-d input")
-        return x.shape, {"axis": one_axis(name, params["axis"], x.ndim)}
+        shape = _shape(name, arrays, {"axis": check_int(name, "axis", params["axis"])})
+        return shape, {"axis": one_axis(name, params["axis"], arrays[0].ndim)}
     return check
 
 
 def _check_last_axis(name):
     def check(arrays, params):
         (x,) = arrays
-        if x.ndim == 0:
-            fail(name, "needs an input with at least one axis; got a 0-d input")
+        _shape(name, arrays, params)
         eps = float(check_real(name, "eps", params["eps"], minimum=0.0))
         if eps == 0.0:
             rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
@@ -231,9 +190,7 @@ def _norm(name, check, params):
 def _check_same_shape(name, names):
     def check(arrays, params):
         a, b = arrays
-        if a.shape != b.shape:
-            fail(name, f"{names[0]} and {names[1]} need the same shape; got {a.shape} and "
-                       f"{b.shape}")
+        _shape(name, arrays, params)
         if name == "binary_cross_entropy":
             require_domain(name, "p", a, (a > 0) & (a < 1), "strictly inside (0, 1) "
                            "(probabilities; for logits use binary_cross_entropy_with_logits)")
@@ -243,46 +200,15 @@ def _check_same_shape(name, names):
     return check
 
 
-def _check_logits(name, z):
-    if z.ndim != 2 or z.shape[0] == 0 or z.shape[1] == 0:
-        fail(name, f"logits must be a non-empty 2-D array (N, C); got shape {z.shape}")
-
-
-def class_indices(name, target, n, c):
-    """Class indices as int64 (N,): (N, 1) or (N,), integer dtype or floats holding integers."""
-    t = np.asarray(target)
-    if t.ndim == 2 and t.shape[1] == 1:
-        t = t[:, 0]
-    if t.ndim != 1 or t.shape[0] != n:
-        fail(name, f"target must hold {n} class indices, shape ({n},) or ({n}, 1); got shape "
-                   f"{np.shape(target)} (for one-hot targets use categorical_cross_entropy)")
-    if t.dtype.kind == "b":
-        fail(name, "target must hold class indices (int), not booleans")
-    if t.dtype.kind == "f" and not (np.isfinite(t).all() and (t == np.round(t)).all()):
-        fail(name, f"target must hold whole-number class indices; got {t.tolist()}")
-    idx = t.astype(np.int64)
-    bad = (idx < 0) | (idx >= c)
-    if bad.any():
-        fail(name, f"target index {idx[bad][0]} is out of range for {c} classes; use "
-                   f"0 <= target < {c}")
-    return np.ascontiguousarray(idx)
-
-
 def _check_cross_entropy(arrays, params):
     z, t = arrays
-    _check_logits("cross_entropy", z)
+    _shape("cross_entropy", arrays, params)
     class_indices("cross_entropy", t, *z.shape)
     return (), params
 
 
 def _check_categorical(arrays, params):
-    z, t = arrays
-    _check_logits("categorical_cross_entropy", z)
-    if t.shape != z.shape:
-        fail("categorical_cross_entropy", f"target must be one-hot or a distribution of the "
-                                          f"logits' shape {z.shape}; got shape {t.shape} (for "
-                                          f"class indices use cross_entropy)")
-    return (), params
+    return _shape("categorical_cross_entropy", arrays, params), params
 
 
 def _elementwise_loss(name, names):
@@ -440,20 +366,9 @@ def forward(name, inputs, **params):
 
 
 def vjp(name, inputs, grad, **params):
-    """Vector-Jacobian product of registry op ``name`` on the CUDA device.
-
-    Parameters
-    ----------
-    name, inputs, **params
-        As for :func:`forward`.
-    grad : array_like
-        The cotangent, shaped like the output (``()`` for losses), of the inputs' dtype.
-
-    Returns
-    -------
-    tuple of (numpy.ndarray or None)
-        One cotangent per input, of that input's shape and dtype; None for class indices.
-    """
+    """Vector-Jacobian product of registry op ``name`` on the CUDA device: the parameters,
+    results and errors of :func:`fastlib.vjp` (one cotangent per input, None for class indices),
+    and :func:`forward`'s device errors."""
     op = lookup(name)
     merged = _params(name, op, params)
     arrays, dtype = _inputs(name, op, inputs)

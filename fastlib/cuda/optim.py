@@ -1,103 +1,83 @@
-"""The fused optimizer update on the device: all seven optimizers, one pass per parameter array.
+"""The fused optimizer update on the device: every optimizer, one pass per parameter array.
 
-The per-element rule :func:`step_element` is the device twin of
-``fastlib.kernels.optim.step_element``: the same kind codes, the same coefficient vector (built
-by ``fastlib.optim``'s optimizer objects, in float64 and rounded once to the parameter dtype),
-the same arithmetic in the same order. Hyperparameters, names and defaults therefore come from
-one place (``fastlib.optim``), and a test holds the two against DataCode's formulas.
-
-NOTE: NAG runs on the look-ahead variable w~ = w - beta v, as the CPU kernel does (see its
-NOTE): v' = beta v + lr g, w~' = w~ - lr g - beta v', with g taken at w~.
+The rules are the CPU's own sources (``fastlib.kernels.optim_rules``), compiled here as device
+functions over ``fastlib.cuda.scalar``'s math shim, and :func:`step_element` switches on the
+kind with text generated from them, reading the coefficient record by field name (``c["lr"]``):
+the same kinds, the same record (filled by ``fastlib.optim``'s optimizer objects in float64 and
+rounded once to the parameter dtype), the same arithmetic in the same order as on the CPU.
+An engine-form rule (the look-ahead variable w~ = w - beta v) runs as on the CPU.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
-from numba import cuda
+from numba import cuda, types
+from numba.np.numpy_support import from_dtype
 
 from fastlib import optim as _optim
-from fastlib.kernels.optim import ADAGRAD, MOMENTUM, NAG, RMSPROP, SGD
+from fastlib.kernels import optim_rules as _rules
+from fastlib.kernels.switch import compile_switch, switch_source
 
 from . import device
-from .device import kernel, signatures
+from .device import kernel
+from .scalar import SHIM, compile_sources
 
 
-@cuda.jit(device=True)
-def _momentum(w, g, a, lr, beta, one_minus_beta):
-    a = beta * a + one_minus_beta * g
-    return w - lr * a, a
+def _element_branch(rule):
+    return [_rules.call_line(rule, lambda x: x, lambda f: f"c[{f!r}]")]
 
 
-@cuda.jit(device=True)
-def _nag(w, g, a, lr, beta):
-    a = beta * a + lr * g
-    return w - lr * g - beta * a, a
+#: The text of :func:`step_element`, generated from the rules.
+STEP_SOURCE = switch_source("step_element", "kind, w, g, a, b, c", "kind",
+                            _rules.cases(_element_branch), tail=["    return w, a, b"])
+
+DEVICE = compile_sources(
+    {**_rules.SOURCES, "step_element": compile_switch(STEP_SOURCE, "step_element", {},
+                                                      lambda fn: fn)},
+    SHIM, cuda.jit(device=True))
+#: ``step_element(kind, w, g, a, b, c) -> (w, a, b)``: one step of optimizer ``kind`` on one
+#: element (state ``a``, ``b`` passed through where the rule keeps less), record ``c``.
+step_element = DEVICE["step_element"]
 
 
-@cuda.jit(device=True)
-def _adagrad(w, g, a, lr, eps):
-    a = a + g * g
-    return w - lr / math.sqrt(a + eps) * g, a
+def coefficient_signatures(template):
+    """One kernel signature per dtype of ``device.DTYPES``: ``template`` as a Numba signature
+    string, with ``{t}`` the dtype and ``{c}`` a 1-d array of its coefficient records.
 
-
-@cuda.jit(device=True)
-def _rmsprop(w, g, a, lr, gamma, one_minus_gamma, eps):
-    a = gamma * a + one_minus_gamma * (g * g)
-    return w - lr / math.sqrt(a + eps) * g, a
-
-
-@cuda.jit(device=True)
-def _adam(w, g, m, v, lr, b1, one_minus_b1, b2, one_minus_b2, inv_bc1, inv_bc2, eps, wd):
-    m = b1 * m + one_minus_b1 * g
-    v = b2 * v + one_minus_b2 * (g * g)
-    # the coefficient vector holds the reciprocals 1 / (1 - beta^t), as on the CPU
-    m_hat = m * inv_bc1
-    v_hat = v * inv_bc2
-    # NOTE: wd = 0 for Adam; AdamW's decoupled term uses the weight before the step.
-    return w - lr * (m_hat / (math.sqrt(v_hat) + eps) + wd * w), m, v
-
-
-@cuda.jit(device=True)
-def step_element(kind, w, g, a, b, c):
-    """One optimizer step on one element; returns ``(w, a, b)`` (twin of the CPU rule).
-
-    ``c``: SGD (lr); MOMENTUM (lr, beta, 1-beta); NAG (lr, beta); ADAGRAD (lr, eps);
-    RMSPROP (lr, gamma, 1-gamma, eps); ADAM/ADAMW (lr, b1, 1-b1, b2, 1-b2, 1/bc1, 1/bc2, eps,
-    wd).
+    (A record type has no name in a signature string, so the string is read the way Numba
+    reads its own: evaluated over ``numba.types``, with the record array added.)
     """
-    if kind == SGD:
-        w = w - c[0] * g
-    elif kind == MOMENTUM:
-        w, a = _momentum(w, g, a, c[0], c[1], c[2])
-    elif kind == NAG:
-        w, a = _nag(w, g, a, c[0], c[1])
-    elif kind == ADAGRAD:
-        w, a = _adagrad(w, g, a, c[0], c[1])
-    elif kind == RMSPROP:
-        w, a = _rmsprop(w, g, a, c[0], c[1], c[2], c[3])
+    out = []
+    for t in device.DTYPES:
+        names = {**vars(types), "coefficients": from_dtype(_rules.coefficient_dtype(t))[::1]}
+        out.append(eval(template.format(t=t, c="coefficients"), {}, names))
+    return out
+
+
+@cuda.jit(device=True)
+def update_at(kind, i, w, g, a, b, c):
+    """One step of optimizer ``kind`` on element ``i`` of ``w`` and its state ``a``, ``b``, in
+    place; a state array is empty (and never indexed) where the rule keeps less state."""
+    if a.shape[0] == 0:
+        w[i], _, _ = step_element(kind, w[i], g[i], w[i], w[i], c)
+    elif b.shape[0] == 0:
+        w[i], a[i], _ = step_element(kind, w[i], g[i], a[i], a[i], c)
     else:
-        w, a, b = _adam(w, g, a, b, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8])
-    return w, a, b
+        w[i], a[i], b[i] = step_element(kind, w[i], g[i], a[i], b[i], c)
 
 
-def _update_body(kind, w, g, a, b, c):
-    # a and b may be empty for kinds with less state; they are indexed only when used.
+def _update_body(kind, w, g, a, b, table):
+    c = table[0]
     i = cuda.grid(1)
     step = cuda.gridsize(1)
     while i < w.shape[0]:
-        if kind == SGD:
-            w[i] = w[i] - c[0] * g[i]
-        elif kind == MOMENTUM or kind == NAG or kind == ADAGRAD or kind == RMSPROP:
-            w[i], a[i], _ = step_element(kind, w[i], g[i], a[i], a[i], c)
-        else:
-            w[i], a[i], b[i] = step_element(kind, w[i], g[i], a[i], b[i], c)
+        update_at(kind, i, w, g, a, b, c)
         i += step
 
 
-_update = kernel(*signatures("void(int64, {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1])"))(
-    _update_body)
+_update = kernel(*coefficient_signatures(
+    "void(int64, {t}[::1], {t}[::1], {t}[::1], {t}[::1], {c})"))(_update_body)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +149,7 @@ def optimizer_update(optimizer, params, grads, state, *, lr=None, **hyper):
     Parameters
     ----------
     optimizer : str or fastlib.optim.Optimizer
-        ``SGD Momentum NAG Adagrad RMSprop Adam AdamW`` (any case) or an optimizer object.
+        A name of ``fastlib.optim.OPTIMIZERS`` (any case) or an optimizer object.
     params, grads : dict name -> array
         NumPy arrays (copied to the device, updated, copied back into the same arrays) or
         device arrays (updated where they are). Gradients have the parameters' shapes / dtypes.
@@ -194,7 +174,7 @@ def optimizer_update(optimizer, params, grads, state, *, lr=None, **hyper):
         slots = [state.slots[s][key] for s in opt.state_names]
         flat = [device.put(a) if host else a.reshape(int(p.size))
                 for a in [p, grads[key], *slots]]
-        while len(flat) < 4:
+        while len(flat) < 2 + _rules.MAX_STATE:
             flat.append(device.empty(0, p.dtype))
         _update[device.grid_1d(int(p.size))](opt.kind, flat[0], flat[1], flat[2], flat[3], c)
         if host:  # copy back into the caller's arrays, as the CPU update is in place

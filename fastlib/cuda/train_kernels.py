@@ -15,11 +15,11 @@ import math
 
 from numba import cuda, float64
 
-from fastlib.kernels.optim import SGD
+import optable
 
 from . import config
 from .device import device_function_here, kernel, signatures
-from .optim import step_element
+from .optim import coefficient_signatures, update_at
 from .norm import LAYER_NORM, row_moments
 from .reduce import block_sum
 from . import reduce as _reduce
@@ -28,10 +28,11 @@ from .scalar import sigmoid_pair
 _RB = config.REDUCE_BLOCK
 last_to_arrive = device_function_here(_reduce.last_to_arrive, globals())
 
-#: Loss codes of :data:`loss_rows` (the five losses of fastlib.losses).
-MSE, CE, CCE, BCE, BCE_LOGITS = range(5)
-LOSS_CODES = {"mse": MSE, "cross_entropy": CE, "categorical_cross_entropy": CCE,
-              "binary_cross_entropy": BCE, "binary_cross_entropy_with_logits": BCE_LOGITS}
+#: Loss codes of :data:`loss_rows`: the op table's codes of the five losses.
+LOSS_CODES = optable.loss_codes()
+MSE, CE, CCE, BCE, BCE_LOGITS = (LOSS_CODES[n] for n in (
+    "mse", "cross_entropy", "categorical_cross_entropy", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits"))
 
 #: Slots of the guard vector written by :data:`guard_update` (after the loss partials).
 APPLY, SCALE, NORM, GRAD_FINITE = range(4)
@@ -404,7 +405,7 @@ def _guard_partials_body(g, partials):
 guard_partials = kernel(*signatures("void({t}[::1], float64[::1])"))(_guard_partials_body)
 
 
-def _guard_update_body(kind, w, g, a, b, table, n_coef, state, stats, stats_width, n_loss,
+def _guard_update_body(kind, w, g, a, b, table, state, stats, stats_width, n_loss,
                        partials, clip, norm_mode, inv_n, limit, count):
     # Every block first decides the guard from the same numbers in the same order (so every
     # block decides alike): the loss partials of this step's row and the gradient partials.
@@ -445,8 +446,7 @@ def _guard_update_body(kind, w, g, a, b, table, n_coef, state, stats, stats_widt
     cuda.syncthreads()
     if guard[APPLY] != 0.0:
         s = guard[SCALE]
-        row = state[T] * n_coef
-        c = table[row:row + n_coef]
+        c = table[state[T]]
         i = cuda.grid(1)
         step = cuda.gridsize(1)
         while i < w.shape[0]:
@@ -456,14 +456,7 @@ def _guard_update_body(kind, w, g, a, b, table, n_coef, state, stats, stats_widt
                         g[i] = g[i] * s
                 else:
                     g[i] = min(max(g[i], -clip), clip)
-            if kind == SGD:
-                w[i] = w[i] - c[0] * g[i]
-            elif a.shape[0] == 0:
-                w[i], _, _ = step_element(kind, w[i], g[i], w[i], w[i], c)
-            elif b.shape[0] == 0:
-                w[i], a[i], _ = step_element(kind, w[i], g[i], a[i], a[i], c)
-            else:
-                w[i], a[i], b[i] = step_element(kind, w[i], g[i], a[i], b[i], c)
+            update_at(kind, i, w, g, a, b, c)
             i += step
     # the last block out advances the state (every block has read it by then)
     cuda.threadfence()
@@ -486,7 +479,7 @@ def _guard_update_body(kind, w, g, a, b, table, n_coef, state, stats, stats_widt
             state[DONE] = 0
 
 
-guarded_update = kernel(*signatures(
-    "void(int64, {t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64[::1], "
+guarded_update = kernel(*coefficient_signatures(
+    "void(int64, {t}[::1], {t}[::1], {t}[::1], {t}[::1], {c}, int64[::1], "
     "float64[::1], int64, int64, float64[::1], float64, int64, float64, float64, int64)"))(
     _guard_update_body)

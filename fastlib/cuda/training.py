@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from fastlib import optim as _optim
+from fastlib.kernels.optim_rules import coefficient_dtype
 
 from . import counters, device, graphs, profile, recurrent
 from . import train_kernels as tk
@@ -130,7 +131,6 @@ class DeviceRun:
         # partials and the guard's four
         self.blocks = device.grid_1d(bs, device.config.REDUCE_BLOCK)[0]
         self.width = 2 * self.blocks + 4
-        self.n_coef = int(self.opt.coefficients(1).shape[0])
         with device.using_stream(self.stream):
             self._allocate(ctx, x, y)
         self.t = int(ctx.opt_state.t)
@@ -177,7 +177,7 @@ class DeviceRun:
             self.y = device.put(np.asarray(y, dt))
         self.order = device.empty(self.n, np.int64)
         self.state = device.empty(tk.STATE_SIZE, np.int64)
-        self.table = device.empty(self.n_steps * self.n_coef, dt)
+        self.table = device.empty(self.n_steps, coefficient_dtype(dt))
         self.rows = device.zeros(self.n_steps * self.width, np.float64)
         self.partials = device.empty(2 * device.config.GUARD_BLOCKS, np.float64)
 
@@ -396,7 +396,7 @@ class DeviceRun:
         blocks = max(1, min(device.config.UPDATE_BLOCKS,
                             device.grid_1d(self.w.shape[0])[0]))
         tk.guarded_update[blocks, device.config.BLOCK](
-            self.opt.kind, self.w, self.g, slots[0], slots[1], self.table, self.n_coef,
-            self.state, self.rows, self.width, self.blocks, self.partials,
+            self.opt.kind, self.w, self.g, slots[0], slots[1], self.table, self.state,
+            self.rows, self.width, self.blocks, self.partials,
             float(cfg.gradient_clip), int(cfg.clip_mode == "norm"), 1.0 / n_terms,
             float(np.finfo(dt).max), count)

@@ -13,7 +13,6 @@ forward and backward as in ``np.maximum``.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -105,6 +104,13 @@ def _forward_span(op, a, oa, ca, b, ob, cb, out):
             out[j] = v
 
 
+@njit(inline="always")
+def _task(t, parts, k):
+    """(row, first column, end column) of task ``t``: row ``t // parts``, piece ``t % parts``
+    of its ``k`` columns."""
+    return t // parts, k * (t % parts) // parts, k * (t % parts + 1) // parts
+
+
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FM)
 def _forward_tasks(op, a, sa, b, sb, out, parts, t0, t1):
     """out = op(a, b) for tasks t0..t1 of the (M, K) output; sa/sb = (row, col) strides.
@@ -112,11 +118,8 @@ def _forward_tasks(op, a, sa, b, sb, out, parts, t0, t1):
     Task t covers row t // parts, columns of piece t % parts (parts > 1 splits long rows).
     """
     _require_code(op, False)
-    k = out.shape[1]
     for t in range(t0, t1):
-        r = t // parts
-        j0 = k * (t % parts) // parts
-        j1 = k * (t % parts + 1) // parts
+        r, j0, j1 = _task(t, parts, out.shape[1])
         _forward_span(op, a, r * sa[0] + j0 * sa[1], sa[1], b, r * sb[0] + j0 * sb[1], sb[1],
                       out[r, j0:j1])
 
@@ -169,11 +172,8 @@ def _vjp_tasks(op, a, sa, b, sb, g, ga, gb, parts, t0, t1):
     """Contributions at the output's shape: ga = g * d op/da, gb = g * d op/db (mul, div, max),
     for tasks as in ``_forward_tasks``. Products and quotients are formed in float64."""
     _require_code(op, True)
-    k = g.shape[1]
     for t in range(t0, t1):
-        r = t // parts
-        j0 = k * (t % parts) // parts
-        j1 = k * (t % parts + 1) // parts
+        r, j0, j1 = _task(t, parts, g.shape[1])
         _vjp_span(op, a, r * sa[0] + j0 * sa[1], sa[1], b, r * sb[0] + j0 * sb[1], sb[1],
                   g[r, j0:j1], ga[r, j0:j1], gb[r, j0:j1])
 
@@ -201,30 +201,6 @@ def _split(m, size):
     return parts, nchunks
 
 
-def _code(name, what):
-    """The op table's code of binary op ``name``; ``ValueError`` naming it and the table."""
-    code = CODES.get(name)
-    if code is None:
-        raise ValueError(f"{what}: unknown binary op {name!r}: not a binary op of optable "
-                         f"(binary ops: {', '.join(BINARY_OPS)})")
-    return code
-
-
-def broadcast_shape(op, a_shape, b_shape):
-    """The broadcast output shape, or a ValueError naming both shapes."""
-    try:
-        return _broadcast_shapes(tuple(a_shape), tuple(b_shape))
-    except ValueError:
-        raise ValueError(f"{op}: shapes {a_shape} and {b_shape} do not broadcast (NumPy rules: "
-                         f"trailing dimensions must be equal or 1)") from None
-
-
-@functools.lru_cache(maxsize=256)
-def _broadcast_shapes(a_shape, b_shape):
-    return np.broadcast_shapes(a_shape, b_shape)
-
-
-@functools.lru_cache(maxsize=256)
 def _stride_plan(a_shape, b_shape, shape):
     """(M, K, a's (row, col) strides, b's) of an (M, K) view of the output, or None when the
     axes do not merge into two; cached per shape triple (the plan is pure shape arithmetic)."""
@@ -294,8 +270,8 @@ def binary_forward(name, a, b):
     ndarray
         The broadcast result, a new C-contiguous array.
     """
-    code = _code(name, "binary_forward")
-    shape = broadcast_shape(name, a.shape, b.shape)
+    code = optable.code_of(name, "binary", "binary_forward")
+    shape = optable.output_shape(name, [a.shape, b.shape], {})
     out = np.empty(shape, a.dtype)
     if out.size == 0:
         return out
@@ -381,8 +357,8 @@ def _summed_vjp64(name, a, b, grad, shape):
 
 def binary_vjp(name, a, b, grad):
     """(grad_a, grad_b): each operand's cotangent, summed back to the operand's shape."""
-    code = _code(name, "binary_vjp")
-    shape = broadcast_shape(name, a.shape, b.shape)
+    code = optable.code_of(name, "binary", "binary_vjp")
+    shape = optable.output_shape(name, [a.shape, b.shape], {})
     if a.dtype == np.float64 and (shape != a.shape or shape != b.shape):
         return _summed_vjp64(name, a, b, grad, shape)
     if name in ("add", "sub"):
@@ -404,3 +380,9 @@ def binary_vjp(name, a, b, grad):
             _vjp(code, fa, sa, fb, sb, *views, parts, nchunks)
     return (sum_to_shape(ga, a.shape).astype(a.dtype, copy=False),
             sum_to_shape(gb, b.shape).astype(a.dtype, copy=False))
+
+
+# every binary op of the table has its forward branch, and every product its VJP branch
+optable.require_branches(_binop, "op", CODES, "fastlib.kernels.binary")
+optable.require_branches(_vjp_pair, "op", {n: CODES[n] for n in ("mul", "div", "maximum")},
+                         "fastlib.kernels.binary")

@@ -320,7 +320,7 @@ def epoch(plan, data, state, bufs, update):
             # the pending update of the previous step uses its coefficient row, updates - 1
             kopt.leave_ftz(old_fp)
             _pair_region(threads, layer, True, pending and layer == 0, nb, n_pieces, step_in,
-                         plan, state, bufs, update, update.coeffs[max(updates - 1, 0)], total,
+                         plan, state, bufs, update, update.coeffs[max(updates - 1, 0):][:1], total,
                          no_gather)
             kopt.enter_ftz()
             if layer + 1 < n_layers:
@@ -352,7 +352,7 @@ def epoch(plan, data, state, bufs, update):
                 _join_backward(plan, layer + 1, nb, n_pieces, state.g, bufs)
             kopt.leave_ftz(old_fp)
             _pair_region(threads, layer, False, False, nb, n_pieces, step_in, plan, state, bufs,
-                         update, update.coeffs[0], total, (x, order, start + bs, next_nb, next_in))
+                         update, update.coeffs[0:1], total, (x, order, start + bs, next_nb, next_in))
             kopt.enter_ftz()
         # -- the skeleton's guard: the pieces' sums are added in piece order (each piece owns
         # one block of the parameters); the update is applied at the next forward region
@@ -366,5 +366,5 @@ def epoch(plan, data, state, bufs, update):
     kopt.leave_ftz(old_fp)
     if pending:
         _pair_region(threads, -1, True, True, 0, n_pieces, bufs.a_in, plan, state, bufs, update,
-                     update.coeffs[updates - 1], total, no_gather)
+                     update.coeffs[updates - 1:updates], total, no_gather)
     return loss_sum, correct_sum, skipped, updates, -1, 0.0

@@ -11,24 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
+import optable
+
 
 def _gemm(a, b, out):
     """out = a @ b (2-D or stacked; C- or F-ordered views), NumPy's BLAS into ``out``."""
     np.matmul(a, b, out=out)
-
-
-def matmul_shape(a_shape, b_shape):
-    """The output shape of ``a @ b`` under the contract's rules, or a ValueError saying why."""
-    if len(a_shape) < 2 or len(b_shape) < 2:
-        raise ValueError(f"matmul: both inputs need at least 2 dimensions, got shapes {a_shape} "
-                         f"and {b_shape}; reshape a vector v to (1, n) or (n, 1)")
-    if a_shape[-1] != b_shape[-2]:
-        raise ValueError(f"matmul: inner dimensions differ: a {a_shape} has k={a_shape[-1]} "
-                         f"columns but b {b_shape} has {b_shape[-2]} rows")
-    if len(b_shape) > 2 and tuple(a_shape[:-2]) != tuple(b_shape[:-2]):
-        raise ValueError(f"matmul: batch shapes differ: a {a_shape} and b {b_shape}; use equal "
-                         f"batch shapes or a 2-D b (k, n) shared across the batch")
-    return tuple(a_shape[:-1]) + (b_shape[-1],)
 
 
 def _zero_sized(*arrays):
@@ -50,7 +38,7 @@ def matmul_forward(a, b):
     ndarray
         (..., m, n).
     """
-    shape = matmul_shape(a.shape, b.shape)
+    shape = optable.output_shape("matmul", [a.shape, b.shape], {})
     if a.ndim == 2 and b.ndim == 2:
         return np.matmul(a, b)          # the common case, exactly NumPy's call (zeros if k = 0)
     out = np.empty(shape, a.dtype)

@@ -17,8 +17,8 @@ from numba import njit, types
 from numba.extending import overload
 
 from fastlib import config
-from fastlib.kernels.reduce import _pairwise_sum, _row_max
-from fastlib.kernels.vecmath import (dd_add, dd_add_d, dd_div, dd_exp, dd_log, dd_mul, dd_mul_d,
+from fastlib.kernels.reduce import _pairwise_sum, _row_max, dd_shifted_exp
+from fastlib.kernels.vecmath import (dd_add, dd_add_d, dd_div, dd_log, dd_mul, dd_mul_d,
                                      fexp, flog, flog1p, two_sum)
 
 _FM = config.FASTMATH
@@ -122,16 +122,10 @@ def _categorical_cross_entropy_grad64(z, t, grad, count, gz, gt):
         m = v[0]
         for j in range(1, c):
             m = v[j] if v[j] > m else m
-        sh = 0.0
-        sl = 0.0
+        sh, sl = dd_shifted_exp(v, m, eh, el)
         tth = 0.0
         ttl = 0.0
         for j in range(c):
-            dh, dl = two_sum(v[j], -m)
-            a, b = dd_exp(dh, dl)
-            eh[j] = a
-            el[j] = b
-            sh, sl = dd_add(sh, sl, a, b)
             tth, ttl = dd_add_d(tth, ttl, tr[j])
         lh, ll = dd_log(sh, sl)
         ih, il = dd_div(1.0, 0.0, sh, sl)

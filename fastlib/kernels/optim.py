@@ -1,15 +1,15 @@
-"""Numba kernels for the seven optimizers: one fused, in-place, elementwise pass per parameter.
+"""The optimizers' compiled update: one fused, in-place, elementwise pass per parameter.
 
 Private kernels work on flat, contiguous arrays of one dtype (float32 or float64) and do not
-validate; ``fastlib.optim`` is the public wrapper that checks, allocates and computes the
-coefficients. Clipping helpers (value clamp, float64 sum of squares, finiteness) sit at the end.
+validate; ``fastlib.optim`` is the public wrapper that checks, allocates and fills the
+coefficient record. Clipping helpers (value clamp, float64 sum of squares, finiteness) sit at
+the end.
 
-Every optimizer is one *kind* code and a vector of scalar coefficients; each per-element rule
-lives in exactly one place (``_momentum``, ``_adam``, ...), inlined by :func:`update_arrays`,
-which both ``fastlib.optim`` and the fused MLP epoch kernel (``fastlib.training.mlp_schedule``)
-call, so the two paths run the same arithmetic in the same order.
-
-The long story: docs/fastlib.md, section ``fastlib/kernels/optim.py``.
+Every optimizer is one *kind* code (its position in the registry) and a coefficient record;
+each per-element rule lives once, in ``fastlib.kernels.optim_rules``, and
+:func:`update_elements` (generated from the rules) runs it over whole arrays. Both
+``fastlib.optim`` and the compiled epochs' skeleton call it, so the two paths run the same
+arithmetic in the same order. The long story: docs/fastlib.md, ``fastlib/kernels/optim.py``.
 """
 from __future__ import annotations
 
@@ -23,23 +23,17 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from fastlib import config
-
-# Kind codes: the index of each optimizer in this tuple (fastlib.optim keys its table by them).
-KINDS = ("sgd", "momentum", "nag", "adagrad", "rmsprop", "adam", "adamw")
-SGD, MOMENTUM, NAG, ADAGRAD, RMSPROP, ADAM, ADAMW = range(len(KINDS))
-
-# Length of the coefficient vector every kind receives (unused entries are 0).
-N_COEFFS = 9
-
+from fastlib.kernels import optim_rules as _rules
+from fastlib.kernels.switch import compile_switch, switch_source
 
 # ---------------------------------------------------------------------------------------------
 # flush-to-zero while a kernel runs
 #
-# NOTE: Adam's and RMSprop's g * g, and the decaying state of parameters whose gradient is 0
+# NOTE: the adaptive rules' g * g, and the decaying state of parameters whose gradient is 0
 # most of the time (MNIST's border pixels), fall into the subnormal range, where x86 arithmetic
-# is ~100 times slower: batch-1 Adam on MNIST ran 7x slower than with subnormals off. The
-# optimizer kernels (and the fused epoch) therefore run with the SSE control bits FTZ and DAZ
-# set, as ``torch.set_flush_denormal(True)`` does, and restore the caller's bits on return:
+# is ~100 times slower: a batch-1 adaptive update on MNIST ran 7x slower than with subnormals
+# off. The optimizer kernels (and the fused epoch) therefore run with the SSE control bits FTZ
+# and DAZ set, as ``torch.set_flush_denormal(True)`` does, and restore the caller's bits on return:
 # results below the smallest normal number (1.2e-38 in float32, 2.2e-308 in float64) become 0.
 # That is far below every tolerance of the tests, and it never changes a normal-range result.
 # Other processors keep their default (no-op functions below).
@@ -89,76 +83,34 @@ else:  # pragma: no cover - exercised on non-x86 machines only
         return None
 
 
-@njit(inline="always", error_model="numpy")
-def _momentum(w, g, a, lr, beta, one_minus_beta):
-    a = beta * a + one_minus_beta * g
-    return w - lr * a, a
+def _loop_branch(rule):
+    # the coefficients read into locals before the loop: the record could alias the arrays as
+    # far as the compiler knows, and reloading it every element would block vectorisation;
+    # ``range(n)`` keeps the index provably non-negative (no wrap-around checks either)
+    return ([f"{f} = c[0][{f!r}]" for f in rule.fields] + ["for i in range(n):"]
+            + ["    " + _rules.call_line(rule, lambda x: f"{x}[i]", lambda f: f)])
 
 
-@njit(inline="always", error_model="numpy")
-def _nag(w, g, a, lr, beta):
-    a = beta * a + lr * g
-    return w - lr * g - beta * a, a
+#: The text of :func:`update_elements`, generated from the rules (docs/fastlib.md shows it).
+#: NOTE: no branch raises (a raise inside ``_update_parallel``'s prange would keep the loop
+#: serial): a kind outside the registry changes nothing, and ``update_flat`` refuses one.
+UPDATE_SOURCE = switch_source("update_elements", "kind, w, g, a, b, c", "kind",
+                              _rules.cases(_loop_branch), head=["    n = w.shape[0]"])
 
-
-@njit(inline="always", error_model="numpy")
-def _adagrad(w, g, a, lr, eps):
-    a = a + g * g
-    return w - lr / math.sqrt(a + eps) * g, a
-
-
-@njit(inline="always", error_model="numpy")
-def _rmsprop(w, g, a, lr, gamma, one_minus_gamma, eps):
-    a = gamma * a + one_minus_gamma * (g * g)
-    return w - lr / math.sqrt(a + eps) * g, a
-
-
-@njit(inline="always", error_model="numpy")
-def _adam(w, g, m, v, lr, b1, one_minus_b1, b2, one_minus_b2, inv_bc1, inv_bc2, eps, wd):
-    m = b1 * m + one_minus_b1 * g
-    v = b2 * v + one_minus_b2 * (g * g)
-    m_hat = m * inv_bc1
-    v_hat = v * inv_bc2
-    # NOTE: wd = 0 for Adam; AdamW's decoupled term uses the weight before the step.
-    return w - lr * (m_hat / (math.sqrt(v_hat) + eps) + wd * w), m, v
-
-
-@njit(inline="always", error_model="numpy")
-def _update_impl(kind, w, g, a, b, c):
-    """Apply one step in place to the whole flat arrays (serial); ``a``/``b`` may be empty.
-
-    NOTE (speed): the coefficients are read into scalars before the loop (``c`` could alias the
-    other arrays as far as the compiler knows, and reloading it would block vectorisation), and
-    the loop runs over ``range(len)`` so the index is provably non-negative (a ``range(lo, hi)``
-    index makes Numba emit wrap-around checks that also block vectorisation).
-    """
-    c0, c1, c2, c3, c4, c5, c6, c7, c8 = c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]
-    n = w.shape[0]
-    if kind == SGD:
-        for i in range(n):
-            w[i] = w[i] - c0 * g[i]
-    elif kind == MOMENTUM:
-        for i in range(n):
-            w[i], a[i] = _momentum(w[i], g[i], a[i], c0, c1, c2)
-    elif kind == NAG:
-        for i in range(n):
-            w[i], a[i] = _nag(w[i], g[i], a[i], c0, c1)
-    elif kind == ADAGRAD:
-        for i in range(n):
-            w[i], a[i] = _adagrad(w[i], g[i], a[i], c0, c1)
-    elif kind == RMSPROP:
-        for i in range(n):
-            w[i], a[i] = _rmsprop(w[i], g[i], a[i], c0, c1, c2, c3)
-    else:
-        for i in range(n):
-            w[i], a[i], b[i] = _adam(w[i], g[i], a[i], b[i], c0, c1, c2, c3, c4, c5, c6, c7, c8)
+#: ``update_elements(kind, w, g, a, b, c)``: one step of optimizer ``kind`` in place on the
+#: whole flat arrays (serial), its coefficients the one record of ``c`` (a table of one row,
+#: ``table[k:k + 1]``: NOTE a bare record cannot enter a prange region in Numba, an array can);
+#: ``a``/``b`` may be empty.
+update_elements = compile_switch(UPDATE_SOURCE, "update_elements",
+                                 {r: getattr(_rules, r) for r in _rules.SOURCES},
+                                 njit(inline="always", error_model="numpy"))
 
 
 @njit(cache=True, error_model="numpy")
 def update_arrays(kind, w, g, a, b, c):
     """Apply one step in place to the whole flat arrays (serial, flush-to-zero on)."""
     old = enter_ftz()
-    _update_impl(kind, w, g, a, b, c)
+    update_elements(kind, w, g, a, b, c)
     leave_ftz(old)
 
 
@@ -175,7 +127,7 @@ def _update_parallel(kind, w, g, a, b, c, chunks):
         lo, hi = k * size, min(n, (k + 1) * size)
         # empty state arrays stay empty when sliced; each worker thread sets its own FTZ bits
         old = enter_ftz()
-        _update_impl(kind, w[lo:hi], g[lo:hi], a[lo:hi], b[lo:hi], c)
+        update_elements(kind, w[lo:hi], g[lo:hi], a[lo:hi], b[lo:hi], c)
         leave_ftz(old)
 
 
@@ -183,9 +135,13 @@ def update_flat(kind: int, w: np.ndarray, g: np.ndarray, a: np.ndarray, b: np.nd
                 c: np.ndarray) -> None:
     """Apply one step in place to 1-d contiguous arrays of one dtype (no validation here).
 
-    The caller (``fastlib.optim``) guarantees equal sizes, a common float dtype, and ``c`` of
-    that dtype with :data:`N_COEFFS` entries; ``a``/``b`` may be empty for kinds without them.
+    The caller (``fastlib.optim``) guarantees equal sizes, a common float dtype, and ``c`` a
+    table of one coefficient record of that dtype; ``a``/``b`` may be empty for kinds without
+    them.
     """
+    if not 0 <= kind < len(_rules.RULES):
+        raise ValueError(f"unknown optimizer kind {kind}: the registry's kinds are "
+                         f"0..{len(_rules.RULES) - 1}")
     chunks = config.num_chunks(w.shape[0])
     if chunks > 1:
         _update_parallel(kind, w, g, a, b, c, chunks)

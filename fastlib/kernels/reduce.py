@@ -129,6 +129,20 @@ def _row_max(v):
     return m
 
 
+@njit(inline="always", error_model="numpy")
+def dd_shifted_exp(v, m, eh, el):
+    """exp(v - m) of a row in double-double into ``eh``, ``el``; returns their dd sum."""
+    sh = 0.0
+    sl = 0.0
+    for i in range(v.shape[0]):
+        th, tl = two_sum(v[i], -m)
+        a, b = dd_exp(th, tl)
+        eh[i] = a
+        el[i] = b
+        sh, sl = dd_add(sh, sl, a, b)
+    return sh, sl
+
+
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
 def _row_sumexp(v, shift):
     """float64 sum of exp(v - shift) over a row (exp in v's dtype, pairwise accumulation)."""
@@ -186,15 +200,7 @@ def _lse_vjp_rows_range64(x, g, out, r0, r1):
     el = np.empty(r)
     for row in range(r0, r1):
         v = x[row]
-        m = _row_max(v)
-        sh = 0.0
-        sl = 0.0
-        for i in range(r):
-            th, tl = two_sum(v[i], -m)
-            a, b = dd_exp(th, tl)
-            eh[i] = a
-            el[i] = b
-            sh, sl = dd_add(sh, sl, a, b)
+        sh, sl = dd_shifted_exp(v, _row_max(v), eh, el)
         ch, cl = dd_div(g[row], 0.0, sh, sl)
         for i in range(r):
             out[row, i] = dd_mul(eh[i], el[i], ch, cl)[0]
@@ -479,30 +485,6 @@ def first_outside(x, lo, hi):
 
 
 # --- launchers ----------------------------------------------------------------------------
-
-def normalize_axes(axis, ndim, op="sum"):
-    """``axis`` (None, int or tuple of ints) as a sorted tuple of distinct non-negative axes.
-
-    Raises
-    ------
-    ValueError
-        An axis out of range, repeated, or not an int.
-    """
-    if axis is None:
-        return tuple(range(ndim))
-    items = axis if isinstance(axis, (tuple, list)) else (axis,)
-    out = []
-    for a in items:
-        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
-            raise ValueError(f"{op}: axis must be None, an int or a tuple of ints, got {axis!r}")
-        if not -ndim <= a < ndim:
-            raise ValueError(f"{op}: axis {a} is out of range for an input with {ndim} "
-                             f"dimension(s); use -{ndim} <= axis < {ndim}")
-        out.append(int(a) % ndim)
-    if len(set(out)) != len(out):
-        raise ValueError(f"{op}: axis {axis!r} repeats an axis")
-    return tuple(sorted(out))
-
 
 @functools.lru_cache(maxsize=256)
 def _layout(shape, axes):

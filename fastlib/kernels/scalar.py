@@ -1,14 +1,14 @@
 """Scalar value and derivative of every unary op: one source, compiled for the CPU and for CUDA.
 
-Every op ``<name>`` has ``<name>_f(x)`` (the value) and ``<name>_df(x)`` (the derivative at
-``x``; ``leaky_relu`` takes the slope as a second argument), written once as plain Python
+Every op ``<name>`` has ``<name>_f(x)`` (the value), ``<name>_df(x)`` and ``<name>_d2f(x)``
+(its derivatives at ``x``; ``leaky_relu``'s take the slope second), written once as plain Python
 against a small math shim (``MATH_SHIM``: ``exp``, ``log``, ``sqrt``, ``normcdf``, ``like``,
 ...). ``@scalar_source`` compiles each here with ``@njit`` (float32 or float64, the result in
 ``x``'s type) for fastlib's elementwise, Dense, LSTM and attention kernels, and records its
 source in ``SOURCES``; ``fastlib.cuda.scalar`` compiles the same sources as device functions
-over its own shim. Also here: the once-rounded VJPs ``<name>_vjp(x, g)`` of exp, sqrt, tanh,
-sigmoid, silu, gelu and gelu_tanh, and ``ACTIVATIONS`` (name -> ``(f, df)``). docs/fastlib.md
-explains the compile options, the kink conventions and the accuracy choices.
+over its own shim. Also here: the once-rounded VJPs ``<name>_vjp(x, g)`` of exp, log, sqrt,
+tanh, sigmoid, silu, gelu and gelu_tanh. docs/fastlib.md explains the compile options, the
+kink conventions and the accuracy choices.
 """
 from __future__ import annotations
 
@@ -96,6 +96,12 @@ def identity_df(x):
 
 
 @scalar_source
+def identity_d2f(x):
+    """identity''(x) = 0."""
+    return like(x, 0.0)
+
+
+@scalar_source
 def neg_f(x):
     """neg(x) = -x."""
     return -x
@@ -108,6 +114,12 @@ def neg_df(x):
 
 
 @scalar_source
+def neg_d2f(x):
+    """neg''(x) = 0."""
+    return like(x, 0.0)
+
+
+@scalar_source
 def square_f(x):
     """square(x) = x * x."""
     return x * x
@@ -117,6 +129,12 @@ def square_f(x):
 def square_df(x):
     """square'(x) = 2x."""
     return x + x
+
+
+@scalar_source
+def square_d2f(x):
+    """square''(x) = 2."""
+    return like(x, 2.0)
 
 
 @scalar_source
@@ -134,6 +152,12 @@ def abs_df(x):
 
 
 @scalar_source
+def abs_d2f(x):
+    """abs''(x) = 0 (the derivative of the piece the value selects, at the kink too)."""
+    return like(x, 0.0)
+
+
+@scalar_source
 def exp_f(x):
     """exp(x)."""
     return exp(x)
@@ -142,6 +166,12 @@ def exp_f(x):
 @scalar_source
 def exp_df(x):
     """exp'(x) = exp(x)."""
+    return exp(x)
+
+
+@scalar_source
+def exp_d2f(x):
+    """exp''(x) = exp(x)."""
     return exp(x)
 
 
@@ -158,6 +188,18 @@ def log_df(x):
 
 
 @scalar_source
+def log_d2f(x):
+    """log''(x) = -1 / x^2."""
+    return like(x, -1.0) / (x * x)
+
+
+@scalar_source
+def log_vjp(x, g):
+    """g * log'(x) = g / x, rounded once."""
+    return g / x
+
+
+@scalar_source
 def sqrt_f(x):
     """sqrt(x); IEEE: sqrt(x < 0) = nan."""
     return sqrt(x)
@@ -167,6 +209,12 @@ def sqrt_f(x):
 def sqrt_df(x):
     """sqrt'(x) = 1 / (2 sqrt(x)); inf at 0."""
     return like(x, 0.5) / sqrt(x)
+
+
+@scalar_source
+def sqrt_d2f(x):
+    """sqrt''(x) = -1 / (4 x sqrt(x))."""
+    return like(x, -0.25) / (x * sqrt(x))
 
 
 # --- activations ---------------------------------------------------------------------------
@@ -184,6 +232,12 @@ def relu_df(x):
 
 
 @scalar_source
+def relu_d2f(x):
+    """relu''(x) = 0 (the derivative of the piece the value selects, at the kink too)."""
+    return like(x, 0.0)
+
+
+@scalar_source
 def leaky_relu_f(x, slope):
     """leaky_relu(x) = x if x > 0 else slope * x."""
     return x if x > 0 else x * like(x, slope)
@@ -193,6 +247,12 @@ def leaky_relu_f(x, slope):
 def leaky_relu_df(x, slope):
     """leaky_relu'(x). NOTE: 1 if x > 0 else slope, so leaky_relu'(0) = slope."""
     return like(x, 1.0) if x > 0 else like(x, slope)
+
+
+@scalar_source
+def leaky_relu_d2f(x, slope):
+    """leaky_relu''(x) = 0 (the derivative of the piece the value selects, at the kink too)."""
+    return like(x, 0.0)
 
 
 @scalar_source
@@ -210,6 +270,14 @@ def sigmoid_df(x):
 
 
 @scalar_source
+def sigmoid_d2f(x):
+    """sigmoid''(x) = s (1 - s) (1 - 2s) = s sigmoid(-x) (sigmoid(-x) - s), s = sigmoid(x):
+    no 1 - s is formed by subtraction (it would cancel once s saturates)."""
+    s, sm = _sigmoid_pair(x)
+    return s * sm * (sm - s)
+
+
+@scalar_source
 def tanh_f(x):
     """tanh(x)."""
     return tanh(x)
@@ -221,6 +289,12 @@ def tanh_df(x):
     e = exp(like(x, -2.0) * abs(x))
     d = like(x, 1.0) + e
     return like(x, 4.0) * e / (d * d)
+
+
+@scalar_source
+def tanh_d2f(x):
+    """tanh''(x) = -2 tanh(x) tanh'(x)."""
+    return like(x, -2.0) * tanh(x) * tanh_df(x)
 
 
 @scalar_source(inline=True)
@@ -237,6 +311,13 @@ def softplus_df(x):
 
 
 @scalar_source
+def softplus_d2f(x):
+    """softplus''(x) = sigmoid'(x) = s sigmoid(-x)."""
+    s, sm = _sigmoid_pair(x)
+    return s * sm
+
+
+@scalar_source
 def silu_f(x):
     """silu(x) = x * sigmoid(x)."""
     return x * _sigmoid_pair(x)[0]
@@ -247,6 +328,14 @@ def silu_df(x):
     """silu'(x) = s (1 + x sigmoid(-x)), s = sigmoid(x); its limit 0 at x = -inf."""
     s, sm = _sigmoid_pair(x)
     return s * (like(x, 1.0) + x * sm) if s != 0 else s
+
+
+@scalar_source
+def silu_d2f(x):
+    """silu''(x) = t (2 + x (sigmoid(-x) - s)), t = s sigmoid(-x); its limit 0 where t is 0."""
+    s, sm = _sigmoid_pair(x)
+    t = s * sm
+    return t * (like(x, 2.0) + x * (sm - s)) if t != 0 else t
 
 
 @scalar_source(inline=True)
@@ -261,6 +350,13 @@ def gelu_df(x):
     pdf = normpdf(x)
     cdf = normcdf(x)
     return cdf + x * pdf if pdf != 0 else cdf
+
+
+@scalar_source(inline=True)
+def gelu_d2f(x):
+    """gelu''(x) = phi(x) (2 - x^2); its limit 0 where phi is 0."""
+    pdf = normpdf(x)
+    return pdf * (like(x, 2.0) - x * x) if pdf != 0 else pdf
 
 
 @scalar_source
@@ -282,6 +378,18 @@ def gelu_tanh_df(x):
     du2 = like(x, 2.0 * _SQRT_2_OVER_PI) * (like(x, 1.0) + like(x, 3.0 * _GELU_TANH_A) * x * x)
     # t == 0 where x^2 may overflow: skip the 0 * inf term (its limit is 0).
     return s + x * t * du2 if t != 0 else s
+
+
+@scalar_source
+def gelu_tanh_d2f(x):
+    """gelu_tanh''(x) = t (2 du2 + 12 c a x^2 + x du2^2 (1 - 2s)), s = sigmoid(2u), t = s (1 - s),
+    du2 = 2u' (the derivative of x sigmoid(2u) twice); its limit 0 where t is 0."""
+    u2 = like(x, 2.0 * _SQRT_2_OVER_PI) * (x + like(x, _GELU_TANH_A) * x * x * x)
+    s, sm = _sigmoid_pair(u2)
+    t = s * sm
+    du2 = like(x, 2.0 * _SQRT_2_OVER_PI) * (like(x, 1.0) + like(x, 3.0 * _GELU_TANH_A) * x * x)
+    curve = like(x, 12.0 * _SQRT_2_OVER_PI * _GELU_TANH_A) * x * x
+    return t * (like(x, 2.0) * du2 + curve + x * du2 * du2 * (sm - s)) if t != 0 else t
 
 
 # --- VJP g * sqrt'(x) rounded once (float32) ----------------------------------------------
@@ -575,19 +683,3 @@ overload(gelu_vjp, inline="always")(_vjp_typer(lambda x, g: g * gelu_df(x),
                                                lambda x, g: _gelu_vjp64(x, g)))
 overload(gelu_tanh_vjp, inline="always")(_vjp_typer(lambda x, g: g * gelu_tanh_df(x),
                                                     lambda x, g: _gelu_tanh_vjp64(x, g)))
-
-
-# activation name (docs/CONTRACTS.md's names, ``linear`` = identity) -> (f, df); leaky_relu's pair
-# takes the slope as a second argument.
-ACTIVATIONS = {
-    "linear": (identity_f, identity_df),
-    "identity": (identity_f, identity_df),
-    "relu": (relu_f, relu_df),
-    "leaky_relu": (leaky_relu_f, leaky_relu_df),
-    "tanh": (tanh_f, tanh_df),
-    "sigmoid": (sigmoid_f, sigmoid_df),
-    "silu": (silu_f, silu_df),
-    "gelu": (gelu_f, gelu_df),
-    "gelu_tanh": (gelu_tanh_f, gelu_tanh_df),
-    "softplus": (softplus_f, softplus_df),
-}

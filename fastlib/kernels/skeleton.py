@@ -53,12 +53,13 @@ def clip_flat(g, clip_mode, clip, total):
 
 @njit(cache=True, error_model="numpy")
 def update_block(lo, hi, kind, w, g, a, b, c, clip_mode, clip, total):
-    """Clip entries ``lo:hi`` of the gradient and apply the optimizer ``kind`` (coefficient
-    row ``c``) to the same entries of the parameters ``w`` and its state ``a``, ``b``."""
+    """Clip entries ``lo:hi`` of the gradient and apply the optimizer ``kind`` (coefficients
+    ``c``: the step's row of the coefficient table, ``table[k:k + 1]``) to the same entries of
+    the parameters ``w`` and its state ``a``, ``b``."""
     gp = g[lo:hi]
     clip_flat(gp, clip_mode, clip, total)
     # empty state arrays (optimizers without them) stay empty when sliced
-    kopt._update_impl(kind, w[lo:hi], gp, a[lo:hi], b[lo:hi], c)
+    kopt.update_elements(kind, w[lo:hi], gp, a[lo:hi], b[lo:hi], c)
 
 
 @njit(cache=True, error_model="numpy")

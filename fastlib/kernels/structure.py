@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 
 import numpy as np
 from numba import njit, prange
 
+import optable
 from fastlib import config
 
 _TILE_B = 32     # destination rows per tile (the source's contiguous direction)
@@ -278,22 +278,6 @@ def _copy_box(src, s_off, s_strides, dst, d_off, d_strides, shape):
 
 # --- transpose -----------------------------------------------------------------------------
 
-def normalize_perm(axes, ndim):
-    """``axes`` (None reverses) as a tuple permutation of range(ndim), or a ValueError."""
-    if axes is None:
-        return tuple(range(ndim - 1, -1, -1))
-    try:
-        perm = tuple(operator.index(a) for a in axes)
-    except TypeError:
-        raise ValueError(f"transpose: axes must be None or a sequence of ints, got {axes!r}") \
-            from None
-    perm = tuple(a % ndim if -ndim <= a < ndim else a for a in perm)
-    if sorted(perm) != list(range(ndim)):
-        raise ValueError(f"transpose: axes {axes!r} is not a permutation of the input's "
-                         f"{ndim} axes (expected each of 0..{ndim - 1} once)")
-    return perm
-
-
 def _permuted_copy(x, perm):
     shape = tuple(x.shape[p] for p in perm)
     out = np.empty(shape, x.dtype)
@@ -314,27 +298,6 @@ def transpose_vjp(x, perm, grad):
 
 # --- reshape -------------------------------------------------------------------------------
 
-def normalize_shape(shape, size):
-    """``shape`` (tuple of ints, at most one -1) resolved for ``size`` elements, or ValueError."""
-    if isinstance(shape, (int, np.integer)):
-        shape = (shape,)
-    try:
-        dims = tuple(operator.index(d) for d in shape)
-    except TypeError:
-        raise ValueError(f"reshape: shape must be a tuple of ints, got {shape!r}") from None
-    if sum(d == -1 for d in dims) > 1 or any(d < -1 for d in dims):
-        raise ValueError(f"reshape: shape {dims} may hold one -1 and otherwise sizes >= 0")
-    known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
-    if -1 in dims:
-        if known == 0 or size % known:
-            raise ValueError(f"reshape: cannot infer -1 in {dims} for {size} elements")
-        dims = tuple(size // known if d == -1 else d for d in dims)
-    elif known != size:
-        raise ValueError(f"reshape: cannot reshape {size} elements into shape {dims} "
-                         f"({known} elements)")
-    return dims
-
-
 def _flat_copy(x, shape):
     out = np.empty(shape, x.dtype)
     if x.size:
@@ -354,28 +317,9 @@ def reshape_vjp(x, shape, grad):
 
 # --- concat --------------------------------------------------------------------------------
 
-def concat_shape(a_shape, b_shape, axis):
-    """(normalised axis, output shape) of concatenating a and b, or a ValueError."""
-    nd = len(a_shape)
-    if nd == 0 or len(b_shape) != nd:
-        raise ValueError(f"concat: inputs need the same number (>= 1) of dimensions, got "
-                         f"shapes {a_shape} and {b_shape}")
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
-            or not -nd <= axis < nd:
-        raise ValueError(f"concat: axis must be an int in [-{nd}, {nd}), got {axis!r}")
-    ax = int(axis) % nd
-    for i in range(nd):
-        if i != ax and a_shape[i] != b_shape[i]:
-            raise ValueError(f"concat: shapes {a_shape} and {b_shape} differ on axis {i}; "
-                             f"all axes but the concat axis ({ax}) must match")
-    shape = list(a_shape)
-    shape[ax] += b_shape[ax]
-    return ax, tuple(shape)
-
-
 def concat_forward(a, b, axis):
     """``np.concatenate([a, b], axis)`` (axis already normalised)."""
-    _, shape = concat_shape(a.shape, b.shape, axis)
+    shape = optable.output_shape("concat", [a.shape, b.shape], {"axis": axis})
     out = np.empty(shape, a.dtype)
     os_ = _c_strides(shape)
     _copy_box(a, 0, _c_strides(a.shape), out, 0, os_, a.shape)
@@ -396,23 +340,12 @@ def concat_vjp(a, b, axis, grad):
 # --- slice ---------------------------------------------------------------------------------
 
 def slice_plan(shape, axis, start, stop, step):
-    """(axis, start, step, output shape) of ``x[..., start:stop:step, ...]``, or a ValueError."""
-    nd = len(shape)
-    if nd == 0:
-        raise ValueError("slice: the input is 0-d; there is no axis to slice")
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
-            or not -nd <= axis < nd:
-        raise ValueError(f"slice: axis must be an int in [-{nd}, {nd}), got {axis!r}")
-    for label, v in (("start", start), ("stop", stop)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
-            raise ValueError(f"slice: {label} must be an int or None, got {v!r}")
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
-        raise ValueError(f"slice: step must be an int >= 1, got {step!r}")
-    ax = int(axis) % nd
-    lo, hi, st = slice(start, stop, int(step)).indices(shape[ax])
-    out_shape = list(shape)
-    out_shape[ax] = len(range(lo, hi, st))
-    return ax, lo, st, tuple(out_shape)
+    """(axis, start, step, output shape) of ``x[..., start:stop:step, ...]`` (the op table's
+    rule checks it; the params' types are the caller's to check)."""
+    out = optable.output_shape("slice", [shape], {"axis": axis, "start": start, "stop": stop,
+                                                  "step": step})
+    ax, kept = optable.shapes.slice_range(shape, axis, start, stop, step)
+    return ax, kept.start, kept.step, out
 
 
 def _slice_strides(shape, ax, lo, st):

@@ -19,6 +19,7 @@ import fastlib
 import fastlib.rbm as fr
 import reflib.rbm as rr
 import spec.rbm as sr
+from reports.conformance.oracle import as_float64
 
 F64_TOL = 1e-12
 F32_TOL = 1e-4
@@ -33,13 +34,8 @@ class RBMCase(NamedTuple):
     uniforms: np.ndarray
 
 
-def _f64(x):
-    x = np.asarray(x)
-    return x.astype(np.float64) if x.dtype == object else np.asarray(x, dtype=np.float64)
-
-
 def _close(actual, expected, tol, what):
-    a, e = _f64(actual), _f64(expected)
+    a, e = as_float64(actual), as_float64(expected)
     assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
     scale = max(float(np.max(np.abs(e))), 1e-300)
     err = float(np.max(np.abs(a - e)))
@@ -99,7 +95,7 @@ def prop_cd_reflib_vs_spec(case):
     for name, g in ref.grads.items():
         _close(g, exact["grads"][name], F64_TOL, f"gradient {name}")
     for s in range(k):
-        assert np.array_equal(ref.h[s], _f64(exact["h"][s])), f"hidden sample {s} differs"
+        assert np.array_equal(ref.h[s], as_float64(exact["h"][s])), f"hidden sample {s} differs"
     assert abs(ref.reconstruction_error - exact["reconstruction_error"]) <= F64_TOL * max(
         exact["reconstruction_error"], 1e-300)
     assert abs(ref.free_energy - exact["free_energy"]) <= F64_TOL * max(
@@ -182,10 +178,10 @@ def prop_cd_at_threshold(case_at, dtype=np.float64):
     gaps[0] = gaps[0][:, ~at]
     if min((float(np.min(g)) if g.size else 1.0) for g in gaps) <= margin:
         assume(False)
-    assert np.all(_f64(ref.ph[0])[:, at] == 0.5), "the threshold units must have p = 1/2"
+    assert np.all(as_float64(ref.ph[0])[:, at] == 0.5), "the threshold units must have p = 1/2"
     want = (case.uniforms[0][:, at] < 0.5).astype(np.float64)
     exact = sr.cd_step(case.params, case.v0, case.uniforms, k=k, dps=SPEC_DPS)
-    assert np.array_equal(_f64(exact["h"][0])[:, at], want), "spec: h_0 = [u < 1/2]"
+    assert np.array_equal(as_float64(exact["h"][0])[:, at], want), "spec: h_0 = [u < 1/2]"
     assert np.array_equal(ref.h[0][:, at], want), "reflib: h_0 = [u < 1/2] at p = 1/2"
     fast = fr.cd_gradients(_fast_rbm(case.params, dtype), case.v0.astype(dtype), k=k,
                            uniforms=case.uniforms)

@@ -16,6 +16,8 @@ from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
+import optable
+
 __all__ = [
     "Engine", "EngineProtocol", "EngineStatus", "ENGINES", "UnsupportedOpError",
     "EngineUnavailableError", "UnknownEngineError", "get_engine", "available_engines",
@@ -169,7 +171,7 @@ class Engine:
 # ---------------------------------------------------------------------------------------------
 # the built-in engines
 
-_OPTIMIZER_NAMES = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW")
+_OPTIMIZER_NAMES = tuple(optable.OPTIMIZERS)
 
 
 def _rounded(values):

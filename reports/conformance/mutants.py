@@ -164,9 +164,10 @@ MUTANTS = (
            ("tanh",)),
     Mutant("large-vjp-entry", "a unary VJP of >= PARALLEL_MIN_SIZE entries has its smallest "
            "nonzero entry 1e-3 (relative) off", "kernels/elementwise.py",
-           "        _vjp(code, flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)\n"
-           "    return out\n",
-           "        _vjp(code, flat, grad.reshape(-1), out.reshape(-1), slope, nchunks)\n"
+           "    return _launch(name, \"unary_vjp\", \"vjp\", x, grad, "
+           "negative_slope=negative_slope)\n",
+           "    out = _launch(name, \"unary_vjp\", \"vjp\", x, grad, "
+           "negative_slope=negative_slope)\n"
            "    o = out.reshape(-1)\n"
            "    nz = np.flatnonzero(o) if o.size >= config.PARALLEL_MIN_SIZE else o[:0]\n"
            "    if nz.size:\n"
@@ -174,9 +175,9 @@ MUTANTS = (
            "        o[k] = o[k] * o.dtype.type(1.001)\n"
            "    return out\n", ("exp", "tanh", "sigmoid")),
     Mutant("f32-leak-elementwise", "float64 tanh VJP evaluates tanh' at x rounded to float32 "
-           "(float32 arithmetic leaks into a float64 kernel)", "kernels/elementwise.py",
-           "            out[i] = S.tanh_vjp(x[i], g[i])\n",
-           "            out[i] = S.tanh_vjp(np.float32(x[i]), g[i])\n", ("tanh",)),
+           "(float32 arithmetic leaks into a float64 kernel)", "kernels/scalar.py",
+           "lambda x, g: g * tanh_df(x)))", "lambda x, g: g * tanh_df(np.float32(x))))",
+           ("tanh",)),
     Mutant("f32-leak-fused", "the float64 compiled epochs' loss rounds the cross-entropy "
            "gradient's softmax to float32", "kernels/batch_loss.py",
            "                    dz[i, j] = math.exp(z[i, j] - lse) * inv_n\n",
@@ -213,27 +214,28 @@ MUTANTS = (
            "    sigma = np.sqrt((c * c).mean(axis=-1, keepdims=True) + x.dtype.type(eps))"
            ".astype(np.float32).astype(x.dtype)\n", ("layer_norm",)),
     # -- optimizers -------------------------------------------------------------------------------
-    Mutant("adam-bias-correction", "Adam without the bias correction of m", "optim.py",
-           "c[:, 5] = [1.0 / (1.0 - b1 ** t) for t in steps]", "c[:, 5] = 1.0", ("Adam",)),
+    Mutant("adam-bias-correction", "Adam without the bias correction of m",
+           "kernels/optim_rules.py",
+           "return (m * inv_bias_beta1) / (sqrt(v * inv_bias_beta2) + eps), m, v",
+           "return m / (sqrt(v * inv_bias_beta2) + eps), m, v", ("Adam",)),
     Mutant("rmsprop-eps-outside", "RMSprop with eps outside the square root",
-           "kernels/optim.py",
-           "a = gamma * a + one_minus_gamma * (g * g)\n"
-           "    return w - lr / math.sqrt(a + eps) * g, a",
-           "a = gamma * a + one_minus_gamma * (g * g)\n"
-           "    return w - lr / (math.sqrt(a) + eps) * g, a",
-           ("RMSprop",)),
-    Mutant("adagrad-eps-outside", "Adagrad with eps outside the square root", "kernels/optim.py",
-           "a = a + g * g\n    return w - lr / math.sqrt(a + eps) * g, a",
-           "a = a + g * g\n    return w - lr / (math.sqrt(a) + eps) * g, a", ("Adagrad",)),
-    Mutant("adam-v-bias-lag", "Adam's second-moment bias correction one step behind",
-           "optim.py", "c[:, 6] = [1.0 / (1.0 - b2 ** t) for t in steps]",
-           "c[:, 6] = [1.0 / (1.0 - b2 ** max(t - 1, 1)) for t in steps]", ("Adam",)),
-    Mutant("momentum-dampening", "Momentum without DataCode's (1 - beta)", "optim.py",
-           "c[:, 1], c[:, 2] = self.beta, 1.0 - self.beta", "c[:, 1], c[:, 2] = self.beta, 1.0",
+           "kernels/optim_rules.py",
+           "E = gamma * E + one_minus_gamma * (g * g)\n    return w - lr / sqrt(E + eps) * g, E",
+           "E = gamma * E + one_minus_gamma * (g * g)\n"
+           "    return w - lr / (sqrt(E) + eps) * g, E", ("RMSprop",)),
+    Mutant("adagrad-eps-outside", "Adagrad with eps outside the square root",
+           "kernels/optim_rules.py", "G = G + g * g\n    return w - lr / sqrt(G + eps) * g, G",
+           "G = G + g * g\n    return w - lr / (sqrt(G) + eps) * g, G", ("Adagrad",)),
+    Mutant("adam-bias-lag", "Adam's bias corrections one step behind (1 - beta^(t-1))",
+           "kernels/optim_rules.py", "[1.0 / (1.0 - h ** t) for t in steps]",
+           "[1.0 / (1.0 - h ** max(t - 1, 1)) for t in steps]", ("Adam",)),
+    Mutant("momentum-dampening", "Momentum without DataCode's (1 - beta)",
+           "kernels/optim_rules.py", "v = beta * v + one_minus_beta * g", "v = beta * v + g",
            ("Momentum",)),
     Mutant("adamw-decay-lr", "AdamW's decoupled decay applied without the learning rate",
-           "kernels/optim.py", "return w - lr * (m_hat / (math.sqrt(v_hat) + eps) + wd * w), m, v",
-           "return w - lr * (m_hat / (math.sqrt(v_hat) + eps)) - wd * w, m, v", ("AdamW",)),
+           "kernels/optim_rules.py",
+           "return w - lr * add_decayed_weights(u, w, weight_decay), m, v",
+           "return w - lr * u - weight_decay * w, m, v", ("AdamW",)),
     # -- layers and training --------------------------------------------------------------------
     Mutant("dense-transposed-weight-grad", "Dense's weight gradient transposed (g^T x reshaped)",
            "kernels/dense.py", "    weight_gradient(x, gpre, gw)\n    input_grad(",
@@ -299,28 +301,24 @@ MUTANTS = (
            "budget = dot / (np.sqrt(na) * np.sqrt(nt))", ("targetprop",)),
     # -- a second, independent round: bugs written apart from the ones above ---------------------
     Mutant("adamw-coupled-decay", "AdamW's weight decay folded into the gradient (L2, coupled "
-           "through the moments) instead of decoupled", "kernels/optim.py",
-           "    m = b1 * m + one_minus_b1 * g\n    v = b2 * v + one_minus_b2 * (g * g)\n"
-           "    m_hat = m * inv_bc1\n    v_hat = v * inv_bc2\n"
-           "    # NOTE: wd = 0 for Adam; AdamW's decoupled term uses the weight before the step.\n"
-           "    return w - lr * (m_hat / (math.sqrt(v_hat) + eps) + wd * w), m, v",
-           "    g = g + wd * w\n"
-           "    m = b1 * m + one_minus_b1 * g\n    v = b2 * v + one_minus_b2 * (g * g)\n"
-           "    m_hat = m * inv_bc1\n    v_hat = v * inv_bc2\n"
-           "    return w - lr * (m_hat / (math.sqrt(v_hat) + eps)), m, v", ("AdamW",)),
+           "through the moments) instead of decoupled", "kernels/optim_rules.py",
+           "    u, m, v = scale_by_adam(g, m, v, beta1, one_minus_beta1, beta2, one_minus_beta2,\n"
+           "                            inv_bias_beta1, inv_bias_beta2, eps)\n"
+           "    return w - lr * add_decayed_weights(u, w, weight_decay), m, v",
+           "    u, m, v = scale_by_adam(g + weight_decay * w, m, v, beta1, one_minus_beta1, "
+           "beta2,\n                            one_minus_beta2, inv_bias_beta1, inv_bias_beta2, "
+           "eps)\n    return w - lr * u, m, v", ("AdamW",)),
     Mutant("adam-eps-inside", "Adam with eps inside the square root of v_hat",
-           "kernels/optim.py",
-           "return w - lr * (m_hat / (math.sqrt(v_hat) + eps) + wd * w), m, v",
-           "return w - lr * (m_hat / math.sqrt(v_hat + eps) + wd * w), m, v", ("Adam",)),
+           "kernels/optim_rules.py", "(sqrt(v * inv_bias_beta2) + eps)",
+           "sqrt(v * inv_bias_beta2 + eps)", ("Adam",)),
     Mutant("categorical-ce-sum-one", "categorical_cross_entropy's float32 gradient assumes "
            "every target row sums to 1 (softmax - t, not softmax·sum(t) - t)", "kernels/loss.py",
            "gz[n, j] = (p * total - np.float64(tr[j])) * gscale",
            "gz[n, j] = (p - np.float64(tr[j])) * gscale", ("categorical_cross_entropy",)),
     Mutant("axis-empty-means-all", "axis=() read as axis=None (reduces every axis, not none)",
-           "kernels/reduce.py",
-           "    if axis is None:\n        return tuple(range(ndim))",
-           "    if axis is None or axis == ():\n        return tuple(range(ndim))",
-           ("sum", "mean", "logsumexp")),
+           "ops.py", "axes = _shapes.resolve_axes(name, p[\"axis\"], a[0].ndim)",
+           "axes = _shapes.resolve_axes(name, p[\"axis\"] if p[\"axis\"] != () else None, "
+           "a[0].ndim)", ("sum", "mean", "logsumexp")),
     Mutant("row-max-lane-group", "the vectorised row maximum skips its last group of 16 lanes "
            "(a shift below the true maximum: exp overflows)", "kernels/reduce.py",
            "for i in range(16, k, 16):", "for i in range(16, k - 16, 16):",

@@ -90,6 +90,12 @@ def _cached(key, compute):
     return value
 
 
+def as_float64(x):
+    """``x`` (floats, or an object array of exact numbers) as a float64 array."""
+    x = np.asarray(x)
+    return x.astype(np.float64) if x.dtype == object else np.asarray(x, dtype=np.float64)
+
+
 def exact_vjp(name, inputs, grad, params=None):
     """Exact forward and VJPs of op ``name`` at ``inputs`` with cotangent ``grad`` (cached).
 
@@ -115,6 +121,19 @@ def exact_vjp(name, inputs, grad, params=None):
 # alone, so a long call (the special-values table's parallel-size case) is evaluated once per
 # distinct (x, g) pair and scattered back: exactly the same values, at a fraction of the cost.
 _DEDUPE_MIN = 4096
+
+
+def representable(examples, dtype):
+    """The examples whose exact output and VJPs are finite in ``dtype`` (an edge draw whose
+    true result overflows the dtype asks nothing an engine can answer)."""
+    big = float(np.finfo(dtype).max)
+    kept = []
+    for ex in examples:
+        exact = exact_vjp(ex.name, ex.inputs, ex.grad, ex.params)
+        arrays = [exact.out[0]] + [g[0] for g in exact.grads if g is not None]
+        if all(np.all(np.abs(v) <= big) for v in arrays):
+            kept.append(ex)
+    return kept
 
 
 def _unary_by_unique_pairs(name, x, grad, params):

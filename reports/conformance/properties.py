@@ -83,6 +83,52 @@ def _differentiable(name):
     return [op.vjp.get(n) is not None for n in op.inputs]
 
 
+def measurable(result, what, iname, got, exact, skip=(), hint=""):
+    """Whether ``got`` (``what``'s array for input ``iname``) is to be measured against
+    ``exact``: None is expected for a non-differentiable input (``exact`` None) and a skipped
+    one (``skip``, name -> reason); anything else is a failure recorded in ``result``."""
+    if exact is None:
+        if got is not None:
+            result.fail(f"{what} returned an array for {iname!r}, which is not "
+                        f"differentiable (class indices): expected None")
+        return False
+    if iname in skip:
+        result.skipped.append(f"d/d{iname}: {skip[iname]}")
+        return False
+    if got is None:
+        result.fail(f"{what} returned None for the differentiable input {iname!r}{hint}")
+        return False
+    return True
+
+
+def nonfinite_call(result, call, rejects, failure, fix):
+    """``call()`` (an engine on NaN or inf inputs) with floating-point warnings silenced; None
+    when it raised: a ValueError (or FloatingPointError) is the convention ``rejects``, noted in
+    ``result``; any other error fails ``result`` (``failure`` and the error, then ``fix``)."""
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return call()
+    except (ValueError, FloatingPointError) as exc:
+        result.conventions.append(f"{rejects} ({type(exc).__name__})")
+    except Exception as exc:
+        result.fail(f"{failure}{type(exc).__name__}: {exc} ({fix})")
+    return None
+
+
+def one_per_input(result, what, got, name):
+    """Op ``name``'s input names when ``got`` (what ``what`` returned) holds one entry per
+    input; otherwise None, and ``result`` failed with the counts."""
+    import spec
+
+    names = spec.OPS[name].inputs
+    if len(got) != len(names):
+        result.fail(f"{what} returned {len(got)} arrays for {len(names)} inputs "
+                    f"({', '.join(names)})")
+        return None
+    return names
+
+
 def _call(result, what, fn):
     """Run an engine call; an exception on a valid call is a failure with its message.
 
@@ -203,29 +249,17 @@ def check_call(engine, ex, kinks="strict"):
                                                      **ex.params))
     if grads is None:
         return result
-    grads = tuple(grads)
+    grads, names = tuple(grads), one_per_input(result, "vjp", grads, ex.name)
+    if names is None:
+        return result
     import spec
 
-    names = spec.OPS[ex.name].inputs
-    if len(grads) != len(names):
-        return result.fail(f"vjp returned {len(grads)} gradients for {len(names)} inputs "
-                           f"({', '.join(names)})")
     skip = declared_no_gradient(engine, ex.name)
     measured = {}
     for k, (iname, g, e, a) in enumerate(zip(names, grads, exact.grads, a_grads)):
-        if e is None:
-            if g is not None:
-                result.fail(f"vjp returned an array for {iname!r}, which is not "
-                            f"differentiable (class indices): expected None")
-            continue
-        if iname in skip:
-            result.skipped.append(f"d/d{iname}: {skip[iname]}")
-            continue
-        if g is None:
-            result.fail(f"vjp returned None for the differentiable input {iname!r} (declare "
-                        f"it in the engine's no_gradient, with a reason, if it has none)")
-            continue
-        measured[k] = (iname, g, e, a)
+        if measurable(result, "vjp", iname, g, e, skip, " (declare it in the engine's "
+                      "no_gradient, with a reason, if it has none)"):
+            measured[k] = (iname, g, e, a)
     verdict = None
     if spec.OPS[ex.name].kinks and measured:
         eps = float(np.finfo(dtype).eps)
@@ -436,17 +470,14 @@ def check_nonfinite(engine, ex):
     result = Result()
     dtype = np.dtype(ex.dtype)
     x = np.asarray(ex.inputs[0])
-    try:
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            out = engine.forward(ex.name, [x], **ex.params)
-            grads = engine.vjp(ex.name, [x], ex.grad, **ex.params)
-    except (ValueError, FloatingPointError) as exc:
-        result.conventions.append(f"rejects non-finite inputs ({type(exc).__name__})")
+    called = nonfinite_call(
+        result, lambda: (engine.forward(ex.name, [x], **ex.params),
+                         engine.vjp(ex.name, [x], ex.grad, **ex.params)),
+        "rejects non-finite inputs", "non-finite input: ", "reject it with a ValueError naming "
+        "the input, or propagate it")
+    if called is None:
         return result
-    except Exception as exc:
-        return result.fail(f"non-finite input: {type(exc).__name__}: {exc} (reject it with a "
-                           f"ValueError naming the input, or propagate it)")
+    out, grads = called
     out = np.asarray(out, np.float64)
     g = np.asarray(grads[0], np.float64)
     if out.shape != x.shape or g.shape != x.shape:
@@ -552,19 +583,20 @@ def _rel_measure(what, got, exact_hi, dtype, k_eps, scale=None):
 def exact_trajectory(name, w0, grads, hyper):
     """Exact parameters and state after each step of ``spec.step`` (the table's form).
 
-    For NAG the parameters reported are w - beta v: the look-ahead point the engine form
-    stores (spec.optimizers' NOTE), so engines are compared on what they hold.
+    The parameters reported are those an engine holds (``OptimizerSpec.held``: a look-ahead
+    engine form stores the point w - beta v, spec.optimizers' NOTE), so engines are compared on
+    what they hold.
     """
     import spec
+
+    opt = spec.optimizers.lookup_optimizer(name)
+    values = {k: spec.backends.MPMATH.param(v) for k, v in {**opt.hyper, **hyper}.items()}
 
     def compute():
         w, state, out = np.asarray(w0, np.float64), None, []
         for t, g in enumerate(grads, start=1):
             w, state = spec.step(name, w, np.asarray(g, np.float64), state, t, **hyper)
-            shown = w
-            if name == "NAG":
-                beta = hyper.get("beta", spec.OPTIMIZERS["NAG"].hyper["beta"])
-                shown = w - spec.backends.MPMATH.param(beta) * state["v"]
+            shown = opt.held(spec.backends.MPMATH, w, state, values)
             out.append((np.asarray(shown, dtype=float),
                         {k: np.asarray(v, dtype=float) for k, v in state.items()}))
         return out
@@ -574,16 +606,17 @@ def exact_trajectory(name, w0, grads, hyper):
 
 
 def _bias_condition(name, hyper, t):
-    """Condition number of Adam's bias corrections 1 - beta^t at step t (0 for the others).
+    """Condition number of the bias corrections 1 - beta^t at step t of an optimizer with the
+    moment decays ``beta1`` and ``beta2`` (0 for an optimizer without them).
 
     ``1 - beta2**t`` cancels for beta2 near 1 (1 - 0.9999**2 ~ 2e-4): a rounding of beta2**t is
     amplified by beta2**t / (1 - beta2**t), and the update divides by its square root.
     """
-    if name not in ("Adam", "AdamW"):
-        return 0.0
     import spec
 
-    h = {**spec.OPTIMIZERS[name].hyper, **hyper}
+    h = {**spec.optimizers.lookup_optimizer(name).hyper, **hyper}
+    if "beta1" not in h or "beta2" not in h:
+        return 0.0
     b1, b2 = float(h["beta1"]), float(h["beta2"])
     k1 = b1 ** t / (1 - b1 ** t) if b1 ** t < 1 else 0.0
     k2 = b2 ** t / (1 - b2 ** t) if b2 ** t < 1 else 0.0
@@ -597,7 +630,7 @@ def check_optimizer(engine, name, w0, grads, hyper, dtype):
     values, so only the engine's arithmetic is measured. Bound after step t:
     ``OPTIMIZER_K * t * (1 + κ_t)`` eps, relative to the larger of ||w|| and the distance the
     parameters travelled (so a step much larger than w is measured against the step), with κ_t
-    the conditioning of Adam's bias corrections (``_bias_condition``); the state (m, v, G, E,
+    the conditioning of the bias corrections (``_bias_condition``); the state (m, v, G, E,
     v) is held to ``OPTIMIZER_K * t`` relative to its own norm.
     """
     dtype = np.dtype(dtype)

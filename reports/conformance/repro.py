@@ -50,28 +50,29 @@ def op_call(engine, ex, check, seed=None, kinks=None):
             + "print(result.describe().replace('; ', '\\n') or result)\n")
 
 
-def special(engine, ex, index, kinks=None):
-    """A snippet that picks special-values case ``index`` of ``ex``'s op and checks it."""
+def _listed_case(engine, ex, index, kinks, module, function, shown):
+    """A snippet that picks case ``index`` of ``module.function(name, dtype)`` for ``ex``'s op,
+    checks it and prints ``shown`` (an expression of ``ex``)."""
     extra = "" if kinks is None else f", {kinks!r}"
-    return (_HEADER + "from reports.conformance.special_values import special_cases\n"
+    return (_HEADER + f"from reports.conformance.{module} import {function}\n"
             + _engine_line(engine)
-            + f"ex = special_cases({ex.name!r}, np.{np.dtype(ex.dtype).name})[{index}]"
+            + f"ex = {function}({ex.name!r}, np.{np.dtype(ex.dtype).name})[{index}]"
               f"   # {ex.label}\n"
             + f"result = properties.check_call(engine, ex{extra})\n"
-            + "print(ex.label, ex.inputs)\n"
+            + f"print({shown})\n"
             + "print(result.describe().replace('; ', '\\n') or result)\n")
+
+
+def special(engine, ex, index, kinks=None):
+    """A snippet that picks special-values case ``index`` of ``ex``'s op and checks it."""
+    return _listed_case(engine, ex, index, kinks, "special_values", "special_cases",
+                        "ex.label, ex.inputs")
 
 
 def edge(engine, ex, index, kinks=None):
     """A snippet that picks edge case ``index`` (``edge_cases``) of ``ex``'s op and checks it."""
-    extra = "" if kinks is None else f", {kinks!r}"
-    return (_HEADER + "from reports.conformance.edge_cases import edge_cases\n"
-            + _engine_line(engine)
-            + f"ex = edge_cases({ex.name!r}, np.{np.dtype(ex.dtype).name})[{index}]"
-              f"   # {ex.label}\n"
-            + f"result = properties.check_call(engine, ex{extra})\n"
-            + "print(ex.label, ex.params, [np.shape(x) for x in ex.inputs])\n"
-            + "print(result.describe().replace('; ', '\\n') or result)\n")
+    return _listed_case(engine, ex, index, kinks, "edge_cases", "edge_cases",
+                        "ex.label, ex.params, [np.shape(x) for x in ex.inputs]")
 
 
 def nonfinite(engine, ex):

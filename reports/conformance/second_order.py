@@ -235,10 +235,8 @@ def check_hvp(engine, ex, kinks="strict"):
     ``kinks`` is accepted for symmetry with :func:`check_jvp2`: the second derivative at
     every kink of the registry is 0 in both modes (module docstring).
     """
-    import spec
-
     from reports.conformance import oracle
-    from reports.conformance.properties import Result, _call
+    from reports.conformance.properties import Result, _call, measurable, one_per_input
 
     result = Result()
     dtype = np.dtype(ex.dtype)
@@ -248,19 +246,11 @@ def check_hvp(engine, ex, kinks="strict"):
                                                   list(tangents), **ex.params))
     if got is None:
         return result
-    got = tuple(got)
-    names = spec.OPS[ex.name].inputs
-    if len(got) != len(names):
-        return result.fail(f"hvp returned {len(got)} arrays for {len(names)} inputs "
-                           f"({', '.join(names)})")
+    got, names = tuple(got), one_per_input(result, "hvp", got, ex.name)
+    if names is None:
+        return result
     for iname, h, e, E in zip(names, got, exact["hvp"], exact["hvp_E"]):
-        if e is None:
-            if h is not None:
-                result.fail(f"hvp returned an array for {iname!r}, which is not "
-                            f"differentiable (class indices): expected None")
-            continue
-        if h is None:
-            result.fail(f"hvp returned None for the differentiable input {iname!r}")
+        if not measurable(result, "hvp", iname, h, e):
             continue
         m = oracle.measure(f"H t (d/d{iname})", np.asarray(h), e, _admissible(E), dtype)
         if m.index is not None and not m.note:

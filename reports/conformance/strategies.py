@@ -375,7 +375,12 @@ def reached(nodes, out):
 # ---------------------------------------------------------------------------------------------
 # optimizer runs
 
-OPTIMIZER_NAMES = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW")
+OPTIMIZER_NAMES = tuple(optable.OPTIMIZERS)
+# where each hyperparameter is drawn: inside its legal range (optable.OPTIMIZERS), away from
+# the ends where an optimizer stops moving (beta = 1) or divides by almost nothing
+HYPERPARAMETER_DRAWS = {"lr": (1e-4, 1.0), "beta": (0.0, 0.99), "gamma": (0.0, 0.99),
+                        "beta1": (0.0, 0.99), "beta2": (0.5, 0.9999), "eps": (1e-8, 1e-2),
+                        "weight_decay": (0.0, 0.5)}
 
 
 @st.composite
@@ -384,20 +389,8 @@ def optimizer_cases(draw, names=OPTIMIZER_NAMES):
     name = draw(st.sampled_from(list(names)))
     shape = draw(st.sampled_from([(1,), (5,), (2, 3), (3, 1, 2)]))
     seed = draw(st.integers(0, 2**31 - 1))
-    lr = draw(st.floats(1e-4, 1.0))
-    extra = {}
-    if name in ("Momentum", "NAG"):
-        extra["beta"] = draw(st.floats(0.0, 0.99))
-    if name == "RMSprop":
-        extra["gamma"] = draw(st.floats(0.0, 0.99))
-    if name in ("Adam", "AdamW"):
-        extra["beta1"] = draw(st.floats(0.0, 0.99))
-        extra["beta2"] = draw(st.floats(0.5, 0.9999))
-    if name in ("Adagrad", "RMSprop", "Adam", "AdamW"):
-        extra["eps"] = draw(st.floats(1e-8, 1e-2))
-    if name == "AdamW":
-        extra["weight_decay"] = draw(st.floats(0.0, 0.5))
-    return name, shape, seed, {"lr": lr, **extra}
+    return name, shape, seed, {h.name: draw(st.floats(*HYPERPARAMETER_DRAWS[h.name]))
+                               for h in optable.OPTIMIZERS[name].hyper}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,18 +417,26 @@ class ModelCase:
     kinds: frozenset
 
 
-def _block(draw, kind, width, rank, depth, kinds):
-    """One block of ``kind`` mapping (..., width): returns (config, out width, out rank)."""
-    kinds.add(kind)
+def layer_block(draw, kind, width, rank, activations, kinds=None, most_hidden=4,
+                heads=(1, 2, 3)):
+    """One block of ``kind`` (any layer kind but Sequential) mapping (..., width): returns
+    (config, out width, out rank), or None for a Sequential (each caller nests its own).
+
+    ``activations`` are the Dense activations drawn from; ``kinds`` (a set) collects the layer
+    kinds drawn; ``most_hidden`` bounds SwiGLU's hidden width and ``heads`` lists the head
+    counts attention may take.
+    """
+    if kinds is not None:
+        kinds.add(kind)
     if kind == "Dense":
         out = draw(st.integers(1, 4))
         return {"type": "Dense", "in_features": width, "out_features": out,
-                "activation": draw(st.sampled_from(ACTIVATIONS))}, out, rank
+                "activation": draw(st.sampled_from(activations))}, out, rank
     if kind in ("LayerNorm", "RMSNorm"):
         return {"type": kind, "d": width, "eps": draw(st.sampled_from([1e-5, 1e-3]))}, width, rank
     if kind == "SwiGLU":
         out = draw(st.integers(1, 3))
-        return {"type": "SwiGLU", "d": width, "hidden": draw(st.integers(1, 4)),
+        return {"type": "SwiGLU", "d": width, "hidden": draw(st.integers(1, most_hidden)),
                 "out": out}, out, rank
     if kind in ("RNN", "LSTM"):
         hidden = draw(st.integers(1, 3))
@@ -443,28 +444,37 @@ def _block(draw, kind, width, rank, depth, kinds):
         return {"type": kind, "input_size": width, "hidden_size": hidden,
                 "return_sequences": seqs}, hidden, (3 if seqs else 2)
     if kind == "MultiHeadAttention":
-        heads = draw(st.sampled_from([h for h in (1, 2, 3) if width % h == 0]))
+        heads = draw(st.sampled_from([h for h in heads if width % h == 0]))
         return {"type": kind, "d_model": width, "heads": heads,
                 "causal": draw(st.booleans())}, width, rank
-    if kind == "Sequential":
-        layers, out = [], width
-        for _ in range(draw(st.integers(1, 2))):
-            cfg, out, rank = _any_block(draw, out, rank, depth + 1, kinds)
-            layers.append(cfg)
-        return {"type": "Sequential", "layers": layers}, out, rank
     if kind == "Parallel":
         combine = draw(st.sampled_from(["concat", "add"]))
         common = draw(st.integers(1, 3))
         branches, widths = [], []
         for _ in range(draw(st.integers(1, 2))):
             out = draw(st.integers(1, 3)) if combine == "concat" else common
-            kinds.add("Dense")
+            if kinds is not None:
+                kinds.add("Dense")
             branches.append({"type": "Dense", "in_features": width, "out_features": out,
-                             "activation": draw(st.sampled_from(ACTIVATIONS))})
+                             "activation": draw(st.sampled_from(activations))})
             widths.append(out)
         return ({"type": "Parallel", "combine": combine, "layers": branches},
                 sum(widths) if combine == "concat" else common, rank)
+    if kind == "Sequential":
+        return None
     raise ValueError(f"no block builder for layer kind {kind!r}")
+
+
+def _block(draw, kind, width, rank, depth, kinds):
+    """One block of ``kind`` mapping (..., width): returns (config, out width, out rank)."""
+    block = layer_block(draw, kind, width, rank, ACTIVATIONS, kinds)
+    if block is not None:
+        return block
+    layers, out = [], width
+    for _ in range(draw(st.integers(1, 2))):
+        cfg, out, rank = _any_block(draw, out, rank, depth + 1, kinds)
+        layers.append(cfg)
+    return {"type": "Sequential", "layers": layers}, out, rank
 
 
 def _any_block(draw, width, rank, depth, kinds):
@@ -547,24 +557,31 @@ FUSED_MLP_LOSSES = ("mse", "cross_entropy", "categorical_cross_entropy",
                     "binary_cross_entropy_with_logits")
 
 
+def dense_chain(draw, activations, most_hidden):
+    """(input width, classes, Dense configs) of an MLP: 0 to ``most_hidden`` hidden layers 1-6
+    wide with ``activations``, then a linear layer to 2 or 3 classes."""
+    widths = [draw(st.integers(1, 5))]
+    layers = []
+    for _ in range(draw(st.integers(0, most_hidden))):
+        widths.append(draw(st.integers(1, 6)))
+        layers.append({"type": "Dense", "in_features": widths[-2], "out_features": widths[-1],
+                       "activation": draw(st.sampled_from(activations))})
+    classes = draw(st.integers(2, 3))
+    layers.append({"type": "Dense", "in_features": widths[-1], "out_features": classes,
+                   "activation": "linear"})
+    return widths[0], classes, layers
+
+
 @st.composite
 def mlp_cases(draw):
     """A plain MLP of 1-4 Dense layers, 1-6 wide (a width of 1 leaves a piece of the fused
     epoch's layout empty), batches of 1-4 rows: the models the fused epoch trains."""
     seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
-    widths = [draw(st.integers(1, 5))]
-    layers = []
-    for _ in range(draw(st.integers(0, 3))):
-        widths.append(draw(st.integers(1, 6)))
-        layers.append({"type": "Dense", "in_features": widths[-2], "out_features": widths[-1],
-                       "activation": draw(st.sampled_from(FUSED_MLP_ACTIVATIONS))})
-    classes = draw(st.integers(2, 3))
-    layers.append({"type": "Dense", "in_features": widths[-1], "out_features": classes,
-                   "activation": "linear"})
+    width, classes, layers = dense_chain(draw, FUSED_MLP_ACTIVATIONS, 3)
     batch = draw(st.integers(1, 4))
     loss = draw(st.sampled_from(FUSED_MLP_LOSSES))
-    x = rng.uniform(-2, 2, size=(batch, widths[0]))
+    x = rng.uniform(-2, 2, size=(batch, width))
     y = _targets(rng, loss, batch, classes, (batch, classes))
     return ModelCase({"type": "Sequential", "layers": layers}, x, y, loss, seed,
                      frozenset(("Dense", "Sequential")))

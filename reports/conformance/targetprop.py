@@ -25,6 +25,7 @@ import reflib.targetprop as rt
 import spec.targetprop as stp
 from fastlib.layers import LSTM, RNN, Dense, MultiHeadAttention, Sequential, SwiGLU
 from reflib.models import twin
+from reports.conformance.oracle import as_float64
 
 F64_TOL = 1e-11    # float64 engines against each other and against exact (module doc)
 F32_TOL = 2e-4     # float32 fastlib against float64 reflib (module doc)
@@ -41,11 +42,6 @@ class Case(NamedTuple):
     target: np.ndarray
 
 
-def _f64(x):
-    x = np.asarray(x)
-    return x.astype(np.float64) if x.dtype == object else np.asarray(x, dtype=np.float64)
-
-
 def _close(actual, expected, tol, what, floor=1e-300):
     """max |actual − expected| <= tol · max(max |expected|, floor).
 
@@ -53,7 +49,7 @@ def _close(actual, expected, tol, what, floor=1e-300):
     exact arithmetic (the key bias of attention: softmax ignores a per-row shift), where each
     engine keeps its own rounding residue.
     """
-    a, e = _f64(actual), _f64(expected)
+    a, e = as_float64(actual), as_float64(expected)
     assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
     scale = max(float(np.max(np.abs(e))) if e.size else 0.0, floor)
     err = float(np.max(np.abs(a - e))) if e.size else 0.0
@@ -204,14 +200,12 @@ def prop_targets_reflib_vs_spec(case, chain):
 
 
 def _velocity_scale(velocities):
-    return max(float(np.max(np.abs(_f64(v)))) for v in velocities.values())
+    return max(float(np.max(np.abs(as_float64(v)))) for v in velocities.values())
 
 
-def prop_apply_fastlib_vs_reflib(case, chain, lr, steps=2):
-    """``steps`` full TargetProp steps (momentum carried over): budgets, gates, rates,
-    velocities and parameters agree."""
-    model, fs = _run_fastlib(case, chain, lr, steps)
-    ref, rs = _run_reflib(case, chain, lr, steps)
+def _same_apply(model, fs, ref, rs):
+    """fastlib's step (``model``, its state ``fs``) and reflib's (``ref``, ``rs``) agree: gates,
+    layer rates, parameters and velocities."""
     assert fs.updated == rs.updated, f"gates differ: {fs.updated} vs {rs.updated}"
     _close(fs.layer_rates, rs.layer_rates, F64_TOL, "layer_rates")
     params = model.parameters()
@@ -219,6 +213,14 @@ def prop_apply_fastlib_vs_reflib(case, chain, lr, steps=2):
     for name, value in ref.parameters().items():
         _close(params[name], value, F64_TOL, f"parameter {name}")
         _close(fs.velocities[name], rs.velocities[name], F64_TOL, f"velocity {name}", floor)
+
+
+def prop_apply_fastlib_vs_reflib(case, chain, lr, steps=2):
+    """``steps`` full TargetProp steps (momentum carried over): budgets, gates, rates,
+    velocities and parameters agree."""
+    model, fs = _run_fastlib(case, chain, lr, steps)
+    ref, rs = _run_reflib(case, chain, lr, steps)
+    _same_apply(model, fs, ref, rs)
 
 
 def prop_apply_reflib_vs_spec(case, chain, lr):
@@ -334,9 +336,9 @@ def prop_route_at_threshold(case):
     _, rs = _run_reflib(case, False)
     exact = stp.backward(case.model.get_config(), case.model.parameters(), case.x, case.target,
                          {"use_chain_rule": False}, dps=SPEC_DPS, input_target=True)
-    want = _f64(exact["input_target"])
+    want = as_float64(exact["input_target"])
     for name, got in (("fastlib", fs.input_target), ("reflib", rs.input_target)):
-        got = _f64(got)
+        got = as_float64(got)
         for i, r in enumerate(routes):
             if not r:
                 assert np.all(got[..., i] == 0), (
@@ -532,13 +534,7 @@ def prop_variant_fastlib_vs_reflib(case, options, lr, steps=2):
     for l in range(len(rs.layers)):
         _close(fs.backward_targets[l], rs.backward_targets[l], F64_TOL, f"backward_targets[{l}]")
     _close(fs.input_target, rs.input_target, F64_TOL, "input_target")
-    assert fs.updated == rs.updated, f"gates differ: {fs.updated} vs {rs.updated}"
-    _close(fs.layer_rates, rs.layer_rates, F64_TOL, "layer_rates")
-    params = model.parameters()
-    floor = _velocity_scale(rs.velocities)
-    for name, value in ref.parameters().items():
-        _close(params[name], value, F64_TOL, f"parameter {name}")
-        _close(fs.velocities[name], rs.velocities[name], F64_TOL, f"velocity {name}", floor)
+    _same_apply(model, fs, ref, rs)
 
 
 def prop_variant_reflib_vs_spec(case, options, lr):

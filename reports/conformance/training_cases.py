@@ -11,11 +11,12 @@ import numpy as np
 from hypothesis import strategies as st
 
 import optable
+from reports.conformance.strategies import dense_chain, layer_block
 
 __all__ = ["EpochCase", "moved_parameters", "tolerance_targets", "epoch_cases", "fused_cases", "recurrent_cases", "attention_cases",
            "boundary_cases", "kernel_boundaries", "OPTIMIZERS", "LAYER_KINDS"]
 
-OPTIMIZERS = ("SGD", "Momentum", "NAG", "Adagrad", "RMSprop", "Adam", "AdamW")
+OPTIMIZERS = tuple(optable.OPTIMIZERS)
 LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNorm", "RMSNorm",
                "Embedding", "Softmax", "Parallel", "Sequential")
 # smooth activations only: a pre-activation that the engine's rounding moves across a relu
@@ -93,44 +94,16 @@ def kernel_boundaries():
 # models
 
 def _block(draw, kind, width, rank):
-    """(config, out width, out rank) of one block of ``kind`` on (..., width) inputs."""
-    if kind == "Dense":
-        out = draw(st.integers(1, 4))
-        return {"type": "Dense", "in_features": width, "out_features": out,
-                "activation": draw(st.sampled_from(SMOOTH))}, out, rank
-    if kind in ("LayerNorm", "RMSNorm"):
-        return {"type": kind, "d": width, "eps": draw(st.sampled_from([1e-5, 1e-3]))}, width, rank
-    if kind == "SwiGLU":
-        out = draw(st.integers(1, 3))
-        return {"type": "SwiGLU", "d": width, "hidden": draw(st.integers(1, 3)),
-                "out": out}, out, rank
-    if kind in ("RNN", "LSTM"):
-        hidden = draw(st.integers(1, 3))
-        seqs = draw(st.booleans())
-        return {"type": kind, "input_size": width, "hidden_size": hidden,
-                "return_sequences": seqs}, hidden, (3 if seqs else 2)
-    if kind == "MultiHeadAttention":
-        heads = draw(st.sampled_from([h for h in (1, 2) if width % h == 0]))
-        return {"type": kind, "d_model": width, "heads": heads,
-                "causal": draw(st.booleans())}, width, rank
-    if kind == "Parallel":
-        combine = draw(st.sampled_from(["concat", "add"]))
-        common = draw(st.integers(1, 3))
-        branches, widths = [], []
-        for _ in range(draw(st.integers(1, 2))):
-            out = draw(st.integers(1, 3)) if combine == "concat" else common
-            branches.append({"type": "Dense", "in_features": width, "out_features": out,
-                             "activation": draw(st.sampled_from(SMOOTH))})
-            widths.append(out)
-        return ({"type": "Parallel", "combine": combine, "layers": branches},
-                sum(widths) if combine == "concat" else common, rank)
-    if kind == "Sequential":   # nested: a Sequential holding a Parallel or a norm and a Dense
-        inner, w = [], width
-        for k in (draw(st.sampled_from(["Parallel", "LayerNorm", "SwiGLU"])), "Dense"):
-            cfg, w, rank = _block(draw, k, w, rank)
-            inner.append(cfg)
-        return {"type": "Sequential", "layers": inner}, w, rank
-    raise ValueError(f"no block builder for layer kind {kind!r}")
+    """(config, out width, out rank) of one block of ``kind`` on (..., width) inputs, with
+    smooth activations; a Sequential nests a Parallel or a norm and a Dense."""
+    block = layer_block(draw, kind, width, rank, SMOOTH, most_hidden=3, heads=(1, 2))
+    if block is not None:
+        return block
+    inner, w = [], width
+    for k in (draw(st.sampled_from(["Parallel", "LayerNorm", "SwiGLU"])), "Dense"):
+        cfg, w, rank = _block(draw, k, w, rank)
+        inner.append(cfg)
+    return {"type": "Sequential", "layers": inner}, w, rank
 
 
 def moved_parameters(params, seed, dtype):
@@ -225,22 +198,31 @@ def fused_cases(draw, dtype="float64", path="fused"):
     """A plain MLP (the models the fused epoch trains), 1-3 Dense layers, widths 1-6."""
     seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
-    widths = [draw(st.integers(1, 5))]
-    layers = []
-    for _ in range(draw(st.integers(0, 2))):
-        widths.append(draw(st.integers(1, 6)))
-        layers.append({"type": "Dense", "in_features": widths[-2], "out_features": widths[-1],
-                       "activation": draw(st.sampled_from(FUSED_SMOOTH))})
-    classes = draw(st.integers(2, 3))
-    layers.append({"type": "Dense", "in_features": widths[-1], "out_features": classes,
-                   "activation": "linear"})
+    width, classes, layers = dense_chain(draw, FUSED_SMOOTH, 2)
     n = draw(st.integers(3, 9))
     loss = draw(st.sampled_from(["mse", "cross_entropy", "categorical_cross_entropy",
                                  "binary_cross_entropy_with_logits"]))
-    x = rng.uniform(-2, 2, size=(n, widths[0]))
+    x = rng.uniform(-2, 2, size=(n, width))
     y = _targets(rng, loss, classes, (n, classes))
     return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
                      path=path, label=f"MLP {path}", moved=True, **_options(draw, n))
+
+
+def _sequences(draw, rng, n, steps, width, layers):
+    """``(x, tokens)``: ``n`` sequences of ``steps`` token ids read by an Embedding of ``width``
+    (appended to ``layers``; ``tokens`` True) or of vectors of ``width``."""
+    if draw(st.booleans()):
+        num = draw(st.integers(2, 5))
+        layers.append({"type": "Embedding", "num": num, "dim": width})
+        return rng.integers(0, num, size=(n, steps)), True
+    return rng.uniform(-2, 2, size=(n, steps, width)), False
+
+
+def _loss_for(draw, rank):
+    """A loss for outputs of ``rank`` (per position: the elementwise losses only)."""
+    return draw(st.sampled_from(["mse", "binary_cross_entropy_with_logits"] if rank == 3 else
+                                ["mse", "cross_entropy", "categorical_cross_entropy",
+                                 "binary_cross_entropy_with_logits"]))
 
 
 @st.composite
@@ -256,17 +238,12 @@ def recurrent_cases(draw, dtype="float64"):
     steps = draw(st.integers(1, 3))
     width = draw(st.integers(1, 3))
     layers = []
-    if draw(st.booleans()):
-        num = draw(st.integers(2, 5))
-        layers.append({"type": "Embedding", "num": num, "dim": width})
-        x = rng.integers(0, num, size=(n, steps))
-    else:
-        x = rng.uniform(-2, 2, size=(n, steps, width))
-        if draw(st.booleans()):
-            out = draw(st.integers(1, 3))
-            layers.append({"type": "Dense", "in_features": width, "out_features": out,
-                           "activation": draw(st.sampled_from(FUSED_SMOOTH))})
-            width = out
+    x, tokens = _sequences(draw, rng, n, steps, width, layers)
+    if not tokens and draw(st.booleans()):
+        out = draw(st.integers(1, 3))
+        layers.append({"type": "Dense", "in_features": width, "out_features": out,
+                       "activation": draw(st.sampled_from(FUSED_SMOOTH))})
+        width = out
     n_rec = draw(st.integers(1, 2))
     tail = []
     for k in range(n_rec):
@@ -281,9 +258,7 @@ def recurrent_cases(draw, dtype="float64"):
     layers += [{"type": "Sequential", "layers": tail}] if draw(st.booleans()) else tail
     rank = 3 if tail[-2]["return_sequences"] else 2
     out_shape = (n, steps, classes) if rank == 3 else (n, classes)
-    loss = draw(st.sampled_from(["mse", "binary_cross_entropy_with_logits"] if rank == 3 else
-                                ["mse", "cross_entropy", "categorical_cross_entropy",
-                                 "binary_cross_entropy_with_logits"]))
+    loss = _loss_for(draw, rank)
     y = _targets(rng, loss, classes, out_shape)
     return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
                      path="fused", label="compiled recurrent", moved=True,
@@ -302,12 +277,7 @@ def attention_cases(draw, dtype="float64"):
     n, seq = draw(st.integers(3, 6)), draw(st.integers(1, 4))
     width = draw(st.sampled_from([2, 4]))
     layers = []
-    if draw(st.booleans()):
-        num = draw(st.integers(2, 5))
-        layers.append({"type": "Embedding", "num": num, "dim": width})
-        x = rng.integers(0, num, size=(n, seq))
-    else:
-        x = rng.uniform(-2, 2, size=(n, seq, width))
+    x, _ = _sequences(draw, rng, n, seq, width, layers)
     # where a recurrent layer stands in the model (the compiled program's RNN / LSTM rows)
     recurrent = draw(st.sampled_from(["none", "before", "branch", "after"]))
     kind = draw(st.sampled_from(["RNN", "LSTM"]))
@@ -334,9 +304,7 @@ def attention_cases(draw, dtype="float64"):
     classes = draw(st.integers(2, 3))
     layers.append({"type": "Dense", "in_features": width, "out_features": classes,
                    "activation": "linear"})
-    loss = draw(st.sampled_from(["mse", "binary_cross_entropy_with_logits"] if rank == 3 else
-                                ["mse", "cross_entropy", "categorical_cross_entropy",
-                                 "binary_cross_entropy_with_logits"]))
+    loss = _loss_for(draw, rank)
     y = _targets(rng, loss, classes, (n, seq, classes) if rank == 3 else (n, classes))
     return EpochCase({"type": "Sequential", "layers": layers}, x, y, loss, seed, dtype,
                      path="compiled", label=f"compiled attention (recurrent {recurrent})",
