@@ -93,8 +93,11 @@ def activation_codes():
 
 
 def loss_codes():
-    """``{loss name: code}`` of every loss op: the codes the training kernels switch on."""
-    return codes(names(category="loss"))
+    """``{loss name: code}`` of every loss op: the codes the training kernels switch on
+    (``optable.losses.LOSS_CODES``)."""
+    from optable.losses import LOSS_CODES
+
+    return dict(LOSS_CODES)
 
 
 __all__ = ["OPS", "ACTIVATIONS", "OpSignature", "Param", "Activation", "REQUIRED", "names",

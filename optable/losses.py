@@ -16,8 +16,9 @@ __all__ = ["LOSSES", "LOSS_CODES", "DEPRECATED_ALIASES", "resolve_loss"]
 #: The loss ops of the table, in its order.
 LOSSES = tuple(s.name for s in SIGNATURES if s.category == "loss")
 DEPRECATED_ALIASES = {"sparse_cross_entropy": "cross_entropy"}
-#: Each loss's integer code in the engines' compiled kernels.
-LOSS_CODES = {name: code for code, name in enumerate(LOSSES)}
+#: Each loss's integer code in the engines' compiled kernels: its op's code in the table (the
+#: same as ``optable.loss_codes()``).
+LOSS_CODES = {s.name: s.code for s in SIGNATURES if s.category == "loss"}
 
 
 def resolve_loss(name):

@@ -240,10 +240,12 @@ def test_require_branches_names_a_claimed_code_without_a_branch():
 def test_loss_codes_are_the_tables_in_every_kernel_module():
     from fastlib.cuda import loss as cuda_loss
     from fastlib.cuda import train_kernels
-    from fastlib.training import fused_kernels
+    from fastlib.kernels import batch_loss
+    from optable.losses import LOSS_CODES
 
     codes = optable.loss_codes()
     assert codes == {n: optable.OPS[n].code for n in optable.names(category="loss")}
-    assert train_kernels.LOSS_CODES == codes
-    for module in (fused_kernels.LOSS_CODES, cuda_loss.ELEMENTWISE):
+    assert train_kernels.LOSS_CODES == codes == LOSS_CODES
+    assert set(batch_loss.BRANCHES) == set(codes.values())
+    for module in (cuda_loss.ELEMENTWISE,):
         assert all(codes[n] == c for n, c in module.items())
