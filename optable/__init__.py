@@ -1,8 +1,9 @@
 """optable: the op table every engine and harness module reads, and the engine boundary.
 
-Imports NumPy only, so fastlib reads it without SymPy. Each op's name, inputs, params and
-defaults, category, shape rule, domains, kink kinds, bound family and flags; the activations
-with their kernel codes; the checks every engine makes before computing. docs/optable.md
+Imports NumPy only (ml_dtypes when bfloat16's dtype is first asked for), so fastlib reads it
+without SymPy. Each op's name, inputs, params and defaults, category, shape rule, domains, kink
+kinds, bound family and flags; the activations with their kernel codes; the float formats
+(``optable.formats``); the checks every engine makes before computing. docs/optable.md
 describes the fields and how to add an op.
 
 >>> import optable
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from optable import formats
 from optable.boundary import (check_class_index, check_grad, check_input_list, common_dtype,
                               float_dtype, lookup, resolve_params)
+from optable.boundary import float_format
 from optable.errors import UnknownOpError, close_names, did_you_mean
 from optable.signature import CATEGORIES, KINK_KINDS, REQUIRED, Activation, OpSignature, Param
 from optable.table import ACTIVATION_LIST, SIGNATURES
@@ -75,4 +78,4 @@ def activation_codes():
 __all__ = ["OPS", "ACTIVATIONS", "OpSignature", "Param", "Activation", "REQUIRED", "names",
            "codes", "activation_codes", "UnknownOpError", "did_you_mean", "close_names",
            "lookup", "resolve_params", "check_input_list", "float_dtype", "common_dtype",
-           "check_class_index", "check_grad", "TargetPropConfig"]
+           "check_class_index", "check_grad", "TargetPropConfig", "formats", "float_format"]
