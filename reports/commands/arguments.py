@@ -13,12 +13,16 @@ import argparse
 import difflib
 import sys
 
+import optable.formats
+
 __all__ = ["Parser", "HelpFormatter", "ListAction", "LazyChoices", "RENAMED", "did_you_mean",
            "add_engines", "add_dtypes", "add_ops", "add_json", "add_repeats", "add_seed",
            "add_progress", "add_threads", "add_device", "progress_enabled", "positive_int",
            "nonnegative_int", "positive_float", "nonnegative_float", "fraction", "DTYPES"]
 
-DTYPES = ("float32", "float64")
+#: the float formats of the suite (optable.formats: NumPy's float64, float32 and float16, and
+#: ml_dtypes' bfloat16)
+DTYPES = optable.formats.names()
 
 #: spellings earlier releases used -> the one spelling now (for the did-you-mean of a refusal)
 RENAMED = {"--engine": "--engines", "--dtype": "--dtypes", "--only": "--ops",
@@ -231,8 +235,8 @@ def add_engines(parser, help, default=None, valid=None):
                         valid=valid, help=help)
 
 
-def add_dtypes(parser, default=None, help="dtypes to use, float32 and/or float64"):
-    """``--dtypes DTYPE...``: float32 and/or float64."""
+def add_dtypes(parser, default=None, help="dtypes to use: float32 float64 bfloat16 float16"):
+    """``--dtypes DTYPE...``: float formats of the suite (``DTYPES``)."""
     parser.add_argument("--dtypes", action=ListAction, metavar="DTYPE", valid=DTYPES,
                         default=default, help=help)
 

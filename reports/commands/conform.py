@@ -35,7 +35,8 @@ def add_arguments(parser):
                                 "jvp special jvp2 hvp optimizer tape train targetprop cd "
                                 "program; with "
                                 "--mutants: mutant keys) (default: all)")
-    shared.add_dtypes(parser, help="only these dtypes (default: both)")
+    shared.add_dtypes(parser, help="only these dtypes: float32 float64 bfloat16 float16 "
+                                   "(default: every dtype each engine computes in or stores)")
     shared.add_json(parser, help="also write the rows as JSON to FILE")
     shared.add_seed(parser, help="Hypothesis seed: the same seed draws the same examples")
     parser.add_argument("--mutants", action="store_true",
@@ -67,9 +68,10 @@ def add_arguments(parser):
 
 
 def dtype_filter(args):
-    """The one dtype ``--dtypes`` selects, or None for both (the runner's ``dtype=``)."""
+    """The dtypes ``--dtypes`` selects (a sorted tuple), or None for every dtype (the runner's
+    ``dtype=``)."""
     chosen = set(getattr(args, "dtypes", None) or ())
-    return next(iter(chosen)) if len(chosen) == 1 else None
+    return tuple(sorted(chosen)) or None
 
 
 class ProgressLine:

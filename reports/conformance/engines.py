@@ -16,6 +16,8 @@ from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
+import optable
+
 __all__ = [
     "Engine", "EngineProtocol", "EngineStatus", "ENGINES", "UnsupportedOpError",
     "EngineUnavailableError", "UnknownEngineError", "get_engine", "available_engines",
@@ -24,6 +26,11 @@ __all__ = [
 
 FLOAT32 = np.dtype(np.float32)
 FLOAT64 = np.dtype(np.float64)
+FLOAT16 = np.dtype(np.float16)
+#: bfloat16 through ``ml_dtypes`` (the NumPy extension JAX and others use)
+BFLOAT16 = optable.formats.dtype_of("bfloat16")
+#: every dtype an engine may list: the formats of ``optable.formats``
+FORMATS = tuple(optable.formats.dtype_of(n) for n in optable.formats.names())
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -78,6 +85,11 @@ class Engine:
     optimizer_reasons: dict = {}
     no_gradient: dict = {}       # {op: {input: reason}}: inputs without a gradient here
     rounded_once: dict = {}      # {op: {"forward"|"vjp": dtype names}}: results rounded once
+    # the 16-bit storage formats (docs/engines.md, "16-bit formats"): {storage: format}, or
+    # {storage: {op: format, "*": format}}; computes_in: every op evaluated in that format and
+    # rounded once to storage; accumulates: every sum in that format
+    computes_in: dict = {}
+    accumulates: dict = {}
 
     # -- coverage -----------------------------------------------------------------------------
     def supports(self, op):
@@ -213,7 +225,7 @@ class FastlibEngine(Engine):
     """fastlib's Numba kernels on the CPU (``fastlib.forward`` / ``fastlib.vjp``)."""
 
     name = "fastlib"
-    dtypes = (FLOAT32, FLOAT64)
+    dtypes = (FLOAT32, FLOAT64, BFLOAT16, FLOAT16)
     description = "the fast engine (Numba, CPU)"
     optimizers = _OPTIMIZER_NAMES
 
@@ -223,6 +235,14 @@ class FastlibEngine(Engine):
         from fastlib.ops import ROUNDED_ONCE
 
         return ROUNDED_ONCE
+
+    @property
+    def computes_in(self):
+        """The 16-bit formats fastlib computes in float32, rounding once
+        (``fastlib.ops.COMPUTES_IN``)."""
+        from fastlib.ops import COMPUTES_IN
+
+        return COMPUTES_IN
 
     def _forward(self, name, inputs, **params):
         import fastlib
@@ -283,6 +303,13 @@ class FastlibCudaEngine(FastlibEngine):
         from fastlib.cuda.ops import ROUNDED_ONCE
 
         return ROUNDED_ONCE
+
+    @property
+    def computes_in(self):
+        """The 16-bit formats fastlib-cuda computes in float32 (``fastlib.cuda.ops.COMPUTES_IN``)."""
+        from fastlib.cuda.ops import COMPUTES_IN
+
+        return COMPUTES_IN
 
     def _forward(self, name, inputs, **params):
         return self._cuda.forward(name, inputs, **params)
@@ -411,19 +438,44 @@ def check_engine(engine):
     if not isinstance(getattr(engine, "name", None), str) or not engine.name:
         problems.append("`name` must be a non-empty str")
     dtypes = getattr(engine, "dtypes", None)
+    resolved = ()
     try:
         resolved = tuple(np.dtype(d) for d in dtypes)
-        if not resolved or any(d not in (FLOAT32, FLOAT64) for d in resolved):
+        if not resolved or any(d not in FORMATS for d in resolved):
             raise TypeError
     except TypeError:
-        problems.append("`dtypes` must be a non-empty tuple of float32 / float64")
+        problems.append("`dtypes` must be a non-empty tuple of float32 / float64 / bfloat16 "
+                        "(ml_dtypes.bfloat16) / float16")
     for method in ("supports", "forward", "vjp"):
         if not callable(getattr(engine, method, None)):
             problems.append(f"`{method}` must be a method")
+    problems += _working_problems(engine, resolved)
     if problems:
         raise TypeError(f"{type(engine).__name__} is not an engine: " + "; ".join(problems)
                         + " (see docs/engines.md)")
     return engine
+
+
+def _working_problems(engine, dtypes):
+    """What is wrong with an engine's ``computes_in`` / ``accumulates`` declarations (each
+    names a storage format the engine lists and a format at least as wide)."""
+    from reports.conformance.bounds import check_working
+
+    problems = []
+    listed = {d.name for d in dtypes}
+    for attr in ("computes_in", "accumulates"):
+        table = getattr(engine, attr, None) or {}
+        for storage, working in table.items():
+            if storage not in optable.formats.STORAGE or storage not in listed:
+                problems.append(f"`{attr}` names {storage!r}: name a storage format the engine "
+                                f"lists in `dtypes` ({', '.join(optable.formats.STORAGE)})")
+                continue
+            for value in (working.values() if hasattr(working, "values") else [working]):
+                try:
+                    check_working(storage, value, f"`{attr}`")
+                except ValueError as exc:
+                    problems.append(str(exc))
+    return problems
 
 
 def _instantiate(obj):

@@ -48,9 +48,12 @@ def _split(values):
 
 
 def as_float64(x):
-    """Float inputs as float64 (exact for float32); integer class indices unchanged."""
+    """Float inputs as float64 (exact for float32 and the 16-bit formats); integer class
+    indices unchanged."""
+    import optable
+
     x = np.asarray(x)
-    return x.astype(np.float64) if x.dtype.kind == "f" else x
+    return x.astype(np.float64) if optable.formats.is_float(x.dtype) else x
 
 
 def _key(kind, name, arrays, params):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import optable
 from reports.conformance import bounds as _bounds
 from reports.conformance import oracle as _oracle
 
@@ -129,6 +130,41 @@ def declared_rounded_once(engine, name, dtype):
     return paths
 
 
+def declared_working(engine, attr, name, dtype):
+    """The format ``engine`` declares in its ``attr`` (``computes_in`` or ``accumulates``,
+    docs/engines.md) for op ``name`` in the storage ``dtype``, or None.
+
+    A declaration maps a storage format's name to a format name (every op) or to
+    ``{op: format name}`` (those ops; ``"*"`` for the others).
+    """
+    entry = (getattr(engine, attr, None) or {}).get(np.dtype(dtype).name)
+    if isinstance(entry, dict) or hasattr(entry, "get"):
+        entry = entry.get(name, entry.get("*"))
+    return entry
+
+
+def admissible_for(engine, name, dtype, inputs64, grad64, params, exact, once=True):
+    """``(A_out, [A_grad])`` for op ``name`` in ``dtype`` on ``engine``: the general bound,
+    the storage formats' bound from what the engine declares it computes and accumulates in
+    (``bounds.storage``), and (with ``once``) the rounded-once bound where it declares one."""
+    exact_grads = [None if g is None else g[0] for g in exact.grads]
+    if optable.formats.is_storage(dtype):
+        a_out, a_grads = _bounds.storage(
+            name, inputs64, grad64, params, exact.out[0], exact_grads, dtype,
+            computes_in=declared_working(engine, "computes_in", name, dtype),
+            accumulates=declared_working(engine, "accumulates", name, dtype))
+    else:
+        a_out, a_grads = _bounds.admissible(name, inputs64, grad64, params, exact.out[0],
+                                            exact_grads)
+    once = once and declared_rounded_once(engine, name, dtype)
+    if once:        # the engine promises a single rounding there: hold it to that
+        o_out, o_grads = _bounds.rounded_once(name, inputs64, grad64, params, exact.out[0],
+                                              exact_grads, dtype)
+        a_out = o_out if "forward" in once else a_out
+        a_grads = o_grads if "vjp" in once else a_grads
+    return a_out, a_grads
+
+
 def _value_at(x, shape, index):
     """``x``'s entry that lands on ``index`` of an array of ``shape`` (or a short summary)."""
     x = np.asarray(x)
@@ -183,17 +219,8 @@ def check_call(engine, ex, kinks="strict"):
     dtype = np.dtype(ex.dtype)
     exact = _oracle.exact_vjp(ex.name, ex.inputs, ex.grad, ex.params)
     inputs64 = [_oracle.as_float64(x) for x in ex.inputs]
-    a_out, a_grads = _bounds.admissible(ex.name, inputs64, _oracle.as_float64(ex.grad),
-                                        ex.params, exact.out[0],
-                                        [None if g is None else g[0] for g in exact.grads])
-    once = declared_rounded_once(engine, ex.name, dtype)
-    if once:        # the engine promises a single rounding there: hold it to that
-        o_out, o_grads = _bounds.rounded_once(ex.name, inputs64, _oracle.as_float64(ex.grad),
-                                              ex.params, exact.out[0],
-                                              [None if g is None else g[0]
-                                               for g in exact.grads], dtype)
-        a_out = o_out if "forward" in once else a_out
-        a_grads = o_grads if "vjp" in once else a_grads
+    a_out, a_grads = admissible_for(engine, ex.name, dtype, inputs64,
+                                    _oracle.as_float64(ex.grad), ex.params, exact)
     out = _call(result, "forward", lambda: engine.forward(ex.name, list(ex.inputs), **ex.params))
     if out is not None:
         m = _oracle.measure("output", out, exact.out, a_out, dtype)
@@ -228,7 +255,7 @@ def check_call(engine, ex, kinks="strict"):
         measured[k] = (iname, g, e, a)
     verdict = None
     if spec.OPS[ex.name].kinks and measured:
-        eps = float(np.finfo(dtype).eps)
+        eps = optable.formats.format_of(dtype).eps
         floor = _bounds.underflow_floor(dtype)
         views = [np.asarray(measured[k][1], np.float64) if k in measured else None
                  for k in range(len(names))]
@@ -352,7 +379,7 @@ def check_jvp(engine, ex, direction_seed=0):
     directions = []
     edges = getattr(ex, "edges", False)
     exact = _oracle.exact_vjp(ex.name, ex.inputs, ex.grad, ex.params)
-    big = float(np.finfo(dtype).max)
+    big = optable.formats.format_of(dtype).max
     top = max([float(np.max(np.abs(np.asarray(x, np.float64)))) for x, d in
                zip(ex.inputs, differentiable) if d and np.size(x)] + [0.0])
     domains = spec.OPS[ex.name].domains
@@ -375,9 +402,8 @@ def check_jvp(engine, ex, direction_seed=0):
     if grads is None:
         return result
     inputs64 = [_oracle.as_float64(x) for x in ex.inputs]
-    _, a_grads = _bounds.admissible(ex.name, inputs64, _oracle.as_float64(ex.grad), ex.params,
-                                    exact.out[0],
-                                    [None if g is None else g[0] for g in exact.grads])
+    _, a_grads = admissible_for(engine, ex.name, dtype, inputs64, _oracle.as_float64(ex.grad),
+                                ex.params, exact, once=False)
     terms, allowed, ref = [], 0.0, 0.0
     for g, t, a, e in zip(grads, directions, a_grads, exact.grads):
         if t is None:
@@ -398,8 +424,8 @@ def check_jvp(engine, ex, direction_seed=0):
     exact_side = _jvp_exact(ex, directions, scale=top if edges and top > 0 else 1.0)
     if not math.isfinite(exact_side):
         return result.fail(f"<J t, c> is {exact_side} (an input outside the dtype's range?)")
-    eps = float(np.finfo(dtype).eps)
-    tiny = float(np.finfo(dtype).tiny)
+    eps = optable.formats.format_of(dtype).eps
+    tiny = optable.formats.format_of(dtype).tiny
     diff = abs(engine_side - exact_side)
     # float64 rounding of the exact side and of the products t * g (2 eps64 each, relative to
     # the terms' magnitude): far below any float32 bound, a few eps for float64.

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import time
 import traceback
+
 import numpy as np
+
+import optable
 
 from reports.conformance import engines as _engines
 from reports.conformance.rows import (KINDS, MAX_FAILURES, PROFILES, ConformanceFailure,  # noqa: F401
@@ -199,8 +202,9 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
     ops : sequence of str, optional
         Keep only rows whose subject is one of these (op, optimizer, layer kind, ``tape``,
         ``targetprop``, ``cd``).
-    dtype : str, optional
-        ``float32`` or ``float64``: keep rows of that dtype (and dtype-free ones).
+    dtype : str or collection of str, optional
+        Format names (``float32``, ``bfloat16``, ...): keep rows of those dtypes (and
+        dtype-free ones).
     kinds : sequence of str, optional
         Keep only these kinds of row (``KINDS``).
     kink_mode : {"strict", "subgradient"}, optional
@@ -222,10 +226,12 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
     statuses, rows = [], []
     wanted = None if not ops else set(ops)
 
+    chosen = None if not dtype else ({dtype} if isinstance(dtype, str) else set(dtype))
+
     def keep(name, kind, dt):
         if kinds and kind not in kinds:
             return False
-        if dtype and dt not in ("-", dtype):
+        if chosen and dt != "-" and dt not in chosen:
             return False
         if wanted is None:
             return True
@@ -241,15 +247,18 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
         statuses.append(_engines.EngineStatus(engine.name if ":" not in name else name, True, "",
                                               getattr(engine, "description", "")))
         dtypes = [np.dtype(d) for d in engine.dtypes]
+        # the 16-bit storage formats have op rows; second order and the optimizers run in
+        # the formats engines compute in (float32, float64)
+        wide = [d for d in dtypes if not optable.formats.is_storage(d)]
         engine_rows = [_completeness_row(engine, all_ops)]
         engine_rows += _op_rows(engine, name, dtypes, [o for o in all_ops if
                                                  wanted is None or o in wanted or
                                                  {"exact", "jvp", "special"} & wanted],
                                 kink_mode)
-        engine_rows += second_order_rows(engine, name, dtypes,
+        engine_rows += second_order_rows(engine, name, wide,
                                          [o for o in all_ops if wanted is None or o in wanted
                                           or set(SECOND_ORDER_KINDS) & wanted], kink_mode)
-        engine_rows += _optimizer_rows(engine, name, dtypes, OPTIMIZER_NAMES)
+        engine_rows += _optimizer_rows(engine, name, wide, OPTIMIZER_NAMES)
         if engine.name in TAPE_ENGINES and ":" not in name:
             engine_rows.append(_tape_row(engine.name))
         if engine.name == "fastlib" and ":" not in name:

@@ -8,7 +8,7 @@ import numpy as np
 
 import optable
 
-from reports.conformance.engines import FLOAT32, FLOAT64, Engine
+from reports.conformance.engines import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Engine
 
 __all__ = ["JaxEngine", "jax_ops"]
 
@@ -168,8 +168,14 @@ class JaxEngine(Engine):
     """JAX (CPU, x64 enabled) as an engine: ``jax.vjp`` of ``jax.numpy`` functions."""
 
     name = "jax"
-    dtypes = (FLOAT32, FLOAT64)
+    dtypes = (FLOAT32, FLOAT64, BFLOAT16, FLOAT16)
     description = "JAX (CPU, x64 enabled) through jax.vjp"
+    # NOTE: jax.numpy's sum and mean compute bfloat16 and float16 in float32 and cast the result
+    # back (upcast_f16_for_computation in jax/_src/numpy/reductions.py); the normalisers of
+    # softmax, log-sum-exp and the norms are such sums, and XLA's CPU dot accumulates
+    # bfloat16 and float16 in float32. Every other step of a composed function is rounded to
+    # the input's dtype.
+    accumulates = {"bfloat16": "float32", "float16": "float32"}
     CLEAR_EVERY = 256    # calls between dropping compiled executables
 
     def __init__(self):
