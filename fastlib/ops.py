@@ -401,7 +401,7 @@ def _widened(name, dtype, arrays, class_index, storage):
     """``arrays`` with 16-bit storage widened to float32 (exactly), or a TypeError where the
     caller computes in float32 and float64 only (``storage=False``)."""
     if dtype.name not in COMPUTES_IN:
-        return arrays
+        return [a for _, a in arrays]
     if not storage:
         raise TypeError(f"{name}: the inputs are {dtype}; forward mode and second order run in "
                         f"float32 and float64 (forward, vjp, value_and_vjp and bind take 16-bit "
