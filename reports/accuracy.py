@@ -1076,11 +1076,13 @@ def measure_op(name, engines, config):
                        config.dtypes)
     table = exact_table(name, cases)
     rows = []
+    from reports.conformance.engines import supports_in
+
     for engine in engines:
-        ok, reason = engine.supports(name)
         for dtype in config.dtypes:
             if optable.formats.dtype_of(dtype) not in [np.dtype(d) for d in engine.dtypes]:
                 continue
+            ok, reason = supports_in(engine, name, dtype)
             if not ok:
                 rows.append(_row("engine", engine.name, dtype, status="unsupported",
                                  reason=reason))

@@ -21,7 +21,7 @@ import optable
 __all__ = [
     "Engine", "EngineProtocol", "EngineStatus", "ENGINES", "UnsupportedOpError",
     "EngineUnavailableError", "UnknownEngineError", "get_engine", "available_engines",
-    "engine_status", "check_engine", "registry_ops", "DEFAULT_ENGINES",
+    "engine_status", "check_engine", "registry_ops", "DEFAULT_ENGINES", "supports_in",
 ]
 
 FLOAT32 = np.dtype(np.float32)
@@ -62,6 +62,17 @@ class EngineProtocol(Protocol):
     def vjp(self, name: str, inputs, grad, **params) -> tuple: ...
 
 
+def supports_in(engine, op, dtype):
+    """``(True, "")`` when ``engine`` runs ``op`` in ``dtype``, else ``(False, reason)``: its
+    ``supports`` and, where it has one, its optional ``supports_in(op, dtype)`` (an engine
+    whose kernels exist for some formats only, as Paddle's CPU kernels in bfloat16)."""
+    ok, reason = engine.supports(op)
+    per_format = getattr(engine, "supports_in", None)
+    if ok and callable(per_format):
+        return per_format(op, np.dtype(dtype))
+    return ok, reason
+
+
 def registry_ops():
     """The registry's op names, in registry order (imports ``spec`` on first use)."""
     import spec
@@ -99,6 +110,11 @@ class Engine:
         if op not in registry_ops():
             return False, f"{op!r} is not a registry op"
         return True, ""
+
+    def supports_in(self, op, dtype):
+        """``(True, "")`` when ``op`` runs in ``dtype`` (every listed dtype of a supported op,
+        unless a subclass says otherwise), else ``(False, reason)``."""
+        return self.supports(op)
 
     def supports_optimizer(self, name):
         """``(True, "")`` when ``optimizer_step`` runs optimizer ``name``, else the reason."""

@@ -517,15 +517,16 @@ def OpExample_like(ex, x, grad):  # noqa: N802 - reads as the constructor it wra
                      False, ex.label)
 
 
-def check_unsupported(engine, name):
-    """An op ``engine`` declares unsupported must raise ``UnsupportedOpError`` (both calls)."""
+def check_unsupported(engine, name, dtype=None):
+    """An op ``engine`` declares unsupported (in ``dtype``, when given) must raise
+    ``UnsupportedOpError`` (both calls)."""
     import spec
 
     result = Result()
     ex = spec.OPS[name].examples[0]
     inputs = spec.sample_inputs(name, np.random.default_rng(0), shapes=ex.shapes,
                                 params=dict(ex.params))
-    dtype = np.dtype(engine.dtypes[0])
+    dtype = np.dtype(engine.dtypes[0] if dtype is None else dtype)
     op = spec.OPS[name]
     inputs = [x if op.domains[n] == "class_index" else x.astype(dtype)
               for n, x in zip(op.inputs, inputs)]
@@ -540,7 +541,8 @@ def check_unsupported(engine, name):
             result.fail(f"{what} of unsupported {name} raised {type(exc).__name__} ({exc}); "
                         f"expected UnsupportedOpError")
             continue
-        result.fail(f"{name} is declared unsupported but {what} returned a value; raise "
+        where = "" if dtype == np.dtype(engine.dtypes[0]) else f" in {dtype}"
+        result.fail(f"{name} is declared unsupported{where} but {what} returned a value; raise "
                     f"UnsupportedOpError (or drop the claim)")
     return result
 

@@ -30,8 +30,8 @@ def _op_rows(engine, ref, dtypes, ops, kinks=None):
     flag = "" if kinks is None else kinks
     rows = []
     for name in ops:
-        ok, reason = engine.supports(name)
         for dtype in dtypes:
+            ok, reason = _engines.supports_in(engine, name, dtype)
             dt = np.dtype(dtype).name
             if not ok:
                 rows.append(Row("exact", name, engine.name, dt, result=RowResult(
@@ -83,9 +83,10 @@ def _op_rows(engine, ref, dtypes, ops, kinks=None):
             rows += [Row("exact", name, engine.name, dt, exact_row, kinks=flag),
                      Row("jvp", name, engine.name, dt, jvp_row, kinks=flag),
                      Row("special", name, engine.name, dt, special_row, kinks=flag)]
-        if name == "maximum" and ok:   # the NaN routing: pinned (strict) or reported
+        running = [d for d in dtypes if _engines.supports_in(engine, "maximum", d)[0]]
+        if name == "maximum" and running:   # the NaN routing: pinned (strict) or reported
             from reports.conformance.conventions import convention_rows
-            rows += convention_rows(engine, engine.name, dtypes, mode == "strict")
+            rows += convention_rows(engine, engine.name, running, mode == "strict")
     return rows
 
 
@@ -106,6 +107,12 @@ def _completeness_row(engine, ops):
                 r = properties.check_unsupported(engine, name)
                 if not r.ok:
                     problems.append(r.describe())
+            else:       # an op a format lacks must raise there too
+                for dtype in engine.dtypes:
+                    if not _engines.supports_in(engine, name, dtype)[0]:
+                        r = properties.check_unsupported(engine, name, dtype)
+                        if not r.ok:
+                            problems.append(r.describe())
         if problems:
             out.status, out.detail = "FAIL", "; ".join(problems)
         unsupported = [n for n in ops if not engine.supports(n)[0]]
