@@ -234,3 +234,147 @@ def test_a_float16_softmax_without_its_shift_fails():
     assert not any(r.ok for r in planted)
     assert any("non-finite" in r.describe() for r in planted)
     assert all(properties.check_call(engine, c).ok for c in cases)
+
+
+# ---------------------------------------------------------------------------------------------
+# an engine whose kernels exist in some formats only
+
+
+class SomeFormats(engines.FastlibEngine):
+    """fastlib, claiming (as Paddle's CPU build does) that tanh has no bfloat16 kernel."""
+
+    name = "some-formats"
+
+    def supports_in(self, op, dtype):
+        if op == "tanh" and np.dtype(dtype) == BF16:
+            return False, "no bfloat16 kernel of tanh"
+        return self.supports(op)
+
+    def _forward(self, name, inputs, **params):
+        if name == "tanh" and np.asarray(inputs[0]).dtype == BF16:
+            raise engines.UnsupportedOpError("no bfloat16 kernel of tanh")
+        return super()._forward(name, inputs, **params)
+
+    def _vjp(self, name, inputs, grad, **params):
+        if name == "tanh" and np.asarray(inputs[0]).dtype == BF16:
+            raise engines.UnsupportedOpError("no bfloat16 kernel of tanh")
+        return super()._vjp(name, inputs, grad, **params)
+
+
+class ClaimsTooMuch(SomeFormats):
+    """The same claim, but tanh runs in bfloat16 anyway: the completeness row must say so."""
+
+    name = "claims-too-much"
+
+    def _forward(self, name, inputs, **params):
+        return engines.FastlibEngine._forward(self, name, inputs, **params)
+
+
+def test_an_op_a_format_lacks_is_unsupported_there_and_must_raise():
+    from reports.conformance.runner import plan_rows
+
+    engine = SomeFormats()
+    assert engines.supports_in(engine, "tanh", BF16) == (False, "no bfloat16 kernel of tanh")
+    assert engines.supports_in(engine, "tanh", F16) == (True, "")
+    rows, _ = plan_rows([f"{__name__}:SomeFormats"], ops=["tanh"])
+    by = {(r.kind, r.dtype): r for r in rows}
+    assert by[("exact", "bfloat16")].result.status == "unsupported"
+    assert by[("exact", "float16")].result is None          # planned, to run
+    completeness = [r for r in plan_rows([f"{__name__}:SomeFormats"])[0]
+                    if r.kind == "completeness"][0]
+    assert completeness.run(None, 0).status == "pass"
+    claim = [r for r in plan_rows([f"{__name__}:ClaimsTooMuch"])[0]
+             if r.kind == "completeness"][0].run(None, 0)
+    assert claim.status == "FAIL" and "declared unsupported in bfloat16" in claim.detail
+
+
+def test_the_report_measures_16_bit_formats_in_their_own_ulps():
+    from reports import accuracy
+
+    config = accuracy.Config.quick_config(dtypes=("float32", "bfloat16", "float16"),
+                                          ops=("tanh",), fd_steps=())
+    result = accuracy.measure_op("tanh", [engines.get_engine("fastlib")], config)
+    rows = {r["dtype"]: r for r in result["rows"] if r["kind"] == "engine"}
+    assert set(rows) == {"float32", "bfloat16", "float16"}
+    for dtype in ("bfloat16", "float16"):
+        assert rows[dtype]["status"] == "ok" and rows[dtype]["beyond_bound"] == 0
+        assert rows[dtype]["returned_dtypes"] == [dtype]
+        # computed in float32, rounded once: within half an ulp and a hair, correctly
+        # rounded but where the float32 value sits on a 16-bit rounding boundary
+        assert accuracy.as_float(rows[dtype]["ulp"]["max"]) < 0.51
+        assert rows[dtype]["n"] > 0
+
+
+def test_the_floor_rounds_the_exact_value_once_to_the_format():
+    from reports import accuracy
+
+    rng = np.random.default_rng(2)
+    hi = rng.standard_normal(4000) * 10.0 ** rng.uniform(-6, 4, 4000)
+    lo = hi * rng.uniform(-1e-17, 1e-17, 4000)
+    # float16: NumPy rounds float64 to float16 directly, to nearest even
+    got = accuracy.format_nearest(hi, np.zeros_like(lo), "float16")
+    assert np.array_equal(got, hi.astype(np.float16).astype(np.float64))
+    # a tie broken by the remainder: 1 + 2**-8 is halfway between two bfloat16 numbers
+    ties = np.array([1 + 2.0 ** -8, 1 + 2.0 ** -8, 1 + 2.0 ** -8])
+    got = accuracy.format_nearest(ties, np.array([0.0, 1e-30, -1e-30]), "bfloat16")
+    assert got.tolist() == [1.0, 1 + 2.0 ** -7, 1.0]
+    # from the overflow threshold on, inf (65520 in float16)
+    got = accuracy.format_nearest(np.array([65519.9, 65520.0, -7e4]), np.zeros(3), "float16")
+    assert got[0] == 65504.0 and np.isposinf(got[1]) and np.isneginf(got[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# what JAX sums in, read from the programs it traces
+
+
+def _storage_sums(jax, jaxpr):
+    """The reduce_sum equations of a traced program (sub-programs included) that sum
+    bfloat16 values into bfloat16."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "reduce_sum" and str(eqn.outvars[0].aval.dtype) == "bfloat16":
+            found.append(eqn)
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", None)
+            if inner is not None:
+                found += _storage_sums(jax, getattr(inner, "jaxpr", inner))
+    return found
+
+
+def test_jax_declares_float32_sums_exactly_where_its_programs_have_them():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from reports.conformance.adapters import jax as adapter
+
+    engine = engines.get_engine("jax")
+    ops = adapter.jax_ops(jax, jnp)
+    rng = np.random.default_rng(0)
+    for name in adapter.FLOAT32_SUMS + adapter.STORAGE_SUMS:
+        op = spec.OPS[name]
+        shapes = ([(3, 1), (1, 4)] if op.category == "binary"      # a broadcast call
+                  else op.examples[0].shapes)
+        params = {} if op.category == "binary" else dict(op.examples[0].params)
+        inputs = spec.sample_inputs(name, rng, shapes=shapes, params=params)
+        fixed = adapter.CLASS_INDEX.get(name)
+        arrays = [jnp.asarray(np.asarray(x).astype(np.int64 if i == fixed else BF16))
+                  for i, x in enumerate(inputs)]
+
+        def value_and_vjp(*free, name=name, fixed=fixed, arrays=arrays, params=params):
+            def call(*args):
+                args = list(args)
+                if fixed is not None:
+                    args.insert(fixed, arrays[fixed])
+                return ops[name](*args, **params)
+            y, pull = jax.vjp(call, *free)
+            return y, pull(jnp.ones_like(y))
+
+        free = [a for i, a in enumerate(arrays) if i != fixed]
+        sums = _storage_sums(jax, jax.make_jaxpr(value_and_vjp)(*free).jaxpr)
+        declared = properties.declared_working(engine, "accumulates", name, BF16)
+        assert bool(sums) == (name in adapter.STORAGE_SUMS), (name, sums)
+        assert declared == ("float32" if name in adapter.FLOAT32_SUMS else None), name
+    # the dot: a bfloat16 accumulator stops at 1 (1 + 2**-9 rounds to 1), float32's reaches 9
+    a = np.concatenate([[1.0], np.full(4095, 2.0 ** -9)]).astype(BF16)
+    dot = engine.forward("matmul", [a.reshape(1, -1), np.ones((4096, 1), BF16)])
+    assert float(dot[0, 0]) == 9.0
