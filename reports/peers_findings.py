@@ -19,7 +19,7 @@ import optable
 
 __all__ = ["ENGINES", "PEERS", "DERIVATIVES", "COLUMNS", "find", "worst_element",
            "second_order_worst", "markdown", "merge", "main", "rebuild_case", "case_tangents",
-           "column_of", "held_dtypes"]
+           "column_of", "held_dtypes", "tie_tolerance"]
 
 #: the derivatives a finding can be about: the first-order VJP, the second-order rows' J t
 #: (``jvp2``) and H t (``hvp``)
@@ -282,8 +282,18 @@ def _convention(ex, what, idx, value, grads):
     return {}
 
 
+def tie_tolerance(ex, terms=1):
+    """The relative tolerance to which a VJP of maximum (or the cotangent it carries) is read
+    as the tie rule's value: 1e-6 in float32 and float64; in a 16-bit format the rounding
+    of each of ``terms`` shares summed there, ``terms`` eps of the format (a split rounded to
+    bfloat16 is 2**-8 off the exact half, which is no failure)."""
+    fmt = optable.formats.format_of(np.dtype(ex.dtype))
+    return max(1e-6, terms * fmt.eps) if fmt.storage else 1e-6
+
+
 def _maximum_split_matches(ex, grads, share):
-    """Whether ``grads`` of maximum are exactly the tie rule "``share`` to a, the rest to b"."""
+    """Whether ``grads`` of maximum are the tie rule "``share`` to a, the rest to b" (to the
+    rounding of the format, ``tie_tolerance``)."""
     a, b = (np.asarray(x, np.float64) for x in ex.inputs)
     g = np.asarray(ex.grad, np.float64)
     a_full, b_full = np.broadcast_arrays(a, b)
@@ -299,9 +309,17 @@ def _maximum_split_matches(ex, grads, share):
                 x = x.sum(axis=axis, keepdims=True)
         return x
 
-    return bool(tie.any()) and all(
-        np.allclose(np.asarray(got, np.float64), reduce_to(want, x.shape), rtol=1e-6, atol=0)
-        for got, want, x in zip(grads, (da, db), (a, b)))
+    storage = optable.formats.is_storage(np.dtype(ex.dtype))
+
+    def matches(got, want, x):
+        got, exact = np.asarray(got, np.float64), reduce_to(want, x.shape)
+        terms = max(1, int(np.size(want)) // max(1, int(np.size(x))))
+        # a 16-bit sum of shares rounds relative to the shares' magnitudes, not to its total
+        scale = reduce_to(np.abs(want), x.shape) if storage else np.abs(exact)
+        return bool(np.all(np.abs(got - exact) <= tie_tolerance(ex, terms) * scale))
+
+    return bool(tie.any()) and all(matches(got, want, x)
+                                   for got, want, x in zip(grads, (da, db), (a, b)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,6 +462,9 @@ def merge(docs):
             known["seconds"] = {**known.get("seconds", {}), **info.get("seconds", {})}
             known["derivatives"] = list(dict.fromkeys(known.get("derivatives", [])
                                                       + info.get("derivatives", [])))
+            for dt, missing in info.get("unsupported_in", {}).items():
+                if missing is not known.get("unsupported_in", {}).get(dt):
+                    known.setdefault("unsupported_in", {}).setdefault(dt, {}).update(missing)
         out["findings"] += [{"derivative": "vjp", **e} for e in doc["findings"]]
     order = {name: i for i, name in enumerate(ENGINES)}
     out["findings"].sort(key=lambda e: (order.get(e["engine"], len(order)),
