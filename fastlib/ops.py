@@ -19,6 +19,7 @@ import numpy as np
 import optable
 from fastlib.kernels import binary as _binary
 from fastlib.kernels import elementwise as _elementwise
+from fastlib.kernels import half as _half
 from fastlib.kernels import linalg as _linalg
 from fastlib.kernels import loss as _loss
 from fastlib.kernels import norm as _norm
@@ -29,10 +30,16 @@ from optable import REQUIRED, UnknownOpError  # noqa: F401 (public names of fast
 from optable import shapes as _shapes
 
 __all__ = ["OPS", "OpEntry", "UnknownOpError", "forward", "vjp", "value_and_vjp", "bind",
-           "BoundOp", "op_names"]
+           "BoundOp", "op_names", "COMPUTES_IN"]
 
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+#: ``{storage format: the precision fastlib computes it in}``: bfloat16 and float16 inputs are
+#: widened to float32 exactly, every op runs in the float32 kernels (their sums in float32 or
+#: wider) and each result is rounded once, to nearest even, back to the storage format. The
+#: conformance suite holds fastlib to that promise (docs/engines.md, "16-bit formats").
+COMPUTES_IN = MappingProxyType({name: "float32" for name in optable.formats.STORAGE})
+_ACCEPTED = ("float32", "float64") + optable.formats.STORAGE
 
 
 @dataclass(frozen=True)
@@ -324,11 +331,11 @@ def _resolve_params(entry, params):
 
 def _as_float_array(op, what, value):
     arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-    if arr.dtype not in _FLOATS:
-        if arr.dtype.kind == "f" and arr.dtype.itemsize in (4, 8):   # non-native byte order
+    if arr.dtype not in _FLOATS and not (arr.dtype.name in COMPUTES_IN and arr.dtype.isnative):
+        if arr.dtype.kind == "f" and arr.dtype.itemsize in (2, 4, 8):   # non-native byte order
             arr = arr.astype(arr.dtype.newbyteorder("="))
         else:
-            optable.float_dtype(f"{op}: {what}", arr, _FLOATS, "fastlib")
+            optable.float_format(f"{op}: {what}", arr, _ACCEPTED, "fastlib")
     # NOTE: not np.ascontiguousarray, which turns a 0-d array into shape (1,)
     return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
@@ -356,7 +363,26 @@ def _check_finite(op, what, arr):
                          f"means the values upstream diverged)")
 
 
-def _prepare(name, inputs, params):
+def _widened(name, dtype, arrays, class_index, storage):
+    """``arrays`` with 16-bit storage widened to float32 (exactly), or a TypeError where the
+    caller computes in float32 and float64 only (``storage=False``)."""
+    if dtype.name not in COMPUTES_IN:
+        return [a for _, a in arrays]
+    if not storage:
+        raise TypeError(f"{name}: the inputs are {dtype}; forward mode and second order run in "
+                        f"float32 and float64 (forward, vjp, value_and_vjp and bind take 16-bit "
+                        f"storage): cast them with .astype(np.float32)")
+    return [a if n in class_index else _half.widen(a) for n, a in arrays]
+
+
+def _stored(result, dtype):
+    """A float32 result rounded once to the 16-bit storage ``dtype`` (unchanged otherwise)."""
+    if dtype.name not in COMPUTES_IN or result is None:
+        return result
+    return _half.narrow(np.asarray(result), dtype)
+
+
+def _prepare(name, inputs, params, storage=False):
     entry = _lookup(name)
     merged = _resolve_params(entry, params)
     optable.check_input_list(name, entry.inputs, inputs, container=(list, tuple))
@@ -368,17 +394,22 @@ def _prepare(name, inputs, params):
             arrays.append(_as_float_array(name, f"input {iname!r}", value))
     floats = [(n, a) for n, a in zip(entry.inputs, arrays) if n not in entry.class_index]
     optable.common_dtype(name, floats)
+    dtype = floats[0][1].dtype
+    arrays = _widened(name, dtype, list(zip(entry.inputs, arrays)), entry.class_index, storage)
     if entry.finite_only:
-        for n, a in floats:
-            if entry.finite_only is True or n in entry.finite_only:
+        for n, a in zip(entry.inputs, arrays):
+            if n not in entry.class_index and (entry.finite_only is True
+                                               or n in entry.finite_only):
                 _check_finite(name, f"input {n!r}", a)
     ctx, out_shape = entry.check(arrays, merged)
-    return entry, arrays, ctx, out_shape, floats[0][1].dtype
+    return entry, arrays, ctx, out_shape, dtype
 
 
 def _prepare_grad(entry, grad, out_shape, dtype):
     g = _as_float_array(entry.name, "grad", grad)
     optable.check_grad(entry.name, g.shape, g.dtype, out_shape, dtype)
+    if dtype.name in COMPUTES_IN:
+        g = _half.widen(g)
     if entry.finite_only:
         _check_finite(entry.name, "grad", g)
     return g
@@ -398,7 +429,7 @@ class BoundOp:
 
     def forward(self):
         """The op's output (a new array)."""
-        return self.entry.forward(self.arrays, self.ctx)
+        return _stored(self.entry.forward(self.arrays, self.ctx), self.dtype)
 
     def vjp(self, grad, check=True):
         """One cotangent per input for the cotangent ``grad`` of the output.
@@ -406,8 +437,11 @@ class BoundOp:
         ``check=False`` skips the checks of ``grad`` (shape, dtype, finiteness): the caller
         vouches that it is a C-contiguous array of the output's shape and the inputs' dtype.
         """
-        g = _prepare_grad(self.entry, grad, self.out_shape, self.dtype) if check else grad
-        return tuple(self.entry.vjp(self.arrays, g, self.ctx))
+        if check:
+            g = _prepare_grad(self.entry, grad, self.out_shape, self.dtype)
+        else:
+            g = _half.widen(grad) if self.dtype.name in COMPUTES_IN else grad
+        return tuple(_stored(r, self.dtype) for r in self.entry.vjp(self.arrays, g, self.ctx))
 
 
 def bind(name, inputs, **params):
@@ -416,7 +450,7 @@ def bind(name, inputs, **params):
     Raises what :func:`forward` raises. The arrays are kept by reference: mutating them
     afterwards changes what the bound op computes (and skips the checks).
     """
-    return BoundOp(*_prepare(name, inputs, params))
+    return BoundOp(*_prepare(name, inputs, params, storage=True))
 
 
 def forward(name, inputs, **params):
@@ -428,7 +462,9 @@ def forward(name, inputs, **params):
         An op of docs/CONTRACTS.md's table (``"tanh"``, ``"matmul"``, ``"cross_entropy"``, ...).
     inputs : list or tuple of array_like
         The op's inputs in the table's order (``[x]``, ``[a, b]``, ``[logits, target]``),
-        float32 or float64, one dtype for all (class indices excepted).
+        float32 or float64, or the 16-bit storage formats bfloat16 (``ml_dtypes``) and float16
+        (computed in float32, the result rounded once: ``COMPUTES_IN``); one dtype for all
+        (class indices excepted).
     **params
         The op's params (``axis=``, ``keepdims=``, ``eps=``, ...); omitted ones take defaults.
 
@@ -445,10 +481,10 @@ def forward(name, inputs, **params):
         A wrong number of inputs, shapes that do not fit, an unknown or bad param, or a
         non-finite input to an op that needs finite ones (see the module docstring).
     TypeError
-        Inputs of a dtype other than float32/float64, or of mixed dtypes.
+        Inputs of a dtype other than float32/float64/bfloat16/float16, or of mixed dtypes.
     """
-    entry, arrays, ctx, _, _ = _prepare(name, inputs, params)
-    return entry.forward(arrays, ctx)
+    entry, arrays, ctx, _, dtype = _prepare(name, inputs, params, storage=True)
+    return _stored(entry.forward(arrays, ctx), dtype)
 
 
 def vjp(name, inputs, grad, **params):
@@ -472,9 +508,9 @@ def vjp(name, inputs, grad, **params):
     UnknownOpError, ValueError, TypeError
         As for :func:`forward`, and for a ``grad`` of the wrong shape or dtype.
     """
-    entry, arrays, ctx, out_shape, dtype = _prepare(name, inputs, params)
+    entry, arrays, ctx, out_shape, dtype = _prepare(name, inputs, params, storage=True)
     g = _prepare_grad(entry, grad, out_shape, dtype)
-    return tuple(entry.vjp(arrays, g, ctx))
+    return tuple(_stored(r, dtype) for r in entry.vjp(arrays, g, ctx))
 
 
 def value_and_vjp(name, inputs, grad, **params):
@@ -493,9 +529,10 @@ def value_and_vjp(name, inputs, grad, **params):
     (numpy.ndarray, tuple of (numpy.ndarray or None))
         The output and one cotangent per input.
     """
-    entry, arrays, ctx, out_shape, dtype = _prepare(name, inputs, params)
+    entry, arrays, ctx, out_shape, dtype = _prepare(name, inputs, params, storage=True)
     g = _prepare_grad(entry, grad, out_shape, dtype)
     if entry.value_and_vjp is not None:
         out, grads = entry.value_and_vjp(arrays, g, ctx)
-        return out, tuple(grads)
-    return entry.forward(arrays, ctx), tuple(entry.vjp(arrays, g, ctx))
+    else:
+        out, grads = entry.forward(arrays, ctx), entry.vjp(arrays, g, ctx)
+    return _stored(out, dtype), tuple(_stored(r, dtype) for r in grads)

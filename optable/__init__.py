@@ -1,9 +1,10 @@
 """optable: the op table every engine and harness module reads, and the engine boundary.
 
-Imports NumPy only, so fastlib reads it without SymPy. Each op's name, inputs, params and
-defaults, category, shape rule, domains, kink kinds, bound family and flags; the activations
-with their kernel codes; the optimizers' names, hyperparameters and state; the checks every
-engine makes before computing. docs/optable.md
+Imports NumPy only (ml_dtypes when bfloat16's dtype is first asked for), so fastlib reads it
+without SymPy. Each op's name, inputs, params and defaults, category, shape rule, domains, kink
+kinds, bound family and flags; the activations with their kernel codes; the optimizers' names,
+hyperparameters and state; the float formats (``optable.formats``); the checks every engine
+makes before computing. docs/optable.md
 describes the fields and how to add an op.
 
 >>> import optable
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from optable import formats
 from optable.boundary import (check_class_index, check_grad, check_input_list, check_tangents,
-                              common_dtype, float_dtype, lookup, resolve_params)
+                              common_dtype, float_dtype, float_format, lookup, resolve_params)
 from optable.errors import UnknownOpError, close_names, did_you_mean
 from optable.kernel_codes import require_branches
 from optable.optimizers import OPTIMIZERS, OptimizerSignature
@@ -104,4 +106,5 @@ __all__ = ["OPS", "ACTIVATIONS", "OpSignature", "Param", "Activation", "REQUIRED
            "codes", "code_of", "activation_codes", "loss_codes", "require_branches",
            "UnknownOpError", "did_you_mean", "close_names", "lookup", "resolve_params",
            "check_input_list", "float_dtype", "common_dtype", "check_class_index", "check_grad",
-           "check_tangents", "output_shape", "TargetPropConfig", "OPTIMIZERS", "OptimizerSignature"]
+           "check_tangents", "output_shape", "TargetPropConfig", "OPTIMIZERS", "OptimizerSignature",
+           "formats", "float_format"]

@@ -15,6 +15,7 @@ import difflib
 
 import numpy as np
 
+from optable import formats as _formats
 from optable.errors import UnknownOpError
 from optable.signature import REQUIRED
 
@@ -79,6 +80,24 @@ def float_dtype(what, arr, dtypes, engine):
         names = " or ".join(str(np.dtype(d)) for d in dtypes)
         raise TypeError(f"{what} has dtype {arr.dtype}; {engine} computes in {names}, cast it "
                         f"with .astype(np.{np.dtype(dtypes[0])})")
+
+
+def float_format(what, arr, formats, engine):
+    """The format name of ``arr.dtype`` when it is one of ``formats`` (names of
+    ``optable.formats``, bfloat16 and float16 among them); else a TypeError that lists them.
+
+    Apart from :func:`float_dtype` because the 16-bit formats need their own hint: bfloat16
+    is not a NumPy type but ``ml_dtypes.bfloat16`` (NumPy reads its kind as ``'V'``).
+    """
+    name = arr.dtype.name
+    if name in formats and _formats.is_float(arr.dtype):
+        return name
+    wide = [f for f in formats if f not in _formats.STORAGE]
+    storage = [f for f in formats if f in _formats.STORAGE]
+    kept = (f" and takes {' and '.join(storage)} storage (x.astype(ml_dtypes.bfloat16), "
+            f"x.astype(np.float16))") if storage else ""
+    raise TypeError(f"{what} has dtype {arr.dtype}; {engine} computes in {' or '.join(wide)}"
+                    f"{kept}: cast it, e.g. x.astype(np.{wide[0] if wide else formats[0]})")
 
 
 def common_dtype(name, named_arrays):

@@ -27,7 +27,9 @@ import optable
 
 SCHEMA_VERSION = 1
 SOURCES = ("uniform", "log_uniform", "special")
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64")            # the default; --dtypes takes every format:
+FORMATS_ALL = optable.formats.names()      # float64 float32 bfloat16 float16
+STORAGE = optable.formats.STORAGE          # measured on cases rounded to the format
 DPS = 50                                     # digits of the exact values
 MAX_DPS = 1600                               # the most digits for kappa's evaluations
 KAPPA_AGREEMENT_DIGITS = 20                  # kappa's precision must reproduce this many
@@ -106,9 +108,9 @@ class Config:
                 or self.samples < 1:
             raise ValueError(f"samples must be an int >= 1; got {self.samples!r}")
         for d in self.dtypes:
-            if d not in DTYPES:
-                raise ValueError(f"unknown dtype {d!r}{did_you_mean(str(d), DTYPES)} (dtypes: "
-                                 f"{', '.join(DTYPES)})")
+            if d not in FORMATS_ALL:
+                raise ValueError(f"unknown dtype {d!r}{did_you_mean(str(d), FORMATS_ALL)} "
+                                 f"(dtypes: {', '.join(FORMATS_ALL)})")
         if not self.dtypes:
             raise ValueError("dtypes is empty; pass float32 and/or float64")
         for s in self.sources:
@@ -207,7 +209,37 @@ def _log_uniform(domain, shape, rng):
     return None     # unit_closed, distribution, class_index: the uniform draw is kept
 
 
-def draw_cases(name, samples, rng, sources=SOURCES):
+def in_format(op, case, dtype):
+    """A random case rounded to the 16-bit ``dtype`` (a case of that format alone).
+
+    The same draw, every float input and the cotangent rounded to the format once; a
+    probability kept inside (0, 1) and a distribution row made exact in the format
+    (``strategies.representable``), so the format's case stays in the op's domain.
+    """
+    from reports.conformance.strategies import representable
+
+    fmt = optable.formats.format_of(dtype)
+    inputs = []
+    for name, x in zip(op.inputs, case.inputs):
+        domain = op.domains[name]
+        if domain == "class_index":
+            inputs.append(x)
+            continue
+        x = representable(x, domain, dtype)
+        if domain == "unit_open":
+            x = np.clip(x, fmt.smallest_subnormal, 1.0 - fmt.unit_roundoff)
+        inputs.append(_rounded_to(x, dtype))
+    return Case(case.source, inputs, dict(case.params), _rounded_to(case.grad, dtype), (dtype,),
+                case.label)
+
+
+def _rounded_to(a, dtype):
+    """Float values rounded to ``dtype`` once (held as float64); exact from float32."""
+    a = np.asarray(a, dtype=np.float64)
+    return a.astype(np.float32).astype(optable.formats.dtype_of(dtype)).astype(np.float64)
+
+
+def draw_cases(name, samples, rng, sources=SOURCES, dtypes=DTYPES):
     """The cases of op ``name``: ``samples`` per random source, then the special values.
 
     Parameters
@@ -220,11 +252,15 @@ def draw_cases(name, samples, rng, sources=SOURCES):
         The source of randomness.
     sources : sequence of str
         Which of ``SOURCES`` to draw from.
+    dtypes : sequence of str
+        The dtypes measured. Random draws hold float32 numbers and serve float32 and float64;
+        each 16-bit format gets the same draws rounded to it (``in_format``), after them.
 
     Returns
     -------
     list of Case
-        Uniform cases first, then log-uniform, then special (in the table's order).
+        Uniform cases first, then log-uniform, their copies in each 16-bit format, then
+        special (in the table's order).
     """
     import spec
 
@@ -242,37 +278,43 @@ def draw_cases(name, samples, rng, sources=SOURCES):
                 if drawn is not None:
                     inputs[i] = np.asarray(drawn, dtype=np.float64)
             cases.append(_with_grad(op, "log_uniform", inputs, params, rng))
+    drawn = list(cases)
+    for dtype in (d for d in dtypes if d in STORAGE):
+        cases.extend(in_format(op, c, dtype) for c in drawn)
     if "special" in sources:
-        cases.extend(special_cases(name))
+        cases.extend(special_cases(name, dtypes))
     return cases
 
 
-def special_cases(name):
+def special_cases(name, dtypes=DTYPES):
     """The special-values cases of op ``name``, from the conformance suite's table.
 
     ``reports.conformance.special_values`` lists saturation, extreme logits, tiny and huge
     magnitudes, zeros, kinks, ties, long reductions and a zero cotangent, per dtype. A case of
     the float32 list holds float32 numbers and serves both dtypes; a float64 case that is not
-    also in the float32 list (1e-150 where float32 has 1e-15) serves float64 only. Empty when
-    the table is not installed (the report's notes then say so).
+    also in the float32 list (1e-150 where float32 has 1e-15) serves float64 only; the list of
+    each 16-bit format in ``dtypes`` serves that format alone. Empty when the table is not
+    installed (the report's notes then say so).
     """
     try:
         from reports.conformance import special_values
     except ImportError:
         return []
     out, seen = [], set()
-    for dtype in DTYPES:
-        for ex in special_values.special_cases(name, np.dtype(dtype)):
-            inputs = [np.asarray(x).astype(np.float64) if np.asarray(x).dtype.kind == "f"
-                      else np.asarray(x) for x in ex.inputs]
-            key = (ex.label, repr(sorted(ex.params.items())),
+    # the float32 list first: its cases serve float64 too; each 16-bit format its own cases
+    for dtype in DTYPES + tuple(d for d in dtypes if d in STORAGE):
+        for ex in special_values.special_cases(name, optable.formats.dtype_of(dtype)):
+            inputs = [np.asarray(x).astype(np.float64)
+                      if optable.formats.is_float(np.asarray(x).dtype) else np.asarray(x)
+                      for x in ex.inputs]
+            key = (dtype in STORAGE and dtype, ex.label, repr(sorted(ex.params.items())),
                    tuple((a.shape, a.tobytes()) for a in inputs))
             if key in seen:
                 continue
             seen.add(key)
-            dtypes = DTYPES if dtype == "float32" else ("float64",)
+            serves = DTYPES if dtype == "float32" else (dtype,)
             out.append(Case("special", inputs, dict(ex.params),
-                            np.asarray(ex.grad).astype(np.float64), dtypes, ex.label))
+                            np.asarray(ex.grad).astype(np.float64), serves, ex.label))
     return out
 
 
@@ -304,6 +346,8 @@ class ExactTable:
     # each element's admissible error in eps units: the conformance suite's bound
     # (reports.conformance.bounds.admissible), judged by the same rule (bounds.entrywise)
     admissible: np.ndarray = None
+    exacts: list = field(default_factory=list)    # per case: its oracle.Exact (both halves)
+    nearest: dict = field(default_factory=dict)   # 16-bit format -> the floor, when first asked
 
     @property
     def size(self):
@@ -311,7 +355,13 @@ class ExactTable:
 
     def floor(self, dtype):
         """The best possible answer in ``dtype``: the exact value correctly rounded."""
-        return self.r32 if dtype == "float32" else self.hi
+        if dtype == "float32":
+            return self.r32
+        if dtype in STORAGE:
+            if dtype not in self.nearest:
+                self.nearest[dtype] = format_nearest(self.hi, self.lo, dtype)
+            return self.nearest[dtype]
+        return self.hi
 
     def flatten(self, case_index, grads, out):
         """Write engine results ``grads`` (one per input) of case ``case_index`` into ``out``."""
@@ -541,6 +591,29 @@ def _distinct_unary(case, exact):
     return sub, sub_exact, inverse.reshape(-1)
 
 
+def format_nearest(hi, lo, dtype):
+    """The exact values hi + lo correctly rounded to the format ``dtype`` (as float64).
+
+    Round half to even on the format's spacing at |hi| (a power of two, so ``hi / q`` is
+    exact), the remainder ``lo`` deciding where hi sits on a tie, and inf from the overflow
+    threshold on (``optable.formats``): NumPy's cast to bfloat16 rounds float64 through
+    float32, a double rounding this avoids.
+    """
+    fmt = optable.formats.format_of(dtype)
+    hi = np.asarray(hi, dtype=np.float64)
+    lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), hi.shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = fmt.ulp(hi)
+        r = np.round(hi / q) * q
+        gap = np.abs(hi - r)
+        tie = np.isfinite(hi) & (gap == q / 2) & (lo != 0)
+        r = np.where(tie, hi + np.sign(lo) * gap, r)
+        big = np.abs(hi) >= fmt.overflow
+        r = np.where(big & np.isfinite(hi), np.copysign(np.inf, hi), r)
+        r = np.where(np.abs(r) > fmt.max, np.copysign(np.inf, r), r)
+    return np.where(np.isfinite(hi), r, hi)
+
+
 def float32_nearest(hi, lo):
     """The exact values hi + lo correctly rounded to float32 (as float64), elementwise.
 
@@ -594,8 +667,8 @@ def exact_table(name, cases):
     from reports.conformance.oracle import cached, exact_vjp
 
     cols = {key: [] for key in ("hi", "lo", "kappa", "magnitude", "source", "case",
-                                "admissible") + DTYPES}
-    exact_values, rejected = [], []
+                                "admissible") + FORMATS_ALL}
+    exact_values, rejected, exacts = [], [], []
     offset = 0
     with mpmath.workdps(DPS + 10):
         for case in cases:
@@ -609,7 +682,9 @@ def exact_table(name, cases):
             # float64 special lists share, or a second report in one process, costs nothing
             kappa = cached("kappa", name, list(case.inputs) + [case.grad], case.params,
                            lambda: _condition_numbers(op, case, exact))
-            out_hi = exact_vjp(name, case.inputs, case.grad, case.params).out[0]
+            oracle = exact_vjp(name, case.inputs, case.grad, case.params)
+            exacts.append(oracle)
+            out_hi = oracle.out[0]
             _, a_grads = conform_bounds.admissible(name, case.inputs, case.grad, case.params,
                                                    out_hi, [None if p is None else p[0]
                                                             for p in pairs])
@@ -628,7 +703,7 @@ def exact_table(name, cases):
                 cols["magnitude"].append(np.abs(case.inputs[k]).reshape(-1).astype(np.float64))
                 cols["source"].append(np.full(hi.size, case.source, dtype=object))
                 cols["case"].append(np.full(hi.size, ci, dtype=np.int64))
-                for dtype in DTYPES:
+                for dtype in FORMATS_ALL:
                     cols[dtype].append(np.full(hi.size, dtype in case.dtypes))
             slices.append(where)
     joined = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()}
@@ -637,8 +712,8 @@ def exact_table(name, cases):
         r32=float32_nearest(joined["hi"], joined["lo"]), kappa=joined["kappa"],
         magnitude=joined["magnitude"], source=joined["source"].astype(object),
         case_index=joined["case"].astype(np.int64),
-        applies={d: joined[d].astype(bool) for d in DTYPES},
-        exact=exact_values, rejected=rejected, admissible=joined["admissible"])
+        applies={d: joined[d].astype(bool) for d in FORMATS_ALL},
+        exact=exact_values, rejected=rejected, admissible=joined["admissible"], exacts=exacts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -731,7 +806,7 @@ def engine_values(engine, table, dtype):
     returned : set of str
         The dtypes the engine's results came back in.
     """
-    np_dtype = np.dtype(dtype)
+    np_dtype = optable.formats.dtype_of(dtype)
     values = np.full(table.size, np.nan)
     state = np.full(table.size, SKIPPED, dtype=np.int8)
     errors, returned = [], set()
@@ -768,7 +843,7 @@ def _forward_in(name, inputs, params, dtype):
     import reflib
 
     out = np.asarray(reflib.forward(name, inputs, **params), dtype=np.float64)
-    return out.astype(np.dtype(dtype)).astype(np.float64)
+    return out.astype(optable.formats.dtype_of(dtype)).astype(np.float64)
 
 
 def fd_values(table, dtype, step, max_cases_per_source):
@@ -784,7 +859,7 @@ def fd_values(table, dtype, step, max_cases_per_source):
     values, state : numpy.ndarray
         As for :func:`engine_values` (UNDEFINED where a step leaves the op's domain).
     """
-    np_dtype = np.dtype(dtype)
+    np_dtype = optable.formats.dtype_of(dtype)
     values = np.full(table.size, np.nan)
     state = np.full(table.size, SKIPPED, dtype=np.int8)
     seen = {}
@@ -912,9 +987,14 @@ def _worst(table, values, err, sel_idx):
             "kappa": json_number(table.kappa[i])}
 
 
-def summarize(table, values, dtype, state=None):
-    """The figures of one row (engine, floor or FD) from its values in table order."""
+def summarize(table, values, dtype, state=None, admissible=None):
+    """The figures of one row (engine, floor or FD) from its values in table order.
+
+    ``admissible`` (per element, eps units) replaces the table's general bound: a 16-bit
+    engine's own bound (:func:`storage_admissible`).
+    """
     state = np.zeros(table.size, np.int8) if state is None else state
+    admissible = table.admissible if admissible is None else admissible
     err = element_errors(values, table, dtype, state)
     inc = err["included"]
     idx = np.flatnonzero(inc)
@@ -923,11 +1003,11 @@ def summarize(table, values, dtype, state=None):
     applies = table.applies[dtype]
     floor_in_range = np.isfinite(table.floor(dtype)) & applies
     beyond = 0
-    if table.admissible is not None and idx.size:
+    if admissible is not None and idx.size:
         from reports.conformance.bounds import entrywise
 
         _, _, within = entrywise(values[idx], table.hi[idx], table.lo[idx],
-                                 table.admissible[idx], dtype)
+                                 admissible[idx], dtype)
         beyond = int(np.sum(~within))
     return {
         "n": int(idx.size),
@@ -955,6 +1035,23 @@ def _row(kind, engine, dtype, **extra):
             **extra}
 
 
+def storage_admissible(table, engine, dtype):
+    """Each element's admissible error (eps units) for ``engine`` in the 16-bit ``dtype``: the
+    conformance suite's bound from what the engine declares it computes and accumulates in
+    (``properties.admissible_for``), so the report and ``verigrad conform`` judge alike."""
+    from reports.conformance.properties import admissible_for
+
+    out = np.array(table.admissible, dtype=np.float64, copy=True)
+    for ci, case in enumerate(table.cases):
+        if dtype not in case.dtypes:
+            continue
+        _, grads = admissible_for(engine, table.op, dtype, case.inputs, case.grad, case.params,
+                                  table.exacts[ci], once=False)
+        for k, sl in table.slices[ci].items():
+            out[sl] = np.asarray(grads[k], dtype=np.float64).reshape(-1)
+    return out
+
+
 def measure_op(name, engines, config):
     """Every row of op ``name``: each engine × dtype, the floor, and FD per step and dtype.
 
@@ -975,14 +1072,17 @@ def measure_op(name, engines, config):
     import spec
 
     op = spec.OPS[name]
-    cases = draw_cases(name, config.samples, op_rng(config.seed, name), config.sources)
+    cases = draw_cases(name, config.samples, op_rng(config.seed, name), config.sources,
+                       config.dtypes)
     table = exact_table(name, cases)
     rows = []
+    from reports.conformance.engines import supports_in
+
     for engine in engines:
-        ok, reason = engine.supports(name)
         for dtype in config.dtypes:
-            if np.dtype(dtype) not in [np.dtype(d) for d in engine.dtypes]:
+            if optable.formats.dtype_of(dtype) not in [np.dtype(d) for d in engine.dtypes]:
                 continue
+            ok, reason = supports_in(engine, name, dtype)
             if not ok:
                 rows.append(_row("engine", engine.name, dtype, status="unsupported",
                                  reason=reason))
@@ -993,10 +1093,11 @@ def measure_op(name, engines, config):
                 rows.append(_row("engine", engine.name, dtype, status="unsupported",
                                  reason=str(exc)))
                 continue
+            bound = storage_admissible(table, engine, dtype) if dtype in STORAGE else None
             row = _row("engine", engine.name, dtype, errors=len(errors),
                        first_error=errors[0] if errors else "",
                        returned_dtypes=sorted(returned),
-                       **summarize(table, values, dtype, state))
+                       **summarize(table, values, dtype, state, bound))
             if errors:
                 row["status"] = "error"
                 row["reason"] = f"{len(errors)} of {len(table.cases)} cases raised"
@@ -1241,21 +1342,39 @@ def _find(report, op, engine, dtype):
     return None
 
 
+def _median_against(report, op, engine, rival, dtype):
+    """One entry of the bar: ``engine``'s median ULP error in ``dtype`` against ``rival``'s on
+    the same inputs (None when ``engine`` has no such row)."""
+    mine_row, theirs_row = _find(report, op, engine, dtype), _find(report, op, rival, dtype)
+    if mine_row is None or mine_row["status"] == "unsupported":
+        return None
+    mine = as_float(mine_row["ulp"]["median"])
+    if theirs_row is None or theirs_row["status"] == "unsupported":
+        return {"op": op, "dtype": dtype, "median_ulp": json_number(mine),
+                "rival_median_ulp": None, "status": "not measured"}
+    theirs = as_float(theirs_row["ulp"]["median"])
+    ok = mine_row["status"] == "ok" and not mine > theirs
+    return {"op": op, "dtype": dtype, "median_ulp": json_number(mine),
+            "rival_median_ulp": json_number(theirs), "status": "pass" if ok else "fail"}
+
+
 def bar(report, engine="fastlib", rival="torch"):
     """The accuracy bar for ``engine``, op by op.
 
     - ``float64``: max ULP error on well-conditioned elements <= ``FEW_ULPS``;
     - ``float32``: median ULP error <= the ``rival``'s on the same inputs (when measured);
+    - ``storage``: the same in each 16-bit format measured (bfloat16, float16);
     - ``correct_rounding``: on ``SINGLE_ROUNDING_OPS``, every element correctly rounded.
 
     Returns
     -------
     dict
-        ``{"engine", "rival", "float64": [...], "float32": [...], "correct_rounding": [...]}``;
-        each entry has ``op``, the figures compared and ``status`` (pass / fail / not measured).
+        ``{"engine", "rival", "float64": [...], "float32": [...], "storage": [...],
+        "correct_rounding": [...]}``; each entry has ``op``, the figures compared and
+        ``status`` (pass / fail / not measured).
     """
     out = {"engine": engine, "rival": rival, "few_ulps": FEW_ULPS, "kappa_well": KAPPA_WELL,
-           "float64": [], "float32": [], "correct_rounding": []}
+           "float64": [], "float32": [], "storage": [], "correct_rounding": []}
     for op in report["ops"]:
         r64 = _find(report, op, engine, "float64")
         if r64 is not None and r64["status"] != "unsupported":
@@ -1269,18 +1388,14 @@ def bar(report, engine="fastlib", rival="torch"):
             out["float64"].append({"op": op, "max_ulp_well": json_number(value),
                                    "max_ulp": r64["ulp"]["max"], "status": status,
                                    "others_max_ulp_well": others})
-        r32, t32 = _find(report, op, engine, "float32"), _find(report, op, rival, "float32")
-        if r32 is not None and r32["status"] != "unsupported":
-            mine = as_float(r32["ulp"]["median"])
-            if t32 is None or t32["status"] == "unsupported":
-                out["float32"].append({"op": op, "median_ulp": json_number(mine), "rival_median_ulp":
-                                       None, "status": "not measured"})
-            else:
-                theirs = as_float(t32["ulp"]["median"])
-                ok = r32["status"] == "ok" and not mine > theirs
-                out["float32"].append({"op": op, "median_ulp": json_number(mine),
-                                       "rival_median_ulp": json_number(theirs),
-                                       "status": "pass" if ok else "fail"})
+        entry = _median_against(report, op, engine, rival, "float32")
+        if entry is not None:
+            del entry["dtype"]
+            out["float32"].append(entry)
+        for dtype in STORAGE:
+            entry = _median_against(report, op, engine, rival, dtype)
+            if entry is not None:
+                out["storage"].append(entry)
         if op in SINGLE_ROUNDING_OPS:
             for dtype in DTYPES:
                 r = _find(report, op, engine, dtype)

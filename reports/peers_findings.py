@@ -17,21 +17,54 @@ import time
 
 import numpy as np
 
-__all__ = ["ENGINES", "PEERS", "DERIVATIVES", "find", "worst_element", "second_order_worst",
-           "markdown", "merge", "main", "rebuild_case", "case_tangents", "provenance_of"]
+import optable
+
+__all__ = ["ENGINES", "PEERS", "DERIVATIVES", "COLUMNS", "find", "worst_element",
+           "second_order_worst", "markdown", "merge", "main", "rebuild_case", "case_tangents",
+           "column_of", "held_dtypes", "tie_tolerance", "provenance_of"]
 
 #: the derivatives a finding can be about: the first-order VJP, the second-order rows' J t
 #: (``jvp2``) and H t (``hvp``)
 DERIVATIVES = ("vjp", "jvp2", "hvp")
 #: every engine the table holds, with the derivatives it is held at: the peers at every order
 #: (second order where their adapter has jvp/hvp; else the file says why not), torch and jax,
-#: which the suite runs anyway, at second order (docs/second-order.md)
+#: which the suite runs anyway, at second order (docs/second-order.md) and, in the 16-bit
+#: formats, at first order (their float32 and float64 VJPs are docs/conformance.md's)
 ENGINES = {"paddle": DERIVATIVES, "tinygrad": DERIVATIVES, "mygrad": DERIVATIVES,
-           "autograd": DERIVATIVES, "torch": ("jvp2", "hvp"), "jax": ("jvp2", "hvp")}
-PEERS = tuple(n for n, held in ENGINES.items() if "vjp" in held)
+           "autograd": DERIVATIVES, "torch": DERIVATIVES, "jax": DERIVATIVES}
+#: engines held at first order in the 16-bit storage formats only
+STORAGE_VJP_ONLY = ("torch", "jax")
+PEERS = tuple(n for n in ENGINES if n not in STORAGE_VJP_ONLY)
 PACKAGES = {"paddle": "paddlepaddle"}          # engine name -> distribution, where they differ
 KINK_SLOPES = {"relu": lambda p: (0.0, 1.0), "abs": lambda p: (-1.0, 1.0),
                "leaky_relu": lambda p: (p.get("negative_slope", 0.01), 1.0)}
+
+
+#: the table's columns: the VJP in float32 and float64, the VJP in the 16-bit formats, J t, H t
+COLUMNS = ("vjp", "vjp16", "jvp2", "hvp")
+
+
+def column_of(entry):
+    """The column of a finding: its derivative, ``vjp16`` for a VJP in bfloat16 or float16."""
+    import optable
+
+    derivative = entry.get("derivative", "vjp")
+    if derivative == "vjp" and entry["dtype"] in optable.formats.STORAGE:
+        return "vjp16"
+    return derivative
+
+
+def held_dtypes(name, engine, column):
+    """The dtypes of ``engine`` held in ``column``: second order and the float32/float64 VJP
+    in the wide formats, ``vjp16`` in the storage ones (torch and jax: those only)."""
+    import optable
+
+    storage = [d for d in engine.dtypes if optable.formats.is_storage(d)]
+    if column == "vjp16":
+        return storage
+    if column == "vjp" and name in STORAGE_VJP_ONLY:
+        return []
+    return [d for d in engine.dtypes if d not in storage]
 
 
 def engine_version(name):
@@ -66,7 +99,7 @@ def _failing_cases(engine, name, dtype, examples, seed):
     row = runner.run_property(strategy, check, examples, seed)
     if row.status == "FAIL" and "case" in last:
         found.append(("exact", last["case"]))
-    for index, ex in enumerate(special_values.special_cases(name, dtype)):
+    for index, ex in enumerate(special_values.special_cases(name, _dtype(dtype))):
         if not properties.check_call(engine, ex).ok:
             found.append((f"special #{index} ({ex.label})", ex))
     return found
@@ -98,6 +131,13 @@ def _second_order_failing(engine, name, dtype, derivative, examples, seed, table
     return found
 
 
+def _dtype(name):
+    """The NumPy dtype of a format name (bfloat16 through ``ml_dtypes``)."""
+    import optable
+
+    return optable.formats.dtype_of(np.dtype(name).name if not isinstance(name, str) else name)
+
+
 def _engine_arrays(engine, ex):
     """(output, grads) of the engine at ``ex``, or the exception it raised."""
     import warnings
@@ -112,7 +152,7 @@ def _engine_arrays(engine, ex):
 def worst_element(engine, ex):
     """The worst entry of the call ``ex`` on ``engine`` (a dict; see the module doc)."""
     import spec
-    from reports.conformance import bounds, oracle
+    from reports.conformance import oracle
 
     dtype = np.dtype(ex.dtype)
     try:
@@ -120,11 +160,14 @@ def worst_element(engine, ex):
     except Exception as exc:  # noqa: BLE001 - the engine's own error is the finding
         return {"kind": "contract", "what": "call", "note": f"raises {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:160]}", "raises": type(exc).__name__}
+    from reports.conformance.properties import admissible_for
+
     exact = oracle.exact_vjp(ex.name, ex.inputs, ex.grad, ex.params)
     inputs64 = [oracle.as_float64(x) for x in ex.inputs]
-    a_out, a_grads = bounds.admissible(ex.name, inputs64, oracle.as_float64(ex.grad), ex.params,
-                                       exact.out[0], [None if g is None else g[0]
-                                                      for g in exact.grads])
+    # the bound the suite holds the engine to: its 16-bit declarations (computes_in,
+    # accumulates) in a storage format, the general bound otherwise
+    a_out, a_grads = admissible_for(engine, ex.name, dtype, inputs64, oracle.as_float64(ex.grad),
+                                    ex.params, exact, once=False)
     arrays = [("output", out, exact.out, a_out)]
     for iname, g, e, a in zip(spec.OPS[ex.name].inputs, grads, exact.grads, a_grads):
         if e is not None:
@@ -139,7 +182,10 @@ def worst_element(engine, ex):
 def _worst(arrays, dtype, skip=None):
     """The worst entry over ``(what, engine array, (hi, lo), admissible in eps)`` arrays: a
     contract finding for a wrong dtype or shape; ``skip`` masks entries per ``what``."""
-    eps, tiny = float(np.finfo(dtype).eps), float(np.finfo(dtype).tiny)
+    import optable
+
+    fmt = optable.formats.format_of(dtype)
+    eps, tiny = fmt.eps, fmt.tiny
     best = None
     for what, got, (hi, lo), adm in arrays:
         if got is None:
@@ -238,8 +284,18 @@ def _convention(ex, what, idx, value, grads):
     return {}
 
 
+def tie_tolerance(ex, terms=1):
+    """The relative tolerance to which a VJP of maximum (or the cotangent it carries) is read
+    as the tie rule's value: 1e-6 in float32 and float64; in a 16-bit format the rounding
+    of each of ``terms`` shares summed there, ``terms`` eps of the format (a split rounded to
+    bfloat16 is 2**-8 off the exact half, which is no failure)."""
+    fmt = optable.formats.format_of(np.dtype(ex.dtype))
+    return max(1e-6, terms * fmt.eps) if fmt.storage else 1e-6
+
+
 def _maximum_split_matches(ex, grads, share):
-    """Whether ``grads`` of maximum are exactly the tie rule "``share`` to a, the rest to b"."""
+    """Whether ``grads`` of maximum are the tie rule "``share`` to a, the rest to b" (to the
+    rounding of the format, ``tie_tolerance``)."""
     a, b = (np.asarray(x, np.float64) for x in ex.inputs)
     g = np.asarray(ex.grad, np.float64)
     a_full, b_full = np.broadcast_arrays(a, b)
@@ -255,9 +311,17 @@ def _maximum_split_matches(ex, grads, share):
                 x = x.sum(axis=axis, keepdims=True)
         return x
 
-    return bool(tie.any()) and all(
-        np.allclose(np.asarray(got, np.float64), reduce_to(want, x.shape), rtol=1e-6, atol=0)
-        for got, want, x in zip(grads, (da, db), (a, b)))
+    storage = optable.formats.is_storage(np.dtype(ex.dtype))
+
+    def matches(got, want, x):
+        got, exact = np.asarray(got, np.float64), reduce_to(want, x.shape)
+        terms = max(1, int(np.size(want)) // max(1, int(np.size(x))))
+        # a 16-bit sum of shares rounds relative to the shares' magnitudes, not to its total
+        scale = reduce_to(np.abs(want), x.shape) if storage else np.abs(exact)
+        return bool(np.all(np.abs(got - exact) <= tie_tolerance(ex, terms) * scale))
+
+    return bool(tie.any()) and all(matches(got, want, x)
+                                   for got, want, x in zip(grads, (da, db), (a, b)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,18 +351,23 @@ def rebuild_case(case):
     from reports.conformance.strategies import OpExample
 
     if "special" in case:
-        return special_values.special_cases(case["op"], case["dtype"])[case["special"]]
-    inputs = tuple(np.array(x, dtype=d) for x, d in zip(case["inputs"], case["input_dtypes"]))
+        return special_values.special_cases(case["op"], _dtype(case["dtype"]))[case["special"]]
+    import optable
+
+    inputs = tuple(np.array(x, dtype=_dtype(d) if d in optable.formats.names() else d)
+                   for x, d in zip(case["inputs"], case["input_dtypes"]))
     # JSON turns the tuple params (axis, axes, shape) into lists: turn them back
     params = {k: tuple(v) if isinstance(v, list) else v for k, v in case["params"].items()}
-    return OpExample(case["op"], inputs, np.array(case["grad"], dtype=case["dtype"]),
+    return OpExample(case["op"], inputs, np.array(case["grad"], dtype=_dtype(case["dtype"])),
                      params, case.get("seed", 0), case.get("near_kinks", False), case["label"],
                      case.get("edges", False))
 
 
 def case_tangents(case):
     """The tangents stored with a second-order findings entry (None for class indices)."""
-    return [None if t is None else np.array(t, dtype=case["dtype"]) for t in case["tangents"]]
+    return [None if t is None else np.array(t, dtype=_dtype(case["dtype"]))
+            for t in case["tangents"]]
+
 
 
 def _engine_info(name, engine):
@@ -320,15 +389,18 @@ def _engine_info(name, engine):
 
 
 def find(engine_names=tuple(ENGINES), ops=None, examples=10, seed=0, progress=None,
-         second_order_tables=True, derivatives=DERIVATIVES):
+         second_order_tables=True, derivatives=DERIVATIVES, dtypes=None):
     """Every failing call of each engine at each derivative ``ENGINES`` holds it to, with its
     worst element (a JSON-ready dict).
 
-    First order: ``examples`` drawn calls per op and dtype and the special-values table;
+    First order: ``examples`` drawn calls per op and dtype and the special-values table, in
+    float32 and float64 and (column ``vjp16``) in the 16-bit formats the engine stores;
     second order: the ``jvp2``/``hvp`` rows' share of them (``second_order_rows.examples_for``)
     and their explicit calls (the first-order tables' small calls too when
-    ``second_order_tables``, as the ``ci`` profile runs them). ``derivatives`` narrows the
-    run (a run may be split by engine or derivative and the parts joined by :func:`merge`).
+    ``second_order_tables``, as the ``ci`` profile runs them). ``derivatives`` and ``dtypes``
+    (format names) narrow the run (a run may be split by engine, derivative or format and the
+    parts joined by :func:`merge`). An op an engine has no kernel for in a format
+    (``engines.supports_in``) is listed in its ``unsupported_in``, with the reason.
     """
     import spec
     from reports.conformance import engines as registry
@@ -345,23 +417,32 @@ def find(engine_names=tuple(ENGINES), ops=None, examples=10, seed=0, progress=No
             doc["engines"][name] = {"available": False, "reason": status.reason}
             continue
         engine = registry.get_engine(name)
-        doc["engines"][name] = _engine_info(name, engine)
-        held = [d for d in ENGINES[name] if d in derivatives
-                and (d == "vjp" or not second_order.not_provided(engine))]
-        seconds = doc["engines"][name]["seconds"] = {}
-        for derivative in held:
+        info = doc["engines"][name] = _engine_info(name, engine)
+        seconds = info["seconds"] = {}
+        for column in COLUMNS:
+            derivative = "vjp" if column == "vjp16" else column
+            held = [np.dtype(d).name for d in held_dtypes(name, engine, column)
+                    if dtypes is None or np.dtype(d).name in dtypes]
+            if derivative not in ENGINES[name] or derivative not in derivatives or not held \
+                    or derivative != "vjp" and second_order.not_provided(engine):
+                continue
             start = time.perf_counter()
             for op in ops or spec.OPS:
-                if not engine.supports(op)[0] or (
-                        derivative != "vjp" and not engine.supports_derivative(op, derivative)[0]):
+                if derivative != "vjp" and engine.supports(op)[0] \
+                        and not engine.supports_derivative(op, derivative)[0]:
                     continue            # declared: recorded in the engine's entry, not a finding
-                for dtype in engine.dtypes:
-                    dt = np.dtype(dtype).name
+                for dt in held:
+                    ok, reason = registry.supports_in(engine, op, _dtype(dt))
+                    if not ok:
+                        if engine.supports(op)[0]:   # a kernel the format lacks: say so
+                            info.setdefault("unsupported_in", {}).setdefault(dt, {})[op] = \
+                                reason
+                        continue
                     if progress:
                         progress(f"{name} {derivative} {op} {dt}")
                     doc["findings"] += _findings(engine, name, derivative, op, dt, examples,
                                                  so_examples, seed, second_order_tables)
-            seconds[derivative] = round(time.perf_counter() - start, 1)
+            seconds[column] = round(time.perf_counter() - start, 1)
     return doc
 
 
@@ -425,10 +506,15 @@ def merge(docs):
                                  f"{info.get('version')}: rerun the older part")
             known.update({k: v for k, v in info.items() if k not in known})
             known["seconds"] = {**known.get("seconds", {}), **info.get("seconds", {})}
+            known["derivatives"] = list(dict.fromkeys(known.get("derivatives", [])
+                                                      + info.get("derivatives", [])))
+            for dt, missing in info.get("unsupported_in", {}).items():
+                if missing is not known.get("unsupported_in", {}).get(dt):
+                    known.setdefault("unsupported_in", {}).setdefault(dt, {}).update(missing)
         out["findings"] += [{"derivative": "vjp", **e} for e in doc["findings"]]
     order = {name: i for i, name in enumerate(ENGINES)}
     out["findings"].sort(key=lambda e: (order.get(e["engine"], len(order)),
-                                        DERIVATIVES.index(e["derivative"])))
+                                        COLUMNS.index(column_of(e))))
     out["engines"] = dict(sorted(out["engines"].items(),
                                  key=lambda item: order.get(item[0], len(order))))
     return out
@@ -482,8 +568,8 @@ def _inputs_text(entry, ex):
     return f"{ex.label or 'random'} {shapes}".strip()
 
 
-#: the table's words for each derivative
-DERIVATIVE_TEXT = {"vjp": "VJP", "jvp2": "J t", "hvp": "H t"}
+#: the table's words for each column (a derivative; the VJP in 16 bits apart)
+DERIVATIVE_TEXT = {"vjp": "VJP", "vjp16": "VJP (16-bit)", "jvp2": "J t", "hvp": "H t"}
 
 
 def markdown(doc):
@@ -496,7 +582,7 @@ def markdown(doc):
     """
     groups = {}
     for e in doc["findings"]:
-        key = (e["engine"], e.get("derivative", "vjp"), e["op"], e["dtype"])
+        key = (e["engine"], column_of(e), e["op"], e["dtype"])
         groups.setdefault(key, []).append(e)
 
     def severity(e):
@@ -533,6 +619,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--derivatives", nargs="+", default=list(DERIVATIVES),
                         choices=list(DERIVATIVES), help="vjp (first order), jvp2, hvp")
+    parser.add_argument("--dtypes", nargs="+", default=None,
+                        choices=list(optable.formats.names()),
+                        help="only these formats (default: every format each engine has)")
     parser.add_argument("--merge", nargs="+", metavar="FILE",
                         help="join the findings files of a split run instead of running")
     parser.add_argument("--no-second-order-tables", dest="tables", action="store_false",
@@ -547,7 +636,8 @@ def main(argv=None):
     else:
         doc = find(args.engines, args.ops, args.examples, args.seed,
                    progress=lambda s: print(s, file=sys.stderr, flush=True),
-                   second_order_tables=args.tables, derivatives=args.derivatives)
+                   second_order_tables=args.tables, derivatives=args.derivatives,
+                   dtypes=args.dtypes)
     doc.update(provenance_of(doc, sys.argv[1:] if argv is None else argv,
                              time.perf_counter() - started))
     for name, info in doc["engines"].items():

@@ -13,7 +13,8 @@ import platform
 __all__ = ["machine", "versions", "now", "load_average", "MEASURED_PACKAGES"]
 
 #: the distributions whose versions a results file records (those installed)
-MEASURED_PACKAGES = ("verigrad", "numpy", "numba", "scipy", "sympy", "mpmath", "torch", "jax")
+MEASURED_PACKAGES = ("verigrad", "numpy", "numba", "scipy", "sympy", "mpmath", "ml_dtypes", "torch",
+                     "jax", "jaxlib")
 
 
 def machine() -> dict:

@@ -116,9 +116,61 @@ def accuracy_bar(doc):
     line(b["float32"], f"{b['engine']} float32 median no farther from exact than {b['rival']} "
          "float32", lambda e: f"`{e['op']}` ({_num(e['median_ulp'])} vs "
                               f"{_num(e['rival_median_ulp'])})")
+    if b.get("storage"):
+        line(b["storage"], f"{b['engine']} bfloat16 and float16 median no farther from exact "
+             f"than {b['rival']}'s (op × format)",
+             lambda e: f"`{e['op']}` {e['dtype']} ({_num(e['median_ulp'])} vs "
+                       f"{_num(e['rival_median_ulp'])})")
     line(b["correct_rounding"], "correctly rounded where one rounding suffices (op × dtype)",
          lambda e: f"`{e['op']}` {e['dtype']}")
     return "\n".join(out) + "\n" + _provenance(doc)
+
+
+def accuracy_storage(doc):
+    """Per op, in each 16-bit format measured: every engine's median / max VJP error in ULPs of
+    the format, and whether the elements are within each engine's own 16-bit bound."""
+    data = doc["data"]
+    cells = {(r["op"], r["engine"], r["dtype"]): r for r in data["summary"]
+             if r["status"] != "unsupported"}
+    formats = [d for d in data["config"]["dtypes"] if d in ("bfloat16", "float16")]
+    columns = [(e, d) for d in formats for e in data["engines"]
+               if any(k[1:] == (e, d) for k in cells)]
+    rows = []
+    for op in data["ops"]:
+        row = [f"`{op}`"]
+        for e, d in columns:
+            r = cells.get((op, e, d))
+            row.append("-" if r is None else
+                       f"{_num(r['median_ulp'])} / {_num(r['max_ulp'])}"
+                       + ("" if r.get("beyond_bound", 0) == 0 else
+                          f" ({r['beyond_bound']} beyond)"))
+        rows.append(row)
+    short = {"bfloat16": "bf16", "float16": "f16"}
+    return (_table(["op"] + [f"{e} {short[d]}" for e, d in columns], rows)
+            + _provenance(doc))
+
+
+def conform_rows(doc):
+    """``verigrad conform --json`` rows per engine and dtype: passing rows of each check kind,
+    and the failing rows by name (the rows' own JSON)."""
+    rows, failing = {}, {}
+    for r in doc["data"]["rows"]:
+        if r["dtype"] == "-" or r["status"] == "unsupported":
+            continue
+        key = (r["engine"], r["dtype"])
+        counts = rows.setdefault(key, {})
+        passed, total = counts.get(r["check"], (0, 0))
+        counts[r["check"]] = (passed + (r["status"] == "pass"), total + 1)
+        if r["status"] in ("FAIL", "error"):
+            failing.setdefault(key, []).append(f"{r['check']} `{r['name']}`")
+    kinds = list(dict.fromkeys(r["check"] for r in doc["data"]["rows"] if r["dtype"] != "-"))
+    body = []
+    for (engine, dtype), counts in rows.items():
+        cells = [f"{counts[k][0]} / {counts[k][1]}" if k in counts else "-" for k in kinds]
+        fails = failing.get((engine, dtype), [])
+        body.append([engine, dtype, *cells, ", ".join(fails) if fails else "none"])
+    return (_table(["engine", "dtype"] + [f"{k}: pass / rows" for k in kinds] + ["failing"],
+                   body) + _provenance(doc))
 
 
 def bench_ops(doc):
@@ -151,13 +203,12 @@ def peers_summary(doc):
     """Per engine: version, and per derivative (VJP, J t, H t) its failures / conventions /
     contract findings (``-`` where it is not held there), and all its findings
     (``tests/peers/findings.json``)."""
-    from reports.peers_findings import DERIVATIVE_TEXT
+    from reports.peers_findings import DERIVATIVE_TEXT, column_of
 
     counts = {}
     for f in doc["findings"]:
         per = counts.setdefault(f["engine"], {})
-        c = per.setdefault(f.get("derivative", "vjp"),
-                           {"failure": 0, "convention": 0, "contract": 0})
+        c = per.setdefault(column_of(f), {"failure": 0, "convention": 0, "contract": 0})
         c[f["kind"]] = c.get(f["kind"], 0) + 1
     rows = []
     for engine, info in doc["engines"].items():
@@ -196,9 +247,24 @@ def peers_findings(doc):
     return markdown(doc)
 
 
+def mutants(doc):
+    """``verigrad conform --mutants --json`` verdicts: each mutant, caught or not, by which row
+    first, and the control run (the unchanged engine must pass)."""
+    data = doc["data"]
+    rows = [[f"`{m['key']}`", m["what"], "caught" if m["caught"] else "**SURVIVED**",
+             m["failed_row"] or "-"] for m in data["mutants"]]
+    control = data["control"]
+    verdict = "passes" if not control["caught"] else f"FAILS ({control['failed_row']})"
+    caught = sum(m["caught"] for m in data["mutants"])
+    return (_table(["mutant", "bug", "verdict", "first failing row"], rows)
+            + f"\n{caught} of {len(rows)} caught; the control (fastlib unchanged) {verdict}.\n"
+            + _provenance(doc))
+
+
 TABLES = {"accuracy-summary": accuracy_summary, "accuracy-bar": accuracy_bar,
-          "bench-ops": bench_ops, "bench-train": bench_train,
-          "peers-summary": peers_summary,
+          "accuracy-storage": accuracy_storage, "conform-rows": conform_rows,
+          "mutants": mutants,
+          "bench-ops": bench_ops, "bench-train": bench_train, "peers-summary": peers_summary,
           "peers-findings": peers_findings}
 
 
@@ -270,7 +336,15 @@ def without_outputs(argv):
 
 
 def _trim(kind, data):
-    """Keep what the tables and a reader need (a full report.json holds every element)."""
+    """Keep what the tables and a reader need (a full report.json holds every element; a
+    conform run's rows keep their figures and the first line of a failure)."""
+    if kind == "conform":
+        keep = ("check", "name", "engine", "dtype", "examples", "error", "bound", "unit",
+                "status", "command")
+        rows = [{**{k: r.get(k) for k in keep},
+                 "detail": (r.get("detail") or "").strip().splitlines()[:1]} for r in data["rows"]]
+        return {"profile": data["profile"], "seed": data["seed"], "engines": data["engines"],
+                "rows": rows, "ok": data["ok"]}
     if kind == "report":
         return {"engines": [e["name"] for e in data["engines"] if e["available"]],
                 "ops": list(data["ops"]), "config": data["config"], "versions": data["versions"],
@@ -291,8 +365,9 @@ def record(out, argv, kind="json", ran=None, reads=None):
         The results file to write (under docs/results/).
     argv : list of str
         The ``verigrad`` arguments (an output flag among them is dropped).
-    kind : {"json", "report"}
-        ``report`` keeps the summary, bar, configuration and versions of a report.json.
+    kind : {"json", "report", "conform"}
+        ``report`` keeps the summary, bar, configuration and versions of a report.json;
+        ``conform`` a ``verigrad conform --json`` file's rows without their reproductions.
     ran : dict or None
         ``{"seconds", "load_before", "load_after"}`` of a run made outside (then nothing runs
         and ``reads`` names the JSON it wrote).
@@ -331,7 +406,7 @@ def record(out, argv, kind="json", ran=None, reads=None):
 
 
 def main(argv=None):
-    """Command line: ``--write``, ``--check``, or ``record OUT [--reads FILE] -- ARGS``.
+    """Command line: ``--write``, ``--check``, or ``record OUT [--kind KIND] -- ARGS``.
 
     Parameters
     ----------
@@ -346,8 +421,9 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="action")
     rec = sub.add_parser("record", help="run a measuring command and store its JSON")
     rec.add_argument("out", help="results file to write, e.g. docs/results/accuracy-quick.json")
-    rec.add_argument("--kind", choices=("json", "report"), default="json",
-                     help="report: keep a report's summary, bar and configuration")
+    rec.add_argument("--kind", choices=("json", "report", "conform"), default="json",
+                     help="report: keep a report's summary, bar and configuration; conform: a "
+                          "conform run's rows without their reproductions")
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)

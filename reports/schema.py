@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 
+import optable.formats
+
 __all__ = ["SCHEMA", "validate", "check", "dumps"]
 
 # --- building blocks ---------------------------------------------------------------------------
@@ -24,7 +26,7 @@ COUNT = {"type": "integer", "minimum": 0}
 SHARE = {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "null"}],
          "description": "a fraction in [0, 1]; null when there is no data"}
 TEXT = {"type": "string"}
-DTYPE = {"enum": ["float32", "float64"]}
+DTYPE = {"enum": list(optable.formats.names())}   # float64 float32 bfloat16 float16
 STATUS = {"enum": ["pass", "fail", "not measured"]}
 
 
@@ -155,6 +157,9 @@ BAR = obj(
                                       {"op": TEXT, "dtype": DTYPE, "correctly_rounded": SHARE,
                                        "status": STATUS})),
     },
+    {"storage": array(obj("per 16-bit format measured: median ULP error <= the rival's on the "
+                          "same inputs", {"op": TEXT, "dtype": DTYPE, "median_ulp": NUM,
+                                          "rival_median_ulp": NUM, "status": STATUS}))},
 )
 
 REGRESSIONS = {"anyOf": [{"type": "null"}, obj(

@@ -441,7 +441,7 @@ def test_regressions_without_the_flag_exit_zero(runs, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--fail-on-regression"], "--fail-on-regression needs --baseline"),
     (["--ops", "tanhh"], "did you mean 'tanh'"),
-    (["--dtypes", "float16"], "invalid choice: 'float16'"),
+    (["--dtypes", "float128"], "invalid choice: 'float128'"),
     (["--engines", "fastlb"], "did you mean 'fastlib'"),
     (["--samples", "0"], "--samples: expects an integer >= 1"),
     (["--baseline", "no/such/file.json"], "cannot read baseline"),

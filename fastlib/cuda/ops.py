@@ -20,6 +20,8 @@ from optable import REQUIRED, UnknownOpError  # noqa: F401 (public names of this
 from optable.checks import check_int, check_real, class_indices, fail, require_domain
 from optable.shapes import one_axis, output_shape, permutation, resolve_axes
 
+from fastlib.kernels import half as _half
+
 from . import device, elementwise, linalg, loss, norm, reduce, structure
 
 
@@ -299,11 +301,24 @@ def _params(name, op, params):
     return optable.resolve_params(name, op.params, params)
 
 
+#: ``{storage format: the precision the CUDA engine computes it in}``, as
+#: ``fastlib.ops.COMPUTES_IN`` for the CPU: bfloat16 and float16 host arrays are widened to
+#: float32 exactly (``fastlib.kernels.half``), computed by the float32 kernels on the device and
+#: each result rounded once to the storage format. Data that lives on the device converts with
+#: ``fastlib.cuda.half``'s kernels, compiled from the same source.
+COMPUTES_IN = MappingProxyType({name: "float32" for name in optable.formats.STORAGE})
+_ACCEPTED = ("float32", "float64") + optable.formats.STORAGE
+
+
 def _float_array(what, value):
+    """``value`` as a C-ordered float32 or float64 array (16-bit storage widened exactly), or
+    the TypeError / ValueError of a bad dtype or a non-finite entry."""
     arr = np.asarray(value)
-    if arr.dtype not in (np.float32, np.float64):
-        raise TypeError(f"{what} has dtype {arr.dtype}; the CUDA engine computes in float32 or "
-                        f"float64: cast it, e.g. x.astype(np.float32)")
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    optable.float_format(what, arr, _ACCEPTED, "the CUDA engine")
+    if arr.dtype.name in COMPUTES_IN:
+        arr = _half.widen(arr)
     if not np.isfinite(arr).all():
         idx = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
         raise ValueError(f"{what} holds a non-finite value {arr[idx]} at index {idx}; the CUDA "
@@ -311,7 +326,15 @@ def _float_array(what, value):
     return np.asarray(arr, order="C")  # (ascontiguousarray would turn a 0-d array into 1-d)
 
 
+def _stored(result, dtype):
+    """A float32 result rounded once to the 16-bit storage ``dtype`` (unchanged otherwise)."""
+    if result is None or dtype.name not in COMPUTES_IN:
+        return result
+    return _half.narrow(np.asarray(result, dtype=np.float32), dtype)
+
+
 def _inputs(name, op, inputs):
+    """The op's arrays (16-bit storage widened to float32) and the inputs' own dtype."""
     optable.check_input_list(name, op.inputs, inputs)
     arrays, dtype = [], None
     for iname, value in zip(op.inputs, inputs):
@@ -322,10 +345,11 @@ def _inputs(name, op, inputs):
                 raise TypeError(f"{what} has dtype {arr.dtype}; pass integer class indices")
             arrays.append(arr)
             continue
+        given = np.asarray(value).dtype.newbyteorder("=")
+        if dtype is not None and given != dtype:
+            raise TypeError(f"{name}: inputs mix {dtype} and {given}; cast them to one dtype")
+        dtype = given
         arr = _float_array(what, value)
-        if dtype is not None and arr.dtype != dtype:
-            raise TypeError(f"{name}: inputs mix {dtype} and {arr.dtype}; cast them to one dtype")
-        dtype = arr.dtype
         if arr.size == 0 and not op.allow_empty:
             fail(name, f"input {iname} is empty (shape {arr.shape}); pass at least one element")
         arrays.append(arr)
@@ -340,7 +364,8 @@ def forward(name, inputs, **params):
     name : str
         An op of docs/CONTRACTS.md's table.
     inputs : sequence of array_like
-        The op's inputs in the table's order, float32 or float64 (one dtype); class indices for
+        The op's inputs in the table's order, float32 or float64, or bfloat16 / float16
+        storage (``COMPUTES_IN``) (one dtype); class indices for
         cross_entropy's target.
     **params
         The op's params; omitted ones take the table's defaults.
@@ -359,10 +384,10 @@ def forward(name, inputs, **params):
     """
     op = lookup(name)
     merged = _params(name, op, params)
-    arrays, _ = _inputs(name, op, inputs)
+    arrays, dtype = _inputs(name, op, inputs)
     _, normalised = op.check(arrays, merged)
     device.require_device()
-    return op.forward(arrays, normalised)
+    return _stored(op.forward(arrays, normalised), dtype)
 
 
 def vjp(name, inputs, grad, **params):
@@ -373,9 +398,10 @@ def vjp(name, inputs, grad, **params):
     merged = _params(name, op, params)
     arrays, dtype = _inputs(name, op, inputs)
     out_shape, normalised = op.check(arrays, merged)
+    given = np.asarray(grad).dtype
     g = _float_array(f"{name}: grad", grad)
-    optable.check_grad(name, g.shape, g.dtype, out_shape, dtype)
+    optable.check_grad(name, g.shape, given.newbyteorder("="), out_shape, dtype)
     if op.check_vjp is not None:
         op.check_vjp(arrays)
     device.require_device()
-    return tuple(op.vjp(arrays, g, normalised))
+    return tuple(_stored(r, dtype) for r in op.vjp(arrays, g, normalised))

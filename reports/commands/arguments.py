@@ -13,13 +13,17 @@ import argparse
 import difflib
 import sys
 
+import optable.formats
+
 __all__ = ["Parser", "HelpFormatter", "ListAction", "Choices", "LazyChoices", "RENAMED",
            "did_you_mean", "closest", "add_engines", "add_dtypes", "add_ops", "add_json",
            "add_repeats", "add_seed", "add_progress", "add_thread_counts",
            "add_device", "progress_enabled", "positive_int", "nonnegative_int",
            "positive_float", "nonnegative_float", "fraction", "DTYPES"]
 
-DTYPES = ("float32", "float64")
+#: the float formats of the suite (optable.formats: NumPy's float64, float32 and float16, and
+#: ml_dtypes' bfloat16)
+DTYPES = optable.formats.names()
 
 #: spellings earlier releases used -> the one spelling now (for the did-you-mean of a refusal)
 RENAMED = {"--engine": "--engines", "--dtype": "--dtypes", "--only": "--ops",
@@ -301,9 +305,9 @@ def add_engines(parser, help, default=None, valid=None, default_text=None):
                         valid=valid, help=help, default_text=default_text)
 
 
-def add_dtypes(parser, default=None, help="dtypes to use, float32 and/or float64",
+def add_dtypes(parser, default=None, help="dtypes to use: float32 float64 bfloat16 float16",
                default_text=None):
-    """``--dtypes DTYPE...``: float32 and/or float64."""
+    """``--dtypes DTYPE...``: float formats of the suite (``DTYPES``)."""
     parser.add_argument("--dtypes", action=ListAction, metavar="DTYPE", valid=DTYPES,
                         default=default, help=help, default_text=default_text)
 

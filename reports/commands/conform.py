@@ -41,7 +41,8 @@ def add_arguments(parser):
     shared.add_ops(parser, help="only these ops (or optimizers, layer kinds, or checks: exact "
                                 "jvp special jvp2 hvp optimizer tape train targetprop cd "
                                 "program; with --mutants: mutant keys)")
-    shared.add_dtypes(parser, help="only these dtypes", default_text="both")
+    shared.add_dtypes(parser, help="only these dtypes: float32 float64 bfloat16 float16",
+                      default_text="every dtype each engine computes in or stores")
     shared.add_json(parser, help="also write the rows as JSON to FILE")
     shared.add_seed(parser, help="Hypothesis seed: the same seed draws the same examples")
     parser.add_argument("--mutants", action="store_true",
@@ -74,9 +75,10 @@ def add_arguments(parser):
 
 
 def dtype_filter(args):
-    """The one dtype ``--dtypes`` selects, or None for both (the runner's ``dtype=``)."""
+    """The dtypes ``--dtypes`` selects (a sorted tuple), or None for every dtype (the runner's
+    ``dtype=``)."""
     chosen = set(getattr(args, "dtypes", None) or ())
-    return next(iter(chosen)) if len(chosen) == 1 else None
+    return tuple(sorted(chosen)) or None
 
 
 def proof_rows(results, kind, full_shapes=False):

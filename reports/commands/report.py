@@ -27,7 +27,10 @@ def add_arguments(parser):
     shared.add_engines(parser, help="engines to measure: registered names (reflib fastlib "
                                     "fastlib-cuda torch jax) or 'module:Engine' plugins",
                        default_text="every registered engine available here")
-    shared.add_dtypes(parser, default=list(accuracy.DTYPES), help="float32 and/or float64")
+    shared.add_dtypes(parser, default=list(accuracy.DTYPES),
+                      help="float32 float64 bfloat16 float16: the 16-bit formats on the same "
+                           "draws rounded to the format, in its ULPs",
+                      default_text="float32 float64")
     parser.add_argument("--samples", type=shared.positive_int, metavar="N",
                         help="random cases per source (uniform, log-uniform) and op",
                         default_text=f"{accuracy.DEFAULT_SAMPLES}; {accuracy.QUICK_SAMPLES} "
@@ -218,6 +221,13 @@ def _bar_lines(report):
         lines.append(f"  {b['engine']} float32 median <= {b['rival']} float32: "
                      f"{len(f32) - len(miss)}/{len(f32)} ops" + (f"; misses: {', '.join(miss)}"
                                                                 if miss else ""))
+    for dtype in dict.fromkeys(e["dtype"] for e in b.get("storage", ())):
+        rows = [e for e in b["storage"] if e["dtype"] == dtype and e["status"] != "not measured"]
+        miss = [e["op"] for e in rows if e["status"] == "fail"]
+        if rows:
+            lines.append(f"  {b['engine']} {dtype} median <= {b['rival']} {dtype}: "
+                         f"{len(rows) - len(miss)}/{len(rows)} ops"
+                         + (f"; misses: {', '.join(miss)}" if miss else ""))
     return lines
 
 

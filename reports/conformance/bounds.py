@@ -15,7 +15,7 @@ import numpy as np
 import optable
 
 __all__ = ["admissible", "rounded_once", "ROUNDED_ONCE_OPS", "pairwise", "K_TRANSCENDENTAL",
-           "FAMILIES", "family_of", "entrywise",
+           "FAMILIES", "family_of", "entrywise", "storage", "check_working",
            "underflow_floor", "ulp"]
 
 K_TRANSCENDENTAL = 8.0
@@ -76,16 +76,16 @@ def _reduced_count(shape, axes):
 # families
 
 
-def _copy(name, x, g, p, y, G):
+def _copy(name, x, g, p, y, G, acc=1.0):
     return np.zeros(np.shape(y)), [None if gi is None else np.zeros(np.shape(gi)) for gi in G]
 
 
-def _rounded(name, x, g, p, y, G):
+def _rounded(name, x, g, p, y, G, acc=1.0):
     c = 2.0 if name == "sqrt" else 1.0
     return np.abs(y), [c * np.abs(G[0])]
 
 
-def _arithmetic(name, x, g, p, y, G):
+def _arithmetic(name, x, g, p, y, G, acc=1.0):
     a, b = x
     out_shape = np.shape(y)
     g = np.broadcast_to(g, out_shape)
@@ -104,13 +104,13 @@ def _arithmetic(name, x, g, p, y, G):
     for d, c, xi in ((da, ca, a), (db, cb, b)):
         terms = np.abs(g) * d
         m = int(np.prod(out_shape, dtype=np.int64)) // max(int(np.size(xi)), 1)
-        grads.append((c + pairwise(m)) * _sum_to_shape(terms, np.shape(xi)))
+        grads.append((c + acc * pairwise(m)) * _sum_to_shape(terms, np.shape(xi)))
     # NOTE: maximum selects one argument: its value is copied, never rounded. The others are
     # IEEE operations, correctly rounded: half an ulp (u = eps / 2), not a whole one.
     return (np.zeros(out_shape) if name == "maximum" else 0.5 * np.abs(y)), grads
 
 
-def _transcendental(name, x, g, p, y, G):
+def _transcendental(name, x, g, p, y, G, acc=1.0):
     (x,) = x
     K = K_TRANSCENDENTAL
     ax, ay, ag, aG = np.abs(x), np.abs(y), np.abs(g), np.abs(G[0])
@@ -129,15 +129,15 @@ def _transcendental(name, x, g, p, y, G):
     return K * (ay + ax), [K * (aG + ag)]           # silu gelu gelu_tanh
 
 
-def _reduction(name, x, g, p, y, G):
+def _reduction(name, x, g, p, y, G, acc=1.0):
     (x,) = x
     axes = _axes(p.get("axis"), np.ndim(x))
     m = _reduced_count(np.shape(x), axes)
     S = np.sum(np.abs(x), axis=axes, keepdims=p.get("keepdims", False)) if axes else np.abs(x)
     S = np.reshape(S, np.shape(y))
     if name == "sum":
-        return pairwise(m) * S, [np.zeros(np.shape(x))]
-    return (pairwise(m) + 1) * S / m, [np.abs(G[0])]
+        return acc * pairwise(m) * S, [np.zeros(np.shape(x))]
+    return (acc * pairwise(m) + 1) * S / m, [np.abs(G[0])]
 
 
 def _row_stats(x, axis):
@@ -151,13 +151,13 @@ def _row_stats(x, axis):
     return m, d, p, w, m + np.log(s)
 
 
-def _lse_family(name, x, g, p_, y, G):
+def _lse_family(name, x, g, p_, y, G, acc=1.0):
     if name in ("softmax", "log_softmax"):
         (z,) = x
         axis = p_.get("axis", -1)
         m, d, p, w, lse = _row_stats(z, axis)
         n = z.shape[axis]
-        f = 4 + d + w + pairwise(n)
+        f = 4 + d + w + acc * pairwise(n)
         ag = np.abs(g)
         if name == "softmax":
             return f * np.abs(y), [f * p * (ag + np.sum(ag * p, axis=axis, keepdims=True))]
@@ -169,13 +169,13 @@ def _lse_family(name, x, g, p_, y, G):
             return np.abs(y) + 1, [np.abs(G[0])]
         m, d, p, w, lse = _row_stats(z, axes)
         n = _reduced_count(z.shape, axes)
-        f_out = 4 + w + pairwise(n) + np.abs(m) + np.abs(lse)
+        f_out = 4 + w + acc * pairwise(n) + np.abs(m) + np.abs(lse)
         out = np.reshape(f_out, np.shape(y))
         return out, [np.abs(G[0]) * (4 + np.abs(z - lse) + f_out)]
     z, t = x
     N, C = z.shape
     m, d, p, w, lse = _row_stats(z, -1)
-    f = 4 + d + w + pairwise(C)
+    f = 4 + d + w + acc * pairwise(C)
     ag = abs(float(g))
     # Each row's -log softmax is (m - z_j) + log s with s = 1 + rest, rest the other entries'
     # share: both terms >= 0, each computed to a few roundings of itself when log s is taken
@@ -191,7 +191,7 @@ def _lse_family(name, x, g, p_, y, G):
         onehot[rows, idx] = 1.0
         loss_n = d[rows, idx] + log_s[:, 0]
         terms = loss_n + w[:, 0] + rest[:, 0] / (1 + rest[:, 0])
-        out = (6 + pairwise(C) + pairwise(N)) * (np.abs(y) + terms.sum() / N)
+        out = (6 + acc * (pairwise(C) + pairwise(N))) * (np.abs(y) + terms.sum() / N)
         # the gradient p - onehot: the target's p_t - 1 may round p_t once first (the form
         # every engine writes, softmax minus one-hot), so it keeps an allowance of |p_t|
         return np.asarray(out), [f * ag * (p + onehot) / N, None]
@@ -199,9 +199,9 @@ def _lse_family(name, x, g, p_, y, G):
     logp = z - lse
     terms = np.sum(at * (np.abs(d) + log_s)) + np.sum(
         np.sum(at, axis=-1) * (w[:, 0] + rest[:, 0] / (1 + rest[:, 0])))
-    out = (6 + pairwise(C) + pairwise(N * C)) * (np.abs(y) + terms / N)
+    out = (6 + acc * (pairwise(C) + pairwise(N * C))) * (np.abs(y) + terms / N)
     grad_z = f * ag * (p * np.sum(at, axis=-1, keepdims=True) + at) / N
-    grad_t = (4 + w + pairwise(C)) * ag * (np.abs(logp) + 1) / N
+    grad_t = (4 + w + acc * pairwise(C)) * ag * (np.abs(logp) + 1) / N
     return np.asarray(out), [grad_z, grad_t]
 
 
@@ -213,11 +213,11 @@ def _share_of_others(z, m):
     return below + (ties - 1)
 
 
-def _normalisation(name, x, g, p, y, G):
+def _normalisation(name, x, g, p, y, G, acc=1.0):
     (x,) = x
     D = x.shape[-1]
     eps_param = p.get("eps", 1e-5 if name == "layer_norm" else 1e-6)
-    f = 4 + pairwise(D)
+    f = 4 + acc * pairwise(D)
     ag, ay = np.abs(g), np.abs(y)
     if name == "layer_norm":
         xc = x - x.mean(-1, keepdims=True)
@@ -232,7 +232,7 @@ def _normalisation(name, x, g, p, y, G):
     return f * (ay + kappa), [f * (1 + kappa) * terms]
 
 
-def _matmul(name, x, g, p, y, G):
+def _matmul(name, x, g, p, y, G, acc=1.0):
     a, b = (np.abs(v) for v in x)
     ag = np.abs(g)
     k, n, m = a.shape[-1], b.shape[-1], a.shape[-2]
@@ -240,15 +240,15 @@ def _matmul(name, x, g, p, y, G):
     grad_b = np.swapaxes(a, -1, -2) @ ag
     if grad_b.ndim > b.ndim:
         grad_b = grad_b.reshape(-1, *b.shape).sum(axis=0)
-    return (k + 2) * (a @ b), [(n + 2) * (ag @ np.swapaxes(b, -1, -2)),
-                               (m * batch + 2) * grad_b]
+    return (acc * k + 2) * (a @ b), [(acc * n + 2) * (ag @ np.swapaxes(b, -1, -2)),
+                                     (acc * m * batch + 2) * grad_b]
 
 
-def _loss(name, x, g, p_, y, G):
+def _loss(name, x, g, p_, y, G, acc=1.0):
     pred, t = x
     n = pred.size
     ag = abs(float(g))
-    f = 4 + pairwise(n)
+    f = 4 + acc * pairwise(n)
     if name == "mse":
         return np.asarray(f * abs(float(y))), [2 * np.abs(G[0]), 2 * np.abs(G[1])]
     if name == "binary_cross_entropy":
@@ -275,7 +275,7 @@ _FAMILY_FUNCS = {"copy": _copy, "rounded": _rounded, "arithmetic": _arithmetic,
                  "matmul": _matmul, "loss": _loss}
 
 
-def admissible(name, inputs, grad, params, exact_out, exact_grads):
+def admissible(name, inputs, grad, params, exact_out, exact_grads, acc=1.0):
     """Per-entry admissible errors (eps units) of the output and of each VJP.
 
     Parameters
@@ -292,23 +292,87 @@ def admissible(name, inputs, grad, params, exact_out, exact_grads):
         The exact output (float64 ``hi`` part).
     exact_grads : sequence of ndarray or None
         The exact VJPs (``hi`` parts), None where not differentiable.
+    acc : float
+        The sums' share: their constants (``P(m)``, a dot product's ``k``) are multiplied by
+        it. 1 for an engine that sums in the dtype itself; ``eps_acc / eps`` where it
+        accumulates in a wider format (:func:`storage`).
 
     Returns
     -------
     (ndarray, list of ndarray or None)
         ``A_out`` shaped like the output and one ``A`` per input (None where not differentiable).
     """
-    inputs = [np.asarray(v, dtype=np.float64) if np.asarray(v).dtype.kind == "f" else np.asarray(v)
-              for v in inputs]
+    inputs = [np.asarray(v, dtype=np.float64) if optable.formats.is_float(np.asarray(v).dtype)
+              else np.asarray(v) for v in inputs]
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         out, grads = _FAMILY_FUNCS[family_of(name)](name, inputs, np.asarray(grad, np.float64),
                                                    dict(params or {}), np.asarray(exact_out),
-                                                   list(exact_grads))
+                                                   list(exact_grads), acc=float(acc))
     grads = [None if e is None else np.broadcast_to(np.nan_to_num(a, posinf=np.finfo(float).max),
                                                     np.shape(e))
              for a, e in zip(grads, exact_grads)]
     return np.nan_to_num(np.broadcast_to(out, np.shape(exact_out)),
                          posinf=np.finfo(float).max), grads
+
+
+# ---------------------------------------------------------------------------------------------
+# the 16-bit storage formats: what an engine computes and accumulates in
+
+
+def check_working(storage_dtype, working, what):
+    """The Format an engine declares ``working`` (``computes_in`` / ``accumulates``) for
+    ``storage_dtype``; a ValueError unless it is a format of the suite at least as wide."""
+    store = optable.formats.format_of(storage_dtype)
+    try:
+        wide = optable.formats.format_of(working)
+    except TypeError:
+        wide = None
+    if wide is None or wide.precision < store.precision:
+        wider = [f for f, v in optable.formats.FORMATS.items() if v.precision >= store.precision]
+        raise ValueError(f"{what} declares {working!r} for {store.name}: declare a float format "
+                         f"at least as wide ({', '.join(wider)})")
+    return wide
+
+
+def storage(name, inputs, grad, params, exact_out, exact_grads, dtype, computes_in=None,
+            accumulates=None):
+    """Per-entry admissible errors (eps units of the storage ``dtype``) of a 16-bit op.
+
+    What an engine promises sets the bound (docs/conformance.md, "16-bit formats"):
+
+    - ``computes_in`` (a wider format ``w``): the op is evaluated in ``w`` on the exactly
+      widened inputs and each result rounded once to ``dtype``. Its error is the general bound
+      in ``w`` plus the rounding: ``(eps_w / eps)(1 + u) A_w + |exact| / 2``, plus
+      ``(tiny_w + smallest subnormal) / eps`` for the floors of the two roundings;
+    - ``accumulates`` (a wider format ``a``): every sum is accumulated in ``a``, any other
+      rounding may be in ``dtype``: the general bound with the sums' constants scaled by
+      ``eps_a / eps`` (``admissible(..., acc=)``) plus half an ulp for the rounding of each
+      result to ``dtype``;
+    - neither: the general bound in ``dtype`` itself (sums in ``dtype``).
+
+    Same arguments as :func:`admissible`, plus the storage ``dtype`` and the declarations (format
+    names, or None). Returns ``(A_out, [A_grad | None])``.
+    """
+    store = optable.formats.format_of(dtype)
+    exact = [np.abs(np.asarray(exact_out, np.float64))] + [
+        None if e is None else np.abs(np.asarray(e, np.float64)) for e in exact_grads]
+    if computes_in is not None:
+        wide = check_working(dtype, computes_in, "computes_in")
+        ratio = wide.eps / store.eps
+        floors = (wide.tiny + store.smallest_subnormal) / store.eps
+        out, grads = admissible(name, inputs, grad, params, exact_out, exact_grads)
+        parts = [out] + list(grads)
+        bound = [None if a is None else ratio * (1 + store.unit_roundoff) * a + 0.5 * e + floors
+                 for a, e in zip(parts, exact)]
+        return bound[0], bound[1:]
+    if accumulates is not None:
+        acc = check_working(dtype, accumulates, "accumulates")
+        out, grads = admissible(name, inputs, grad, params, exact_out, exact_grads,
+                                acc=acc.eps / store.eps)
+        parts = [out] + list(grads)
+        bound = [None if a is None else a + 0.5 * e for a, e in zip(parts, exact)]
+        return bound[0], bound[1:]
+    return admissible(name, inputs, grad, params, exact_out, exact_grads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,7 +406,7 @@ def rounded_once(name, inputs, grad, params, exact_out, exact_grads, dtype):
     if name not in ROUNDED_ONCE_OPS:
         raise KeyError(f"no rounded-once bound for op {name!r}; ops with one: "
                        f"{', '.join(ROUNDED_ONCE_OPS)}")
-    ratio = WORKING_EPS / float(np.finfo(np.dtype(dtype)).eps)
+    ratio = WORKING_EPS / optable.formats.format_of(dtype).eps
     x = [np.asarray(v, dtype=np.float64) for v in inputs]
     g = np.asarray(grad, np.float64)
     y = np.asarray(exact_out, np.float64)
@@ -384,18 +448,15 @@ def underflow_floor(dtype):
     """The absolute floor of every bound: the dtype's smallest normal number.
 
     Differences below it are not counted, so an engine that flushes subnormal results to zero
-    (FTZ) passes; nothing else is absorbed (1.2e-38 in float32, 2.2e-308 in float64).
+    (FTZ) passes; nothing else is absorbed (1.2e-38 in float32 and bfloat16, 2.2e-308 in
+    float64, 6.1e-5 in float16).
     """
-    return float(np.finfo(np.dtype(dtype)).tiny)
+    return optable.formats.format_of(dtype).tiny
 
 
 def ulp(x, dtype):
     """The spacing of ``dtype`` at ``|x|`` (elementwise; the subnormal spacing at 0)."""
-    info = np.finfo(np.dtype(dtype))
-    x = np.abs(np.asarray(x, dtype=np.float64))
-    _, e = np.frexp(np.where(np.isfinite(x), x, 1.0))
-    exponent = np.maximum(np.where(x == 0, info.minexp, e - 1), info.minexp)
-    return np.where(np.isfinite(x), np.ldexp(1.0, exponent - info.nmant), np.inf)
+    return optable.formats.format_of(dtype).ulp(x)
 
 
 def entrywise(got, hi, lo, admissible_eps, dtype):
@@ -418,8 +479,8 @@ def entrywise(got, hi, lo, admissible_eps, dtype):
         ``error`` (absolute, inf where ``got`` is not finite but the exact value is),
         ``allowed`` (absolute: ``eps * A + tiny``) and ``ok`` (``error <= allowed``).
     """
-    dtype = np.dtype(dtype)
-    eps = float(np.finfo(dtype).eps)
+    fmt = optable.formats.format_of(dtype)
+    eps = fmt.eps
     g = np.asarray(got, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
     lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), hi.shape)
@@ -429,9 +490,9 @@ def entrywise(got, hi, lo, admissible_eps, dtype):
         # an exact value beyond the dtype's largest number rounds to ±inf (or stops at ±max);
         # NaN is accepted there too: a sum whose terms overflow with both signs (a broadcast
         # VJP of div) cannot be told from its overflowing total without rescaling
-        big = float(np.finfo(dtype).max)
+        big = fmt.max
         overflow = (np.abs(hi) > big) & (np.isnan(g) | (
             (np.sign(g) == np.sign(hi)) & (np.abs(g) >= big)))
         error = np.where(same | overflow, 0.0, np.where(np.isnan(error), np.inf, error))
-        allowed = eps * np.asarray(admissible_eps, dtype=np.float64) + underflow_floor(dtype)
+        allowed = eps * np.asarray(admissible_eps, dtype=np.float64) + fmt.tiny
     return error, allowed, error <= allowed

@@ -80,7 +80,7 @@ def edge_cases(name, dtype):
     """
     import spec
 
-    from reports.conformance.oracle import representable
+    from reports.conformance.oracle import representable as results_representable
 
     dtype = np.dtype(dtype)
     op = spec.OPS[name]
@@ -93,4 +93,4 @@ def edge_cases(name, dtype):
         shape = op.check_shapes([np.shape(x) for x in cast], params)
         grad = rng.standard_normal(shape).astype(dtype)
         out.append(OpExample(name, cast, grad, dict(params), 0, False, label))
-    return representable(out, dtype)
+    return results_representable(out, dtype)

@@ -21,11 +21,16 @@ import optable
 __all__ = [
     "Engine", "EngineProtocol", "EngineStatus", "ENGINES", "UnsupportedOpError",
     "EngineUnavailableError", "UnknownEngineError", "get_engine", "available_engines",
-    "engine_status", "check_engine", "registry_ops", "DEFAULT_ENGINES",
+    "engine_status", "check_engine", "registry_ops", "DEFAULT_ENGINES", "supports_in",
 ]
 
 FLOAT32 = np.dtype(np.float32)
 FLOAT64 = np.dtype(np.float64)
+FLOAT16 = np.dtype(np.float16)
+#: bfloat16 through ``ml_dtypes`` (the NumPy extension JAX and others use)
+BFLOAT16 = optable.formats.dtype_of("bfloat16")
+#: every dtype an engine may list: the formats of ``optable.formats``
+FORMATS = tuple(optable.formats.dtype_of(n) for n in optable.formats.names())
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -57,6 +62,17 @@ class EngineProtocol(Protocol):
     def vjp(self, name: str, inputs, grad, **params) -> tuple: ...
 
 
+def supports_in(engine, op, dtype):
+    """``(True, "")`` when ``engine`` runs ``op`` in ``dtype``, else ``(False, reason)``: its
+    ``supports`` and, where it has one, its optional ``supports_in(op, dtype)`` (an engine
+    whose kernels exist for some formats only, as Paddle's CPU kernels in bfloat16)."""
+    ok, reason = engine.supports(op)
+    per_format = getattr(engine, "supports_in", None)
+    if ok and callable(per_format):
+        return per_format(op, np.dtype(dtype))
+    return ok, reason
+
+
 def registry_ops():
     """The registry's op names, in registry order (imports ``spec`` on first use)."""
     import spec
@@ -83,6 +99,11 @@ class Engine:
     #: {"jvp2"|"hvp": {op: reason}}: a higher derivative the engine cannot take of an op it
     #: supports (its second-order rows read "unsupported" with the reason, not a failure)
     unsupported_derivatives: dict = {}
+    # the 16-bit storage formats (docs/engines.md, "16-bit formats"): {storage: format}, or
+    # {storage: {op: format, "*": format}}; computes_in: every op evaluated in that format and
+    # rounded once to storage; accumulates: every sum in that format
+    computes_in: dict = {}
+    accumulates: dict = {}
 
     # -- coverage -----------------------------------------------------------------------------
     def supports(self, op):
@@ -92,6 +113,11 @@ class Engine:
         if op not in registry_ops():
             return False, f"{op!r} is not a registry op"
         return True, ""
+
+    def supports_in(self, op, dtype):
+        """``(True, "")`` when ``op`` runs in ``dtype`` (every listed dtype of a supported op,
+        unless a subclass says otherwise), else ``(False, reason)``."""
+        return self.supports(op)
 
     def supports_optimizer(self, name):
         """``(True, "")`` when ``optimizer_step`` runs optimizer ``name``, else the reason."""
@@ -230,7 +256,7 @@ class FastlibEngine(Engine):
     """fastlib's Numba kernels on the CPU (``fastlib.forward`` / ``fastlib.vjp``)."""
 
     name = "fastlib"
-    dtypes = (FLOAT32, FLOAT64)
+    dtypes = (FLOAT32, FLOAT64, BFLOAT16, FLOAT16)
     description = "the fast engine (Numba, CPU)"
     optimizers = _OPTIMIZER_NAMES
 
@@ -240,6 +266,14 @@ class FastlibEngine(Engine):
         from fastlib.ops import ROUNDED_ONCE
 
         return ROUNDED_ONCE
+
+    @property
+    def computes_in(self):
+        """The 16-bit formats fastlib computes in float32, rounding once
+        (``fastlib.ops.COMPUTES_IN``)."""
+        from fastlib.ops import COMPUTES_IN
+
+        return COMPUTES_IN
 
     def _forward(self, name, inputs, **params):
         import fastlib
@@ -300,6 +334,13 @@ class FastlibCudaEngine(FastlibEngine):
         from fastlib.cuda.ops import ROUNDED_ONCE
 
         return ROUNDED_ONCE
+
+    @property
+    def computes_in(self):
+        """The 16-bit formats fastlib-cuda computes in float32 (``fastlib.cuda.ops.COMPUTES_IN``)."""
+        from fastlib.cuda.ops import COMPUTES_IN
+
+        return COMPUTES_IN
 
     def _forward(self, name, inputs, **params):
         return self._cuda.forward(name, inputs, **params)
@@ -428,19 +469,44 @@ def check_engine(engine):
     if not isinstance(getattr(engine, "name", None), str) or not engine.name:
         problems.append("`name` must be a non-empty str")
     dtypes = getattr(engine, "dtypes", None)
+    resolved = ()
     try:
         resolved = tuple(np.dtype(d) for d in dtypes)
-        if not resolved or any(d not in (FLOAT32, FLOAT64) for d in resolved):
+        if not resolved or any(d not in FORMATS for d in resolved):
             raise TypeError
     except TypeError:
-        problems.append("`dtypes` must be a non-empty tuple of float32 / float64")
+        problems.append("`dtypes` must be a non-empty tuple of float32 / float64 / bfloat16 "
+                        "(ml_dtypes.bfloat16) / float16")
     for method in ("supports", "forward", "vjp"):
         if not callable(getattr(engine, method, None)):
             problems.append(f"`{method}` must be a method")
+    problems += _working_problems(engine, resolved)
     if problems:
         raise TypeError(f"{type(engine).__name__} is not an engine: " + "; ".join(problems)
                         + " (see docs/engines.md)")
     return engine
+
+
+def _working_problems(engine, dtypes):
+    """What is wrong with an engine's ``computes_in`` / ``accumulates`` declarations (each
+    names a storage format the engine lists and a format at least as wide)."""
+    from reports.conformance.bounds import check_working
+
+    problems = []
+    listed = {d.name for d in dtypes}
+    for attr in ("computes_in", "accumulates"):
+        table = getattr(engine, attr, None) or {}
+        for storage, working in table.items():
+            if storage not in optable.formats.STORAGE or storage not in listed:
+                problems.append(f"`{attr}` names {storage!r}: name a storage format the engine "
+                                f"lists in `dtypes` ({', '.join(optable.formats.STORAGE)})")
+                continue
+            for value in (working.values() if hasattr(working, "values") else [working]):
+                try:
+                    check_working(storage, value, f"`{attr}`")
+                except ValueError as exc:
+                    problems.append(str(exc))
+    return problems
 
 
 def _instantiate(obj):

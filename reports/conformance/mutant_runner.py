@@ -222,7 +222,12 @@ def _verdict(key, what, proc, payload, seconds):
     return MutantResult(key, what, False, seconds, examples, "", "survived every check")
 
 
-def run_mutant(mutant, profile="dev", seed=0, cache_dir=None, timeout=1800):
+# NOTE: one dev-profile run of every fastlib row (the control, or a mutant no row catches), the
+# bfloat16 and float16 rows included, takes 20-40 minutes on a loaded two-core machine
+RUN_TIMEOUT = 5400
+
+
+def run_mutant(mutant, profile="dev", seed=0, cache_dir=None, timeout=RUN_TIMEOUT):
     """Apply ``mutant`` to a fresh copy of fastlib (or, for a ``HookMutant``, plant it with its
     ``apply()`` in the subprocess) and run the suite on it.
 
@@ -250,7 +255,7 @@ def run_mutant(mutant, profile="dev", seed=0, cache_dir=None, timeout=1800):
         return _verdict(mutant.key, mutant.what, proc, payload, seconds)
 
 
-def run_control(profile="dev", seed=0, cache_dir=None, timeout=1800):
+def run_control(profile="dev", seed=0, cache_dir=None, timeout=RUN_TIMEOUT):
     """The unmutated copy through the same harness: it must pass (``caught`` False)."""
     with tempfile.TemporaryDirectory(prefix="verigrad-mutant-control-") as workdir:
         _copy_fastlib(workdir)

@@ -362,6 +362,15 @@ MUTANTS = (
     Mutant("maximum-nan-routing", "maximum sends the gradient to b where a is NaN (the forward "
            "still returns a's NaN)", "kernels/binary.py",
            "return x >= y or x != x", "return x >= y", ("maximum NaN routing",)),
+    # -- the 16-bit storage formats: the conversions (the planted ones: lowp_mutants) --------
+    Mutant("bfloat16-truncating-conversion", "float32 -> bfloat16 truncates (the top 16 bits, "
+           "rounding toward zero) instead of rounding to nearest even", "kernels/half.py",
+           "    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16\n", "    return b >> 16\n",
+           ("tanh", "exp")),
+    Mutant("float16-truncating-conversion", "float32 -> float16 drops the 13 low bits (rounding "
+           "toward zero) instead of rounding to nearest even", "kernels/half.py",
+           "        return sign | ((a + 0xFFF + ((a >> 13) & 1)) >> 13)\n",
+           "        return sign | (a >> 13)\n", ("tanh", "exp")),
 )
 
 
@@ -375,7 +384,8 @@ MUTANT_MODULES = ()
 # Modules whose ``MUTANTS`` maps a name to a context-manager mutant (a ``TrainingMutant``): each
 # becomes a ``HookMutant``, run after the source mutants, with the rows of ``first`` first.
 HOOK_MODULES = (("reports.conformance.training_mutants", ("train",)),
-                ("reports.conformance.program_mutants", ("program",)))
+                ("reports.conformance.program_mutants", ("program",)),
+                ("reports.conformance.lowp_mutants", ("sum", "mean", "softmax")))
 
 
 def hook_mutants():

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import optable
 from reports.conformance import bounds as _bounds
 from reports.conformance import oracle as _oracle
 
@@ -175,6 +176,41 @@ def declared_rounded_once(engine, name, dtype):
     return paths
 
 
+def declared_working(engine, attr, name, dtype):
+    """The format ``engine`` declares in its ``attr`` (``computes_in`` or ``accumulates``,
+    docs/engines.md) for op ``name`` in the storage ``dtype``, or None.
+
+    A declaration maps a storage format's name to a format name (every op) or to
+    ``{op: format name}`` (those ops; ``"*"`` for the others).
+    """
+    entry = (getattr(engine, attr, None) or {}).get(np.dtype(dtype).name)
+    if isinstance(entry, dict) or hasattr(entry, "get"):
+        entry = entry.get(name, entry.get("*"))
+    return entry
+
+
+def admissible_for(engine, name, dtype, inputs64, grad64, params, exact, once=True):
+    """``(A_out, [A_grad])`` for op ``name`` in ``dtype`` on ``engine``: the general bound,
+    the storage formats' bound from what the engine declares it computes and accumulates in
+    (``bounds.storage``), and (with ``once``) the rounded-once bound where it declares one."""
+    exact_grads = [None if g is None else g[0] for g in exact.grads]
+    if optable.formats.is_storage(dtype):
+        a_out, a_grads = _bounds.storage(
+            name, inputs64, grad64, params, exact.out[0], exact_grads, dtype,
+            computes_in=declared_working(engine, "computes_in", name, dtype),
+            accumulates=declared_working(engine, "accumulates", name, dtype))
+    else:
+        a_out, a_grads = _bounds.admissible(name, inputs64, grad64, params, exact.out[0],
+                                            exact_grads)
+    once = once and declared_rounded_once(engine, name, dtype)
+    if once:        # the engine promises a single rounding there: hold it to that
+        o_out, o_grads = _bounds.rounded_once(name, inputs64, grad64, params, exact.out[0],
+                                              exact_grads, dtype)
+        a_out = o_out if "forward" in once else a_out
+        a_grads = o_grads if "vjp" in once else a_grads
+    return a_out, a_grads
+
+
 def _value_at(x, shape, index):
     """``x``'s entry that lands on ``index`` of an array of ``shape`` (or a short summary)."""
     x = np.asarray(x)
@@ -229,17 +265,8 @@ def check_call(engine, ex, kinks="strict"):
     dtype = np.dtype(ex.dtype)
     exact = _oracle.exact_vjp(ex.name, ex.inputs, ex.grad, ex.params)
     inputs64 = [_oracle.as_float64(x) for x in ex.inputs]
-    a_out, a_grads = _bounds.admissible(ex.name, inputs64, _oracle.as_float64(ex.grad),
-                                        ex.params, exact.out[0],
-                                        [None if g is None else g[0] for g in exact.grads])
-    once = declared_rounded_once(engine, ex.name, dtype)
-    if once:        # the engine promises a single rounding there: hold it to that
-        o_out, o_grads = _bounds.rounded_once(ex.name, inputs64, _oracle.as_float64(ex.grad),
-                                              ex.params, exact.out[0],
-                                              [None if g is None else g[0]
-                                               for g in exact.grads], dtype)
-        a_out = o_out if "forward" in once else a_out
-        a_grads = o_grads if "vjp" in once else a_grads
+    a_out, a_grads = admissible_for(engine, ex.name, dtype, inputs64,
+                                    _oracle.as_float64(ex.grad), ex.params, exact)
     out = _call(result, "forward", lambda: engine.forward(ex.name, list(ex.inputs), **ex.params))
     if out is not None:
         m = _oracle.measure("output", out, exact.out, a_out, dtype)
@@ -262,7 +289,7 @@ def check_call(engine, ex, kinks="strict"):
             measured[k] = (iname, g, e, a)
     verdict = None
     if spec.OPS[ex.name].kinks and measured:
-        eps = float(np.finfo(dtype).eps)
+        eps = optable.formats.format_of(dtype).eps
         floor = _bounds.underflow_floor(dtype)
         views = [np.asarray(measured[k][1], np.float64) if k in measured else None
                  for k in range(len(names))]
@@ -386,7 +413,7 @@ def check_jvp(engine, ex, direction_seed=0):
     directions = []
     edges = getattr(ex, "edges", False)
     exact = _oracle.exact_vjp(ex.name, ex.inputs, ex.grad, ex.params)
-    big = float(np.finfo(dtype).max)
+    big = optable.formats.format_of(dtype).max
     top = max([float(np.max(np.abs(np.asarray(x, np.float64)))) for x, d in
                zip(ex.inputs, differentiable) if d and np.size(x)] + [0.0])
     domains = spec.OPS[ex.name].domains
@@ -409,9 +436,8 @@ def check_jvp(engine, ex, direction_seed=0):
     if grads is None:
         return result
     inputs64 = [_oracle.as_float64(x) for x in ex.inputs]
-    _, a_grads = _bounds.admissible(ex.name, inputs64, _oracle.as_float64(ex.grad), ex.params,
-                                    exact.out[0],
-                                    [None if g is None else g[0] for g in exact.grads])
+    _, a_grads = admissible_for(engine, ex.name, dtype, inputs64, _oracle.as_float64(ex.grad),
+                                ex.params, exact, once=False)
     terms, allowed, ref = [], 0.0, 0.0
     for g, t, a, e in zip(grads, directions, a_grads, exact.grads):
         if t is None:
@@ -432,8 +458,8 @@ def check_jvp(engine, ex, direction_seed=0):
     exact_side = _jvp_exact(ex, directions, scale=top if edges and top > 0 else 1.0)
     if not math.isfinite(exact_side):
         return result.fail(f"<J t, c> is {exact_side} (an input outside the dtype's range?)")
-    eps = float(np.finfo(dtype).eps)
-    tiny = float(np.finfo(dtype).tiny)
+    eps = optable.formats.format_of(dtype).eps
+    tiny = optable.formats.format_of(dtype).tiny
     diff = abs(engine_side - exact_side)
     # float64 rounding of the exact side and of the products t * g (2 eps64 each, relative to
     # the terms' magnitude): far below any float32 bound, a few eps for float64.
@@ -522,15 +548,16 @@ def OpExample_like(ex, x, grad):  # noqa: N802 - reads as the constructor it wra
                      False, ex.label)
 
 
-def check_unsupported(engine, name):
-    """An op ``engine`` declares unsupported must raise ``UnsupportedOpError`` (both calls)."""
+def check_unsupported(engine, name, dtype=None):
+    """An op ``engine`` declares unsupported (in ``dtype``, when given) must raise
+    ``UnsupportedOpError`` (both calls)."""
     import spec
 
     result = Result()
     ex = spec.OPS[name].examples[0]
     inputs = spec.sample_inputs(name, np.random.default_rng(0), shapes=ex.shapes,
                                 params=dict(ex.params))
-    dtype = np.dtype(engine.dtypes[0])
+    dtype = np.dtype(engine.dtypes[0] if dtype is None else dtype)
     op = spec.OPS[name]
     inputs = [x if op.domains[n] == "class_index" else x.astype(dtype)
               for n, x in zip(op.inputs, inputs)]
@@ -545,7 +572,8 @@ def check_unsupported(engine, name):
             result.fail(f"{what} of unsupported {name} raised {type(exc).__name__} ({exc}); "
                         f"expected UnsupportedOpError")
             continue
-        result.fail(f"{name} is declared unsupported but {what} returned a value; raise "
+        where = "" if dtype == np.dtype(engine.dtypes[0]) else f" in {dtype}"
+        result.fail(f"{name} is declared unsupported{where} but {what} returned a value; raise "
                     f"UnsupportedOpError (or drop the claim)")
     return result
 

@@ -6,18 +6,26 @@ import numpy as np
 
 __all__ = ["literal", "op_call", "special", "edge", "optimizer", "tape", "train"]
 
-_HEADER = "import numpy as np\nfrom reports.conformance import engines, properties\n"
+_HEADER = ("import ml_dtypes\nimport numpy as np\n"
+           "from reports.conformance import engines, properties\n")
+
+
+def dtype_expr(dtype):
+    """Python source naming ``dtype`` (``np.float32``; bfloat16 is ``ml_dtypes.bfloat16``)."""
+    name = np.dtype(dtype).name
+    return "ml_dtypes.bfloat16" if name == "bfloat16" else f"np.{name}"
 
 
 def literal(x):
     """Python source that rebuilds ``x`` exactly (arrays with dtype, floats round-tripping)."""
+    import optable
+
     if isinstance(x, np.ndarray):
-        dtype = x.dtype.name
-        body = repr(x.tolist()) if x.dtype.kind != "f" else repr(
-            np.asarray(x, np.float64).tolist())
-        if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+        is_float = optable.formats.is_float(x.dtype)
+        body = repr(x.tolist()) if not is_float else repr(np.asarray(x, np.float64).tolist())
+        if is_float and not np.all(np.isfinite(np.asarray(x, np.float64))):
             body = body.replace("nan", "float('nan')").replace("inf", "float('inf')")
-        return f"np.array({body}, dtype=np.{dtype})"
+        return f"np.array({body}, dtype={dtype_expr(x.dtype)})"
     if isinstance(x, (list, tuple)):
         inner = ", ".join(literal(v) for v in x)
         return f"[{inner}]" if isinstance(x, list) else f"({inner}{',' if len(x) == 1 else ''})"
@@ -56,7 +64,7 @@ def _listed_case(engine, ex, index, kinks, module, function, shown):
     extra = "" if kinks is None else f", {kinks!r}"
     return (_HEADER + f"from reports.conformance.{module} import {function}\n"
             + _engine_line(engine)
-            + f"ex = {function}({ex.name!r}, np.{np.dtype(ex.dtype).name})[{index}]"
+            + f"ex = {function}({ex.name!r}, {dtype_expr(ex.dtype)})[{index}]"
               f"   # {ex.label}\n"
             + f"result = properties.check_call(engine, ex{extra})\n"
             + f"print({shown})\n"
@@ -79,7 +87,7 @@ def nonfinite(engine, ex):
     """A snippet that checks the non-finite contract on ``ex``'s op."""
     return (_HEADER + "from reports.conformance.special_values import nonfinite_cases\n"
             + _engine_line(engine)
-            + f"ex = nonfinite_cases({ex.name!r}, np.{np.dtype(ex.dtype).name})[0]\n"
+            + f"ex = nonfinite_cases({ex.name!r}, {dtype_expr(ex.dtype)})[0]\n"
             + "print(ex.inputs, properties.check_nonfinite(engine, ex))\n")
 
 

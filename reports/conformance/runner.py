@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import time
 import traceback
+
 import numpy as np
+
+import optable
 
 from reports.conformance import engines as _engines
 from reports.conformance.rows import (KINDS, MAX_FAILURES, PROFILES, ConformanceFailure,  # noqa: F401
@@ -27,8 +30,8 @@ def _op_rows(engine, ref, dtypes, ops, kinks=None):
     flag = "" if kinks is None else kinks
     rows = []
     for name in ops:
-        ok, reason = engine.supports(name)
         for dtype in dtypes:
+            ok, reason = _engines.supports_in(engine, name, dtype)
             dt = np.dtype(dtype).name
             if not ok:
                 rows.append(Row("exact", name, engine.name, dt, result=RowResult(
@@ -80,9 +83,10 @@ def _op_rows(engine, ref, dtypes, ops, kinks=None):
             rows += [Row("exact", name, engine.name, dt, exact_row, kinks=flag),
                      Row("jvp", name, engine.name, dt, jvp_row, kinks=flag),
                      Row("special", name, engine.name, dt, special_row, kinks=flag)]
-        if name == "maximum" and ok:   # the NaN routing: pinned (strict) or reported
+        running = [d for d in dtypes if _engines.supports_in(engine, "maximum", d)[0]]
+        if name == "maximum" and running:   # the NaN routing: pinned (strict) or reported
             from reports.conformance.conventions import convention_rows
-            rows += convention_rows(engine, engine.name, dtypes, mode == "strict")
+            rows += convention_rows(engine, engine.name, running, mode == "strict")
     return rows
 
 
@@ -103,6 +107,12 @@ def _completeness_row(engine, ops):
                 r = properties.check_unsupported(engine, name)
                 if not r.ok:
                     problems.append(r.describe())
+            else:       # an op a format lacks must raise there too
+                for dtype in engine.dtypes:
+                    if not _engines.supports_in(engine, name, dtype)[0]:
+                        r = properties.check_unsupported(engine, name, dtype)
+                        if not r.ok:
+                            problems.append(r.describe())
         if problems:
             out.status, out.detail = "FAIL", "; ".join(problems)
         unsupported = [n for n in ops if not engine.supports(n)[0]]
@@ -199,8 +209,9 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
     ops : sequence of str, optional
         Keep only rows whose subject is one of these (op, optimizer, layer kind, ``tape``,
         ``targetprop``, ``cd``).
-    dtype : str, optional
-        ``float32`` or ``float64``: keep rows of that dtype (and dtype-free ones).
+    dtype : str or collection of str, optional
+        Format names (``float32``, ``bfloat16``, ...): keep rows of those dtypes (and
+        dtype-free ones).
     kinds : sequence of str, optional
         Keep only these kinds of row (``KINDS``).
     kink_mode : {"strict", "subgradient"}, optional
@@ -222,10 +233,12 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
     statuses, rows = [], []
     wanted = None if not ops else set(ops)
 
+    chosen = None if not dtype else ({dtype} if isinstance(dtype, str) else set(dtype))
+
     def keep(name, kind, dt):
         if kinds and kind not in kinds:
             return False
-        if dtype and dt not in ("-", dtype):
+        if chosen and dt != "-" and dt not in chosen:
             return False
         if wanted is None:
             return True
@@ -241,6 +254,9 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
         statuses.append(_engines.EngineStatus(engine.name if ":" not in name else name, True, "",
                                               getattr(engine, "description", "")))
         dtypes = [np.dtype(d) for d in engine.dtypes]
+        # the 16-bit storage formats have op rows; second order and the optimizers run in
+        # the formats engines compute in (float32, float64)
+        wide = [d for d in dtypes if not optable.formats.is_storage(d)]
         engine_rows = [_completeness_row(engine, all_ops)]
         # an op's rows, and its rows with a longer name ("maximum NaN routing")
         op_words = set() if wanted is None else {w.split()[0] for w in wanted if w.split()}
@@ -248,10 +264,10 @@ def plan_rows(engine_names, ops=None, dtype=None, kinds=None, kink_mode=None):
                                                  wanted is None or o in op_words or
                                                  {"exact", "jvp", "special"} & wanted],
                                 kink_mode)
-        engine_rows += second_order_rows(engine, name, dtypes,
+        engine_rows += second_order_rows(engine, name, wide,
                                          [o for o in all_ops if wanted is None or o in wanted
                                           or set(SECOND_ORDER_KINDS) & wanted], kink_mode)
-        engine_rows += _optimizer_rows(engine, name, dtypes, OPTIMIZER_NAMES)
+        engine_rows += _optimizer_rows(engine, name, wide, OPTIMIZER_NAMES)
         if engine.name in TAPE_ENGINES and ":" not in name:
             engine_rows.append(_tape_row(engine.name))
         if engine.name == "fastlib" and ":" not in name:

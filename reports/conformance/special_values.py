@@ -14,7 +14,7 @@ import numpy as np
 
 import optable
 
-from reports.conformance.strategies import OpExample
+from reports.conformance.strategies import OpExample, representable
 
 __all__ = ["special_cases", "CATEGORIES"]
 
@@ -45,12 +45,19 @@ def _sum_block():
     return int(_BLOCK)
 
 
+# tiny and huge magnitudes per format: squares (and products of two) stay normal numbers. float16
+# has only four decades either side of 1 for that (sqrt of 6.1e-5 is 7.8e-3, of 65504 is 256).
+_MAGNITUDES = {"float64": (1e-150, 1e150), "float32": (1e-15, 1e15),
+               "bfloat16": (1e-15, 1e15), "float16": (1e-2, 1e2)}
+
+
 def _magnitudes(dtype):
-    return (1e-15, 1e15) if np.dtype(dtype) == np.float32 else (1e-150, 1e150)
+    return _MAGNITUDES[np.dtype(dtype).name]
 
 
 def _half_ulp(dtype):
-    return 2.0 ** -25 if np.dtype(dtype) == np.float32 else 2.0 ** -54
+    """Half of half an ulp of 1 (eps / 4 = 2**-(p + 1)): below the dtype's rounding of 1 + it."""
+    return 2.0 ** -(optable.formats.format_of(dtype).precision + 1)
 
 
 def _grad_for(name, inputs, params, rng, dtype):
@@ -64,9 +71,10 @@ def _raw_cases(name, dtype):
     """(label, inputs as float64/int arrays, params) before casting and filtering."""
     tiny, huge = _magnitudes(dtype)
     f64 = np.dtype(dtype) == np.float64
+    fmt = optable.formats.format_of(dtype)
     a = np.array
     cases = []
-    subnormal = 3 * float(np.finfo(dtype).smallest_subnormal)
+    subnormal = 3 * fmt.smallest_subnormal
     if name in SATURATING:
         # NOTE: one case per magnitude: a result at -80 is never judged beside one at +80
         sat = [-80.0, -30.0, -25.0, -17.0, -10.0, 10.0, 25.0, 30.0, 80.0]
@@ -93,9 +101,10 @@ def _raw_cases(name, dtype):
         # past the size where fastlib's elementwise kernels split the work across threads, with
         # a ragged tail: one wrong entry among tens of thousands must fail on its own bound
         n = _parallel_min_size() + 37
-        period = (np.geomspace(1e-3, 20.0, LONG_PERIOD) if name in ("sqrt", "log") else
-                  np.concatenate([np.geomspace(1e-3, 20.0, LONG_PERIOD - 21),
-                                  -np.geomspace(1e-3, 20.0, 21)]))
+        top = 20.0 if fmt.max > 1e9 else 10.0      # float16: exp(20) is past its 65504
+        period = (np.geomspace(1e-3, top, LONG_PERIOD) if name in ("sqrt", "log") else
+                  np.concatenate([np.geomspace(1e-3, top, LONG_PERIOD - 21),
+                                  -np.geomspace(1e-3, top, 21)]))
         cases.append(("long elementwise", [np.resize(period, n)], {}))
     if optable.OPS[name].category == "binary":
         x = a([[1.5, -2.0, 0.25], [3.0, -0.5, 1.0]])
@@ -170,10 +179,14 @@ def _raw_cases(name, dtype):
         cases.append(("logits ±1e4", [a([1e4, -1e4, 1e4, -1e4, 0.0]),
                                       a([1.0, 0.0, 0.0, 1.0, 0.5])], {}))
     if name == "binary_cross_entropy":
-        cases.append(("saturation", [a([1e-7, 1 - 2.0 ** -20, 1e-30, 0.5]),
+        below = 1.0 - fmt.unit_roundoff       # the largest number below 1
+        # in the 16-bit formats 1 - 2**-20 is 1 and (float16) 1e-30 is 0: the nearest numbers
+        # the format has inside (0, 1) stand for them
+        near_one = 1 - 2.0 ** -20 if fmt.precision > 21 else below
+        small = 1e-30 if fmt.tiny < 1e-30 else subnormal
+        cases.append(("saturation", [a([1e-7, near_one, small, 0.5]),
                                      a([0.0, 1.0, 1.0, 0.0])], {}))
         # probabilities exactly 0 and 1 as targets, predictions one ulp inside (0, 1)
-        below = float(np.nextafter(np.asarray(1.0, dtype), np.asarray(0.0, dtype)))
         cases.append(("targets at the domain's edge",
                       [a([below, below, subnormal, subnormal]), a([1.0, 0.0, 0.0, 1.0])], {}))
         # a loss of tiny terms only (about 1e-20): log(1 - p) instead of log1p(-p) returns 0
@@ -204,7 +217,7 @@ def special_cases(name, dtype):
     """
     import spec
 
-    from reports.conformance.oracle import representable
+    from reports.conformance.oracle import representable as results_representable
     from reports.conformance.strategies import make_example
 
     dtype = np.dtype(dtype)
@@ -212,6 +225,8 @@ def special_cases(name, dtype):
     rng = np.random.default_rng(0)
     out = []
     for label, inputs, params in _raw_cases(name, dtype):
+        inputs = [representable(x, op.domains[n], dtype) if op.domains[n] != "class_index"
+                  else x for n, x in zip(op.inputs, inputs)]
         cast = tuple(x if op.domains[n] == "class_index"
                      else np.asarray(x, np.float64).astype(dtype)
                      for n, x in zip(op.inputs, inputs))
@@ -223,7 +238,7 @@ def special_cases(name, dtype):
     base = make_example(name, example.shapes, dict(example.params), 0, dtype)
     out.append(OpExample(name, base.inputs, np.zeros_like(base.grad), base.params, 0, False,
                          "zero cotangent"))
-    return representable(out, dtype)
+    return results_representable(out, dtype)
 
 
 # ---------------------------------------------------------------------------------------------

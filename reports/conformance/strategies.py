@@ -19,6 +19,7 @@ import optable
 __all__ = [
     "UNARY", "BINARY", "REDUCTIONS", "ALONG_AXIS", "LAST_AXIS", "SAME_SHAPE_LOSSES",
     "ROW_LOSSES", "STRUCTURE", "op_case", "case_form", "edge_decades", "EDGE_RANGE",
+    "representable",
     "OpExample", "op_examples", "make_example",
     "dags", "TAPE_EXAMPLES", "build_dag", "reached", "custom_backward", "custom_value",
     "optimizer_cases",
@@ -160,9 +161,9 @@ EDGE_RANGE = {name: sig.edge for name, sig in optable.OPS.items()}   # the op ta
 
 def edge_decades(name, dtype):
     """``(lo, hi)``: the log10 range of the edge draws of op ``name`` in ``dtype``."""
-    info = np.finfo(np.dtype(dtype))
-    smallest = float(np.log10(float(info.smallest_subnormal)))
-    largest = float(np.log10(float(info.max)))
+    info = optable.formats.format_of(dtype)
+    smallest = float(np.log10(info.smallest_subnormal))
+    largest = float(np.log10(info.max))
     kind = EDGE_RANGE[name]
     if kind == "full":
         return smallest, largest - 0.5
@@ -173,7 +174,7 @@ def edge_decades(name, dtype):
     if kind == "cube":
         return smallest, largest / 3 - 1.0
     # "square": both the value and its square (and a product of two) stay normal numbers
-    return float(np.log10(float(info.tiny))) / 2 + 0.5, largest / 2 - 1.5
+    return float(np.log10(info.tiny)) / 2 + 0.5, largest / 2 - 1.5
 
 
 def _edge_values(x, domain, name, dtype, rng):
@@ -181,6 +182,7 @@ def _edge_values(x, domain, name, dtype, rng):
     x = np.array(x, dtype=np.float64)
     shape = x.shape
     lo, hi = edge_decades(name, dtype)
+    info = optable.formats.format_of(dtype)
     if domain in ("real", "nonzero", "positive"):
         mag = 10.0 ** rng.uniform(lo, hi, size=shape)
         sign = 1.0 if domain == "positive" else rng.choice([-1.0, 1.0], size=shape)
@@ -188,16 +190,34 @@ def _edge_values(x, domain, name, dtype, rng):
     if domain == "unit_open":
         # close to 0 or to 1 (as close as the dtype has numbers below 1)
         near = 10.0 ** rng.uniform(max(lo, -300.0), -0.5, size=shape)
-        gap = 10.0 ** rng.uniform(np.log10(float(np.finfo(dtype).epsneg)), -0.5, size=shape)
+        # epsneg (the gap below 1) is the unit roundoff 2**-p in every binary format
+        gap = 10.0 ** rng.uniform(np.log10(info.unit_roundoff), -0.5, size=shape)
         v = np.where(rng.random(shape) < 0.5, near, 1.0 - gap)
         v = np.asarray(v).astype(dtype).astype(np.float64)
-        below_one = float(np.nextafter(np.asarray(1.0, dtype), np.asarray(0.0, dtype)))
-        return np.clip(v, float(np.finfo(dtype).smallest_subnormal), below_one)
+        below_one = 1.0 - info.unit_roundoff
+        return np.clip(v, info.smallest_subnormal, below_one)
     if domain == "distribution" and x.ndim and x.shape[-1] > 1:
-        # rows that miss 1 by up to 0.9 of the validator's 1e-3, in the dtype
+        # rows that miss 1 by up to 0.9 of the validator's 1e-3, in the dtype (where the
+        # format cannot hold a row that close to 1, bfloat16, the row is kept as drawn)
         scale = 1.0 + rng.uniform(-9e-4, 9e-4, size=shape[:-1] + (1,))
-        return np.asarray((x * scale).astype(dtype).astype(np.float64))
+        moved = (x * scale).astype(dtype).astype(np.float64)
+        near = np.abs(moved.sum(axis=-1, keepdims=True) - 1.0) <= 9e-4
+        return np.asarray(np.where(near, moved, x))
     return x
+
+
+def representable(x, domain, dtype):
+    """``x`` (float64, drawn from ``domain``) made exact in ``dtype`` where the cast alone would
+    leave the domain: distribution rows are multiples of 1/1024 (spec's samplers), which
+    bfloat16's 8 bits cannot hold; there each row is requantised to multiples of ``2**(p-1)``
+    (1/128) that still sum to exactly 1."""
+    quantum = 2.0 ** (optable.formats.format_of(dtype).precision - 1)
+    x = np.asarray(x, dtype=np.float64)
+    if domain != "distribution" or quantum >= 1024 or x.ndim == 0 or x.shape[-1] < 1:
+        return x
+    counts = np.floor(x * quantum)
+    counts[..., -1] = quantum - counts[..., :-1].sum(axis=-1)
+    return counts / quantum
 
 
 def make_example(name, shapes, params, seed, dtype, near_kinks=False, edges=False):
@@ -212,6 +232,8 @@ def make_example(name, shapes, params, seed, dtype, near_kinks=False, edges=Fals
     op = spec.OPS[name]
     rng = np.random.default_rng(seed)
     raw = spec.sample_inputs(name, rng, shapes=shapes, params=params, near_kinks=near_kinks)
+    raw = [representable(x, op.domains[n], dtype) if op.domains[n] != "class_index" else x
+           for n, x in zip(op.inputs, raw)]
     if edges:
         raw = [_edge_values(x, op.domains[n], name, np.dtype(dtype), rng)
                if op.domains[n] != "class_index" else x for n, x in zip(op.inputs, raw)]
@@ -247,7 +269,8 @@ def case_form(ex):
     """
     shapes = [np.shape(x) for x in ex.inputs]
     parts = ["0-d" if any(len(s) == 0 for s in shapes) else f"{max(len(s) for s in shapes)}-d"]
-    float_shapes = {s for s, x in zip(shapes, ex.inputs) if np.asarray(x).dtype.kind == "f"}
+    float_shapes = {s for s, x in zip(shapes, ex.inputs)
+                    if optable.formats.is_float(np.asarray(x).dtype)}
     if ex.name in BINARY and len(float_shapes) > 1:
         parts.append("broadcast")
     if "axis" in ex.params:

@@ -141,6 +141,13 @@ def bar_section(report):
     elif b["float32"]:
         lines.append(f"- {b['engine']} float32 against {b['rival']} float32: not measured "
                      f"({b['rival']} was not run).")
+    lowp = [e for e in b.get("storage", ()) if e["status"] != "not measured"]
+    if lowp:
+        lines += _pass_lines(
+            lowp, f"**{b['engine']} bfloat16 and float16 median no farther from exact than "
+                  f"{b['rival']}'s** (same inputs, ULPs of the format)", "op × format",
+            lambda e: f"`{e['op']}` {e['dtype']}: median {fmt_num(e['median_ulp'])} ULPs vs "
+                      f"{fmt_num(e['rival_median_ulp'])}")
     cr = b["correct_rounding"]
     if cr:
         lines += _pass_lines(

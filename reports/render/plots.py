@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+import optable
+
 from reports.accuracy import as_float
 from reports.render import columns as engine_columns
 
@@ -92,12 +94,14 @@ def _rel(v):
     return _display(v, REL_ZERO_AT)
 
 
-LINESTYLE = {"float32": "-", "float64": "--"}
-MARKER = {"float32": "o", "float64": "s"}
+LINESTYLE = {"float32": "-", "float64": "--", "bfloat16": ":", "float16": "-."}
+MARKER = {"float32": "o", "float64": "s", "bfloat16": "^", "float16": "v"}
+SHORT = {"float32": "32", "float64": "64", "bfloat16": "bf16", "float16": "f16"}
+DTYPE_COLOR = {"float32": "C0", "float64": "C3", "bfloat16": "C2", "float16": "C1"}
 
 
 def _label(r):
-    return f"{r['engine']} {r['dtype'][-2:]}"
+    return f"{r['engine']} {SHORT[r['dtype']]}"
 
 
 def _histogram_panel(ax, rows, edges, colors):
@@ -168,7 +172,7 @@ def _fd_panel(ax, rows, colors):
         if fd:
             ax.plot([r["step"] for r in fd], [_rel(r["rel"]["median"]) for r in fd],
                     marker=MARKER[dtype], color="black", lw=1.6, ls=LINESTYLE[dtype],
-                    label=f"central FD {dtype[-2:]}")
+                    label=f"central FD {SHORT[dtype]}")
     for r in rows:
         if not r.get("n"):
             continue
@@ -197,7 +201,8 @@ def op_figure(name, result, edges, colors):
     colors : dict
         Engine name -> colour (:func:`engine_colors`).
 
-    One row of three panels; engines by colour, float32 solid and float64 dashed.
+    One row of three panels; engines by colour, float32 solid, float64 dashed, bfloat16
+    dotted and float16 dash-dotted.
     """
     plt = _pyplot()
     rows = [r for r in result["rows"] if r["status"] != "unsupported"]
@@ -238,7 +243,7 @@ def overview_figure(report):
     ax0.set_xticklabels([f"{e}\n{d}" for e, d in columns], fontsize=7)
     ax0.set_title("median error, log10 ULPs (exact shown as -3)", fontsize=9)
     fig.colorbar(im, ax=ax0, fraction=0.04)
-    for dtype in ("float32", "float64"):
+    for dtype in LINESTYLE:
         curves = []
         for res in report["ops"].values():
             pts = sorted((r["step"], _rel(r["rel"]["median"])) for r in res["rows"]
@@ -247,15 +252,15 @@ def overview_figure(report):
             if pts:
                 curves.append(pts)
                 xs, ys = zip(*pts)
-                ax1.plot(xs, ys, color="C0" if dtype == "float32" else "C3", lw=0.6,
-                         alpha=0.35, ls=LINESTYLE[dtype])
+                ax1.plot(xs, ys, color=DTYPE_COLOR[dtype], lw=0.6, alpha=0.35,
+                         ls=LINESTYLE[dtype])
         if curves:
             steps = sorted({h for c in curves for h, _ in c})
             med = [np.nanmedian([y for c in curves for h2, y in c if h2 == h]) for h in steps]
-            ax1.plot(steps, med, marker=MARKER[dtype], lw=2,
-                     color="C0" if dtype == "float32" else "C3", ls=LINESTYLE[dtype],
-                     label=f"{dtype}: each op (thin), median over ops (thick)")
-            eps = float(np.finfo(dtype).eps)
+            ax1.plot(steps, med, marker=MARKER[dtype], lw=2, color=DTYPE_COLOR[dtype],
+                     ls=LINESTYLE[dtype], label=f"{dtype}: each op (thin), median over ops "
+                                               f"(thick)")
+            eps = optable.formats.format_of(dtype).eps
             ax1.axhline(eps, ls=":", lw=0.8, color="gray")
             ax1.text(steps[0], eps, f" eps {dtype}", fontsize=7, va="bottom")
     ax1.set_xscale("log")

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reports.conformance.engines import Engine
+import optable
+from reports.conformance.engines import Engine, UnsupportedOpError
 
 __all__ = ["PeerEngine", "GraphSecondOrder", "class_index_inputs", "numpy_axes",
            "slice_index"]
@@ -66,6 +67,31 @@ class PeerEngine(Engine):
             return False, f"the {self.name} adapter has no mapping for {op!r} yet"
         return ok, reason
 
+    def supports_in(self, op, dtype):
+        """As :meth:`supports`, and in ``dtype``: where the engine has no kernel of the op in
+        a 16-bit format (``_format_reason``), it is unsupported there, with the engine's own
+        words."""
+        ok, reason = self.supports(op)
+        if ok and optable.formats.is_storage(dtype):
+            missing = self._format_reason(op, np.dtype(dtype))
+            if missing:
+                return False, missing
+        return ok, reason
+
+    def _format_reason(self, op, dtype):
+        """Why the engine cannot run ``op`` in the 16-bit ``dtype`` (None: it can)."""
+        return None
+
+    def _require_in(self, name, arrays):
+        """Raise ``UnsupportedOpError`` where the inputs' format lacks op ``name``."""
+        dtypes = [np.asarray(a).dtype for a in arrays
+                  if optable.formats.is_storage(np.asarray(a).dtype)]
+        if dtypes:
+            ok, reason = self.supports_in(name, dtypes[0])
+            if not ok:
+                raise UnsupportedOpError(f"{self.name}: {name} is not supported in "
+                                         f"{dtypes[0]}: {reason}")
+
     def _tensors(self, name, inputs, track):
         fixed = class_index_inputs(name)
         return [self._tensor(np.array(np.asarray(x), dtype=np.int64) if i in fixed
@@ -73,10 +99,12 @@ class PeerEngine(Engine):
                 for i, x in enumerate(inputs)]
 
     def _forward(self, name, inputs, **params):
+        self._require_in(name, inputs)
         out = self.ops[name](*self._tensors(name, inputs, False), **params)
         return self._numpy(out)
 
     def _vjp(self, name, inputs, grad, **params):
+        self._require_in(name, inputs)
         fixed = class_index_inputs(name)
         free = [i for i in range(len(inputs)) if i not in fixed]
         tensors = self._tensors(name, inputs, True)

@@ -8,7 +8,7 @@ import numpy as np
 
 import optable
 
-from reports.conformance.engines import FLOAT32, FLOAT64, Engine
+from reports.conformance.engines import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Engine
 
 __all__ = ["JaxEngine", "jax_ops"]
 
@@ -79,6 +79,16 @@ def jax_ops(jax, jnp):
         "binary_cross_entropy_with_logits": bce_logits,
     }
 
+
+#: ops whose sums, forward and VJP, JAX runs in float32 for bfloat16 and float16 inputs: their
+#: traced programs (``jax.make_jaxpr`` of the value and its VJP) hold no reduce_sum in the
+#: storage format (jnp.sum / jnp.mean upcast) and their dot products accumulate in float32
+FLOAT32_SUMS = ("sum", "mean", "matmul", "mse", "binary_cross_entropy",
+                "binary_cross_entropy_with_logits")
+#: ops whose traced VJP sums in the storage format (reduce_sum transposing a broadcast); the
+#: binary ops do so whenever an operand is broadcast
+STORAGE_SUMS = ("add", "sub", "mul", "div", "maximum", "logsumexp", "softmax", "log_softmax",
+                "layer_norm", "rms_norm", "cross_entropy", "categorical_cross_entropy")
 
 # op -> position of its class-index input (the op table's)
 CLASS_INDEX = {n: sig.inputs.index(i) for n, sig in optable.OPS.items() for i in sig.class_index}
@@ -168,8 +178,16 @@ class JaxEngine(Engine):
     """JAX (CPU, x64 enabled) as an engine: ``jax.vjp`` of ``jax.numpy`` functions."""
 
     name = "jax"
-    dtypes = (FLOAT32, FLOAT64)
+    dtypes = (FLOAT32, FLOAT64, BFLOAT16, FLOAT16)
     description = "JAX (CPU, x64 enabled) through jax.vjp"
+    # NOTE: what JAX accumulates bfloat16 and float16 in, op by op, read from the programs it
+    # traces (``STORAGE_SUMS``): jnp.sum and jnp.mean compute in float32 and cast back
+    # (upcast_f16_for_computation, jax/_src/numpy/reductions.py), and XLA's CPU dot
+    # accumulates in float32; but the VJPs of broadcasting ops and of softmax, log-sum-exp, the
+    # norms and the cross-entropies transpose a broadcast into lax.reduce_sum, which sums in
+    # the storage format itself (JAX's documentation: reduce_sum does not upcast)
+    accumulates = {fmt: {op: "float32" for op in FLOAT32_SUMS}
+                   for fmt in ("bfloat16", "float16")}
     CLEAR_EVERY = 256    # calls between dropping compiled executables
 
     def __init__(self):

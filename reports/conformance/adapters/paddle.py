@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from reports.conformance.adapters._peer import (GraphSecondOrder, PeerEngine, numpy_axes,
+from reports.conformance.adapters._peer import (GraphSecondOrder, PeerEngine,
+                                                class_index_inputs, numpy_axes,
                                                 slice_index)
-from reports.conformance.engines import FLOAT32, FLOAT64
+from reports.conformance.engines import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
 
 __all__ = ["PaddleEngine", "paddle_ops", "COMPOSED", "NO_GRAD_OP"]
 
@@ -150,7 +151,7 @@ class PaddleEngine(GraphSecondOrder, PeerEngine):
     ``paddle.incubate.autograd.jvp`` and ``paddle.grad(create_graph=True)`` twice."""
 
     name = "paddle"
-    dtypes = (FLOAT32, FLOAT64)
+    dtypes = (FLOAT32, FLOAT64, BFLOAT16, FLOAT16)
     description = "PaddlePaddle (CPU) through paddle.grad"
     composed = COMPOSED
     optimizers = tuple(_STATE)
@@ -169,17 +170,51 @@ class PaddleEngine(GraphSecondOrder, PeerEngine):
         self.ops = paddle_ops(paddle)
         self.label_parts = paddle_label_parts(paddle)
         self._live = None      # (state dict returned last, parameter, optimizer)
+        self._missing = {}     # (op, dtype) -> Paddle's words when it has no kernel there
 
     def _tensor(self, array, differentiable):
+        array = np.asarray(array)
+        if array.dtype == BFLOAT16:     # Paddle holds bfloat16 as its 16-bit pattern (uint16)
+            tensor = self._paddle.to_tensor(array.view(np.uint16)).view(self._paddle.bfloat16)
+            tensor.stop_gradient = not differentiable
+            return tensor
         return self._paddle.to_tensor(array, stop_gradient=not differentiable)
 
     def _numpy(self, tensor):
+        if tensor.dtype == self._paddle.bfloat16:
+            return np.array(tensor.numpy()).view(BFLOAT16)
         return np.array(tensor.numpy())
 
     def _gradients(self, out, wanted, grad):
-        grads = self._paddle.grad([out], wanted, [self._paddle.to_tensor(grad)],
-                                  allow_unused=True)
-        return [None if g is None else np.array(g.numpy()) for g in grads]
+        grads = self._paddle.grad([out], wanted, [self._tensor(grad, False)], allow_unused=True)
+        return [None if g is None else self._numpy(g) for g in grads]
+
+    def _format_reason(self, op, dtype):
+        """Paddle's CPU build registers few bfloat16 and float16 kernels: run the op's first
+        example (forward and VJP) in ``dtype`` once; where Paddle answers that a kernel is not
+        registered, the op is unsupported in that format, in Paddle's words."""
+        key = (op, dtype.name)
+        if key not in self._missing:
+            self._missing[key] = None
+            try:
+                self._example_call(op, dtype)
+            except Exception as exc:  # noqa: BLE001 - only a missing kernel is an answer
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                if "is not registered" in first:
+                    self._missing[key] = f"Paddle's CPU has no {dtype} kernel: {first[:160]}"
+        return self._missing[key]
+
+    def _example_call(self, op, dtype):
+        import spec
+
+        example = spec.OPS[op].examples[0]
+        fixed = class_index_inputs(op)
+        inputs = spec.sample_inputs(op, np.random.default_rng(0), shapes=example.shapes,
+                                    params=dict(example.params))
+        inputs = [x if i in fixed else np.asarray(x).astype(dtype) for i, x in enumerate(inputs)]
+        out = self.ops[op](*self._tensors(op, inputs, True), **dict(example.params))
+        grad = np.ones(tuple(out.shape), dtype)
+        PeerEngine._vjp(self, op, inputs, grad, **dict(example.params))
 
     def _graph_gradients(self, out, wanted, grad, keep=True):
         if out.stop_gradient:      # nothing left to differentiate (a constant first VJP)

@@ -20,7 +20,8 @@ import numpy as np
 
 from reports.conformance.adapters._peer import (GraphSecondOrder, PeerEngine, numpy_axes,
                                                 slice_index)
-from reports.conformance.engines import FLOAT32, FLOAT64, EngineUnavailableError
+from reports.conformance.engines import (BFLOAT16, FLOAT16, FLOAT32, FLOAT64,
+                                         EngineUnavailableError)
 
 __all__ = ["TinygradEngine", "tinygrad_ops", "tinygrad_device", "COMPOSED"]
 
@@ -127,8 +128,11 @@ class TinygradEngine(GraphSecondOrder, PeerEngine):
     order by ``Tensor.gradient`` of its own gradients (tinygrad has no forward mode)."""
 
     name = "tinygrad"
-    dtypes = (FLOAT32, FLOAT64)
+    dtypes = (FLOAT32, FLOAT64, BFLOAT16, FLOAT16)
     description = "tinygrad through Tensor.gradient"
+    # NOTE: tinygrad sums half and bfloat16 in float32 (sum_acc_dtype in tinygrad/dtype.py,
+    # used by Tensor.sum and by the gradient's sums over broadcast axes), casting back after
+    accumulates = {"bfloat16": "float32", "float16": "float32"}
     composed = COMPOSED
     optimizers = ("SGD", "Adam", "AdamW")
     optimizer_reasons = _OPTIMIZER_REASONS
@@ -147,6 +151,11 @@ class TinygradEngine(GraphSecondOrder, PeerEngine):
 
     def _tensor(self, array, differentiable):
         array = np.array(array, order="C")
+        if array.dtype == BFLOAT16:
+            # NOTE: tinygrad's buffers take no ml_dtypes array: the 16-bit patterns go in and
+            # are read as bfloat16 (bitcast), the same numbers
+            bits = self._tensor(array.view(np.uint16), differentiable)
+            return bits.bitcast(self._dtypes.bfloat16)
         if array.ndim == 0:
             # NOTE: a 0-d NumPy array reaches the PYTHON device through a CPU copy kernel
             # (compiled with clang, even under DEV=PYTHON); a 1-element one does not
@@ -154,11 +163,13 @@ class TinygradEngine(GraphSecondOrder, PeerEngine):
         return self._Tensor(array, device=self.device)
 
     def _numpy(self, tensor):
-        return np.array(tensor.numpy())
+        out = np.array(tensor.numpy())
+        # NOTE: tinygrad hands a bfloat16 tensor back as float32 (the same numbers)
+        return out.astype(BFLOAT16) if tensor.dtype == self._dtypes.bfloat16 else out
 
     def _gradients(self, out, wanted, grad):
         grads = out.gradient(*wanted, gradient=self._tensor(grad, False))
-        return [np.array(g.numpy()) for g in grads]
+        return [self._numpy(g) for g in grads]
 
     def _graph_gradients(self, out, wanted, grad, keep=True):
         # NOTE: tinygrad's gradients are lazy tensors of the same graph: differentiable again.

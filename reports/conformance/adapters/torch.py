@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 import optable
-from reports.conformance.engines import FLOAT32, FLOAT64, Engine
+from reports.conformance.engines import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Engine
 
 TF = torch.nn.functional
 
@@ -26,7 +26,24 @@ def _slice(x, axis=0, start=0, stop=None, step=1):
 
 
 def _softplus(x):
-    return TF.softplus(x, beta=1.0, threshold=20.0 if x.dtype == torch.float32 else 40.0)
+    return TF.softplus(x, beta=1.0, threshold=40.0 if x.dtype == torch.float64 else 20.0)
+
+
+def to_torch(x):
+    """A torch tensor holding the NumPy array ``x`` (bfloat16 through its 16-bit pattern:
+    ``torch.from_numpy`` does not take ``ml_dtypes.bfloat16``)."""
+    x = np.array(x)
+    if x.dtype == BFLOAT16:
+        return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(x)
+
+
+def to_numpy(t):
+    """A NumPy copy of the torch tensor ``t`` (bfloat16 as ``ml_dtypes.bfloat16``)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy(force=True).copy().view(BFLOAT16)
+    return t.numpy(force=True).copy()
 
 
 def _transpose(x, axes=None):
@@ -91,7 +108,12 @@ class TorchEngine(Engine):
     """PyTorch (CPU) as an engine: forward with torch ops, VJPs with ``torch.autograd.grad``."""
 
     name = "torch"
-    dtypes = (FLOAT32, FLOAT64)
+    dtypes = (FLOAT32, FLOAT64, BFLOAT16, FLOAT16)
+    # NOTE: PyTorch's CPU sums of bfloat16 and float16 accumulate in float32 (the cascade sum of
+    # aten/src/ATen/native/cpu/SumKernel.cpp takes at::acc_type<scalar_t, true>, float for
+    # both; softmax, the norms and the GEMMs likewise accumulate in float); every op's result,
+    # and each step of a composite backward formula, is rounded to the tensor's dtype
+    accumulates = {"bfloat16": "float32", "float16": "float32"}
     description = "PyTorch (CPU) through torch.autograd"
     optimizers = ("SGD", "Adam", "AdamW")
     optimizer_reasons = _OPTIMIZER_REASONS
@@ -107,19 +129,19 @@ class TorchEngine(Engine):
             if iname in wanted:
                 tensors.append(torch.from_numpy(np.array(x, dtype=np.int64)))
             else:
-                tensors.append(torch.from_numpy(np.array(x)).requires_grad_(requires_grad))
+                tensors.append(to_torch(x).requires_grad_(requires_grad))
         return tensors
 
     def _forward(self, name, inputs, **params):
         with torch.no_grad():
             out = TORCH_OPS[name](*self._tensors(name, inputs, False), **params)
-        return out.numpy().copy()
+        return to_numpy(out)
 
     def _vjp(self, name, inputs, grad, **params):
         tensors = self._tensors(name, inputs, True)
         out = TORCH_OPS[name](*tensors, **params)
         wanted = [t for t in tensors if t.requires_grad]
-        g = torch.from_numpy(np.array(grad, dtype=out.detach().numpy().dtype))
+        g = to_torch(np.asarray(grad)).to(out.dtype)
         grads = iter(torch.autograd.grad(out, wanted, g, allow_unused=True))
         result = []
         for t in tensors:
@@ -127,8 +149,7 @@ class TorchEngine(Engine):
                 result.append(None)
                 continue
             gi = next(grads)
-            result.append(np.zeros(tuple(t.shape), t.detach().numpy().dtype) if gi is None
-                          else gi.numpy().copy())
+            result.append(to_numpy(torch.zeros_like(t)) if gi is None else to_numpy(gi))
         return tuple(result)
 
     def _jvp(self, name, inputs, tangents, **params):

@@ -1,0 +1,226 @@
+"""The 16-bit storage formats and float32, converted both ways bit for bit: written once.
+
+bfloat16 and float16 values are stored as 16-bit patterns and computed on as float32. The four
+conversions are plain Python on integer bit patterns (``SOURCES``), compiled here with
+``@njit`` for CPU kernels and by ``fastlib.cuda.half`` as CUDA device functions: widening is
+exact (NaN payloads kept), narrowing rounds to nearest, ties to even, through the subnormals,
+with overflow to inf and NaN kept NaN, matching ``ml_dtypes`` on every pattern. ``widen`` and
+``narrow`` convert whole arrays. docs/fastlib.md, section ``fastlib/kernels/half.py``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from fastlib import config
+
+__all__ = ["SOURCES", "CODES", "widen", "narrow", "widen_bits", "narrow_bits",
+           "bfloat16_to_float32", "float32_to_bfloat16", "float16_to_float32",
+           "float32_to_float16"]
+
+#: storage format name -> the code the array kernels switch on
+CODES = {"bfloat16": 0, "float16": 1}
+_BF16, _F16 = CODES["bfloat16"], CODES["float16"]
+
+#: name -> the plain Python function of each conversion, compiled for each target
+SOURCES = {}
+
+
+def _source(fn):
+    SOURCES[fn.__name__] = fn
+    return njit(cache=True, nogil=True, inline="always")(fn)
+
+
+# The integer constants of the sources (module-level numbers: the CUDA twin reads them too).
+_SIGN32 = 0x80000000
+_ABS32 = 0x7FFFFFFF
+_INF32 = 0x7F800000
+_BF16_QUIET_NAN = 0x7FC0
+# float16: |x| >= 65520 (max + half an ulp) rounds to inf; |x| >= 2**-14 is normal there;
+# |x| <= 2**-25 (half the smallest subnormal) rounds to zero
+_F16_OVERFLOW = 0x477FF000
+_F16_NORMAL = 0x38800000
+_F16_HALF_SUBNORMAL = 0x33000000
+_REBIAS = 0x38000000          # (127 - 15) << 23: float32's exponent bias over float16's
+
+
+@_source
+def bfloat16_to_float32(h):
+    """float32 bits of the bfloat16 bits ``h``: the same number (bfloat16 is float32's top half)."""
+    return int(h) << 16
+
+
+@_source
+def float32_to_bfloat16(b):
+    """bfloat16 bits of float32 bits ``b``, rounded to nearest even; NaN becomes the quiet NaN
+    of its sign (as ``ml_dtypes`` does)."""
+    b = int(b)
+    if (b & _ABS32) > _INF32:
+        return ((b >> 16) & 0x8000) | _BF16_QUIET_NAN
+    # adding 0x7FFF plus the kept part's lowest bit rounds the dropped half to nearest even;
+    # a carry runs into the exponent (and past the largest number, to inf) as it should
+    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+
+
+@_source
+def float16_to_float32(h):
+    """float32 bits of the float16 bits ``h`` (exact: subnormals become normal numbers, a NaN
+    keeps its payload)."""
+    h = int(h)
+    sign = (h & 0x8000) << 16
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e == 0x1F:
+        return sign | _INF32 | (m << 13)
+    if e != 0:
+        return sign | ((e + 112) << 23) | (m << 13)
+    if m == 0:
+        return sign
+    k = 0                      # the subnormal's significant bits: m * 2**-24 = 2**(k - 25) ...
+    t = m
+    while t != 0:
+        t >>= 1
+        k += 1
+    return sign | ((k + 102) << 23) | ((m << (24 - k)) & 0x7FFFFF)
+
+
+@_source
+def float32_to_float16(b):
+    """float16 bits of float32 bits ``b``, rounded to nearest even, through the subnormals;
+    overflow gives inf, NaN stays NaN with the top of its payload (as NumPy does)."""
+    b = int(b)
+    sign = (b >> 16) & 0x8000
+    a = b & _ABS32
+    if a > _INF32:
+        m = (a >> 13) & 0x3FF
+        return sign | 0x7C00 | (m if m != 0 else 1)
+    if a >= _F16_OVERFLOW:
+        return sign | 0x7C00
+    if a >= _F16_NORMAL:
+        a -= _REBIAS
+        return sign | ((a + 0xFFF + ((a >> 13) & 1)) >> 13)
+    if a <= _F16_HALF_SUBNORMAL:
+        return sign
+    # a subnormal result: the significand (implicit one included) in units of 2**-24
+    shift = 126 - (a >> 23)
+    m = (a & 0x7FFFFF) | 0x800000
+    q = m >> shift
+    rest = m & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    if rest > half or (rest == half and (q & 1) == 1):
+        q += 1                 # a carry into 0x400 is the smallest normal number: right
+    return sign | q
+
+
+# ---------------------------------------------------------------------------------------------
+# whole arrays
+
+
+@njit(cache=True, nogil=True)
+def _widen_chunk(code, src, dst, lo, hi):
+    if code == _BF16:
+        for i in range(lo, hi):
+            dst[i] = bfloat16_to_float32(src[i])
+    else:
+        for i in range(lo, hi):
+            dst[i] = float16_to_float32(src[i])
+
+
+@njit(cache=True, nogil=True)
+def _narrow_chunk(code, src, dst, lo, hi):
+    if code == _BF16:
+        for i in range(lo, hi):
+            dst[i] = float32_to_bfloat16(src[i])
+    else:
+        for i in range(lo, hi):
+            dst[i] = float32_to_float16(src[i])
+
+
+@njit(cache=True, parallel=True)
+def _widen_parallel(code, src, dst, nchunks):
+    n = src.size
+    for c in prange(nchunks):
+        _widen_chunk(code, src, dst, n * c // nchunks, n * (c + 1) // nchunks)
+
+
+@njit(cache=True, parallel=True)
+def _narrow_parallel(code, src, dst, nchunks):
+    n = src.size
+    for c in prange(nchunks):
+        _narrow_chunk(code, src, dst, n * c // nchunks, n * (c + 1) // nchunks)
+
+
+def _code(name):
+    code = CODES.get(name)
+    if code is None:
+        raise ValueError(f"no 16-bit storage format {name!r}; formats: {', '.join(CODES)}")
+    return code
+
+
+def widen_bits(bits, name):
+    """float32 bit patterns (uint32) of 16-bit patterns ``bits`` (uint16, flat) in format
+    ``name``."""
+    code = _code(name)
+    src = np.ascontiguousarray(bits, dtype=np.uint16).reshape(-1)
+    dst = np.empty(src.size, np.uint32)
+    nchunks = config.num_chunks(src.size)
+    if nchunks == 1:
+        _widen_chunk(code, src, dst, 0, src.size)
+    else:
+        _widen_parallel(code, src, dst, nchunks)
+    return dst
+
+
+def narrow_bits(bits, name):
+    """16-bit patterns (uint16) in format ``name`` of float32 bit patterns ``bits`` (uint32)."""
+    code = _code(name)
+    src = np.ascontiguousarray(bits, dtype=np.uint32).reshape(-1)
+    dst = np.empty(src.size, np.uint16)
+    nchunks = config.num_chunks(src.size)
+    if nchunks == 1:
+        _narrow_chunk(code, src, dst, 0, src.size)
+    else:
+        _narrow_parallel(code, src, dst, nchunks)
+    return dst
+
+
+def widen(x):
+    """A bfloat16 or float16 array as float32, exactly (a new C-contiguous array, same shape).
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Of dtype bfloat16 (``ml_dtypes``) or float16.
+
+    Returns
+    -------
+    numpy.ndarray
+        float32, every value (NaN payloads included) the same number.
+    """
+    x = np.asarray(x)
+    bits = np.ascontiguousarray(x).view(np.uint16)
+    return widen_bits(bits, x.dtype.name).view(np.float32).reshape(x.shape)
+
+
+def narrow(x, dtype):
+    """A float32 array rounded to the 16-bit ``dtype`` (bfloat16 or float16), to nearest even.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        float32 values.
+    dtype : numpy dtype
+        bfloat16 (``ml_dtypes``) or float16.
+
+    Returns
+    -------
+    numpy.ndarray
+        A new array of ``dtype`` and ``x``'s shape.
+    """
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise TypeError(f"narrow rounds float32 values; got {x.dtype} (round float64 to "
+                        f"float32 first only if that double rounding is intended)")
+    dtype = np.dtype(dtype)
+    bits = narrow_bits(np.ascontiguousarray(x).view(np.uint32), dtype.name)
+    return bits.view(dtype).reshape(x.shape)
