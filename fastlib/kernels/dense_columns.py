@@ -352,7 +352,8 @@ def epoch(plan, data, state, bufs, update):
                 _join_backward(plan, layer + 1, nb, n_pieces, state.g, bufs)
             kopt.leave_ftz(old_fp)
             _pair_region(threads, layer, False, False, nb, n_pieces, step_in, plan, state, bufs,
-                         update, update.coeffs[0:1], total, (x, order, start + bs, next_nb, next_in))
+                         update, update.coeffs[0:1], total,
+                         (x, order, start + bs, next_nb, next_in))
             kopt.enter_ftz()
         # -- the skeleton's guard: the pieces' sums are added in piece order (each piece owns
         # one block of the parameters); the update is applied at the next forward region

@@ -311,8 +311,8 @@ def epoch(plan, data, state, bufs, update):
         correct_sum += correct
         kopt.leave_ftz(old_fp)
         applied = sk.end_step(plan.threads, plan.cuts, n_pieces, bufs.part, state.g, bufs.sumsq,
-                              update.kind, state.w, state.a, state.b, update.coeffs[updates:updates + 1],
-                              update.clip_mode, update.clip)
+                              update.kind, state.w, state.a, state.b,
+                              update.coeffs[updates:updates + 1], update.clip_mode, update.clip)
         kopt.enter_ftz()
         batch += 1
         if not applied:

@@ -86,7 +86,8 @@ class TrainingResult:
         ``fastlib.training.program``), ``"generic"`` (the per-batch loop) or ``"cuda"``.
     schedule : str or None
         The schedule that ran the program in the last epoch (``fastlib.training.schedules``):
-        ``"mlp"`` (the MLP's column epoch) or ``"general"`` (the interpreter); None when it did not run in the program.
+        ``"mlp"`` (the MLP's column epoch) or ``"general"`` (the interpreter); None when it
+        did not run in the program.
     piece_plan : dict or None
         The compiled program's piece plan, ``{"pieces": P, "source": ...}``
         (``fastlib.training.piece_plan``): pass ``pieces=P`` to reproduce the run bit for bit
