@@ -5,7 +5,7 @@ File layout (format ``verigrad-model``, version 1): an uncompressed NumPy ``.npz
 "parameters"}`` and one ``param/<name>`` array per entry of ``model.parameters()``; training
 checkpoints use the same container with format ``verigrad-checkpoint``. This module writes
 (``save_model``, which ``model.save`` calls) and reads and checks files without knowing the
-layers; ``fastlib.loading`` rebuilds the model. The long story: docs/fastlib.md, section
+layers; ``fastlib.loading`` rebuilds the model. The long story: docs/fastlib-training.md, section
 ``fastlib/io.py``.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Losses for training: DataCode's target formats, strictly checked, and accuracy per loss.
 
-The long story: docs/fastlib.md, section ``fastlib/losses.py``.
+The long story: docs/fastlib-kernels.md, section ``fastlib/losses.py``.
 """
 from __future__ import annotations
 

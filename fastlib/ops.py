@@ -4,7 +4,7 @@ The public wrapper around the private Numba kernels: it looks the op up and chec
 params and cotangent at the boundary (``optable.boundary``) before any kernel runs, so bad input
 gets an error that names the fix, never one from inside Numba.
 
-The long story: docs/fastlib.md, section ``fastlib/ops.py``.
+The long story: docs/fastlib-kernels.md, section ``fastlib/ops.py``.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 One class per optimizer of the registry (``optable.OPTIMIZERS``: names, hyperparameters,
 defaults, state), made from it here; each runs its rule of ``fastlib.kernels.optim_rules``.
-The long story: docs/fastlib.md, section ``fastlib/optim.py``.
+The long story: docs/fastlib-kernels.md, section ``fastlib/optim.py``.
 """
 from __future__ import annotations
 

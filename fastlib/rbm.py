@@ -5,7 +5,7 @@
 can feed a ``Sequential`` as a feature layer. ``fastlib.train(rbm, x, None, ...,
 algorithm="cd", cd_k=1)`` trains it on unlabeled data, any optimizer updating the parameters.
 
-The long story: docs/fastlib.md, section ``fastlib/rbm.py``.
+The long story: docs/fastlib-training.md, section ``fastlib/rbm.py``.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each layer gets a *target* (what it should have produced) instead of a gradient;
 then moves its own output toward its target with a local update, gated and scaled by how well
 its output and target agree (the link budget).
 
-Usage (as Loom's) and the long story: docs/fastlib.md, section ``fastlib/targetprop.py``.
+Usage (as Loom's) and the long story: docs/fastlib-training.md, section ``fastlib/targetprop.py``.
 """
 from __future__ import annotations
 

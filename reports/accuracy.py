@@ -4,7 +4,7 @@ Each VJP element of sampled and special cases is compared with spec's exact valu
 (ULP and relative error, correct rounding, conditioning), beside the floor of a correctly
 rounded answer and finite differences; the result is one JSON-ready dict for the renderers.
 
-The long story: docs/reports.md, section ``reports/accuracy.py``.
+The long story: docs/reports-accuracy.md, section ``reports/accuracy.py``.
 """
 from __future__ import annotations
 

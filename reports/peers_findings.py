@@ -1,7 +1,7 @@
 """What the suite finds in the peers (paddle, tinygrad, mygrad, autograd), element by element,
 at first order (their VJPs) and at second order (``J t`` and ``H t``, also for torch and jax).
 
-The long story: docs/reports.md, section ``reports/peers_findings.py``; the second order:
+The long story: docs/reports-peers.md, section ``reports/peers_findings.py``; the second order:
 docs/second-order.md, "What the rows find in the peers".
 """
 from __future__ import annotations

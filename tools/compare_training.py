@@ -3,10 +3,13 @@ every resulting array bit for bit.
 
 Each case (model x optimizer x piece plan) trains two epochs in a subprocess whose
 ``PYTHONPATH`` is one checkout, and saves its parameters, loss history and the schedule that
-ran it; the arrays of the two checkouts are compared with ``np.array_equal``. Usage::
+ran it; the arrays of the two checkouts are compared with ``np.array_equal``, and where they
+differ, by how many units in the last place of the array's largest entry. Usage::
 
     python tools/compare_training.py --against /work/main [--models lstm,attention]
-        [--optimizers Adam,SGD] [--pieces machine,3]
+        [--optimizers Adam,SGD] [--pieces machine,3] [--json FILE]
+
+``--json`` writes the rows in the envelope every docs/results/ file carries.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -98,9 +102,22 @@ def _largest_change(here, there, keys):
                 for k in keys if k in there and here[k].shape == there[k].shape] + [0.0])
 
 
+def _ulps(here, there, keys):
+    """The arrays ``keys`` by their largest difference in units in the last place of the array's
+    largest entry (in the array's dtype), most first: ``"name 12; ..."`` ("" when none)."""
+    found = []
+    for k in keys:
+        if k in there and here[k].shape == there[k].shape:
+            big = np.abs(there[k]).max().astype(there[k].dtype)
+            diff = np.abs(here[k].astype(np.float64) - there[k]).max()
+            found.append((float(diff / np.spacing(big)) if big else float("inf"), k))
+    return "; ".join(f"{k} {u:.3g}" for u, k in sorted(found, reverse=True))
+
+
 def compare(against, names, optimizers, pieces, report=print):
     """Run every case in both trees; returns rows ``(case, schedule here, schedule there,
-    arrays equal, arrays, first differing array or "", largest relative difference)``."""
+    arrays equal, arrays, first differing array or "", largest relative difference, differing
+    arrays by ulps)``."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
@@ -114,9 +131,36 @@ def compare(against, names, optimizers, pieces, report=print):
                             not np.array_equal(here[k], there[k])]
                     rows.append((case, str(here["schedule"]), str(there["schedule"]),
                                  len(keys) - len(diff), len(keys), diff[0] if diff else "",
-                                 f"{_largest_change(here, there, diff):.1e}"))
+                                 f"{_largest_change(here, there, diff):.1e}",
+                                 _ulps(here, there, diff)))
                     report(" | ".join(str(v) for v in rows[-1]))
     return rows
+
+
+def _record(args, argv, rows, seconds, load_before):
+    """The rows in the docs/results/ envelope; the other checkout named by its commit."""
+    sys.path.insert(0, str(ROOT))
+    from reports import provenance
+
+    def commit(tree):
+        return subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
+
+    words, skip = [], False
+    for word in (sys.argv[1:] if argv is None else argv):
+        if skip or word.split("=", 1)[0] == "--json":
+            skip = not skip and "=" not in word
+            continue
+        words.append(word)
+    fields = ("case", "schedule_here", "schedule_there", "equal_arrays", "arrays",
+              "first_differing", "largest_relative_difference", "differing_by_ulps")
+    doc = {"command": " ".join(["python tools/compare_training.py", *words]),
+           "date": provenance.now(), "machine": provenance.machine(),
+           "versions": provenance.versions(), "load_before": load_before,
+           "load_after": provenance.load_average(), "seconds": round(seconds, 1),
+           "data": {"here": commit(ROOT), "there": commit(args.against),
+                    "rows": [dict(zip(fields, r)) for r in rows]}}
+    pathlib.Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
 def main(argv=None):
@@ -125,14 +169,18 @@ def main(argv=None):
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--pieces", default=",".join(PIECES))
+    parser.add_argument("--json", help="write the rows, with their provenance, here")
     args = parser.parse_args(argv)
+    load_before, t0 = round(os.getloadavg()[0], 2), time.perf_counter()
     print("case | schedule here | schedule there | equal arrays | arrays | first differing | "
-          "largest relative difference")
+          "largest relative difference | differing arrays by ulps of their largest entry")
     rows = compare(pathlib.Path(args.against).resolve(), args.models.split(","),
                    args.optimizers.split(","), args.pieces.split(","))
     equal = sum(r[3] for r in rows)
     total = sum(r[4] for r in rows)
     print(f"{equal} of {total} arrays bit for bit equal over {len(rows)} cases")
+    if args.json:
+        _record(args, argv, rows, time.perf_counter() - t0, load_before)
     return 0 if equal == total else 1
 
 

@@ -1,6 +1,6 @@
 """The fast layer protocol: parameters by name, initialisation, history capture, backward.
 
-The long story: docs/fastlib.md, section ``fastlib/layers/base.py``.
+The long story: docs/fastlib-training.md, section ``fastlib/layers/base.py``.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The dicts are reflib's (``reflib.models.config``): the keys are the constructors' keyword names.
 
-The long story: docs/fastlib.md, section ``fastlib/layers/config.py``.
+The long story: docs/fastlib-training.md, section ``fastlib/layers/config.py``.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ NumPy (and ``scipy.special.erf`` for GELU) a user would otherwise write. The rat
 kernels' time over NumPy's (below 1: fastlib is faster); the api ratio adds the validation,
 which matters only for tiny inputs (the 256x10 losses: ~10 us per call).
 
-The long story: docs/reports.md, section ``reports/bench/ops.py``.
+The long story: docs/reports-bench.md, section ``reports/bench/ops.py``.
 """
 from __future__ import annotations
 

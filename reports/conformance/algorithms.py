@@ -1,6 +1,6 @@
 """The TargetProp and contrastive-divergence rows of the suite (``targetprop``, ``cd``).
 
-The long story: docs/reports.md, section ``reports/conformance/algorithms.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/algorithms.py``.
 """
 from __future__ import annotations
 

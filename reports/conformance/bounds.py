@@ -4,7 +4,7 @@ One rule, ``entrywise``: ``|got - exact| <= eps * A + tiny`` element by element,
 admissible error ``A`` derived per op family from the op's conditioning on the input at hand;
 the conformance rows and the accuracy report both judge by it.
 
-The long story: docs/reports.md, section ``reports/conformance/bounds.py``.
+The long story: docs/reports-accuracy.md, section ``reports/conformance/bounds.py``.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ them from an installed package. Oracles: ``spec.rbm.cd_step`` evaluates the CD-k
 gradient in exact arithmetic (mpmath, 30 digits) on the same uniforms; ``reflib.rbm`` runs it
 in float64 with the reference ops.
 
-The long story: docs/reports.md, section ``reports/conformance/cd.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/cd.py``.
 """
 from __future__ import annotations
 

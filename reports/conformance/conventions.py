@@ -3,7 +3,7 @@
 verigrad pins the routing (docs/CONTRACTS.md, "Conventions"): the gradient goes to the argument
 the forward returns. ``--kinks strict`` fails another routing; ``--kinks subgradient`` reports it.
 
-The long story: docs/reports.md, section ``reports/conformance/conventions.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/conventions.py``.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from the same initial weights:
 - ``fastlib.train(...)`` on the CPU (for plain MLPs, its whole-epoch fused path);
 - reflib's ``train_step`` in float64 on the same (dtype-rounded) weights and inputs.
 
-The long story: docs/reports.md, section ``reports/conformance/device_training.py``.
+The long story: docs/reports-training-checks.md, section ``reports/conformance/device_training.py``.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ row long enough that fastlib splits it into pieces (``sum`` ``mean``, and ``logs
 maximum in the last piece). Sizes are read from fastlib's constants when the cases are built.
 Each case is checked like a special value: forward and every VJP, entry by entry, exactly.
 
-The long story: docs/reports.md, section ``reports/conformance/edge_cases.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/edge_cases.py``.
 """
 from __future__ import annotations
 

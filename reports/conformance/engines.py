@@ -1,7 +1,7 @@
 """The engine registry: every engine the suite (and ``verigrad report``) can hold to the spec.
 
 An engine answers two questions for registry ops (docs/CONTRACTS.md's table), listed in
-docs/reports.md, section ``reports/conformance/engines.py``, with the long story.
+docs/reports-conformance.md, section ``reports/conformance/engines.py``, with the long story.
 """
 from __future__ import annotations
 

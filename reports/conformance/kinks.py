@@ -6,7 +6,7 @@ pick other members of the Clarke subdifferential (autograd's relu'(0) = 0.5, tor
 split of a tied maximum); those are conventions, not bugs. A VJP outside the subdifferential
 (a tie gradient doubled or lost) is a bug under any convention.
 
-The long story: docs/reports.md, section ``reports/conformance/kinks.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/kinks.py``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The ``train`` row ``Dense bias sum``: a float32 Dense's bias gradient is the exact column sum
 of its cotangent rounded once, over long batches built to be swamped.
 
-The long story: docs/reports.md, section ``reports/conformance/layer_sums.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/layer_sums.py``.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ module that mentions it (Numba does not track calls across files, so a cached ca
 the old code), and run ``verigrad conform`` on the ``fastlib`` engine in a subprocess whose
 working directory is the copy, so that ``import fastlib`` finds the mutated package first.
 
-The long story: docs/reports.md, section ``reports/conformance/mutant_runner.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/mutant_runner.py``.
 """
 from __future__ import annotations
 

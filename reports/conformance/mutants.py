@@ -8,7 +8,7 @@ must occur exactly once in the current fastlib (``check_targets``, run by the fa
 refactor of fastlib cannot silently turn a mutant into a no-op. ``first`` only orders the run
 (the checks most likely to fail go first); every check stays in.
 
-The long story: docs/reports.md, section ``reports/conformance/mutants.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/mutants.py``.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ backward program from ``reflib.program.backward``; run exactly and in float64, i
 held to the same computation on the exact ``reflib.Tape`` (exactly, and under the running error
 bound of the program's own float64 evaluation), and every gradient the tape has must be written.
 
-The long story: docs/reports.md, section ``reports/conformance/program_check.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/program_check.py``.
 """
 from __future__ import annotations
 

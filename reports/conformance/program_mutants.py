@@ -4,7 +4,7 @@ planted by monkeypatching: the ``program`` rows (``program_check``) must fail un
 Each is a ``TrainingMutant`` (a name, a description and an ``apply()`` context manager), so the
 mutant machinery runs them as ``HookMutant`` s (``mutants.HOOK_MODULES``).
 
-The long story: docs/reports.md, section ``reports/conformance/program_check.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/program_check.py``.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ whether all hold. The runner and ``tests/conformance`` wrap them in Hypothesis; 
 case can be replayed by calling the function again (the reproduction the runner prints does
 exactly that).
 
-The long story: docs/reports.md, section ``reports/conformance/properties.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/properties.py``.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 ``run_property`` (Hypothesis) and ``run_cases`` (a fixed list). The runner plans rows; the row
 modules (training, algorithms, device training) build theirs from these.
 
-The long story: docs/reports.md, section ``reports/conformance/runner.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/runner.py``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Run the suite: build the rows for the chosen engines and profile, run each under Hypothesis,
 and collect what the table, the JSON and the reproductions need.
 
-The long story: docs/reports.md, section ``reports/conformance/runner.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/runner.py``.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Labelled, deterministic op calls (saturation, logits far apart, tiny and huge ma
 zeros, kinks and ties, broadcasting, long reductions), each checked like a random call:
 forward and every VJP against exact values, under the bounds of ``bounds``.
 
-The long story: docs/reports.md, section ``reports/conformance/special_values.py``.
+The long story: docs/reports-accuracy.md, section ``reports/conformance/special_values.py``.
 """
 from __future__ import annotations
 

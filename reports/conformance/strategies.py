@@ -4,7 +4,7 @@ Shapes and params come from Hypothesis, values from each op's declared domains
 (``spec.sample_inputs`` with a drawn seed), so draws respect domains and shrink; the tests
 import these, one copy of each strategy.
 
-The long story: docs/reports.md, section ``reports/conformance/strategies.py``.
+The long story: docs/reports-accuracy.md, section ``reports/conformance/strategies.py``.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ runs them from an installed package. Oracles, independent of the engine under te
 - ``reflib.targetprop``: each layer traced on its own reference tape (float64), pure routes in
   plain NumPy.
 
-The long story: docs/reports.md, section ``reports/conformance/targetprop.py``.
+The long story: docs/reports-conformance.md, section ``reports/conformance/targetprop.py``.
 """
 from __future__ import annotations
 

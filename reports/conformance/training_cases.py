@@ -1,7 +1,7 @@
 """Training runs to check: models of every layer type, whole epochs, and the sizes that cross
 the boundaries of fastlib's kernels.
 
-The long story: docs/reports.md, section ``reports/conformance/training_cases.py``.
+The long story: docs/reports-training-checks.md, section ``reports/conformance/training_cases.py``.
 """
 from __future__ import annotations
 

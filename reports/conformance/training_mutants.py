@@ -1,7 +1,8 @@
 """Plausible training bugs, planted in a running fastlib by monkeypatching: the ``train`` rows
 (``training_rows``) must fail under each.
 
-The long story: docs/reports.md, section ``reports/conformance/training_mutants.py``.
+The long story: docs/reports-training-checks.md,
+section ``reports/conformance/training_mutants.py``.
 """
 from __future__ import annotations
 

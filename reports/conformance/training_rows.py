@@ -1,6 +1,6 @@
 """The ``train`` rows: whole ``fastlib.train`` runs held, entry by entry, to exact trajectories.
 
-The long story: docs/reports.md, section ``reports/conformance/training_rows.py``.
+The long story: docs/reports-training-checks.md, section ``reports/conformance/training_rows.py``.
 """
 from __future__ import annotations
 

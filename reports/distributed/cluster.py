@@ -1,6 +1,6 @@
 """The suite on a Dask cluster: ``--cluster local:N`` or ``--cluster tcp://host:8786``.
 
-The long story: docs/reports.md, section ``reports/distributed/cluster.py``.
+The long story: docs/reports-bench.md, section ``reports/distributed/cluster.py``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """attention: causal MultiHeadAttention(64, 4 heads) + LayerNorm(64) + SwiGLU(64, 128, 64), mse.
 
-The long story: docs/reports.md, section ``reports/bench/models/attention.py``.
+The long story: docs/reports-bench.md, section ``reports/bench/models/attention.py``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """lstm: LSTM(32 -> 128) + Dense(128 -> 10), cross_entropy, Adam lr 1e-3, float32.
 
-The long story: docs/reports.md, section ``reports/bench/models/lstm.py``.
+The long story: docs/reports-bench.md, section ``reports/bench/models/lstm.py``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """transformer: a small pre-norm decoder block on a character-level next-character task.
 
-The long story: docs/reports.md, section ``reports/bench/models/transformer.py``.
+The long story: docs/reports-bench.md, section ``reports/bench/models/transformer.py``.
 """
 from __future__ import annotations
 

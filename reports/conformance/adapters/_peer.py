@@ -1,7 +1,7 @@
 """What the peer adapters (paddle, tinygrad, mygrad, autograd) share: one op table per engine,
 the engine's own autograd, and a record of every place the adapter had to compose.
 
-The long story: docs/reports.md, section ``reports/conformance/adapters/_peer.py``.
+The long story: docs/reports-peers.md, section ``reports/conformance/adapters/_peer.py``.
 """
 from __future__ import annotations
 

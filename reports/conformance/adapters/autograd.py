@@ -8,7 +8,7 @@ normalisations and losses are composed from those functions the way an autograd 
 write them; ``COMPOSED`` says so per op. Nothing is corrected: ``relu`` is
 ``np.maximum(x, 0)``, ``abs`` is ``np.abs``, so their kink conventions are autograd's.
 
-The long story: docs/reports.md, section ``reports/conformance/adapters/autograd.py``.
+The long story: docs/reports-peers.md, section ``reports/conformance/adapters/autograd.py``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """JAX as an engine: every registry op through ``jax.numpy`` and ``jax.vjp`` (CPU).
 
-The long story: docs/reports.md, section ``reports/conformance/adapters/jax.py``.
+The long story: docs/reports-peers.md, section ``reports/conformance/adapters/jax.py``.
 """
 from __future__ import annotations
 

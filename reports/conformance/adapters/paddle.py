@@ -1,7 +1,7 @@
 """PaddlePaddle (CPU) as an engine: stock ``paddle`` / ``paddle.nn.functional`` ops, VJPs by
 ``paddle.grad`` (dynamic graph mode). Install: ``pip install 'verigrad[paddle]'``.
 
-The long story: docs/reports.md, section ``reports/conformance/adapters/paddle.py``.
+The long story: docs/reports-peers.md, section ``reports/conformance/adapters/paddle.py``.
 """
 from __future__ import annotations
 

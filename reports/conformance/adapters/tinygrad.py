@@ -9,7 +9,7 @@ small arrays the time goes into compiling, so PYTHON finishes the dev profile in
 of CPU's time here (docs/peers.md), and it needs nothing installed. ``DEV=CPU`` checks
 the compiled backend, whose long sums differ (see docs/peers.md).
 
-The long story: docs/reports.md, section ``reports/conformance/adapters/tinygrad.py``.
+The long story: docs/reports-peers.md, section ``reports/conformance/adapters/tinygrad.py``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """PyTorch as an engine: every registry op through ``torch`` and ``torch.autograd.grad``.
 
-The long story: docs/reports.md, section ``reports/conformance/adapters/torch.py``.
+The long story: docs/reports-peers.md, section ``reports/conformance/adapters/torch.py``.
 """
 from __future__ import annotations
 
