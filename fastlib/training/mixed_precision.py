@@ -24,7 +24,7 @@ from fastlib.training.epochs import run_batches
 from fastlib.training.loss_scale import LossScale, resolve_loss_scale
 
 __all__ = ["FORMATS", "MixedPrecision", "check_dtype_name", "resolve", "attach", "round_to",
-           "forward16"]
+           "forward16", "evaluate", "round_inputs"]
 
 #: the 16-bit formats a run may train in (the masters are float32)
 FORMATS = ("bfloat16", "float16")
@@ -201,6 +201,13 @@ class _Forward16:
         return forward16(self.model, round_to(x, self.fmt), self.fmt)
 
 
+def evaluate(model, x, y, loss_type, fmt):
+    """Mean loss and accuracy of ``model`` on ``(x, y)`` (targets normalised) in the 16-bit
+    forward of ``fmt``: what a mixed-precision run's validation reports."""
+    with _Rounded(model.parameters(), fmt):
+        return evaluate_model(_Forward16(model, fmt), x, y, loss_type)
+
+
 def attach(ctx, algo, mp: MixedPrecision, device, data_parallel):
     """The algorithm that trains ``ctx``'s run in ``mp``'s precision (``bp`` only).
 
@@ -228,12 +235,11 @@ def attach(ctx, algo, mp: MixedPrecision, device, data_parallel):
         stats.scaler_skips = int(ctx.state.get("loss_scale_skips", 0)) - before
         return stats
 
-    def evaluate(model, x, y, loss_type):
-        with _Rounded(model.parameters(), mp.fmt):
-            return evaluate_model(_Forward16(model, mp.fmt), x, y, loss_type)
+    def evaluate16(model, x, y, loss_type):
+        return evaluate(model, x, y, loss_type, mp.fmt)
 
     inner = replace(algo, train_one_batch=_train_one_batch, run_epoch=None)
-    return replace(inner, run_epoch=run_epoch, evaluate=evaluate)
+    return replace(inner, run_epoch=run_epoch, evaluate=evaluate16)
 
 
 def round_inputs(x, fmt) -> np.ndarray:
