@@ -196,3 +196,21 @@ def test_dtype_naming_the_models_own_is_the_plain_run():
     ra = _run(a, x, y, fused=False)
     rb = _run(b, x, y, dtype=np.float32, fused=False)
     assert ra.loss_history == rb.loss_history and rb.precision is None
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_rounding_in_float32_storage_is_ml_dtypes_rounding(fmt):
+    from fastlib.kernels.half import round_float32
+
+    rng = np.random.default_rng(11)
+    bits = rng.integers(0, 2 ** 32, size=200_000, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)        # every kind of float32: NaNs, infs, subnormals, ties
+    dt = np.dtype(getattr(ml_dtypes, fmt) if fmt == "bfloat16" else np.float16)
+    with np.errstate(all="ignore"):
+        expect = x.astype(dt).astype(np.float32)
+    got = round_float32(x, fmt)
+    same = (got.view(np.uint32) == expect.view(np.uint32)) | (np.isnan(got) & np.isnan(expect))
+    assert same.all()
+    inplace = x.copy()
+    assert round_float32(inplace, fmt, out=inplace) is inplace
+    assert np.array_equal(inplace.view(np.uint32), got.view(np.uint32))

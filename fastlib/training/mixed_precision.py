@@ -104,14 +104,11 @@ def resolve(dtype_name, loss_scale, model_dtype) -> MixedPrecision | None:
     return MixedPrecision(dtype_name, resolve_loss_scale(loss_scale, dtype_name))
 
 
-def round_to(a, fmt) -> np.ndarray:
-    """float32 ``a`` rounded to the 16-bit format ``fmt`` (nearest even), as float32."""
+def round_to(a, fmt, out=None) -> np.ndarray:
+    """float32 ``a`` rounded to the 16-bit format ``fmt`` (nearest even), as float32 (into
+    ``out``, which may be ``a`` itself)."""
     a = np.ascontiguousarray(a, dtype=np.float32)
-    return half.widen(half.narrow(a, _dtype(fmt)))
-
-
-def _dtype(fmt):
-    return MixedPrecision(fmt, None).dtype
+    return half.round_float32(a, fmt, out)
 
 
 def _units(model):
@@ -154,7 +151,7 @@ class _Rounded:
     def __enter__(self):
         self.masters = {k: v.copy() for k, v in self.params.items()}
         for v in self.params.values():
-            np.copyto(v, round_to(v, self.fmt))
+            round_to(v, self.fmt, out=v)
         return self
 
     def __exit__(self, *exc):
