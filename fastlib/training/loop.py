@@ -106,7 +106,9 @@ def train(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None,
         Continue from a checkpoint (model weights, optimizer state, RNG, epoch, histories).
     options : fastlib.TrainOptions, optional
         The rarely used options in one object: ``gradient_clip``, ``clip_mode``, ``shuffle``,
-        ``checkpoint_every``, ``resume_mismatch``, ``divergence``, ``distributed``
+        ``checkpoint_every``, ``resume_mismatch``, ``divergence``, ``distributed``, ``dtype``
+        (``"bfloat16"`` / ``"float16"``: mixed precision over the float32 model's master
+        weights, :mod:`fastlib.training.mixed_precision`), ``loss_scale``
         (:class:`~fastlib.training.options.TrainOptions` documents each).
     **keywords
         Each field of ``TrainOptions`` as a keyword (``gradient_clip=1.0``; not together with
