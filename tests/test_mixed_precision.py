@@ -214,3 +214,14 @@ def test_rounding_in_float32_storage_is_ml_dtypes_rounding(fmt):
     inplace = x.copy()
     assert round_float32(inplace, fmt, out=inplace) is inplace
     assert np.array_equal(inplace.view(np.uint32), got.view(np.uint32))
+
+
+def test_verigrad_train_takes_a_16bit_dtype(capsys):
+    from reports.cli import main
+
+    assert main(["train", "--dtype", "bfloat16", "--algorithm", "cd"]) == 2
+    assert "drop --algorithm cd" in capsys.readouterr().err
+    assert main(["train", "--dtype", "float16", "--epochs", "1", "--hidden", "8",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "float16 mixed" in out and "test accuracy" in out
