@@ -199,6 +199,25 @@ def bench_train(doc):
     return _table(header, rows) + _provenance(doc)
 
 
+def bench_precision(doc):
+    """``verigrad bench train --dtypes --json``: per precision, s/epoch, test accuracy and the
+    bytes of parameters and activations, each against float32."""
+    data = doc["data"]
+    rows = []
+    for r in data["results"]:
+        acc = ", ".join(f"{100 * a:.2f}" for a in r["test_accuracies"])
+        rows.append([r["case"], r["path"], _num(r["s_per_epoch"], 3),
+                     _num(r.get("time_over_float32"), 3), f"{100 * r['test_accuracy']:.2f}",
+                     acc, _num(None if r.get("accuracy_minus_float32") is None
+                               else 100 * r["accuracy_minus_float32"], 2),
+                     _num((r["parameter_bytes"] + r["activation_bytes"]) / 1024, 3),
+                     _num(r.get("bytes_over_float32"), 3),
+                     _num(r["traced_peak_bytes"] / 1024, 4)])
+    header = ["case", "path", "s/epoch", "/ float32", "test acc %", "per seed",
+              "- float32 (points)", "param+act KiB", "/ float32", "traced peak KiB"]
+    return _table(header, rows) + _provenance(doc)
+
+
 def peers_summary(doc):
     """Per engine: version, and per derivative (VJP, J t, H t) its failures / conventions /
     contract findings (``-`` where it is not held there), and all its findings
@@ -264,7 +283,8 @@ def mutants(doc):
 TABLES = {"accuracy-summary": accuracy_summary, "accuracy-bar": accuracy_bar,
           "accuracy-storage": accuracy_storage, "conform-rows": conform_rows,
           "mutants": mutants,
-          "bench-ops": bench_ops, "bench-train": bench_train, "peers-summary": peers_summary,
+          "bench-ops": bench_ops, "bench-train": bench_train, "bench-precision": bench_precision,
+          "peers-summary": peers_summary,
           "peers-findings": peers_findings}
 
 

@@ -14,7 +14,7 @@ from numba import njit, prange
 
 from fastlib import config
 
-__all__ = ["SOURCES", "CODES", "widen", "narrow", "widen_bits", "narrow_bits",
+__all__ = ["SOURCES", "CODES", "widen", "narrow", "widen_bits", "narrow_bits", "round_float32",
            "bfloat16_to_float32", "float32_to_bfloat16", "float16_to_float32",
            "float32_to_float16"]
 
@@ -150,6 +150,23 @@ def _narrow_parallel(code, src, dst, nchunks):
         _narrow_chunk(code, src, dst, n * c // nchunks, n * (c + 1) // nchunks)
 
 
+@njit(cache=True, nogil=True)
+def _round_chunk(code, src, dst, lo, hi):
+    if code == _BF16:
+        for i in range(lo, hi):
+            dst[i] = bfloat16_to_float32(float32_to_bfloat16(src[i]))
+    else:
+        for i in range(lo, hi):
+            dst[i] = float16_to_float32(float32_to_float16(src[i]))
+
+
+@njit(cache=True, parallel=True)
+def _round_parallel(code, src, dst, nchunks):
+    n = src.size
+    for c in prange(nchunks):
+        _round_chunk(code, src, dst, n * c // nchunks, n * (c + 1) // nchunks)
+
+
 def _code(name):
     code = CODES.get(name)
     if code is None:
@@ -224,3 +241,33 @@ def narrow(x, dtype):
     dtype = np.dtype(dtype)
     bits = narrow_bits(np.ascontiguousarray(x).view(np.uint32), dtype.name)
     return bits.view(dtype).reshape(x.shape)
+
+
+def round_float32(x, name, out=None):
+    """float32 ``x`` rounded to the 16-bit format ``name`` and kept as float32: ``narrow`` then
+    ``widen`` in one pass, without the 16-bit array between them.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        float32, C-contiguous.
+    name : {"bfloat16", "float16"}
+    out : numpy.ndarray, optional
+        float32 of ``x``'s shape, C-contiguous (``x`` itself rounds in place); default new.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``out``.
+    """
+    code = _code(name)
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        raise TypeError(f"round_float32 rounds C-contiguous float32 arrays; got {x.dtype}")
+    out = np.empty_like(x) if out is None else out
+    src, dst = x.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint32)
+    nchunks = config.num_chunks(src.size)
+    if nchunks == 1:
+        _round_chunk(code, src, dst, 0, src.size)
+    else:
+        _round_parallel(code, src, dst, nchunks)
+    return out

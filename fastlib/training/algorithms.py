@@ -76,6 +76,7 @@ class EpochStats:
     correct: float | None = 0.0
     count: int = 0             # samples trained on
     skipped: int = 0           # steps skipped for non-finite gradients
+    scaler_skips: int = 0      # of which the loss scale's (mixed precision): no warning
     diverged_batch: int = -1   # index of the batch whose loss was non-finite, or -1
     diverged_loss: float = 0.0
     fused: bool = False        # the epoch ran in the compiled program

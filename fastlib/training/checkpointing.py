@@ -21,8 +21,9 @@ from fastlib.training.result import histories, load_histories
 __all__ = ["CheckpointWriter", "Resumed", "resume", "run_settings"]
 
 
-def run_settings(ctx, rules, plateau, data) -> dict:
-    """Every setting that decides the trajectory (compared on resume; JSON-able)."""
+def run_settings(ctx, rules, plateau, data, mixed=None) -> dict:
+    """Every setting that decides the trajectory (compared on resume; JSON-able); ``mixed``
+    the run's ``MixedPrecision`` (None: the model's dtype)."""
     c = ctx.config
     settings = {"loss_type": ctx.loss_type, "batch_size": c.batch_size,
                 "gradient_clip": c.gradient_clip, "clip_mode": c.clip_mode,
@@ -33,6 +34,8 @@ def run_settings(ctx, rules, plateau, data) -> dict:
                 "data": data.fingerprint}
     if plateau is not None:
         settings["policy"] = plateau.settings()
+    if mixed is not None:
+        settings["precision"] = mixed.settings()
     return settings
 
 

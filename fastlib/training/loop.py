@@ -18,7 +18,7 @@ import numpy as np
 
 from fastlib import optim
 from fastlib.errors import DivergenceWarning
-from fastlib.training import backends, checkpointing, epochs, run_data
+from fastlib.training import backends, checkpointing, epochs, mixed_precision, run_data
 from fastlib.training.algorithms import StepContext, TrainConfig, evaluate_model, get_algorithm
 from fastlib.training.arguments import MISSING, check_lr, normalise
 from fastlib.training.callbacks import Callbacks, epoch_logs
@@ -106,7 +106,9 @@ def train(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None,
         Continue from a checkpoint (model weights, optimizer state, RNG, epoch, histories).
     options : fastlib.TrainOptions, optional
         The rarely used options in one object: ``gradient_clip``, ``clip_mode``, ``shuffle``,
-        ``checkpoint_every``, ``resume_mismatch``, ``divergence``, ``distributed``
+        ``checkpoint_every``, ``resume_mismatch``, ``divergence``, ``distributed``, ``dtype``
+        (``"bfloat16"`` / ``"float16"``: mixed precision over the float32 model's master
+        weights, :mod:`fastlib.training.mixed_precision`), ``loss_scale``
         (:class:`~fastlib.training.options.TrainOptions` documents each).
     **keywords
         Each field of ``TrainOptions`` as a keyword (``gradient_clip=1.0``; not together with
@@ -203,6 +205,9 @@ class _Run:
             loss_type = losses.resolve_loss(loss_type)
         self.data = run_data.check_data(model, algo, loss_type, x, y, call.x_val, call.y_val)
         o = self.options
+        self.mixed = mixed_precision.resolve(o.dtype, o.loss_scale, model.dtype)
+        if self.mixed is not None:     # the inputs as the 16-bit format holds them
+            self.data = run_data.in_format(self.data, self.mixed.fmt)
         config = TrainConfig(loss_type, min(batch_size, self.data.x.shape[0]), o.gradient_clip,
                              o.clip_mode, o.shuffle, seed, device, algo.name,
                              dict(call.algorithm_options))
@@ -214,10 +219,14 @@ class _Run:
                                np.random.default_rng(seed))
         self.result = TrainingResult()
         self.rules = o.divergence_rules
-        self.settings = checkpointing.run_settings(self.ctx, self.rules, plateau, self.data)
+        if self.mixed is not None:
+            self.algo = mixed_precision.attach(self.ctx, algo, self.mixed, device,
+                                               o.data_parallel)
+        self.settings = checkpointing.run_settings(self.ctx, self.rules, plateau, self.data,
+                                                   self.mixed)
         best = self._resume_or_init(resume, lr)
         self.writer = checkpointing.CheckpointWriter(checkpoint, o.checkpoint_every, self.epochs)
-        self.backend = backends.open_backend(self.ctx, algo, self.data, device,
+        self.backend = backends.open_backend(self.ctx, self.algo, self.data, device,
                                              o.data_parallel)
         if plateau is not None and best is not None:
             plateau.best = self.backend.from_host(best)
@@ -321,10 +330,16 @@ class _Run:
         r.path = self.backend.path(stats)
         r.schedule = stats.schedule
         r.piece_plan = stats.piece_plan or r.piece_plan
-        if stats.skipped:
-            r.skipped_steps += stats.skipped
-            warn(f"epoch {epoch}: skipped {stats.skipped} optimizer step(s) whose gradient "
+        r.skipped_steps += stats.skipped
+        unexpected = stats.skipped - stats.scaler_skips   # the loss scale's skips are its work
+        if unexpected:
+            warn(f"epoch {epoch}: skipped {unexpected} optimizer step(s) whose gradient "
                  "held NaN/Inf; consider gradient_clip or a lower learning rate")
+        if self.mixed is not None:
+            r.precision = self.mixed.fmt
+            if self.mixed.scale is not None:
+                r.loss_scale = float(self.ctx.state["loss_scale"])
+                r.loss_scale_skips = int(self.ctx.state["loss_scale_skips"])
 
     def _record(self, loss, acc, val_loss, val_acc, t0) -> dict:
         """Write the epoch into the result; its logs for the callbacks and the progress."""

@@ -62,6 +62,14 @@ class TrainOptions:
         ``train_sh`` only: epochs without improvement before stopping (None: ``2 * patience``).
     min_lr : float, default 1e-6
         ``train_sh`` only: training stops when a reduction takes the rate below this.
+    dtype : {None, "float32", "float64", "bfloat16", "float16"}, default None
+        The precision the run trains in. None (or the model's own dtype): the model's.
+        ``"bfloat16"`` / ``"float16"``: mixed precision over a float32 model, whose parameters
+        are the master weights (:mod:`fastlib.training.mixed_precision`).
+    loss_scale : None, False, "dynamic", float, dict or LossScale, default None
+        With a 16-bit ``dtype``: how the loss is scaled (:mod:`fastlib.training.loss_scale`).
+        None is the format's default: dynamic for float16 (``torch.amp.GradScaler``'s
+        dynamics and defaults), none for bfloat16.
 
     Raises
     ------
@@ -79,6 +87,8 @@ class TrainOptions:
     lr_factor: float = 0.5
     stop_patience: int | None = None
     min_lr: float = 1e-6
+    dtype: str | None = None
+    loss_scale: object = None
 
     #: the fields only ``train_sh``'s plateau policy reads (``PlateauPolicy`` checks them)
     PLATEAU_FIELDS = ("lr_factor", "stop_patience", "min_lr")
@@ -95,9 +105,21 @@ class TrainOptions:
                              f"{self.resume_mismatch!r}")
         self.divergence_rules        # noqa: B018 - refuses a bad value now, not at epoch 1
         self.data_parallel           # noqa: B018
+        self._check_precision()
         # the plateau fields are checked by the policy that reads them (one set of rules)
         PlateauPolicy(lr=1.0, lr_factor=self.lr_factor, stop_patience=self.stop_patience,
                       min_lr=self.min_lr)
+
+    def _check_precision(self):
+        from fastlib.training import loss_scale, mixed_precision
+
+        name = mixed_precision.check_dtype_name(self.dtype)
+        object.__setattr__(self, "dtype", name)
+        if name in mixed_precision.FORMATS:
+            loss_scale.resolve_loss_scale(self.loss_scale, name)
+        elif self.loss_scale not in (None, False):
+            raise ValueError("loss_scale applies to 16-bit training only: pass dtype='float16' "
+                             "(or 'bfloat16') with it, or leave loss_scale out")
 
     @classmethod
     def field_names(cls) -> tuple:

@@ -88,6 +88,12 @@ class TrainingResult:
         The schedule that ran the program in the last epoch (``fastlib.training.schedules``):
         ``"mlp"`` (the MLP's column epoch) or ``"general"`` (the interpreter); None when it
         did not run in the program.
+    precision : {"bfloat16", "float16"} or None
+        The 16-bit format of a mixed-precision run (``train(..., dtype=)``), None otherwise.
+    loss_scale : float or None
+        A loss-scaled mixed-precision run: the scale after the last step; None otherwise.
+    loss_scale_skips : int
+        Of ``skipped_steps``, those the loss scale skipped (inf/NaN in the scaled gradient).
     piece_plan : dict or None
         The compiled program's piece plan, ``{"pieces": P, "source": ...}``
         (``fastlib.training.piece_plan``): pass ``pieces=P`` to reproduce the run bit for bit
@@ -117,6 +123,9 @@ class TrainingResult:
     schedule: str | None = None
     piece_plan: dict | None = None
     weights_epoch: int = 0
+    precision: str | None = None
+    loss_scale: float | None = None
+    loss_scale_skips: int = 0
 
     def __iter__(self):
         """``(loss_history, accuracy_history)``: DataCode's ``model.train`` returns this pair."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RunData", "check_data"]
+__all__ = ["RunData", "check_data", "in_format"]
 
 
 @dataclass
@@ -93,3 +93,11 @@ def _fingerprint(a):
     a = np.ascontiguousarray(a)
     digest = hashlib.blake2b(memoryview(a).cast("B"), digest_size=8).hexdigest()
     return f"{a.dtype.str}{list(a.shape)}:{digest}"
+
+
+def in_format(data: RunData, fmt: str) -> RunData:
+    """``data`` with its float inputs rounded to the 16-bit format ``fmt`` (mixed precision)."""
+    from fastlib.training.mixed_precision import round_inputs
+
+    x_val = None if data.x_val is None else round_inputs(data.x_val, fmt)
+    return RunData(round_inputs(data.x, fmt), data.y, x_val, data.y_val)

@@ -91,6 +91,10 @@ def add_arguments(parser):
       metavar="N", default=[1, 2], help="with --distributed: rank counts, spaces or commas")
     a("--blocks", type=shared.positive_int, metavar="N", default=8,
       help="with --distributed: blocks per batch")
+    shared.add_dtypes(parser, help="the digits MLP (verigrad train's) in each precision: "
+                      "float32 float64 bfloat16 float16 (16-bit: mixed precision over float32 "
+                      "masters); s/epoch, test accuracy, parameter and activation memory",
+                      default_text="none (the engines' table)")
     shared.add_progress(parser, "progress line (case, engine, round)")
 
 
@@ -120,6 +124,14 @@ def validate(args):
         for flag, used in (("--ranks", args.ranks != [1, 2]), ("--blocks", args.blocks != 8)):
             if used:
                 return f"{flag} applies only with --distributed"
+    if getattr(args, "dtypes", None):
+        for flag, used in (("--device cuda", args.device == "cuda"),
+                           ("--distributed", args.distributed), ("--engines", args.engines),
+                           ("--model", args.model not in (None, "mlp")),
+                           ("--threads with several counts", len(args.threads) > 1)):
+            if used:
+                return (f"--dtypes trains the digits MLP with fastlib on the CPU, one thread "
+                        f"count: drop {flag}")
     if getattr(args, "profile", False) and args.device != "cuda":
         return "--profile times fastlib-cuda's launches: it needs --device cuda"
     if args.device == "cuda" and len(args.threads) > 1:
@@ -266,6 +278,11 @@ def _missing(model, engine):
 
 def run(args) -> int:
     """Run the benchmark; print a table (or JSON); 0 on success, 1 or 2 on bad options."""
+    if getattr(args, "dtypes", None):
+        from reports.bench import precision
+
+        _limit_threads(args.threads[0])
+        return precision.run(args, list(args.dtypes))
     chosen = _options(args)
     if isinstance(chosen, int):
         return chosen

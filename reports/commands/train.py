@@ -103,8 +103,9 @@ def add_arguments(parser):
                              for name, d in DATA_DEFAULTS.items()))
     a("--lr", type=shared.positive_float, default=1e-3, help="learning rate")
     shared.add_seed(parser, help="initialisation and shuffling seed")
-    a("--dtype", choices=("float32", "float64"), default="float32",
-      help="the model's one dtype")
+    a("--dtype", choices=("float32", "float64", "bfloat16", "float16"), default="float32",
+      help="the model's one dtype; bfloat16 / float16: mixed precision over float32 master "
+           "weights (float16 with a dynamic loss scale)")
     shared.add_device(parser, help="where every step runs: cpu, or cuda (a GPU; refused at "
                                    "once without one, naming why)")
     a("--algorithm", default="bp",
@@ -255,11 +256,21 @@ def _check_paths(args):
     return next((p for p in problems if p), None)
 
 
+_MIXED = ("bfloat16", "float16")
+
+
 def _check_combinations(args):
     """Options that do not go together (None: all fine)."""
     from fastlib.training import ALIASES
 
     algorithm = ALIASES.get(args.algorithm.strip().lower(), args.algorithm.strip().lower())
+    if args.dtype in _MIXED:
+        for flag, used in (("--algorithm " + algorithm, algorithm != "bp"),
+                           ("--device cuda", args.device == "cuda"),
+                           ("--distributed", getattr(args, "distributed", False))):
+            if used:
+                return (f"--dtype {args.dtype} (mixed precision) trains with --algorithm bp on "
+                        f"the CPU in one process; drop {flag} or use --dtype float32")
     if args.data != "mnist":
         for flag, used in (("--data-dir", args.data_dir), ("--download", args.download)):
             if used:
@@ -353,7 +364,8 @@ def _run(args) -> int:
     t0 = time.perf_counter()
     # SINGA's kBP / kCD name the same algorithms as bp / cd (the RBM path below keys on "cd")
     args.algorithm = ALIASES.get(args.algorithm.strip().lower(), args.algorithm)
-    dtype = np.dtype(args.dtype)
+    # a 16-bit --dtype trains the float32 model (its master weights) in mixed precision
+    dtype = np.dtype(np.float32 if args.dtype in _MIXED else args.dtype)
     defaults = DATA_DEFAULTS[args.data]
     epochs = defaults["epochs"] if args.epochs is None else args.epochs
     batch_size = defaults["batch_size"] if args.batch_size is None else args.batch_size
@@ -394,7 +406,9 @@ def _run(args) -> int:
     print(wrap(f"verigrad train: {args.data} ({len(train.x)} train, "
                f"{0 if val is None else len(val.x)} validation, {len(data.x_test)} test), "
                f"MLP {arch} {args.activation}, {loss}, {args.optimizer} lr={args.lr:g}, "
-               f"batch {batch_size}, {epochs} epochs, {dtype.name}, {args.algorithm}"),
+               f"batch {batch_size}, {epochs} epochs, "
+               f"{args.dtype + ' mixed' if args.dtype in _MIXED else dtype.name}, "
+               f"{args.algorithm}"),
           file=out)
     if distributed:
         print(f"data-parallel on {ranks} MPI rank(s), {args.blocks} blocks per batch (the fused "
@@ -404,6 +418,8 @@ def _run(args) -> int:
                   verbose=progress_enabled(args) and rank == 0,
                   checkpoint=args.checkpoint, resume=args.resume,
                   distributed=distributed)
+    if args.dtype in _MIXED:
+        common["dtype"] = args.dtype
     if args.pieces is not None:
         common["pieces"] = args.pieces
     if args.algorithm.lower() == "targetprop":
@@ -430,9 +446,17 @@ def _run(args) -> int:
               f"piece{'s' if pieces != 1 else ''} per step (from the "
               f"{result.piece_plan['source']}; --pieces {pieces} reproduces it)", file=out)
 
-    pred = model(data.x_test)
-    test_loss = losses.loss_value(loss, pred, y_test)
-    test_acc = losses.accuracy(loss, pred, y_test)
+    if args.dtype in _MIXED:     # the test split through the 16-bit forward it trained in
+        from fastlib.training import mixed_precision
+
+        pred_like = np.zeros((len(data.x_test), classes), np.float32)
+        test_loss, test_acc = mixed_precision.evaluate(
+            model, data.x_test, losses.validate_targets(loss, pred_like, y_test), loss,
+            args.dtype)
+    else:
+        pred = model(data.x_test)
+        test_loss = losses.loss_value(loss, pred, y_test)
+        test_acc = losses.accuracy(loss, pred, y_test)
     acc_text = "-" if test_acc is None else f"{test_acc:.4f}"
     print(f"test loss {test_loss:.4f}  test accuracy {acc_text}  "
           f"({time.perf_counter() - t0:.1f} s total)", file=out)

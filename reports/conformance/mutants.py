@@ -371,6 +371,22 @@ MUTANTS = (
            "toward zero) instead of rounding to nearest even", "kernels/half.py",
            "        return sign | ((a + 0xFFF + ((a >> 13) & 1)) >> 13)\n",
            "        return sign | (a >> 13)\n", ("tanh", "exp")),
+    # -- mixed-precision training (fastlib/training/mixed_precision.py) ------------------------
+    Mutant("loss-scale-not-undone", "float16 mixed-precision training leaves the loss scale "
+           "on the last parameter's gradient (not divided back out before the step)",
+           "training/mixed_precision.py",
+           "grads = {k: np.ascontiguousarray(grads[k] * inverse, dtype=np.float32) "
+           "for k in ctx.params}",
+           "grads = {k: np.ascontiguousarray(grads[k] * (inverse if k != list(ctx.params)[-1] "
+           "else np.float32(1)), dtype=np.float32) for k in ctx.params}",
+           ("loss scale", "mixed MLP")),
+    Mutant("skipped-step-not-skipped", "a step whose scaled gradient overflowed is counted as "
+           "skipped (and the scale backs off) but the optimizer still takes it",
+           "training/mixed_precision.py",
+           "    if found_inf:\n        return BatchResult(loss, correct, True)\n",
+           "    if found_inf:\n        ctx.opt_state = ctx.optimizer.update(ctx.params, grads, "
+           "ctx.opt_state, lr=ctx.lr)\n        return BatchResult(loss, correct, True)\n",
+           ("loss scale", "mixed MLP")),
 )
 
 

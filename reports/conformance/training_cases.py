@@ -14,7 +14,8 @@ import optable
 from reports.conformance.strategies import dense_chain, layer_block
 
 __all__ = ["EpochCase", "moved_parameters", "tolerance_targets", "epoch_cases", "fused_cases", "recurrent_cases", "attention_cases",
-           "boundary_cases", "kernel_boundaries", "OPTIMIZERS", "LAYER_KINDS"]
+           "boundary_cases", "kernel_boundaries", "OPTIMIZERS", "LAYER_KINDS", "mixed_cases",
+           "loss_scale_cases"]
 
 OPTIMIZERS = tuple(optable.OPTIMIZERS)
 LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNorm", "RMSNorm",
@@ -61,6 +62,8 @@ class EpochCase:
     referee: str = "exact"     # "exact" (reflib at 30 digits) or "float64" (large float32 runs)
     moved: bool = False        # start from parameters moved off their initial values
     pieces: int | None = None  # the compiled path's piece plan (None: the machine's choice)
+    mixed: str | None = None   # a 16-bit format: trained in mixed precision over float32
+    loss_scale: dict | None = None  # with mixed float16: LossScale's fields (None: unscaled)
 
     def with_(self, **changes):
         """A copy with ``changes`` applied."""
@@ -598,3 +601,70 @@ def _attention_widths(chunk):
     while 4 * (d + 2) ** 2 + 7 * (d + 2) + 2 < chunk:
         d += 2
     return d, d + 2
+
+
+# ---------------------------------------------------------------------------------------------
+# mixed precision: Dense MLPs trained in bfloat16 / float16 over float32 master weights
+
+def _row_peak(config, seed, x, y, loss):
+    """The largest unscaled backward peak over single-row batches at the initial parameters:
+    no batch's is larger (a mean over rows is at most its largest row)."""
+    import fastlib
+    from reports.conformance.mixed_training import scaled_peak
+
+    params = {k: np.asarray(v, np.float64) for k, v in fastlib.layers.from_config(
+        config, dtype=np.float32, seed=seed).parameters().items()}
+    return max(scaled_peak(config, params, x[i:i + 1], y[i:i + 1], loss)
+               for i in range(len(x)))
+
+
+@st.composite
+def mixed_cases(draw, fmt):
+    """A Dense MLP trained in mixed ``fmt`` for two epochs (the per-batch path). float16 runs
+    under a dynamic loss scale 8 to 16 times below the overflow of every batch's backward at
+    the start (so no step sits near it; ``loss_scale_cases`` crosses it on purpose)."""
+    from reports.conformance.mixed_training import MIXED_ACTIVATIONS, MIXED_LOSSES
+
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    width, classes, layers = dense_chain(draw, MIXED_ACTIVATIONS, 2)
+    n = draw(st.integers(3, 9))
+    loss = draw(st.sampled_from(MIXED_LOSSES))
+    x = rng.uniform(-2, 2, size=(n, width))
+    y = _targets(rng, loss, classes, (n, classes))
+    config = {"type": "Sequential", "layers": layers}
+    scale = None
+    if fmt == "float16":
+        peak = _row_peak(config, seed, x.astype(np.float32), y, loss)
+        threshold = optable.formats.FORMATS["float16"].overflow
+        scale = {"init_scale": 2.0 ** int(np.floor(np.log2(threshold / (8.0 * peak))))}
+    return EpochCase(config, x, y, loss, seed, "float32", path="generic",
+                     label=f"MLP mixed {fmt}", mixed=fmt, loss_scale=scale, **_options(draw, n))
+
+
+def loss_scale_cases():
+    """float16 runs whose loss scale starts 2**3.5 times above the overflow of the backward:
+    four skipped steps (the scale halved each time), then a growth every two clean steps that
+    overflows again, so skips, backoffs and growths alternate, each step a factor sqrt(2)
+    clear of the threshold; one batch per epoch, so a skipped step repeats the same batch."""
+    import fastlib
+    from reports.conformance.mixed_training import scaled_peak
+
+    rng = np.random.default_rng(20261127)
+    threshold = optable.formats.FORMATS["float16"].overflow
+    cases = []
+    for optimizer, lr in (("SGD", 0.01), ("Adam", 0.001)):
+        config = _mlp([3, 4, 2])
+        x = rng.uniform(-2, 2, size=(6, 3))
+        y = rng.integers(0, 2, size=(6, 1))
+        params = {k: np.asarray(v, np.float64) for k, v in fastlib.layers.from_config(
+            config, dtype=np.float32, seed=7).parameters().items()}
+        # the inputs as float16 holds them: what the run's first backward reads
+        x16 = x.astype(np.float32).astype(np.float16).astype(np.float64)
+        peak = scaled_peak(config, params, x16, y, "cross_entropy")
+        scale = {"init_scale": float(threshold / peak * 2.0 ** 3.5), "growth_interval": 2}
+        cases.append(EpochCase(config, x, y, "cross_entropy", 7, "float32", optimizer, lr,
+                               batch_size=6, epochs=10, shuffle=False, path="generic",
+                               label=f"loss scale float16 {optimizer}", mixed="float16",
+                               loss_scale=scale))
+    return cases

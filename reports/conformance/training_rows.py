@@ -93,7 +93,16 @@ def loss_condition(loss, pred, y):
 
 
 def _eps(dtype):
-    return float(np.finfo(np.dtype(dtype)).eps)
+    """``eps`` of a dtype or a format's name (bfloat16 and float16 included)."""
+    import optable
+
+    return float(optable.formats.format_of(dtype).eps)
+
+
+def gradient_format(case):
+    """The format a run's gradients are computed in: a mixed run's 16-bit one (its forward
+    and backward round to it), else the model's dtype."""
+    return case.mixed or np.dtype(case.dtype).name
 
 
 def _f(a):
@@ -244,20 +253,27 @@ def _exact_params(params, exact):
 @dataclass
 class Reference:
     """The replayed run: per step the batch rows, loss, raw (unclipped) exact gradient and the
-    parameters after the step; per epoch the exact loss; and the clipping threshold used."""
+    parameters after the step (``skipped`` when float16's loss scale skipped it); per epoch the
+    exact loss; the clipping threshold used; a loss-scaled run's replayed scale."""
 
     steps: list
     epoch_losses: list
     orders: list
     clip: float
     params: dict
+    scale: object = None
 
 
 def _inputs(case):
     x = np.asarray(case.x)
     if x.dtype.kind in "iu":
         return x
-    return x.astype(case.dtype).astype(np.float64)
+    x = x.astype(case.dtype)
+    if case.mixed:      # a mixed run reads its inputs as the 16-bit format holds them
+        import optable
+
+        x = x.astype(optable.formats.dtype_of(case.mixed))
+    return x.astype(np.float64)
 
 
 def _targets(case):
@@ -291,6 +307,11 @@ def reference_run(case, params0, exact):
     model.load_parameters(params)
     rng = np.random.default_rng(case.seed)
     state, t, steps, losses, orders, clip = None, 0, [], [], [], None
+    scale = None
+    if case.mixed == "float16" and case.loss_scale is not None:
+        from reports.conformance.mixed_training import ScaleReplay
+
+        scale = ScaleReplay(case.loss_scale)
     for _ in range(case.epochs):
         order = rng.permutation(n) if case.shuffle else np.arange(n)
         orders.append(order)
@@ -301,27 +322,33 @@ def reference_run(case, params0, exact):
             loss, grads = value_and_grad(model, x[idx], y[idx], case.loss, dps=dps)
             if clip is None:
                 clip = clip_threshold(case, grads)
-            t += 1
-            clipped = clip_exact(grads, clip, case.clip_mode, exact)
-            params, state = _spec_step(case.optimizer, params, clipped, state, t, case.lr, exact)
-            model.load_parameters(params)
+            skipped = scale is not None and scale.skips_step(
+                case.config, before, x[idx], y[idx], case.loss, len(steps) + 1)
+            if scale is not None:
+                scale.update(skipped)
+            if not skipped:     # a skipped step leaves the weights and the optimizer as they were
+                t += 1
+                clipped = clip_exact(grads, clip, case.clip_mode, exact)
+                params, state = _spec_step(case.optimizer, params, clipped, state, t, case.lr,
+                                           exact)
+                model.load_parameters(params)
             total += loss * len(idx)
-            step = {"rows": idx, "loss": float(loss), "grads": grads,
+            step = {"rows": idx, "loss": float(loss), "grads": grads, "skipped": skipped,
                     "params": {k: _f(v) for k, v in params.items()},
                     "condition": _condition(case, before, x[idx], y[idx])}
             if exact:   # the rounding error bound of the same formulas (module doc)
                 model.load_parameters(before)
                 if narrow_norm(case.config):   # the adjoint radius, and the running one
                     (step["running_radius"], _), (step["radius"], step["loss_radius"]) = \
-                        running_radius(model, x[idx], y[idx], case.loss, case.dtype,
-                                       both=True)
+                        running_radius(model, x[idx], y[idx], case.loss,
+                                       gradient_format(case), both=True)
                 else:
                     step["radius"], step["loss_radius"] = running_radius(
-                        model, x[idx], y[idx], case.loss, case.dtype)
+                        model, x[idx], y[idx], case.loss, gradient_format(case))
                 model.load_parameters(params)
             steps.append(step)
         losses.append(float(total / n))
-    return Reference(steps, losses, orders, clip, params)
+    return Reference(steps, losses, orders, clip, params, scale)
 
 
 def narrow_norm(config):
@@ -406,13 +433,13 @@ def run_bounds(case, ref, params0, exact, share):
     allowance it carries (Adam divides by ``sqrt(v)``, clipping rescales), and each is a
     bound on its own, so no bound exceeds the running radius's."""
     dtype = np.dtype(case.dtype)
-    eps = _eps(dtype)
+    eps = _eps(dtype)       # the update's roundings: the (master) weights' dtype
     depth = depth_factor(case, min(case.batch_size, len(case.x)))
     at_layer = layer_scaled(case.config)
 
     def allow(key):
-        return [gradient_allowance(s["grads"], dtype, depth, s["condition"], s.get(key),
-                                   at_layer) for s in ref.steps]
+        return [gradient_allowance(s["grads"], gradient_format(case), depth, s["condition"],
+                                   s.get(key), at_layer) for s in ref.steps]
     allowances = allow("radius")
     bounds = parameter_bounds(case, ref, params0, allowances, exact, eps, share)
     if "running_radius" in ref.steps[0]:
@@ -434,7 +461,13 @@ def parameter_bounds(case, ref, params0, allowances, exact, eps, share):
     travelled = {k: np.zeros(np.shape(v)) for k, v in params0.items()}
     previous = {k: _f(v) for k, v in params0.items()}
     out = []
-    for t, (step, allow) in enumerate(zip(ref.steps, allowances), start=1):
+    t = 0
+    for step, allow in zip(ref.steps, allowances):
+        if step.get("skipped"):     # float16's loss scale skipped it: nothing moved
+            out.append(out[-1] if out else {k: np.zeros(np.shape(v))
+                                            for k, v in params0.items()})
+            continue
+        t += 1
         if out:
             fb = feedback(case, previous, x[step["rows"]], y[step["rows"]], out[-1])
             allow = {k: allow[k] + fb[k] for k in allow}
@@ -537,7 +570,20 @@ def _train(case, model, x, y, clip):
                              **({} if _plan(case) is None else {"pieces": _plan(case)}),
                              # the divergence rules' probe forwards would count as batches in
                              # the order check; they draw no RNG and change no weight
-                             divergence=False)
+                             divergence=False, **_precision(case))
+
+
+def _precision(case):
+    """``train``'s precision keywords of ``case`` (none for a run in the model's dtype)."""
+    if not case.mixed:
+        return {}
+    return {"dtype": case.mixed, "loss_scale": case.loss_scale or False}
+
+
+def _train_inputs(case, dtype):
+    """``case.x`` as the run is given it: in the model's dtype (a mixed run rounds it)."""
+    x = np.asarray(case.x)
+    return x if x.dtype.kind in "iu" else x.astype(dtype)
 
 
 def check_epochs(case: EpochCase):
@@ -554,19 +600,25 @@ def check_epochs(case: EpochCase):
     result = Result()
     dtype = np.dtype(case.dtype)
     exact = case.referee == "exact"
-    eps = _eps(dtype)
+    eps = _eps(gradient_format(case))
     model = fastlib.layers.from_config(case.config, dtype=dtype, seed=case.seed)
     if case.moved:
         from reports.conformance.training_cases import moved_parameters
 
         model.load_parameters(moved_parameters(model.parameters(), case.seed, dtype))
     params0 = {k: v.copy() for k, v in model.parameters().items()}
-    x = np.asarray(case.x)
-    x = x if x.dtype.kind in "iu" else x.astype(dtype)
+    x = _train_inputs(case, dtype)
     y = np.asarray(case.y)
     y = y if y.dtype.kind in "iu" else y.astype(dtype)
     n, bs = len(x), min(case.batch_size, len(x))
-    ref = reference_run(case, params0, exact)
+    try:
+        ref = reference_run(case, params0, exact)
+    except ValueError as exc:     # mixed_training.Undecided: a case the referee cannot judge
+        from reports.conformance.mixed_training import Undecided
+
+        if isinstance(exc, Undecided):
+            return result.fail(f"the referee cannot replay this case: {exc}")
+        raise
     depth = depth_factor(case, bs)
     # float32 rows: the float64 referee's own admissible error joins the bound
     ref_eps_share = 0.0 if exact else EPS64 / eps
@@ -591,7 +643,8 @@ def check_epochs(case: EpochCase):
     # 2. the run
     try:
         if case.path == "generic":
-            with _Recorder(model) as rec:
+            # a mixed run feeds its layers one by one: the first one sees the batches
+            with _Recorder(model.layers[0] if case.mixed else model) as rec:
                 run = _train(case, model, x, y, ref.clip)
         else:
             rec = None
@@ -607,6 +660,7 @@ def check_epochs(case: EpochCase):
         result.fail("fastlib.train(fused=False) took the fused path")
     if rec is not None:
         _check_order(result, case, ref, rec.batches, bs)
+    _check_precision(result, case, ref, run)
 
     # 3. bounds of the parameters after each step: bounds_after, above
 
@@ -640,12 +694,28 @@ def check_epochs(case: EpochCase):
     return result
 
 
+def _check_precision(result, case, ref, run):
+    """A mixed run says its format; a loss-scaled one skipped the replay's steps and ends at
+    its scale."""
+    if run.precision != case.mixed:
+        result.fail(f"fastlib.train reports precision {run.precision!r}, not {case.mixed!r}")
+    if ref.scale is not None and (run.loss_scale_skips, run.loss_scale) != (
+            ref.scale.skips, ref.scale.scale):
+        result.fail(f"loss scale: fastlib skipped {run.loss_scale_skips} step(s) and ended at "
+                    f"scale {run.loss_scale!r}; the replay skips {ref.scale.skips} and ends at "
+                    f"{ref.scale.scale!r}")
+
+
 def _check_order(result, case, ref, batches, bs):
     """Every sample exactly once per epoch, in the documented order, batches of ``bs``."""
     from collections import Counter
 
     x = np.asarray(case.x)
     x = x if x.dtype.kind in "iu" else x.astype(case.dtype)
+    if case.mixed:
+        from fastlib.training.mixed_precision import round_inputs
+
+        x = round_inputs(x, case.mixed)
     n = len(x)
     per_epoch = -(-n // bs)
     seen = [_row_keys(b) for b in batches]
@@ -711,7 +781,8 @@ def reproduction(case):
 
     fields = ", ".join(f"{k}={literal(getattr(case, k))}" for k in (
         "config", "x", "y", "loss", "seed", "dtype", "optimizer", "lr", "batch_size", "epochs",
-        "shuffle", "clip", "clip_mode", "path", "label", "referee", "moved"))
+        "shuffle", "clip", "clip_mode", "path", "label", "referee", "moved", "mixed",
+        "loss_scale"))
     return ("import numpy as np\nfrom reports.conformance.training_cases import EpochCase\n"
             "from reports.conformance.training_rows import check_epochs\n"
             f"case = EpochCase({fields})\nresult = check_epochs(case)\nprint(result)\n"
@@ -750,5 +821,9 @@ def train_rows(kinds):
         lambda k: tc.epoch_cases(k, "float32"))))
     rows.append(row("compiled attention", "float32", lambda: tc.attention_cases("float32")))
     rows.append(fixed("float32"))
+    for fmt in ("bfloat16", "float16"):
+        rows.append(row("mixed MLP", fmt, lambda fmt=fmt: tc.mixed_cases(fmt)))
+    rows.append(Row("train", "loss scale", "fastlib", "float16", lambda profile, seed: run_cases(
+        tc.loss_scale_cases(), check_epochs, lambda i, case: reproduction(case))))
     from reports.conformance.layer_sums import bias_sum_rows
     return rows + bias_sum_rows()

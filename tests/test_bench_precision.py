@@ -1,0 +1,56 @@
+"""`verigrad bench train --dtypes`: its refusals, and what one small run measures and counts."""
+import json
+
+import numpy as np
+import pytest
+
+from reports.cli import main
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "train", "--dtypes", "bfloat61"], "did you mean 'bfloat16'"),
+    (["bench", "train", "--dtypes", "float16", "--model", "lstm"], "drop --model"),
+    (["bench", "train", "--dtypes", "float16", "--engines", "torch"], "drop --engines"),
+    (["bench", "train", "--dtypes", "float16", "--threads", "1,2"],
+     "drop --threads with several counts"),
+])
+def test_bad_dtypes_runs_are_refused_before_any_work(argv, message, capsys, monkeypatch):
+    from fastlib import datasets
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the usage error")
+
+    monkeypatch.setattr(datasets, "load_digits", no_work)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: verigrad bench train") and message in err, err[-400:]
+
+
+def test_a_small_run_reports_every_format_and_counts_its_bytes(tmp_path, monkeypatch, capsys):
+    from reports.bench import precision
+    from reports.results_tables import bench_precision
+
+    monkeypatch.setitem(precision.DEFAULTS, "hidden", 8)
+    monkeypatch.setitem(precision.DEFAULTS, "epochs", 2)
+    out = tmp_path / "p.json"
+    assert main(["bench", "train", "--dtypes", "float32", "bfloat16", "float16", "--repeats",
+                 "1", "--no-progress", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = {r["case"]: r for r in report["results"]}
+    assert list(rows) == ["float32", "float32 per-batch", "bfloat16", "float16"]
+    assert rows["float32"]["path"] == "program"
+    assert {rows[c]["path"] for c in ("float32 per-batch", "bfloat16", "float16")} == {"generic"}
+    params = 64 * 8 + 8 + 8 * 10 + 10                  # the 64-8-10 MLP
+    acts = 32 * (8 + 10)                                 # both layers' outputs, 32 rows
+    assert rows["float32"]["parameter_bytes"] == 4 * params
+    assert rows["float32"]["activation_bytes"] == 4 * acts
+    for fmt in ("bfloat16", "float16"):                  # 16-bit copies plus float32 masters
+        assert rows[fmt]["parameter_bytes"] == (2 + 4) * params
+        assert rows[fmt]["activation_bytes"] == 2 * acts
+        assert 0.0 <= rows[fmt]["test_accuracy"] <= 1.0
+        assert rows[fmt]["traced_peak_bytes"] > 0
+    assert np.isclose(rows["bfloat16"]["bytes_over_float32"],
+                      (6 * params + 2 * acts) / (4 * params + 4 * acts))
+    table = bench_precision({"data": report, "command": "verigrad bench train --dtypes",
+                             "date": "now", "machine": {}})
+    assert "| float16 | generic |" in table
