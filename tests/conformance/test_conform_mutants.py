@@ -59,11 +59,13 @@ def test_mutants_of_other_modules_join_through_mutant_modules(monkeypatch):
 def test_training_mutants_join_as_hook_mutants():
     """Every training mutant is in the one list, after the source mutants, with its rows first;
     a key it shares with a source mutant, or a name its module lacks, is refused."""
-    from reports.conformance import program_mutants
+    from reports.conformance import lowp_mutants, program_mutants
 
     hooks = [m for m in all_mutants() if isinstance(m, HookMutant)]
     assert [m.key for m in hooks] == list(training_mutants.MUTANTS) + list(
-        program_mutants.MUTANTS)
+        program_mutants.MUTANTS) + list(lowp_mutants.MUTANTS)
+    assert all(m.first == ("sum", "mean", "softmax") for m in hooks
+               if m.key in lowp_mutants.MUTANTS)
     assert all(m.first == ("train",) for m in hooks if m.key in training_mutants.MUTANTS)
     assert all(m.first == ("program",) for m in hooks if m.key in program_mutants.MUTANTS)
     assert all_mutants()[:len(MUTANTS)] == MUTANTS
