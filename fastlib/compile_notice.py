@@ -99,7 +99,8 @@ class CompileWatch:
             if self.tty:
                 self._draw(self.message())
             elif not self._announced:   # a log gets one line, not a frame per kernel
-                self.stream.write(f"{self.what}: first run: compiling fastlib's kernels, one "
+                on_terminal = getattr(self.stream, "isatty", lambda: False)()
+                self.stream.write(("\r\033[K" if on_terminal else "") + f"{self.what}: first run: compiling fastlib's kernels, one "
                                   f"time (Numba keeps them in {cache_location()}; later runs "
                                   f"load them)\n")
                 self.stream.flush()
