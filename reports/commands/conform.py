@@ -218,12 +218,13 @@ def _progress_bar(total, enabled):
 
 def _workers(args):
     """Processes for the rows and proofs: ``--workers``, else one per usable core (1 with
-    ``--cluster``, whose workers are the cluster's)."""
+    ``--cluster``, whose workers are the cluster's, and for arguments built without the
+    option)."""
     if getattr(args, "cluster", None):
         return 1
     from reports.conformance.workers import default_workers
 
-    return getattr(args, "workers", None) or default_workers(10 ** 6)
+    return getattr(args, "workers", 1) or default_workers(10 ** 6)
 
 
 def run_engines(args, out=None, proofs=(), on_proofs=None, on_compiled=None):
