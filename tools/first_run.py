@@ -151,8 +151,9 @@ def main(argv=None):
                   f"{run['load_after']}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    doc = recorded(argv, {"conform_args": args.conform_args, "cores": os.cpu_count(),
-                          "targets": TARGETS, "runs": runs}, time.perf_counter() - start, load_before)
+    data = {"conform_args": args.conform_args, "cores": os.cpu_count(), "targets": TARGETS,
+            "runs": runs}
+    doc = recorded(argv, data, time.perf_counter() - start, load_before)
     pathlib.Path(args.out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out}")
     return 0
