@@ -107,7 +107,7 @@ def test_a_real_first_compile_is_announced_once_and_a_second_run_is_silent(tmp_p
               "from fastlib.compile_notice import CompileWatch\n"
               "from fastlib import ops\n"
               "with CompileWatch('probe', interval=0.05) as w:\n"
-              "    ops.forward('sum', np.arange(5.0))\n"
+              "    ops.forward('sum', [np.arange(5.0)])\n"
               "print(w.compiled)\n")
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
     runs = [subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
@@ -120,3 +120,40 @@ def test_a_real_first_compile_is_announced_once_and_a_second_run_is_silent(tmp_p
     assert len(notices) == 1 and notices[0].startswith("probe: first run: compiling")
     assert int(second.stdout.split()[-1]) == 0
     assert "compiling" not in second.stderr
+
+
+def _compiling_cache(monkeypatch):
+    """``compiled_kernels`` as a cache that gains a kernel at every look (a first run)."""
+    from fastlib import compile_notice
+
+    counter = iter(range(10 ** 6))
+    monkeypatch.setattr(compile_notice, "compiled_kernels", lambda: next(counter))
+    monkeypatch.setattr(compile_notice, "POLL_SECONDS", 0.01)
+
+
+def test_a_first_train_says_so_in_one_line_when_redirected(monkeypatch, capsys):
+    from reports.cli import main
+
+    _compiling_cache(monkeypatch)
+    code = main(["train", "--epochs", "2", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    notices = [line for line in err.splitlines() if "compiling" in line]
+    assert notices == [line for line in err.splitlines() if line.strip()]   # nothing else
+    assert len(notices) == 1 and notices[0].startswith(
+        "verigrad train: first run: compiling fastlib's kernels, one time")
+    assert "compiling" not in out                   # the table's stream stays clean
+
+
+def test_a_first_conform_says_so_in_one_line_and_counts_in_the_summary(monkeypatch, capsys):
+    from reports.cli import main
+
+    _compiling_cache(monkeypatch)
+    code = main(["conform", "--ops", "mul", "--dtypes", "float64", "--engines", "reflib",
+                 "--no-proofs", "--workers", "1", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    notices = [line for line in err.splitlines() if "compiling" in line]
+    assert len(notices) == 1 and notices[0].startswith(
+        "verigrad conform: first run: compiling fastlib's kernels, one time")
+    assert "kernels compiled, one time" in out.strip().splitlines()[-1]
