@@ -17,10 +17,24 @@ from fastlib.cache_guard import cache_dirs
 __all__ = ["compiled_kernels", "cache_location", "CompileWatch"]
 
 
+#: seconds between two counts of the cache while a step runs
+POLL_SECONDS = 0.5
+
+
+def _folders():
+    """The folders Numba writes fastlib's kernels to now: those under ``NUMBA_CACHE_DIR``
+    alone when it is set (Numba then uses no other), else every folder it may use."""
+    folders = cache_dirs()
+    user_dir = os.environ.get("NUMBA_CACHE_DIR")
+    if user_dir:
+        folders = [f for f in folders if str(f).startswith(os.path.join(user_dir, ""))]
+    return folders
+
+
 def compiled_kernels() -> int:
     """How many compiled fastlib kernels (kernel and signature) Numba holds on disk."""
     count = 0
-    for folder in cache_dirs():
+    for folder in _folders():
         try:
             with os.scandir(folder) as entries:
                 count += sum(entry.name.endswith(".nbc") for entry in entries)
@@ -50,17 +64,17 @@ class CompileWatch:
     live : bool, optional
         Whether to draw the status line (default: ``stream`` is a terminal); False prints the
         one line instead.
-    interval : float
-        Seconds between two counts of the cache.
+    interval : float, optional
+        Seconds between two counts of the cache (default ``POLL_SECONDS``).
     """
 
-    def __init__(self, what, stream=None, show=None, live=None, interval=0.5):
+    def __init__(self, what, stream=None, show=None, live=None, interval=None):
         self.what = what
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if live is None \
             else bool(live)
         self.show = show
-        self.interval = interval
+        self.interval = POLL_SECONDS if interval is None else interval
         self.compiled = 0          # kernels compiled since the block began
         self._before = 0
         self._stop = threading.Event()
@@ -100,7 +114,8 @@ class CompileWatch:
                 self._draw(self.message())
             elif not self._announced:   # a log gets one line, not a frame per kernel
                 on_terminal = getattr(self.stream, "isatty", lambda: False)()
-                self.stream.write(("\r\033[K" if on_terminal else "") + f"{self.what}: first run: compiling fastlib's kernels, one "
+                self.stream.write(("\r\033[K" if on_terminal else "")
+                                  + f"{self.what}: first run: compiling fastlib's kernels, one "
                                   f"time (Numba keeps them in {cache_location()}; later runs "
                                   f"load them)\n")
                 self.stream.flush()

@@ -277,7 +277,8 @@ def first_run(doc):
                      run["proofs"], run["kernels_compiled"], _num(run["compile_seconds"], 3),
                      run["workers"], load])
     return (_table(["Numba cache", "seconds", "target", "processor s", "checks", "proofs",
-                    "kernels compiled", "compiling s", "workers", "load before / after"], rows)
+                    "kernels compiled", "compiling s (wall, all processes)", "workers",
+                    "load before / after"], rows)
             + _provenance(doc))
 
 
@@ -295,7 +296,7 @@ def first_run_stages(doc):
     warm_rows = warm.get("row_seconds", {})
     rows += [[f"checks: `{kind}`", "-", _num(seconds, 3), _num(warm_rows.get(kind), 3)]
              for kind, seconds in sorted(cold["row_seconds"].items(), key=lambda kv: -kv[1])]
-    return (_table(["stage", "kernels or proofs", "cold s", "warm s"], rows)
+    return (_table(["stage", "kernels or proofs", "cold s (wall, all processes)", "warm s"], rows)
             + _provenance(doc))
 
 
