@@ -280,12 +280,51 @@ def mutants(doc):
             + _provenance(doc))
 
 
+def first_run(doc):
+    """``tools/first_run.py``: the cold and the warm ``verigrad conform`` side by side."""
+    data = doc["data"]
+    targets = data.get("targets", {})
+    rows = []
+    for run in data["runs"]:
+        target = targets.get(run["cache"])
+        verdict = "-" if target is None else (
+            f"{'met' if run['seconds'] <= target else 'missed'} (at most {target} s)")
+        statuses = ", ".join(f"{n} {s}" for s, n in sorted(run["statuses"].items()))
+        load = f"{_num(run['load_before'], 2)} / {_num(run['load_after'], 2)}"
+        rows.append([run["cache"], _num(run["seconds"], 4), verdict,
+                     _num(run.get("cpu_seconds"), 4), f"{run['checks']} ({statuses})",
+                     run["proofs"], run["kernels_compiled"], _num(run["compile_seconds"], 3),
+                     run["workers"], load])
+    return (_table(["Numba cache", "seconds", "target", "processor s", "checks", "proofs",
+                    "kernels compiled", "compiling s (wall, all processes)", "workers",
+                    "load before / after"], rows)
+            + _provenance(doc))
+
+
+def first_run_stages(doc):
+    """Where the cold run's time went: compiling by kernel module, the proofs, and the checks
+    by kind (seconds summed over the run's processes; a check's seconds include the compiling
+    it waited for)."""
+    cold = next(run for run in doc["data"]["runs"] if run["cache"] == "cold")
+    warm = {run["cache"]: run for run in doc["data"]["runs"]}.get("warm", {})
+    rows = [[f"compiling `{module}`", entry["kernels"], _num(entry["seconds"], 3), "-"]
+            for module, entry in sorted(cold["compiles"].items(),
+                                        key=lambda kv: -kv[1]["seconds"])]
+    rows.append(["proving the spec (SymPy)", cold["proofs"], _num(cold["proof_seconds"], 3),
+                 _num(warm.get("proof_seconds"), 3)])
+    warm_rows = warm.get("row_seconds", {})
+    rows += [[f"checks: `{kind}`", "-", _num(seconds, 3), _num(warm_rows.get(kind), 3)]
+             for kind, seconds in sorted(cold["row_seconds"].items(), key=lambda kv: -kv[1])]
+    return (_table(["stage", "kernels or proofs", "cold s (wall, all processes)", "warm s"], rows)
+            + _provenance(doc))
+
+
 TABLES = {"accuracy-summary": accuracy_summary, "accuracy-bar": accuracy_bar,
           "accuracy-storage": accuracy_storage, "conform-rows": conform_rows,
           "mutants": mutants,
           "bench-ops": bench_ops, "bench-train": bench_train, "bench-precision": bench_precision,
-          "peers-summary": peers_summary,
-          "peers-findings": peers_findings}
+          "peers-summary": peers_summary, "peers-findings": peers_findings,
+          "first-run": first_run, "first-run-stages": first_run_stages}
 
 
 def render(path, table, root=ROOT):

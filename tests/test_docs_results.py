@@ -111,3 +111,31 @@ def test_the_readme_is_short():
         f"README.md has {len(lines)} lines; keep it under {README_MAX_LINES} and move the "
         "rest to docs/")
 
+
+
+def test_the_first_run_tables_say_whether_each_run_met_its_target():
+    # a record as tools/first_run.py writes it (figures invented for the renderer only)
+    run = {"checks": 3, "statuses": {"pass": 2, "unsupported": 1}, "proofs": 2, "workers": 2,
+           "load_before": 1.5, "load_after": 2.5, "proof_seconds": 4.0}
+    doc = {"command": "python tools/first_run.py", "date": "2026-11-27 18:00 UTC",
+           "machine": {"cpus": 2, "system": "Linux x86_64"}, "load_before": 1.5,
+           "load_after": 2.5, "seconds": 400.0,
+           "data": {"targets": {"cold": 180, "warm": 90}, "runs": [
+               {**run, "cache": "cold", "seconds": 181.0, "cpu_seconds": 300.0,
+                "kernels_compiled": 7, "compile_seconds": 120.5,
+                "compiles": {"fastlib.kernels.dense": {"kernels": 3, "seconds": 20.0},
+                             "fastlib.kernels.elementwise": {"kernels": 4, "seconds": 100.5}},
+                "row_seconds": {"exact": 50.0, "train": 90.0}},
+               {**run, "cache": "warm", "seconds": 90.0, "cpu_seconds": 120.0,
+                "kernels_compiled": 0, "compile_seconds": 0, "compiles": {},
+                "row_seconds": {"exact": 10.0, "train": 20.0}}]}}
+    runs = results_tables.first_run(doc).splitlines()
+    assert runs[2].startswith("| cold | 181 | missed (at most 180 s) | 300 | 3 (2 pass, 1 "
+                              "unsupported) | 2 | 7 | 120 | 2 | 1.5 / 2.5 |")
+    assert runs[3].startswith("| warm | 90 | met (at most 90 s) | 120 |")
+    stages = results_tables.first_run_stages(doc).splitlines()
+    # compiling by module, the longest first; the proofs; the checks, the longest first
+    assert stages[2] == "| compiling `fastlib.kernels.elementwise` | 4 | 100 | - |"
+    assert stages[3] == "| compiling `fastlib.kernels.dense` | 3 | 20 | - |"
+    assert stages[4] == "| proving the spec (SymPy) | 2 | 4 | 4 |"
+    assert stages[5:7] == ["| checks: `train` | - | 90 | 20 |", "| checks: `exact` | - | 50 | 10 |"]

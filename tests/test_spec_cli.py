@@ -86,8 +86,10 @@ def test_conform_runs_every_proof_and_prints_a_table(monkeypatch, capsys):
     monkeypatch.setattr(spec, "prove", prove)
     monkeypatch.setattr(spec, "prove_optimizers", prove_optimizers)
     # float32 and float64 rows only: the 16-bit rows have their own tests
-    # (tests/conformance/test_conform_lowp.py), which keep the default run's time
-    assert main(["conform", "--dtypes", "float32", "float64"]) == 0
+    # (tests/conformance/test_conform_lowp.py), which keep the default run's time; one
+    # process, where the stubbed proofs are (worker processes prove with the real spec:
+    # tests/test_conform_workers.py)
+    assert main(["conform", "--dtypes", "float32", "float64", "--workers", "1"]) == 0
     captured = capsys.readouterr()
     # the proof table is the first table of the run (the engine checks' table follows it)
     proof_table = captured.out.split("\n\n")[0]
@@ -102,7 +104,8 @@ def test_conform_exits_1_on_a_failed_proof(monkeypatch, capsys):
     prove, prove_optimizers = _stub(ok_ops=False)
     monkeypatch.setattr(spec, "prove", prove)
     monkeypatch.setattr(spec, "prove_optimizers", prove_optimizers)
-    assert main(["conform", "--no-progress", "--dtypes", "float32", "float64"]) == 1
+    assert main(["conform", "--no-progress", "--dtypes", "float32", "float64",
+                 "--workers", "1"]) == 1
     captured = capsys.readouterr()
     assert "FAILED proofs: relu" in captured.out
     assert captured.err == ""

@@ -67,6 +67,10 @@ def add_arguments(parser):
                              "modes",
                         default_text="strict for reflib and fastlib, subgradient for other "
                                      "engines")
+    shared.add_workers(parser, help="processes that run the checks and the proofs, one subject "
+                                    "each at a time (the rows are the same for any count; 1: "
+                                    "this process)",
+                       default_text="one per usable core")
     parser.add_argument("--cluster", metavar="SPEC", default=None,
                         help="run the checks (or mutants) as tasks on Dask: local:N (N worker "
                              "processes here) or a scheduler address tcp://host:8786; the rows "
@@ -212,8 +216,25 @@ def _progress_bar(total, enabled):
                 dynamic_ncols=True, mininterval=0.5)
 
 
-def run_engines(args, out=None):
-    """Plan and run the engine rows; print the table and the failures; return (rows, code)."""
+def _workers(args):
+    """Processes for the rows and proofs: ``--workers``, else one per usable core (1 with
+    ``--cluster``, whose workers are the cluster's, and for arguments built without the
+    option)."""
+    if getattr(args, "cluster", None):
+        return 1
+    from reports.conformance.workers import default_workers
+
+    return getattr(args, "workers", 1) or default_workers(10 ** 6)
+
+
+def run_engines(args, out=None, proofs=(), on_proofs=None, on_compiled=None):
+    """Plan and run the engine rows; print the table and the failures; return (rows, code).
+
+    ``proofs`` (``("op" | "optimizer", name)`` pairs) are proved alongside the rows, in the
+    same worker processes; ``on_proofs(results)`` is called with them, in order, before the
+    engine rows' table is printed. ``on_compiled(n)`` is told how many kernels the run
+    compiled (0 when every kernel was in Numba's cache).
+    """
     from reports.conformance import engines as _engines
     from reports.conformance.runner import PROFILES, order_rows, plan_rows, run_rows
 
@@ -227,9 +248,14 @@ def run_engines(args, out=None):
         print(f"verigrad conform: {exc}", file=sys.stderr)
         return [], [], 2
     rows = order_rows(rows, args.first)
-    for status in statuses:
-        if not status.available:
-            print(f"engine {status.name}: unavailable: {status.reason}", file=out)
+
+    def print_unavailable():
+        for status in statuses:
+            if not status.available:
+                print(f"engine {status.name}: unavailable: {status.reason}", file=out)
+
+    if not proofs:
+        print_unavailable()
     bar = _progress_bar(len(rows), progress_enabled(args))
 
     def progress(row):
@@ -237,20 +263,44 @@ def run_engines(args, out=None):
             bar.set_description_str(row.label()[:60])
             bar.update(0 if row is rows[0] else 1)
 
-    if getattr(args, "cluster", None):  # the same rows as tasks on a Dask cluster
-        from reports.distributed import cluster
+    from fastlib.compile_notice import CompileWatch
 
-        done = cluster.run_rows(args.cluster, rows, profile, args.seed, ops=args.ops,
-                                dtype=dtype_filter(args), fail_fast=args.fail_fast,
-                                progress=None if bar is None else lambda row: bar.update(1))
+    # a first run compiles fastlib's kernels: said on the bar, or in one line off a terminal
+    watch = CompileWatch("verigrad conform", live=bar is not None,
+                         show=None if bar is None else
+                         lambda text: bar.set_postfix_str(text, refresh=True))
+    with watch:
+        if getattr(args, "cluster", None):  # the same rows as tasks on a Dask cluster
+            from reports.distributed import cluster
+
+            done = cluster.run_rows(args.cluster, rows, profile, args.seed, ops=args.ops,
+                                    dtype=dtype_filter(args), fail_fast=args.fail_fast,
+                                    progress=None if bar is None else lambda row: bar.update(1))
+            if bar is not None:
+                bar.close()
+                bar = None
+        elif _workers(args) > 1 or proofs:
+            from reports.conformance import workers
+
+            done, proved = workers.run_rows_and_proofs(
+                rows, profile, args.seed, _workers(args), ops=args.ops, dtype=dtype_filter(args),
+                kink_mode=getattr(args, "kinks", None), proofs=proofs,
+                on_row=None if bar is None else lambda row: bar.update(1),
+                fail_fast=args.fail_fast)
+            if bar is not None:
+                bar.close()
+                bar = None
+            if on_proofs is not None:
+                on_proofs(proved)
+            if proofs:
+                print_unavailable()
+        else:
+            done = run_rows(rows, profile, args.seed, progress, fail_fast=args.fail_fast)
         if bar is not None:
+            bar.update(1)
             bar.close()
-            bar = None
-    else:
-        done = run_rows(rows, profile, args.seed, progress, fail_fast=args.fail_fast)
-    if bar is not None:
-        bar.update(1)
-        bar.close()
+    if on_compiled is not None:
+        on_compiled(watch.compiled)
     if done:
         print(rows_table(done), file=out)
     else:
@@ -278,6 +328,17 @@ def _proof_subjects(ops):
     import spec
 
     return [o for o in ops if o in spec.OPS], [o for o in ops if o in spec.OPTIMIZERS]
+
+
+def _proof_requests(ops):
+    """``("op", name)`` and ``("optimizer", name)`` for every proof a run asks for, in the
+    order the table shows them."""
+    import spec
+
+    chosen_ops, chosen_optimizers = _proof_subjects(ops)
+    return ([("op", n) for n in (list(spec.OPS) if chosen_ops is None else chosen_ops)]
+            + [("optimizer", n) for n in (list(spec.OPTIMIZERS) if chosen_optimizers is None
+                                          else chosen_optimizers)])
 
 
 def _json_rows(rows):
@@ -355,19 +416,29 @@ def run(args) -> int:
 
         return conform_mutants.run(args)
     start = time.perf_counter()
-    proofs, failed_proofs = [], []
-    if not args.no_proofs:
-        progress = ProgressLine(enabled=progress_enabled(args))
-        progress.update("loading spec ...")
-        op_results, opt_results = run_spec_proofs(progress, *_proof_subjects(args.ops))
-        proofs = op_results + opt_results
-        failed_proofs = [r for r in proofs if not r.ok]
+    proofs, asked = [], ()
+    progress = ProgressLine(enabled=progress_enabled(args))
+
+    def show_proofs(op_results, opt_results):
+        proofs.extend(op_results + opt_results)
         progress.finish(f"{proof_count(proofs)} in "
                         f"{time.perf_counter() - start:.1f} s")
         print(terminal_table(PROOF_HEADERS, proof_rows(op_results, "op")
                            + proof_rows(opt_results, "optimizer")))
         print()
-    rows, statuses, code = run_engines(args)
+
+    if not args.no_proofs and _workers(args) > 1:   # proved in the rows' worker processes
+        asked = _proof_requests(args.ops)
+    elif not args.no_proofs:
+        progress.update("loading spec ...")
+        show_proofs(*run_spec_proofs(progress, *_proof_subjects(args.ops)))
+    compiled = []
+    rows, statuses, code = run_engines(
+        args, proofs=asked, on_proofs=lambda results: show_proofs(
+            [r for (kind, _), r in zip(asked, results) if kind == "op"],
+            [r for (kind, _), r in zip(asked, results) if kind == "optimizer"]),
+        on_compiled=compiled.append)
+    failed_proofs = [r for r in proofs if not r.ok]
     elapsed = time.perf_counter() - start
     counts = {}
     for r in rows:
@@ -377,10 +448,13 @@ def run(args) -> int:
         print(f"\nFAILED proofs: {', '.join(r.op for r in failed_proofs)}")
         code = 1
     print(f"\n{len(rows)} checks ({summary}); {len(proofs)} proofs; profile {args.profile}, "
-          f"seed {args.seed}; {elapsed:.1f} s")
+          f"seed {args.seed}; {elapsed:.1f} s"
+          + (f"; {compiled[0]} kernels compiled, one time" if compiled and compiled[0] else ""))
     if args.json:
         payload = {
             "profile": args.profile, "seed": args.seed, "seconds": round(elapsed, 2),
+            "kernels_compiled": compiled[0] if compiled else 0,
+            "workers": _workers(args),
             "engines": [s.__dict__ for s in statuses],
             "proofs": [{"name": r.op, "ok": r.ok, "method": r.method, "verdict": r.verdict,
                         "seconds": r.seconds, "detail": r.detail} for r in proofs],

@@ -38,6 +38,9 @@ VARIABLES = (
              "count", "performance.md"),
     Variable("VERIGRAD_PARALLEL_MIN_SIZE", "N", "32768",
              "elements below which an elementwise kernel runs on one thread", "performance.md"),
+    Variable("VERIGRAD_FIRST_RUN_PROBE", "PATH", "none (no recording)",
+             "set by `python tools/first_run.py` for the runs it measures: each process writes "
+             "its Numba compile time by kernel module to PATH.PID.json", "performance.md"),
     Variable("VERIGRAD_CONFORM_CACHE", "DIR", "none (an in-process cache only)",
              "keep the exact oracle's values on disk, shared by processes (the mutant runs "
              "set it); clear it when spec changes", "reports.md"),

@@ -426,18 +426,9 @@ def _run(args) -> int:
         common.update(use_chain_rule=not args.pure, update=args.update,
                       normalisation=args.normalisation)
     x_val = None if val is None else val.x
-    if args.early_stopping:
-        hist = fastlib.train_sh(model, train.x, y_train, epochs, batch_size, args.lr, loss,
-                                args.optimizer, args.monitor, args.patience, args.min_delta,
-                                True, x_val, y_val, **common)
-        result = hist.result
-        if hist.best_metric is not None:
-            print(f"best {args.monitor} {hist.best_metric:.4f} at epoch {hist.best_epoch} "
-                  f"(weights {'restored' if hist.restored_best else 'kept'}); "
-                  f"{hist.lr_reductions} LR reduction(s)", file=out)
-    else:
-        result = fastlib.train(model, train.x, y_train, epochs, batch_size, args.lr, loss,
-                               x_val, y_val, args.optimizer, **common)
+    with _compile_notice():
+        result = _fit(args, model, train, y_train, epochs, batch_size, loss, x_val, y_val,
+                      common, out)
     if result.stop_reason:
         print(f"stopped: {result.stop_reason}", file=out)
     if result.piece_plan is not None:
@@ -472,6 +463,33 @@ def _run(args) -> int:
     return _status(result)
 
 
+def _compile_notice():
+    """One line on stderr when the run compiles fastlib's kernels (a first run's long first
+    epoch), on a terminal too: the epoch bar keeps the line it draws in."""
+    from fastlib.compile_notice import CompileWatch
+
+    return CompileWatch("verigrad train", live=False)
+
+
+def _fit(args, model, train, y_train, epochs, batch_size, loss, x_val, y_val, common, out):
+    """Train ``model`` as the flags ask (early stopping or not); the TrainingResult."""
+    import fastlib
+
+    if args.early_stopping:
+        hist = fastlib.train_sh(model, train.x, y_train, epochs, batch_size, args.lr, loss,
+                                args.optimizer, args.monitor, args.patience, args.min_delta,
+                                True, x_val, y_val, **common)
+        result = hist.result
+        if hist.best_metric is not None:
+            print(f"best {args.monitor} {hist.best_metric:.4f} at epoch {hist.best_epoch} "
+                  f"(weights {'restored' if hist.restored_best else 'kept'}); "
+                  f"{hist.lr_reductions} LR reduction(s)", file=out)
+    else:
+        result = fastlib.train(model, train.x, y_train, epochs, batch_size, args.lr, loss,
+                               x_val, y_val, args.optimizer, **common)
+    return result
+
+
 def _status(result) -> int:
     """The exit status of a run that ended: :data:`EXIT_DIVERGED` after a divergence, else 0
     (early stopping and a callback's stop are normal ends)."""
@@ -493,13 +511,14 @@ def _run_cd(args, data, train, val, epochs, batch_size, dtype, t0) -> int:
                f"CD-{args.cd_k}, {args.optimizer} lr={args.lr:g}, batch {batch_size}, "
                f"{epochs} epochs, {dtype.name}; loss = reconstruction error of the chain, "
                "val_loss = mean-field"), file=out)
-    result = fastlib.train(rbm, train.x, None, epochs, batch_size, args.lr, None,
-                           None if val is None else val.x, None,
-                           args.optimizer, gradient_clip=args.gradient_clip,
-                           clip_mode=args.clip_mode, seed=args.seed, device=args.device,
-                           algorithm="cd", callbacks=[_Table(out)],
-                           verbose=progress_enabled(args),
-                           checkpoint=args.checkpoint, resume=args.resume, cd_k=args.cd_k)
+    with _compile_notice():
+        result = fastlib.train(rbm, train.x, None, epochs, batch_size, args.lr, None,
+                               None if val is None else val.x, None,
+                               args.optimizer, gradient_clip=args.gradient_clip,
+                               clip_mode=args.clip_mode, seed=args.seed, device=args.device,
+                               algorithm="cd", callbacks=[_Table(out)],
+                               verbose=progress_enabled(args),
+                               checkpoint=args.checkpoint, resume=args.resume, cd_k=args.cd_k)
     if result.stop_reason:
         print(f"stopped: {result.stop_reason}", file=out)
     print(f"test reconstruction error {rbm.reconstruction_error(data.x_test):.4f}  mean free "

@@ -8,8 +8,6 @@ import contextlib
 import math
 import re
 import time
-import warnings
-from dataclasses import asdict
 
 __all__ = ["INSTALL_HINT", "ClusterSpecError", "parse_cluster", "require_dask", "open_client",
            "run_rows", "run_mutants", "measure_report", "KILLED_TWICE"]
@@ -170,29 +168,18 @@ def _death_reason(exc):
 # ---------------------------------------------------------------------------------------------
 # conformance rows
 
-_PLANS = {}
-
-
 def row_key(row):
     """What names a row across processes: (engine as asked for, check, subject, dtype)."""
-    return (row.engine_ref or row.engine, row.kind, row.name, row.dtype)
+    from reports.conformance.workers import row_key as key
+
+    return key(row)
 
 
 def _run_row_task(key, profile, seed, ops, dtype):
     """On a worker: rebuild the row named ``key`` from the registry and run it."""
-    from reports.conformance import runner
+    from reports.conformance.workers import run_planned_rows
 
-    engine_ref = key[0]
-    plan_key = (engine_ref, tuple(ops) if ops else None, dtype)
-    if plan_key not in _PLANS:  # planning builds the engine once per worker process
-        rows, _ = runner.plan_rows([engine_ref], ops=ops, dtype=dtype)
-        _PLANS[plan_key] = {row_key(r): r for r in rows}
-    row = _PLANS[plan_key][key]
-    row.result = None
-    with warnings.catch_warnings():  # one progress bar: no worker's warnings on the terminal
-        warnings.simplefilter("ignore")
-        runner.run_rows([row], profile, seed)
-    return asdict(row.result)
+    return run_planned_rows([key], profile, seed, ops, dtype)[0]
 
 
 def run_rows(spec, rows, profile, seed, ops=None, dtype=None, progress=None, fail_fast=False):

@@ -1,0 +1,94 @@
+"""``verigrad conform`` in worker processes gives the serial run's rows and proofs.
+
+The expected rows come from the serial runner in this process (``runner.run_rows``), an
+independent path from the workers' (rows rebuilt from the registry in spawned processes, their
+results sent back and put in plan order). Everything but the seconds must be identical, and
+the printed table byte for byte.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+from dataclasses import asdict
+
+import pytest
+
+
+def results(rows):
+    out = []
+    for r in rows:
+        d = asdict(r.result)
+        d.pop("seconds")
+        out.append((r.kind, r.name, r.engine, r.dtype, d))
+    return out
+
+
+def conform_args(**kw):
+    args = dict(profile="dev", engines=["reflib", "fastlib"], ops=["tanh", "mul", "Adam"],
+                dtypes=["float64"], json=None, seed=3, mutants=False, no_proofs=True,
+                fail_fast=False, first=None, progress=False, cluster=None, workers=1)
+    args.update(kw)
+    return argparse.Namespace(**args)
+
+
+def test_two_workers_print_the_serial_rows():
+    from reports.commands import conform
+
+    serial_out, parallel_out = io.StringIO(), io.StringIO()
+    serial, _, code_s = conform.run_engines(conform_args(), out=serial_out)
+    done, _, code_p = conform.run_engines(conform_args(workers=2), out=parallel_out)
+    # per engine: exact, jvp, special, jvp2, hvp per op, and the optimizer row
+    assert len(done) == len(serial) == 22
+    assert results(done) == results(serial)
+    assert parallel_out.getvalue() == serial_out.getvalue() and code_s == code_p == 0
+    assert all(r.result.status == "pass" for r in done)
+
+
+def test_proofs_in_workers_are_the_serial_proofs():
+    import spec
+
+    from reports.conformance import runner, workers
+
+    asked = [("op", "tanh"), ("op", "mul"), ("optimizer", "Adam")]
+    rows, _ = runner.plan_rows(["reflib"], ops=["tanh"], dtype="float64")
+    seen = []
+    done, proved = workers.run_rows_and_proofs(rows, runner.PROFILES["dev"], 0, 2,
+                                               ops=["tanh"], dtype="float64", proofs=asked,
+                                               on_proof=seen.append)
+    expected = [spec.prove("tanh"), spec.prove("mul"), *spec.prove_optimizers(["Adam"])]
+    strip = [(r.op, r.ok, r.method, r.shapes, r.verdict) for r in expected]
+    assert [(r.op, r.ok, r.method, r.shapes, r.verdict) for r in proved] == strip
+    assert sorted(r.op for r in seen) == sorted(r.op for r in expected)
+    assert [r.label() for r in done] == [r.label() for r in rows]
+
+
+def test_fail_fast_in_workers_stops_where_the_serial_run_stops():
+    from reports.conformance import runner, workers
+    from reports.conformance.rows import RowResult
+
+    def planted():
+        # a row planned with its verdict (as an unsupported row is) stands for a failure, so
+        # the serial and the parallel run meet the same first failure in plan order
+        rows, _ = runner.plan_rows(["reflib"], ops=["tanh", "exp"], dtype="float64")
+        failing = next(i for i, r in enumerate(rows) if r.result is None and r.name == "exp")
+        rows[failing].result = RowResult(status="FAIL", detail="planted")
+        return rows, failing
+
+    rows, failing = planted()
+    serial = runner.run_rows(rows, runner.PROFILES["dev"], 0, fail_fast=True)
+    rows, _ = planted()
+    done, _ = workers.run_rows_and_proofs(rows, runner.PROFILES["dev"], 0, 2,
+                                          ops=["tanh", "exp"], dtype="float64", fail_fast=True)
+    assert [r.label() for r in done] == [r.label() for r in serial]
+    assert len(done) == failing + 1 and done[-1].result.detail == "planted"
+    assert all(r.result.status == "pass" for r in done[:-1] if r.run is not None)
+
+
+@pytest.mark.parametrize("given, expected", [(None, "per core"), (1, 1), (3, 3)])
+def test_workers_default_to_one_per_usable_core(given, expected):
+    from reports.commands import conform
+    from reports.local_workers import usable_cores
+
+    want = usable_cores() if expected == "per core" else expected
+    assert conform._workers(conform_args(workers=given)) == want
+    assert conform._workers(conform_args(workers=given, cluster="local:2")) == 1
