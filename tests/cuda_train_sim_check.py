@@ -661,7 +661,9 @@ def _budget(layer, steps, first, per_step=False):
     if kind == "Parallel":
         n = len(layer._children)
         inner = sum(_budget(c, steps, first, per_step) for c in layer._children)
-        glue = 1 + 2 * (n - 1) if layer.combine == "add" else 2 * n + (n - 1)
+        # the joins' rows (an Add: 1 forward, a copy of its second input's cotangent; a Columns
+        # row: 1 each way) and the adds of the input's cotangent
+        glue = 3 * (n - 1) if layer.combine == "add" else 2 * n + (n - 1)
         return inner + glue
     if kind == "SwiGLU":
         return 5 if first else 6
