@@ -282,30 +282,33 @@ def run_unsupported(report):
     except ValueError as exc:
         report("unsupported:algorithm", "'cd'" in str(exc) and "CPU" in str(exc), str(exc))
     msgs = []
-    # a Softmax before another layer, a softmax Dense: rows the program does not hold (a
-    # model's trailing Softmax layers run after its rows: "budget:every layer kind")
-    for last in ([fastlib.Softmax(), fastlib.Dense(2, 2)], [fastlib.Dense(2, 2, "softmax")]):
-        model = fastlib.Sequential([fastlib.Dense(3, 2)] + last)
+    # a softmax runs after the row before it: a Softmax with no layer before it in a
+    # Sequential (its input may be read by other rows) and one over another axis have none
+    for layers in ([fastlib.Softmax(), fastlib.Dense(3, 2)],
+                   [fastlib.Dense(3, 2), fastlib.Softmax(axis=0)]):
+        model = fastlib.Sequential(layers)
         try:
             fastlib.train(model, x, y, 1, 2, 0.1, "cross_entropy", device="cuda", verbose=False)
             msgs.append(None)
         except ValueError as exc:
             msgs.append(str(exc))
     report("unsupported:softmax named, with the fix",
-           all(m and "model.layers[1]" in m and "device='cpu'" in m for m in msgs)
-           and "cross_entropy" in (msgs[1] or ""), msgs)
+           all(m and "Softmax" in m and "device='cpu'" in m for m in msgs)
+           and "model.layers[0]" in (msgs[0] or "") and "model.layers[1]" in (msgs[1] or ""),
+           msgs)
 
 
 def run_activations(report):
     import fastlib
-    from fastlib.kernels.instructions import ELEMENTWISE_ACTIVATIONS as ACTIVATIONS
+    from fastlib.layers import ACTIVATIONS
 
-    # one Parallel branch per activation a program row applies (softmax is a row op the
-    # program does not express: "unsupported:softmax named, with the fix"): a single step runs
-    # all of them forward and backward
+    # one Parallel branch per activation: a single step runs all ten forward and backward
+    # (softmax: the linear row and the device's softmax after it)
     def model():
         branches = [fastlib.Dense(3, 2, a) for a in ACTIVATIONS]
-        return fastlib.Sequential([fastlib.Parallel(branches), fastlib.Dense(2 * len(branches), 2)],
+        # and a Softmax layer on the join's columns (the device's softmax after its last row)
+        return fastlib.Sequential([fastlib.Parallel(branches), fastlib.Softmax(),
+                                   fastlib.Dense(2 * len(branches), 2)],
                                   dtype=np.float64, seed=3)
     x, y = _data()
     cpu, dev = model(), model()
@@ -635,7 +638,8 @@ def run_every_layer(report):
 # the step's own 4 (batch gather, loss, guard partials, guarded update). ``first`` is the model's
 # first layer (it needs no input gradient). T: time steps.
 def _dense_budget(layer, first):
-    return 2 if first else 3
+    extra = 2 if layer.activation == "softmax" else 0
+    return (2 if first else 3) + extra
 
 
 def _recurrent_budget(layer, steps, first, per_step):
@@ -722,7 +726,7 @@ def run_budget(report):
         L.SwiGLU(4, 3, 4), L.LayerNorm(4), L.RMSNorm(4),
         L.Parallel([L.Dense(4, 2, "relu"), L.Sequential([L.Dense(4, 2, "gelu")])]),
         L.Parallel([L.Dense(4, 4), L.Dense(4, 4)], combine="add"),
-        L.RNN(4, 3), L.Dense(3, 3, "sigmoid"), L.Softmax()], dtype=np.float64, seed=2)
+        L.RNN(4, 3), L.Dense(3, 3, "softmax"), L.Softmax()], dtype=np.float64, seed=2)
     xi = rng.integers(0, 5, (2, steps))
     t = np.eye(3)[rng.integers(0, 3, 2)]
     r = fastlib.train(m, xi, t, 2, 2, 0.05, "mse", **kw)

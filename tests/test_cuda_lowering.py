@@ -48,17 +48,20 @@ def test_the_device_lowers_the_cpus_program():
     assert {ins.ADD, ins.ATTENTION, ins.SWIGLU, ins.EMBEDDING} <= program.kinds()
 
 
-def test_trailing_softmax_layers_run_after_the_program_of_the_layers_before():
-    from fastlib.cuda.lowering import softmax_tail
-
-    model = fastlib.Sequential([L.Dense(3, 4, "tanh"), L.Dense(4, 2), L.Softmax(), L.Softmax()],
-                               seed=1)
+def test_softmax_layers_are_a_softmax_after_the_row_before_them():
+    model = fastlib.Sequential([L.Dense(3, 4, "tanh"), L.Softmax(),
+                                L.Parallel([L.Dense(4, 2, "softmax"), L.Dense(4, 3)]),
+                                L.Softmax(), L.Softmax()], seed=1)
     program = compile_program(model, np.zeros((2, 3), np.float32))
-    head = fastlib.Sequential([L.Dense(3, 4, "tanh"), L.Dense(4, 2)], seed=1)
+    # the CPU's rows of the same model with the softmax layers left out and the softmax Dense
+    # linear: Dense, Dense, Columns, Dense, Columns
+    head = fastlib.Sequential([L.Dense(3, 4, "tanh"),
+                               L.Parallel([L.Dense(4, 2), L.Dense(4, 3)])], seed=1)
     cpu = Program(head, np.dtype(np.float32), 1, 1, 3, False, False)
-    assert softmax_tail(model) == 2
     assert np.array_equal(program.tables.rows, cpu.tables.rows)
-    assert program.layout == cpu.layout
+    assert program.layout == {k.replace("1.", "2.", 1) if k.startswith("1.") else k: v
+                              for k, v in cpu.layout.items()}
+    assert program.softmax_after == [0, 1, 4, 4]
 
 
 def test_a_kind_without_device_kernels_is_refused_by_name(monkeypatch):
@@ -74,12 +77,11 @@ def test_a_kind_without_device_kernels_is_refused_by_name(monkeypatch):
 
 
 @pytest.mark.parametrize("layers, where, words", [
-    ([L.Dense(3, 4), L.Softmax(), L.Dense(4, 2)], "model.layers[1]",
-     ("Softmax", "device='cpu'")),
-    ([L.Dense(3, 4), L.Dense(4, 2, "softmax")], "model.layers[1]",
-     ("softmax", "cross_entropy", "device='cpu'")),
+    ([L.Softmax(), L.Dense(3, 2)], "model.layers[0]",
+     ("Softmax", "no layer before it", "device='cpu'")),
+    ([L.Dense(3, 4), L.Softmax(axis=0)], "model.layers[1]", ("axis 0", "device='cpu'")),
     ([L.Dense(3, 4), L.Parallel([L.Dense(4, 2), L.Softmax()])], "model.layers[1].layers[1]",
-     ("Softmax",)),
+     ("Softmax", "no layer before it")),
 ])
 def test_a_model_the_program_cannot_hold_is_refused_naming_the_layer(layers, where, words):
     model = fastlib.Sequential(layers, seed=1)

@@ -5,8 +5,8 @@ builder, the same checked rows) for a model and its data; :class:`Lowered` binds
 the device kernels of its kind (:data:`.layers.KERNELS`, keyed by the record's ``op``) over the
 run's flat weights, laid out by the program's blocks. Forward runs the rows in order, each
 reading and writing the slots its record names; backward in reverse, each input's cotangent
-written, added or skipped as the row's ``grad_x`` / ``grad_x2`` say; a model's trailing
-``Softmax`` layers run after the rows. A kind without device kernels, or a model the program
+written, added or skipped as the row's ``grad_x`` / ``grad_x2`` say; a model's softmax
+layers run after the row before them (``softmax_after``). A kind without device kernels, or a model the program
 does not express, raises :class:`.layers.DeviceUnsupportedError` naming it before data moves.
 """
 from __future__ import annotations
@@ -20,14 +20,16 @@ from . import train_kernels as tk
 from .layers import KERNELS, DT, DeviceUnsupportedError, Recurrent, add_into, launch
 from .norm import SOFTMAX, rows_forward_device, rows_vjp_device
 
-__all__ = ["Lowered", "check_lowerable", "compile_program", "layers_of", "softmax_tail"]
+__all__ = ["Lowered", "check_lowerable", "compile_program", "layers_of"]
 
 
-def layers_of(model, where="model"):
-    """``(position, layer)`` of every layer of ``model``, depth first."""
-    yield where, model
+def layers_of(model, where="model", after_layer=False):
+    """``(position, layer, after_layer)`` of every layer of ``model``, depth first;
+    ``after_layer``: the layer follows another inside a Sequential."""
+    yield where, model, after_layer
+    in_sequence = type(model).__name__ == "Sequential"
     for i, child in enumerate(getattr(model, "_children", ())):
-        yield from layers_of(child, f"{where}.layers[{i}]")
+        yield from layers_of(child, f"{where}.layers[{i}]", in_sequence and i > 0)
 
 
 def _why_not(model):
@@ -36,62 +38,66 @@ def _why_not(model):
 
     known = {kind.layer for op, kind in ins.INSTRUCTIONS.items() if op in KERNELS and kind.layer}
     fix = "train it with device='cpu'"
-    tail = softmax_tail(model)
-    for where, layer in list(layers_of(model))[:-tail or None]:
+    for where, layer, after_layer in layers_of(model):
         kind = type(layer).__name__
         if kind in ("Sequential", "Parallel") and type(layer) is getattr(host, kind):
+            continue
+        if kind == "Softmax" and type(layer) is host.Softmax:
+            if layer.axis != -1 or not after_layer:
+                alone = "" if after_layer else ", with no layer before it in a Sequential"
+                return (f"{where} is a Softmax over axis {layer.axis}{alone}; the device "
+                        f"applies a softmax over the last axis (axis=-1) to the output of the "
+                        f"layer before it; {fix}")
             continue
         if kind not in known or type(layer) is not getattr(host, kind, None):
             return (f"{where} is a {type(layer).__module__}.{type(layer).__qualname__}, which "
                     f"the compiled program does not express (its layer kinds: "
-                    f"{', '.join(sorted(known))}, inside Sequential / Parallel, and Softmax "
-                    f"layers over the last axis at the model's end); {fix}")
-        if kind == "Dense" and layer.activation == "softmax":
-            return (f"{where} is a Dense with activation 'softmax', which the compiled program "
-                    f"does not express; end the model with a linear Dense and use the loss "
-                    f"'cross_entropy' (the softmax is inside it), or {fix}")
+                    f"{', '.join(sorted(known))} and Softmax, inside Sequential / Parallel); "
+                    f"{fix}")
     return ("the model's layers are arranged in a way the compiled program does not express "
             "(an Embedding that is not the first layer, a Parallel mixing sequence and "
             f"per-sample branches, a width that does not match its input); {fix}")
 
 
-def softmax_tail(model):
-    """How many of a Sequential's last layers are ``Softmax`` layers over the last axis (the
-    device runs them after the program's rows; the program holds the layers before them)."""
-    from fastlib.layers import Sequential, Softmax
+def _device_program(*args):
+    """The CPU builder's program (``fastlib.training.program.Program``: the same rows, slots,
+    blocks and parameter names), with the softmax the device applies after a row where the
+    model has one: a Dense with activation softmax is its linear row and a softmax after it,
+    a ``Softmax`` layer over the last axis (not a Sequential's first layer, whose input other
+    rows may read) a softmax after the row before it. ``softmax_after``: per softmax, its row.
+    """
+    from fastlib.layers import Dense, Sequential, Softmax
+    from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
+    from fastlib.training.program import Program, Unsupported
 
-    if type(model) is not Sequential:
-        return 0
-    n = 0
-    for layer in reversed(model.layers[1:]):
-        if type(layer) is not Softmax or layer.axis != -1:
-            break
-        n += 1
-    return n
-
-
-def _head_program(model, keep, *args):
-    """The CPU builder's program of the first ``keep`` layers of the Sequential ``model`` (the
-    same rows, slots, blocks and parameter names as the CPU's for those layers)."""
-    from fastlib.training.program import Program
-
-    class Head(Program):
+    class DeviceProgram(Program):
         def __init__(self):
-            self._top = model
-            super().__init__(model, *args)
+            self.softmax_after = []
+            super().__init__(*args)
 
         def _emit(self, layer, src, prefix):
-            if layer is not self._top or keep == len(model.layers):
-                return super()._emit(layer, src, prefix)
-            for i, child in enumerate(model.layers[:keep]):
-                src = super()._emit(child, src, f"{prefix}{i}.")
-            return src
-    return Head()
+            if type(layer) is Sequential:
+                for i, child in enumerate(layer.layers):
+                    if type(child) is Softmax and i > 0 and child.axis == -1:
+                        self.softmax_after.append(len(self._rows) - 1)
+                    else:
+                        src = self._emit(child, src, f"{prefix}{i}.")
+                return src
+            if type(layer) is Dense and layer.activation == "softmax":
+                if src[0] == self.input_slot and self.tokens or layer.in_features != src[1]:
+                    raise Unsupported
+                out = self._row(ins.DENSE, src, layer.out_features, layer, prefix,
+                                shared={"pre": -1}, activation=ACTIVATIONS["linear"],
+                                slope=LEAKY_SLOPE)
+                self.softmax_after.append(len(self._rows) - 1)
+                return out
+            return super()._emit(layer, src, prefix)
+    return DeviceProgram()
 
 
 def compile_program(model, x):
     """The program of ``model`` for the data ``x`` (one sample per piece), as the CPU builds it
-    (for a model ending in ``Softmax`` layers, of the layers before them: :func:`softmax_tail`).
+    (with the softmax rows' places, ``softmax_after``, where the model has softmax layers).
 
     Raises
     ------
@@ -105,10 +111,9 @@ def compile_program(model, x):
     steps, d_in = prog._model_steps(x, tokens)
     if type(model) not in (Sequential, Parallel) or steps is None or steps < 1:
         raise DeviceUnsupportedError(f"train(device='cuda'): {_why_not(model)}")
-    tail = softmax_tail(model)
     try:
-        program = _head_program(model, len(model.layers) - tail, np.dtype(model.dtype), steps,
-                                1, d_in, tokens, x.ndim == 3)
+        program = _device_program(model, np.dtype(model.dtype), steps, 1, d_in, tokens,
+                                  x.ndim == 3)
     except prog.Unsupported:
         raise DeviceUnsupportedError(f"train(device='cuda'): {_why_not(model)}") from None
     if set(program.layout) != set(model.parameters()):
@@ -138,9 +143,9 @@ class Lowered:
     gradients ``g`` (laid out by the program's blocks); ``recurrence`` (one per run) tells
     the recurrent rows how to step through time."""
 
-    def __init__(self, program, w, g, recurrence, dtype, softmax_tail=0):
+    def __init__(self, program, w, g, recurrence, dtype):
         check_lowerable(program)
-        self.softmax_tail = softmax_tail
+        self.softmax_after = list(getattr(program, "softmax_after", ()))
         rows, self.slots, blocks = program.tables
         self.input_slot, self.output_slot = program.input_slot, program.output_slot
         self.kernels = []
@@ -159,7 +164,8 @@ class Lowered:
     def forward(self, xb, count):
         """The output slot (a DT) of the rows run on the batch ``xb`` of ``count`` samples."""
         acts = {self.input_slot: DT(xb, self._shape(self.input_slot, count))}
-        for kern in self.kernels:
+        self.softmax_inputs = []
+        for k, kern in enumerate(self.kernels):
             row = kern.row
             op, x, y = int(row["op"]), acts[int(row["x"])], int(row["y"])
             if op == ins.ADD:
@@ -169,23 +175,26 @@ class Lowered:
             else:
                 out = kern.forward(x)
             acts[y] = DT(out.data, self._shape(y, count))
+            for _ in range(self.softmax_after.count(k)):  # a softmax after this row
+                self.softmax_inputs.append(acts[y])
+                acts[y] = DT(rows_forward_device(SOFTMAX, acts[y].data, acts[y].shape, 2),
+                             acts[y].shape)
         self.count = count
-        out = acts[self.output_slot]
-        self.tail_inputs = []
-        for _ in range(self.softmax_tail):  # the model's trailing Softmax layers
-            self.tail_inputs.append(out)
-            out = DT(rows_forward_device(SOFTMAX, out.data, out.shape, 2), out.shape)
-        return out
+        return acts[self.output_slot]
 
     def backward(self, grad):
         """Every row's backward from the output's cotangent ``grad`` (a DT): the parameters'
         gradients land in their blocks of ``g``."""
-        for x in reversed(self.tail_inputs):
-            grad = DT(rows_vjp_device(SOFTMAX, x.data, grad.data, x.shape, 2), x.shape)
         cot = {self.output_slot: grad}
-        for kern in reversed(self.kernels):
+        inputs = list(self.softmax_inputs)
+        for k in range(len(self.kernels) - 1, -1, -1):
+            kern = self.kernels[k]
             row = kern.row
-            op, g = int(row["op"]), cot[int(row["y"])]
+            y = int(row["y"])
+            for _ in range(self.softmax_after.count(k)):  # the softmax after this row
+                x = inputs.pop()
+                cot[y] = DT(rows_vjp_device(SOFTMAX, x.data, cot[y].data, x.shape, 2), x.shape)
+            op, g = int(row["op"]), cot[y]
             if op == ins.EMBEDDING:
                 kern.backward(g, False)
             elif op == ins.ADD:

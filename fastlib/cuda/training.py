@@ -16,7 +16,7 @@ from fastlib.kernels import instructions as ins
 from . import counters, device, graphs, profile, recurrent
 from . import train_kernels as tk
 from .layers import DeviceUnsupportedError, launch
-from .lowering import Lowered, compile_program, layers_of, softmax_tail
+from .lowering import Lowered, compile_program, layers_of
 
 __all__ = ["DeviceRun", "DeviceUnsupportedError", "HostBinding", "readbacks"]
 
@@ -122,13 +122,12 @@ class DeviceRun:
             self._allocate(ctx, x, y)
         self.t = int(ctx.opt_state.t)
         self.recurrence = recurrent.Recurrence()
-        self.lowered = Lowered(self.program, self.w, self.g, self.recurrence, self.dtype,
-                               softmax_tail(self.model))
+        self.lowered = Lowered(self.program, self.w, self.g, self.recurrence, self.dtype)
         self.loss_code = tk.LOSS_CODES[ctx.loss_type]
         self.categorical = self.loss_code in (tk.CE, tk.CCE)
         self.x_shape = tuple(x.shape[1:])
         self.binding = HostBinding(self)
-        for _, layer in layers_of(self.model):
+        for _, layer, _ in layers_of(self.model):
             layer._device_binding = self.binding
 
     def _host(self, flat):
@@ -151,7 +150,7 @@ class DeviceRun:
                      for s in self.opt.state_names}
         self.none = device.empty(0, dt)
         if self.model.takes_indices:
-            for _, layer in layers_of(self.model):
+            for _, layer, _ in layers_of(self.model):
                 if type(layer).__name__ == "Embedding":
                     layer.indices(x)  # the range check, once for the whole data set
             self.x = device.put(np.asarray(x).astype(np.int64))
