@@ -27,15 +27,15 @@ _NB_TYPES = {"float32": float32, "float64": float64}
 
 @cuda.jit(device=True)
 def gate_vjp_epilogue(c, out, bias, index, col, acc, param):
-    """Epilogue of ``dh = g W_down^T`` (rows, hidden): ``dz = [da | du]`` (rows, 2 hidden),
-    the ``w_gate_up`` block's columns; ``c`` is ``dz``, ``out`` the same array from column
-    ``hidden``; ``bias`` holds ``a`` then ``u`` (the forward's history, length ``c``'s)."""
+    """Epilogue of ``dh = g W_down^T`` (rows, hidden): ``c = dz = [da | du]`` (rows, 2 hidden),
+    the ``w_gate_up`` block's columns; ``param`` is ``hidden`` (where ``du`` starts in a row);
+    ``bias`` holds ``a`` then ``u`` (the forward's history, length ``c``'s)."""
     n = c.shape[0] // 2
     a = float64(bias[index])
     dh = float64(acc)  # acc is already the dtype's value: the unfused path's stored dh
     at = 2 * index - col  # row r, column j of dz: r * 2 hidden + j, with index = r hidden + j
     c[at] = dh * float64(bias[n + index]) * silu_df(a)
-    out[at] = dh * silu_f(a)
+    c[at + int(param)] = dh * silu_f(a)
 
 
 _SIG_GATE_UP = "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], int64, int64, int64)"
@@ -112,7 +112,7 @@ def swiglu_backward_device(d_g, d_x, d_wgu, d_wd, au, h, rows, d, hidden, out, d
     dz = device.empty(rows * k, dtype)
     # dh = g W_down^T (g (rows, out), W_down (hidden, out) read transposed), gate VJP stored
     gemm_device(d_g, (0, out, 1), d_wd, (0, 1, out), 1, rows, hidden, out, dtype,
-                epilogue=gate_vjp_epilogue, d_out=dz[hidden:], d_bias=au, d_c=dz)
+                epilogue=gate_vjp_epilogue, d_bias=au, d_c=dz, param=float(hidden))
     # grad W_down = h^T g: h (rows, hidden) read transposed
     gemm_device(h, (0, 1, hidden), d_g, (0, out, 1), 1, hidden, out, rows, dtype, d_c=d_gwd)
     # grad [W_gate | W_up] = x^T dz: one GEMM into the block
