@@ -532,8 +532,7 @@ def catalogue(dtypes):
         elementwise.unary_kernels(name)
     for dt in dtypes:
         linalg.gemm_kernel(dt)
-        for epilogue in (swiglu.store_pair, swiglu.gate_vjp_epilogue):
-            linalg.gemm_kernel(dt, epilogue)
+        linalg.gemm_kernel(dt, swiglu.gate_vjp_epilogue)
         for name in dense_acts:
             linalg.gemm_kernel(dt, dense.bias_activation_epilogue(name))
         for name in [None] + [a for a in dense_acts if a != "identity"]:
@@ -541,7 +540,6 @@ def catalogue(dtypes):
             linalg.gemm_kernel(dt, linalg.store_plain, load, linalg.load_plain)
             linalg.gemm_kernel(dt, linalg.store_plain, linalg.load_plain, load)
         swiglu.gate_up_kernel(dt)
-        swiglu.dx_kernel(dt)
         for lstm in (False, True):
             for persistent in (True, False):
                 recurrent.forward_kernel(dt, lstm, persistent)

@@ -1,15 +1,14 @@
 """Self-attention's core on the device, flash-style: one launch forward, one backward, one
 block per (batch, head), and no ``T x T`` matrix in global memory.
 
-The projections stay Dense GEMMs; these kernels read q, k, v in place, (B, T, d) with head h in
-columns ``h*dh .. (h+1)*dh``. :data:`forward`: each thread of the (batch, head) block owns query
-rows; a first pass over the keys gives the row's log-sum-exp by an online maximum (float64),
-the second adds ``exp(s - lse) v`` into float64 registers; only the log-sum-exp (``B x heads x
-T``) is kept for backward. :data:`backward` recomputes the probabilities from it: the block's
-threads first own query rows (``D_i = sum_j p_ij dp_ij`` and ``dq``), then, after a barrier, key
-rows (``dk``, ``dv``), each sum in a fixed order, so the bits do not depend on timing. The
-masked keys (``j > i`` when causal) are left out outright, as on the CPU. The launch budgets
-and each kernel's parallelism: docs/gpu.md.
+q, k, v are read in place, rows ``ld`` apart (``3 d``: the one projection GEMM of the program's
+``w_qkv`` block), head h in columns ``h*dh ..``; the output and its cotangent are (B, T, d).
+:data:`forward`: each thread owns query rows; a first pass over the keys gives the row's
+log-sum-exp by an online maximum (float64), the second adds ``exp(s - lse) v`` in float64; only
+the log-sum-exp is kept. :data:`backward` recomputes the probabilities from it: threads own
+query rows (``D_i``, ``dq``), then, after a barrier, key rows (``dk``, ``dv``), each sum in a
+fixed order (bits independent of timing); masked keys are left out, as on the CPU. Launch
+budgets and parallelism: docs/gpu.md.
 """
 from __future__ import annotations
 
@@ -32,17 +31,17 @@ def _score(q, k, qi, kj, dh, scale):
 
 
 @cuda.jit(device=True)
-def _p_dp(q, k, v, do, qi, kj, dh, scale, row_lse):
-    """(p_ij, dp_ij = do_i . v_j) of query row ``qi`` and key row ``kj``, p recomputed from
-    the row's log-sum-exp."""
+def _p_dp(q, k, v, do, qi, oi, kj, dh, scale, row_lse):
+    """(p_ij, dp_ij = do_i . v_j) of query row ``qi`` (its output row ``oi``) and key row
+    ``kj``, p recomputed from the row's log-sum-exp."""
     p = math.exp(_score(q, k, qi, kj, dh, scale) - row_lse)
     dp = 0.0
     for c in range(dh):
-        dp += float64(do[qi + c]) * float64(v[kj + c])
+        dp += float64(do[oi + c]) * float64(v[kj + c])
     return p, dp
 
 
-def _forward_body(q, k, v, o, lse, batch, steps, heads, dh, scale, causal):
+def _forward_body(q, k, v, o, lse, batch, steps, heads, dh, ld, scale, causal):
     acc = cuda.local.array(_MAX_DH, float64)
     d = heads * dh
     blk = cuda.blockIdx.x
@@ -51,12 +50,12 @@ def _forward_body(q, k, v, o, lse, batch, steps, heads, dh, scale, causal):
         h = blk - b * heads
         i = cuda.threadIdx.x
         while i < steps:
-            qi = (b * steps + i) * d + h * dh
+            qi = (b * steps + i) * ld + h * dh
             last = i + 1 if causal else steps
             m = -math.inf
             total = 0.0
             for j in range(last):
-                s = _score(q, k, qi, (b * steps + j) * d + h * dh, dh, scale)
+                s = _score(q, k, qi, (b * steps + j) * ld + h * dh, dh, scale)
                 if s > m:
                     total = total * math.exp(m - s) + 1.0
                     m = s
@@ -67,22 +66,24 @@ def _forward_body(q, k, v, o, lse, batch, steps, heads, dh, scale, causal):
             for c in range(dh):
                 acc[c] = 0.0
             for j in range(last):
-                kj = (b * steps + j) * d + h * dh
+                kj = (b * steps + j) * ld + h * dh
                 p = math.exp(_score(q, k, qi, kj, dh, scale) - row_lse)
                 for c in range(dh):
                     acc[c] += p * float64(v[kj + c])
+            oi = (b * steps + i) * d + h * dh
             for c in range(dh):
-                o[qi + c] = acc[c]
+                o[oi + c] = acc[c]
             i += cuda.blockDim.x
         blk += cuda.gridDim.x
 
 
 forward = kernel(*signatures(
     "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], float64[::1], int64, int64, int64, int64, "
-    "float64, int64)"), name="attention_forward")(_forward_body)
+    "int64, float64, int64)"), name="attention_forward")(_forward_body)
 
 
-def _backward_body(q, k, v, do, lse, delta, dq, dk, dv, batch, steps, heads, dh, scale, causal):
+def _backward_body(q, k, v, do, lse, delta, dq, dk, dv, batch, steps, heads, dh, ld, scale,
+                   causal):
     # ds_ij = p_ij (dp_ij - D_i) scale, dp_ij = do_i . v_j, D_i = sum_j p_ij dp_ij (in float64,
     # from the probabilities, not from the stored output o, which a float32 model rounded);
     # dq_i = sum_j ds_ij k_j, dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij do_i
@@ -95,19 +96,21 @@ def _backward_body(q, k, v, do, lse, delta, dq, dk, dv, batch, steps, heads, dh,
         h = blk - b * heads
         i = cuda.threadIdx.x
         while i < steps:  # query rows: D_i, dq_i
-            qi = (b * steps + i) * d + h * dh
+            qi = (b * steps + i) * ld + h * dh
+            oi = (b * steps + i) * d + h * dh
             last = i + 1 if causal else steps
             row_lse = lse[blk * steps + i]
             dlt = 0.0
             for j in range(last):
-                p, dp = _p_dp(q, k, v, do, qi, (b * steps + j) * d + h * dh, dh, scale, row_lse)
+                p, dp = _p_dp(q, k, v, do, qi, oi, (b * steps + j) * ld + h * dh, dh, scale,
+                              row_lse)
                 dlt += p * dp
             delta[blk * steps + i] = dlt
             for c in range(dh):
                 acc[c] = 0.0
             for j in range(last):
-                kj = (b * steps + j) * d + h * dh
-                p, dp = _p_dp(q, k, v, do, qi, kj, dh, scale, row_lse)
+                kj = (b * steps + j) * ld + h * dh
+                p, dp = _p_dp(q, k, v, do, qi, oi, kj, dh, scale, row_lse)
                 ds = p * (dp - dlt) * scale
                 for c in range(dh):
                     acc[c] += ds * float64(k[kj + c])
@@ -117,18 +120,19 @@ def _backward_body(q, k, v, do, lse, delta, dq, dk, dv, batch, steps, heads, dh,
         cuda.syncthreads()  # every D_i of the block written (and visible to it)
         j = cuda.threadIdx.x
         while j < steps:  # key rows: dk_j, dv_j
-            kj = (b * steps + j) * d + h * dh
+            kj = (b * steps + j) * ld + h * dh
             first = j if causal else 0
             for c in range(dh):
                 acc[c] = 0.0
                 acc2[c] = 0.0
             for i in range(first, steps):
-                qi = (b * steps + i) * d + h * dh
-                p, dp = _p_dp(q, k, v, do, qi, kj, dh, scale, lse[blk * steps + i])
+                qi = (b * steps + i) * ld + h * dh
+                oi = (b * steps + i) * d + h * dh
+                p, dp = _p_dp(q, k, v, do, qi, oi, kj, dh, scale, lse[blk * steps + i])
                 ds = p * (dp - delta[blk * steps + i]) * scale
                 for c in range(dh):
                     acc[c] += ds * float64(q[qi + c])
-                    acc2[c] += p * float64(do[qi + c])
+                    acc2[c] += p * float64(do[oi + c])
             for c in range(dh):
                 dk[kj + c] = acc[c]
                 dv[kj + c] = acc2[c]
@@ -139,5 +143,5 @@ def _backward_body(q, k, v, do, lse, delta, dq, dk, dv, batch, steps, heads, dh,
 
 backward = kernel(*signatures(
     "void({t}[::1], {t}[::1], {t}[::1], {t}[::1], float64[::1], float64[::1], {t}[::1], "
-    "{t}[::1], {t}[::1], int64, int64, int64, int64, float64, int64)"),
+    "{t}[::1], {t}[::1], int64, int64, int64, int64, int64, float64, int64)"),
     name="attention_backward")(_backward_body)

@@ -223,11 +223,13 @@ def _notice():
 
 
 def _argument_dtypes(signature):
-    """Per argument of a signature string, its array dtype's name (None for a scalar)."""
+    """Per argument of a signature (a string, or the types ``optim.coefficient_signatures``
+    builds), its array's NumPy dtype (None for a scalar); a record array's is its record."""
     from numba.core import sigutils
+    from numba.np.numpy_support import as_dtype
 
     args, _ = sigutils.normalize_signature(signature)
-    return tuple(str(t.dtype) if hasattr(t, "ndim") else None for t in args)
+    return tuple(as_dtype(t.dtype) if hasattr(t, "ndim") else None for t in args)
 
 
 class LazyKernel:

@@ -1,14 +1,13 @@
-"""Device twins of fastlib's layers: forward with history and backward, all in device memory.
+"""The device kernels of each program row kind: forward with history and backward, on the device.
 
-:func:`build` walks a host model (``fastlib.layers``) and returns a tree of twins that read the
-parameters from a store of flat device arrays keyed like ``model.parameters()``. Each twin
-keeps the history its backward needs (the input, pre-activations, states) on the device, so a
-training step moves no activation to the host. A layer type without a twin makes :func:`build`
-raise :class:`DeviceUnsupportedError` naming the layer's position and type, before any step runs.
-
-The math is the CPU layers' (``fastlib/layers``), built from the engine's kernels: the tiled
-GEMM (:mod:`.linalg`) with Dense's bias + activation epilogue (:mod:`.dense`), the row kernels
-of softmax / layer_norm / rms_norm (:mod:`.norm`), and the helpers of :mod:`.train_kernels`.
+One class per instruction kind of ``fastlib.kernels.instructions`` (:data:`KERNELS`, keyed by
+the record's ``op``): it reads its row's fields by name, its parameters from the row's blocks
+of the run's flat weight vector (the program's layout) and writes their gradients into the same
+blocks of the flat gradient buffer; it keeps the history its backward needs on the device, so a
+step moves no activation to the host. :mod:`.lowering` runs the rows. The math is the CPU
+program's, built from the engine's kernels: the tiled GEMM (:mod:`.linalg`) with Dense's
+epilogues (:mod:`.dense`, :mod:`.dense_grad`), the row kernels (:mod:`.train_kernels`), the
+recurrent (:mod:`.recurrent`), attention (:mod:`.attention`) and SwiGLU (:mod:`.swiglu`) ones.
 """
 from __future__ import annotations
 
@@ -16,15 +15,16 @@ from collections import namedtuple
 
 import numpy as np
 
-from fastlib.layers.activations import LEAKY_SLOPE  # Dense's leaky_relu slope: one source
+from fastlib.kernels import instructions as ins
+from fastlib.layers.activations import ACTIVATIONS
 
 from . import attention, device, recurrent, swiglu
 from . import train_kernels as tk
 from .dense import DENSE_ACTIVATIONS, _dense_forward_device
 from .dense_grad import dense_grads
 from .linalg import gemm_device
-from .norm import LAYER_NORM, RMS_NORM, SOFTMAX, rows_forward_device, rows_vjp_device
-from .structure import gather_device, scatter_device
+from .norm import LAYER_NORM, RMS_NORM
+from .structure import gather_device
 
 #: A device tensor: a flat C-contiguous device array and the shape it stands for.
 DT = namedtuple("DT", "data shape")
@@ -97,141 +97,139 @@ def add_into(d_a, d_b):
     return d_a
 
 
-class DeviceLayer:
-    """Base of the twins: the host layer's name / dtype and its parameters in the store."""
+#: Dense activation names by their code (the records hold the code).
+_ACTIVATION_NAMES = {code: name for name, code in ACTIVATIONS.items()}
 
-    def __init__(self, layer, store, prefix, grads=None):
-        self.layer = layer
-        self.store = store
-        self.grads = grads
-        self.prefix = prefix
-        self.dtype = np.dtype(layer.dtype)
 
-    def p(self, name):
-        return self.store[self.prefix + name]
+class RowKernels:
+    """Base of the row kinds: one program row's fields, parameter blocks and gradient blocks.
 
-    def g(self, name):
-        """Where the gradient of parameter ``name`` goes: its view of the training run's flat
-        gradient buffer (so the guard and the update read one array), or a new array."""
-        key = self.prefix + name
-        if self.grads is not None and key in self.grads:
-            return self.grads[key]
-        return device.empty(int(self.store[key].shape[0]), self.dtype)
+    Parameters
+    ----------
+    row : numpy.void
+        The row's record (``instructions.ROW``), read by field name.
+    sizes : dict
+        ``instructions.row_sizes`` of the row (``steps``, ``d_in``, ``d_out`` and its ints).
+    w, g : device arrays
+        The run's flat weights and gradients, laid out by the program's blocks.
+    blocks : numpy.ndarray
+        The program's block table (``instructions.BLOCK``).
+    dtype : numpy.dtype
+        The model's dtype.
+    """
+
+    def __init__(self, row, sizes, w, g, blocks, dtype):
+        self.row, self.s, self.dtype = row, sizes, np.dtype(dtype)
+        self._w, self._g, self._blocks = w, g, blocks
+
+    def _span(self, field):
+        b = self._blocks[int(self.row[field])]
+        at = int(b["offset"])
+        return at, at + int(b["rows"]) * int(b["cols"])
+
+    def p(self, field):
+        """The parameter block ``field`` of this row: a view of the flat weights."""
+        lo, hi = self._span(field)
+        return self._w[lo:hi]
+
+    def g(self, field):
+        """Where the gradient of block ``field`` goes: its view of the flat gradients."""
+        lo, hi = self._span(field)
+        return self._g[lo:hi]
 
     def forward(self, x: DT) -> DT:
         raise NotImplementedError
 
     def backward(self, g: DT, need_input_grad: bool):
-        """``(grad_in DT or None, {store key: flat grad})`` from the last forward."""
+        """The input's cotangent (DT, or None without ``need_input_grad``) from the last
+        forward; the parameters' gradients are written into their blocks."""
         raise NotImplementedError
 
 
 def dense_backward(d_g, d_x, d_w, d_pre, rows, n_in, n_out, activation, dtype,
-                   need_input_grad=True, d_gw=None, d_gb=None):
-    """(grad_x or None, grad_W, grad_b) of ``activation(x @ W + b)`` on flat device arrays.
+                   need_input_grad, d_gw, d_gb, param=0.0):
+    """grad_x or None of ``activation(x @ W + b)`` on flat device arrays; grad_W and grad_b
+    written into ``d_gw`` and ``d_gb``.
 
     The math of :func:`.dense._dense_backward_device` in two launches (:mod:`.dense_grad`):
     the activation's derivative fused into both GEMMs' loads, the bias gradient (per-column
-    float64 sums, rounded once) in grad_W's launch. softmax (a row op) takes one more launch,
-    its row VJP. ``d_gw`` / ``d_gb`` receive the gradients when given.
+    float64 sums, rounded once) in grad_W's launch.
     """
-    scalar = None
-    if activation == "softmax":
-        d_g = rows_vjp_device(SOFTMAX, d_pre, d_g, (rows, n_out), 1)
-    elif activation != "linear":
-        scalar = DENSE_ACTIVATIONS[activation]
-    d_gw = device.empty(n_in * n_out, dtype) if d_gw is None else d_gw
-    d_gb = device.empty(n_out, dtype) if d_gb is None else d_gb
+    scalar = None if activation == "linear" else DENSE_ACTIVATIONS[activation]
     d_gx = device.empty(rows * n_in, dtype) if need_input_grad else None
-    dense_grads(d_g, d_x, d_w, d_pre, rows, n_in, n_out, scalar, LEAKY_SLOPE, d_gw, d_gb, d_gx)
-    return d_gx, d_gw, d_gb
+    dense_grads(d_g, d_x, d_w, d_pre, rows, n_in, n_out, scalar, param, d_gw, d_gb, d_gx)
+    return d_gx
 
 
-class DDense(DeviceLayer):
+class Dense(RowKernels):
     def forward(self, x):
-        L = self.layer
-        rows = _size(x.shape[:-1])
+        s, rows = self.s, _size(x.shape[:-1])
+        self.activation = _ACTIVATION_NAMES[int(self.row["activation"])]
         out, pre = _dense_forward_device(x.data, self.p("weight"), self.p("bias"), rows,
-                                         L.in_features, L.out_features, L.activation,
-                                         LEAKY_SLOPE)
+                                         s["d_in"], s["d_out"], self.activation,
+                                         float(self.row["slope"]))
         self.hist = (x, pre, rows)
-        return DT(out, x.shape[:-1] + (L.out_features,))
+        return DT(out, x.shape[:-1] + (s["d_out"],))
 
     def backward(self, g, need_input_grad):
-        L = self.layer
+        s = self.s
         x, pre, rows = self.hist
-        gx, gw, gb = dense_backward(g.data, x.data, self.p("weight"), pre, rows, L.in_features,
-                                    L.out_features, L.activation, self.dtype, need_input_grad,
-                                    self.g("weight"), self.g("bias"))
-        grads = {self.prefix + "weight": gw, self.prefix + "bias": gb}
-        return (DT(gx, x.shape) if need_input_grad else None), grads
+        gx = dense_backward(g.data, x.data, self.p("weight"), pre, rows, s["d_in"], s["d_out"],
+                            self.activation, self.dtype, need_input_grad, self.g("weight"),
+                            self.g("bias"), float(self.row["slope"]))
+        return DT(gx, x.shape) if need_input_grad else None
 
 
-class DLayerNorm(DeviceLayer):
+class LayerNorm(RowKernels):
     """Normalise and affine map in one launch forward; backward two: the weight and bias
     gradients as one pair of column sums, the row VJP of ``g * weight``."""
     affine_bias = True
     mode = LAYER_NORM
 
     def forward(self, x):
-        d = self.layer.d
+        d = self.s["d_in"]
         rows = _size(x.shape[:-1])
         xhat = device.empty(rows * d, self.dtype)
         y = device.empty(rows * d, self.dtype)
         w = self.p("weight")
         bias = self.p("bias") if self.affine_bias else w
         tk.norm_affine[device.row_grid(rows), device.reduce_block(d)](
-            x.data, w, bias, xhat, y, rows, d, self.mode, self.layer.eps, int(self.affine_bias))
+            x.data, w, bias, xhat, y, rows, d, self.mode, float(self.row["eps"]),
+            int(self.affine_bias))
         self.hist = (x, xhat, rows)
         return DT(y, x.shape)
 
     def backward(self, g, need_input_grad):
-        d = self.layer.d
+        d = self.s["d_in"]
         x, xhat, rows = self.hist
         gw = self.g("weight")
         gb = self.g("bias") if self.affine_bias else gw
         column_sums(g.data, rows, d, tk.SUM_AB_AND_A if self.affine_bias else tk.SUM_AB, gw,
                     xhat, gb)
-        grads = {self.prefix + "weight": gw}
-        if self.affine_bias:
-            grads[self.prefix + "bias"] = gb
         if not need_input_grad:
-            return None, grads
+            return None
         dx = device.empty(rows * d, self.dtype)
         tk.norm_affine_vjp[device.row_grid(rows), device.reduce_block(d)](
-            x.data, g.data, self.p("weight"), dx, rows, d, self.mode, self.layer.eps)
-        return DT(dx, x.shape), grads
+            x.data, g.data, self.p("weight"), dx, rows, d, self.mode, float(self.row["eps"]))
+        return DT(dx, x.shape)
 
 
-class DRMSNorm(DLayerNorm):
+class RMSNorm(LayerNorm):
     affine_bias = False
     mode = RMS_NORM
 
 
-class DSoftmax(DeviceLayer):
+class Embedding(RowKernels):
     def forward(self, x):
-        axis = self.layer.axis % len(x.shape)
-        self.hist = (x, axis)
-        return DT(rows_forward_device(SOFTMAX, x.data, x.shape, axis), x.shape)
-
-    def backward(self, g, need_input_grad):
-        x, axis = self.hist
-        if not need_input_grad:
-            return None, {}
-        return DT(rows_vjp_device(SOFTMAX, x.data, g.data, x.shape, axis), x.shape), {}
-
-
-class DEmbedding(DeviceLayer):
-    def forward(self, x):
-        n, dim = _size(x.shape), self.layer.dim
+        n, dim = _size(x.shape), self.s["d_out"]
         out = device.empty(n * dim, self.dtype)
         launch(tk.embedding_forward, n * dim)(self.p("weight"), x.data, out, n, dim)
         self.hist = x
-        return DT(out, x.shape + (dim,))
+        return DT(out, x.shape[:-1] + (dim,))
 
     def backward(self, g, need_input_grad):
         x = self.hist
-        n, num, dim = _size(x.shape), self.layer.num, self.layer.dim
+        n, num, dim = _size(x.shape), self.s["num"], self.s["d_out"]
         dw = self.g("weight")
         cap = max(1, device.config.MAX_SPLIT_TABLE // max(1, num * dim))
         threads, col_blocks, splits = column_geometry(n, dim, cap)
@@ -240,30 +238,28 @@ class DEmbedding(DeviceLayer):
         tk.embedding_backward[grid, threads](x.data, g.data, dw, work,
                                              device.arrival_counters(col_blocks), n, num, dim,
                                              splits)
-        return None, {self.prefix + "weight": dw}
+        return None
 
 
-class DSwiGLU(DeviceLayer):
-    """Two launches forward, four backward (three as the first layer): :mod:`.swiglu`."""
+class SwiGLU(RowKernels):
+    """Two launches forward, four backward (three as the first row): :mod:`.swiglu`."""
 
     def forward(self, x):
-        L, dt = self.layer, self.dtype
+        s, dt = self.s, self.dtype
         rows = _size(x.shape[:-1])
-        y, au, h = swiglu.swiglu_forward_device(x.data, self.p("w_gate"), self.p("w_up"),
-                                                self.p("w_down"), rows, L.d, L.hidden, L.out,
-                                                dt)
+        y, au, h = swiglu.swiglu_forward_device(x.data, self.p("w_gate_up"), self.p("w_down"),
+                                                rows, s["d_in"], s["hidden"], s["d_out"], dt)
         self.hist = (x, au, h, rows)
-        return DT(y, x.shape[:-1] + (L.out,))
+        return DT(y, x.shape[:-1] + (s["d_out"],))
 
     def backward(self, g, need_input_grad):
-        L, dt = self.layer, self.dtype
+        s, dt = self.s, self.dtype
         x, au, h, rows = self.hist
-        names = ("w_gate", "w_up", "w_down")
-        grads = {self.prefix + n: self.g(n) for n in names}
-        dx = swiglu.swiglu_backward_device(
-            g.data, x.data, self.p("w_gate"), self.p("w_up"), self.p("w_down"), au, h, rows,
-            L.d, L.hidden, L.out, dt, *grads.values(), need_input_grad)
-        return (DT(dx, x.shape) if need_input_grad else None), grads
+        dx = device.empty(rows * s["d_in"], dt) if need_input_grad else None
+        swiglu.swiglu_backward_device(
+            g.data, x.data, self.p("w_gate_up"), self.p("w_down"), au, h, rows, s["d_in"],
+            s["hidden"], s["d_out"], dt, self.g("w_gate_up"), self.g("w_down"), dx)
+        return DT(dx, x.shape) if need_input_grad else None
 
 
 def _swap01(d_x, a, b, c):
@@ -271,43 +267,44 @@ def _swap01(d_x, a, b, c):
     return gather_device(d_x, (b, a, c), (c, b * c, 1))
 
 
-class DRecurrent(DeviceLayer):
+class Recurrent(RowKernels):
     """RNN and LSTM: time-major (T, B, ...) inside; the input projection of every time step as
     one GEMM, then one persistent launch through time forward and one backward, or one launch
     per step where ``recurrence`` says so (:mod:`.recurrent`)."""
 
-    recurrence = None  # the run's (set by build); a fresh one for a twin built alone
+    gates = 1
+    recurrence = None  # the run's (set by the lowering); a fresh one for a row run alone
 
     def forward(self, x):
-        L, dt = self.layer, self.dtype
+        dt, k = self.dtype, self.gates
         batch, steps, n_in = x.shape
-        H, k = L.hidden_size, self._gates
+        H = self.s["d_out"]
         xt = _swap01(x.data, batch, steps, n_in)
-        xw, _ = _dense_forward_device(xt, self.p("w_ih"), self.p("b"), steps * batch, n_in,
+        xw, _ = _dense_forward_device(xt, self.p("w_ih"), self.p("bias"), steps * batch, n_in,
                                       k * H, "linear", 0.0)
         hs = device.empty(steps * batch * H, dt)
-        if self._gates == 4:
+        if k == 4:
             cache = (device.empty(steps * 4 * batch * H, dt), device.empty(steps * batch * H, dt),
                      device.empty(steps * batch * H, dt))
         else:
             cache = (hs, hs, hs)  # an RNN has no gates or cells: the kernel never reads these
         if self.recurrence is None:
             self.recurrence = recurrent.Recurrence()
-        recurrent.forward(self._gates == 4, xw, self.p("w_hh"), hs, *cache, steps, batch, H,
+        recurrent.forward(k == 4, xw, self.p("w_hh"), hs, *cache, steps, batch, H,
                           self.recurrence)
         self.hist = (x, xt, hs, cache)
-        if L.return_sequences:
+        if self.s["every_state"]:
             return DT(_swap01(hs, steps, batch, H), (batch, steps, H))
         last = device.empty(batch * H, dt)
         launch(tk.copy, batch * H)(hs[(steps - 1) * batch * H:], last)
-        return DT(last, (batch, H))
+        return DT(last, (batch, 1, H))
 
     def backward(self, g, need_input_grad):
-        L, dt = self.layer, self.dtype
+        dt, k = self.dtype, self.gates
         x, xt, hs, cache = self.hist
         batch, steps, n_in = x.shape
-        H, k = L.hidden_size, self._gates
-        if L.return_sequences:
+        H = self.s["d_out"]
+        if self.s["every_state"]:
             dhs = _swap01(g.data, batch, steps, H)
         else:
             dhs = device.zeros(steps * batch * H, dt)
@@ -318,43 +315,41 @@ class DRecurrent(DeviceLayer):
         recurrent.backward(k == 4, dhs, hs, *cache, dc, dz, self.p("w_hh"), steps, batch, H,
                            self.recurrence)
         rows = steps * batch
-        grads = {self.prefix + "w_ih": mm(xt, dz, n_in, k * H, rows, dt, ta=True,
-                                          out=self.g("w_ih")),
-                 self.prefix + "b": col_sums(dz, rows, k * H, dt, out=self.g("b"))}
+        mm(xt, dz, n_in, k * H, rows, dt, ta=True, out=self.g("w_ih"))
+        col_sums(dz, rows, k * H, dt, out=self.g("bias"))
         if steps > 1:
-            grads[self.prefix + "w_hh"] = mm(hs, dz[batch * k * H:], H, k * H,
-                                             (steps - 1) * batch, dt, ta=True,
-                                             out=self.g("w_hh"))
+            mm(hs, dz[batch * k * H:], H, k * H, (steps - 1) * batch, dt, ta=True,
+               out=self.g("w_hh"))
         else:
-            grads[self.prefix + "w_hh"] = w_hh = self.g("w_hh")
-            device.fill(w_hh, 0.0)
-        grads = {self.prefix + n: grads[self.prefix + n] for n in ("w_ih", "w_hh", "b")}
+            device.fill(self.g("w_hh"), 0.0)
         if not need_input_grad:
-            return None, grads
+            return None
         dxt = mm(dz, self.p("w_ih"), rows, n_in, k * H, dt, tb=True)
-        return DT(_swap01(dxt, steps, batch, n_in), x.shape), grads
+        return DT(_swap01(dxt, steps, batch, n_in), x.shape)
 
 
-class DRNN(DRecurrent):
-    _gates = 1
+class RNN(Recurrent):
+    gates = 1
 
 
-class DLSTM(DRecurrent):
-    _gates = 4
+class LSTM(Recurrent):
+    gates = 4
 
 
-class DAttention(DeviceLayer):
-    """Self-attention: the q, k, v and output projections as Dense GEMMs, the core flash-style
-    (:mod:`.attention`: one launch forward, one backward, a block per (batch, head); only the
-    rows' log-sum-exp is kept between them)."""
+class Attention(RowKernels):
+    """Self-attention: q, k and v as one GEMM of the ``w_qkv`` block (bias ``b_qkv`` in its
+    epilogue), the core flash-style (:mod:`.attention`: one launch forward, one backward, a
+    block per (batch, head); only the rows' log-sum-exp is kept between them), the output
+    projection a Dense GEMM; backward: ``w_o``'s two, the core's one, the ``w_qkv`` and
+    ``b_qkv`` gradients in one GEMM and the input's cotangent in one."""
 
-    def __init__(self, layer, store, prefix, grads=None):
-        super().__init__(layer, store, prefix, grads)
-        dh = layer.d_model // layer.heads
-        if dh > device.config.ATTENTION_MAX_HEAD_DIM:
+    def __init__(self, row, sizes, w, g, blocks, dtype):
+        super().__init__(row, sizes, w, g, blocks, dtype)
+        d, heads = sizes["d_in"], sizes["heads"]
+        if d // heads > device.config.ATTENTION_MAX_HEAD_DIM:
             raise DeviceUnsupportedError(
-                f"train(device='cuda'): MultiHeadAttention({layer.d_model}, {layer.heads}) has "
-                f"heads of width {dh}, wider than the device kernels' "
+                f"train(device='cuda'): MultiHeadAttention({d}, {heads}) has heads of width "
+                f"{d // heads}, wider than the device kernels' "
                 f"{device.config.ATTENTION_MAX_HEAD_DIM}; use more heads or train it with "
                 f"device='cpu'")
 
@@ -362,146 +357,73 @@ class DAttention(DeviceLayer):
         threads = 1
         while threads < steps and threads < device.config.BLOCK:
             threads *= 2
-        return min(device.config.MAX_GRID, batch * self.layer.heads), threads
+        return min(device.config.MAX_GRID, batch * self.s["heads"]), threads
 
     def forward(self, x):
-        L, dt = self.layer, self.dtype
+        dt = self.dtype
         batch, steps, d = x.shape
-        nh, dh, rows = L.heads, d // L.heads, batch * steps
-        proj = {}
-        for n in "qkv":
-            proj[n], _ = _dense_forward_device(x.data, self.p(f"w_{n}"), self.p(f"b_{n}"), rows,
-                                               d, d, "linear", 0.0)
-        # the scale as the dtype holds it (the CPU layer's value)
-        scale = float(dt.type(1.0 / np.sqrt(dh)))
+        nh = self.s["heads"]
+        dh, rows = d // nh, batch * steps
+        qkv, _ = _dense_forward_device(x.data, self.p("w_qkv"), self.p("b_qkv"), rows, d, 3 * d,
+                                       "linear", 0.0)
         lse = device.empty(batch * nh * steps, np.float64)
         att = device.empty(rows * d, dt)
+        scale, causal = float(self.row["scale"]), int(self.row["causal"])
         attention.forward[self._core_launch(batch, steps)](
-            proj["q"], proj["k"], proj["v"], att, lse, batch, steps, nh, dh, scale,
-            int(L.causal))
-        y, _ = _dense_forward_device(att, self.p("w_o"), self.p("b_o"), rows, d, d, "linear", 0.0)
-        self.hist = (x, proj, lse, att, scale)
+            qkv, qkv[d:], qkv[2 * d:], att, lse, batch, steps, nh, dh, 3 * d, scale, causal)
+        y, _ = _dense_forward_device(att, self.p("w_o"), self.p("b_o"), rows, d, d, "linear",
+                                     0.0)
+        self.hist = (x, qkv, lse, att)
         return DT(y, x.shape)
 
     def backward(self, g, need_input_grad):
-        L, dt = self.layer, self.dtype
-        x, proj, lse, att, scale = self.hist
+        dt = self.dtype
+        x, qkv, lse, att = self.hist
         batch, steps, d = x.shape
-        nh, dh, rows = L.heads, d // L.heads, batch * steps
-        datt, gw_o, gb_o = dense_backward(g.data, att, self.p("w_o"), g.data, rows, d, d,
-                                          "linear", dt, True, self.g("w_o"), self.g("b_o"))
+        nh = self.s["heads"]
+        dh, rows = d // nh, batch * steps
+        datt = dense_backward(g.data, att, self.p("w_o"), g.data, rows, d, d, "linear", dt, True,
+                              self.g("w_o"), self.g("b_o"))
         delta = device.empty(batch * nh * steps, np.float64)
-        dproj = {n: device.empty(rows * d, dt) for n in "qkv"}
+        dqkv = device.empty(rows * 3 * d, dt)
         attention.backward[self._core_launch(batch, steps)](
-            proj["q"], proj["k"], proj["v"], datt, lse, delta, dproj["q"], dproj["k"],
-            dproj["v"], batch, steps, nh, dh, scale, int(L.causal))
-        grads, dx = {}, None
-        for n in "qkv":
-            gx, gw, gb = dense_backward(dproj[n], x.data, self.p(f"w_{n}"), dproj[n], rows, d, d,
-                                        "linear", dt, need_input_grad, self.g(f"w_{n}"),
-                                        self.g(f"b_{n}"))
-            grads[self.prefix + f"w_{n}"] = gw
-            grads[self.prefix + f"b_{n}"] = gb
-            if need_input_grad:
-                dx = gx if dx is None else add_into(dx, gx)
-        grads[self.prefix + "w_o"] = gw_o
-        grads[self.prefix + "b_o"] = gb_o
-        return (DT(dx, x.shape) if need_input_grad else None), grads
+            qkv, qkv[d:], qkv[2 * d:], datt, lse, delta, dqkv, dqkv[d:], dqkv[2 * d:], batch,
+            steps, nh, dh, 3 * d, float(self.row["scale"]), int(self.row["causal"]))
+        dx = dense_backward(dqkv, x.data, self.p("w_qkv"), dqkv, rows, d, 3 * d, "linear", dt,
+                            need_input_grad, self.g("w_qkv"), self.g("b_qkv"))
+        return DT(dx, x.shape) if need_input_grad else None
 
 
-class DSequential(DeviceLayer):
-    def __init__(self, layer, store, prefix, children, grads=None):
-        super().__init__(layer, store, prefix, grads)
-        self.children = children
+class Add(RowKernels):
+    """A join of ``Parallel(combine="add")``: ``y = x + x2``, one launch; backward passes the
+    cotangent to both inputs (:mod:`.lowering` deposits it)."""
 
-    def forward(self, x):
-        for c in self.children:
-            x = c.forward(x)
-        return x
-
-    def backward(self, g, need_input_grad):
-        grads = {}
-        for i in range(len(self.children) - 1, -1, -1):
-            g, part = self.children[i].backward(g, need_input_grad or i > 0)
-            grads.update(part)
-        return g, grads
+    def forward(self, x, x2):
+        y = device.empty(x.data.shape[0], self.dtype)
+        launch(tk.add_pair, y.shape[0])(x.data, x2.data, y)
+        return DT(y, x.shape)
 
 
-class DParallel(DSequential):
-    def forward(self, x):
-        outs = [c.forward(x) for c in self.children]
-        lead = outs[0].shape[:-1]
-        rows = _size(lead)
-        if self.layer.combine == "add":
-            total = device.empty(_size(outs[0].shape), self.dtype)
-            launch(tk.copy, total.shape[0])(outs[0].data, total)
-            for o in outs[1:]:
-                add_into(total, o.data)
-            self.widths = None
-            return DT(total, outs[0].shape)
-        self.widths = [o.shape[-1] for o in outs]
-        width = sum(self.widths)
-        total = device.empty(rows * width, self.dtype)
-        at = 0
-        for o, w in zip(outs, self.widths):
-            scatter_device(o.data, total, (rows, w), (width, 1), at)
-            at += w
-        return DT(total, lead + (width,))
+class Columns(RowKernels):
+    """A join of ``Parallel(combine="concat")``: ``x`` placed at columns ``col0..`` of ``y``
+    (the join's rows share ``y``), one launch; backward reads the columns back, one launch."""
 
-    def backward(self, g, need_input_grad):
-        grads, dx = {}, None
-        if self.widths is None:
-            parts = [g] * len(self.children)
-        else:
-            lead = g.shape[:-1]
-            rows, width = _size(lead), g.shape[-1]
-            parts, at = [], 0
-            for w in self.widths:
-                parts.append(DT(gather_device(g.data, (rows, w), (width, 1), at), lead + (w,)))
-                at += w
-        for child, part in zip(self.children, parts):
-            gi, child_grads = child.backward(part, need_input_grad)
-            grads.update(child_grads)
-            if need_input_grad and gi is not None:
-                dx = gi if dx is None else DT(add_into(dx.data, gi.data), dx.shape)
-        return dx, grads
+    def forward(self, x, y):
+        rows, d_in, d_out = _size(x.shape[:-1]), self.s["d_in"], self.s["d_out"]
+        if y is None:
+            y = DT(device.empty(rows * d_out, self.dtype), x.shape[:-1] + (d_out,))
+        launch(tk.put_columns, rows * d_in)(x.data, y.data, rows, d_in, d_out,
+                                            int(self.row["col0"]))
+        return y
+
+    def columns(self, g, out, add):
+        """Columns ``col0..`` of the cotangent ``g`` written (``add``: added) into ``out``."""
+        rows, d_in, d_out = _size(g.shape[:-1]), self.s["d_in"], self.s["d_out"]
+        launch(tk.take_columns, rows * d_in)(g.data, out, rows, d_in, d_out,
+                                             int(self.row["col0"]), int(add))
 
 
-_TWINS = {"Dense": DDense, "LayerNorm": DLayerNorm, "RMSNorm": DRMSNorm, "Softmax": DSoftmax,
-          "Embedding": DEmbedding, "SwiGLU": DSwiGLU, "RNN": DRNN, "LSTM": DLSTM,
-          "MultiHeadAttention": DAttention}
-_CONTAINERS = {"Sequential": DSequential, "Parallel": DParallel}
-
-
-def build(model, store, prefix="", where="model", grads=None, recurrence=None):
-    """The device twin of ``model`` reading parameters from ``store`` (flat device arrays).
-
-    ``grads`` (keyed like ``store``) are where backward writes each parameter's gradient
-    (views of one flat buffer in training); without it, backward returns new arrays.
-    ``recurrence`` (:class:`.recurrent.Recurrence`, one per run) tells the recurrent layers
-    how to step through time.
-
-    Raises
-    ------
-    DeviceUnsupportedError
-        A layer (at ``where``, e.g. ``model.layers[2]``) whose type has no device twin; the
-        message names the type and says to train with ``device="cpu"``.
-    """
-    # NOTE: dispatch on the exact class, not isinstance: a user's subclass of Dense may change
-    # forward / backward, and its twin would silently compute the parent's math.
-    kind = type(model).__name__
-    from fastlib import layers as host_layers
-    if kind in _CONTAINERS and type(model) is getattr(host_layers, kind):
-        children = [build(c, store, f"{prefix}{i}.", f"{where}.layers[{i}]", grads, recurrence)
-                    for i, c in enumerate(model._children)]
-        return _CONTAINERS[kind](model, store, prefix, children, grads)
-    if kind in _TWINS and type(model) is getattr(host_layers, kind):
-        twin = _TWINS[kind](model, store, prefix, grads)
-        if recurrence is not None and isinstance(twin, DRecurrent):
-            twin.recurrence = recurrence
-        return twin
-    raise DeviceUnsupportedError(
-        f"train(device='cuda'): {where} is a {type(model).__module__}.{type(model).__qualname__}, "
-        f"which has no device implementation (the device runs fastlib's own "
-        f"{', '.join(sorted(_TWINS))} inside Sequential / Parallel); train it with "
-        f"device='cpu'")
+#: The device kernels of every instruction kind, by the record's ``op``.
+KERNELS = {ins.DENSE: Dense, ins.LAYER_NORM: LayerNorm, ins.RMS_NORM: RMSNorm,
+           ins.EMBEDDING: Embedding, ins.SWIGLU: SwiGLU, ins.RNN: RNN, ins.LSTM: LSTM,
+           ins.ATTENTION: Attention, ins.ADD: Add, ins.COLUMNS: Columns}

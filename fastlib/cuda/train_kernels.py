@@ -140,6 +140,48 @@ def _copy_body(src, dst):
 copy = kernel(*signatures("void({t}[::1], {t}[::1])"))(_copy_body)
 
 
+def _add_pair_body(a, b, out):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < out.shape[0]:
+        out[i] = a[i] + b[i]
+        i += step
+
+
+#: ``out = a + b``: the program's Add join (summed left to right, as the CPU does).
+add_pair = kernel(*signatures("void({t}[::1], {t}[::1], {t}[::1])"))(_add_pair_body)
+
+
+def _put_columns_body(x, y, rows, d_in, d_out, col0):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < rows * d_in:
+        r = i // d_in
+        y[r * d_out + col0 + i - r * d_in] = x[i]
+        i += step
+
+
+#: ``y[:, col0:col0 + d_in] = x``: the program's Columns join, (rows, d_in) into (rows, d_out).
+put_columns = kernel(*signatures("void({t}[::1], {t}[::1], int64, int64, int64, int64)"))(
+    _put_columns_body)
+
+
+def _take_columns_body(g, out, rows, d_in, d_out, col0, add):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < rows * d_in:
+        r = i // d_in
+        v = g[r * d_out + col0 + i - r * d_in]
+        out[i] = out[i] + v if add else v
+        i += step
+
+
+#: ``out (=|+=) g[:, col0:col0 + d_in]``: the Columns join's backward, written or added into
+#: the input's cotangent (``add``) in one pass.
+take_columns = kernel(*signatures(
+    "void({t}[::1], {t}[::1], int64, int64, int64, int64, int64)"))(_take_columns_body)
+
+
 def _affine_rows_body(x, w, b, out, n, d, with_bias):
     # out[r, j] = x[r, j] * w[j] (+ b[j])
     i = cuda.grid(1)

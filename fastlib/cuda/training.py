@@ -11,9 +11,12 @@ import numpy as np
 from fastlib import optim as _optim
 from fastlib.kernels.optim_rules import coefficient_dtype
 
+from fastlib.kernels import instructions as ins
+
 from . import counters, device, graphs, profile, recurrent
 from . import train_kernels as tk
-from .layers import DT, DeviceUnsupportedError, build, launch
+from .layers import DeviceUnsupportedError, launch
+from .lowering import Lowered, compile_program, layers_of
 
 __all__ = ["DeviceRun", "DeviceUnsupportedError", "HostBinding", "readbacks"]
 
@@ -21,16 +24,6 @@ __all__ = ["DeviceRun", "DeviceUnsupportedError", "HostBinding", "readbacks"]
 def readbacks() -> int:
     """How many device-to-host copies fastlib.cuda has made in this process."""
     return counters.snapshot()["d2h_copies"]
-
-
-def _split(flat, shapes):
-    """Host arrays of ``shapes`` cut from one flat host array, in order."""
-    out, at = [], 0
-    for shape in shapes:
-        n = int(np.prod(shape, dtype=np.int64))
-        out.append(flat[at:at + n].reshape(shape))
-        at += n
-    return out
 
 
 class HostBinding:
@@ -50,17 +43,13 @@ class HostBinding:
         self.run.params_to_host()
 
 
-def _layers(model):
-    yield model
-    for c in getattr(model, "_children", ()):
-        yield from _layers(c)
+def check_supported(model, algorithm, options, x):
+    """The model's compiled program (:func:`.lowering.compile_program`) for the data ``x``;
+    raise :class:`DeviceUnsupportedError` for anything the device cannot train.
 
-
-def check_supported(model, algorithm, options):
-    """Raise :class:`DeviceUnsupportedError` for anything the device cannot train.
-
-    Called before any data moves: the model's layer types (:func:`.layers.build` names the
-    layer), the algorithm (only back-propagation runs on the device) and its options.
+    Called before any data moves: the model (the message names the layer the program cannot
+    hold, or the row kind without device kernels), the algorithm (only back-propagation runs
+    on the device) and its options.
     """
     if algorithm != "bp":
         raise DeviceUnsupportedError(
@@ -70,7 +59,7 @@ def check_supported(model, algorithm, options):
     if unknown:
         raise DeviceUnsupportedError(f"train(device='cuda'): options {unknown} are not "
                                      "supported on the device")
-    build(model, {}, "", "model")
+    return compile_program(model, x)
 
 
 class DeviceRun:
@@ -111,14 +100,12 @@ class DeviceRun:
         self.readback = readback or self.default_readback
         if self.readback not in ("epoch", "step"):
             raise ValueError(f"readback must be 'epoch' or 'step', got {self.readback!r}")
-        check_supported(ctx.model, ctx.config.algorithm, ctx.config.extra)
+        self.program = check_supported(ctx.model, ctx.config.algorithm, ctx.config.extra, x)
         self.ctx = ctx
         self.model = ctx.model
         self.dtype = np.dtype(self.model.dtype)
         self.opt = ctx.optimizer
         self.host_params = ctx.params  # the model's own arrays (synchronised in place)
-        self.keys = list(self.host_params)
-        self.shapes = [np.shape(self.host_params[k]) for k in self.keys]
         self.stream, self.core_stream, self.graph_reason = graphs.run_stream()
         self.mode = "launches" if self.core_stream is None else "graph"
         self.graphs = {}
@@ -135,37 +122,35 @@ class DeviceRun:
             self._allocate(ctx, x, y)
         self.t = int(ctx.opt_state.t)
         self.recurrence = recurrent.Recurrence()
-        self.twin = build(self.model, self.params, grads=self.grads, recurrence=self.recurrence)
+        self.lowered = Lowered(self.program, self.w, self.g, self.recurrence, self.dtype)
         self.loss_code = tk.LOSS_CODES[ctx.loss_type]
         self.categorical = self.loss_code in (tk.CE, tk.CCE)
         self.x_shape = tuple(x.shape[1:])
         self.binding = HostBinding(self)
-        for layer in _layers(self.model):
+        for _, layer, _ in layers_of(self.model):
             layer._device_binding = self.binding
+
+    def _host(self, flat):
+        """Host arrays keyed like the model's parameters, cut from a flat host vector laid
+        out by the program's blocks."""
+        arrays = {k: np.empty_like(v, dtype=self.dtype) for k, v in self.host_params.items()}
+        self.program.unflatten(flat, arrays)
+        return arrays
 
     def _allocate(self, ctx, x, y):
         """Everything the run keeps on the device, allocated (and uploaded) once."""
         dt = self.dtype
-        # one flat buffer each for the weights, their gradients and every optimizer slot: the
-        # guard and the update are one pass over it; the layers read and write views
-        flat = np.concatenate([np.asarray(self.host_params[k], dt).reshape(-1)
-                               for k in self.keys])
+        # one flat buffer each for the weights, their gradients and every optimizer slot, laid
+        # out by the program's blocks: the guard and the update are one pass over it; the rows
+        # read and write their blocks
+        flat = self.program.flatten(self.host_params)
         self.w = device.put(flat)
         self.g = device.empty(flat.shape[0], dt)
-        self.slot = {s: device.put(np.concatenate(
-            [np.asarray(ctx.opt_state.slots[s][k], dt).reshape(-1) for k in self.keys]))
-            for s in self.opt.state_names}
-        self.params, self.grads, at = {}, {}, 0
-        self.views = []
-        for k, shape in zip(self.keys, self.shapes):
-            n = int(np.prod(shape, dtype=np.int64))
-            self.params[k] = self.w[at:at + n]
-            self.grads[k] = self.g[at:at + n]
-            self.views.append((at, n))
-            at += n
+        self.slot = {s: device.put(self.program.flatten(ctx.opt_state.slots[s]))
+                     for s in self.opt.state_names}
         self.none = device.empty(0, dt)
         if self.model.takes_indices:
-            for layer in _layers(self.model):
+            for _, layer, _ in layers_of(self.model):
                 if type(layer).__name__ == "Embedding":
                     layer.indices(x)  # the range check, once for the whole data set
             self.x = device.put(np.asarray(x).astype(np.int64))
@@ -190,7 +175,7 @@ class DeviceRun:
         return None if self.recurrent_mode is None else self.recurrence.reason
 
     def _has_recurrent(self):
-        return any(type(layer).__name__ in ("RNN", "LSTM") for layer in _layers(self.model))
+        return bool(self.program.kinds() & {ins.RNN, ins.LSTM})
 
     def finish(self):
         """Free the device copies of the data and the optimizer state at the end of a run.
@@ -200,7 +185,7 @@ class DeviceRun:
         """
         self.x = self.y = self.g = None
         self.slot = {}
-        self.twin = self.arena = None
+        self.lowered = self.arena = None
         self._drop_graphs()
 
     def _drop_graphs(self):
@@ -213,14 +198,12 @@ class DeviceRun:
         """Copy every device weight into the model's host arrays (in place): one readback."""
         with device.using_stream(self.stream):
             flat = device.read(self.w)
-        for k, part in zip(self.keys, _split(flat, self.shapes)):
-            np.copyto(self.host_params[k], part)
+        self.program.unflatten(flat, self.host_params)
 
     def opt_state_to_host(self):
         """The optimizer state as a host :class:`fastlib.optim.OptState` (for checkpoints)."""
         with device.using_stream(self.stream):
-            slots = {s: dict(zip(self.keys, _split(device.read(d), self.shapes)))
-                     for s, d in self.slot.items()}
+            slots = {s: self._host(device.read(d)) for s, d in self.slot.items()}
         state = _optim.OptState(self.t, slots)
         self.ctx.opt_state = state
         return state
@@ -251,7 +234,7 @@ class DeviceRun:
 
     def snapshot_from_host(self, params):
         """A weights-only snapshot from host arrays (a checkpoint's best weights)."""
-        flat = np.concatenate([np.asarray(params[k], self.dtype).reshape(-1) for k in self.keys])
+        flat = self.program.flatten(params)
         with device.using_stream(self.stream):
             return device.put(flat), {}, self.t
 
@@ -259,7 +242,7 @@ class DeviceRun:
         """Host arrays of a snapshot's weights (for a checkpoint)."""
         with device.using_stream(self.stream):
             flat = device.read(snap[0])
-        return dict(zip(self.keys, _split(flat, self.shapes)))
+        return self._host(flat)
 
     # -- the epoch ------------------------------------------------------------------------------
     def run_epoch(self, order, stats):
@@ -379,7 +362,7 @@ class DeviceRun:
         xb = device.empty(count * width_x, self.x.dtype)
         launch(tk.gather_rows, count * width_x)(self.x, self.order, self.state, xb, count,
                                                 width_x)
-        pred = self.twin.forward(DT(xb, (count,) + self.x_shape))
+        pred = self.lowered.forward(xb, count)
         rows = pred.shape[0]
         width = int(np.prod(pred.shape[1:], dtype=np.int64))
         self.out_width = width
@@ -389,7 +372,7 @@ class DeviceRun:
         tk.loss_rows[self.blocks, device.config.REDUCE_BLOCK](
             pred.data, self.y, self.order, self.state, grad, self.rows, self.width, rows, width,
             self.loss_code, 1.0 / n_terms, eps)
-        self.twin.backward(DT(grad, pred.shape), False)
+        self.lowered.backward(pred._replace(data=grad))
         tk.guard_partials[device.config.GUARD_BLOCKS, device.config.REDUCE_BLOCK](
             self.g, self.partials)
         slots = [self.slot[s] for s in self.opt.state_names] + [self.none, self.none]
