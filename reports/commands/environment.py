@@ -43,7 +43,7 @@ VARIABLES = (
              "its Numba compile time by kernel module to PATH.PID.json", "performance.md"),
     Variable("VERIGRAD_CONFORM_CACHE", "DIR", "none (an in-process cache only)",
              "keep the exact oracle's values on disk, shared by processes (the mutant runs "
-             "set it); clear it when spec changes", "reports.md"),
+             "set it); clear it when spec changes", "reports-accuracy.md"),
     Variable("VERIGRAD_JAX_CACHE", "DIR or off", "`$XDG_CACHE_HOME/verigrad/jax` "
              "(`~/.cache/verigrad/jax`)",
              "JAX's compiled executables, kept between runs of the jax engine (up to "
@@ -54,6 +54,9 @@ VARIABLES = (
     Variable("FASTLIB_CUDA_GRAPHS", "0 or 1", "1",
              "0: the GPU step runs as plain launches instead of a replayed CUDA graph",
              "gpu.md"),
+    Variable("FASTLIB_CUDA_PERSISTENT", "0 or 1", "1",
+             "0: a recurrent layer on the GPU launches its cell per time step instead of one "
+             "persistent kernel for the whole sequence", "gpu.md"),
 )
 
 

@@ -60,4 +60,5 @@ def test_the_row_names_its_command():
 
     (row,) = pc.program_rows("fastlib")
     row.engine_ref = "fastlib"
-    assert "--ops program" in _command(row, PROFILES["dev"], 3)
+    # the row's own name, shell-quoted: the command reruns exactly this row
+    assert "--ops 'program random networks'" in _command(row, PROFILES["dev"], 3)
