@@ -168,9 +168,13 @@ sys.exit(code)
 
 
 def _conform_args(profile, seed, first, out):
-    """The ``verigrad conform`` arguments every mutant (of either kind) is judged by."""
+    """The ``verigrad conform`` arguments every mutant (of either kind) is judged by.
+
+    One process (``--workers 1``): a hook mutant is applied in the process that runs the
+    checks, which worker processes would not see, and a source mutant's mutated kernels would
+    be compiled again in every worker."""
     args = ["conform", "--profile", profile, "--engines", "fastlib", "--no-proofs", "--fail-fast",
-            "--no-progress", "--seed", str(seed), "--json", str(out)]
+            "--no-progress", "--workers", "1", "--seed", str(seed), "--json", str(out)]
     return args + (["--first", *first] if first else [])
 
 
