@@ -25,11 +25,12 @@ _RB = config.REDUCE_BLOCK
 SUM, LSE = 0, 1
 
 
-@cuda.jit(device=True)
-def block_sum(shared, value):
+def block_sum_body(shared, value):
     """Sum ``value`` over the threads of the block (tree in ``shared``); every thread gets it.
 
-    ``blockDim.x`` must be a power of two no larger than ``shared``'s length.
+    ``blockDim.x`` must be a power of two no larger than ``shared``'s length. A plain function:
+    :data:`block_sum` is it compiled here; a kernel module that calls it from many threads
+    compiles its own copy (:func:`.device.device_function_here`, as for :func:`last_to_arrive`).
     """
     tid = cuda.threadIdx.x
     shared[tid] = value
@@ -43,6 +44,9 @@ def block_sum(shared, value):
     total = shared[0]
     cuda.syncthreads()  # everyone has read shared[0] before the caller reuses shared
     return total
+
+
+block_sum = cuda.jit(device=True)(block_sum_body)
 
 
 def last_to_arrive(arrivals, slot, expected, flag):

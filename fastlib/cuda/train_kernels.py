@@ -21,12 +21,15 @@ from . import config
 from .device import device_function_here, kernel, signatures
 from .optim import coefficient_signatures, update_at
 from .norm import LAYER_NORM, row_moments
-from .reduce import block_sum
 from . import reduce as _reduce
 from .scalar import sigmoid_pair
 
 _RB = config.REDUCE_BLOCK
 last_to_arrive = device_function_here(_reduce.last_to_arrive, globals())
+# this module's own copy: numba's simulator swaps a device function's module for the length of
+# each call, and block threads leaving the shared copy restored the real numba.cuda under
+# threads still entering it (the lowered LayerNorm backward failed so)
+block_sum = device_function_here(_reduce.block_sum_body, globals())
 
 #: Loss codes of :data:`loss_rows`: the op table's codes of the five losses.
 LOSS_CODES = optable.loss_codes()

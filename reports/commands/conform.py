@@ -448,8 +448,9 @@ def run(args) -> int:
         print(f"\nFAILED proofs: {', '.join(r.op for r in failed_proofs)}")
         code = 1
     print(f"\n{len(rows)} checks ({summary}); {len(proofs)} proofs; profile {args.profile}, "
-          f"seed {args.seed}; {elapsed:.1f} s"
-          + (f"; {compiled[0]} kernels compiled, one time" if compiled and compiled[0] else ""))
+          f"seed {args.seed}; {elapsed:.1f} s")
+    if compiled and compiled[0]:   # its own line: the summary stays one short line
+        print(f"{compiled[0]} kernels compiled, one time")
     if args.json:
         payload = {
             "profile": args.profile, "seed": args.seed, "seconds": round(elapsed, 2),
