@@ -420,6 +420,8 @@ def run(args) -> int:
     progress = ProgressLine(enabled=progress_enabled(args))
 
     def show_proofs(op_results, opt_results):
+        if not (op_results or opt_results):   # nothing was asked to be proven: no table
+            return
         proofs.extend(op_results + opt_results)
         progress.finish(f"{proof_count(proofs)} in "
                         f"{time.perf_counter() - start:.1f} s")
