@@ -108,7 +108,9 @@ def test_conform_exits_1_on_a_failed_proof(monkeypatch, capsys):
                  "--workers", "1"]) == 1
     captured = capsys.readouterr()
     assert "FAILED proofs: relu" in captured.out
-    assert captured.err == ""
+    # stderr is quiet, apart from the one-line notice a cold Numba cache prints
+    assert [line for line in captured.err.splitlines()
+            if not line.startswith("verigrad conform: first run: compiling")] == []
 
 
 def test_format_table_aligns_and_escapes():

@@ -452,7 +452,7 @@ def run(args) -> int:
     print(f"\n{len(rows)} checks ({summary}); {len(proofs)} proofs; profile {args.profile}, "
           f"seed {args.seed}; {elapsed:.1f} s")
     if compiled and compiled[0]:   # its own line: the summary stays one short line
-        print(f"{compiled[0]} kernels compiled, one time")
+        print(f"{compiled[0]} kernel{'s' if compiled[0] != 1 else ''} compiled, one time")
     if args.json:
         payload = {
             "profile": args.profile, "seed": args.seed, "seconds": round(elapsed, 2),
