@@ -402,12 +402,12 @@ def run_op_checks(report, only):
             cast = [v.astype(dtype) if v.dtype.kind == "f" and not
                     (name == "cross_entropy" and k == 1) else v for k, v in enumerate(inputs)]
             try:
-                got = _past_simulator_race(fc.forward, name, cast, **params)
+                got = fc.forward(name, cast, **params)
                 report(f"forward:{label}:{dtype}", *compare(got, out, *s_out, dtype))
             except Exception:
                 report(f"forward:{label}:{dtype}", False, traceback.format_exc(limit=3))
             try:
-                got = _past_simulator_race(fc.vjp, name, cast, grad.astype(dtype), **params)
+                got = fc.vjp(name, cast, grad.astype(dtype), **params)
                 for k, (gi, exact) in enumerate(zip(got, grads)):
                     if exact is None:
                         ok = gi is None
@@ -419,24 +419,6 @@ def run_op_checks(report, only):
             except Exception:
                 for k in range(len(inputs)):
                     report(f"vjp:{label}:{dtype}:{k}", False, traceback.format_exc(limit=3))
-
-
-def _past_simulator_race(fn, *args, **kwargs):
-    """Call ``fn``, again (at most twice more) when the simulator's own race strikes.
-
-    NOTE: Numba's CUDA simulator runs a block's threads as Python threads and, around every
-    device-function call, swaps the function module's global ``cuda`` for a fake module and
-    back. When two simulated threads overlap in the same device function, one can restore the
-    real ``numba.cuda`` while the other still reads ``cuda.threadIdx``, which the real module
-    lacks. That AttributeError is the simulator's, never the kernel's (real GPUs have no such
-    swap), so only it is retried; any other error fails the check at once.
-    """
-    for attempt in range(3):
-        try:
-            return fn(*args, **kwargs)
-        except AttributeError as exc:
-            if "module 'numba.cuda' has no attribute" not in str(exc) or attempt == 2:
-                raise
 
 
 def run_kink_checks(report, only):

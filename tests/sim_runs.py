@@ -50,27 +50,6 @@ def simulate(script, *extra, timeout=900):
     return results
 
 
-def simulate_with_retry(script, *extra, timeout=900):
-    """Run the checks; a failed one runs again in a fresh process and must pass there too.
-
-    NOTE: numba's simulator has races of its own (it swaps a device function's global ``cuda``
-    for a fake module and back around each call, and simulated threads are Python threads that
-    overlap; see cuda_sim_check._past_simulator_race). Besides the AttributeError, the race can
-    hand one thread a private ``cuda.shared.array`` instead of the block's, which silently
-    breaks a tiled kernel for that launch. A real kernel bug fails both runs (the second run's
-    failure detail is the one reported, with the first's beside it).
-    """
-    results = simulate(script, *extra, timeout=timeout)
-    failed = [name for name, (ok, _) in results.items() if not ok]
-    if failed:
-        again = simulate(script, *extra, timeout=timeout)
-        for name in failed:
-            ok, detail = again.get(name, (False, "not reported on the second run"))
-            results[name] = (ok, detail if ok else
-                             f"{detail} (failed on both runs; first: {results[name][1]})")
-    return results
-
-
 def assert_passed(results, check, script):
     """``check`` was reported by ``script``'s run and passed."""
     assert check in results, f"{check} was not reported by {script.name}"

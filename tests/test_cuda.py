@@ -26,8 +26,7 @@ from hypothesis import strategies as st
 
 import fastlib.cuda as fc
 from fastlib.cuda import ops as cuda_ops
-from tests.sim_runs import (assert_only_known, assert_passed, load_script, run_python,
-                             simulate_with_retry)
+from tests.sim_runs import assert_only_known, assert_passed, load_script, run_python, simulate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIM_SCRIPT = ROOT / "tests" / "cuda_sim_check.py"
@@ -39,9 +38,8 @@ SIM_CHECKS = load_script(SIM_SCRIPT).check_names()
 
 @pytest.fixture(scope="module")
 def sim_results():
-    """Run every simulator check; {check name: (ok, detail)} (a failed check runs twice:
-    ``sim_runs.simulate_with_retry`` says why)."""
-    return simulate_with_retry(SIM_SCRIPT)
+    """Run every simulator check once; {check name: (ok, detail)}."""
+    return simulate(SIM_SCRIPT)
 
 
 @pytest.mark.parametrize("check", SIM_CHECKS)

@@ -20,8 +20,7 @@ import pathlib
 
 import pytest
 
-from tests.sim_runs import (assert_only_known, assert_passed, load_script, run_python,
-                             simulate_with_retry)
+from tests.sim_runs import assert_only_known, assert_passed, load_script, run_python, simulate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "cuda_train_sim_check.py"
@@ -33,14 +32,14 @@ def _run(args, env_update, drop=()):
     return run_python(args, env_update, drop, timeout=3600)
 
 
-def _with_retry(*extra):
-    """Run the checks; a failed one runs again in a fresh process and must pass there too."""
-    return simulate_with_retry(SCRIPT, *extra, timeout=3600)
+def _simulate(*extra):
+    """Run the checks once, in a fresh process under the simulator."""
+    return simulate(SCRIPT, *extra, timeout=3600)
 
 
 @pytest.fixture(scope="module")
 def sim_results():
-    return _with_retry()
+    return _simulate()
 
 
 @pytest.mark.parametrize("check", CHECKS)
@@ -81,7 +80,7 @@ def test_without_gpu_or_simulator_device_cuda_raises_and_trains_nothing():
 
 @pytest.mark.slow
 def test_device_training_slow_checks():
-    results = _with_retry("--slow", "--only", "slow")
+    results = _simulate("--slow", "--only", "slow")
     for check in SLOW_CHECKS:
         assert check in results, f"{check} was not reported"
         ok, detail = results[check]

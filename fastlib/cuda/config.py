@@ -13,6 +13,10 @@ from numba.core import config as _numba_config
 #: True when numba.cuda runs on the simulator (decided by NUMBA_ENABLE_CUDASIM at numba import).
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 
+if SIMULATOR:  # two races of the simulator's own, closed before any kernel runs under it
+    from . import simulator_fixes as _simulator_fixes
+    _simulator_fixes.install()
+
 #: Threads per block of elementwise and gather/scatter kernels.
 BLOCK = 8 if SIMULATOR else 256
 
