@@ -13,6 +13,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -48,6 +49,45 @@ def simulate(script, *extra, timeout=900):
     if proc.returncode != 0 or not results:
         pytest.fail(f"the simulator run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return results
+
+
+_DONE = {}   # this process's finished runs, by name
+
+
+def once_per_run(name, compute):
+    """``compute()`` (a JSON-able dict), run once per pytest run, however many xdist workers.
+
+    A module-scoped fixture runs again in every worker that takes one of the module's tests,
+    and again in a worker that comes back to the module after another (work stealing does
+    that): a simulator run of several minutes would be paid two or three times. Under xdist
+    the first worker computes under a lock in a folder all the run's workers share and leaves
+    the result there; the others wait for the lock and read it. A failed ``compute`` leaves
+    nothing, so the next worker that needs it runs it again (and fails in its own tests).
+    """
+    if name in _DONE:
+        return _DONE[name]
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    try:
+        import fcntl
+    except ImportError:   # no POSIX locks: each worker computes its own
+        fcntl = None
+    if run_id is None or fcntl is None:
+        _DONE[name] = compute()
+        return _DONE[name]
+    folder = pathlib.Path(tempfile.gettempdir()) / f"verigrad-tests-{run_id}"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{name}.json"
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file closes
+        if path.exists():
+            result = json.loads(path.read_text())
+        else:
+            result = compute()
+            partial = path.with_suffix(".partial")
+            partial.write_text(json.dumps(result))
+            partial.replace(path)
+    _DONE[name] = {k: tuple(v) if isinstance(v, list) else v for k, v in result.items()}
+    return _DONE[name]
 
 
 def assert_passed(results, check, script):

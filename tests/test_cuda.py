@@ -26,10 +26,13 @@ from hypothesis import strategies as st
 
 import fastlib.cuda as fc
 from fastlib.cuda import ops as cuda_ops
-from tests.sim_runs import assert_only_known, assert_passed, load_script, run_python, simulate
+from tests.sim_runs import (assert_only_known, assert_passed, load_script, once_per_run,
+                             run_python, simulate)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIM_SCRIPT = ROOT / "tests" / "cuda_sim_check.py"
+# one worker takes every test of this module (--dist loadgroup): the simulator runs once
+pytestmark = pytest.mark.xdist_group("cuda_sim_ops")
 SIM_CHECKS = load_script(SIM_SCRIPT).check_names()
 
 
@@ -38,8 +41,8 @@ SIM_CHECKS = load_script(SIM_SCRIPT).check_names()
 
 @pytest.fixture(scope="module")
 def sim_results():
-    """Run every simulator check once; {check name: (ok, detail)}."""
-    return simulate(SIM_SCRIPT)
+    """Run every simulator check once per test run; {check name: (ok, detail)}."""
+    return once_per_run("cuda_sim_check", lambda: simulate(SIM_SCRIPT))
 
 
 @pytest.mark.parametrize("check", SIM_CHECKS)

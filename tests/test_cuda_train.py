@@ -20,10 +20,13 @@ import pathlib
 
 import pytest
 
-from tests.sim_runs import assert_only_known, assert_passed, load_script, run_python, simulate
+from tests.sim_runs import (assert_only_known, assert_passed, load_script, once_per_run,
+                             run_python, simulate)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "cuda_train_sim_check.py"
+# one worker takes every test of this module (--dist loadgroup): the simulator runs once
+pytestmark = pytest.mark.xdist_group("cuda_sim_train")
 CHECKS = load_script(SCRIPT).check_names()
 SLOW_CHECKS = [c for c in load_script(SCRIPT).check_names(slow=True) if c not in CHECKS]
 
@@ -39,7 +42,7 @@ def _simulate(*extra):
 
 @pytest.fixture(scope="module")
 def sim_results():
-    return _simulate()
+    return once_per_run("cuda_train_sim_check", _simulate)
 
 
 @pytest.mark.parametrize("check", CHECKS)

@@ -85,11 +85,10 @@ def test_conform_runs_every_proof_and_prints_a_table(monkeypatch, capsys):
     prove, prove_optimizers = _stub()
     monkeypatch.setattr(spec, "prove", prove)
     monkeypatch.setattr(spec, "prove_optimizers", prove_optimizers)
-    # float32 and float64 rows only: the 16-bit rows have their own tests
-    # (tests/conformance/test_conform_lowp.py), which keep the default run's time; one
-    # process, where the stubbed proofs are (worker processes prove with the real spec:
-    # tests/test_conform_workers.py)
-    assert main(["conform", "--dtypes", "float32", "float64", "--workers", "1"]) == 0
+    # every proof, beside the referee's float64 rows only (the other engines' rows have their
+    # own tests, and this test is about the proofs): one process, where the stubbed proofs are
+    # (worker processes prove with the real spec: tests/test_conform_workers.py)
+    assert main(["conform", "--engines", "reflib", "--dtypes", "float64", "--workers", "1"]) == 0
     captured = capsys.readouterr()
     # the proof table is the first table of the run (the engine checks' table follows it)
     proof_table = captured.out.split("\n\n")[0]
@@ -104,7 +103,7 @@ def test_conform_exits_1_on_a_failed_proof(monkeypatch, capsys):
     prove, prove_optimizers = _stub(ok_ops=False)
     monkeypatch.setattr(spec, "prove", prove)
     monkeypatch.setattr(spec, "prove_optimizers", prove_optimizers)
-    assert main(["conform", "--no-progress", "--dtypes", "float32", "float64",
+    assert main(["conform", "--no-progress", "--engines", "reflib", "--dtypes", "float64",
                  "--workers", "1"]) == 1
     captured = capsys.readouterr()
     assert "FAILED proofs: relu" in captured.out

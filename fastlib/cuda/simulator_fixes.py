@@ -1,23 +1,12 @@
 """Two thread-safety gaps of numba's CUDA simulator, closed before any kernel runs under it.
 
-The simulator runs each thread of a block as a Python thread. Two of its helpers share state
-between those threads without a lock, and both make a correct kernel give wrong or failing
-results now and then (more often on a loaded machine, where threads interleave more):
-
-1. ``FakeCUDAShared.array`` finds a block's shared array by the calling source line with a
-   check-then-set on a dict. Two threads that reach the line together can each create their
-   own array, so the block's threads no longer share memory: a tree reduction or a staged tile
-   then mixes uninitialised values into the result. We saw this as recurrent training runs that
-   differed from run to run in the third significant digit.
-2. ``swapped_cuda_module`` replaces a module's global ``cuda`` with the fake module around each
-   device-function call and puts the real one back on exit. A device function defined in
-   another module than its kernel is entered and left by many threads at once; the first to
-   leave restores the real module while the others still run, and their next ``cuda.*`` fails
-   (``module 'numba.cuda' has no attribute ...``). Upstream numba-cuda fixed this later; the
-   simulator bundled with numba 0.68 has it.
-
-:func:`install` replaces both with versions under one lock (the swap reference-counted per
-module), once per process, and only when the simulator is on. A GPU never sees this module.
+The simulator runs a block's threads as Python threads. ``FakeCUDAShared.array`` finds a
+block's shared array with an unlocked check-then-set, so two threads can each get a private
+"shared" array; ``swapped_cuda_module`` puts the real ``numba.cuda`` back when the first of
+several threads leaves a device function of another module, and the others then fail. Both
+made correct kernels give wrong numbers or errors now and then on a loaded machine.
+:func:`install` replaces both with locked versions, once, under the simulator only; a GPU
+never sees this module. The story: docs/gpu.md, "Verified here, without a GPU".
 """
 from __future__ import annotations
 
