@@ -92,6 +92,10 @@ class CompileWatch:
         self._stop.set()
         self._thread.join()
         self._count()
+        if self.compiled and not self.tty and not self._announced:
+            # the watcher never looked while kernels compiled (a compiled call that holds the
+            # GIL can starve it): the log still gets its one line
+            self._announce()
         if self.tty and self.show is None and self._width:
             self.stream.write("\r" + " " * self._width + "\r")   # the next output starts clean
             self.stream.flush()
@@ -113,13 +117,16 @@ class CompileWatch:
             if self.tty:
                 self._draw(self.message())
             elif not self._announced:   # a log gets one line, not a frame per kernel
-                on_terminal = getattr(self.stream, "isatty", lambda: False)()
-                self.stream.write(("\r\033[K" if on_terminal else "")
-                                  + f"{self.what}: first run: compiling fastlib's kernels, one "
-                                  f"time (Numba keeps them in {cache_location()}; later runs "
-                                  f"load them)\n")
-                self.stream.flush()
+                self._announce()
             self._announced = True
+
+    def _announce(self):
+        on_terminal = getattr(self.stream, "isatty", lambda: False)()
+        self.stream.write(("\r\033[K" if on_terminal else "")
+                          + f"{self.what}: first run: compiling fastlib's kernels, one time "
+                          f"(Numba keeps them in {cache_location()}; later runs load them)\n")
+        self.stream.flush()
+        self._announced = True
 
     def _draw(self, text):
         if self.show is not None:

@@ -7,10 +7,11 @@ results sent back and put in order). Everything but the seconds must be identica
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+
+from tests.conform_runs import conform_args, results
 
 try:  # part of the test extra: missing means the environment is wrong, never a skip
     import distributed  # noqa: F401
@@ -36,25 +37,6 @@ def client(tmp_path_factory):
         yield c
 
 
-def results(rows):
-    out = []
-    for r in rows:
-        d = asdict(r.result)
-        d.pop("seconds")
-        out.append((r.kind, r.name, r.engine, r.dtype, d))
-    return out
-
-
-def conform_args(**kw):
-    import argparse
-
-    args = dict(profile="dev", engines=["fastlib"], ops=["tanh", "mul", "Adam"],
-                dtypes=["float64"], json=None, seed=3, mutants=False, no_proofs=True,
-                fail_fast=False, first=None, progress=False, cluster=None)
-    args.update(kw)
-    return argparse.Namespace(**args)
-
-
 def test_conform_on_the_cluster_prints_the_serial_rows(client):
     """``verigrad conform``'s engine part, serially and with ``--cluster`` (given the running
     cluster's client, then its scheduler's address as on a real cluster: a new connection):
@@ -64,12 +46,12 @@ def test_conform_on_the_cluster_prints_the_serial_rows(client):
     from reports.commands import conform
 
     serial_out = io.StringIO()
-    serial, _, code_s = conform.run_engines(conform_args(), out=serial_out)
+    serial, _, code_s = conform.run_engines(conform_args(engines=["fastlib"]), out=serial_out)
     address = client.scheduler.address
     assert address.startswith("tcp://")
     for spec in (client, address):
         cluster_out = io.StringIO()
-        done, _, code_c = conform.run_engines(conform_args(cluster=spec), out=cluster_out)
+        done, _, code_c = conform.run_engines(conform_args(engines=["fastlib"], cluster=spec), out=cluster_out)
         # exact, jvp, special, jvp2, hvp per op; the optimizer row
         assert len(done) == len(serial) == 11
         assert results(done) == results(serial)
@@ -187,7 +169,7 @@ def _side_by_side(client):
 def test_conform_rejects_a_bad_cluster_spec(capsys):
     from reports.commands import conform
 
-    assert conform.run(conform_args(cluster="local:zero")) == 2
+    assert conform.run(conform_args(engines=["fastlib"], cluster="local:zero")) == 2
     assert "local:N" in capsys.readouterr().err
 
 

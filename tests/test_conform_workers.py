@@ -7,28 +7,11 @@ the printed table byte for byte.
 """
 from __future__ import annotations
 
-import argparse
 import io
-from dataclasses import asdict
 
 import pytest
 
-
-def results(rows):
-    out = []
-    for r in rows:
-        d = asdict(r.result)
-        d.pop("seconds")
-        out.append((r.kind, r.name, r.engine, r.dtype, d))
-    return out
-
-
-def conform_args(**kw):
-    args = dict(profile="dev", engines=["reflib", "fastlib"], ops=["tanh", "mul", "Adam"],
-                dtypes=["float64"], json=None, seed=3, mutants=False, no_proofs=True,
-                fail_fast=False, first=None, progress=False, cluster=None, workers=1)
-    args.update(kw)
-    return argparse.Namespace(**args)
+from tests.conform_runs import conform_args, results
 
 
 def test_two_workers_print_the_serial_rows():

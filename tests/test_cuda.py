@@ -31,8 +31,6 @@ from tests.sim_runs import (assert_only_known, assert_passed, load_script, once_
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIM_SCRIPT = ROOT / "tests" / "cuda_sim_check.py"
-# one worker takes every test of this module (--dist loadgroup): the simulator runs once
-pytestmark = pytest.mark.xdist_group("cuda_sim_ops")
 SIM_CHECKS = load_script(SIM_SCRIPT).check_names()
 
 

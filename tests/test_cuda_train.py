@@ -25,8 +25,6 @@ from tests.sim_runs import (assert_only_known, assert_passed, load_script, once_
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "cuda_train_sim_check.py"
-# one worker takes every test of this module (--dist loadgroup): the simulator runs once
-pytestmark = pytest.mark.xdist_group("cuda_sim_train")
 CHECKS = load_script(SCRIPT).check_names()
 SLOW_CHECKS = [c for c in load_script(SCRIPT).check_names(slow=True) if c not in CHECKS]
 
