@@ -319,12 +319,44 @@ def first_run_stages(doc):
             + _provenance(doc))
 
 
+def compare_training(doc):
+    """``tools/compare_training.py``: per model, its schedules before / after, the arrays equal
+    bit for bit, and the largest difference of a differing parameter in ulps of its largest
+    entry (the loss history and the attention key bias, whose exact gradient is zero, apart:
+    docs/architecture.md says why)."""
+    models = {}
+    for row in doc["data"]["rows"]:
+        model, optimizer, _ = row["case"].split("/")
+        m = models.setdefault(model, {"cases": 0, "equal": 0, "arrays": 0, "worst": None,
+                                      "schedules": set()})
+        m["cases"] += 1
+        m["equal"] += row["equal_arrays"]
+        m["arrays"] += row["arrays"]
+        m["schedules"].add(f"{row['schedule_there']} / {row['schedule_here']}")
+        for part in filter(None, (p.strip() for p in row["differing_by_ulps"].split(";"))):
+            name, ulps = part.rsplit(" ", 1)
+            if name == "loss_history" or name.endswith(".b_k"):
+                continue
+            if m["worst"] is None or float(ulps) > m["worst"][0]:
+                m["worst"] = (float(ulps), f"`{name.split(':', 1)[-1]}`, {optimizer}")
+    rows = [[f"`{model}`", m["cases"], ", ".join(sorted(m["schedules"])),
+             f"{m['equal']} of {m['arrays']}",
+             "none differs" if m["worst"] is None else f"{_num(m['worst'][0])} ({m['worst'][1]})"]
+            for model, m in models.items()]
+    data = doc["data"]
+    return (_table(["model", "cases", "schedule before / after", "arrays equal",
+                    "largest difference, ulps of the array's largest entry"], rows)
+            + f"\nHere: commit `{data['here'][:7]}`; before: commit `{data['there'][:7]}`.\n"
+            + _provenance(doc))
+
+
 TABLES = {"accuracy-summary": accuracy_summary, "accuracy-bar": accuracy_bar,
           "accuracy-storage": accuracy_storage, "conform-rows": conform_rows,
           "mutants": mutants,
           "bench-ops": bench_ops, "bench-train": bench_train, "bench-precision": bench_precision,
           "peers-summary": peers_summary, "peers-findings": peers_findings,
-          "first-run": first_run, "first-run-stages": first_run_stages}
+          "first-run": first_run, "first-run-stages": first_run_stages,
+          "compare-training": compare_training}
 
 
 def render(path, table, root=ROOT):

@@ -6,14 +6,17 @@ Each case (model x optimizer x piece plan) trains two epochs in a subprocess who
 ran it; the arrays of the two checkouts are compared with ``np.array_equal``, and where they
 differ, by how many units in the last place of the array's largest entry. Usage::
 
-    python tools/compare_training.py --against /work/main [--models lstm,attention]
+    python tools/compare_training.py --against b3f9304 [--models lstm,attention]
         [--optimizers Adam,SGD] [--pieces machine,3] [--json FILE]
 
+``--against`` is a revision of this repository (checked out into a temporary worktree for the
+run, so the recorded command names no scratch path) or the root of another checkout.
 ``--json`` writes the rows in the envelope every docs/results/ file carries.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -163,9 +166,32 @@ def _record(args, argv, rows, seconds, load_before):
     pathlib.Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
+@contextlib.contextmanager
+def _checkout(against):
+    """The root of the tree to compare with: ``against`` itself where it is a folder, else a
+    temporary git worktree of revision ``against`` (removed afterwards)."""
+    path = pathlib.Path(against)
+    if path.is_dir():
+        yield path.resolve()
+        return
+    with tempfile.TemporaryDirectory(prefix="compare-training-") as tmp:
+        tree = pathlib.Path(tmp, "tree")
+        made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
+                               against], capture_output=True, text=True)
+        if made.returncode != 0:
+            sys.exit(f"--against {against}: neither a folder nor a revision of this repository "
+                     f"({made.stderr.strip()})")
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                           capture_output=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--against", required=True, help="the other checkout's root")
+    parser.add_argument("--against", required=True,
+                        help="a revision of this repository, or another checkout's root")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--pieces", default=",".join(PIECES))
@@ -174,13 +200,15 @@ def main(argv=None):
     load_before, t0 = round(os.getloadavg()[0], 2), time.perf_counter()
     print("case | schedule here | schedule there | equal arrays | arrays | first differing | "
           "largest relative difference | differing arrays by ulps of their largest entry")
-    rows = compare(pathlib.Path(args.against).resolve(), args.models.split(","),
-                   args.optimizers.split(","), args.pieces.split(","))
+    with _checkout(args.against) as there:
+        args.against = there
+        rows = compare(there, args.models.split(","), args.optimizers.split(","),
+                       args.pieces.split(","))
+        if args.json:
+            _record(args, argv, rows, time.perf_counter() - t0, load_before)
     equal = sum(r[3] for r in rows)
     total = sum(r[4] for r in rows)
     print(f"{equal} of {total} arrays bit for bit equal over {len(rows)} cases")
-    if args.json:
-        _record(args, argv, rows, time.perf_counter() - t0, load_before)
     return 0 if equal == total else 1
 
 
