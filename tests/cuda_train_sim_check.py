@@ -1155,7 +1155,7 @@ def main(argv=None):
     if "--slow" in argv:
         groups["slow"] = run_slow
     for group, run in groups.items():
-        if only and only not in group:
+        if only and not any(part in group for part in only.split(",")):
             continue
         try:
             run(report)

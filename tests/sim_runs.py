@@ -90,6 +90,37 @@ def once_per_run(name, compute):
     return _DONE[name]
 
 
+def once_per_run_parts(parts):
+    """The union of several :func:`once_per_run` results, ``parts`` = [(name, compute)].
+
+    Under xdist, a worker computes first a part no other worker is computing (a lock it can
+    take at once), so two workers that need the same parts compute different ones side by side
+    instead of one waiting for the other; it waits only for parts already under way.
+    """
+    merged, todo = {}, list(parts)
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    while todo:
+        pick = 0
+        if run_id is not None and fcntl is not None and len(todo) > 1:
+            folder = pathlib.Path(tempfile.gettempdir()) / f"verigrad-tests-{run_id}"
+            folder.mkdir(exist_ok=True)
+            for k, (name, _) in enumerate(todo):
+                with open(folder / f"{name}.lock", "w") as lock:
+                    try:
+                        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        continue      # another worker is computing it
+                pick = k              # free (or done): take this one now
+                break
+        name, compute = todo.pop(pick)
+        merged.update(once_per_run(name, compute))
+    return merged
+
+
 def assert_passed(results, check, script):
     """``check`` was reported by ``script``'s run and passed."""
     assert check in results, f"{check} was not reported by {script.name}"

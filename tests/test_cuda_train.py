@@ -20,13 +20,18 @@ import pathlib
 
 import pytest
 
-from tests.sim_runs import (assert_only_known, assert_passed, load_script, once_per_run,
+from tests.sim_runs import (assert_only_known, assert_passed, load_script, once_per_run_parts,
                              run_python, simulate)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "cuda_train_sim_check.py"
 CHECKS = load_script(SCRIPT).check_names()
 SLOW_CHECKS = [c for c in load_script(SCRIPT).check_names(slow=True) if c not in CHECKS]
+# the check groups in two processes of about the same length (about three minutes each on
+# two loaded cores), so two test workers can run them side by side; every other group goes
+# in the second, so a group added later is never left out
+FIRST_PART = ("recurrent", "graph", "budget")
+SECOND_PART = tuple(g for g in load_script(SCRIPT).GROUPS if g not in FIRST_PART)
 
 
 def _run(args, env_update, drop=()):
@@ -40,7 +45,9 @@ def _simulate(*extra):
 
 @pytest.fixture(scope="module")
 def sim_results():
-    return once_per_run("cuda_train_sim_check", _simulate)
+    return once_per_run_parts(
+        [(f"cuda_train_sim_check-{k}", lambda part=part: _simulate("--only", ",".join(part)))
+         for k, part in enumerate((FIRST_PART, SECOND_PART))])
 
 
 @pytest.mark.parametrize("check", CHECKS)
