@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fastlib.compile_once import compiled_for
 from fastlib.kernels import instructions as ins
 from fastlib.kernels import interpreter as ki
 from fastlib.kernels import skeleton as sk
@@ -83,8 +84,9 @@ def run(ctx, prog, x, y, order):
     part, bufs = _buffers(ctx, prog, bs, plan.cuts)
     state = ki.EpochState(w, slots[0], slots[1], part)
     data = ki.EpochData(features, tokens, classes, values, order)
+    args = (plan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype))
     with single_threaded_blas():
-        stats = ki.epoch(plan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype))
+        stats = compiled_for(ki.epoch, *args)(*args)
     # a sequence output's rows are its positions: the accuracy counts each sample once
     return finish_epoch(ctx, prog, w, slots, stats, n, bs, "general", prog.piece_plan,
                         out_steps)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fastlib.compile_once import compiled_for
 from fastlib.kernels import dense_columns as kc
 from fastlib.kernels import instructions as ins
 from fastlib.kernels.interpreter import EpochData, EpochState
@@ -189,8 +190,9 @@ def run(ctx, plan, x, y, order):
     state = EpochState(w, slots[0], slots[1], np.zeros_like(w))
     # one piece too: a multi-threaded BLAS under one piece could use cores the plan leaves
     # idle, and its hand-offs made the small products slower with more threads
+    args = (cplan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype))
     with single_threaded_blas():
-        out = kc.epoch(cplan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype))
+        out = compiled_for(kc.epoch, *args)(*args)
     return finish_epoch(ctx, plan, w, slots, out, n, bs, "mlp", plan.piece_plan)
 
 

@@ -3,12 +3,15 @@
 Rows are independent (each draws from the run's seed and its own name), so W processes run W
 at once and the table is exactly the serial one, in plan order. A task is every row of one
 subject on one engine (its dtypes and checks): they call the same kernels, so on a first run a
-kernel is compiled by one worker instead of by all. The proofs of ``verigrad conform`` are tasks
-too. Where no process can be started, or a worker dies, what it did not finish runs in this
-process instead: the run is complete either way.
+kernel is compiled by one worker instead of by all; a task that reaches the training epoch while
+another worker compiles it goes back in the queue (``fastlib.compile_once``) and the worker takes
+the next one. The proofs of ``verigrad conform`` are tasks too. Where no process can be
+started, or a worker dies, what it did not finish runs in this process instead: the run is
+complete either way.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import asdict
 
@@ -24,7 +27,7 @@ def row_key(row):
     return (row.engine_ref or row.engine, row.kind, row.name, row.dtype)
 
 
-def run_planned_rows(keys, profile, seed, ops=None, dtype=None, kink_mode=None):
+def run_planned_rows(keys, profile, seed, ops=None, dtype=None, kink_mode=None, defer=False):
     """In a worker: rebuild the rows named ``keys`` from the registry and run them.
 
     Parameters
@@ -35,11 +38,14 @@ def run_planned_rows(keys, profile, seed, ops=None, dtype=None, kink_mode=None):
         As for ``runner.run_rows``.
     ops, dtype, kink_mode :
         The filters the parent planned with (a worker plans the same rows).
+    defer : bool
+        Stop at a row that would wait for another worker compiling the same large kernel.
 
     Returns
     -------
     list of dict
-        Each row's ``RowResult`` as a dict, in the order of ``keys``.
+        Each row's ``RowResult`` as a dict, in the order of ``keys``; with ``defer``, only the
+        rows before the one that stopped (the parent puts the rest back in the queue).
     """
     from reports.conformance import runner
 
@@ -51,10 +57,20 @@ def run_planned_rows(keys, profile, seed, ops=None, dtype=None, kink_mode=None):
     chosen = [_PLANS[plan][key] for key in keys]
     for row in chosen:
         row.result = None
+    from fastlib.compile_once import CompileBusy, deferring
+
+    done = []
     with warnings.catch_warnings():  # one progress bar: no worker's warnings on the terminal
         warnings.simplefilter("ignore")
-        runner.run_rows(chosen, profile, seed)
-    return [asdict(row.result) for row in chosen]
+        for row in chosen:
+            try:
+                with deferring() if defer else contextlib.nullcontext():
+                    runner.run_rows([row], profile, seed)
+            except CompileBusy:      # another worker compiles its kernel: run other tasks
+                row.result = None
+                break
+            done.append(asdict(row.result))
+    return done
 
 
 def _prove(kind, name):
@@ -126,8 +142,11 @@ def run_rows_and_proofs(rows, profile, seed, workers, ops=None, dtype=None, kink
         try:
             futures = {pool.submit(_prove, *p): ("proof", p) for p in proofs}
             for group in _tasks(todo):
+                # NOTE: a first task may stop where another worker is compiling the kernel it
+                # needs (a minute for the training epoch); its rest goes to the back of the
+                # queue, to wait there for the cache, while this worker runs other tasks
                 futures[pool.submit(run_planned_rows, [row_key(r) for r in group], profile,
-                                    seed, ops, dtype, kink_mode)] = ("rows", group)
+                                    seed, ops, dtype, kink_mode, True)] = ("rows", group)
             pending = set(futures)
             while pending and not failed:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -138,7 +157,14 @@ def run_rows_and_proofs(rows, profile, seed, workers, ops=None, dtype=None, kink
                         if on_proof is not None:
                             on_proof(proved[item])
                         continue
-                    for row, result in zip(item, future.result()):
+                    results = future.result()
+                    if len(results) < len(item):    # put back: it waits for the kernel
+                        rest = item[len(results):]
+                        again = pool.submit(run_planned_rows, [row_key(r) for r in rest],
+                                            profile, seed, ops, dtype, kink_mode)
+                        futures[again] = ("rows", rest)
+                        pending.add(again)
+                    for row, result in zip(item, results):
                         row.result = runner.RowResult(**result)
                         if row.result.status in ("FAIL", "error"):
                             row.result.command = runner._command(row, profile, seed)

@@ -1,0 +1,106 @@
+"""Compile a large kernel in one process at a time: the others wait and load it from the cache.
+
+Numba compiles a kernel in each process that calls it before its machine code is on disk. Two
+processes that reach the epoch kernel together (the workers of ``verigrad conform``, the test
+workers, a training run beside a test) both spend the minute it takes. ``compiled_for`` takes a
+lock file named after the kernel, its signature and its cache folder while it compiles or
+loads: the second process waits, then loads what the first one saved, and the freed core runs
+other work. Inside ``deferring()`` it does not wait: it raises ``CompileBusy``, so a conform
+worker can put the task back and run another one meanwhile.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+
+__all__ = ["CompileBusy", "compiled_for", "deferring"]
+
+_DEFER = [False]   # inside deferring(): a busy lock raises instead of waiting
+
+
+class CompileBusy(BaseException):
+    """Another process is compiling this kernel now (raised only inside ``deferring()``).
+
+    A ``BaseException``, like ``KeyboardInterrupt``: a check that reports any ``Exception`` of
+    the code it runs as a failure must let it through to the worker that put the task back.
+    """
+
+
+def _signature(dispatcher, args):
+    from numba.core.typing.typeof import Purpose, typeof
+
+    return tuple(typeof(a, Purpose.argument) for a in args)
+
+
+def _lock_path(dispatcher, sig=()):
+    cache = getattr(dispatcher, "_cache", None)
+    where = str(getattr(cache, "_cache_path", "") or "")
+    key = hashlib.sha1(f"{where}|{sig}".encode()).hexdigest()[:12]
+    name = getattr(dispatcher.py_func, "__qualname__", "kernel")
+    module = getattr(dispatcher.py_func, "__module__", "fastlib")
+    folder = os.path.join(tempfile.gettempdir(), f"verigrad-compile-{os.getuid()}"
+                          if hasattr(os, "getuid") else "verigrad-compile")
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"{module}.{name}-{key}.lock")
+
+
+@contextlib.contextmanager
+def deferring():
+    """Inside: ``compiled_for`` raises ``CompileBusy`` where it would wait for another process."""
+    before, _DEFER[0] = _DEFER[0], True
+    try:
+        yield
+    finally:
+        _DEFER[0] = before
+
+
+@contextlib.contextmanager
+def _exclusive(path, what="kernel"):
+    try:
+        import fcntl
+    except ImportError:      # no advisory locks here (Windows): compile without one
+        yield
+        return
+    with open(path, "a+b") as handle:
+        if _DEFER[0]:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise CompileBusy(f"another process is compiling {what}") from None
+        else:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def compiled_for(dispatcher, *args):
+    """Make sure ``dispatcher`` has machine code for ``args``' types, one process at a time.
+
+    Parameters
+    ----------
+    dispatcher : numba.core.registry.CPUDispatcher
+        A ``cache=True`` kernel.
+    *args
+        The arguments of the coming call (only their types matter).
+
+    Returns
+    -------
+    dispatcher
+        The same kernel, now holding the overload (compiled here, or loaded from the cache a
+        process beside this one wrote while this one waited).
+
+    Raises
+    ------
+    CompileBusy
+        Inside ``deferring()``, when another process holds the kernel's lock.
+    """
+    sig = _signature(dispatcher, args)
+    if sig in dispatcher.overloads:  # this process has it already: no lock, no file
+        return dispatcher
+    with _exclusive(_lock_path(dispatcher, sig), dispatcher.py_func.__qualname__):
+        dispatcher.compile(sig)      # loads from the cache when a process beside us wrote it
+    return dispatcher

@@ -1,0 +1,112 @@
+"""``fastlib.compile_once.compiled_for``: a process that finds another compiling the same kernel
+waits for it and loads the machine code from the cache instead of compiling it again."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+KERNEL = """
+from numba import njit
+
+@njit(cache=True)
+def plus_one(x):
+    return x + 1.0
+"""
+
+# counts the compilations this process makes (a load from the cache is not one)
+COUNTING = """
+import sys
+sys.path[:0] = [{root!r}, {folder!r}]
+from numba.core import event
+compiles = []
+class Count(event.Listener):
+    def on_start(self, ev):
+        pass
+    def on_end(self, ev):
+        compiles.append(ev.data["dispatcher"].py_func.__name__)
+event.register("numba:compile", Count())
+import kernel_module
+from fastlib import compile_once
+"""
+
+HOLDER = COUNTING + """
+sig = compile_once._signature(kernel_module.plus_one, (1.0,))
+with compile_once._exclusive(compile_once._lock_path(kernel_module.plus_one, sig)):
+    print("locked", flush=True)
+    sys.stdin.readline()          # the waiter has started
+    kernel_module.plus_one(1.0)   # compiles and writes the cache while holding the lock
+print("compiled", compiles, flush=True)
+"""
+
+WAITER = COUNTING + """
+print("waiting", flush=True)
+compile_once.compiled_for(kernel_module.plus_one, 1.0)
+assert kernel_module.plus_one(2.0) == 3.0
+print("compiled", compiles, flush=True)
+"""
+
+
+@pytest.fixture()
+def kernel_folder(tmp_path):
+    (tmp_path / "kernel_module.py").write_text(KERNEL)
+    return tmp_path
+
+
+def _start(source, folder, cache):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(source)
+                             .format(root=ROOT, folder=str(folder))], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def test_a_waiting_process_loads_what_the_compiling_one_saved(kernel_folder, tmp_path):
+    cache = tmp_path / "cache"
+    holder = _start(HOLDER, kernel_folder, cache)
+    assert holder.stdout.readline().strip() == "locked"
+    waiter = _start(WAITER, kernel_folder, cache)
+    assert waiter.stdout.readline().strip() == "waiting"
+    holder.stdin.write("go\n")
+    holder.stdin.flush()
+    held, _ = holder.communicate(timeout=300)
+    waited, _ = waiter.communicate(timeout=300)
+    assert holder.returncode == 0 and waiter.returncode == 0
+    assert held.strip() == "compiled ['plus_one']"
+    # the waiter blocked on the lock until the holder had written the cache: no compile
+    assert waited.strip() == "compiled []"
+
+
+def test_without_a_cache_entry_the_kernel_compiles_and_runs(kernel_folder, tmp_path):
+    waiter = _start(WAITER, kernel_folder, tmp_path / "cache")
+    out, _ = waiter.communicate(timeout=300)
+    assert waiter.returncode == 0
+    assert out.strip().splitlines()[-1] == "compiled ['plus_one']"
+
+
+DEFERRING = COUNTING + """
+print("waiting", flush=True)
+try:
+    with compile_once.deferring():
+        compile_once.compiled_for(kernel_module.plus_one, 1.0)
+    print("no exception", compiles, flush=True)
+except compile_once.CompileBusy as exc:
+    print("busy", compiles, isinstance(exc, Exception), flush=True)
+"""
+
+
+def test_deferring_raises_at_once_instead_of_waiting(kernel_folder, tmp_path):
+    cache = tmp_path / "cache"
+    holder = _start(HOLDER, kernel_folder, cache)
+    assert holder.stdout.readline().strip() == "locked"
+    deferred = _start(DEFERRING, kernel_folder, cache)
+    out, _ = deferred.communicate(timeout=300)   # returns while the holder still holds the lock
+    holder.stdin.write("go\n")
+    holder.stdin.flush()
+    holder.communicate(timeout=300)
+    # nothing compiled, and not an Exception: checks that report any Exception let it through
+    assert out.strip().splitlines()[-1] == "busy [] False"
