@@ -17,6 +17,7 @@ from numba.extending import overload
 
 import optable
 from fastlib import config
+from fastlib.compile_once import compiled_for
 from fastlib.kernels import scalar as S
 from fastlib.kernels.switch import compile_switch, switch_source
 
@@ -183,6 +184,9 @@ def vjp_split(op, x, g, out, slope, nchunks):
         _vjp_switch(op, x[lo:hi], g[lo:hi], out[lo:hi], slope)
 
 
+#: the launches whose kernel signature this process holds (direction, split, dtype, writeable)
+_READY = set()
+
 #: direction -> (serial kernel, parallel kernel or None)
 KERNELS = {"forward": (forward_chunk, forward_split), "vjp": (vjp_chunk, vjp_split),
            "hvp": (hvp_chunk, None)}
@@ -208,9 +212,16 @@ def _launch(name, what, direction, x, *arrays, negative_slope=0.01):
     nchunks = config.num_chunks(flat[0].size)
     slope = x.dtype.type(negative_slope)
     if nchunks == 1 or split is None:  # no parallel region: no thread hand-off
-        serial(code, *flat, slope)
+        kernel, args = serial, (code, *flat, slope)
     else:
-        split(code, *flat, slope, nchunks)
+        kernel, args = split, (code, *flat, slope, nchunks)
+    # NOTE: a family kernel carries every op's branch (seconds to compile): the first call of
+    # each signature goes through compiled_for, so two processes compile it once between them
+    key = (direction, kernel is split, x.dtype.char, tuple(a.flags.writeable for a in flat))
+    if key not in _READY:
+        compiled_for(kernel, *args)
+        _READY.add(key)
+    kernel(*args)
     return out
 
 
