@@ -294,9 +294,10 @@ def first_run(doc):
         rows.append([run["cache"], _num(run["seconds"], 4), verdict,
                      _num(run.get("cpu_seconds"), 4), f"{run['checks']} ({statuses})",
                      run["proofs"], run["kernels_compiled"], _num(run["compile_seconds"], 3),
-                     run["workers"], load])
+                     _num(run.get("compiled_again_seconds"), 3), run["workers"], load])
     return (_table(["Numba cache", "seconds", "target", "processor s", "checks", "proofs",
-                    "kernels compiled", "compiling s (wall, all processes)", "workers",
+                    "kernels compiled", "compiling s (wall, all processes)",
+                    "of it, compiled again in another process", "workers",
                     "load before / after"], rows)
             + _provenance(doc))
 

@@ -33,7 +33,7 @@ import atexit, json, os, time
 from collections import defaultdict
 _out = os.environ.get("VERIGRAD_FIRST_RUN_PROBE")
 if _out:
-    _stats, _stack = defaultdict(lambda: [0, 0.0]), []
+    _stats, _stack, _kernels = defaultdict(lambda: [0, 0.0]), [], []
     def _listen():
         from numba.core import event
         class _Compiles(event.Listener):
@@ -44,13 +44,18 @@ if _out:
                 took = time.perf_counter() - start
                 if _stack:
                     _stack[-1][1] += took
-                entry = _stats[getattr(ev.data["dispatcher"].py_func, "__module__", "?")]
+                func = ev.data["dispatcher"].py_func
+                entry = _stats[getattr(func, "__module__", "?")]
                 entry[0] += 1
                 entry[1] += took - inner
+                _kernels.append([f"{getattr(func, '__module__', '?')}."
+                                 f"{getattr(func, '__qualname__', '?')}{ev.data.get('args')}",
+                                 took - inner])
         event.register("numba:compile", _Compiles())
     def _dump():
         with open(f"{_out}.{os.getpid()}.json", "w") as fh:
-            json.dump({m: {"kernels": n, "seconds": s} for m, (n, s) in _stats.items()}, fh)
+            out = {m: {"kernels": n, "seconds": s} for m, (n, s) in _stats.items()}
+            json.dump(dict(out, __kernels__=_kernels), fh)
     _listen()   # every process of a conform run imports Numba anyway
     atexit.register(_dump)
 '''
@@ -85,10 +90,14 @@ def run_once(args, cache_dir, scratch, label):
         raise SystemExit(f"verigrad conform {' '.join(args)} exited {proc.returncode}:\n"
                          f"{proc.stderr[-3000:]}")
     doc = json.loads(rows_file.read_text())
-    modules, processes = {}, 0
+    modules, processes, by_kernel = {}, 0, {}
     for part in scratch.glob(f"{prefix.name}.*.json"):
         processes += 1
-        for module, entry in json.loads(part.read_text()).items():
+        found = json.loads(part.read_text())
+        for kernel, took in found.pop("__kernels__", []):
+            by_kernel.setdefault(kernel, {})[part.name] = by_kernel.get(kernel, {}).get(
+                part.name, 0.0) + took
+        for module, entry in found.items():
             total = modules.setdefault(module, {"kernels": 0, "seconds": 0.0})
             total["kernels"] += entry["kernels"]
             total["seconds"] += entry["seconds"]
@@ -108,6 +117,9 @@ def run_once(args, cache_dir, scratch, label):
             "row_seconds": by_kind,
             "kernels_compiled": doc.get("kernels_compiled", 0),
             "compile_seconds": round(sum(m["seconds"] for m in modules.values()), 2),
+            # a kernel and signature compiled in more than one process: all but the longest
+            "compiled_again_seconds": round(sum(sum(t.values()) - max(t.values())
+                                                for t in by_kernel.values() if len(t) > 1), 2),
             "compiles": {m: {"kernels": e["kernels"], "seconds": round(e["seconds"], 2)}
                          for m, e in sorted(modules.items(), key=lambda kv: -kv[1]["seconds"])},
             "notice": notice, "summary": proc.stdout.strip().splitlines()[-1:]}
