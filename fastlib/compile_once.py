@@ -42,7 +42,6 @@ def _lock_path(dispatcher, sig=()):
     module = getattr(dispatcher.py_func, "__module__", "fastlib")
     folder = os.path.join(tempfile.gettempdir(), f"verigrad-compile-{os.getuid()}"
                           if hasattr(os, "getuid") else "verigrad-compile")
-    os.makedirs(folder, exist_ok=True)
     return os.path.join(folder, f"{module}.{name}-{key}.lock")
 
 
@@ -63,7 +62,13 @@ def _exclusive(path, what="kernel"):
     except ImportError:      # no advisory locks here (Windows): compile without one
         yield
         return
-    with open(path, "a+b") as handle:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        handle = open(path, "a+b")
+    except OSError:          # no writable temporary folder: compile without a lock
+        yield
+        return
+    with handle:
         if _DEFER[0]:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

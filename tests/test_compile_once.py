@@ -110,3 +110,21 @@ def test_deferring_raises_at_once_instead_of_waiting(kernel_folder, tmp_path):
     holder.communicate(timeout=300)
     # nothing compiled, and not an Exception: checks that report any Exception let it through
     assert out.strip().splitlines()[-1] == "busy [] False"
+
+
+def test_without_a_writable_temporary_folder_it_compiles_without_a_lock(tmp_path, monkeypatch):
+    from numba import njit
+
+    from fastlib import compile_once
+
+    blocker = tmp_path / "a file"
+    blocker.write_text("not a folder")
+    # the lock folder would be made under a regular file: every attempt fails with an OSError
+    monkeypatch.setattr(compile_once.tempfile, "gettempdir", lambda: str(blocker))
+
+    @njit
+    def twice(x):
+        return 2.0 * x
+
+    assert compile_once.compiled_for(twice, 1.5) is twice
+    assert len(twice.overloads) == 1 and twice(1.5) == 3.0
