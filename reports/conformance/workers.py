@@ -3,9 +3,9 @@
 Rows are independent (each draws from the run's seed and its own name), so W processes run W
 at once and the table is exactly the serial one, in plan order. A task is every row of one
 subject on one engine (its dtypes and checks): they call the same kernels, so on a first run a
-kernel is compiled by one worker instead of by all; a task that reaches the training epoch while
-another worker compiles it goes back in the queue (``fastlib.compile_once``) and the worker takes
-the next one. The proofs of ``verigrad conform`` are tasks too. Where no process can be
+kernel is compiled by one worker instead of by all; a task that reaches a large kernel (a
+training epoch, an elementwise family) while another worker compiles it goes back in the queue
+(``fastlib.compile_once``) and the worker takes the next one. The proofs of ``verigrad conform`` are tasks too. Where no process can be
 started, or a worker dies, what it did not finish runs in this process instead: the run is
 complete either way.
 """
@@ -143,8 +143,9 @@ def run_rows_and_proofs(rows, profile, seed, workers, ops=None, dtype=None, kink
             futures = {pool.submit(_prove, *p): ("proof", p) for p in proofs}
             for group in _tasks(todo):
                 # NOTE: a first task may stop where another worker is compiling the kernel it
-                # needs (a minute for the training epoch); its rest goes to the back of the
-                # queue, to wait there for the cache, while this worker runs other tasks
+                # needs (a minute for a training epoch, seconds for an elementwise family); its
+                # rest goes to the back of the queue, to wait there for the cache, while this
+                # worker runs other tasks
                 futures[pool.submit(run_planned_rows, [row_key(r) for r in group], profile,
                                     seed, ops, dtype, kink_mode, True)] = ("rows", group)
             pending = set(futures)
