@@ -34,7 +34,7 @@ def _signature(dispatcher, args):
     return tuple(typeof(a, Purpose.argument) for a in args)
 
 
-def _lock_path(dispatcher, sig=()):
+def _lock_path(dispatcher, sig):
     cache = getattr(dispatcher, "_cache", None)
     where = str(getattr(cache, "_cache_path", "") or "")
     key = hashlib.sha1(f"{where}|{sig}".encode()).hexdigest()[:12]

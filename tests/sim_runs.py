@@ -54,6 +54,21 @@ def simulate(script, *extra, timeout=900):
 _DONE = {}   # this process's finished runs, by name
 
 
+def _shared_folder():
+    """``(folder, fcntl)``: the folder every xdist worker of this pytest run shares, and the
+    lock module; None outside xdist or without POSIX locks (each worker computes its own)."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    if run_id is None:
+        return None
+    folder = pathlib.Path(tempfile.gettempdir()) / f"verigrad-tests-{run_id}"
+    folder.mkdir(exist_ok=True)
+    return folder, fcntl
+
+
 def once_per_run(name, compute):
     """``compute()`` (a JSON-able dict), run once per pytest run, however many xdist workers.
 
@@ -66,16 +81,11 @@ def once_per_run(name, compute):
     """
     if name in _DONE:
         return _DONE[name]
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    try:
-        import fcntl
-    except ImportError:   # no POSIX locks: each worker computes its own
-        fcntl = None
-    if run_id is None or fcntl is None:
+    shared = _shared_folder()
+    if shared is None:
         _DONE[name] = compute()
         return _DONE[name]
-    folder = pathlib.Path(tempfile.gettempdir()) / f"verigrad-tests-{run_id}"
-    folder.mkdir(exist_ok=True)
+    folder, fcntl = shared
     path = folder / f"{name}.json"
     with open(folder / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file closes
@@ -97,17 +107,11 @@ def once_per_run_parts(parts):
     take at once), so two workers that need the same parts compute different ones side by side
     instead of one waiting for the other; it waits only for parts already under way.
     """
-    merged, todo = {}, list(parts)
-    try:
-        import fcntl
-    except ImportError:
-        fcntl = None
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    merged, todo, shared = {}, list(parts), _shared_folder()
     while todo:
         pick = 0
-        if run_id is not None and fcntl is not None and len(todo) > 1:
-            folder = pathlib.Path(tempfile.gettempdir()) / f"verigrad-tests-{run_id}"
-            folder.mkdir(exist_ok=True)
+        if shared is not None and len(todo) > 1:
+            folder, fcntl = shared
             for k, (name, _) in enumerate(todo):
                 with open(folder / f"{name}.lock", "w") as lock:
                     try:

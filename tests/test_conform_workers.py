@@ -75,3 +75,41 @@ def test_workers_default_to_one_per_usable_core(given, expected):
     want = usable_cores() if expected == "per core" else expected
     assert conform._workers(conform_args(workers=given)) == want
     assert conform._workers(conform_args(workers=given, cluster="local:2")) == 1
+
+
+def test_a_task_put_back_runs_its_rest_in_the_pool_and_gives_the_serial_rows(monkeypatch):
+    """A worker task that stops at a kernel another worker is compiling returns the rows it
+    ran; the parent puts the rest back in the pool (not deferring again) and nothing is left
+    for the parent's own fallback. Stand-ins: one pool thread, and a task that stops after its
+    first row whenever it may defer."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reports.conformance import runner, workers
+
+    def plan():
+        return runner.plan_rows(["reflib"], ops=["tanh", "exp"], dtype="float64")[0]
+
+    serial = runner.run_rows(plan(), runner.PROFILES["dev"], 0)
+    real_task, real_run, calls, in_parent = workers.run_planned_rows, runner.run_rows, [], []
+
+    def stops_after_one(keys, profile, seed, ops=None, dtype=None, kink_mode=None, defer=False):
+        calls.append((len(keys), defer))
+        return real_task(keys[:1] if defer else keys, profile, seed, ops, dtype, kink_mode)
+
+    def watched(rows, *args, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            in_parent.extend(rows)
+        return real_run(rows, *args, **kwargs)
+
+    monkeypatch.setattr(workers, "run_planned_rows", stops_after_one)
+    monkeypatch.setattr(workers, "_pool", lambda n: ThreadPoolExecutor(1))
+    monkeypatch.setattr(runner, "run_rows", watched)
+    done, _ = workers.run_rows_and_proofs(plan(), runner.PROFILES["dev"], 0, 2,
+                                          ops=["tanh", "exp"], dtype="float64")
+    assert results(done) == results(serial)
+    assert in_parent == []
+    first = [n for n, defer in calls if defer]
+    # each task with more than one row came back once, with exactly its rest, not deferring
+    assert sorted(n - 1 for n in first if n > 1) == sorted(n for n, defer in calls if not defer)
+    assert any(n > 1 for n in first)

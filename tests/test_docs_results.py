@@ -141,3 +141,17 @@ def test_the_first_run_tables_say_whether_each_run_met_its_target():
     assert stages[3] == "| compiling `fastlib.kernels.dense` | 3 | 20 | - |"
     assert stages[4] == "| proving the spec (SymPy) | 2 | 4 | 4 |"
     assert stages[5:7] == ["| checks: `train` | - | 90 | 20 |", "| checks: `exact` | - | 50 | 10 |"]
+
+
+def test_the_first_run_counts_what_a_second_process_compiled_again():
+    import importlib.util
+
+    path = ROOT / "tools" / "first_run.py"
+    spec = importlib.util.spec_from_file_location("first_run", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    # by hand: a kernel compiled once costs nothing again; twice, the shorter time; three
+    # times, the two shorter ones
+    by_kernel = {"a(float64,)": {"p1": 3.0, "p2": 2.0}, "b(float32,)": {"p1": 5.0},
+                 "c(int64,)": {"p1": 1.0, "p2": 4.0, "p3": 1.5}}
+    assert tool.compiled_again(by_kernel) == 2.0 + 0.0 + 2.5

@@ -65,6 +65,15 @@ def _load():
     return round(os.getloadavg()[0], 2)
 
 
+def compiled_again(by_kernel):
+    """Seconds of compiling a process did although another compiled the same kernel and
+    signature: per kernel, every process's time but the longest one's.
+
+    ``by_kernel`` maps a kernel and signature to ``{process: seconds}``.
+    """
+    return sum(sum(times.values()) - max(times.values()) for times in by_kernel.values())
+
+
 def run_once(args, cache_dir, scratch, label):
     """One ``verigrad conform`` with ``args`` over ``cache_dir``: its figures (a dict)."""
     probe_dir = scratch / "probe"
@@ -95,8 +104,8 @@ def run_once(args, cache_dir, scratch, label):
         processes += 1
         found = json.loads(part.read_text())
         for kernel, took in found.pop("__kernels__", []):
-            by_kernel.setdefault(kernel, {})[part.name] = by_kernel.get(kernel, {}).get(
-                part.name, 0.0) + took
+            per_process = by_kernel.setdefault(kernel, {})
+            per_process[part.name] = per_process.get(part.name, 0.0) + took
         for module, entry in found.items():
             total = modules.setdefault(module, {"kernels": 0, "seconds": 0.0})
             total["kernels"] += entry["kernels"]
@@ -117,9 +126,7 @@ def run_once(args, cache_dir, scratch, label):
             "row_seconds": by_kind,
             "kernels_compiled": doc.get("kernels_compiled", 0),
             "compile_seconds": round(sum(m["seconds"] for m in modules.values()), 2),
-            # a kernel and signature compiled in more than one process: all but the longest
-            "compiled_again_seconds": round(sum(sum(t.values()) - max(t.values())
-                                                for t in by_kernel.values() if len(t) > 1), 2),
+            "compiled_again_seconds": round(compiled_again(by_kernel), 2),
             "compiles": {m: {"kernels": e["kernels"], "seconds": round(e["seconds"], 2)}
                          for m, e in sorted(modules.items(), key=lambda kv: -kv[1]["seconds"])},
             "notice": notice, "summary": proc.stdout.strip().splitlines()[-1:]}
