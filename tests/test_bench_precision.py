@@ -37,9 +37,8 @@ def test_a_small_run_reports_every_format_and_counts_its_bytes(tmp_path, monkeyp
                  "1", "--no-progress", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     rows = {r["case"]: r for r in report["results"]}
-    assert list(rows) == ["float32", "float32 per-batch", "bfloat16", "float16"]
-    assert rows["float32"]["path"] == "program"
-    assert {rows[c]["path"] for c in ("float32 per-batch", "bfloat16", "float16")} == {"generic"}
+    assert list(rows) == ["float32", "bfloat16", "float16"]
+    assert {r["path"] for r in rows.values()} == {"program"}
     params = 64 * 8 + 8 + 8 * 10 + 10                  # the 64-8-10 MLP
     acts = 32 * (8 + 10)                                 # both layers' outputs, 32 rows
     assert rows["float32"]["parameter_bytes"] == 4 * params
@@ -53,4 +52,4 @@ def test_a_small_run_reports_every_format_and_counts_its_bytes(tmp_path, monkeyp
                       (6 * params + 2 * acts) / (4 * params + 4 * acts))
     table = bench_precision({"data": report, "command": "verigrad bench train --dtypes",
                              "date": "now", "machine": {}})
-    assert "| float16 | generic |" in table
+    assert "| float16 | program |" in table

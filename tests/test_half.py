@@ -143,6 +143,40 @@ def test_narrowing_every_float32_pattern_matches_ml_dtypes(name):
         assert np.array_equal(half.narrow_bits(bits, name), _ml_narrow(bits, FORMATS[name]))
 
 
+def _ml_round(bits32, dtype):
+    """float32 bits of float32 bits rounded to ``dtype`` and widened back (ml_dtypes)."""
+    return _ml_widen(_ml_narrow(bits32, dtype), dtype)
+
+
+def _rounded_both_ways(bits, name):
+    """``round_float32``'s bits and the compiled kernels' in-place rounding's, of ``bits``."""
+    x = bits.view(np.float32)
+    kernel = x.copy()
+    half.round_in_place(half.CODES[name], kernel)
+    return half.round_float32(x, name).view(np.uint32), kernel.view(np.uint32)
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_rounding_in_float32_at_every_rounding_boundary_is_narrow_then_widen(name):
+    # the training kernels' round trip is its own vectorized code: held to ml_dtypes here
+    bits = boundary_patterns(name)
+    want = _ml_round(bits, FORMATS[name])
+    for got in _rounded_both_ways(bits, name):
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, [(hex(bits[i]), hex(got[i]), hex(want[i])) for i in bad[:5]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_rounding_every_float32_pattern_is_narrow_then_widen(name):
+    block = 1 << 26
+    for start in range(0, 1 << 32, block):
+        bits = np.arange(start, start + block, dtype=np.uint64).astype(np.uint32)
+        want = _ml_round(bits, FORMATS[name])
+        for got in _rounded_both_ways(bits, name):
+            assert np.array_equal(got, want)
+
+
 def test_round_trip_and_special_values_by_hand():
     # hand-derived: bfloat16 1 + 2**-8 is a tie between 1 and 1 + 2**-7: even is 1; 1 + 3 * 2**-8
     # is a tie between 1 + 2**-7 and 1 + 2**-6: even is 1 + 2**-6

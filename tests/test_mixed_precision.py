@@ -2,7 +2,9 @@
 
 Expected values come from ml_dtypes (rounding), torch.amp.GradScaler (the scale's dynamics) and
 a float64 NumPy backward of the model (which steps overflow float16); whole runs are held to
-exact trajectories by the conformance suite's 16-bit train rows.
+exact trajectories by the conformance suite's 16-bit train rows. The compiled MLP epoch is held
+bit for bit to the per-batch mixed path (whose rounding points the first test watches), on
+both kinds of its layers and through the loss scale's skips.
 """
 import warnings
 
@@ -50,7 +52,8 @@ def test_weights_and_activations_are_the_masters_rounded_to_nearest_even(fmt):
     before = {k: v.copy() for k, v in model.parameters().items()}
     for layer in layers:
         layer.forward = spy(layer, layer.forward)
-    _run(model, x, y, epochs=1, batch_size=12, dtype=fmt)
+    _run(model, x, y, epochs=1, batch_size=12, dtype=fmt, fused=False)   # layer by layer
+    assert len(seen) >= 2
     dt = np.dtype(getattr(ml_dtypes, fmt) if fmt == "bfloat16" else np.float16)
     for i, (layer, inp, params) in enumerate(seen[:2]):
         for name, value in params.items():
@@ -108,7 +111,8 @@ def _scaled_peak(model, x, y):
     return max(float(np.max(np.abs(a))) for a in parts)
 
 
-def test_float16_overflow_skips_steps_and_halves_the_scale():
+@pytest.mark.parametrize("fused", [True, False])
+def test_float16_overflow_skips_steps_and_halves_the_scale(fused):
     model, (x, y) = _mlp(), _data()
     start = {k: v.copy() for k, v in model.parameters().items()}
     peak = _scaled_peak(model, x, y)
@@ -122,31 +126,70 @@ def test_float16_overflow_skips_steps_and_halves_the_scale():
     with warnings.catch_warnings():
         warnings.simplefilter("error")          # the scale's skips warn of nothing
         r = _run(model, x, y, epochs=skips, batch_size=12, dtype="float16",
-                 loss_scale={"init_scale": init})
+                 loss_scale={"init_scale": init}, fused=fused)
+    assert r.path == ("program" if fused else "generic")
     assert r.loss_scale_skips == skips and r.skipped_steps == skips
     assert r.loss_scale == init * 0.5 ** skips
     for k, v in model.parameters().items():     # every step skipped: the masters untouched
         assert np.array_equal(v, start[k]), k
     r = _run(model, x, y, epochs=1, batch_size=12, dtype="float16",
-             loss_scale={"init_scale": init * 0.5 ** skips})
+             loss_scale={"init_scale": init * 0.5 ** skips}, fused=fused)
     assert r.loss_scale_skips == 0
     assert not np.array_equal(model.parameters()["1.weight"], start["1.weight"])
 
 
-def test_loss_scale_grows_after_its_interval():
+@pytest.mark.parametrize("fused", [True, False])
+def test_loss_scale_grows_after_its_interval(fused):
     model, (x, y) = _mlp(), _data()
     r = _run(model, x, y, epochs=3, batch_size=4, dtype="float16",
-             loss_scale=LossScale(init_scale=64.0, growth_interval=4))
+             loss_scale=LossScale(init_scale=64.0, growth_interval=4), fused=fused)
     assert r.loss_scale_skips == 0
     assert r.loss_scale == 64.0 * 2 ** (9 // 4)        # 9 clean steps: grown twice
-    r = _run(_mlp(), x, y, epochs=3, dtype="bfloat16")
-    assert r.loss_scale is None and r.precision == "bfloat16" and r.path == "generic"
+    r = _run(_mlp(), x, y, epochs=3, dtype="bfloat16", fused=fused)
+    assert r.loss_scale is None and r.precision == "bfloat16"
+    assert (r.path, r.schedule) == (("program", "mlp") if fused else ("generic", None))
 
 
-def test_resumed_run_continues_the_scale_bit_for_bit(tmp_path):
+def _deep_mlp(seed=0):
+    """Three Dense layers: the column epoch's two kinds of layer and a lone last column one."""
+    return fastlib.layers.Sequential([fastlib.layers.Dense(4, 6, "relu"),
+                                      fastlib.layers.Dense(6, 5, "sigmoid"),
+                                      fastlib.layers.Dense(5, 3)], dtype=np.float32, seed=seed)
+
+
+@pytest.mark.parametrize("fmt, loss_scale", [("bfloat16", None), ("float16", None),
+                                             ("float16", {"init_scale": 2.0 ** 30}),
+                                             ("bfloat16", 8.0)])
+@pytest.mark.parametrize("make", [_mlp, _deep_mlp], ids=["two layers", "three layers"])
+def test_the_compiled_mlp_epoch_is_the_per_batch_mixed_path_bit_for_bit(fmt, loss_scale, make):
+    # the per-batch path rounds layer by layer (the first test watches it); the compiled
+    # epoch must round at the same points, unscale, skip and grow the scale the same way.
+    # 2**30 makes the first steps overflow float16 (skipped, the scale halved each time)
+    x, y = _data(14, seed=4)
+    runs = []
+    for fused in (True, False):
+        model = make()
+        r = _run(model, x, y, epochs=3, batch_size=4, dtype=fmt, loss_scale=loss_scale,
+                 fused=fused, gradient_clip=0.5, clip_mode="norm", lr=0.3)
+        runs.append((model.parameters(), r))
+    (pa, ra), (pb, rb) = runs
+    assert (ra.path, rb.path) == ("program", "generic")
+    # the reported loss is summed in float64 by the kernel, in float32 per batch: float32's
+    # roundoff over a batch of 4 (the gradients, which carry the run, are compared exactly)
+    assert ra.loss_history == pytest.approx(rb.loss_history, rel=4 * 2.0 ** -24)
+    assert (ra.skipped_steps, ra.loss_scale, ra.loss_scale_skips) == \
+        (rb.skipped_steps, rb.loss_scale, rb.loss_scale_skips)
+    if loss_scale == {"init_scale": 2.0 ** 30}:
+        assert ra.loss_scale_skips > 0
+    for k in pa:
+        assert np.array_equal(pa[k].view(np.uint32), pb[k].view(np.uint32)), k
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_resumed_run_continues_the_scale_bit_for_bit(tmp_path, fused):
     x, y = _data(16)
     kw = dict(batch_size=4, dtype="float16", optimizer="Adam", lr=1e-2,
-              loss_scale={"init_scale": 2.0 ** 20, "growth_interval": 3})
+              loss_scale={"init_scale": 2.0 ** 20, "growth_interval": 3}, fused=fused)
     whole = _mlp()
     full = _run(whole, x, y, epochs=4, **kw)
     ck = str(tmp_path / "run.ckpt")
@@ -200,12 +243,19 @@ def test_dtype_naming_the_models_own_is_the_plain_run():
 
 @pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
 def test_rounding_in_float32_storage_is_ml_dtypes_rounding(fmt):
-    from fastlib.kernels.half import round_float32
+    from fastlib.kernels.half import CODES, round_float32, round_in_place
 
     rng = np.random.default_rng(11)
-    bits = rng.integers(0, 2 ** 32, size=200_000, dtype=np.uint64).astype(np.uint32)
-    x = bits.view(np.float32)        # every kind of float32: NaNs, infs, subnormals, ties
+    random = rng.integers(0, 2 ** 32, size=200_000, dtype=np.uint64)
+    # every value of the format, and near each: the midpoint to the next one (a tie) and the
+    # float32 neighbours of both, for both signs (subnormals, the overflow edge, NaNs)
     dt = np.dtype(getattr(ml_dtypes, fmt) if fmt == "bfloat16" else np.float16)
+    values = np.arange(2 ** 16, dtype=np.uint16).view(dt).astype(np.float32)
+    step = 1 << (16 if fmt == "bfloat16" else 13)
+    near = values.view(np.uint32).astype(np.uint64)
+    near = np.concatenate([near + d for d in (0, 1, step // 2 - 1, step // 2, step // 2 + 1)])
+    bits = np.concatenate([random, near % 2 ** 32]).astype(np.uint32)
+    x = bits.view(np.float32)        # every kind of float32: NaNs, infs, subnormals, ties
     with np.errstate(all="ignore"):
         expect = x.astype(dt).astype(np.float32)
     got = round_float32(x, fmt)
@@ -214,6 +264,11 @@ def test_rounding_in_float32_storage_is_ml_dtypes_rounding(fmt):
     inplace = x.copy()
     assert round_float32(inplace, fmt, out=inplace) is inplace
     assert np.array_equal(inplace.view(np.uint32), got.view(np.uint32))
+    # the compiled kernels' in-place rounding (of a slice, as they call it) is the same
+    kernel = x.copy()
+    round_in_place(CODES[fmt], kernel[3:])
+    assert np.array_equal(kernel[3:].view(np.uint32), got[3:].view(np.uint32))
+    assert np.array_equal(kernel[:3].view(np.uint32), x[:3].view(np.uint32))
 
 
 def test_verigrad_train_takes_a_16bit_dtype(capsys):

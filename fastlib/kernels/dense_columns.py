@@ -5,8 +5,11 @@
 Each piece runs Dense's epilogues (:mod:`fastlib.kernels.dense`); the loss is the compiled
 epochs' one (:mod:`fastlib.kernels.batch_loss`) and the step ends in the epoch skeleton
 (:mod:`fastlib.kernels.skeleton`), each piece's update applied to its own block at the start
-of the next step's first region. Why this epoch is kept beside the interpreter:
-docs/architecture.md, "Why the MLP schedule survives".
+of the next step's first region. In mixed precision (:data:`Precision`) the forward and
+backward read the masters rounded to the 16-bit format, every layer's output and input
+cotangent is rounded to it, and the gradient is rounded, unscaled and guarded by the loss
+scale, as the per-batch mixed path (``fastlib.training.mixed_precision``) does. Why this epoch
+is kept beside the interpreter: docs/architecture.md, "Why the MLP schedule survives".
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 import optable
+from fastlib.kernels import half
 from fastlib.kernels import optim as kopt
 from fastlib.kernels import skeleton as sk
 from fastlib.kernels.batch_loss import batch_mean, loss_terms
@@ -40,6 +44,15 @@ ColumnPlan = collections.namedtuple(
 #: float64 bias sums ``acc64`` (pieces + 1, widest layer); the sums of squares ``sumsq``.
 ColumnBuffers = collections.namedtuple(
     "ColumnBuffers", "a_in post pre gout part logits dz acc64 sumsq")
+#: The run's precision: the 16-bit format's ``code`` (``half.CODES``; -1: the model's own
+#: dtype, nothing rounded), the weights ``w16`` that the forward and backward read (the
+#: masters ``EpochState.w`` rounded to the format; ``w`` itself when ``code`` is -1), and the
+#: loss scale: its running state, one-entry arrays updated in place (the ``scale`` as float64,
+#: the ``clean`` steps in a row and the ``skips`` as int64), whether the run has one
+#: (``scaled``), its ``growth`` and ``backoff`` factors, its growth ``interval`` and whether it
+#: is ``dynamic`` (``fastlib.training.loss_scale``).
+Precision = collections.namedtuple(
+    "Precision", "code w16 scale clean skips scaled growth backoff interval dynamic")
 
 
 @njit(cache=True, error_model="numpy")
@@ -67,9 +80,10 @@ def _pair_input(plan, layer, nb, a_in, post):
 
 
 @njit(cache=True, error_model="numpy")
-def _forward_piece(plan, layer, p, nb, w, a_in, bufs):
+def _forward_piece(plan, layer, p, nb, w, a_in, bufs, fmt):
     """Piece ``p`` of the pair starting at COL layer ``layer``: its columns' pre-activation and
-    output (Dense's epilogue), then, with a ROW layer above, its partial product ``z_p``."""
+    output (Dense's epilogue; rounded to the format ``fmt`` unless it is -1), then, with a ROW
+    layer above, its partial product ``z_p``."""
     n_layers = plan.codes.shape[0]
     din = plan.dims[layer]
     c0 = plan.cols[layer, p]
@@ -89,6 +103,7 @@ def _forward_piece(plan, layer, p, nb, w, a_in, bufs):
             z = pre_p[i, j] + bias[j]
             pre_p[i, j] = z
             post_p[i, j] = fast_activate(z, code, plan.slope) if code != _LINEAR else z
+    half.round_in_place(fmt, bufs.post[op:op + nb * width])   # the layer's output, stored
     if layer + 1 < n_layers:
         d2 = plan.dims[layer + 2]
         ow2 = plan.w_off[layer + 1, p]
@@ -98,11 +113,13 @@ def _forward_piece(plan, layer, p, nb, w, a_in, bufs):
 
 
 @njit(cache=True, error_model="numpy")
-def _backward_piece(plan, layer, p, nb, w, g, a_in, bufs):
+def _backward_piece(plan, layer, p, nb, w, g, a_in, bufs, fmt):
     """Piece ``p`` of the pair starting at COL layer ``layer``, backward: with a ROW layer
     above (whose full cotangent is ready), its rows' weight gradient and this piece's
     cotangent ``dz @ W1[p, :]^T``, else the loss gradient's columns; then Dense's backward of
-    the COL piece and, above the first layer, its partial input cotangent ``gout @ W0_p^T``."""
+    the COL piece and, above the first layer, its partial input cotangent ``gout @ W0_p^T``.
+    In a 16-bit format ``fmt`` the piece's cotangent is rounded (the ROW layer's input
+    cotangent; the loss gradient was rounded when scaled)."""
     n_layers = plan.codes.shape[0]
     din = plan.dims[layer]
     c0 = plan.cols[layer, p]
@@ -120,6 +137,7 @@ def _backward_piece(plan, layer, p, nb, w, g, a_in, bufs):
         weight_gradient(bufs.post[op:op + nb * width].reshape((nb, width)), g2,
                         g[ow2:ow2 + width * d2].reshape((width, d2)))
         np.dot(g2, w[ow2:ow2 + width * d2].reshape((width, d2)).T, gp)
+        half.round_in_place(fmt, bufs.gout[op:op + nb * width])
     else:
         dz = bufs.dz[:nb * plan.dims[n_layers]].reshape((nb, plan.dims[n_layers]))
         for i in range(nb):
@@ -164,8 +182,9 @@ def _sum_pieces(dst, part, base, bs, cuts, n_pieces):
 
 
 @njit(cache=True, error_model="numpy")
-def _join_forward(plan, layer, nb, n_pieces, w, bufs):
-    """ROW layer ``layer``: ``pre = sum of the pieces' z_p + b``, ``post = f(pre)``."""
+def _join_forward(plan, layer, nb, n_pieces, w, bufs, fmt):
+    """ROW layer ``layer``: ``pre = sum of the pieces' z_p + b``, ``post = f(pre)`` (rounded to
+    the format ``fmt`` unless it is -1)."""
     dout = plan.dims[layer + 1]
     o = plan.act_off[layer]
     pre_f = bufs.pre[o:o + nb * dout].reshape((nb, dout))
@@ -181,12 +200,14 @@ def _join_forward(plan, layer, nb, n_pieces, w, bufs):
                 z = pre_f[i, j] + bias[j - c0]
                 pre_f[i, j] = z
                 post_f[i, j] = fast_activate(z, code, plan.slope) if code != _LINEAR else z
+    half.round_in_place(fmt, bufs.post[o:o + nb * dout])
 
 
 @njit(cache=True, error_model="numpy")
-def _join_backward(plan, layer, nb, n_pieces, g, bufs):
+def _join_backward(plan, layer, nb, n_pieces, g, bufs, fmt):
     """ROW layer ``layer``: its full cotangent (the loss gradient, or the sum of the next COL
-    layer's partials), times ``f'(pre)``, and its bias gradient into the pieces' blocks."""
+    layer's partials, rounded to the format ``fmt`` unless it is -1), times ``f'(pre)``, and
+    its bias gradient into the pieces' blocks."""
     n_layers = plan.codes.shape[0]
     dout = plan.dims[layer + 1]
     o = plan.act_off[layer]
@@ -199,6 +220,7 @@ def _join_backward(plan, layer, nb, n_pieces, g, bufs):
     else:
         _sum_pieces(gf, bufs.part, plan.part_off[layer + 1], plan.batch_size,
                     plan.cols[layer + 1], n_pieces)
+        half.round_in_place(fmt, bufs.gout[o:o + nb * dout])
     acc64 = bufs.acc64[n_pieces]
     backward_epilogue(gf, bufs.pre[o:o + nb * dout].reshape((nb, dout)), gf, gf, acc64,
                       plan.codes[layer], plan.slope)
@@ -212,25 +234,37 @@ def _join_backward(plan, layer, nb, n_pieces, g, bufs):
 # parallel regions: one per pair and direction
 
 @njit(cache=True, error_model="numpy")
-def _piece_work(plan, layer, forward, update, p, nb, a_in, state, bufs, upd, c, total):
+def _piece_work(plan, layer, forward, update, p, nb, a_in, state, bufs, upd, c, total, prec,
+                unscale):
     """Piece ``p`` of the pair at ``layer``: forward (after the previous step's pending update
     of its block with coefficient row ``c``, when ``update``; ``layer = -1``: the update
-    alone), or backward (at the first pair, its block's float64 sum of squares too)."""
+    alone), or backward (at the first pair, its block's float64 sum of squares too). In a
+    16-bit format (``prec``) the block's finished gradient is rounded to it and multiplied by
+    ``unscale`` (the loss scale's float32 reciprocal) before its sum of squares, and its
+    updated masters are rounded into ``prec.w16``, which the forward and backward read."""
+    lo, hi = plan.blk[p], plan.blk[p + 1]
     if not forward:
-        _backward_piece(plan, layer, p, nb, state.w, state.g, a_in, bufs)
+        _backward_piece(plan, layer, p, nb, prec.w16, state.g, a_in, bufs, prec.code)
         if layer == 0:
-            bufs.sumsq[p] = kopt._sum_squares(state.g[plan.blk[p]:plan.blk[p + 1]])
+            if prec.code >= 0:
+                gp = state.g[lo:hi]
+                half.round_in_place(prec.code, gp)
+                if prec.scaled:
+                    for i in range(gp.shape[0]):
+                        gp[i] = gp[i] * unscale
+            bufs.sumsq[p] = kopt._sum_squares(state.g[lo:hi])
         return
     if update:
-        sk.update_block(plan.blk[p], plan.blk[p + 1], upd.kind, state.w, state.g, state.a,
-                        state.b, c, upd.clip_mode, upd.clip, total)
+        sk.update_block(lo, hi, upd.kind, state.w, state.g, state.a, state.b, c, upd.clip_mode,
+                        upd.clip, total)
+        half.round_into(prec.code, state.w[lo:hi], prec.w16[lo:hi])
     if layer >= 0:
-        _forward_piece(plan, layer, p, nb, state.w, a_in, bufs)
+        _forward_piece(plan, layer, p, nb, prec.w16, a_in, bufs, prec.code)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, state, bufs, upd, c,
-                 total, gather):
+                 total, gather, prec, unscale):
     """Every piece of the pair at ``layer`` (:func:`_piece_work`), ``threads`` at a time;
     backward at the first pair, each thread also gathers its share of the next batch's rows
     (``gather``: ``(x, order, next_start, next_nb, a_next)``; ``a_next`` is the other buffer,
@@ -240,7 +274,8 @@ def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, stat
     if threads == 1:
         old = kopt.enter_ftz()
         for p in range(n_pieces):
-            _piece_work(plan, layer, forward, update, p, nb, a_in, state, bufs, upd, c, total)
+            _piece_work(plan, layer, forward, update, p, nb, a_in, state, bufs, upd, c, total, prec,
+                        unscale)
         if next_batch:
             _gather(x, order, next_start, 0, next_nb, a_next)
         kopt.leave_ftz(old)
@@ -252,6 +287,7 @@ def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, stat
     w, a, b, g = state
     buf_a_in, post, pre, gout, part, logits, dz, acc64, sumsq = bufs
     kind, coeffs, clip_mode, clip = upd
+    fmt, w16, scale, clean, skips, scaled, growth, backoff, interval, dynamic = prec
     for t in prange(threads):
         old = kopt.enter_ftz()  # per worker thread: the control word is thread-local
         mplan = ColumnPlan(dims, codes, cols, w_off, b_off, blk, act_off, part_off, slope,
@@ -259,9 +295,11 @@ def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, stat
         mstate = EpochState(w, a, b, g)
         mbufs = ColumnBuffers(buf_a_in, post, pre, gout, part, logits, dz, acc64, sumsq)
         mupd = EpochUpdate(kind, coeffs, clip_mode, clip)
+        mprec = Precision(fmt, w16, scale, clean, skips, scaled, growth, backoff, interval,
+                          dynamic)
         for p in range(t, n_pieces, threads):
             _piece_work(mplan, layer, forward, update, p, nb, a_in, mstate, mbufs, mupd, c,
-                        total)
+                        total, mprec, unscale)
         if next_batch:
             _gather(x, order, next_start, (t * next_nb) // threads,
                     ((t + 1) * next_nb) // threads, a_next)
@@ -272,7 +310,27 @@ def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, stat
 # the epoch
 
 @njit(cache=True, error_model="numpy")
-def epoch(plan, data, state, bufs, update):
+def _scale_after_step(prec, found_inf):
+    """The loss scale after a step (``fastlib.training.loss_scale.LossScale.update``): on
+    inf/NaN count a skip, restart the clean run and back off; else grow after ``interval``
+    clean steps in a row (a grown scale that is not finite is not taken)."""
+    if found_inf:
+        prec.skips[0] += 1
+        prec.clean[0] = 0
+        if prec.dynamic:
+            prec.scale[0] = prec.scale[0] * prec.backoff
+        return
+    clean = prec.clean[0] + 1
+    if prec.dynamic and clean == prec.interval:
+        grown = prec.scale[0] * prec.growth
+        if math.isfinite(grown):
+            prec.scale[0] = grown
+        clean = 0
+    prec.clean[0] = clean
+
+
+@njit(cache=True, error_model="numpy")
+def epoch(plan, data, state, bufs, update, prec):
     """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
 
     ``data`` is an ``interpreter.EpochData`` (``features`` (N, d), the targets, ``order``),
@@ -280,8 +338,9 @@ def epoch(plan, data, state, bufs, update):
     by its piece), ``update`` an ``interpreter.EpochUpdate``. Per step: gather the batch; per
     pair, one forward region and the serial join of the ROW layer's pieces; the loss (serial);
     per pair from the top, the serial join of the ROW layer's cotangent and one backward
-    region; the guard. The update is applied at the start of the next step's first forward
-    region (or after the loop). NaN/Inf rules: a non-finite loss returns at once (the caller
+    region; the guard (and a loss scale's update, :func:`_scale_after_step`). The update is
+    applied at the start of the next step's first forward region (or after the loop); ``prec``
+    is the run's :data:`Precision`. NaN/Inf rules: a non-finite loss returns at once (the caller
     restores weights); a non-finite gradient skips the update (``skipped``), as the generic
     path does.
     """
@@ -316,15 +375,18 @@ def epoch(plan, data, state, bufs, update):
         step_in = bufs.a_in[(batch % 2) * in_size:(batch % 2 + 1) * in_size]
         next_in = bufs.a_in[(1 - batch % 2) * in_size:(2 - batch % 2) * in_size]
         next_nb = max(0, min(bs, n_samples - start - bs))
+        # the gradient's unscale factor: the reciprocal in float64, rounded once to the dtype
+        # (as torch.amp.GradScaler.unscale_ takes it)
+        unscale = state.g.dtype.type(1.0 / prec.scale[0])
         for layer in range(0, n_layers, 2):
             # the pending update of the previous step uses its coefficient row, updates - 1
             kopt.leave_ftz(old_fp)
             _pair_region(threads, layer, True, pending and layer == 0, nb, n_pieces, step_in,
                          plan, state, bufs, update, update.coeffs[max(updates - 1, 0):][:1], total,
-                         no_gather)
+                         no_gather, prec, unscale)
             kopt.enter_ftz()
             if layer + 1 < n_layers:
-                _join_forward(plan, layer + 1, nb, n_pieces, state.w, bufs)
+                _join_forward(plan, layer + 1, nb, n_pieces, prec.w16, bufs, prec.code)
         pending = False
         ol = plan.act_off[last]
         if last % 2 == 1:  # a ROW layer's output is already whole
@@ -347,17 +409,26 @@ def epoch(plan, data, state, bufs, update):
             return loss_sum, correct_sum, skipped, updates, batch, loss
         loss_sum += loss * nb
         correct_sum += correct
+        if prec.code >= 0:  # the loss cotangent, scaled, in the format
+            if prec.scaled:
+                factor = dz.dtype.type(prec.scale[0])
+                for i in range(nb):
+                    for j in range(c_out):
+                        dz[i, j] = dz[i, j] * factor
+            half.round_in_place(prec.code, bufs.dz[:nb * c_out])
         for layer in range(last - last % 2, -1, -2):
             if layer + 1 < n_layers:
-                _join_backward(plan, layer + 1, nb, n_pieces, state.g, bufs)
+                _join_backward(plan, layer + 1, nb, n_pieces, state.g, bufs, prec.code)
             kopt.leave_ftz(old_fp)
             _pair_region(threads, layer, False, False, nb, n_pieces, step_in, plan, state, bufs,
                          update, update.coeffs[0:1], total,
-                         (x, order, start + bs, next_nb, next_in))
+                         (x, order, start + bs, next_nb, next_in), prec, unscale)
             kopt.enter_ftz()
         # -- the skeleton's guard: the pieces' sums are added in piece order (each piece owns
         # one block of the parameters); the update is applied at the next forward region
         total, apply = sk.guard(bufs.sumsq, state.g)
+        if prec.scaled:
+            _scale_after_step(prec, not apply)
         batch += 1
         if not apply:
             skipped += 1
@@ -367,5 +438,6 @@ def epoch(plan, data, state, bufs, update):
     kopt.leave_ftz(old_fp)
     if pending:
         _pair_region(threads, -1, True, True, 0, n_pieces, bufs.a_in, plan, state, bufs, update,
-                     update.coeffs[updates - 1:updates], total, no_gather)
+                     update.coeffs[updates - 1:updates], total, no_gather, prec,
+                     state.g.dtype.type(1.0))
     return loss_sum, correct_sum, skipped, updates, -1, 0.0

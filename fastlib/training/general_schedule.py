@@ -33,7 +33,11 @@ _RECURRENT = frozenset((ins.RNN, ins.LSTM))
 
 
 def plan_from_program(ctx, program, x):
-    """The program sized for this run's pieces, with its piece plan; it takes every program."""
+    """The program sized for this run's pieces, with its piece plan; it takes every program
+    of a run in the model's own dtype (a mixed-precision run's rows are not rounded here: the
+    per-batch mixed path trains the models the MLP schedule does not take)."""
+    if ctx.scratch.get("mixed_precision") is not None:
+        return None
     bs = min(ctx.config.batch_size, x.shape[0])
     steps = program.steps
     recurrent = bool(program.kinds() & _RECURRENT)

@@ -6,7 +6,9 @@ forward with every layer's output rounded to it, computes the loss in float32, a
 backward on the (scaled) loss cotangent with every layer's input cotangent and every parameter
 gradient rounded to the format; the gradients are unscaled in float32, checked, clipped and
 applied to the masters. Layers compute in float32 between those points, as fastlib's ops do in
-16 bits. The run goes batch by batch (``TrainingResult.path`` is ``"generic"``).
+16 bits. A Dense MLP's epochs run compiled, in the MLP schedule's column epoch, which rounds
+at the same points (``TrainingResult.path`` ``"program"``); other models go batch by batch
+(``"generic"``), as does ``fused=False``.
 docs/training.md, section "Mixed precision".
 """
 from __future__ import annotations
@@ -228,7 +230,10 @@ def attach(ctx, algo, mp: MixedPrecision, device, data_parallel):
         if mp.scale is not None:     # a fresh run's first scale (a resumed one has its own)
             mp.scale.start(ctx.state)
         before = int(ctx.state.get("loss_scale_skips", 0))
-        stats = run_batches(ctx, inner, x, y, order)
+        # the compiled epoch when a schedule takes the model in mixed precision (the MLP one)
+        stats = algo.run_epoch(ctx, x, y, order) if algo.run_epoch is not None else None
+        if stats is None:
+            stats = run_batches(ctx, inner, x, y, order)
         stats.scaler_skips = int(ctx.state.get("loss_scale_skips", 0)) - before
         return stats
 

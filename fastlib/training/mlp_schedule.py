@@ -4,7 +4,9 @@ pieces of columns and rows.
 
 The plan is read from the program's rows (:mod:`fastlib.training.program`): widths from their
 ``x`` and ``y`` slots, activation codes from ``activation``, parameter names from the rows'
-blocks. Why it is kept beside the general schedule: docs/architecture.md, "Training".
+blocks. It also runs a mixed-precision run's epochs (``fastlib.training.mixed_precision``):
+16-bit weights, outputs and cotangents over float32 masters, with the run's loss scale. Why
+it is kept beside the general schedule: docs/architecture.md, "Training".
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import numpy as np
 
 from fastlib.compile_once import compiled_for
 from fastlib.kernels import dense_columns as kc
+from fastlib.kernels import half
 from fastlib.kernels import instructions as ins
 from fastlib.kernels.interpreter import EpochData, EpochState
 from fastlib.layers.activations import LEAKY_SLOPE
@@ -188,12 +191,43 @@ def run(ctx, plan, x, y, order):
     data = EpochData(np.ascontiguousarray(x), np.zeros((0, 0), np.int64), classes, values,
                      order)
     state = EpochState(w, slots[0], slots[1], np.zeros_like(w))
+    prec = _precision(ctx, w)
     # one piece too: a multi-threaded BLAS under one piece could use cores the plan leaves
     # idle, and its hand-offs made the small products slower with more threads
-    args = (cplan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype))
+    args = (cplan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype), prec)
     with single_threaded_blas():
         out = compiled_for(kc.epoch, *args)(*args)
+    _keep_scale(ctx, prec)
     return finish_epoch(ctx, plan, w, slots, out, n, bs, "mlp", plan.piece_plan)
+
+
+def _precision(ctx, w):
+    """The epoch's ``dense_columns.Precision``: the model's own dtype, or the run's mixed
+    precision (``ctx.scratch["mixed_precision"]``): the masters ``w`` rounded to its format,
+    and its loss scale's running state taken from the run's algorithm state."""
+    mp = ctx.scratch.get("mixed_precision")
+    one, none = np.ones(1), np.zeros(1, np.int64)
+    if mp is None:
+        return kc.Precision(-1, w, one, none, none.copy(), False, 1.0, 1.0, 1, False)
+    code, w16 = half.CODES[mp.fmt], half.round_float32(w, mp.fmt)
+    scale = mp.scale
+    if scale is None:
+        return kc.Precision(code, w16, one, none, none.copy(), False, 1.0, 1.0, 1, False)
+    st = ctx.state
+    return kc.Precision(code, w16, np.array([float(st["loss_scale"])]),
+                        np.array([int(st["loss_scale_clean_steps"])], np.int64),
+                        np.array([int(st["loss_scale_skips"])], np.int64), True,
+                        float(scale.growth_factor), float(scale.backoff_factor),
+                        int(scale.growth_interval), bool(scale.dynamic))
+
+
+def _keep_scale(ctx, prec):
+    """The loss scale's running state after the epoch, back into the run's algorithm state
+    (a checkpoint holds it there)."""
+    if prec.scaled:
+        ctx.state.update(loss_scale=float(prec.scale[0]),
+                         loss_scale_clean_steps=int(prec.clean[0]),
+                         loss_scale_skips=int(prec.skips[0]))
 
 
 register_schedule("mlp", plan_from_program, run)

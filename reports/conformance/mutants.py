@@ -387,6 +387,16 @@ MUTANTS = (
            "    if found_inf:\n        ctx.opt_state = ctx.optimizer.update(ctx.params, grads, "
            "ctx.opt_state, lr=ctx.lr)\n        return BatchResult(loss, correct, True)\n",
            ("loss scale", "mixed MLP")),
+    # -- the same two in the compiled MLP epoch (fastlib/kernels/dense_columns.py) -------------
+    Mutant("compiled-loss-scale-not-undone", "the compiled MLP epoch in mixed precision leaves "
+           "the loss scale on the gradient (rounded, never multiplied by the reciprocal)",
+           "kernels/dense_columns.py", "gp[i] = gp[i] * unscale", "gp[i] = gp[i]",
+           ("loss scale", "mixed MLP")),
+    Mutant("compiled-skipped-step-not-skipped", "the compiled MLP epoch counts a step with an "
+           "inf/NaN gradient as skipped (and the loss scale backs off) but still applies it",
+           "kernels/dense_columns.py",
+           "        if not apply:\n            skipped += 1\n            continue\n",
+           "        if not apply:\n            skipped += 1\n", ("loss scale", "mixed MLP")),
 )
 
 

@@ -620,9 +620,10 @@ def _row_peak(config, seed, x, y, loss):
 
 @st.composite
 def mixed_cases(draw, fmt):
-    """A Dense MLP trained in mixed ``fmt`` for two epochs (the per-batch path). float16 runs
-    under a dynamic loss scale 8 to 16 times below the overflow of every batch's backward at
-    the start (so no step sits near it; ``loss_scale_cases`` crosses it on purpose)."""
+    """A Dense MLP trained in mixed ``fmt`` for two epochs, on the per-batch path or in the
+    compiled MLP epoch (whole, or cut into pieces). float16 runs under a dynamic loss scale 8
+    to 16 times below the overflow of every batch's backward at the start (so no step sits
+    near it; ``loss_scale_cases`` crosses it on purpose)."""
     from reports.conformance.mixed_training import MIXED_ACTIVATIONS, MIXED_LOSSES
 
     seed = draw(st.integers(0, 2**31 - 1))
@@ -638,15 +639,18 @@ def mixed_cases(draw, fmt):
         peak = _row_peak(config, seed, x.astype(np.float32), y, loss)
         threshold = optable.formats.FORMATS["float16"].overflow
         scale = {"init_scale": 2.0 ** int(np.floor(np.log2(threshold / (8.0 * peak))))}
-    return EpochCase(config, x, y, loss, seed, "float32", path="generic",
-                     label=f"MLP mixed {fmt}", mixed=fmt, loss_scale=scale, **_options(draw, n))
+    path = draw(st.sampled_from(["generic", "fused", "pieces"]))
+    return EpochCase(config, x, y, loss, seed, "float32", path=path,
+                     label=f"MLP mixed {fmt} {path}", mixed=fmt, loss_scale=scale,
+                     **_options(draw, n))
 
 
 def loss_scale_cases():
     """float16 runs whose loss scale starts 2**3.5 times above the overflow of the backward:
     four skipped steps (the scale halved each time), then a growth every two clean steps that
     overflows again, so skips, backoffs and growths alternate, each step a factor sqrt(2)
-    clear of the threshold; one batch per epoch, so a skipped step repeats the same batch."""
+    clear of the threshold; one batch per epoch, so a skipped step repeats the same batch.
+    Each runs on the per-batch path and in the compiled MLP epoch."""
     import fastlib
     from reports.conformance.mixed_training import scaled_peak
 
@@ -663,8 +667,9 @@ def loss_scale_cases():
         x16 = x.astype(np.float32).astype(np.float16).astype(np.float64)
         peak = scaled_peak(config, params, x16, y, "cross_entropy")
         scale = {"init_scale": float(threshold / peak * 2.0 ** 3.5), "growth_interval": 2}
-        cases.append(EpochCase(config, x, y, "cross_entropy", 7, "float32", optimizer, lr,
-                               batch_size=6, epochs=10, shuffle=False, path="generic",
-                               label=f"loss scale float16 {optimizer}", mixed="float16",
-                               loss_scale=scale))
+        for path in ("generic", "fused"):
+            cases.append(EpochCase(config, x, y, "cross_entropy", 7, "float32", optimizer, lr,
+                                   batch_size=6, epochs=10, shuffle=False, path=path,
+                                   label=f"loss scale float16 {optimizer} {path}",
+                                   mixed="float16", loss_scale=scale))
     return cases

@@ -61,24 +61,49 @@ def test_the_reproduction_carries_the_precision():
     assert "mixed='float16'" in text and "'growth_interval': 2" in text
 
 
-@pytest.mark.parametrize("key", ["loss-scale-not-undone", "skipped-step-not-skipped"])
-def test_the_mixed_precision_mutants_fail_the_loss_scale_row(key, tmp_path, monkeypatch):
-    """Each mutant's source edit, applied to a copy of the module, fails the SGD case."""
+def _planted(module, mutant, tmp_path, monkeypatch):
+    """A copy of ``module`` with the mutant's source edit, imported under its own name."""
     import importlib
 
-    from reports.conformance.mutants import all_mutants
-
-    import fastlib.training.mixed_precision as module
-
-    mutant = next(m for m in all_mutants() if m.key == key)
     source = open(module.__file__).read()
     assert source.count(mutant.old) == 1
-    mutated = tmp_path / "mixed_precision_mutant.py"
+    name = module.__name__.rsplit(".", 1)[-1] + "_mutant"
+    mutated = tmp_path / f"{name}.py"
     mutated.write_text(source.replace(mutant.old, mutant.new))
-    spec = importlib.util.spec_from_file_location("mixed_precision_mutant", mutated)
+    spec = importlib.util.spec_from_file_location(name, mutated)
     planted = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, planted)    # its dataclasses look it up
     spec.loader.exec_module(planted)
+    return planted
+
+
+def _mutant(key):
+    from reports.conformance.mutants import all_mutants
+
+    return next(m for m in all_mutants() if m.key == key)
+
+
+@pytest.mark.parametrize("key", ["loss-scale-not-undone", "skipped-step-not-skipped"])
+def test_the_mixed_precision_mutants_fail_the_loss_scale_row(key, tmp_path, monkeypatch):
+    """Each mutant's source edit, applied to a copy of the module, fails the SGD case."""
+    import fastlib.training.mixed_precision as module
+
+    planted = _planted(module, _mutant(key), tmp_path, monkeypatch)
     monkeypatch.setattr(module, "_train_one_batch", planted._train_one_batch)
-    result = tr.check_epochs(LOSS_SCALE_CASES[0])
-    assert not result.ok
+    case = next(c for c in LOSS_SCALE_CASES if c.path == "generic")
+    assert not tr.check_epochs(case).ok
+
+
+@pytest.mark.slow       # compiles the mutated column epoch (about a minute each)
+@pytest.mark.parametrize("key", ["compiled-loss-scale-not-undone",
+                                 "compiled-skipped-step-not-skipped"])
+def test_the_compiled_mixed_mutants_fail_the_loss_scale_row(key, tmp_path, monkeypatch):
+    """The compiled MLP epoch's mutants, planted in a copy of its kernel module, fail the
+    compiled SGD case."""
+    import fastlib.kernels.dense_columns as module
+    import fastlib.training.mlp_schedule as schedule
+
+    planted = _planted(module, _mutant(key), tmp_path, monkeypatch)
+    monkeypatch.setattr(schedule, "kc", planted)
+    case = next(c for c in LOSS_SCALE_CASES if c.path == "fused")
+    assert not tr.check_epochs(case).ok
