@@ -23,6 +23,11 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
+# The exact oracle's values stay in each test process (not in the user's cache folder), so
+# that no test's outcome depends on what an earlier run left there; tests of that cache set
+# their own folder. Subprocesses the tests start inherit it.
+os.environ.setdefault("VERIGRAD_CONFORM_CACHE", "off")
+
 # ../shared/data/mnist from the project root: tests that need it skip cleanly when it is absent.
 MNIST_DIR = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
 

@@ -1,7 +1,8 @@
 """Measure the first `verigrad conform` (an empty Numba cache) and the next one, and record both.
 
-Both runs use one fresh ``NUMBA_CACHE_DIR``: the first compiles every kernel it calls, the
-second loads them. Every process of a run (the command and its workers) counts its Numba
+Both runs use one fresh ``NUMBA_CACHE_DIR`` and one fresh folder of exact values
+(``VERIGRAD_CONFORM_CACHE``): the first compiles every kernel it calls and computes every exact
+value, the second loads them, as a user's first and second runs do. Every process of a run (the command and its workers) counts its Numba
 compilations by the kernel's module (a Numba event listener, installed from a temporary
 ``sitecustomize``), so the record says where the first run's time went. The file carries the
 envelope of every docs/results/ file (command, date, machine, versions, load, seconds, data)
@@ -75,13 +76,15 @@ def compiled_again(by_kernel):
 
 
 def run_once(args, cache_dir, scratch, label):
-    """One ``verigrad conform`` with ``args`` over ``cache_dir``: its figures (a dict)."""
+    """One ``verigrad conform`` with ``args`` over ``cache_dir`` (its Numba cache and, beside
+    it, its exact values): its figures (a dict)."""
     probe_dir = scratch / "probe"
     probe_dir.mkdir(exist_ok=True)
     (probe_dir / "sitecustomize.py").write_text(PROBE)
     rows_file = scratch / f"{label}.json"
     prefix = scratch / f"{label}-compiles"
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir), VERIGRAD_FIRST_RUN_PROBE=str(prefix),
+               VERIGRAD_CONFORM_CACHE=str(cache_dir.parent / "exact-values"),
                PYTHONPATH=os.pathsep.join([str(probe_dir), str(ROOT)]
                                           + ([os.environ["PYTHONPATH"]]
                                              if os.environ.get("PYTHONPATH") else [])))

@@ -41,9 +41,11 @@ VARIABLES = (
     Variable("VERIGRAD_FIRST_RUN_PROBE", "PATH", "none (no recording)",
              "set by `python tools/first_run.py` for the runs it measures: each process writes "
              "its Numba compile time by kernel module to PATH.PID.json", "performance.md"),
-    Variable("VERIGRAD_CONFORM_CACHE", "DIR", "none (an in-process cache only)",
-             "keep the exact oracle's values on disk, shared by processes (the mutant runs "
-             "set it); clear it when spec changes", "reports-accuracy.md"),
+    Variable("VERIGRAD_CONFORM_CACHE", "DIR or off", "`$XDG_CACHE_HOME/verigrad/exact` "
+             "(`~/.cache/verigrad/exact`)",
+             "the exact oracle's values, kept between runs and shared by processes, in a "
+             "folder per version of the referee's code (an edit to spec, reflib or the checks "
+             "starts a fresh one); off: this process only", "reports-accuracy.md"),
     Variable("VERIGRAD_JAX_CACHE", "DIR or off", "`$XDG_CACHE_HOME/verigrad/jax` "
              "(`~/.cache/verigrad/jax`)",
              "JAX's compiled executables, kept between runs of the jax engine (up to "

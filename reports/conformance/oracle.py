@@ -7,9 +7,10 @@ double-double pairs (``hi + lo``, both float64), which carry about 32 digits: en
 a float64 engine's error to a fraction of an ulp without holding mpf arrays.
 
 Evaluations are cached by content (op, params, input and cotangent bytes): the runner draws the
-same examples for every engine (one seed), so each exact value is computed once per run. With
-``VERIGRAD_CONFORM_CACHE=DIR`` the cache also lives on disk, shared by processes (the mutant
-run starts one process per mutant and draws the same examples in each).
+same examples for every engine (one seed), so each exact value is computed once per run. The
+cache also lives on disk (:func:`cache_dir`), shared by processes and kept between runs, in a
+folder named by a hash of the referee's code and the versions of the libraries it computes
+with (:func:`referee_version`): an edit to spec, reflib or the checks starts a fresh one.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import hashlib
 import math
 import os
 import pickle
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +26,10 @@ import numpy as np
 DPS = 50
 _MEMORY: dict = {}
 CACHE_ENV = "VERIGRAD_CONFORM_CACHE"
+# the code whose edit may change an exact value: its hash names the cache's folder
+_REFEREE_CODE = ("spec", "reflib", "optable", "reports/conformance", "reports/accuracy.py")
+_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+_VERSION: list = []
 
 
 @dataclass(frozen=True)
@@ -65,9 +71,51 @@ def _key(kind, name, arrays, params):
     return h.hexdigest()
 
 
+def referee_version() -> str:
+    """A hash of the referee's code (spec, reflib, optable, the conformance checks and the
+    accuracy report's sources) and of the mpmath, SymPy, NumPy and Python versions: what an
+    exact value may depend on besides its inputs (computed once per process)."""
+    if not _VERSION:
+        import platform
+
+        import mpmath
+        import sympy
+
+        h = hashlib.sha1(f"{DPS}|{mpmath.__version__}|{sympy.__version__}|{np.__version__}|"
+                         f"{platform.python_version()}".encode())
+        for part in _REFEREE_CODE:
+            path = _ROOT / part
+            for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+                h.update(str(f.relative_to(_ROOT)).encode())
+                h.update(f.read_bytes())
+        _VERSION.append(h.hexdigest()[:16])
+    return _VERSION[0]
+
+
+def cache_dir():
+    """The folder of exact values kept between runs, or None (``VERIGRAD_CONFORM_CACHE``).
+
+    ``VERIGRAD_CONFORM_CACHE=DIR`` chooses the parent folder and ``=off`` keeps the values in
+    this process only; the default is ``verigrad/exact`` in the user's cache folder
+    (``fastlib.datasets.user_cache_dir``). Inside it, one folder per :func:`referee_version`.
+    """
+    import pathlib
+
+    chosen = os.environ.get(CACHE_ENV, "").strip()
+    if chosen.lower() in ("off", "0", "none", "no"):
+        return None
+    if chosen:
+        base = pathlib.Path(chosen).expanduser()
+    else:
+        from fastlib.datasets import user_cache_dir
+
+        base = user_cache_dir() / "exact"
+    return base / referee_version()
+
+
 def _disk_path(key):
-    root = os.environ.get(CACHE_ENV)
-    return None if not root else os.path.join(root, key[:2], key + ".pkl")
+    root = cache_dir()
+    return None if root is None else os.path.join(root, key[:2], key + ".pkz")
 
 
 def _cached(key, compute):
@@ -77,19 +125,25 @@ def _cached(key, compute):
     if path and os.path.exists(path):
         try:
             with open(path, "rb") as f:
-                value = pickle.load(f)
+                value = pickle.loads(zlib.decompress(f.read()))
             _MEMORY[key] = value
             return value
-        except (OSError, pickle.UnpicklingError, EOFError):
-            pass  # a torn write by another process: recompute
+        except Exception:  # noqa: BLE001 - unreadable for any reason: recompute, rewrite
+            pass
     value = compute()
     _MEMORY[key] = value
     if path:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(value, f)
-        os.replace(tmp, path)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            # NOTE: compressed: a long elementwise case repeats a few values (the special
+            # values' 32,805 entries hold 64 distinct pairs), 74 MB of them became 2 MB
+            with open(tmp, "wb") as f:
+                f.write(zlib.compress(pickle.dumps(value, pickle.HIGHEST_PROTOCOL), 1))
+            os.replace(tmp, path)
+        except OSError:    # a read-only or full cache folder: the value is still returned
+            if os.path.exists(tmp):
+                os.remove(tmp)
     return value
 
 
