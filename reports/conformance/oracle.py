@@ -6,11 +6,9 @@ input is exactly a float64, so the only error measured is the engine's). Results
 double-double pairs (``hi + lo``, both float64), which carry about 32 digits: enough to measure
 a float64 engine's error to a fraction of an ulp without holding mpf arrays.
 
-Evaluations are cached by content (op, params, input and cotangent bytes): the runner draws the
-same examples for every engine (one seed), so each exact value is computed once per run. The
-cache also lives on disk (:func:`cache_dir`), shared by processes and kept between runs, in a
-folder named by a hash of the referee's code and the versions of the libraries it computes
-with (:func:`referee_version`): an edit to spec, reflib or the checks starts a fresh one.
+Evaluations are cached by content (op, params, input and cotangent bytes), in the process and
+on disk (:func:`cache_dir`, shared by processes and kept between runs) in a folder named by a
+hash of the referee's code and its libraries' versions (:func:`referee_version`).
 """
 from __future__ import annotations
 
