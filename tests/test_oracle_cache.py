@@ -86,3 +86,20 @@ def test_an_edit_to_the_referee_starts_a_fresh_folder(monkeypatch, tmp_path):
     (tmp_path / "spec" / "module.py").write_text("y = 3\n")    # a formula edited
     monkeypatch.setattr(oracle, "_VERSION", [])
     assert oracle.referee_version() != before
+
+
+def test_other_versions_unused_for_a_week_are_removed(monkeypatch, tmp_path):
+    import time
+
+    monkeypatch.setenv(oracle.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(oracle, "_PRUNED", set())
+    old, recent, other = tmp_path / "0123456789abcdef", tmp_path / "fedcba9876543210", \
+        tmp_path / "not-a-version"
+    for folder in (old, recent, other):
+        (folder / "ab").mkdir(parents=True)
+    week_ago = time.time() - (oracle.STALE_DAYS + 1) * 86400
+    for path in (old / "ab", old, other / "ab", other):
+        os.utime(path, (week_ago, week_ago))
+    current = oracle.cache_dir()
+    assert current == tmp_path / oracle.referee_version()
+    assert not old.exists() and recent.exists() and other.exists()

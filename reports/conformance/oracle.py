@@ -95,7 +95,9 @@ def cache_dir():
 
     ``VERIGRAD_CONFORM_CACHE=DIR`` chooses the parent folder and ``=off`` keeps the values in
     this process only; the default is ``verigrad/exact`` in the user's cache folder
-    (``fastlib.datasets.user_cache_dir``). Inside it, one folder per :func:`referee_version`.
+    (``fastlib.datasets.user_cache_dir``). Inside it, one folder per :func:`referee_version`;
+    the first call of a process removes the folders of other versions unused for
+    :data:`STALE_DAYS` days.
     """
     import pathlib
 
@@ -108,7 +110,37 @@ def cache_dir():
         from fastlib.datasets import user_cache_dir
 
         base = user_cache_dir() / "exact"
+    if base not in _PRUNED:
+        _PRUNED.add(base)
+        _prune(base, referee_version())
     return base / referee_version()
+
+
+#: days after which another version's folder of exact values is removed
+STALE_DAYS = 7
+_PRUNED: set = set()
+
+
+def _prune(base, keep):
+    """Remove the folders of versions other than ``keep`` under ``base`` not written to for
+    :data:`STALE_DAYS` days (a folder in use by another checkout's runs is newer)."""
+    import shutil
+    import time
+
+    cutoff = time.time() - STALE_DAYS * 86400
+    try:
+        folders = [f for f in base.iterdir() if f.is_dir() and f.name != keep and
+                   len(f.name) == 16 and all(c in "0123456789abcdef" for c in f.name)]
+    except OSError:        # no folder yet, or unreadable: nothing to prune
+        return
+    for folder in folders:
+        try:
+            newest = max([folder.stat().st_mtime] + [p.stat().st_mtime
+                                                     for p in folder.iterdir()])
+            if newest < cutoff:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:    # removed by another process meanwhile
+            pass
 
 
 def _disk_path(key):
