@@ -199,7 +199,7 @@ def _round_float16_bits(typingctx, bits):
         f32 = ir.FloatType()
         b = args[0]
         a = builder.and_(b, _k(_ABS32))
-        sign = builder.and_(b, _k(_SIGN32))
+        sign = builder.xor(b, a)
         # |x| + c, with c = 2**13 times |x|'s power of two (at least 2**-14, float16's
         # smallest normal), has its last place at float16's quantum for |x|: the sum rounds
         # |x| to nearest even there and subtracting c is exact (DAZ, where set, reads a
@@ -208,14 +208,16 @@ def _round_float16_bits(typingctx, bits):
         power = builder.select(builder.icmp_unsigned("<", power, _k(_F16_NORMAL)),
                                _k(_F16_NORMAL), power)
         c = builder.bitcast(builder.add(power, _k(13 << 23)), f32)
-        r = builder.fsub(builder.fadd(builder.bitcast(a, f32), c), c)
-        rounded = builder.or_(sign, builder.bitcast(r, _I32))
-        payload = builder.and_(builder.lshr(a, _k(13)), _k(0x3FF))
-        payload = builder.select(builder.icmp_unsigned("==", payload, _k(0)), _k(1), payload)
-        inf = builder.or_(sign, _k(_INF32))
-        nan = builder.or_(inf, builder.shl(payload, _k(13)))
-        big = builder.select(builder.icmp_unsigned("<=", a, _k(_INF32)), inf, nan)
-        return builder.select(builder.icmp_unsigned("<", a, _k(_F16_OVERFLOW)), rounded, big)
+        rounded = builder.bitcast(builder.fsub(builder.fadd(builder.bitcast(a, f32), c), c),
+                                  _I32)
+        # from the overflow edge on: inf, or a NaN keeping the top 10 bits of its payload
+        # (the lowest of them set when all are clear, so that it stays a NaN)
+        top = builder.and_(a, _k(0xFFFFE000))
+        nan = builder.select(builder.icmp_unsigned("==", top, _k(_INF32)),
+                             _k(_INF32 | 0x2000), top)
+        big = builder.select(builder.icmp_unsigned(">", a, _k(_INF32)), nan, _k(_INF32))
+        return builder.or_(sign, builder.select(
+            builder.icmp_unsigned("<", a, _k(_F16_OVERFLOW)), rounded, big))
 
     return types.uint32(types.uint32), codegen
 

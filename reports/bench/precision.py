@@ -1,11 +1,12 @@
 """`verigrad bench train --dtypes`: the digits MLP trained in each precision, measured.
 
-Per format: seconds per epoch (the median over every epoch but each run's first), the test
-accuracy after training (one run per seed, ``--repeats`` seeds), the bytes the format needs for
-the parameters and the activations between layers (float32 masters included for a 16-bit run),
-and the peak of NumPy's allocations during one epoch as ``tracemalloc`` traces it (what fastlib
-actually holds: its compiled epoch keeps 16-bit values in float32 storage). Every format runs
-on the compiled program (the MLP schedule), so the ratios are the cost of the format alone.
+Per format: seconds per epoch (the median over every epoch but each run's first; the formats'
+runs interleaved), the test accuracy after training (one run per seed, ``--repeats`` seeds),
+the bytes the format needs for the parameters and the activations between layers (float32
+masters included for a 16-bit run), and the peak of NumPy's allocations during one epoch as
+``tracemalloc`` traces it (what fastlib holds: its compiled epoch keeps 16-bit values in
+float32 storage). Every format runs on the compiled program (the MLP schedule), so the ratios
+are the cost of the format alone.
 """
 from __future__ import annotations
 
@@ -82,22 +83,31 @@ def _traced_peak(x, y, dtype, fused):
         tracemalloc.stop()
 
 
-def _measure(label, dtype, fused, data, repeats, progress):
+def _measure(cases, data, repeats, progress):
+    """One row per case. The runs are interleaved, seed by seed, every case in turn, so that a
+    change in the machine's speed during the benchmark falls on every case alike."""
     x, y, x_test, y_test = data
-    seconds, accuracy, path = [], [], None
+    runs = {label: {"seconds": [], "accuracy": [], "path": None} for label, _, _ in cases}
     for seed in range(repeats):
-        progress(f"{label} seed {seed}")
-        model = _model(dtype, seed)
-        result = _train(model, x, y, dtype, fused, DEFAULTS["epochs"], seed)
-        seconds += list(result.epoch_times[1:])      # each run's first epoch compiles
-        accuracy.append(_accuracy(model, x_test, y_test, dtype))
-        path = result.path
-    params, acts = _stored_bytes(_model(dtype, 0), dtype, DEFAULTS["batch_size"])
-    return {"case": label, "dtype": dtype, "path": path,
-            "s_per_epoch": statistics.median(seconds),
-            "test_accuracy": statistics.fmean(accuracy), "test_accuracies": accuracy,
-            "parameter_bytes": params, "activation_bytes": acts,
-            "traced_peak_bytes": _traced_peak(x, y, dtype, fused)}
+        for label, dtype, fused in cases:
+            progress(f"{label} seed {seed}")
+            model = _model(dtype, seed)
+            result = _train(model, x, y, dtype, fused, DEFAULTS["epochs"], seed)
+            run = runs[label]
+            run["seconds"] += list(result.epoch_times[1:])   # each run's first epoch compiles
+            run["accuracy"].append(_accuracy(model, x_test, y_test, dtype))
+            run["path"] = result.path
+    rows = []
+    for label, dtype, fused in cases:
+        run = runs[label]
+        params, acts = _stored_bytes(_model(dtype, 0), dtype, DEFAULTS["batch_size"])
+        rows.append({"case": label, "dtype": dtype, "path": run["path"],
+                     "s_per_epoch": statistics.median(run["seconds"]),
+                     "test_accuracy": statistics.fmean(run["accuracy"]),
+                     "test_accuracies": run["accuracy"], "parameter_bytes": params,
+                     "activation_bytes": acts,
+                     "traced_peak_bytes": _traced_peak(x, y, dtype, fused)})
+    return rows
 
 
 def _loadavg():
@@ -120,8 +130,7 @@ def run(args, dtypes) -> int:
     line = ProgressLine(enabled=progress_enabled(args))
     load_start = _loadavg()
     start = time.perf_counter()
-    rows = [_measure(label, dtype, fused, data, repeats, line.update)
-            for label, dtype, fused in case_names(dtypes)]
+    rows = _measure(case_names(dtypes), data, repeats, line.update)
     line.finish("")
     base = next((r for r in rows if r["case"] == "float32"), None)
     for r in rows:
