@@ -1,6 +1,8 @@
 """Test configuration: Hypothesis profiles chosen by HYPOTHESIS_PROFILE (dev, ci, thorough)."""
 import os
 import pathlib
+import shutil
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -23,10 +25,23 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
-# The exact oracle's values stay in each test process (not in the user's cache folder), so
-# that no test's outcome depends on what an earlier run left there; tests of that cache set
-# their own folder. Subprocesses the tests start inherit it.
-os.environ.setdefault("VERIGRAD_CONFORM_CACHE", "off")
+
+def pytest_configure(config):
+    """The exact oracle's values go to a folder of this session (not the user's cache folder),
+    shared by the test workers and the commands the tests start, so that no test's outcome
+    depends on what an earlier run left behind and no exact value is computed twice in one
+    run; tests of that cache set their own. A folder chosen in the environment wins."""
+    if "VERIGRAD_CONFORM_CACHE" in os.environ or hasattr(config, "workerinput"):
+        return                     # chosen outside, or a worker (it inherits the session's)
+    folder = tempfile.mkdtemp(prefix="verigrad-test-exact-")
+    os.environ["VERIGRAD_CONFORM_CACHE"] = folder
+    config.verigrad_exact_folder = folder
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "verigrad_exact_folder", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 # ../shared/data/mnist from the project root: tests that need it skip cleanly when it is absent.
 MNIST_DIR = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
