@@ -119,7 +119,7 @@ def _backward_piece(plan, layer, p, nb, w, g, a_in, bufs, fmt):
     cotangent ``dz @ W1[p, :]^T``, else the loss gradient's columns; then Dense's backward of
     the COL piece and, above the first layer, its partial input cotangent ``gout @ W0_p^T``.
     In a 16-bit format ``fmt`` the piece's cotangent is rounded (the ROW layer's input
-    cotangent; the loss gradient was rounded when scaled)."""
+    cotangent; the loss cotangent was scaled and rounded before the backward began)."""
     n_layers = plan.codes.shape[0]
     din = plan.dims[layer]
     c0 = plan.cols[layer, p]
