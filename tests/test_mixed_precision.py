@@ -280,3 +280,9 @@ def test_verigrad_train_takes_a_16bit_dtype(capsys):
                  "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "float16 mixed" in out and "test accuracy" in out
+    # float16's default scale, GradScaler's 2**16, does not grow within one epoch of digits
+    assert "precision float16 over float32 master weights, loss scale 65536 at the end (" in out
+    assert main(["train", "--dtype", "bfloat16", "--epochs", "1", "--hidden", "8",
+                 "--no-progress"]) == 0
+    assert "precision bfloat16 over float32 master weights, no loss scale" in \
+        capsys.readouterr().out

@@ -436,6 +436,11 @@ def _run(args) -> int:
         print(f"path {result.path} ({result.schedule} schedule), {pieces} "
               f"piece{'s' if pieces != 1 else ''} per step (from the "
               f"{result.piece_plan['source']}; --pieces {pieces} reproduces it)", file=out)
+    if result.precision is not None:
+        scale = ("no loss scale" if result.loss_scale is None else
+                 f"loss scale {result.loss_scale:g} at the end ({result.loss_scale_skips} "
+                 f"step{'s' if result.loss_scale_skips != 1 else ''} skipped by it)")
+        print(f"precision {result.precision} over float32 master weights, {scale}", file=out)
 
     if args.dtype in _MIXED:     # the test split through the 16-bit forward it trained in
         from fastlib.training import mixed_precision
