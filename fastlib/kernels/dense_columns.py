@@ -310,26 +310,6 @@ def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, stat
 # the epoch
 
 @njit(cache=True, error_model="numpy")
-def _scale_after_step(prec, found_inf):
-    """The loss scale after a step (``fastlib.training.loss_scale.LossScale.update``): on
-    inf/NaN count a skip, restart the clean run and back off; else grow after ``interval``
-    clean steps in a row (a grown scale that is not finite is not taken)."""
-    if found_inf:
-        prec.skips[0] += 1
-        prec.clean[0] = 0
-        if prec.dynamic:
-            prec.scale[0] = prec.scale[0] * prec.backoff
-        return
-    clean = prec.clean[0] + 1
-    if prec.dynamic and clean == prec.interval:
-        grown = prec.scale[0] * prec.growth
-        if math.isfinite(grown):
-            prec.scale[0] = grown
-        clean = 0
-    prec.clean[0] = clean
-
-
-@njit(cache=True, error_model="numpy")
 def epoch(plan, data, state, bufs, update, prec):
     """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
 
@@ -338,7 +318,7 @@ def epoch(plan, data, state, bufs, update, prec):
     by its piece), ``update`` an ``interpreter.EpochUpdate``. Per step: gather the batch; per
     pair, one forward region and the serial join of the ROW layer's pieces; the loss (serial);
     per pair from the top, the serial join of the ROW layer's cotangent and one backward
-    region; the guard (and a loss scale's update, :func:`_scale_after_step`). The update is
+    region; the guard (and a loss scale's update, ``skeleton.scale_after_step``). The update is
     applied at the start of the next step's first forward region (or after the loop); ``prec``
     is the run's :data:`Precision`. NaN/Inf rules: a non-finite loss returns at once (the caller
     restores weights); a non-finite gradient skips the update (``skipped``), as the generic
@@ -428,7 +408,10 @@ def epoch(plan, data, state, bufs, update, prec):
         # one block of the parameters); the update is applied at the next forward region
         total, apply = sk.guard(bufs.sumsq, state.g)
         if prec.scaled:
-            _scale_after_step(prec, not apply)
+            scale, clean, skips = sk.scale_after_step(prec.scale[0], prec.clean[0],
+                                                      prec.skips[0], not apply, prec.growth,
+                                                      prec.backoff, prec.interval, prec.dynamic)
+            prec.scale[0], prec.clean[0], prec.skips[0] = scale, clean, skips
         batch += 1
         if not apply:
             skipped += 1

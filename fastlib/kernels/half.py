@@ -223,16 +223,27 @@ def _round_float16_bits(typingctx, bits):
 
 
 @njit(cache=True, nogil=True)
-def _round_chunk(code, src, dst, lo, hi):
-    # NOTE: loops from 0 over slices: an index the compiler cannot prove non-negative keeps
-    # the negative-index check in the loop, which stops it vectorizing (4x slower)
-    s, d = src[lo:hi], dst[lo:hi]
+def _round_bits(code, bits):
+    """The float32 bit patterns ``bits`` (1-D, uint32) rounded to the format ``code`` in place.
+
+    NOTE: one array read and written, looped from 0: two arrays the compiler must assume may
+    overlap, or an index it cannot prove non-negative (its negative-index check stays in the
+    loop), stop it vectorizing (4x slower).
+    """
     if code == _BF16:
-        for i in range(s.size):
-            d[i] = _round_bfloat16_bits(s[i])
+        for i in range(bits.size):
+            bits[i] = _round_bfloat16_bits(bits[i])
     else:
-        for i in range(s.size):
-            d[i] = _round_float16_bits(s[i])
+        for i in range(bits.size):
+            bits[i] = _round_float16_bits(bits[i])
+
+
+@njit(cache=True, nogil=True)
+def _round_chunk(code, src, dst, lo, hi):
+    s, d = src[lo:hi], dst[lo:hi]
+    for i in range(d.size):      # (a slice assignment would copy through a temporary)
+        d[i] = s[i]
+    _round_bits(code, d)
 
 
 @njit(cache=True, nogil=True)
@@ -240,17 +251,8 @@ def round_in_place(code, a):
     """Round the float32 entries of the 1-D contiguous ``a`` to the format ``code``
     (:data:`CODES`) in place, to nearest even; a negative ``code`` (a run in the model's own
     dtype, float32 or float64) leaves ``a`` as it is. For compiled kernels."""
-    if code < 0:
-        return
-    # one array read and written (not _round_chunk's two, which the compiler must assume may
-    # overlap: it then does not vectorize)
-    bits = a.view(np.uint32)
-    if code == _BF16:
-        for i in range(bits.size):
-            bits[i] = _round_bfloat16_bits(bits[i])
-    else:
-        for i in range(bits.size):
-            bits[i] = _round_float16_bits(bits[i])
+    if code >= 0:
+        _round_bits(code, a.view(np.uint32))
 
 
 @njit(cache=True, nogil=True)

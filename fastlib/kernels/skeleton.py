@@ -108,6 +108,23 @@ def guard(sumsq, g):
     return total, math.isfinite(total) or kopt._all_finite(g)
 
 
+@njit(cache=True, error_model="numpy")
+def scale_after_step(scale, clean, skips, found_inf, growth, backoff, interval, dynamic):
+    """``(scale, clean, skips)`` of a mixed-precision run's loss scale after a step, as
+    ``torch.amp.GradScaler.update`` moves it: on inf/NaN one more skip, the run of clean steps
+    restarted and (``dynamic``) the scale times ``backoff``; else one more clean step, and
+    after ``interval`` in a row (``dynamic``) the scale times ``growth`` (a grown scale that is
+    not finite is not taken) and the run restarted. Written once: the per-batch path calls it
+    as Python (``fastlib.training.loss_scale``), the compiled epochs compiled."""
+    if found_inf:
+        return (scale * backoff if dynamic else scale), 0, skips + 1
+    clean += 1
+    if dynamic and clean == interval:
+        grown = scale * growth
+        return (grown if math.isfinite(grown) else scale), 0, skips
+    return scale, clean, skips
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def update_region(threads, cuts, kind, w, g, a, b, c, clip_mode, clip, total):
     """:func:`update_block` of every block, ``threads`` at a time."""

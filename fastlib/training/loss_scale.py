@@ -13,6 +13,8 @@ import math
 import numbers
 from dataclasses import asdict, dataclass
 
+from fastlib.kernels.skeleton import scale_after_step
+
 __all__ = ["LossScale", "resolve_loss_scale", "STATE_KEYS"]
 
 #: the keys of the scale's running state in ``StepContext.state`` (checkpointed with the run)
@@ -87,23 +89,16 @@ class LossScale:
                          loss_scale_skips=0)
 
     def update(self, state: dict, found_inf: bool) -> None:
-        """After a step: back off (and count a skip) on inf/NaN, grow after a clean run.
-
-        As ``torch.amp.GradScaler.update``: a grown scale that is not finite is not taken.
-        """
-        if found_inf:
-            state["loss_scale_skips"] = int(state["loss_scale_skips"]) + 1
-            state["loss_scale_clean_steps"] = 0
-            if self.dynamic:
-                state["loss_scale"] = float(state["loss_scale"]) * self.backoff_factor
-            return
-        clean = int(state["loss_scale_clean_steps"]) + 1
-        if self.dynamic and clean == self.growth_interval:
-            grown = float(state["loss_scale"]) * self.growth_factor
-            if math.isfinite(grown):
-                state["loss_scale"] = grown
-            clean = 0
-        state["loss_scale_clean_steps"] = clean
+        """After a step: back off (and count a skip) on inf/NaN, grow after a clean run
+        (``fastlib.kernels.skeleton.scale_after_step``, the compiled epochs' rule)."""
+        # NOTE: the rule's Python source, not its compiled form: a step of the per-batch path
+        # need not compile anything for three numbers
+        scale, clean, skips = scale_after_step.py_func(
+            float(state["loss_scale"]), int(state["loss_scale_clean_steps"]),
+            int(state["loss_scale_skips"]), bool(found_inf), self.growth_factor,
+            self.backoff_factor, self.growth_interval, self.dynamic)
+        state.update(loss_scale=float(scale), loss_scale_clean_steps=int(clean),
+                     loss_scale_skips=int(skips))
 
 
 _WORDS = ("dynamic",)

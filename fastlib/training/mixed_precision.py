@@ -230,8 +230,9 @@ def attach(ctx, algo, mp: MixedPrecision, device, data_parallel):
         if mp.scale is not None:     # a fresh run's first scale (a resumed one has its own)
             mp.scale.start(ctx.state)
         before = int(ctx.state.get("loss_scale_skips", 0))
-        # the compiled epoch when a schedule takes the model in mixed precision (the MLP one)
-        stats = algo.run_epoch(ctx, x, y, order) if algo.run_epoch is not None else None
+        # bp's own epoch: compiled when a schedule takes the model in mixed precision (the MLP
+        # one), else None
+        stats = algo.run_epoch(ctx, x, y, order)
         if stats is None:
             stats = run_batches(ctx, inner, x, y, order)
         stats.scaler_skips = int(ctx.state.get("loss_scale_skips", 0)) - before

@@ -206,13 +206,11 @@ def _precision(ctx, w):
     precision (``ctx.scratch["mixed_precision"]``): the masters ``w`` rounded to its format,
     and its loss scale's running state taken from the run's algorithm state."""
     mp = ctx.scratch.get("mixed_precision")
-    one, none = np.ones(1), np.zeros(1, np.int64)
-    if mp is None:
-        return kc.Precision(-1, w, one, none, none.copy(), False, 1.0, 1.0, 1, False)
-    code, w16 = half.CODES[mp.fmt], half.round_float32(w, mp.fmt)
-    scale = mp.scale
-    if scale is None:
-        return kc.Precision(code, w16, one, none, none.copy(), False, 1.0, 1.0, 1, False)
+    code, w16 = (-1, w) if mp is None else (half.CODES[mp.fmt], half.round_float32(w, mp.fmt))
+    scale = None if mp is None else mp.scale
+    if scale is None:     # no loss scale: its fields are never read
+        return kc.Precision(code, w16, np.ones(1), np.zeros(1, np.int64),
+                            np.zeros(1, np.int64), False, 1.0, 1.0, 1, False)
     st = ctx.state
     return kc.Precision(code, w16, np.array([float(st["loss_scale"])]),
                         np.array([int(st["loss_scale_clean_steps"])], np.int64),

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import contextlib
 import os
+import pathlib
 import pickle
 import zlib
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ _MEMORY: dict = {}
 CACHE_ENV = "VERIGRAD_CONFORM_CACHE"
 # the code whose edit may change an exact value: its hash names the cache's folder
 _REFEREE_CODE = ("spec", "reflib", "optable", "reports/conformance", "reports/accuracy.py")
-_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
 _VERSION: list = []
 
 
@@ -83,7 +85,10 @@ def referee_version() -> str:
                          f"{platform.python_version()}".encode())
         for part in _REFEREE_CODE:
             path = _ROOT / part
-            for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+            for f in files:
+                if not f.is_file():      # a part this installation lacks
+                    continue
                 h.update(str(f.relative_to(_ROOT)).encode())
                 h.update(f.read_bytes())
         _VERSION.append(h.hexdigest()[:16])
@@ -99,8 +104,6 @@ def cache_dir():
     the first call of a process removes the folders of other versions unused for
     :data:`STALE_DAYS` days.
     """
-    import pathlib
-
     chosen = os.environ.get(CACHE_ENV, "").strip()
     if chosen.lower() in ("off", "0", "none", "no"):
         return None
@@ -172,7 +175,7 @@ def _cached(key, compute):
                 f.write(zlib.compress(pickle.dumps(value, pickle.HIGHEST_PROTOCOL), 1))
             os.replace(tmp, path)
         except OSError:    # a read-only or full cache folder: the value is still returned
-            if os.path.exists(tmp):
+            with contextlib.suppress(OSError):
                 os.remove(tmp)
     return value
 

@@ -5,9 +5,9 @@ at once and the table is exactly the serial one, in plan order. A task is every 
 subject on one engine (its dtypes and checks): they call the same kernels, so on a first run a
 kernel is compiled by one worker instead of by all; a task that reaches a large kernel (a
 training epoch, an elementwise family) while another worker compiles it goes back in the queue
-(``fastlib.compile_once``) and the worker takes the next one. The proofs of ``verigrad conform`` are tasks too. Where no process can be
-started, or a worker dies, what it did not finish runs in this process instead: the run is
-complete either way.
+(``fastlib.compile_once``) and the worker takes the next one. The proofs of ``verigrad
+conform`` are tasks too. Where no process can be started, or a worker dies, what it did not
+finish runs in this process instead: the run is complete either way.
 """
 from __future__ import annotations
 
