@@ -3,7 +3,8 @@
 Run by tests/test_half.py in a subprocess whose environment has ``NUMBA_ENABLE_CUDASIM=1``
 (numba reads it at import). Prints one JSON line per check. By default a spread of patterns:
 every 17th 16-bit pattern (the zeros, subnormals, infinities and NaNs all added) widened, and
-the rounding boundaries of every 61st 16-bit number narrowed; ``--every`` widens all 65536
+the rounding boundaries of every 61st 16-bit number narrowed (and rounded to the format and
+back in float32: ``round_device``); ``--every`` widens all 65536
 patterns of each format and narrows every rounding boundary (many minutes: the simulator runs each
 device thread in Python). Then fastlib.cuda's ops on 16-bit inputs against fastlib's CPU ops,
 bit for bit against the same engine on the widened float32 inputs with each result rounded
@@ -53,6 +54,21 @@ def main(every):
         bad = np.flatnonzero(got != want)
         report(f"narrow {name} ({wide.size} patterns)", bad.size == 0,
                str([(hex(wide[i]), hex(got[i]), hex(want[i])) for i in bad[:3]]))
+        # the round trip mixed-precision training uses (float32 -> format -> float32, into
+        # another buffer and in place): ml_dtypes' narrowing, widened back. Its two halves are
+        # the conversions held above; here a sample of the boundaries (the simulator's device
+        # function calls are slow), as uint32 patterns and, in place, as a float32 array
+        wide = wide[::29]
+        want = _ml_widen(_ml_narrow(wide, FORMATS[name]), FORMATS[name])
+        d_out = device.empty(wide.size, np.uint32)
+        cuda_half.round_device(device.put(wide), d_out, name)
+        into = device.read(d_out)
+        d_f32 = device.put(wide.view(np.float32))
+        cuda_half.round_device(d_f32, d_f32, name)
+        in_place = device.read(d_f32).view(np.uint32)
+        bad = np.flatnonzero((into != want) | (in_place != want))
+        report(f"round trip {name} ({wide.size} patterns)", bad.size == 0,
+               str([(hex(wide[i]), hex(into[i]), hex(want[i])) for i in bad[:3]]))
     ops_rounded_once()
 
 

@@ -55,7 +55,9 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "graph:a copy inside a recorded step is refused",
            "program:MLP", "program:LSTM and RNN", "program:attention block",
            "program:transformer block", "program:Parallel and nesting",
-           "unsupported:softmax named, with the fix")
+           "unsupported:softmax named, with the fix",
+           "mixed:device equals the per-batch CPU path", "mixed:resume is bit for bit",
+           "mixed:masters stay float32 on the host")
 SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
         "slow:train_sh resume is bit for bit")
 
@@ -1141,12 +1143,125 @@ def _program_checks(report, kw):
                f"weights {detail}")
 
 
+def _mixed_models():
+    """(name, model maker, x, y, loss) for mixed precision: where units end differs in each
+    (a Softmax layer of its own, a Dense with softmax, recurrent layers, residual blocks)."""
+    import fastlib
+    from fastlib import layers as L
+
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    y = rng.integers(0, 2, 4)
+    xs = rng.standard_normal((4, 3, 3)).astype(np.float32)
+    xi, yi = rng.integers(0, 5, (2, 3)), rng.integers(0, 2, (2, 3, 5)).astype(np.float32)
+
+    def seq(*layers):
+        return fastlib.Sequential(list(layers), dtype=np.float32, seed=5)
+
+    def residual(*inner):
+        return L.Parallel([L.Dense(4, 4), L.Sequential(list(inner))], combine="add")
+    onehot = np.eye(2, dtype=np.float32)[y]
+    return [
+        ("Softmax layer", lambda: seq(L.Dense(3, 4, "relu"), L.Dense(4, 2), L.Softmax()), x,
+         onehot, "categorical_cross_entropy"),
+        ("Dense softmax", lambda: seq(L.Dense(3, 4, "tanh"), L.Dense(4, 2, "softmax")), x,
+         onehot, "categorical_cross_entropy"),
+        ("LSTM and RNN", lambda: seq(L.LSTM(3, 3, return_sequences=True), L.RNN(3, 2),
+                                     L.Dense(2, 2)), xs, y, "cross_entropy"),
+        ("transformer block", lambda: seq(
+            L.Embedding(5, 4), residual(L.LayerNorm(4), L.MultiHeadAttention(4, 2, causal=True)),
+            L.Dense(4, 5)), xi, yi, "binary_cross_entropy_with_logits"),
+    ]
+
+
+def _mixed_kw(fmt):
+    from fastlib.training.loss_scale import LossScale
+    # float16: a scale that overflows at first (skips and back-offs) and grows after every
+    # clean step (growths), so the device's scale kernel takes each branch
+    scale = LossScale(init_scale=2.0 ** 20, growth_interval=1) if fmt == "float16" else None
+    return dict(optimizer="SGD", verbose=False, seed=1, dtype=fmt, loss_scale=scale)
+
+
+def run_mixed(report):
+    """Mixed precision on the device against the CPU's per-batch mixed path (an independent
+    implementation of the same rounding points: ``fastlib.training.mixed_precision``).
+
+    The two engines differ in their float32 summation order; where that moves a value across
+    a 16-bit rounding boundary, one activation or gradient differs by one unit of the format
+    (2**-8 relative for bfloat16, 2**-11 for float16), and the step's update by that fraction.
+    So each weight must agree within 8 units of the format times the largest change the CPU
+    run made to that parameter, plus 64 float32 eps of the model's largest weight; an unscaled
+    gradient or a skipped step that was taken moves the weights by the whole update (>= 1/8
+    of it). The loss scale's decisions are discrete: the scale, its skips and the
+    steps taken must be equal."""
+    import fastlib
+
+    bad = []
+    for name, make, x, y, loss in _mixed_models():
+        for fmt in ("bfloat16", "float16"):
+            cpu, dev = make(), make()
+            start = {k: v.copy() for k, v in cpu.parameters().items()}
+            kw = _mixed_kw(fmt)
+            rc = fastlib.train(cpu, x, y, 3, 2, 0.2, loss, fused=False, **kw)
+            rd = fastlib.train(dev, x, y, 3, 2, 0.2, loss, device="cuda", **kw)
+            unit = 2.0 ** (-8 if fmt == "bfloat16" else -11)
+            eps = float(np.finfo(np.float32).eps)
+            size = max(float(np.max(np.abs(w))) for w in cpu.parameters().values())
+            for k, w in cpu.parameters().items():
+                moved = float(np.max(np.abs(w.astype(np.float64) - start[k])))
+                worst = float(np.max(np.abs(dev.parameters()[k].astype(np.float64) - w)))
+                if worst > 8 * unit * moved + 64 * eps * size:
+                    bad.append(f"{name} {fmt} {k}: {worst:.3g} off (moved {moved:.3g})")
+            same = (rd.path, rd.precision, rd.loss_scale, rd.loss_scale_skips,
+                    rd.skipped_steps) == ("cuda", fmt, rc.loss_scale, rc.loss_scale_skips,
+                                          rc.skipped_steps)
+            if not same:
+                bad.append(f"{name} {fmt}: device path/precision/scale/skips "
+                           f"{(rd.path, rd.precision, rd.loss_scale, rd.loss_scale_skips)}, "
+                           f"CPU {(rc.path, rc.precision, rc.loss_scale, rc.loss_scale_skips)}")
+            if fmt == "float16" and not 0 < rc.loss_scale_skips < 6:
+                bad.append(f"{name}: the float16 run skipped {rc.loss_scale_skips} of 6 steps; "
+                           f"the check needs skips and taken steps")
+    report("mixed:device equals the per-batch CPU path", not bad, bad or "all within bounds")
+    _mixed_resume(report)
+
+
+def _mixed_resume(report):
+    """A float16 run of 4 epochs equals 2 epochs, a checkpoint and a resumed run of 2 more,
+    bit for bit in the weights, the loss scale and its skips (the device's scale state comes
+    back into the run's state, which the checkpoint holds); the host's parameters are the
+    float32 masters, not their 16-bit copies."""
+    import fastlib
+    from fastlib.training.mixed_precision import round_to
+
+    _, make, x, y, loss = _mixed_models()[0]
+    kw = _mixed_kw("float16")
+    whole = make()
+    rw = fastlib.train(whole, x, y, 4, 2, 0.2, loss, device="cuda", **kw)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "run.npz")
+        fastlib.train(make(), x, y, 2, 2, 0.2, loss, device="cuda", checkpoint=path, **kw)
+        resumed = make()
+        rr = fastlib.train(resumed, x, y, 4, 2, 0.2, loss, device="cuda", resume=path, **kw)
+    a, b = whole.parameters(), resumed.parameters()
+    diff = [k for k in a if not np.array_equal(a[k], b[k])]
+    scale = (rw.loss_scale, rw.loss_scale_skips) == (rr.loss_scale, rr.loss_scale_skips)
+    report("mixed:resume is bit for bit", not diff and scale and rw.loss_scale_skips > 0,
+           f"parameters that differ: {diff}; scale/skips whole {rw.loss_scale}/"
+           f"{rw.loss_scale_skips}, resumed {rr.loss_scale}/{rr.loss_scale_skips}")
+    masters = all(v.dtype == np.float32 for v in a.values()) and any(
+        not np.array_equal(round_to(v, "float16"), v) for v in a.values())
+    report("mixed:masters stay float32 on the host", masters,
+           {k: (str(v.dtype), bool(np.array_equal(round_to(v, "float16"), v)))
+            for k, v in a.items()})
+
+
 GROUPS = {"frame": run_frame, "resume": run_resume, "guard": run_guards, "clip": run_clip,
           "unsupported": run_unsupported, "layers": run_activations, "swiglu": run_swiglu,
           "attention": run_attention, "recurrent": run_recurrent, "compile": run_compile,
           "losses": run_losses,
           "budget": run_budget, "mode": run_modes, "graph": run_graphs,
-          "program": run_program}
+          "program": run_program, "mixed": run_mixed}
 
 
 def main(argv=None):

@@ -11,7 +11,7 @@
    clear RuntimeError and trains nothing on the CPU.
 3. ``-m slow``: train_sh and the seven optimizers on the device against the CPU, and the
    conformance ``train`` rows of ``fastlib-cuda`` (every layer kind, the fused MLP, float32 and
-   float64) through ``verigrad conform``.
+   float64; mixed precision in bfloat16 and float16) through ``verigrad conform``.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ SLOW_CHECKS = [c for c in load_script(SCRIPT).check_names(slow=True) if c not in
 # the check groups in two processes of about the same length (about three minutes each on
 # two loaded cores), so two test workers can run them side by side; every other group goes
 # in the second, so a group added later is never left out
-FIRST_PART = ("recurrent", "graph", "budget")
+FIRST_PART = ("recurrent", "graph", "budget", "mixed")
 SECOND_PART = tuple(g for g in load_script(SCRIPT).GROUPS if g not in FIRST_PART)
 
 
@@ -104,9 +104,14 @@ def test_conformance_train_rows_of_fastlib_cuda(tmp_path):
     rows = json.loads(out.read_text())
     rows = rows["rows"] if isinstance(rows, dict) else rows
     train = [r for r in rows if r["check"] == "train" and r["engine"] == "fastlib-cuda"]
-    # every layer kind and the fused MLP, in both dtypes
+    # every layer kind and the fused MLP, in both dtypes; mixed MLPs in both 16-bit formats
+    # and the loss-scale runs
     from reports.conformance.strategies import LAYER_KINDS
-    assert len(train) == 2 * (len(LAYER_KINDS) + 1), [r["name"] for r in train]
+    wide = [r for r in train if r["dtype"] in ("float32", "float64")]
+    assert len(wide) == 2 * (len(LAYER_KINDS) + 1), [r["name"] for r in wide]
+    narrow = sorted((r["name"], r["dtype"]) for r in train if r not in wide)
+    assert narrow == [("loss scale", "float16"), ("mixed MLP", "bfloat16"),
+                      ("mixed MLP", "float16")], narrow
     bad = [(r["name"], r["dtype"], r["detail"]) for r in train if r["status"] != "pass"]
     assert not bad, bad
     assert proc.returncode == 0, proc.stdout[-3000:]

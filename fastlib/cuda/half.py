@@ -17,7 +17,7 @@ from . import device
 from .device import kernel
 from .scalar import SHIM, compile_sources
 
-__all__ = ["DEVICE", "widen_device", "narrow_device", "widen", "narrow"]
+__all__ = ["DEVICE", "widen_device", "narrow_device", "round_device", "widen", "narrow"]
 
 #: name -> device function, one per conversion of ``fastlib.kernels.half.SOURCES``
 DEVICE = compile_sources(_cpu.SOURCES, SHIM, cuda.jit(device=True))
@@ -44,6 +44,19 @@ def _narrow_body(code, src, dst):
         i += step
 
 
+def _round_body(code, src, dst):
+    # float32 bit patterns rounded to the format and widened back: narrow then widen, the
+    # CPU's round trip (``half.round_float32``) by the same two conversions
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < dst.shape[0]:
+        if code == _BF16:
+            dst[i] = _bf16_to_f32(_f32_to_bf16(src[i]))
+        else:
+            dst[i] = _f16_to_f32(_f32_to_f16(src[i]))
+        i += step
+
+
 _widen = kernel("void(int64, uint16[::1], uint32[::1])")(_widen_body)
 _narrow = kernel("void(int64, uint32[::1], uint16[::1])")(_narrow_body)
 
@@ -64,6 +77,22 @@ def narrow_device(d_bits, name):
     d_out = device.empty(n, "uint16")
     _narrow[device.grid_1d(n)](_cpu._code(name), d_bits, d_out)
     return d_out
+
+
+_round = kernel("void(int64, uint32[::1], uint32[::1])")(_round_body)
+
+
+def _bits(d):
+    return d if d.dtype == np.uint32 else d.view(np.uint32)
+
+
+def round_device(d_src, d_dst, name):
+    """Round the flat float32 device array ``d_src`` (or its uint32 bit patterns) to format
+    ``name`` (nearest even) and write the values, as float32, into ``d_dst`` (which may be
+    ``d_src``): one launch."""
+    n = d_dst.shape[0]
+    if n:
+        _round[device.grid_1d(n)](_cpu._code(name), _bits(d_src), _bits(d_dst))
 
 
 def widen(x):

@@ -65,6 +65,8 @@ def _device_program(*args):
     model has one: a Dense with activation softmax is its linear row and a softmax after it,
     a ``Softmax`` layer over the last axis (not a Sequential's first layer, whose input other
     rows may read) a softmax after the row before it. ``softmax_after``: per softmax, its row.
+    ``unit_ends``: where each unit's output is final (a top-level Sequential's children, else
+    the whole model: the units mixed precision rounds), as ``(row, softmaxes after it)``.
     """
     from fastlib.layers import Dense, Sequential, Softmax
     from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
@@ -73,15 +75,26 @@ def _device_program(*args):
     class DeviceProgram(Program):
         def __init__(self):
             self.softmax_after = []
+            self.unit_ends = []
             super().__init__(*args)
+            if not self.unit_ends:        # a top-level Parallel: one unit, the whole model
+                self._unit_end()
+
+        def _unit_end(self):
+            k = len(self._rows) - 1
+            if k >= 0:
+                self.unit_ends.append((k, self.softmax_after.count(k)))
 
         def _emit(self, layer, src, prefix):
             if type(layer) is Sequential:
+                top = layer is args[0]
                 for i, child in enumerate(layer.layers):
                     if type(child) is Softmax and i > 0 and child.axis == -1:
                         self.softmax_after.append(len(self._rows) - 1)
                     else:
                         src = self._emit(child, src, f"{prefix}{i}.")
+                    if top:
+                        self._unit_end()
                 return src
             if type(layer) is Dense and layer.activation == "softmax":
                 if src[0] == self.input_slot and self.tokens or layer.in_features != src[1]:
@@ -143,9 +156,13 @@ class Lowered:
     gradients ``g`` (laid out by the program's blocks); ``recurrence`` (one per run) tells
     the recurrent rows how to step through time."""
 
-    def __init__(self, program, w, g, recurrence, dtype):
+    def __init__(self, program, w, g, recurrence, dtype, rounding=None):
         check_lowerable(program)
         self.softmax_after = list(getattr(program, "softmax_after", ()))
+        # mixed precision (``rounding``, a .mixed.DeviceMixed): each unit's output rounded to
+        # the format in the forward, and its cotangent in the backward, where the unit ends
+        self.rounding = rounding
+        self.unit_ends = set(getattr(program, "unit_ends", ())) if rounding else set()
         rows, self.slots, blocks = program.tables
         self.input_slot, self.output_slot = program.input_slot, program.output_slot
         self.kernels = []
@@ -174,11 +191,12 @@ class Lowered:
                 out = kern.forward(x, acts.get(y))   # the join's first row makes y
             else:
                 out = kern.forward(x)
-            acts[y] = DT(out.data, self._shape(y, count))
-            for _ in range(self.softmax_after.count(k)):  # a softmax after this row
+            acts[y] = self._rounded(DT(out.data, self._shape(y, count)), k, 0)
+            for j in range(self.softmax_after.count(k)):  # a softmax after this row
                 self.softmax_inputs.append(acts[y])
-                acts[y] = DT(rows_forward_device(SOFTMAX, acts[y].data, acts[y].shape, 2),
-                             acts[y].shape)
+                acts[y] = self._rounded(
+                    DT(rows_forward_device(SOFTMAX, acts[y].data, acts[y].shape, 2),
+                       acts[y].shape), k, j + 1)
         self.count = count
         return acts[self.output_slot]
 
@@ -191,9 +209,12 @@ class Lowered:
             kern = self.kernels[k]
             row = kern.row
             y = int(row["y"])
-            for _ in range(self.softmax_after.count(k)):  # the softmax after this row
+            after = self.softmax_after.count(k)
+            self._round_cotangent(cot, y, k, after)
+            for j in range(after, 0, -1):  # the softmaxes after this row
                 x = inputs.pop()
                 cot[y] = DT(rows_vjp_device(SOFTMAX, x.data, cot[y].data, x.shape, 2), x.shape)
+                self._round_cotangent(cot, y, k, j - 1)
             op, g = int(row["op"]), cot[y]
             if op == ins.EMBEDDING:
                 kern.backward(g, False)
@@ -216,6 +237,19 @@ class Lowered:
                 mode = int(row["grad_x"])
                 gx = kern.backward(g, mode != ins.GRAD_SKIP)
                 self._deposit(cot, row, "x", "grad_x", gx, alias=True)
+
+    def _rounded(self, act, k, j):
+        """``act``, or (mixed precision, where a unit ends) a rounded copy: the row's own
+        output stays as its backward may read it, the rows after read the rounded one."""
+        if (k, j) not in self.unit_ends:
+            return act
+        return DT(self.rounding.rounded_copy(act.data), act.shape)
+
+    def _round_cotangent(self, cot, y, k, j):
+        """Round (in place) the cotangent of a unit's output once every row after the unit
+        has added to it (mixed precision)."""
+        if (k, j) in self.unit_ends and y in cot:
+            self.rounding.round_in_place(cot[y].data)
 
     def _deposit(self, cot, row, field, mode_field, g, alias):
         """Write (``alias``: as is, else a copy), add or skip ``g`` as the row's cotangent of

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float64
+from numba import cuda, float32, float64, int64
 
 import optable
+from fastlib.kernels.skeleton import scale_after_step as _scale_rule
 
 from . import config
 from .device import device_function_here, kernel, signatures
@@ -528,3 +529,64 @@ guarded_update = kernel(*coefficient_signatures(
     "void(int64, {t}[::1], {t}[::1], {t}[::1], {t}[::1], {c}, int64[::1], "
     "float64[::1], int64, int64, float64[::1], float64, int64, float64, float64, int64)"))(
     _guard_update_body)
+
+
+# ---------------------------------------------------------------------------------------------
+# mixed precision: the loss scale, on the device (so a recorded step replays with the scale of
+# its turn, and a step needs no readback to decide it)
+
+#: Entries of a run's loss-scale state on the device: the scale, the clean steps in a row, the
+#: skips; the loss-scale kernel copies them into the step's row of numbers after the guard's.
+LOSS_SCALE, SCALE_CLEAN, SCALE_SKIPS = range(3)
+SCALE_STATE_SIZE = 3
+
+scale_after_step = device_function_here(_scale_rule.py_func, globals())
+
+
+def _scale_values_body(a, scale, inverse):
+    # a *= the scale (the loss cotangent, before the backward), or a *= its reciprocal computed
+    # in float64 and rounded once to float32 (the gradients, as torch.amp.GradScaler.unscale_)
+    s = scale[LOSS_SCALE]
+    f = float32(1.0 / s) if inverse else float32(s)
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < a.shape[0]:
+        a[i] = a[i] * f
+        i += step
+
+
+scale_values = kernel("void(float32[::1], float64[::1], int64)")(_scale_values_body)
+
+
+def _loss_scale_step_body(scale, partials, stats, state, stats_width, n_loss, inv_n, limit,
+                          growth, backoff, interval, dynamic):
+    # One thread: after the guard's partials, before the guarded update advances the row.
+    # A step whose loss is finite (and no earlier step of the epoch halted) moves the scale
+    # by the rule every path shares (``skeleton.scale_after_step``): found inf/NaN in the
+    # unscaled gradient (the partials' count) -> back off and count a skip, else one more
+    # clean step. A non-finite loss stops training there, leaving the scale as it was.
+    if cuda.grid(1) != 0:
+        return
+    at = state[ROW] * stats_width
+    bad = 0.0
+    for k in range(partials.shape[0] // 2):
+        bad += partials[2 * k + 1]
+    loss = 0.0
+    for q in range(n_loss):
+        loss += stats[at + q]
+    mean = loss * inv_n
+    if mean == mean and abs(mean) < limit and state[HALT] == 0:
+        s, clean, skips = scale_after_step(scale[LOSS_SCALE], int64(scale[SCALE_CLEAN]),
+                                           int64(scale[SCALE_SKIPS]), bad != 0.0, growth,
+                                           backoff, interval, dynamic)
+        scale[LOSS_SCALE] = s
+        scale[SCALE_CLEAN] = clean
+        scale[SCALE_SKIPS] = skips
+    out = at + 2 * n_loss + 4
+    for q in range(SCALE_STATE_SIZE):
+        stats[out + q] = scale[q]
+
+
+loss_scale_step = kernel("void(float64[::1], float64[::1], float64[::1], int64[::1], int64, "
+                         "int64, float64, float64, float64, float64, int64, int64)")(
+    _loss_scale_step_body)

@@ -17,6 +17,7 @@ from . import counters, device, graphs, profile, recurrent
 from . import train_kernels as tk
 from .layers import DeviceUnsupportedError, launch
 from .lowering import Lowered, compile_program, layers_of
+from .mixed import DeviceMixed
 
 __all__ = ["DeviceRun", "DeviceUnsupportedError", "HostBinding", "readbacks"]
 
@@ -117,12 +118,21 @@ class DeviceRun:
         # the loss kernel's blocks: one row of numbers per step holds their loss and hit
         # partials and the guard's four
         self.blocks = device.grid_1d(bs, device.config.REDUCE_BLOCK)[0]
-        self.width = 2 * self.blocks + 4
+        mp = ctx.scratch.get("mixed_precision")
+        self.mixed = None
         with device.using_stream(self.stream):
             self._allocate(ctx, x, y)
+            if mp is not None:   # mixed precision: the rows read the masters rounded
+                self.mixed = DeviceMixed(mp, self.w.shape[0])
+        # per step: the loss kernel's loss and hit partials, the guard's four, and (mixed
+        # precision with a loss scale) the scale's state after the step
+        self.width = 2 * self.blocks + 4 + (self.mixed.row_extra if self.mixed else 0)
+        with device.using_stream(self.stream):
+            self.rows = device.zeros(self.n_steps * self.width, np.float64)
         self.t = int(ctx.opt_state.t)
         self.recurrence = recurrent.Recurrence()
-        self.lowered = Lowered(self.program, self.w, self.g, self.recurrence, self.dtype)
+        self.lowered = Lowered(self.program, self.mixed.w16 if self.mixed else self.w, self.g,
+                               self.recurrence, self.dtype, rounding=self.mixed)
         self.loss_code = tk.LOSS_CODES[ctx.loss_type]
         self.categorical = self.loss_code in (tk.CE, tk.CCE)
         self.x_shape = tuple(x.shape[1:])
@@ -163,7 +173,6 @@ class DeviceRun:
         self.order = device.empty(self.n, np.int64)
         self.state = device.empty(tk.STATE_SIZE, np.int64)
         self.table = device.empty(self.n_steps, coefficient_dtype(dt))
-        self.rows = device.zeros(self.n_steps * self.width, np.float64)
         self.partials = device.empty(2 * device.config.GUARD_BLOCKS, np.float64)
 
     @property
@@ -272,6 +281,9 @@ class DeviceRun:
             device.upload(self.table, self.opt.coefficient_table(self.t + 1, len(starts),
                                                                  ctx.lr, self.dtype))
             device.upload(self.state, np.zeros(tk.STATE_SIZE, np.int64))
+            if self.mixed is not None:
+                self.mixed.upload_state(ctx.state)
+                skips_before = int(ctx.state.get("loss_scale_skips", 0))
             for b, start in enumerate(starts):
                 count = min(bs, self.n - start)
                 before = counters.snapshot()
@@ -295,6 +307,8 @@ class DeviceRun:
         self.device_counts = {k: step_counts[k] / steps_run for k in counters.KEYS}
         self.device_counts["per_epoch"] = {k: epoch[k] - step_counts[k] for k in counters.KEYS}
         ctx.opt_state.t = self.t
+        if self.mixed is not None:
+            stats.scaler_skips = int(ctx.state.get("loss_scale_skips", 0)) - skips_before
         self.binding.stale = True
         return stats
 
@@ -304,6 +318,8 @@ class DeviceRun:
         n_terms = count if self.categorical else count * self.out_width
         self.ctx.step += 1
         guard = row[2 * blocks:]
+        if self.mixed is not None:
+            self.mixed.account(guard[4:], self.ctx.state)
         if guard[tk.APPLY] != 0.0:
             self.t += 1
         # the mean in float64, rounded once to the dtype: the CPU loss kernels' value (a float32
@@ -359,6 +375,9 @@ class DeviceRun:
         the step's row and the optimizer's step count are read from ``self.state``)."""
         cfg, dt = self.ctx.config, self.dtype
         width_x = int(np.prod(self.x_shape, dtype=np.int64))
+        mixed = self.mixed
+        if mixed is not None:
+            mixed.round_weights(self.w)
         xb = device.empty(count * width_x, self.x.dtype)
         launch(tk.gather_rows, count * width_x)(self.x, self.order, self.state, xb, count,
                                                 width_x)
@@ -372,9 +391,16 @@ class DeviceRun:
         tk.loss_rows[self.blocks, device.config.REDUCE_BLOCK](
             pred.data, self.y, self.order, self.state, grad, self.rows, self.width, rows, width,
             self.loss_code, 1.0 / n_terms, eps)
+        if mixed is not None:
+            mixed.scaled_cotangent(grad)
         self.lowered.backward(pred._replace(data=grad))
+        if mixed is not None:
+            mixed.unscaled_gradients(self.g)
         tk.guard_partials[device.config.GUARD_BLOCKS, device.config.REDUCE_BLOCK](
             self.g, self.partials)
+        if mixed is not None:
+            mixed.scale_step(self.partials, self.rows, self.state, self.width, self.blocks,
+                             1.0 / n_terms, float(np.finfo(dt).max))
         slots = [self.slot[s] for s in self.opt.state_names] + [self.none, self.none]
         blocks = max(1, min(device.config.UPDATE_BLOCKS,
                             device.grid_1d(self.w.shape[0])[0]))

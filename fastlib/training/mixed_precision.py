@@ -8,7 +8,7 @@ gradient rounded to the format; the gradients are unscaled in float32, checked, 
 applied to the masters. Layers compute in float32 between those points, as fastlib's ops do in
 16 bits. A Dense MLP's epochs run compiled, in the MLP schedule's column epoch, which rounds
 at the same points (``TrainingResult.path`` ``"program"``); other models go batch by batch
-(``"generic"``), as does ``fused=False``.
+(``"generic"``), as does ``fused=False``; ``device="cuda"`` rounds there (``fastlib.cuda.mixed``).
 docs/training.md, section "Mixed precision".
 """
 from __future__ import annotations
@@ -208,19 +208,18 @@ def evaluate(model, x, y, loss_type, fmt):
 
 
 def attach(ctx, algo, mp: MixedPrecision, device, data_parallel):
-    """The algorithm that trains ``ctx``'s run in ``mp``'s precision (``bp`` only).
+    """The algorithm that trains ``ctx``'s run in ``mp``'s precision (``bp`` only). On
+    ``device="cuda"`` the device run reads ``ctx.scratch["mixed_precision"]`` and rounds at
+    the same points in its recorded step (``fastlib.cuda.mixed``).
 
     Raises
     ------
     ValueError
-        Another algorithm, ``device="cuda"`` or data-parallel training.
+        Another algorithm, or data-parallel training.
     """
     if algo.name != "bp":
         raise ValueError(f"dtype={mp.fmt!r} (mixed precision) trains with algorithm='bp' only; "
                          f"got {algo.name!r}: train it in float32 or float64")
-    if device != "cpu":
-        raise ValueError(f"dtype={mp.fmt!r} (mixed precision) runs on device='cpu'; the CUDA "
-                         "engine trains float32 and float64 models: pass device='cpu'")
     if data_parallel is not None:
         raise ValueError(f"dtype={mp.fmt!r} (mixed precision) with distributed=True is not "
                          "supported: train on one process")

@@ -199,4 +199,23 @@ def device_train_rows(kinds):
                                 lambda c: check_device_train(*c, dtype=dtype, mlp=True),
                                 profile.train, seed, lambda c: _reproduce(c, dtype, True))
         rows.append(Row("train", "fused MLP", ENGINE, dtype, run_mlp))
+    return rows + mixed_rows()
+
+
+def mixed_rows():
+    """The device's mixed-precision ``train`` rows: drawn Dense MLPs in bfloat16 and float16
+    and the loss-scale runs that skip, back off and grow, held against the exact replayed run
+    exactly as fastlib's own (``training_rows.check_epochs``, path ``"cuda"``)."""
+    from reports.conformance import training_cases as tc
+    from reports.conformance.rows import Row, run_cases, run_property
+    from reports.conformance.training_rows import check_epochs, reproduction
+
+    rows = []
+    for fmt in ("bfloat16", "float16"):
+        def run(profile, seed, fmt=fmt):
+            return run_property(tc.mixed_cases(fmt, paths=("cuda",)), check_epochs,
+                                profile.train, seed, reproduction)
+        rows.append(Row("train", "mixed MLP", ENGINE, fmt, run))
+    rows.append(Row("train", "loss scale", ENGINE, "float16", lambda profile, seed: run_cases(
+        tc.loss_scale_cases(paths=("cuda",)), check_epochs, lambda i, case: reproduction(case))))
     return rows

@@ -40,8 +40,8 @@ class EpochCase:
     clipping is active and the threshold is a number both dtypes hold exactly. ``path`` is
     ``"fused"`` (must take the whole-epoch fused path), ``"pieces"`` (the same, cut into
     ``pieces`` pieces, default :data:`PIECES_PATH_PLAN`, whatever the size), ``"compiled"``
-    (must take a whole-epoch compiled path: the attention models') or ``"generic"``
-    (``fused=False``: the per-batch loop).
+    (must take a whole-epoch compiled path: the attention models'), ``"generic"``
+    (``fused=False``: the per-batch loop) or ``"cuda"`` (``device="cuda"``: fastlib-cuda).
     """
 
     config: dict
@@ -619,9 +619,10 @@ def _row_peak(config, seed, x, y, loss):
 
 
 @st.composite
-def mixed_cases(draw, fmt):
-    """A Dense MLP trained in mixed ``fmt`` for two epochs, on the per-batch path or in the
-    compiled MLP epoch (whole, or cut into pieces). float16 runs under a dynamic loss scale 8
+def mixed_cases(draw, fmt, paths=("generic", "fused", "pieces")):
+    """A Dense MLP trained in mixed ``fmt`` for two epochs, on one of ``paths``: the per-batch
+    path, the compiled MLP epoch (whole, or cut into pieces) or the device (``"cuda"``).
+    float16 runs under a dynamic loss scale 8
     to 16 times below the overflow of every batch's backward at the start (so no step sits
     near it; ``loss_scale_cases`` crosses it on purpose)."""
     from reports.conformance.mixed_training import MIXED_ACTIVATIONS, MIXED_LOSSES
@@ -639,18 +640,19 @@ def mixed_cases(draw, fmt):
         peak = _row_peak(config, seed, x.astype(np.float32), y, loss)
         threshold = optable.formats.FORMATS["float16"].overflow
         scale = {"init_scale": 2.0 ** int(np.floor(np.log2(threshold / (8.0 * peak))))}
-    path = draw(st.sampled_from(["generic", "fused", "pieces"]))
+    path = draw(st.sampled_from(list(paths)))
     return EpochCase(config, x, y, loss, seed, "float32", path=path,
                      label=f"MLP mixed {fmt} {path}", mixed=fmt, loss_scale=scale,
                      **_options(draw, n))
 
 
-def loss_scale_cases():
+def loss_scale_cases(paths=("generic", "fused")):
     """float16 runs whose loss scale starts 2**3.5 times above the overflow of the backward:
     four skipped steps (the scale halved each time), then a growth every two clean steps that
     overflows again, so skips, backoffs and growths alternate, each step a factor sqrt(2)
     clear of the threshold; one batch per epoch, so a skipped step repeats the same batch.
-    Each runs on the per-batch path and in the compiled MLP epoch."""
+    Each runs on every one of ``paths`` (default: the per-batch path and the compiled MLP
+    epoch; ``("cuda",)``: the device)."""
     import fastlib
     from reports.conformance.mixed_training import scaled_peak
 
@@ -667,7 +669,7 @@ def loss_scale_cases():
         x16 = x.astype(np.float32).astype(np.float16).astype(np.float64)
         peak = scaled_peak(config, params, x16, y, "cross_entropy")
         scale = {"init_scale": float(threshold / peak * 2.0 ** 3.5), "growth_interval": 2}
-        for path in ("generic", "fused"):
+        for path in paths:
             cases.append(EpochCase(config, x, y, "cross_entropy", 7, "float32", optimizer, lr,
                                    batch_size=6, epochs=10, shuffle=False, path=path,
                                    label=f"loss scale float16 {optimizer} {path}",

@@ -567,6 +567,7 @@ def _train(case, model, x, y, clip):
                              optimizer=case.optimizer, gradient_clip=clip,
                              clip_mode=case.clip_mode, shuffle=case.shuffle, seed=case.seed,
                              verbose=False, fused=case.path != "generic",
+                             device="cuda" if case.path == "cuda" else "cpu",
                              **({} if _plan(case) is None else {"pieces": _plan(case)}),
                              # the divergence rules' probe forwards would count as batches in
                              # the order check; they draw no RNG and change no weight
@@ -654,7 +655,9 @@ def check_epochs(case: EpochCase):
     if _plan(case) is not None and run.piece_plan != {"pieces": _plan(case),
                                                       "source": "argument"}:
         result.fail(f"fastlib.train ran piece plan {run.piece_plan}, not {_plan(case)} pieces")
-    if case.path != "generic" and not run.fused:
+    if case.path == "cuda" and run.path != "cuda":
+        result.fail(f"fastlib.train(device='cuda') trained on path {run.path!r}")
+    if case.path not in ("generic", "cuda") and not run.fused:
         result.fail(f"fastlib.train did not take a whole-epoch compiled path ({case.label})")
     if case.path == "generic" and run.fused:
         result.fail("fastlib.train(fused=False) took the fused path")
