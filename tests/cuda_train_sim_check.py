@@ -57,7 +57,7 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "program:transformer block", "program:Parallel and nesting",
            "unsupported:softmax named, with the fix",
            "mixed:device equals the per-batch CPU path", "mixed:resume is bit for bit",
-           "mixed:masters stay float32 on the host")
+           "mixed:masters stay float32 on the host", "mixed:graph replays equal launches")
 SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
         "slow:train_sh resume is bit for bit")
 
@@ -1224,6 +1224,39 @@ def run_mixed(report):
                            f"the check needs skips and taken steps")
     report("mixed:device equals the per-batch CPU path", not bad, bad or "all within bounds")
     _mixed_resume(report)
+    _mixed_graphs(report)
+
+
+def _mixed_graphs(report):
+    """A float16 run whose scale moves at every step (skips, back-offs, growths), recorded as
+    graphs and replayed (``FakeGraphs``: a stale scale or step captured at recording would
+    replay), equals the same run launched, bit for bit, scale and skips included."""
+    import fastlib
+
+    _, make, x, y, loss = _mixed_models()[0]
+    kw = _mixed_kw("float16")
+    runs = []
+    for fake in (True, False):
+        m = make()
+        if fake:
+            with FakeGraphs():
+                r = fastlib.train(m, x, y, 3, 2, 0.2, loss, device="cuda", **kw)
+        else:
+            os.environ["FASTLIB_CUDA_GRAPHS"] = "0"
+            try:
+                r = fastlib.train(m, x, y, 3, 2, 0.2, loss, device="cuda", **kw)
+            finally:
+                os.environ.pop("FASTLIB_CUDA_GRAPHS", None)
+        runs.append((r, m.parameters()))
+    (rg, wg), (rl, wl) = runs
+    same = (rg.loss_history == rl.loss_history and all(np.array_equal(wg[k], wl[k]) for k in wl)
+            and (rg.loss_scale, rg.loss_scale_skips) == (rl.loss_scale, rl.loss_scale_skips))
+    report("mixed:graph replays equal launches",
+           same and rg.cuda_mode == "graph" and rl.cuda_mode == "launches"
+           and 0 < rl.loss_scale_skips < 6,
+           f"modes {rg.cuda_mode}/{rl.cuda_mode}; losses {rg.loss_history} / "
+           f"{rl.loss_history}; scale/skips {rg.loss_scale}/{rg.loss_scale_skips} vs "
+           f"{rl.loss_scale}/{rl.loss_scale_skips}; same: {same}")
 
 
 def _mixed_resume(report):
