@@ -212,7 +212,8 @@ def bench_precision(doc):
                                else 100 * r["accuracy_minus_float32"], 2),
                      _num((r["parameter_bytes"] + r["activation_bytes"]) / 1024, 3),
                      _num(r.get("bytes_over_float32"), 3),
-                     _num(r["traced_peak_bytes"] / 1024, 4)])
+                     _num(None if r.get("traced_peak_bytes") is None
+                          else r["traced_peak_bytes"] / 1024, 4)])
     header = ["case", "path", "s/epoch", "/ float32", "test acc %", "per seed",
               "- float32 (points)", "param+act KiB", "/ float32", "traced peak KiB"]
     return _table(header, rows) + _provenance(doc)

@@ -57,7 +57,8 @@ DEFAULT = ("frame:one readback per step", "frame:one readback per epoch",
            "program:transformer block", "program:Parallel and nesting",
            "unsupported:softmax named, with the fix",
            "mixed:device equals the per-batch CPU path", "mixed:resume is bit for bit",
-           "mixed:masters stay float32 on the host", "mixed:graph replays equal launches")
+           "mixed:masters stay float32 on the host", "mixed:graph replays equal launches",
+           "mixed:bench train --dtypes on the device")
 SLOW = ("slow:train_sh", "slow:optimizers", "slow:every layer type",
         "slow:train_sh resume is bit for bit")
 
@@ -1225,6 +1226,30 @@ def run_mixed(report):
     report("mixed:device equals the per-batch CPU path", not bad, bad or "all within bounds")
     _mixed_resume(report)
     _mixed_graphs(report)
+    _mixed_bench(report)
+
+
+def _mixed_bench(report):
+    """``verigrad bench train --dtypes ... --device cuda``'s measuring loop, at a toy size:
+    every format trains on the device (path "cuda") and is scored, with no host trace."""
+    from reports.bench import precision
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 1, (8, 64)).astype(np.float32)
+    y = rng.integers(0, 10, 8)
+    saved = dict(precision.DEFAULTS)
+    precision.DEFAULTS.update(hidden=4, batch_size=4)
+    try:
+        rows = precision._measure(precision.case_names(["float32", "float16"]), (x, y, x, y),
+                                  1, lambda text: None, "cuda", epochs=2)
+    finally:
+        precision.DEFAULTS.clear()
+        precision.DEFAULTS.update(saved)
+    ok = [r["case"] for r in rows] == ["float32", "float16"] and all(
+        r["path"] == "cuda" and r["traced_peak_bytes"] is None and 0 <= r["test_accuracy"] <= 1
+        and r["s_per_epoch"] > 0 for r in rows)
+    report("mixed:bench train --dtypes on the device", ok,
+           [(r["case"], r["path"], r["test_accuracy"], r["traced_peak_bytes"]) for r in rows])
 
 
 def _mixed_graphs(report):

@@ -26,6 +26,34 @@ def test_bad_dtypes_runs_are_refused_before_any_work(argv, message, capsys, monk
     assert err.startswith("usage: verigrad bench train") and message in err, err[-400:]
 
 
+def test_on_the_device_without_one_the_run_is_refused_before_any_work(capsys, monkeypatch):
+    import fastlib.cuda
+    from fastlib import datasets
+    from reports.bench import train
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the device was refused")
+
+    monkeypatch.setattr(datasets, "load_digits", no_work)
+    monkeypatch.setattr(train, "on_simulator", lambda: False)
+    monkeypatch.setattr(fastlib.cuda, "unavailable_reason", lambda: "no CUDA driver (test)")
+    assert main(["bench", "train", "--dtypes", "float16", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: verigrad bench train") and "no usable GPU here: no CUDA " \
+        "driver (test)" in err, err
+
+
+def test_on_the_simulator_the_device_run_is_refused_with_the_reason(capsys, monkeypatch):
+    import fastlib.cuda
+    from reports.bench import train
+
+    monkeypatch.setattr(fastlib.cuda, "unavailable_reason", lambda: None)   # the simulator
+    monkeypatch.setattr(train, "on_simulator", lambda: True)
+    assert main(["bench", "train", "--dtypes", "float16", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: verigrad bench train") and "run it on a GPU" in err, err
+
+
 def test_a_small_run_reports_every_format_and_counts_its_bytes(tmp_path, monkeypatch, capsys):
     from reports.bench import precision
     from reports.results_tables import bench_precision

@@ -6,7 +6,7 @@ the bytes the format needs for the parameters and the activations between layers
 masters included for a 16-bit run), and the peak of NumPy's allocations during one epoch as
 ``tracemalloc`` traces it (what fastlib holds: its compiled epoch keeps 16-bit values in
 float32 storage). Every format runs on the compiled program (the MLP schedule), so the ratios
-are the cost of the format alone.
+are the cost of the format alone; ``--device cuda`` trains each on the device instead.
 """
 from __future__ import annotations
 
@@ -40,13 +40,13 @@ def _model(dtype, seed):
                                      dtype=model_dtype, seed=seed)
 
 
-def _train(model, x, y, dtype, fused, epochs, seed):
+def _train(model, x, y, dtype, fused, epochs, seed, device="cpu"):
     import fastlib
 
     precision = dtype if dtype in ("bfloat16", "float16") else None
     return fastlib.train(model, x, y, epochs, DEFAULTS["batch_size"], DEFAULTS["lr"],
                          "cross_entropy", optimizer=DEFAULTS["optimizer"], seed=seed,
-                         verbose=False, dtype=precision, fused=fused)
+                         verbose=False, dtype=precision, fused=fused, device=device)
 
 
 def _accuracy(model, x, y, dtype):
@@ -83,16 +83,18 @@ def _traced_peak(x, y, dtype, fused):
         tracemalloc.stop()
 
 
-def _measure(cases, data, repeats, progress):
+def _measure(cases, data, repeats, progress, device="cpu", epochs=None):
     """One row per case. The runs are interleaved, seed by seed, every case in turn, so that a
-    change in the machine's speed during the benchmark falls on every case alike."""
+    change in the machine's speed during the benchmark falls on every case alike. On
+    ``device="cuda"`` no traced peak (the device's memory is not NumPy's): None."""
+    epochs = epochs or DEFAULTS["epochs"]
     x, y, x_test, y_test = data
     runs = {label: {"seconds": [], "accuracy": [], "path": None} for label, _, _ in cases}
     for seed in range(repeats):
         for label, dtype, fused in cases:
             progress(f"{label} seed {seed}")
             model = _model(dtype, seed)
-            result = _train(model, x, y, dtype, fused, DEFAULTS["epochs"], seed)
+            result = _train(model, x, y, dtype, fused, epochs, seed, device)
             run = runs[label]
             run["seconds"] += list(result.epoch_times[1:])   # each run's first epoch compiles
             run["accuracy"].append(_accuracy(model, x_test, y_test, dtype))
@@ -106,7 +108,8 @@ def _measure(cases, data, repeats, progress):
                      "test_accuracy": statistics.fmean(run["accuracy"]),
                      "test_accuracies": run["accuracy"], "parameter_bytes": params,
                      "activation_bytes": acts,
-                     "traced_peak_bytes": _traced_peak(x, y, dtype, fused)})
+                     "traced_peak_bytes": (_traced_peak(x, y, dtype, fused)
+                                           if device == "cpu" else None)})
     return rows
 
 
@@ -130,7 +133,7 @@ def run(args, dtypes) -> int:
     line = ProgressLine(enabled=progress_enabled(args))
     load_start = _loadavg()
     start = time.perf_counter()
-    rows = _measure(case_names(dtypes), data, repeats, line.update)
+    rows = _measure(case_names(dtypes), data, repeats, line.update, args.device)
     line.finish("")
     base = next((r for r in rows if r["case"] == "float32"), None)
     for r in rows:
@@ -141,7 +144,7 @@ def run(args, dtypes) -> int:
                                        / (base["parameter_bytes"] + base["activation_bytes"]))
     report = {"model": f"digits MLP 64-{DEFAULTS['hidden']}-10 relu", "data": "digits",
               "settings": dict(DEFAULTS, repeats=repeats), "dtypes": list(dtypes),
-              "threads": args.threads[0] if args.threads else None,
+              "threads": args.threads[0] if args.threads else None, "device": args.device,
               "environment": environment.environment(),
               "load_average": {"start": load_start, "end": _loadavg()},
               "seconds": time.perf_counter() - start, "results": rows}
@@ -166,4 +169,8 @@ def _print(report):
               f"{100 * r['test_accuracy']:8.2f} "
               f"{'-' if delta is None else format(100 * delta, '+8.2f'):>8} "
               f"{(r['parameter_bytes'] + r['activation_bytes']) / 1024:13.1f} "
-              f"{r['traced_peak_bytes'] / 1024:15.1f}")
+              f"{_kib(r['traced_peak_bytes']):>15}")
+
+
+def _kib(n):
+    return "-" if n is None else f"{n / 1024:.1f}"

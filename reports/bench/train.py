@@ -125,13 +125,15 @@ def validate(args):
             if used:
                 return f"{flag} applies only with --distributed"
     if getattr(args, "dtypes", None):
-        for flag, used in (("--device cuda", args.device == "cuda"),
-                           ("--distributed", args.distributed), ("--engines", args.engines),
+        for flag, used in (("--distributed", args.distributed), ("--engines", args.engines),
                            ("--model", args.model not in (None, "mlp")),
                            ("--threads with several counts", len(args.threads) > 1)):
             if used:
-                return (f"--dtypes trains the digits MLP with fastlib on the CPU, one thread "
-                        f"count: drop {flag}")
+                return (f"--dtypes trains the digits MLP with fastlib (on the CPU, or the "
+                        f"device with --device cuda), one thread count: drop {flag}")
+        if simulated:
+            return ("--dtypes with --device cuda trains the digits MLP for 20 epochs per "
+                    "format and seed, hours on numba's CUDA simulator: run it on a GPU")
     if getattr(args, "profile", False) and args.device != "cuda":
         return "--profile times fastlib-cuda's launches: it needs --device cuda"
     if args.device == "cuda" and len(args.threads) > 1:
