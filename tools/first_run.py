@@ -5,9 +5,9 @@ Both runs use one fresh ``NUMBA_CACHE_DIR`` and one fresh folder of exact values
 value, the second loads them, as a user's first and second runs do. Every process of a run (the
 command and its workers) counts its Numba compilations by the kernel's module (a Numba event
 listener, installed from a temporary ``sitecustomize``), so the record says where the first
-run's time went. The file carries the
-envelope of every docs/results/ file (command, date, machine, versions, load, seconds, data)
-and renders as the ``first-run`` tables of docs/performance.md.
+run's time went. The file carries the envelope of every docs/results/ file (command, date,
+machine, versions, load, seconds, data) and renders as the ``first-run`` tables of
+docs/performance.md.
 """
 from __future__ import annotations
 

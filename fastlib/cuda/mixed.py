@@ -37,10 +37,11 @@ class DeviceMixed:
         # scale, clean steps, skips (float64: the rule's numbers, exact up to 2**53 steps)
         self.state = device.empty(tk.SCALE_STATE_SIZE, np.float64) if self.scale else None
 
-    #: numbers each step adds to its row after the guard's (the scale's state after the step)
-    @property
-    def row_extra(self) -> int:
-        return tk.SCALE_STATE_SIZE if self.scale else 0
+    @staticmethod
+    def row_extra(mp) -> int:
+        """Numbers each step of a run in ``mp`` (or None) adds to its row after the guard's:
+        the scale's state after the step, when it has a loss scale."""
+        return tk.SCALE_STATE_SIZE if mp is not None and mp.scale is not None else 0
 
     # -- per epoch, on the host ---------------------------------------------------------------
     def upload_state(self, state: dict) -> None:
@@ -89,11 +90,10 @@ class DeviceMixed:
         if self.scale is not None and g.shape[0]:
             launch(tk.scale_values, g.shape[0])(g, self.state, 1)
 
-    def scale_step(self, partials, rows, state, width, n_loss, inv_n, limit) -> None:
-        """Move the scale after the guard's partials (``train_kernels.loss_scale_step``)."""
+    def scale_step(self, rows, state, width, n_loss) -> None:
+        """Move the scale after the guarded update (``train_kernels.loss_scale_step``)."""
         if self.scale is None:
             return
         s = self.scale
-        tk.loss_scale_step[1, 1](self.state, partials, rows, state, width, n_loss, inv_n,
-                                 limit, s.growth_factor, s.backoff_factor,
-                                 s.growth_interval, int(s.dynamic))
+        tk.loss_scale_step[1, 1](self.state, rows, state, width, n_loss, s.growth_factor,
+                                 s.backoff_factor, s.growth_interval, int(s.dynamic))

@@ -40,6 +40,7 @@ MSE, CE, CCE, BCE, BCE_LOGITS = (LOSS_CODES[n] for n in (
 
 #: Slots of the guard vector written by :data:`guard_update` (after the loss partials).
 APPLY, SCALE, NORM, GRAD_FINITE = range(4)
+GUARD_SIZE = 4
 
 #: Slots of a run's int64 step state on the device (read by the kernels, so a recorded step --
 #: a CUDA graph -- replays for every batch with the same arguments): the batch's first position
@@ -461,7 +462,7 @@ def _guard_update_body(kind, w, g, a, b, table, state, stats, stats_width, n_los
     # Then clip (value: clamp; norm: the scale) into g, as the CPU clips in place, and take the
     # optimizer step with the coefficients of row T of the epoch's table. The last block to
     # finish advances the step state (cursor, row, T) for the next step.
-    guard = cuda.shared.array(4, float64)
+    guard = cuda.shared.array(GUARD_SIZE, float64)
     tid = cuda.threadIdx.x
     at = state[ROW] * stats_width
     if tid == 0:
@@ -487,7 +488,7 @@ def _guard_update_body(kind, w, g, a, b, table, state, stats, stats_width, n_los
         guard[GRAD_FINITE] = 1.0 if grad_ok else 0.0
         if cuda.blockIdx.x == 0:
             out = at + 2 * n_loss
-            for q in range(4):
+            for q in range(GUARD_SIZE):
                 stats[out + q] = guard[q]
     cuda.syncthreads()
     if guard[APPLY] != 0.0:
@@ -558,35 +559,29 @@ def _scale_values_body(a, scale, inverse):
 scale_values = kernel("void(float32[::1], float64[::1], int64)")(_scale_values_body)
 
 
-def _loss_scale_step_body(scale, partials, stats, state, stats_width, n_loss, inv_n, limit,
-                          growth, backoff, interval, dynamic):
-    # One thread: after the guard's partials, before the guarded update advances the row.
-    # A step whose loss is finite (and no earlier step of the epoch halted) moves the scale
-    # by the rule every path shares (``skeleton.scale_after_step``): found inf/NaN in the
-    # unscaled gradient (the partials' count) -> back off and count a skip, else one more
-    # clean step. A non-finite loss stops training there, leaving the scale as it was.
+def _loss_scale_step_body(scale, stats, state, stats_width, n_loss, growth, backoff, interval,
+                          dynamic):
+    # One thread, after the guarded update, from the guard's own decision in the step's row
+    # (the state's row has moved on by one): a step that did not halt training (a finite loss,
+    # no earlier halt) moves the scale by the rule every path shares
+    # (``skeleton.scale_after_step``): a non-finite gradient -> back off and count a skip,
+    # else one more clean step. A non-finite loss stops training there, the scale as it was.
     if cuda.grid(1) != 0:
         return
-    at = state[ROW] * stats_width
-    bad = 0.0
-    for k in range(partials.shape[0] // 2):
-        bad += partials[2 * k + 1]
-    loss = 0.0
-    for q in range(n_loss):
-        loss += stats[at + q]
-    mean = loss * inv_n
-    if mean == mean and abs(mean) < limit and state[HALT] == 0:
+    at = (state[ROW] - 1) * stats_width
+    if state[HALT] == 0:
+        found_inf = stats[at + 2 * n_loss + GRAD_FINITE] == 0.0
         s, clean, skips = scale_after_step(scale[LOSS_SCALE], int64(scale[SCALE_CLEAN]),
-                                           int64(scale[SCALE_SKIPS]), bad != 0.0, growth,
+                                           int64(scale[SCALE_SKIPS]), found_inf, growth,
                                            backoff, interval, dynamic)
         scale[LOSS_SCALE] = s
         scale[SCALE_CLEAN] = clean
         scale[SCALE_SKIPS] = skips
-    out = at + 2 * n_loss + 4
+    out = at + 2 * n_loss + GUARD_SIZE
     for q in range(SCALE_STATE_SIZE):
         stats[out + q] = scale[q]
 
 
-loss_scale_step = kernel("void(float64[::1], float64[::1], float64[::1], int64[::1], int64, "
-                         "int64, float64, float64, float64, float64, int64, int64)")(
+loss_scale_step = kernel("void(float64[::1], float64[::1], int64[::1], int64, int64, float64, "
+                         "float64, int64, int64)")(
     _loss_scale_step_body)

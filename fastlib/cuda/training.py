@@ -119,16 +119,14 @@ class DeviceRun:
         # partials and the guard's four
         self.blocks = device.grid_1d(bs, device.config.REDUCE_BLOCK)[0]
         mp = ctx.scratch.get("mixed_precision")
+        # per step: the loss kernel's loss and hit partials, the guard's numbers, and (mixed
+        # precision with a loss scale) the scale's state after the step
+        self.width = 2 * self.blocks + tk.GUARD_SIZE + DeviceMixed.row_extra(mp)
         self.mixed = None
         with device.using_stream(self.stream):
             self._allocate(ctx, x, y)
             if mp is not None:   # mixed precision: the rows read the masters rounded
                 self.mixed = DeviceMixed(mp, self.w.shape[0])
-        # per step: the loss kernel's loss and hit partials, the guard's four, and (mixed
-        # precision with a loss scale) the scale's state after the step
-        self.width = 2 * self.blocks + 4 + (self.mixed.row_extra if self.mixed else 0)
-        with device.using_stream(self.stream):
-            self.rows = device.zeros(self.n_steps * self.width, np.float64)
         self.t = int(ctx.opt_state.t)
         self.recurrence = recurrent.Recurrence()
         self.lowered = Lowered(self.program, self.mixed.w16 if self.mixed else self.w, self.g,
@@ -173,6 +171,7 @@ class DeviceRun:
         self.order = device.empty(self.n, np.int64)
         self.state = device.empty(tk.STATE_SIZE, np.int64)
         self.table = device.empty(self.n_steps, coefficient_dtype(dt))
+        self.rows = device.zeros(self.n_steps * self.width, np.float64)
         self.partials = device.empty(2 * device.config.GUARD_BLOCKS, np.float64)
 
     @property
@@ -319,7 +318,7 @@ class DeviceRun:
         self.ctx.step += 1
         guard = row[2 * blocks:]
         if self.mixed is not None:
-            self.mixed.account(guard[4:], self.ctx.state)
+            self.mixed.account(guard[tk.GUARD_SIZE:], self.ctx.state)
         if guard[tk.APPLY] != 0.0:
             self.t += 1
         # the mean in float64, rounded once to the dtype: the CPU loss kernels' value (a float32
@@ -398,9 +397,6 @@ class DeviceRun:
             mixed.unscaled_gradients(self.g)
         tk.guard_partials[device.config.GUARD_BLOCKS, device.config.REDUCE_BLOCK](
             self.g, self.partials)
-        if mixed is not None:
-            mixed.scale_step(self.partials, self.rows, self.state, self.width, self.blocks,
-                             1.0 / n_terms, float(np.finfo(dt).max))
         slots = [self.slot[s] for s in self.opt.state_names] + [self.none, self.none]
         blocks = max(1, min(device.config.UPDATE_BLOCKS,
                             device.grid_1d(self.w.shape[0])[0]))
@@ -409,3 +405,5 @@ class DeviceRun:
             self.rows, self.width, self.blocks, self.partials,
             float(cfg.gradient_clip), int(cfg.clip_mode == "norm"), 1.0 / n_terms,
             float(np.finfo(dt).max), count)
+        if mixed is not None:
+            mixed.scale_step(self.rows, self.state, self.width, self.blocks)

@@ -220,8 +220,7 @@ class _Run:
         self.result = TrainingResult()
         self.rules = o.divergence_rules
         if self.mixed is not None:
-            self.algo = mixed_precision.attach(self.ctx, algo, self.mixed, device,
-                                               o.data_parallel)
+            self.algo = mixed_precision.attach(self.ctx, algo, self.mixed, o.data_parallel)
         self.settings = checkpointing.run_settings(self.ctx, self.rules, plateau, self.data,
                                                    self.mixed)
         best = self._resume_or_init(resume, lr)

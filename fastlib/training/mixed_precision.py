@@ -207,7 +207,7 @@ def evaluate(model, x, y, loss_type, fmt):
         return evaluate_model(_Forward16(model, fmt), x, y, loss_type)
 
 
-def attach(ctx, algo, mp: MixedPrecision, device, data_parallel):
+def attach(ctx, algo, mp: MixedPrecision, data_parallel):
     """The algorithm that trains ``ctx``'s run in ``mp``'s precision (``bp`` only). On
     ``device="cuda"`` the device run reads ``ctx.scratch["mixed_precision"]`` and rounds at
     the same points in its recorded step (``fastlib.cuda.mixed``).
