@@ -277,7 +277,7 @@ def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, stat
             _piece_work(plan, layer, forward, update, p, nb, a_in, state, bufs, upd, c, total, prec,
                         unscale)
         if next_batch:
-            _gather(x, order, next_start, 0, next_nb, a_next)
+            _gather(x, order, next_start, np.int64(0), next_nb, a_next)
         kopt.leave_ftz(old)
         return
     # NOTE: a parallel loop takes arrays and scalars only (no tuples of arrays): the named
@@ -348,8 +348,12 @@ def epoch(plan, data, state, bufs, update, prec):
     # NOTE: two batch buffers: the backward pass gathers the next batch in parallel while
     # this batch's buffer is still in use (a serial gather was ~8% of a batch-64 MNIST epoch)
     in_size = bs * plan.dims[0]
-    _gather(x, order, 0, 0, min(bs, n_samples), bufs.a_in[:in_size])
-    no_gather = (x, order, 0, 0, bufs.a_in)
+    # NOTE: the regions' flags and constants are passed as typed values (np.bool_, np.int64),
+    # not literals: Numba compiles a callee once per distinct literal argument, and the three
+    # calls below once cost three compiles of the largest kernel, and of each callee, per dtype
+    yes, no, zero = np.bool_(True), np.bool_(False), np.int64(0)
+    _gather(x, order, zero, zero, min(bs, n_samples), bufs.a_in[:in_size])
+    no_gather = (x, order, zero, zero, bufs.a_in)
     for start in range(0, n_samples, bs):
         nb = min(bs, n_samples - start)
         step_in = bufs.a_in[(batch % 2) * in_size:(batch % 2 + 1) * in_size]
@@ -361,7 +365,7 @@ def epoch(plan, data, state, bufs, update, prec):
         for layer in range(0, n_layers, 2):
             # the pending update of the previous step uses its coefficient row, updates - 1
             kopt.leave_ftz(old_fp)
-            _pair_region(threads, layer, True, pending and layer == 0, nb, n_pieces, step_in,
+            _pair_region(threads, layer, yes, pending and layer == 0, nb, n_pieces, step_in,
                          plan, state, bufs, update, update.coeffs[max(updates - 1, 0):][:1], total,
                          no_gather, prec, unscale)
             kopt.enter_ftz()
@@ -400,7 +404,7 @@ def epoch(plan, data, state, bufs, update, prec):
             if layer + 1 < n_layers:
                 _join_backward(plan, layer + 1, nb, n_pieces, state.g, bufs, prec.code)
             kopt.leave_ftz(old_fp)
-            _pair_region(threads, layer, False, False, nb, n_pieces, step_in, plan, state, bufs,
+            _pair_region(threads, layer, no, no, nb, n_pieces, step_in, plan, state, bufs,
                          update, update.coeffs[0:1], total,
                          (x, order, start + bs, next_nb, next_in), prec, unscale)
             kopt.enter_ftz()
@@ -420,7 +424,7 @@ def epoch(plan, data, state, bufs, update, prec):
         updates += 1
     kopt.leave_ftz(old_fp)
     if pending:
-        _pair_region(threads, -1, True, True, 0, n_pieces, bufs.a_in, plan, state, bufs, update,
-                     update.coeffs[updates - 1:updates], total, no_gather, prec,
+        _pair_region(threads, np.int64(-1), yes, yes, zero, n_pieces, bufs.a_in, plan, state,
+                     bufs, update, update.coeffs[updates - 1:updates], total, no_gather, prec,
                      state.g.dtype.type(1.0))
     return loss_sum, correct_sum, skipped, updates, -1, 0.0
