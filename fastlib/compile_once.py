@@ -15,7 +15,7 @@ import hashlib
 import os
 import tempfile
 
-__all__ = ["CompileBusy", "compiled_for", "deferring"]
+__all__ = ["CompileBusy", "compiled_for", "deferring", "read_only"]
 
 _DEFER = [False]   # inside deferring(): a busy lock raises instead of waiting
 
@@ -26,6 +26,19 @@ class CompileBusy(BaseException):
     A ``BaseException``, like ``KeyboardInterrupt``: a check that reports any ``Exception`` of
     the code it runs as a failure must let it through to the worker that put the task back.
     """
+
+
+def read_only(a):
+    """A read-only view of ``a`` (``a`` itself keeps its flags).
+
+    NOTE: Numba types a read-only array apart from a writable one, so a kernel called with
+    both (the tape's values are read-only, a user's arrays are not; a broadcast operand is
+    read-only) was compiled twice per dtype. The launchers pass every input as a read-only
+    view: one signature per dtype, and a kernel cannot write to its inputs.
+    """
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _signature(dispatcher, args):

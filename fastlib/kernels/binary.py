@@ -20,6 +20,7 @@ from numba import njit, prange
 
 import optable
 from fastlib import config
+from fastlib.compile_once import read_only
 from fastlib.kernels.reduce import copy_and_sum_to_shape, scaled_copies, sum_to_shape
 from fastlib.kernels.reduce import sum_to_shape_rounded_once
 from fastlib.kernels.vecmath import dd_div, dd_mul, like, two_prod
@@ -252,7 +253,8 @@ def _planned(a, b, shape):
         a = np.ascontiguousarray(np.broadcast_to(a, shape))
         b = np.ascontiguousarray(np.broadcast_to(b, shape))
         plan = _plan(a, b, shape)
-    return plan
+    m, k, fa, sa, fb, sb = plan
+    return m, k, read_only(fa), sa, read_only(fb), sb
 
 
 def binary_forward(name, a, b):
@@ -347,7 +349,7 @@ def _summed_vjp64(name, a, b, grad, shape):
         ga = sum_to_shape_rounded_once(grad, a.shape)
         gb = sum_to_shape_rounded_once(grad, b.shape)
         return ga, (-gb if name == "sub" else gb)
-    full = [np.ascontiguousarray(np.broadcast_to(v, shape), np.float64).reshape(-1)
+    full = [read_only(np.ascontiguousarray(np.broadcast_to(v, shape), np.float64).reshape(-1))
             for v in (a, b, grad)]
     ga, la, gb, lb = (np.empty(full[2].size) for _ in range(4))
     _vjp_terms_dd(CODES[name], *full, ga, la, gb, lb)
@@ -373,7 +375,7 @@ def binary_vjp(name, a, b, grad):
     if ga.size:
         m, k, fa, sa, fb, sb = _planned(a, b, shape)
         parts, nchunks = _split(m, ga.size)
-        views = (grad.reshape(m, k), ga.reshape(m, k), gb.reshape(m, k))
+        views = (read_only(grad.reshape(m, k)), ga.reshape(m, k), gb.reshape(m, k))
         if nchunks == 1:
             _vjp_tasks(code, fa, sa, fb, sb, *views, 1, 0, m)
         else:

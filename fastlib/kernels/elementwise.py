@@ -17,7 +17,7 @@ from numba.extending import overload
 
 import optable
 from fastlib import config
-from fastlib.compile_once import compiled_for
+from fastlib.compile_once import compiled_for, read_only
 from fastlib.kernels import scalar as S
 from fastlib.kernels.switch import compile_switch, switch_source
 
@@ -184,7 +184,7 @@ def vjp_split(op, x, g, out, slope, nchunks):
         _vjp_switch(op, x[lo:hi], g[lo:hi], out[lo:hi], slope)
 
 
-#: the launches whose kernel signature this process holds (direction, split, dtype, writeable)
+#: the launches whose kernel signature this process holds (direction, split, dtype)
 _READY = set()
 
 #: direction -> (serial kernel, parallel kernel or None)
@@ -208,7 +208,7 @@ def _launch(name, what, direction, x, *arrays, negative_slope=0.01):
     code = optable.code_of(name, "unary", what)
     serial, split = KERNELS[direction]
     out = np.empty_like(x)
-    flat = [a.reshape(-1) for a in (x, *arrays, out)]
+    flat = [read_only(a.reshape(-1)) for a in (x, *arrays)] + [out.reshape(-1)]
     nchunks = config.num_chunks(flat[0].size)
     slope = x.dtype.type(negative_slope)
     if nchunks == 1 or split is None:  # no parallel region: no thread hand-off
@@ -217,7 +217,7 @@ def _launch(name, what, direction, x, *arrays, negative_slope=0.01):
         kernel, args = split, (code, *flat, slope, nchunks)
     # NOTE: a family kernel carries every op's branch (seconds to compile): the first call of
     # each signature goes through compiled_for, so two processes compile it once between them
-    key = (direction, kernel is split, x.dtype.char, tuple(a.flags.writeable for a in flat))
+    key = (direction, kernel is split, x.dtype.char)
     if key not in _READY:
         compiled_for(kernel, *args)
         _READY.add(key)
