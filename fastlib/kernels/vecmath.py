@@ -21,6 +21,8 @@ from fastlib import config
 
 # NOTE: every function here is compiled with IEEE division (error_model="numpy": no
 # zero-division test in the loop, which would stop vectorisation) and FMA contraction only.
+# The float32 bodies are ``forceinline``: LLVM inlines each into its caller before the loop
+# vectoriser runs, and Numba types and lowers each once per signature.
 _FM = config.FASTMATH
 _f32 = np.float32
 
@@ -80,7 +82,7 @@ _ONE = _f32(1.0)
 _HALF = _f32(0.5)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
 def _exp32(x):
     # exp(x) = 2**n * exp(r), n = round(x / ln 2), |r| <= ln(2)/2 (Cody-Waite two-part ln 2).
     xc = min(max(x, _EXP_CLAMP_LO), _EXP_CLAMP_HI)
@@ -108,7 +110,7 @@ _INF32 = _f32(np.inf)
 _NAN32 = _f32(np.nan)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
 def _log32(x):
     # x = m * 2**e with m in [sqrt(1/2), sqrt(2)); log x = e ln 2 + log1p(m - 1), polynomial.
     sub = x < _FLT_MIN                       # subnormal (or <= 0): rescale by 2**23 first
@@ -130,7 +132,7 @@ def _log32(x):
     return y if x == x else x
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
 def _log1p32(u):
     # log1p(u) = log(w) + c / w to first order, w = fl(1 + u), c = u - (w - 1) the rounding
     # error of w (exact by Sterbenz while w is in [1/2, 2]; negligible relative to log(w)
@@ -159,7 +161,7 @@ _TANH_CLAMP = _f32(7.90531110763549805)
 _TANH_TINY = _f32(0.0004)                # below it tanh(x) = x to within float32 rounding
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
 def _tanh32(x):
     xc = min(max(x, -_TANH_CLAMP), _TANH_CLAMP)
     z = xc * xc
@@ -240,7 +242,7 @@ _LN2_LO64 = 1.90821492927058770002e-10
     1.0 / math.factorial(k) for k in range(2, 12))
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
 def _exp64(y):
     """exp(y) for float64 y in [-700, 700], relative error < 1e-14 (degree-11 Taylor on
     |r| <= ln(2)/2): enough for results rounded to float32. NaN is not handled."""
@@ -267,7 +269,7 @@ _ERFC_TMIN = 1.0 / (1.0 + _ERFC_ZMAX / 2)
     -5.619861252549006e-11, -1.3036073659859456e-10)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
 def _erfc_small_tail(z):
     """erfc(z) for 0 <= z <= _ERFC_ZMAX, relative error < 3e-11, branch-free.
 
@@ -295,7 +297,7 @@ def _erfc_small_tail(z):
     return t * _exp64(g - z * z)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
 def _normcdf32(x):
     # Phi(x) = erfc(-x / sqrt 2) / 2 below 0, 1 - erfc(x / sqrt 2) / 2 above; x float32, the
     # arithmetic in float64 (x^2 / 2 exact), one rounding to float32 at the end.
@@ -306,7 +308,7 @@ def _normcdf32(x):
     return y if x == x else x
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, inline="always")
+@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
 def _normpdf32(x):
     xd = np.float64(x)
     y = np.float32(_INV_SQRT_2PI * _exp64(-0.5 * xd * xd))
@@ -525,8 +527,10 @@ overload(flog1p, inline="always")(_dispatch(lambda x: _log1p32(x), lambda x: mat
 overload(ftanh, inline="always")(_dispatch(lambda x: _tanh32(x), lambda x: math.tanh(x)))
 # NOTE: float32 Phi and phi are evaluated in float64 (the float32 argument squares exactly
 # there, so the tails keep their relative accuracy) without libm, and rounded once.
-# Inlined at Numba's IR level (like _normcdf32 and its helpers): the float32 body is too large
-# for LLVM's inliner, and a call per element would stop the loop from vectorising.
+# Their float32 bodies (_normcdf32 and its helpers) are too large for LLVM's inliner, and a
+# call per element would stop the loop from vectorising: they carry LLVM's alwaysinline
+# (forceinline, below), not Numba's IR inlining, which copied and re-typed each body at every
+# call site (three times the compile time of the float32 elementwise family, same code).
 overload(fnormcdf, inline="always")(_dispatch(lambda x: _normcdf32(x),
                                               lambda x: _normcdf64(x)))
 overload(fnormpdf, inline="always")(_dispatch(lambda x: _normpdf32(x),
