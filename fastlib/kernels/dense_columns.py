@@ -79,7 +79,10 @@ def _pair_input(plan, layer, nb, a_in, post):
     return post[o:o + nb * din].reshape((nb, din))
 
 
-@njit(cache=True, error_model="numpy")
+# NOTE: the pieces' forward and backward are inlined into ``_piece_work`` (their one call
+# site) at Numba's IR level: one level of linking and re-optimising fewer per dtype (the
+# interpreter's NOTE on compile time)
+@njit(cache=True, error_model="numpy", inline="always")
 def _forward_piece(plan, layer, p, nb, w, a_in, bufs, fmt):
     """Piece ``p`` of the pair starting at COL layer ``layer``: its columns' pre-activation and
     output (Dense's epilogue; rounded to the format ``fmt`` unless it is -1), then, with a ROW
@@ -112,7 +115,7 @@ def _forward_piece(plan, layer, p, nb, w, a_in, bufs, fmt):
                bufs.part[oq:oq + nb * d2].reshape((nb, d2)))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def _backward_piece(plan, layer, p, nb, w, g, a_in, bufs, fmt):
     """Piece ``p`` of the pair starting at COL layer ``layer``, backward: with a ROW layer
     above (whose full cotangent is ready), its rows' weight gradient and this piece's
