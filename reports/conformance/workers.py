@@ -2,12 +2,12 @@
 
 Rows are independent (each draws from the run's seed and its own name), so W processes run W
 at once and the table is exactly the serial one, in plan order. A task is every row of one
-subject on one engine (its dtypes and checks): they call the same kernels, so on a first run a
-kernel is compiled by one worker instead of by all; a task that reaches a large kernel (a
-training epoch, an elementwise family) while another worker compiles it goes back in the queue
-(``fastlib.compile_once``) and the worker takes the next one. The proofs of ``verigrad
-conform`` are tasks too. Where no process can be started, or a worker dies, what it did not
-finish runs in this process instead: the run is complete either way.
+subject on one engine (its dtypes and checks; a training subject's split by dtype and run
+first): they call the same kernels, so on a first run a kernel is compiled by one worker; a
+task that reaches a large kernel (a training epoch, an elementwise family) while another
+worker compiles it goes back in the queue (``fastlib.compile_once``) and the worker takes the
+next one. The proofs of ``verigrad conform`` are tasks too. Where no process can be started,
+or a worker dies, what it did not finish runs here instead: the run is complete either way.
 """
 from __future__ import annotations
 
@@ -80,12 +80,19 @@ def _prove(kind, name):
 
 
 def _tasks(rows):
-    """Rows grouped by (engine, subject), in the order of each group's first row."""
+    """Rows grouped by (engine, subject), a training subject also by dtype; the training
+    tasks first, then the others in the order of each group's first row.
+
+    NOTE: the longest tasks first, so that the run does not end with one worker compiling a
+    training epoch (a minute per dtype) while the others are idle; a training subject's dtypes
+    call different kernels, so each is a task of its own and two workers compile them at once.
+    """
     groups = {}
     for row in rows:
-        key = row_key(row)
-        groups.setdefault((key[0], key[2]), []).append(row)
-    return list(groups.values())
+        engine, kind, subject, dtype = row_key(row)
+        groups.setdefault((kind == "train", engine, subject, dtype if kind == "train" else None),
+                          []).append(row)
+    return sorted(groups.values(), key=lambda group: group[0].kind != "train")
 
 
 def _pool(workers):
