@@ -1,10 +1,11 @@
-"""spec.precision.arrays_agree gives the plain mpf loop's answers, on raw tuples.
+"""spec.precision.arrays_agree gives the plain mpf loop's answers.
 
-``converge`` calls ``arrays_agree`` after every evaluation of the exact referee, so for speed it
-works on raw ``_mpf_`` tuples; these tests hold every True/False it returns to ``_plain``, a copy
-of the original loop, on randomized pairs just inside and outside the relative bound, noise
-around exact zeros near the absolute floor, ints, floats, inf and nan, at several ambient
-precisions (the arithmetic of both runs at ``mp.prec`` as it is when they are called).
+``converge`` calls ``arrays_agree`` after every evaluation of the exact referee, so for speed
+it passes entries that round alike on their raw ``_mpf_`` tuples; these tests hold every
+True/False it returns to ``_plain``, a copy of the original loop, on randomized pairs just
+inside and outside the relative bound, noise around exact zeros near the absolute floor, ints,
+floats, inf and nan, at several ambient precisions (the arithmetic of both runs at ``mp.prec``
+as it is when they are called).
 """
 import random
 
@@ -149,15 +150,20 @@ def test_other_entry_types_take_the_plain_path():
             arrays_agree(a, b, 10)
 
 
-def test_mpf_int_and_float_entries_never_need_the_plain_loop(monkeypatch):
+def test_entries_that_round_alike_make_no_mpf(monkeypatch):
+    # converge's common case, an evaluation at 70 digits against one at 420: every entry
+    # rounds to the same 53-bit number, so neither the bounds nor the per-entry arithmetic run
     def refuse(*args):
-        raise AssertionError("the plain loop ran")
+        raise AssertionError("the per-entry arithmetic ran")
 
-    monkeypatch.setattr(precision, "_arrays_agree_plain", refuse)
-    rng = random.Random(7)
-    for _ in range(100):
-        a, b, dps = _case(rng)
-        arrays_agree(a, b, dps)
+    monkeypatch.setattr(precision, "_bounds", refuse)
+    monkeypatch.setattr(precision, "_disagree", refuse)
+    xs = [mpmath.mpf(k) / 7 for k in range(-15, 15)] + [mpmath.inf, mpmath.nan]
+
+    def at(digits):
+        with mpmath.workdps(digits):
+            return [mpmath.exp(x) / 3 for x in xs]
+    assert arrays_agree(at(70), at(420), 50) is True
 
 
 def _coarse_case(rng):
