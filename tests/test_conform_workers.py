@@ -113,3 +113,23 @@ def test_a_task_put_back_runs_its_rest_in_the_pool_and_gives_the_serial_rows(mon
     # each task with more than one row came back once, with exactly its rest, not deferring
     assert sorted(n - 1 for n in first if n > 1) == sorted(n for n, defer in calls if not defer)
     assert any(n > 1 for n in first)
+
+
+def test_training_subjects_are_split_by_dtype_and_queued_first():
+    # the tasks are built from plain rows: what a row is made of does not matter here
+    from reports.conformance import workers
+    from reports.conformance.runner import Row
+
+    def row(kind, name, dtype):
+        return Row(kind, name, "fastlib", dtype, None)
+
+    rows = [row("exact", "tanh", "float64"), row("exact", "tanh", "float32"),
+            row("jvp", "tanh", "float64"), row("exact", "exp", "float64"),
+            row("train", "fused MLP", "float64"), row("train", "fused MLP", "float32"),
+            row("train", "Dense", "float64")]
+    tasks = [[(r.kind, r.name, r.dtype) for r in group] for group in workers._tasks(rows)]
+    assert tasks == [
+        [("train", "fused MLP", "float64")], [("train", "fused MLP", "float32")],
+        [("train", "Dense", "float64")],
+        [("exact", "tanh", "float64"), ("exact", "tanh", "float32"), ("jvp", "tanh", "float64")],
+        [("exact", "exp", "float64")]]
