@@ -56,3 +56,18 @@ def test_launch_results_match_with_either_flag():
     frozen.flags.writeable = False
     np.testing.assert_array_equal(elementwise.unary_forward("exp", x),
                                   elementwise.unary_forward("exp", frozen))
+
+
+def test_float64_broadcast_vjp_passes_read_only_inputs(monkeypatch):
+    # float64 with a broadcast operand takes the exact-terms kernel (then sums the pairs)
+    calls = []
+
+    def record(op, a, b, g, ga, la, gb, lb):
+        calls.append((a, b, g, ga, la, gb, lb))
+        for out in (ga, la, gb, lb):
+            out[:] = 0.0
+    monkeypatch.setattr(binary, "_vjp_terms_dd", record)
+    binary.binary_vjp("mul", np.arange(6.0).reshape(2, 3), np.ones(3), np.ones((2, 3)))
+    (a, b, g, *outs), = calls
+    assert not any(v.flags.writeable for v in (a, b, g))
+    assert all(v.flags.writeable for v in outs)
