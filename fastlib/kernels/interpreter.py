@@ -56,7 +56,7 @@ EpochUpdate = collections.namedtuple("EpochUpdate", "kind coeffs clip_mode clip"
 # the whole again, so every level of calls between a leaf kernel and the epoch costs one more
 # pass over all the code below it. The rows are inlined into ``_piece`` at Numba's IR level
 # (each has one call site), and the pieces' parallel region lives in ``epoch`` itself: two
-# levels fewer, a fifth less compiling per dtype, the same machine code in the loops.
+# levels fewer, about a tenth less compiling per dtype, the same code in the loops.
 
 @njit(cache=True, error_model="numpy", inline="always")
 def _forward_row(r, slots, blocks, n, w, act, tok, sc):
