@@ -1,9 +1,10 @@
 """Gradient clipping and the finiteness check that guards every optimizer step.
 
-Two modes, both from Loom's training documentation and engine: ``"value"`` clamps every gradient element to
-``[-clip, clip]`` (what Loom's engine does); ``"norm"`` rescales all gradients together when
-their global L2 norm over every parameter exceeds ``clip`` (what its documentation describes,
-and what ``torch.nn.utils.clip_grad_norm_`` does). ``clip = 0`` turns clipping off.
+Two modes, both from Loom's training documentation and engine: ``"value"`` clamps every
+gradient element to ``[-clip, clip]`` (what Loom's engine does); ``"norm"`` rescales all gradients together when
+their global L2 norm over every parameter exceeds ``clip``, by exactly ``clip / norm`` (what
+its documentation describes; ``torch.nn.utils.clip_grad_norm_`` divides by ``norm + 1e-6``).
+``clip = 0`` turns clipping off.
 """
 from __future__ import annotations
 

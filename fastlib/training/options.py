@@ -41,7 +41,7 @@ class TrainOptions:
     clip_mode : {"value", "norm"}, default "value"
         ``"value"`` clamps every gradient element to [-c, c] (Loom's engine); ``"norm"`` scales
         all gradients by c / norm when their global L2 norm exceeds c
-        (``torch.nn.utils.clip_grad_norm_``). Either way a NaN/Inf gradient skips the step.
+        (``torch.nn.utils.clip_grad_norm_``'s rule, which divides by norm + 1e-6). Either way a NaN/Inf gradient skips the step.
     shuffle : bool, default True
         Draw a new sample order every epoch from the run's Generator.
     checkpoint_every : int, default 1
