@@ -114,31 +114,62 @@ def load_digits(split: str | None = None, dtype=np.float32):
     return Split(out.x_train, out.y_train) if split == "train" else Split(out.x_test, out.y_test)
 
 
-def train_val_split(x: np.ndarray, y: np.ndarray, fraction: float = 0.1) -> tuple[Split, Split]:
+def train_val_split(x, y, fraction: float = 0.1) -> tuple[Split, Split]:
     """Hold out a stratified, deterministic validation part of a training split.
 
     Within each class (``y`` as class indices ``[N, 1]`` or ``[N]``), the last
     ``round(fraction * count)`` samples in the given order go to validation.
 
+    Parameters
+    ----------
+    x : array_like
+        The samples ``[N, ...]`` (a list is converted to an array).
+    y : array_like
+        Their class indices, ``[N, 1]`` or ``[N]``.
+    fraction : float, default 0.1
+        The share of each class held out, in [0, 1).
+
     Returns
     -------
     (Split, Split)
         The remaining training samples and the validation samples, in their original order.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A fraction that is not a number in [0, 1), x and y of different lengths, labels that
+        are not class indices, or a fraction that leaves no sample to train on.
     """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.number)):
+        raise TypeError(f"train_val_split: fraction must be a number in [0, 1), got "
+                        f"{fraction!r}")
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"validation fraction must be in [0, 1), got {fraction}")
-    labels = np.asarray(y).reshape(len(x), -1)
+    x, y = np.asarray(x), np.asarray(y)
+    if x.ndim == 0 or y.ndim == 0 or len(x) != len(y):
+        raise ValueError(f"train_val_split: x of shape {x.shape} and y of shape {y.shape} need "
+                         "the same number of rows: one label per sample")
+    labels = y.reshape(len(x), -1)
     if labels.shape[1] != 1:
         raise ValueError(f"train_val_split stratifies on class indices [N, 1], got labels of "
                          f"shape {np.shape(y)}")
-    labels = labels[:, 0]
-    val = np.zeros(len(x), bool)
+    val = _held_out(labels[:, 0], fraction)
+    if len(x) and val.all():
+        raise ValueError(f"train_val_split: fraction={fraction} holds out all {len(x)} samples "
+                         "(round(fraction * count) of each class), leaving none to train on; "
+                         "use a smaller fraction")
+    return Split(x[~val], y[~val]), Split(x[val], y[val])
+
+
+def _held_out(labels, fraction):
+    """Which samples go to validation: the last ``round(fraction * count)`` of each class."""
+    val = np.zeros(len(labels), bool)
     for c in np.unique(labels):
         idx = np.flatnonzero(labels == c)
         k = int(round(fraction * len(idx)))
         if k:
             val[idx[len(idx) - k:]] = True
-    return Split(x[~val], y[~val]), Split(x[val], y[val])
+    return val
 
 
 # split -> (images file, labels file), the names LeCun's site publishes (".gz" optional).

@@ -245,11 +245,16 @@ def read_archive(path, formats=(MODEL_FORMAT, CHECKPOINT_FORMAT), *, max_bytes=N
     ------
     FileNotFoundError
         No such file.
+    IsADirectoryError
+        ``path`` is a folder.
     fastlib.errors.CorruptFileError
         Anything else wrong with the file; the message names the file, the member and the
         problem.
     """
     path = pathlib.Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{str(path)!r} is a folder, not a file; pass the path of the "
+                                ".npz file to read")
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {str(path)!r}")
     limit = max_load_bytes(max_bytes)
@@ -526,6 +531,23 @@ def save_model(model, path) -> pathlib.Path:
     -------
     pathlib.Path
         The path written.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not a layer (a layer class, or an object without ``get_config()`` and
+        ``parameters()``).
     """
+    _check_savable(model)
     meta, arrays = model_entries(model)
     return write_archive(path, {"format": MODEL_FORMAT, "version": VERSION, **meta}, arrays)
+
+
+def _check_savable(model):
+    # NOTE: by what a layer does, not isinstance: the layers import this module
+    if isinstance(model, type):
+        raise TypeError(f"save_model: model is the class {model.__name__}, not a layer; build "
+                        f"one first, e.g. {model.__name__}(...) with its sizes, and save that")
+    if not all(callable(getattr(model, m, None)) for m in ("get_config", "parameters")):
+        raise TypeError(f"save_model: model must be a fastlib layer or container (with "
+                        f"get_config() and parameters()), got {type(model).__name__}")

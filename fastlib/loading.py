@@ -55,6 +55,8 @@ def load(path, *, max_bytes=None):
     ------
     FileNotFoundError
         No such file.
+    IsADirectoryError
+        ``path`` is a folder.
     fastlib.errors.CorruptFileError
         (a ``ValueError``) anything wrong with the file: the message names the file, the member
         or metadata field, and the problem.

@@ -71,13 +71,22 @@ def _class_indices(loss_type, t, n, c):
             at = _first_bad(~whole)
             raise ValueError(f"{loss_type} expects whole-number class indices, got {t[at]} at "
                              f"index {at}; pass class indices 0..{c - 1}")
-    idx = t.reshape(n).astype(np.int64)
-    bad = (idx < 0) | (idx >= c)
+    # NOTE: the range is checked on the labels as given, before the cast: a float label beyond
+    # int64 (1e30) would become -2**63 (with NumPy's warning) and be reported as that
+    flat = t.reshape(n)
+    bad = (flat < 0) | (flat >= c)
     if bad.any():
         row = int(np.argmax(bad))
-        raise ValueError(f"{loss_type}: class index {idx[row]} at row {row} is out of range for "
-                         f"{c} classes (valid 0..{c - 1}); check num_classes of the last layer")
-    return idx
+        raise ValueError(f"{loss_type}: class index {_index_text(flat[row])} at row {row} is out "
+                         f"of range for {c} classes (valid 0..{c - 1}); check num_classes of the "
+                         "last layer")
+    return flat.astype(np.int64)
+
+
+def _index_text(value):
+    """A whole-number index as written: ``7`` (not ``7.0``), ``1e+30`` beyond int64's range."""
+    value = value.item()
+    return value if isinstance(value, int) or abs(value) >= 2 ** 63 else int(value)
 
 
 def validate_targets(loss_type, pred, target):

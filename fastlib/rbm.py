@@ -19,7 +19,7 @@ from fastlib.kernels import dense as dense_kernels
 from fastlib.kernels import rbm as kernels
 from fastlib.layers import config as layer_config
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE
-from fastlib.layers.base import Layer, set_sizes
+from fastlib.layers.base import PROBABILITIES, Layer, set_sizes
 from fastlib.training.algorithms import BatchResult, EpochStats, register_algorithm
 from fastlib.training.clipping import clip_gradients
 from optable.parameters import RBM_INIT_STD
@@ -58,6 +58,7 @@ class RBM(Layer):
 
     _in_attr, _out_attr = "visible", "hidden"
     _label_attrs = ("visible", "hidden")
+    output_range = PROBABILITIES     # the hidden units' sigmoid
     _input_rank, _feature_name = 2, "visible units"
 
     def __init__(self, visible, hidden, *, dtype=np.float32, seed=None, rng=None):

@@ -6,6 +6,7 @@ SymPy formulas, reflib's reference code, fastlib's kernels). See docs/optable.md
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -127,8 +128,11 @@ class OpSignature:
 @dataclass(frozen=True)
 class Activation:
     """An activation of the layers (Dense, RNN, TargetProp ...): its name, the stable code the
-    fused kernels switch on, and the op it applies (``linear`` is ``identity``)."""
+    fused kernels switch on, the op it applies (``linear`` is ``identity``), and ``values``,
+    ``(low, high)`` bounds of every value it gives (``train`` refuses ``binary_cross_entropy``
+    on a model whose output is not bounded to probabilities)."""
 
     name: str
     code: int
     op: str
+    values: tuple = (-math.inf, math.inf)

@@ -6,6 +6,8 @@ Codes are stable: give a new op or activation the next free number, never reuse 
 """
 from __future__ import annotations
 
+import math
+
 from optable.signature import REQUIRED, Activation, OpSignature, Param
 
 _X = {"x": "real"}
@@ -91,13 +93,13 @@ SIGNATURES = (
 #: The activations of the layers, with the codes the fused kernels switch on.
 ACTIVATION_LIST = (
     Activation("linear", 0, "identity"),
-    Activation("relu", 1, "relu"),
+    Activation("relu", 1, "relu", (0.0, math.inf)),
     Activation("leaky_relu", 2, "leaky_relu"),
-    Activation("tanh", 3, "tanh"),
-    Activation("sigmoid", 4, "sigmoid"),
+    Activation("tanh", 3, "tanh", (-1.0, 1.0)),
+    Activation("sigmoid", 4, "sigmoid", (0.0, 1.0)),
     Activation("silu", 5, "silu"),
     Activation("gelu", 6, "gelu"),
     Activation("gelu_tanh", 7, "gelu_tanh"),
-    Activation("softplus", 8, "softplus"),
-    Activation("softmax", 9, "softmax"),
+    Activation("softplus", 8, "softplus", (0.0, math.inf)),
+    Activation("softmax", 9, "softmax", (0.0, 1.0)),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastlib.kernels import attention as kernels
-from fastlib.layers.base import Layer
+from fastlib.layers.base import UNBOUNDED, Layer
 from fastlib.layers.dense import input_cotangent
 from optable.layers import AttentionShell
 
@@ -26,6 +26,8 @@ class MultiHeadAttention(AttentionShell, Layer):
     dtype, seed, rng :
         As for ``Dense``.
     """
+
+    output_range = UNBOUNDED     # the output projection's
 
     def __init__(self, d_model, heads, causal=False, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)

@@ -4,6 +4,7 @@ The long story: docs/fastlib-training.md, section ``fastlib/layers/base.py``.
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -15,6 +16,12 @@ from optable.parameters import initial_parameters
 from optable.layers import (RELU_FAMILY, check_bool, check_eps, check_heads,  # noqa: F401
                             check_positive_int, close_matches, he_normal, layer_repr, set_sizes,
                             xavier_uniform)
+
+#: ``output_range`` of a layer whose outputs may take any value, and of one whose outputs are
+#: probabilities
+UNBOUNDED = (-math.inf, math.inf)
+PROBABILITIES = (0.0, 1.0)
+
 
 def make_rng(seed=None, rng=None):
     """The generator to draw from.
@@ -80,6 +87,10 @@ class Layer:
     _children: tuple = ()
     #: True for layers whose input is integer indices (Embedding).
     takes_indices = False
+    #: ``(low, high)``: bounds every output entry lies within, whatever the input; None when
+    #: unknown (a layer that declares none). ``train`` reads it to refuse
+    #: ``binary_cross_entropy`` on a model whose outputs cannot be probabilities.
+    output_range = None
 
     def __init__(self, dtype=np.float32):
         self.dtype = check_dtype(dtype, type(self).__name__)
@@ -242,19 +253,34 @@ class Layer:
                 hint = f"x.astype(np.{self.dtype.name})"
                 raise TypeError(f"{owner}: expects a floating-point input of dtype {self.dtype}, "
                                 f"got {arr.dtype} with shape {arr.shape}; cast it with {hint}")
+            given = arr
             if arr.dtype != self.dtype:
                 # NOTE: a float input of the other precision is converted to the model's dtype
-                # (what Keras does); the kernels then run in one dtype throughout.
-                arr = arr.astype(self.dtype)
+                # (what Keras does); the kernels then run in one dtype throughout. NumPy's
+                # overflow warning is silenced: the check below names the value instead.
+                with np.errstate(over="ignore"):
+                    arr = arr.astype(self.dtype)
             if not np.isfinite(arr).all():
-                bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
-                raise ValueError(f"{owner}: input contains NaN or Inf (first at index {bad}, "
-                                 f"value {arr[bad]}); clean or rescale the data first")
+                raise self._non_finite_input(given, arr)
         if arr.ndim == 0 or arr.size == 0:
             raise ValueError(f"{owner}: input of shape {arr.shape} is empty or a scalar; pass a "
                              "batch with at least one example")
         self.infer_shape(arr.shape)
         return np.ascontiguousarray(arr)  # the kernels are compiled for C-contiguous arrays
+
+    def _non_finite_input(self, given, converted):
+        """The ValueError for an input whose conversion holds NaN or Inf: the data's own, or a
+        finite value beyond this dtype's range (said as such, not as an Inf in the data)."""
+        owner = type(self).__name__
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(converted))[0])
+        value = given[bad]
+        if np.isfinite(value):
+            return ValueError(f"{owner}: input value {value:g} at index {bad} is beyond "
+                              f"{self.dtype}'s range (largest finite "
+                              f"{float(np.finfo(self.dtype).max):g}); rescale the data, or "
+                              f"build the model with dtype=np.float64")
+        return ValueError(f"{owner}: input contains NaN or Inf (first at index {bad}, value "
+                          f"{value}); clean or rescale the data first")
 
     # -- the protocol -------------------------------------------------------------------------
     def forward(self, x):

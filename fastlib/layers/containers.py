@@ -106,6 +106,11 @@ class Sequential(_Container):
     def in_width(self):
         return self._children[0].in_width
 
+    @property
+    def output_range(self):
+        """The last layer's: it alone decides where the outputs lie."""
+        return self._children[-1].output_range
+
     def out_width(self, in_width):
         for child in self._children:
             in_width = child.out_width(in_width)
@@ -178,6 +183,17 @@ class Parallel(_Container):
     def in_width(self):
         needs = [c.in_width for c in self._children if c.in_width is not None]
         return needs[0] if needs else None
+
+    @property
+    def output_range(self):
+        """Where the combined outputs lie: the branches' union (concat) or the sum of their
+        bounds (add); None when some branch's is unknown."""
+        ranges = [c.output_range for c in self._children]
+        if any(r is None for r in ranges):
+            return None
+        if self.combine == "concat":
+            return min(r[0] for r in ranges), max(r[1] for r in ranges)
+        return sum(r[0] for r in ranges), sum(r[1] for r in ranges)
 
     def out_width(self, in_width):
         widths = [c.out_width(in_width) for c in self._children]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import optable
 from fastlib.kernels import dense as kernels
 from fastlib.kernels.instructions import GRAD_SKIP, GRAD_WRITE
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE, LINEAR, check_activation
@@ -57,6 +58,11 @@ class Dense(Layer):
         self._code = ACTIVATIONS[self.activation]
         self.hist_post = None
         self.reset_parameters(seed, rng)
+
+    @property
+    def output_range(self):
+        """The bounds of its activation's values (``optable``'s activation table)."""
+        return optable.ACTIVATIONS[self.activation].values
 
     def forward(self, x):
         w, b = self._params["weight"], self._params["bias"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, set_sizes
+from fastlib.layers.base import UNBOUNDED, Layer, set_sizes
 
 
 class Embedding(Layer):
@@ -23,6 +23,7 @@ class Embedding(Layer):
 
     takes_indices = True
     _out_attr = "dim"
+    output_range = UNBOUNDED
 
     def __init__(self, num, dim, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)
@@ -47,12 +48,15 @@ class Embedding(Layer):
                 at = tuple(int(i) for i in np.argwhere(~whole)[0])
                 raise ValueError(f"Embedding: indices must be whole numbers, got {arr[at]} at "
                                  f"{at} (pass integer token ids, not embeddings)")
-        idx = arr.astype(np.int64, copy=False)
-        if idx.size and (idx.min() < 0 or idx.max() >= self.num):
-            bad = idx[(idx < 0) | (idx >= self.num)].reshape(-1)[0]
-            raise ValueError(f"Embedding: index {bad} out of range [0, {self.num}); check the "
+        # NOTE: the range is checked on the indices as given, before the cast: a float index
+        # beyond int64 (1e30) would become -2**63 (with NumPy's warning) and be reported as that
+        if arr.size and (arr.min() < 0 or arr.max() >= self.num):
+            bad = arr[(arr < 0) | (arr >= self.num)].reshape(-1)[0].item()
+            # a whole float as the int it stands for (7, not 7.0), one beyond int64 as 1e+30
+            shown = bad if isinstance(bad, int) or abs(bad) >= 2 ** 63 else int(bad)
+            raise ValueError(f"Embedding: index {shown} out of range [0, {self.num}); check the "
                              "vocabulary size (num)")
-        return idx
+        return arr.astype(np.int64, copy=False)
 
     def forward(self, x):
         idx = np.ascontiguousarray(self.indices(x))

@@ -6,7 +6,7 @@ import numbers
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, make_rng
+from fastlib.layers.base import PROBABILITIES, UNBOUNDED, Layer, make_rng
 from fastlib.layers.dense import as_matrix, input_cotangent
 from optable.layers import NormShell
 
@@ -14,6 +14,8 @@ from optable.layers import NormShell
 class _Norm(NormShell, Layer):
     """What LayerNorm and RMSNorm share: rows of the last axis in, each row's statistics kept
     (``hist_pre``) for the backward, parameters of ``d`` entries; each names its kernels."""
+
+    output_range = UNBOUNDED     # scaled and shifted by its parameters
 
     def __init__(self, d, eps, dtype, seed, rng):
         super().__init__(dtype)
@@ -98,6 +100,8 @@ class Softmax(Layer):
     dtype, seed, rng :
         As for ``Dense`` (nothing is drawn).
     """
+
+    output_range = PROBABILITIES
 
     def __init__(self, axis=-1, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)

@@ -18,6 +18,8 @@ class _Recurrent(RecurrentShell, Layer):
     """Shared shell of RNN and LSTM: shapes, layout changes and the GEMMs (sizes, the initial
     draw and the config: ``optable.layers.RecurrentShell``)."""
 
+    output_range = (-1.0, 1.0)     # hidden states: tanh (RNN), o * tanh(c) (LSTM)
+
     def __init__(self, input_size, hidden_size, return_sequences=False, *, dtype=np.float32,
                  seed=None, rng=None):
         super().__init__(dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastlib.kernels import dense as kernels
-from fastlib.layers.base import Layer, set_sizes
+from fastlib.layers.base import UNBOUNDED, Layer, set_sizes
 from fastlib.layers.dense import as_matrix, input_cotangent
 
 
@@ -27,6 +27,7 @@ class SwiGLU(Layer):
 
     _in_attr, _out_attr = "d", "out"
     _label_attrs = ("d", "hidden", "out")
+    output_range = UNBOUNDED
 
     def __init__(self, d, hidden, out, *, dtype=np.float32, seed=None, rng=None):
         super().__init__(dtype)

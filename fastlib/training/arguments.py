@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from fastlib.training.options import TrainOptions
 
-__all__ = ["MISSING", "CallArguments", "normalise", "check_lr"]
+__all__ = ["MISSING", "CallArguments", "normalise", "check_lr", "check_model"]
 
 # a keyword this close to one of train's own names is taken for a misspelling of it, even when
 # the algorithm accepts any option (difflib's ratio: 'epoch' / 'epochs' is 0.91)
@@ -119,7 +119,30 @@ def _split_options(fn, keywords, options):
     return options, rest
 
 
-def normalise(fn, *, epochs, batch_size, learning_rate, lr, loss_type, loss, x_val, y_val,
+def check_model(fn, model):
+    """Refuse a ``model`` that is not a fastlib layer, with what to pass instead.
+
+    Raises
+    ------
+    TypeError
+        A layer class (not built), a list of layers (not in a container), anything else.
+    """
+    from fastlib.layers import Layer
+
+    if isinstance(model, Layer):
+        return model
+    name = fn.__name__
+    if isinstance(model, type) and issubclass(model, Layer):
+        raise TypeError(f"{name}(): model is the class {model.__name__}, not a layer; build "
+                        f"one first, e.g. {model.__name__}(...) with its sizes, and pass that")
+    if isinstance(model, (list, tuple)) and model and all(isinstance(m, Layer) for m in model):
+        raise TypeError(f"{name}(): model is a {type(model).__name__} of {len(model)} layer(s); "
+                        f"chain them in a container: fastlib.Sequential([...])")
+    raise TypeError(f"{name}(): model must be a fastlib layer or container, e.g. "
+                    f"fastlib.Sequential([fastlib.Dense(4, 3)]), got {type(model).__name__}")
+
+
+def normalise(fn, *, model, epochs, batch_size, learning_rate, lr, loss_type, loss, x_val, y_val,
               validation_data, optimizer, algorithm, options=None, keywords=None
               ) -> CallArguments:
     """Merge the aliases into one value each, route the keywords and check the optimizer's rate.
@@ -128,6 +151,8 @@ def normalise(fn, *, epochs, batch_size, learning_rate, lr, loss_type, loss, x_v
     ----------
     fn : callable
         ``train`` or ``train_sh`` (its name goes into messages, its parameters into guesses).
+    model : object
+        As given; anything but a fastlib layer is refused (:func:`check_model`).
     epochs, batch_size, learning_rate, loss_type, x_val, y_val, optimizer :
         As given (``MISSING`` where a required one was not).
     lr, loss, validation_data :
@@ -146,8 +171,9 @@ def normalise(fn, *, epochs, batch_size, learning_rate, lr, loss_type, loss, x_v
     Raises
     ------
     TypeError
-        A misspelt keyword (with a did-you-mean), a required argument given under no name, one
-        thing given under two names, or an option given both in ``options=`` and as a keyword.
+        A model that is not a fastlib layer, a misspelt keyword (with a did-you-mean), a
+        required argument given under no name, one thing given under two names, or an option
+        given both in ``options=`` and as a keyword.
     ValueError
         ``validation_data`` that is not a pair, or a rate that differs from the optimizer
         object's own.
@@ -155,6 +181,7 @@ def normalise(fn, *, epochs, batch_size, learning_rate, lr, loss_type, loss, x_v
     from fastlib import optim
 
     name = fn.__name__
+    check_model(fn, model)
     keywords = dict(keywords or {})
     _check_keywords(fn, keywords, algorithm)
     options, algorithm_options = _split_options(fn, keywords, options)

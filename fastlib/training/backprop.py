@@ -12,6 +12,7 @@ from fastlib import losses
 from fastlib.training.algorithms import (BatchResult, StepContext, correct_count, evaluate_model,
                                          register_algorithm)
 from fastlib.training.clipping import clip_gradients
+from fastlib.training.program import fused_option
 from fastlib.training.schedules import run_compiled_epoch
 from fastlib.training.piece_plan import requested_plan
 
@@ -44,8 +45,13 @@ def _bp_run_epoch(ctx, x, y, order):
     return run_compiled_epoch(ctx, x, y, order)
 
 
+def _bp_init(ctx):
+    # the first epoch reads fused; a bad value is refused now, before any training work
+    fused_option(ctx.config)
+
+
 # options: fused=False turns off the whole-epoch compiled program
 # (fastlib.training.schedules); pieces=P fixes its piece plan
 # (fastlib.training.piece_plan)
-register_algorithm("bp", bp_train_one_batch, evaluate=evaluate_model, run_epoch=_bp_run_epoch,
-                   options=("fused", "pieces"))
+register_algorithm("bp", bp_train_one_batch, init=_bp_init, evaluate=evaluate_model,
+                   run_epoch=_bp_run_epoch, options=("fused", "pieces"))

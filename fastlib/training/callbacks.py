@@ -3,6 +3,7 @@
 A callback is an object with ``on_epoch_end(epoch, logs)`` (and optionally
 ``on_train_begin(logs)`` / ``on_train_end(logs)``), or a plain callable ``f(epoch, logs)``;
 returning True from the epoch hook asks training to stop, as Keras's ``stop_training`` does.
+``callbacks=`` takes one callback or a list of them.
 """
 from __future__ import annotations
 
@@ -15,13 +16,34 @@ def epoch_logs(loss, accuracy, val_loss, val_accuracy, lr, seconds) -> dict:
             "lr": lr, "epoch_time": seconds}
 
 
+def _as_tuple(callbacks) -> tuple:
+    """``callbacks`` as a tuple; one callback on its own counts as a list of one.
+
+    NOTE: Keras (``callbacks=cb`` is flattened) and PyTorch Lightning (``Trainer(callbacks=cb)``)
+    both take a single callback, and one cannot be mistaken for a list: it has
+    ``on_epoch_end`` or is callable, which a list is not.
+    """
+    if callbacks is None:
+        return ()
+    if hasattr(callbacks, "on_epoch_end") or callable(callbacks):
+        return (callbacks,)
+    if isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
+        raise TypeError(f"callbacks must be a callback or a list of them (objects with "
+                        f"on_epoch_end(epoch, logs), or callables f(epoch, logs)), got "
+                        f"{callbacks!r}")
+    return tuple(callbacks)
+
+
 class Callbacks:
     """The run's callbacks, each checked now (a TypeError names one that cannot be called)."""
 
     def __init__(self, callbacks):
-        self.items = tuple(callbacks or ())
+        self.items = _as_tuple(callbacks)
         self.epoch_hooks = []
         for cb in self.items:
+            if isinstance(cb, type):     # a class is callable, but calling it builds one
+                raise TypeError(f"callback {cb.__name__} is a class; pass an instance, "
+                                f"{cb.__name__}(...)")
             fn = getattr(cb, "on_epoch_end", None)
             if fn is None and callable(cb):
                 fn = cb

@@ -199,6 +199,35 @@ def restore_generator(state: dict) -> np.random.Generator:
 # ---------------------------------------------------------------------------------------------
 # one writer per checkpoint
 
+def check_checkpoint_path(path) -> None:
+    """Refuse a ``checkpoint=`` path that cannot be written, before the run trains an epoch.
+
+    Without this, a folder or a missing folder is only found when the lock or the first write
+    fails: an epoch's work lost, and an error naming ``<path>.lock`` or a hidden temporary.
+
+    Raises
+    ------
+    TypeError
+        Not a path.
+    IsADirectoryError, FileNotFoundError, PermissionError
+        ``path`` is a folder; its folder does not exist; its folder takes no new files.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"checkpoint must be a file path (str or os.PathLike), got "
+                        f"{type(path).__name__}")
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"checkpoint={path!r} is a folder; pass a file name, e.g. "
+                                f"{os.path.join(path, 'checkpoint.npz')!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"checkpoint={path!r}: folder {folder!r} does not exist; "
+                                "create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"checkpoint={path!r}: cannot write in folder {folder!r} "
+                              "(permission denied); pass a writable path")
+
+
 class CheckpointLock:
     """Exclusive right to write one checkpoint path, held for a whole training run.
 

@@ -44,6 +44,8 @@ class CheckpointWriter:
     checkpoint's lock for the whole run (one writer per checkpoint)."""
 
     def __init__(self, path, every, epochs):
+        if path is not None:
+            ckpt_mod.check_checkpoint_path(path)
         self.path, self.every, self.epochs = path, every, epochs
         self.lock = None
 

@@ -76,10 +76,10 @@ class DataParallel:
 
 def resolve(distributed):
     """``distributed`` as a :class:`DataParallel` (or None when it is False / None)."""
-    if distributed is None or distributed is False:
+    if distributed is None:
         return None
-    if distributed is True:
-        return DataParallel()
+    if isinstance(distributed, (bool, np.bool_)):     # NumPy's flags are flags too
+        return DataParallel() if distributed else None
     if isinstance(distributed, DataParallel):
         return distributed
     raise TypeError(f"distributed must be True, False or a DataParallel(blocks=..., timeout=...)"

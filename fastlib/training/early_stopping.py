@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from fastlib.training.values import check_int, check_number
+
 MONITORS = {"loss": "min", "val_loss": "min", "acc": "max", "val_acc": "max"}
 
 
@@ -61,20 +63,25 @@ class PlateauPolicy:
     epoch: int = 0
 
     def __post_init__(self):
-        if self.monitor not in MONITORS:
-            raise ValueError(f"monitor must be one of {', '.join(MONITORS)}, got {self.monitor!r}")
-        for name in ("patience",) + (("stop_patience",) if self.stop_patience is not None else ()):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.monitor, str) or self.monitor not in MONITORS:
+            error = ValueError if isinstance(self.monitor, str) else TypeError
+            raise error(f"monitor must be one of {', '.join(MONITORS)}, got {self.monitor!r}")
+        # the values are stored as Python numbers: the policy's state is saved as JSON
+        self.patience = check_int(self.patience, "patience", 1)
         if self.stop_patience is None:
             self.stop_patience = 2 * self.patience
+        self.stop_patience = check_int(self.stop_patience, "stop_patience", 1)
+        self.min_delta = check_number(self.min_delta, "min_delta",
+                                      "a percentage >= 0 (1.0 means 1%)")
         if not (math.isfinite(self.min_delta) and self.min_delta >= 0):
             raise ValueError(f"min_delta is a percentage >= 0 (1.0 means 1%), got {self.min_delta}")
+        self.lr_factor = check_number(self.lr_factor, "lr_factor", "a number in (0, 1]")
         if not 0 < self.lr_factor <= 1:
             raise ValueError(f"lr_factor must be in (0, 1], got {self.lr_factor}")
+        self.min_lr = check_number(self.min_lr, "min_lr", "a finite number >= 0")
         if not (math.isfinite(self.min_lr) and self.min_lr >= 0):
             raise ValueError(f"min_lr must be finite and >= 0, got {self.min_lr}")
+        self.lr = check_number(self.lr, "the learning rate", "a finite number > 0")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"the learning rate must be finite and > 0, got {self.lr}")
 

@@ -25,10 +25,10 @@ from fastlib.training.callbacks import Callbacks, epoch_logs
 from fastlib.training.divergence import DivergenceMonitor
 from fastlib.training.early_stopping import PlateauPolicy
 from fastlib.training.notices import warn
-from fastlib.training.options import check_int
 from fastlib.training.plateau import PlateauRun
 from fastlib.training.progress import Progress, progress_mode
 from fastlib.training.result import TrainingHistorySH, TrainingResult, record_epoch
+from fastlib.training.values import check_flag, check_int
 
 __all__ = ["train", "train_sh", "TrainingResult", "TrainingHistorySH"]
 
@@ -50,13 +50,15 @@ def train(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None,
     Parameters
     ----------
     model : fastlib.Layer
-        Trained in place (its ``parameters()`` are updated).
+        Trained in place (its ``parameters()`` are updated). Anything else (a list of layers,
+        a layer class) is a ``TypeError`` saying what to pass.
     x : array_like
         Inputs ``[N, ...]``; converted once to the model's dtype; NaN/Inf is an error.
     y : array_like or None
         Targets in the format ``loss_type`` requires (``cross_entropy``: class indices
         ``[N, 1]`` or ``[N]``; ``categorical_cross_entropy``: one-hot ``[N, C]``;
-        ``binary_cross_entropy``: values in [0, 1]; ``mse``: the output's shape). None only for
+        ``binary_cross_entropy``: values in [0, 1], and a model whose last layer gives
+        probabilities, a sigmoid or a softmax; ``mse``: the output's shape). None only for
         algorithms that need no targets (``"cd"``).
     epochs : int
         Total number of epochs (with ``resume``, the total including those already done).
@@ -87,8 +89,9 @@ def train(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None,
     algorithm : str
         A registered algorithm: ``"bp"``, ``"targetprop"``, ``"cd"`` or your own (see
         :func:`fastlib.register_algorithm`); SINGA's ``"kBP"`` / ``"kCD"`` are aliases.
-    callbacks : iterable
-        Objects with ``on_epoch_end(epoch, logs)`` (or callables ``f(epoch, logs)``); ``logs``
+    callbacks : callback or iterable of them
+        Objects with ``on_epoch_end(epoch, logs)`` (or callables ``f(epoch, logs)``); one on
+        its own counts as a list of one, as in Keras and PyTorch Lightning. ``logs``
         has ``loss acc val_loss val_acc lr epoch_time``, the epoch's history entries. Returning
         True stops training. Optional ``on_train_begin(logs)`` and ``on_train_end(logs)``. An
         epoch a divergence stopped is reported too (its validation entries NaN), as Keras
@@ -98,7 +101,8 @@ def train(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None,
         notebook) and writes one line per epoch otherwise, never carriage returns into a log;
         2 writes the lines everywhere; False (0) nothing.
     checkpoint : path, optional
-        Write a checkpoint every ``checkpoint_every`` epochs and after the last one. The run
+        Write a checkpoint every ``checkpoint_every`` epochs and after the last one (a folder,
+        or a path whose folder does not exist, is refused before training). The run
         holds ``<checkpoint>.lock`` while it trains: a second run writing the same path fails at
         once with :class:`~fastlib.errors.CheckpointLockedError` naming the holder (pid, host);
         temporary files a killed run left beside the checkpoint are removed.
@@ -126,10 +130,10 @@ def train(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None,
         how its fields agree with its histories after any stop.
     """
     algo = get_algorithm(algorithm)
-    call = normalise(train, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-                     lr=lr, loss_type=loss_type, loss=loss, x_val=x_val, y_val=y_val,
-                     validation_data=validation_data, optimizer=optimizer, algorithm=algo,
-                     options=options, keywords=keywords)
+    call = normalise(train, model=model, epochs=epochs, batch_size=batch_size,
+                     learning_rate=learning_rate, lr=lr, loss_type=loss_type, loss=loss,
+                     x_val=x_val, y_val=y_val, validation_data=validation_data,
+                     optimizer=optimizer, algorithm=algo, options=options, keywords=keywords)
     return _Run(model, x, y, call, optimizer=optimizer, seed=seed, device=device, algo=algo,
                 callbacks=callbacks, verbose=verbose, checkpoint=checkpoint, resume=resume,
                 plateau=None).go()
@@ -161,7 +165,7 @@ def train_sh(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None
     ``validation_data=`` too). Returns :class:`TrainingHistorySH`.
     """
     algo = get_algorithm(algorithm)
-    call = normalise(train_sh, epochs=epochs, batch_size=batch_size,
+    call = normalise(train_sh, model=model, epochs=epochs, batch_size=batch_size,
                      learning_rate=learning_rate, lr=lr, loss_type=loss_type, loss=loss,
                      x_val=x_val, y_val=y_val, validation_data=validation_data,
                      optimizer=optimizer, algorithm=algo, options=options, keywords=keywords)
@@ -172,7 +176,7 @@ def train_sh(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None
     if monitor.startswith("val_") and (call.x_val is None or call.y_val is None):
         raise ValueError(f"monitor={monitor!r} needs validation data: pass x_val and y_val, or "
                          f"monitor {monitor[4:]!r} on the training data")
-    plateau = PlateauRun(policy, restore_best)
+    plateau = PlateauRun(policy, check_flag(restore_best, "restore_best"))
     result = _Run(model, x, y, call, optimizer=optimizer, seed=seed, device=device, algo=algo,
                   callbacks=callbacks, verbose=verbose, checkpoint=checkpoint, resume=resume,
                   plateau=plateau).go()

@@ -244,7 +244,35 @@ def attach(ctx, algo, mp: MixedPrecision, data_parallel):
     return replace(inner, run_epoch=run_epoch, evaluate=evaluate16)
 
 
-def round_inputs(x, fmt) -> np.ndarray:
-    """A run's float inputs as the format holds them (integer indices unchanged)."""
+#: the largest finite value of each 16-bit format
+LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+
+
+def round_inputs(x, fmt, what="inputs") -> np.ndarray:
+    """A run's float inputs as the format holds them (integer indices unchanged).
+
+    Raises
+    ------
+    ValueError
+        A finite input beyond the format's range (it would round to Inf), naming ``what``, the
+        format's largest finite value and the fix.
+    """
     x = np.asarray(x)
-    return x if x.dtype.kind in "iu" else round_to(x, fmt)
+    if x.dtype.kind in "iu":
+        return x
+    rounded = round_to(x, fmt)
+    _check_range(x, rounded, fmt, what)
+    return rounded
+
+
+def _check_range(x, rounded, fmt, what):
+    # NOTE: an input rounded to Inf makes the first loss Inf, and the run would stop blaming
+    # the learning rate; the data is what must change
+    overflow = np.isinf(rounded) & np.isfinite(x)
+    if overflow.any():
+        at = tuple(int(i) for i in np.argwhere(overflow)[0])
+        wider = ("train in dtype='bfloat16' (float32's range)" if fmt == "float16"
+                 else "train in float32 (leave dtype out)")
+        raise ValueError(f"{what}: {int(overflow.sum())} value(s) are beyond {fmt}'s range "
+                         f"(largest finite {LARGEST[fmt]:g}), the first at index {at} "
+                         f"({x[at]:g}); scale the data (e.g. standardise it), or {wider}")

@@ -7,24 +7,15 @@ when it is built, so a bad one is refused before any data is read.
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, fields
 
 from fastlib.training.clipping import check_clip
 from fastlib.training.early_stopping import DivergenceRules, PlateauPolicy
+from fastlib.training.values import check_flag, check_int
 
-__all__ = ["TrainOptions", "check_int"]
+__all__ = ["TrainOptions"]
 
 RESUME_MISMATCH = ("warn", "error")
-
-
-def check_int(value, name, minimum):
-    """``value`` as an int, or a TypeError / ValueError naming ``name`` and the bound."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -97,7 +88,7 @@ class TrainOptions:
         clip, mode = check_clip(self.gradient_clip, self.clip_mode)
         object.__setattr__(self, "gradient_clip", clip)
         object.__setattr__(self, "clip_mode", mode)
-        object.__setattr__(self, "shuffle", bool(self.shuffle))
+        object.__setattr__(self, "shuffle", check_flag(self.shuffle, "shuffle"))
         object.__setattr__(self, "checkpoint_every",
                            check_int(self.checkpoint_every, "checkpoint_every", 1))
         if self.resume_mismatch not in RESUME_MISMATCH:

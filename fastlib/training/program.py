@@ -16,6 +16,7 @@ import numpy as np
 from fastlib.kernels import instructions as ins
 from fastlib.kernels.instructions import INSTRUCTIONS, ProgramError, check_program
 from fastlib.layers.activations import ACTIVATIONS, LEAKY_SLOPE, SOFTMAX
+from fastlib.training.values import check_flag
 from optable.losses import LOSS_CODES
 from optable.parameters import kind_of, layer_sizes, parameter_shapes
 
@@ -314,11 +315,22 @@ def program_for(ctx, x):
     return ctx.scratch[key]
 
 
+def fused_option(config) -> bool:
+    """The run's ``fused`` option of ``"bp"`` (default True: compiled paths allowed), checked.
+
+    Raises
+    ------
+    TypeError
+        Anything but True or False (a string such as ``"no"`` is truthy).
+    """
+    return check_flag(config.extra.get("fused", True), "fused")
+
+
 def _make_program(ctx, x):
     from fastlib.layers import Parallel, Sequential
 
     model, cfg = ctx.model, ctx.config
-    if not cfg.extra.get("fused", True) or cfg.device != "cpu" or cfg.algorithm != "bp":
+    if not fused_option(cfg) or cfg.device != "cpu" or cfg.algorithm != "bp":
         return None
     if ctx.loss_type not in LOSS_CODES or type(model) not in (Sequential, Parallel):
         return None

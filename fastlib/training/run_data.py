@@ -43,8 +43,9 @@ def check_data(model, algo, loss_type, x, y, x_val, y_val) -> RunData:
     Raises
     ------
     ValueError
-        A missing array, inputs the model refuses, targets in the wrong format or count, a
-        validation input without its targets (or the reverse), no samples.
+        A missing array, a ragged one, inputs the model refuses, targets in the wrong format or
+        count, a validation input without its targets (or the reverse), no samples, or
+        ``binary_cross_entropy`` on a model whose outputs are not limited to [0, 1].
     """
     x = _as_inputs(model, x, "x")
     if x_val is None and y_val is not None:
@@ -62,15 +63,36 @@ def check_data(model, algo, loss_type, x, y, x_val, y_val) -> RunData:
     else:
         y = None if y is None else np.asarray(y)
         y_val = None if y_val is None else np.asarray(y_val)
-    if x.shape[0] == 0:
-        raise ValueError("x has no samples")
+    if loss_type == "binary_cross_entropy" and algo.needs_targets:
+        _check_probability_output(model)
     return RunData(x, y, x_val, y_val)
+
+
+def _as_array(values, what) -> np.ndarray:
+    """``values`` as one NumPy array, or a ValueError naming ``what`` when its rows are ragged.
+
+    NumPy's own message ("inhomogeneous shape after 1 dimensions") names neither the argument
+    nor the fix.
+    """
+    try:
+        return np.asarray(values)
+    except ValueError as exc:
+        if "inhomogeneous" not in str(exc):
+            raise
+        raise ValueError(f"{what}: its rows have different lengths (a ragged list), so it is "
+                         f"not one array; pad or cut them to one length, or pass a NumPy array "
+                         f"of shape (samples, ...)") from None
 
 
 def _as_inputs(model, x, what):
     if x is None:
         raise ValueError(f"{what} is None; pass an array of inputs")
-    arr = model.check_input(x) if hasattr(model, "check_input") else np.asarray(x)
+    arr = _as_array(x, what)
+    # the model's own check would say "input of shape (0, 4) is empty" without naming which
+    if arr.ndim > 0 and arr.shape[0] == 0:
+        extra = " (or leave the validation data out)" if what == "x_val" else ""
+        raise ValueError(f"{what} has no samples (shape {arr.shape}); pass at least one{extra}")
+    arr = model.check_input(arr)
     return np.ascontiguousarray(arr)
 
 
@@ -78,7 +100,7 @@ def _check_targets(loss_type, model, x, y, what):
     """Validate the whole target array once; batches then skip the per-call checks."""
     from fastlib import losses
 
-    y = np.asarray(y)
+    y = _as_array(y, what)
     if y.ndim == 0 or y.shape[0] != x.shape[0]:
         raise ValueError(f"{what}: {x.shape[0]} inputs but targets of shape {y.shape}; x and y "
                          "need the same number of rows")
@@ -89,6 +111,34 @@ def _check_targets(loss_type, model, x, y, what):
     return np.ascontiguousarray(losses.validate_targets(loss_type, pred_like, y))
 
 
+def _check_probability_output(model):
+    """Refuse ``binary_cross_entropy`` on a model whose outputs are not limited to [0, 1].
+
+    NOTE: decided from the layers' declared ``output_range``, not from a forward: the target
+    check sees no predictions, and an untrained model's outputs may happen to lie in [0, 1]
+    while training carries them out (the run then diverges, blaming the learning rate). A model
+    whose range is unknown (a custom last layer) is let through.
+    """
+    bounds = model.output_range
+    if bounds is None or (bounds[0] >= 0 and bounds[1] <= 1):
+        return
+    low, high = bounds
+    raise ValueError(f"binary_cross_entropy expects probabilities in [0, 1] as predictions, but "
+                     f"the model ends in {_last_layer(model)!r}, whose outputs lie in "
+                     f"[{low:g}, {high:g}]: end the model with a sigmoid (a Dense with "
+                     f"activation='sigmoid', or a Softmax), or use "
+                     f"binary_cross_entropy_with_logits on logits")
+
+
+def _last_layer(model):
+    """The layer that gives ``model``'s outputs (the last of nested Sequentials)."""
+    from fastlib.layers import Sequential
+
+    while isinstance(model, Sequential):
+        model = model.layers[-1]
+    return model
+
+
 def _fingerprint(a):
     a = np.ascontiguousarray(a)
     digest = hashlib.blake2b(memoryview(a).cast("B"), digest_size=8).hexdigest()
@@ -96,8 +146,9 @@ def _fingerprint(a):
 
 
 def in_format(data: RunData, fmt: str) -> RunData:
-    """``data`` with its float inputs rounded to the 16-bit format ``fmt`` (mixed precision)."""
+    """``data`` with its float inputs rounded to the 16-bit format ``fmt`` (mixed precision);
+    a ValueError names an input beyond the format's range (``mixed_precision.round_inputs``)."""
     from fastlib.training.mixed_precision import round_inputs
 
-    x_val = None if data.x_val is None else round_inputs(data.x_val, fmt)
-    return RunData(round_inputs(data.x, fmt), data.y, x_val, data.y_val)
+    x_val = None if data.x_val is None else round_inputs(data.x_val, fmt, "x_val")
+    return RunData(round_inputs(data.x, fmt, "x"), data.y, x_val, data.y_val)
