@@ -283,15 +283,21 @@ def validate(args):
         args._config = _config(args)
         args._config.validate()
         args._baseline = _load_baseline(args.baseline) if args.baseline else None
+    except (ValueError, TypeError, ImportError) as exc:
+        return str(exc)
+    try:
         args._engines = _engines(args.engines)
-        if getattr(args, "cluster", None):
-            from reports.distributed import cluster
+    except (ValueError, TypeError, ImportError, UnknownEngineError,
+            EngineUnavailableError) as exc:
+        return f"--engines: {exc}"        # conform's wording for the same refusals
+    if getattr(args, "cluster", None):
+        from reports.distributed import cluster
 
+        try:
             cluster.parse_cluster(args.cluster)
             cluster.require_dask()
-    except (ValueError, TypeError, UnknownEngineError, EngineUnavailableError,
-            ImportError) as exc:
-        return str(exc)
+        except (ValueError, ImportError) as exc:
+            return str(exc)
     if not args._engines[0]:
         return "no engine to measure (see `verigrad conform --help` for the engines)"
     return None

@@ -30,11 +30,16 @@ DATA_DEFAULTS = {"digits": {"epochs": 20, "batch_size": 32},
 
 
 def _hidden(text):
+    # blank items are dropped, as in every list of the grammar ("128," is 128); a list with
+    # no width left would silently train a model without a hidden layer (or crash cd)
     try:
         sizes = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--hidden takes comma-separated widths like 128,64; "
                                          f"got {text!r}") from None
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"--hidden needs at least one width, e.g. 128 or "
+                                         f"128,64; got {text!r}")
     if any(s < 1 for s in sizes):
         raise argparse.ArgumentTypeError(f"--hidden widths must be >= 1, got {text!r}")
     return sizes
@@ -85,13 +90,14 @@ def add_arguments(parser):
       help="with --data mnist: fetch the files missing from that folder (the user cache when "
            "none holds them) once, each checked by its SHA-256 ($VERIGRAD_MNIST_URL, default "
            "torchvision's mirror)")
-    a("--hidden", type=_hidden, default=[128], help="hidden widths, e.g. 128,64",
+    a("--hidden", type=_hidden, default=[128], help="hidden widths, at least one, e.g. 128,64",
       default_text="128")
     a("--activation", default="relu", choices=shared.LazyChoices(_activations),
       help="hidden activation")
     a("--loss", default="cross_entropy", choices=shared.LazyChoices(_losses),
       help="the loss (categorical_cross_entropy, mse and the binary ones train on one-hot "
-           "targets)")
+           "targets; binary_cross_entropy on a sigmoid output layer, as it scores "
+           "probabilities)")
     a("--optimizer", default="Adam", choices=shared.LazyChoices(_optimizers, ignore_case=True),
       help="optimizer, any case (the CLI's default is Adam; fastlib.train's is SGD, "
            "DataCode's)")
@@ -174,6 +180,40 @@ def _load(args, dtype):
     # no --data-dir: load_mnist's own lookup ($VERIGRAD_MNIST_DIR, the user cache, then
     # ../shared/data/mnist), fetching into the cache with --download
     return datasets.load_mnist(None, args.data_dir, dtype=dtype, download=args.download)
+
+
+#: the output activation each loss needs (the others take the raw, linear output: logits or
+#: regression values); binary_cross_entropy scores probabilities, so its model ends in a
+#: sigmoid, as a Keras model compiled with that loss would
+OUTPUT_ACTIVATIONS = {"binary_cross_entropy": "sigmoid"}
+
+
+def output_activation(loss):
+    """The activation of the output layer that ``loss`` expects.
+
+    Parameters
+    ----------
+    loss : str
+        A canonical loss name (``fastlib.losses.resolve_loss``).
+
+    Returns
+    -------
+    str
+        ``"sigmoid"`` for ``binary_cross_entropy``, else ``"linear"``.
+    """
+    return OUTPUT_ACTIVATIONS.get(loss, "linear")
+
+
+def _mlp(inputs, hidden, classes, activation, loss, dtype, seed):
+    """The MLP ``inputs``-``hidden``-``classes``: ``activation`` on the hidden layers, the
+    output layer's activation fitting ``loss``."""
+    import fastlib
+
+    widths = [inputs] + list(hidden) + [classes]
+    layers = [fastlib.Dense(widths[i], widths[i + 1], activation)
+              for i in range(len(widths) - 2)]
+    layers.append(fastlib.Dense(widths[-2], widths[-1], output_activation(loss)))
+    return fastlib.Sequential(layers, dtype=dtype, seed=seed)
 
 
 def _targets(loss, y, classes):
@@ -328,12 +368,78 @@ def _piece_algorithms():
             if "pieces" in (algorithms.get_algorithm(name).options or ())]
 
 
+def _check_resume(args):
+    """The ``--resume`` checkpoint held against the flags (None: it fits, or no --resume):
+    readable as a checkpoint, its model the kind ``--algorithm`` trains, its dtype
+    ``--dtype``'s."""
+    if not args.resume:
+        return None
+    from fastlib.errors import CorruptFileError
+    from fastlib.training import ALIASES
+    from fastlib.training.checkpoint import load_checkpoint
+
+    try:
+        ckpt = load_checkpoint(args.resume)
+    except CorruptFileError as exc:
+        return f"--resume: {exc}"
+    algorithm = ALIASES.get(args.algorithm.strip().lower(), args.algorithm.strip().lower())
+    kind = (ckpt.architecture or {}).get("type", "model")
+    problem = _kind_problem(args.resume, kind, algorithm, ckpt.config.get("algorithm"))
+    if problem:
+        return problem
+    problem = None if algorithm == "cd" else _output_problem(args, ckpt)
+    if problem:
+        return problem
+    dtype = "float32" if args.dtype in _MIXED else args.dtype
+    if ckpt.dtype != dtype:
+        return (f"--resume {args.resume}: the checkpoint holds a {ckpt.dtype} model; pass "
+                f"--dtype {ckpt.dtype}")
+    return None
+
+
+def _kind_problem(path, kind, algorithm, written_by):
+    """Why ``--algorithm algorithm`` cannot resume a checkpoint of a ``kind`` model (None: it
+    can): cd trains an RBM and only an RBM; the others train layer models, never an RBM."""
+    if (kind == "RBM") == (algorithm == "cd"):
+        return None
+    if kind == "RBM":
+        fix = "cd"
+    else:       # the algorithm recorded in the checkpoint, else the default that fits
+        fix = written_by if written_by and written_by != "cd" else "bp"
+    held = "an RBM" if kind == "RBM" else f"a layer model ({kind})"
+    trains = "an RBM" if algorithm == "cd" else "layer models, not an RBM"
+    return (f"--resume {path}: the checkpoint holds {held}, and --algorithm {algorithm} "
+            f"trains {trains}; resume it with --algorithm {fix}")
+
+
+def _output_problem(args, ckpt):
+    """Why ``--loss`` cannot score the checkpoint's model output (None: it can): a model
+    built for a linear output trains on and then fails binary_cross_entropy's probability
+    check at the test split."""
+    from fastlib import losses
+
+    loss = losses.resolve_loss(args.loss)
+    arch = ckpt.architecture or {}
+    last = (arch.get("layers") or [arch])[-1]
+    found = last.get("activation", "linear") if isinstance(last, dict) else "linear"
+    needed = output_activation(loss)
+    if needed == "linear" or found == needed:
+        return None
+    trained = ckpt.config.get("loss_type")
+    fix = f"pass --loss {trained} (its loss) or" if trained and trained != loss else "use"
+    return (f"--resume {args.resume}: the checkpoint's model ends in a {found} layer, and "
+            f"--loss {loss} needs a {needed} output (probabilities); {fix} "
+            f"--loss binary_cross_entropy_with_logits")
+
+
 def validate(args):
     """Every usage error of ``verigrad train`` (None: none), before any banner or epoch:
-    paths, option combinations and ``--device cuda`` without a usable GPU."""
+    paths, option combinations, a ``--resume`` checkpoint that does not fit the flags and
+    ``--device cuda`` without a usable GPU."""
     from reports.commands.arguments import cuda_problem
 
-    return _check_combinations(args) or _check_paths(args) or cuda_problem(args)
+    return (_check_combinations(args) or _check_paths(args) or _check_resume(args)
+            or cuda_problem(args))
 
 
 def run(args) -> int:
@@ -387,25 +493,18 @@ def _run(args) -> int:
         from fastlib.training import distributed as dist
 
         (rank, ranks), distributed = dist.world(), dist.DataParallel(blocks=args.blocks)
-    if args.resume:
+    if args.resume:     # validate held its kind and dtype against the flags
         model = fastlib.load(args.resume)
-        if model.dtype != dtype:
-            raise ValueError(f"--resume: the checkpoint holds a {model.dtype} model; pass "
-                             f"--dtype {model.dtype}")
     else:
-        widths = [data.x_train.shape[1]] + list(args.hidden) + [classes]
-        layers = [fastlib.Dense(widths[i], widths[i + 1], args.activation)
-                  for i in range(len(widths) - 2)]
-        layers.append(fastlib.Dense(widths[-2], widths[-1]))
-        model = fastlib.Sequential(layers, dtype=dtype, seed=args.seed)
+        model = _mlp(data.x_train.shape[1], args.hidden, classes, args.activation, loss, dtype,
+                     args.seed)
 
     # only rank 0 speaks and writes files (the other ranks train the same model)
     out = sys.stdout if rank == 0 else open(os.devnull, "w")
-    arch = "-".join(str(d.in_features) for d in model.layers) + f"-{classes}" \
-        if all(hasattr(d, "in_features") for d in model.layers) else type(model).__name__
     print(wrap(f"verigrad train: {args.data} ({len(train.x)} train, "
                f"{0 if val is None else len(val.x)} validation, {len(data.x_test)} test), "
-               f"MLP {arch} {args.activation}, {loss}, {args.optimizer} lr={args.lr:g}, "
+               f"{_describe(model, classes, args.activation)}, {loss}, {args.optimizer} "
+               f"lr={args.lr:g}, "
                f"batch {batch_size}, {epochs} epochs, "
                f"{args.dtype + ' mixed' if args.dtype in _MIXED else dtype.name}, "
                f"{args.algorithm}"),
@@ -466,6 +565,18 @@ def _run(args) -> int:
                           "acc": result.accuracy_history, "val_acc": result.val_accuracy_history})
         print(f"wrote {args.plot}", file=out)
     return _status(result)
+
+
+def _describe(model, classes, activation):
+    """The banner's words for ``model``: ``MLP 64-128-10 relu`` (and its output layer's
+    activation when that is not linear), else, for a resumed model of another shape, its
+    type."""
+    layers = getattr(model, "layers", None)     # a bare layer (a resumed Dense) has none
+    if not layers or not all(hasattr(d, "in_features") for d in layers):
+        return type(model).__name__
+    widths = "-".join(str(d.in_features) for d in layers) + f"-{classes}"
+    output = getattr(layers[-1], "activation", "linear")
+    return f"MLP {widths} {activation}" + ("" if output == "linear" else f" ({output} output)")
 
 
 def _compile_notice():

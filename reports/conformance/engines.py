@@ -426,26 +426,10 @@ def _import_target(target):
     if not module_name or not attr:
         raise UnknownEngineError(f"engine {target!r}: expected 'module:Attribute', e.g. "
                                  f"'my_engines:MyEngine'")
-    if module_name.endswith(".py") or os.sep in module_name:
-        path = os.path.abspath(module_name)
-        if not os.path.exists(path):
-            raise UnknownEngineError(f"engine {target!r}: no file {path}")
-        mod_name = "_verigrad_engine_" + os.path.splitext(os.path.basename(path))[0]
-        spec_ = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(spec_)
-        sys.modules[mod_name] = module
-        spec_.loader.exec_module(module)
+    if _names_a_file(module_name):
+        module = _import_file(module_name)
     else:
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.insert(0, os.getcwd())   # `verigrad` as a console script: find local modules
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                raise UnknownEngineError(
-                    f"engine {target!r}: cannot import module {module_name!r} ({exc}); put it on "
-                    f"PYTHONPATH or run from its directory") from None
-            raise
+        module = _import_module(target, module_name)
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -454,6 +438,72 @@ def _import_target(target):
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise UnknownEngineError(f"engine {target!r}: module {module_name!r} has no attribute "
                                  f"{attr!r}{hint}") from None
+
+
+def _names_a_file(module_name):
+    """Whether the part of a plugin target before ``:`` is a path, not a module name: it ends
+    in ``.py``, holds a path separator, or is a file here (``engine.txt``)."""
+    separators = [sep for sep in (os.sep, os.altsep) if sep]
+    return (module_name.endswith(".py") or any(sep in module_name for sep in separators)
+            or os.path.isfile(module_name))
+
+
+def _import_file(shown):
+    """The module of the plugin file ``shown`` (the path as the user typed it).
+
+    Raises :class:`UnknownEngineError` naming what is wrong with the path (missing, a folder,
+    not Python source) or what importing it raised, never the import machinery's own error.
+    """
+    path = os.path.abspath(shown)
+    if os.path.isdir(path):
+        raise UnknownEngineError(f"{shown} is a folder, not a .py file; name the plugin's "
+                                 f"file: path/to/engine.py:Class")
+    if not os.path.exists(path):
+        raise UnknownEngineError(f"{shown}: no such file ({path})")
+    if not path.endswith(".py"):
+        # importlib finds no loader for any other suffix
+        raise UnknownEngineError(f"{shown} is not a .py file; a plugin engine is Python "
+                                 f"source: path/to/engine.py:Class")
+    mod_name = "_verigrad_engine_" + os.path.splitext(os.path.basename(path))[0]
+    spec_ = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec_)
+    sys.modules[mod_name] = module      # the module's own dataclasses and pickles look it up
+    try:
+        spec_.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - the user's file failed: say how, once
+        del sys.modules[mod_name]
+        raise UnknownEngineError(f"{shown}: cannot import it: {_import_failure(exc, path)}") \
+            from None
+    return module
+
+
+def _import_module(target, module_name):
+    """The plugin module ``module_name`` (looked up on ``sys.path`` and the current folder)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())   # `verigrad` as a console script: find local modules
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise UnknownEngineError(
+                f"engine {target!r}: cannot import module {module_name!r} ({exc}); put it on "
+                f"PYTHONPATH or run from its directory") from None
+        failure = exc
+    except Exception as exc:  # noqa: BLE001 - the user's module failed: say how, once
+        failure = exc
+    raise UnknownEngineError(f"module {module_name!r}: cannot import it: "
+                             f"{_import_failure(failure)}") from None
+
+
+def _import_failure(exc, path=None):
+    """What importing a plugin raised, in one line: a syntax error with its line (and its file
+    when that is not the plugin's own, ``path``), else the exception's type and message."""
+    if isinstance(exc, SyntaxError):
+        where = f" at line {exc.lineno}" if exc.lineno else ""
+        if exc.filename and (path is None or os.path.abspath(exc.filename) != path):
+            where = f" in {exc.filename}{where}"
+        return f"{type(exc).__name__}{where}: {exc.msg}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def check_engine(engine):
