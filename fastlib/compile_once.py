@@ -15,7 +15,7 @@ import hashlib
 import os
 import tempfile
 
-__all__ = ["CompileBusy", "compiled_for", "deferring", "read_only"]
+__all__ = ["CompileBusy", "compiled_for", "deferring", "native_entry", "read_only"]
 
 _DEFER = [False]   # inside deferring(): a busy lock raises instead of waiting
 
@@ -122,3 +122,39 @@ def compiled_for(dispatcher, *args):
     with _exclusive(_lock_path(dispatcher, sig), dispatcher.py_func.__qualname__):
         dispatcher.compile(sig)      # loads from the cache when a process beside us wrote it
     return dispatcher
+
+
+def native_entry(dispatcher, *args):
+    """The ``(address, key)`` of ``dispatcher``'s machine code for ``args``' types, compiled
+    (or loaded) through :func:`compiled_for`, for ``fastlib.kernels.native_call.call_compiled``.
+
+    Parameters
+    ----------
+    dispatcher : numba.core.registry.CPUDispatcher
+        A ``cache=True`` kernel that returns nothing.
+    *args
+        Arguments of the types the caller will pass (only their types matter).
+
+    Returns
+    -------
+    tuple of numpy.int64
+        The native entry point's address and the key of the argument types.
+    """
+    import numpy as np
+
+    from fastlib.kernels.native_call import types_key
+
+    sig = _signature(dispatcher, args)
+    result = compiled_for(dispatcher, *args).overloads[sig]
+    if result.signature.return_type != _none_type():
+        raise TypeError(f"native_entry: {dispatcher.py_func.__qualname__} returns "
+                        f"{result.signature.return_type}; call_compiled calls kernels that "
+                        "return nothing")
+    address = result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
+    return np.int64(address), np.int64(types_key(sig))
+
+
+def _none_type():
+    from numba.core import types
+
+    return types.none

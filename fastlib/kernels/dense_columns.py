@@ -26,6 +26,7 @@ from fastlib.kernels import skeleton as sk
 from fastlib.kernels.batch_loss import batch_mean, loss_terms
 from fastlib.kernels.dense import backward_epilogue, fast_activate, weight_gradient
 from fastlib.kernels.interpreter import EpochState, EpochUpdate
+from fastlib.kernels.native_call import call_compiled
 
 _LINEAR = optable.activation_codes()["linear"]
 
@@ -80,8 +81,8 @@ def _pair_input(plan, layer, nb, a_in, post):
 
 
 # NOTE: the pieces' forward and backward are inlined into ``_piece_work`` (their one call
-# site) at Numba's IR level: one level of linking and re-optimising fewer per dtype (the
-# interpreter's NOTE on compile time)
+# site) at Numba's IR level, and ``_pair_region`` calls ``_piece_work`` by address: levels of
+# linking and re-optimising fewer per dtype (the interpreter's NOTE on compile time)
 @njit(cache=True, error_model="numpy", inline="always")
 def _forward_piece(plan, layer, p, nb, w, a_in, bufs, fmt):
     """Piece ``p`` of the pair starting at COL layer ``layer``: its columns' pre-activation and
@@ -267,8 +268,9 @@ def _piece_work(plan, layer, forward, update, p, nb, a_in, state, bufs, upd, c, 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, state, bufs, upd, c,
-                 total, gather, prec, unscale):
-    """Every piece of the pair at ``layer`` (:func:`_piece_work`), ``threads`` at a time;
+                 total, gather, prec, unscale, work):
+    """Every piece of the pair at ``layer`` (:func:`_piece_work`, called through its entry
+    ``work``: not linked in, see ``fastlib.kernels.native_call``), ``threads`` at a time;
     backward at the first pair, each thread also gathers its share of the next batch's rows
     (``gather``: ``(x, order, next_start, next_nb, a_next)``; ``a_next`` is the other buffer,
     this step's batch is still being read)."""
@@ -277,8 +279,8 @@ def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, stat
     if threads == 1:
         old = kopt.enter_ftz()
         for p in range(n_pieces):
-            _piece_work(plan, layer, forward, update, p, nb, a_in, state, bufs, upd, c, total, prec,
-                        unscale)
+            call_compiled(work, (plan, layer, forward, update, p, nb, a_in, state, bufs, upd, c,
+                                 total, prec, unscale))
         if next_batch:
             _gather(x, order, next_start, np.int64(0), next_nb, a_next)
         kopt.leave_ftz(old)
@@ -301,8 +303,8 @@ def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, stat
         mprec = Precision(fmt, w16, scale, clean, skips, scaled, growth, backoff, interval,
                           dynamic)
         for p in range(t, n_pieces, threads):
-            _piece_work(mplan, layer, forward, update, p, nb, a_in, mstate, mbufs, mupd, c,
-                        total, mprec, unscale)
+            call_compiled(work, (mplan, layer, forward, update, p, nb, a_in, mstate, mbufs, mupd,
+                                 c, total, mprec, unscale))
         if next_batch:
             _gather(x, order, next_start, (t * next_nb) // threads,
                     ((t + 1) * next_nb) // threads, a_next)
@@ -313,7 +315,7 @@ def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, stat
 # the epoch
 
 @njit(cache=True, error_model="numpy")
-def epoch(plan, data, state, bufs, update, prec):
+def epoch(plan, data, state, bufs, update, prec, work):
     """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
 
     ``data`` is an ``interpreter.EpochData`` (``features`` (N, d), the targets, ``order``),
@@ -323,7 +325,8 @@ def epoch(plan, data, state, bufs, update, prec):
     per pair from the top, the serial join of the ROW layer's cotangent and one backward
     region; the guard (and a loss scale's update, ``skeleton.scale_after_step``). The update is
     applied at the start of the next step's first forward region (or after the loop); ``prec``
-    is the run's :data:`Precision`. NaN/Inf rules: a non-finite loss returns at once (the caller
+    is the run's :data:`Precision`, ``work`` the entry of :func:`_piece_work`
+    (:func:`piece_work_entry`). NaN/Inf rules: a non-finite loss returns at once (the caller
     restores weights); a non-finite gradient skips the update (``skipped``), as the generic
     path does.
     """
@@ -370,7 +373,7 @@ def epoch(plan, data, state, bufs, update, prec):
             kopt.leave_ftz(old_fp)
             _pair_region(threads, layer, yes, pending and layer == 0, nb, n_pieces, step_in,
                          plan, state, bufs, update, update.coeffs[max(updates - 1, 0):][:1], total,
-                         no_gather, prec, unscale)
+                         no_gather, prec, unscale, work)
             kopt.enter_ftz()
             if layer + 1 < n_layers:
                 _join_forward(plan, layer + 1, nb, n_pieces, prec.w16, bufs, prec.code)
@@ -409,7 +412,7 @@ def epoch(plan, data, state, bufs, update, prec):
             kopt.leave_ftz(old_fp)
             _pair_region(threads, layer, no, no, nb, n_pieces, step_in, plan, state, bufs,
                          update, update.coeffs[0:1], total,
-                         (x, order, start + bs, next_nb, next_in), prec, unscale)
+                         (x, order, start + bs, next_nb, next_in), prec, unscale, work)
             kopt.enter_ftz()
         # -- the skeleton's guard: the pieces' sums are added in piece order (each piece owns
         # one block of the parameters); the update is applied at the next forward region
@@ -429,5 +432,15 @@ def epoch(plan, data, state, bufs, update, prec):
     if pending:
         _pair_region(threads, np.int64(-1), yes, yes, zero, n_pieces, bufs.a_in, plan, state,
                      bufs, update, update.coeffs[updates - 1:updates], total, no_gather, prec,
-                     state.g.dtype.type(1.0))
+                     state.g.dtype.type(1.0), work)
     return loss_sum, correct_sum, skipped, updates, -1, 0.0
+
+
+def piece_work_entry(plan, state, bufs, update, prec):
+    """The native entry of :func:`_piece_work` for these arguments' types (``epoch``'s last
+    argument): compiled once, on its own, and called by address from the pairs' regions."""
+    from fastlib.compile_once import native_entry
+
+    zero, no = np.int64(0), np.bool_(False)
+    return native_entry(_piece_work, plan, zero, no, no, zero, zero, bufs.a_in, state, bufs,
+                        update, update.coeffs[0:1], 0.0, prec, state.g.dtype.type(1.0))

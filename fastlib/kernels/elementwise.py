@@ -17,8 +17,9 @@ from numba.extending import overload
 
 import optable
 from fastlib import config
-from fastlib.compile_once import compiled_for, read_only
+from fastlib.compile_once import compiled_for, native_entry, read_only
 from fastlib.kernels import scalar as S
+from fastlib.kernels.native_call import call_compiled
 from fastlib.kernels.switch import compile_switch, switch_source
 
 _FM = config.FASTMATH
@@ -164,28 +165,31 @@ def hvp_chunk(op, x, g, t, out, slope):
         raise ValueError(_UNKNOWN, op)
 
 
-# NOTE: no raise inside a prange region (it would keep the loop serial): the launchers pass
-# only the table's codes.
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=_FM)
-def forward_split(op, x, out, slope, nchunks):
-    """``forward_chunk`` over ``nchunks`` slices in parallel."""
+# NOTE: the split kernels call the chunk kernel by address (``chunk``: its native entry,
+# ``fastlib.kernels.native_call``), not the switch inlined: the switch's branches were typed
+# and compiled a second time for the parallel loop's body, as long again as the chunk kernel
+# itself. The launchers pass only the table's codes (the chunk's raise is never reached).
+@njit(cache=True, parallel=True, error_model="numpy")
+def forward_split(op, x, out, slope, nchunks, chunk):
+    """``forward_chunk`` (its entry ``chunk``) over ``nchunks`` slices in parallel."""
     n = x.size
     for c in prange(nchunks):
         lo, hi = n * c // nchunks, n * (c + 1) // nchunks
-        _forward_switch(op, x[lo:hi], out[lo:hi], slope)
+        call_compiled(chunk, (op, x[lo:hi], out[lo:hi], slope))
 
 
-@njit(cache=True, parallel=True, error_model="numpy", fastmath=_FM)
-def vjp_split(op, x, g, out, slope, nchunks):
-    """``vjp_chunk`` over ``nchunks`` slices in parallel."""
+@njit(cache=True, parallel=True, error_model="numpy")
+def vjp_split(op, x, g, out, slope, nchunks, chunk):
+    """``vjp_chunk`` (its entry ``chunk``) over ``nchunks`` slices in parallel."""
     n = x.size
     for c in prange(nchunks):
         lo, hi = n * c // nchunks, n * (c + 1) // nchunks
-        _vjp_switch(op, x[lo:hi], g[lo:hi], out[lo:hi], slope)
+        call_compiled(chunk, (op, x[lo:hi], g[lo:hi], out[lo:hi], slope))
 
 
-#: the launches whose kernel signature this process holds (direction, split, dtype)
-_READY = set()
+#: the launches whose kernel signature this process holds (direction, split, dtype) and, for
+#: a split one, the chunk kernel's native entry
+_READY = {}
 
 #: direction -> (serial kernel, parallel kernel or None)
 KERNELS = {"forward": (forward_chunk, forward_split), "vjp": (vjp_chunk, vjp_split),
@@ -211,17 +215,22 @@ def _launch(name, what, direction, x, *arrays, negative_slope=0.01):
     flat = [read_only(a.reshape(-1)) for a in (x, *arrays)] + [out.reshape(-1)]
     nchunks = config.num_chunks(flat[0].size)
     slope = x.dtype.type(negative_slope)
-    if nchunks == 1 or split is None:  # no parallel region: no thread hand-off
-        kernel, args = serial, (code, *flat, slope)
-    else:
-        kernel, args = split, (code, *flat, slope, nchunks)
+    serial_args = (code, *flat, slope)
+    parallel = nchunks > 1 and split is not None  # else no parallel region: no thread hand-off
     # NOTE: a family kernel carries every op's branch (seconds to compile): the first call of
     # each signature goes through compiled_for, so two processes compile it once between them
-    key = (direction, kernel is split, x.dtype.char)
+    key = (direction, parallel, x.dtype.char)
     if key not in _READY:
-        compiled_for(kernel, *args)
-        _READY.add(key)
-    kernel(*args)
+        entry = native_entry(serial, *serial_args) if parallel else None
+        if parallel:
+            compiled_for(split, *serial_args, nchunks, entry)
+        else:
+            compiled_for(serial, *serial_args)
+        _READY[key] = entry
+    if parallel:
+        split(*serial_args, nchunks, _READY[key])
+    else:
+        serial(*serial_args)
     return out
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import collections
 import math
 
+import numpy as np
+
 from numba import njit, prange
 
 from fastlib.kernels import attention as ka
@@ -24,6 +26,7 @@ from fastlib.kernels import recurrent as kr
 from fastlib.kernels import skeleton as sk
 from fastlib.kernels.batch_loss import batch_mean, loss_terms
 from fastlib.kernels.instructions import block_matrix, block_vector, slot_column, slot_view
+from fastlib.kernels.native_call import call_compiled
 
 #: The program and how a batch is cut: ``tables`` (``instructions.ProgramTables``), the model
 #: input's and output's slots, positions per sample, the batch size, samples per ``piece``,
@@ -53,10 +56,12 @@ EpochUpdate = collections.namedtuple("EpochUpdate", "kind coeffs clip_mode clip"
 # one row, forward and backward
 
 # NOTE: compile time. Numba links each callee's optimised module into its caller and optimises
-# the whole again, so every level of calls between a leaf kernel and the epoch costs one more
-# pass over all the code below it. The rows are inlined into ``_piece`` at Numba's IR level
-# (each has one call site), and the pieces' parallel region lives in ``epoch`` itself: two
-# levels fewer, about a tenth less compiling per dtype, the same code in the loops.
+# and emits the whole again, so every level of calls between a leaf kernel and the epoch costs
+# one more pass over all the code below it. The rows are inlined into ``_piece`` at Numba's IR
+# level (each has one call site), and ``epoch`` calls ``_piece`` by address
+# (``fastlib.kernels.native_call``): before, the parallel loop's body, its two wrappers and the
+# epoch each optimised and emitted all of ``_piece`` again (a cold float64 LSTM run took 81 s
+# of processor time then, 48 s since).
 
 @njit(cache=True, error_model="numpy", inline="always")
 def _forward_row(r, slots, blocks, n, w, act, tok, sc):
@@ -246,11 +251,12 @@ def _piece(p, start, nb, n_mean, plan, data, state, bufs):
 # the epoch
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def epoch(plan, data, state, bufs, update):
+def epoch(plan, data, state, bufs, update, piece_entry):
     """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
 
     Per step: the pieces' region, the loss (the pieces' terms added in piece order), and the
-    skeleton's end of the step. ``correct`` counts output rows (one per position of a
+    skeleton's end of the step. Each piece runs :func:`_piece` through ``piece_entry``
+    (:func:`piece_entry`): not linked in (``fastlib.kernels.native_call``). ``correct`` counts output rows (one per position of a
     sequence output). NaN/Inf rules as the generic path: a non-finite loss returns at once
     (the caller restores the weights); a non-finite gradient skips the update (``skipped``).
     """
@@ -282,7 +288,7 @@ def epoch(plan, data, state, bufs, update):
         threads = min(plan.threads, n_pieces)
         if threads == 1:                # no region: no thread hand-off for a one-piece batch
             for p in range(n_pieces):
-                _piece(p, start, nb, n_mean, plan, data, state, bufs)
+                call_compiled(piece_entry, (p, start, nb, n_mean, plan, data, state, bufs))
         else:
             kopt.leave_ftz(old_fp)
             for t in prange(threads):
@@ -291,11 +297,12 @@ def epoch(plan, data, state, bufs, update):
                                  output_slot, steps, batch_size, piece, plan_threads, loss_code,
                                  cuts, tokens)
                 for p in range(t, n_pieces, threads):
-                    _piece(p, start, nb, n_mean, mine,
-                           EpochData(features, tok_in, classes, values, order),
-                           EpochState(w, a, b, g),
-                           EpochBuffers(part, act, gact, tok, acc, tmp, sc, target_rows, totals,
-                                        corrects, sumsq))
+                    call_compiled(piece_entry, (
+                        p, start, nb, n_mean, mine,
+                        EpochData(features, tok_in, classes, values, order),
+                        EpochState(w, a, b, g),
+                        EpochBuffers(part, act, gact, tok, acc, tmp, sc, target_rows, totals,
+                                     corrects, sumsq)))
                 kopt.leave_ftz(old)
             kopt.enter_ftz()
         total = 0.0
@@ -321,3 +328,12 @@ def epoch(plan, data, state, bufs, update):
         updates += 1
     kopt.leave_ftz(old_fp)
     return loss_sum, correct_sum, skipped, updates, -1, 0.0
+
+
+def piece_entry(plan, data, state, bufs):
+    """The native entry of :func:`_piece` for these arguments' types (``epoch``'s last
+    argument): compiled once, on its own, and called by address from the epoch."""
+    from fastlib.compile_once import native_entry
+
+    zero = np.int64(0)
+    return native_entry(_piece, zero, zero, zero, zero, plan, data, state, bufs)

@@ -88,7 +88,8 @@ def run(ctx, prog, x, y, order):
     part, bufs = _buffers(ctx, prog, bs, plan.cuts)
     state = ki.EpochState(w, slots[0], slots[1], part)
     data = ki.EpochData(features, tokens, classes, values, order)
-    args = (plan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype))
+    args = (plan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype),
+            ki.piece_entry(plan, data, state, bufs))
     with single_threaded_blas():
         stats = compiled_for(ki.epoch, *args)(*args)
     # a sequence output's rows are its positions: the accuracy counts each sample once

@@ -194,7 +194,9 @@ def run(ctx, plan, x, y, order):
     prec = _precision(ctx, w)
     # one piece too: a multi-threaded BLAS under one piece could use cores the plan leaves
     # idle, and its hand-offs made the small products slower with more threads
-    args = (cplan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype), prec)
+    update = epoch_update(ctx, -(-n // bs), dtype)
+    args = (cplan, data, state, bufs, update, prec,
+            kc.piece_work_entry(cplan, state, bufs, update, prec))
     with single_threaded_blas():
         out = compiled_for(kc.epoch, *args)(*args)
     _keep_scale(ctx, prec)

@@ -1,0 +1,63 @@
+"""A kernel called through its machine-code address (``fastlib.kernels.native_call``): it
+runs on the caller's arrays, its exceptions reach the caller, and an entry compiled for other
+argument types is refused instead of run."""
+import numpy as np
+import pytest
+from numba import njit
+
+from fastlib.compile_once import native_entry
+from fastlib.kernels.native_call import call_compiled, types_key
+
+
+@njit
+def _add_scaled(out, x, k):
+    if k < 0:
+        raise ValueError("negative factor")
+    for i in range(out.size):
+        out[i] += x[i] * k
+
+
+@njit
+def _twice(entry, out, x, k):
+    call_compiled(entry, (out, x, k))
+    call_compiled(entry, (out, x, k))
+
+
+@njit
+def _returns_a_value(x):
+    return x + 1.0
+
+
+def test_a_kernel_called_by_address_writes_the_callers_arrays():
+    out, x = np.ones(4), np.arange(4.0)
+    _twice(native_entry(_add_scaled, out, x, 2.0), out, x, 2.0)
+    assert out.tolist() == [1.0, 5.0, 9.0, 13.0]       # 1 + 2 * (2 * x)
+
+
+def test_its_exception_reaches_the_caller():
+    out, x = np.zeros(2), np.zeros(2)
+    entry = native_entry(_add_scaled, out, x, 1.0)
+    with pytest.raises(ValueError, match="negative factor"):
+        _twice(entry, out, x, -1.0)
+
+
+def test_an_entry_for_other_argument_types_is_refused_before_it_runs():
+    out32 = np.zeros(3, np.float32)
+    entry = native_entry(_add_scaled, out32, out32, 1.0)
+    out = np.zeros(3)
+    with pytest.raises(ValueError, match="other argument types"):
+        _twice(entry, out, np.ones(3), 1.0)
+    assert out.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_the_key_names_the_types_and_only_them():
+    from numba import typeof
+
+    a, b = typeof(np.zeros(2)), typeof(np.zeros(2, np.float32))
+    assert types_key((a, b)) == types_key((typeof(np.ones(5)), b))
+    assert types_key((a, b)) != types_key((b, a))
+
+
+def test_a_kernel_that_returns_a_value_has_no_entry():
+    with pytest.raises(TypeError, match="returns float64"):
+        native_entry(_returns_a_value, 1.0)
