@@ -60,8 +60,8 @@ EpochUpdate = collections.namedtuple("EpochUpdate", "kind coeffs clip_mode clip"
 # one more pass over all the code below it. The rows are inlined into ``_piece`` at Numba's IR
 # level (each has one call site), and ``epoch`` calls ``_piece`` by address
 # (``fastlib.kernels.native_call``): before, the parallel loop's body, its two wrappers and the
-# epoch each optimised and emitted all of ``_piece`` again (a cold float64 LSTM run took 81 s
-# of processor time then, 48 s since).
+# epoch each optimised and emitted all of ``_piece`` again (a cold float64 LSTM run took 73 s
+# of processor time then, 50 s since).
 
 @njit(cache=True, error_model="numpy", inline="always")
 def _forward_row(r, slots, blocks, n, w, act, tok, sc):
