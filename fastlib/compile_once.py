@@ -116,7 +116,10 @@ def compiled_for(dispatcher, *args):
     CompileBusy
         Inside ``deferring()``, when another process holds the kernel's lock.
     """
-    sig = _signature(dispatcher, args)
+    return _compiled(dispatcher, _signature(dispatcher, args))
+
+
+def _compiled(dispatcher, sig):
     if sig in dispatcher.overloads:  # this process has it already: no lock, no file
         return dispatcher
     with _exclusive(_lock_path(dispatcher, sig), dispatcher.py_func.__qualname__):
@@ -145,7 +148,7 @@ def native_entry(dispatcher, *args):
     from fastlib.kernels.native_call import types_key
 
     sig = _signature(dispatcher, args)
-    result = compiled_for(dispatcher, *args).overloads[sig]
+    result = _compiled(dispatcher, sig).overloads[sig]
     if result.signature.return_type != _none_type():
         raise TypeError(f"native_entry: {dispatcher.py_func.__qualname__} returns "
                         f"{result.signature.return_type}; call_compiled calls kernels that "

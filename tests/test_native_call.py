@@ -61,3 +61,32 @@ def test_the_key_names_the_types_and_only_them():
 def test_a_kernel_that_returns_a_value_has_no_entry():
     with pytest.raises(TypeError, match="returns float64"):
         native_entry(_returns_a_value, 1.0)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "lstm"])
+def test_a_run_finds_its_epoch_s_entry_once(kind, monkeypatch):
+    # typing the entry's arguments costs about a millisecond: a third of a small epoch when it
+    # was done every epoch
+    import fastlib
+    from fastlib import compile_once
+
+    calls = []
+    real = compile_once.native_entry
+
+    def counted(dispatcher, *args):
+        calls.append(dispatcher.py_func.__name__)
+        return real(dispatcher, *args)
+
+    monkeypatch.setattr(compile_once, "native_entry", counted)
+    rng = np.random.default_rng(0)
+    if kind == "mlp":
+        x = rng.standard_normal((24, 3))
+        model = fastlib.Sequential([fastlib.Dense(3, 4, "relu"), fastlib.Dense(4, 2)],
+                                   dtype=np.float64)
+    else:
+        x = rng.standard_normal((24, 3, 2))
+        model = fastlib.Sequential([fastlib.LSTM(2, 3), fastlib.Dense(3, 2)], dtype=np.float64)
+    result = fastlib.train(model, x, rng.integers(0, 2, 24), 3, 8, 0.01, "cross_entropy",
+                           verbose=False)
+    assert result.path == "program"
+    assert calls == ["_piece_work" if kind == "mlp" else "_piece"]

@@ -195,8 +195,12 @@ def run(ctx, plan, x, y, order):
     # one piece too: a multi-threaded BLAS under one piece could use cores the plan leaves
     # idle, and its hand-offs made the small products slower with more threads
     update = epoch_update(ctx, -(-n // bs), dtype)
-    args = (cplan, data, state, bufs, update, prec,
-            kc.piece_work_entry(cplan, state, bufs, update, prec))
+    # the piece work's native entry, found once per run and shape: typing the arguments again
+    # took a millisecond, a third of a small epoch (the entry's key still checks them)
+    key = ("mlp_piece_entry", id(plan), bs)
+    if key not in ctx.scratch:
+        ctx.scratch[key] = kc.piece_work_entry(cplan, state, bufs, update, prec)
+    args = (cplan, data, state, bufs, update, prec, ctx.scratch[key])
     with single_threaded_blas():
         out = compiled_for(kc.epoch, *args)(*args)
     _keep_scale(ctx, prec)
