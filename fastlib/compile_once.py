@@ -144,20 +144,15 @@ def native_entry(dispatcher, *args):
         The native entry point's address and the key of the argument types.
     """
     import numpy as np
+    from numba.core import types
 
     from fastlib.kernels.native_call import types_key
 
     sig = _signature(dispatcher, args)
     result = _compiled(dispatcher, sig).overloads[sig]
-    if result.signature.return_type != _none_type():
+    if result.signature.return_type != types.none:
         raise TypeError(f"native_entry: {dispatcher.py_func.__qualname__} returns "
                         f"{result.signature.return_type}; call_compiled calls kernels that "
                         "return nothing")
     address = result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
     return np.int64(address), np.int64(types_key(sig))
-
-
-def _none_type():
-    from numba.core import types
-
-    return types.none

@@ -53,3 +53,17 @@ def mnist_dir():
     if not (MNIST_DIR / "train-images-idx3-ubyte.gz").exists():
         pytest.skip(f"MNIST not found at {MNIST_DIR}")
     return MNIST_DIR
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Make every expensive step fail loudly, so a test proves it was never reached."""
+    from reports import accuracy
+    from reports.commands import conform
+
+    def boom(*a, **k):
+        raise AssertionError("the command started working before refusing its arguments")
+
+    monkeypatch.setattr(conform, "run_spec_proofs", boom)
+    monkeypatch.setattr(conform, "run_engines", boom)
+    monkeypatch.setattr(accuracy, "measure", boom)

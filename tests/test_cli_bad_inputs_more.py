@@ -125,20 +125,6 @@ def test_hidden_drops_blank_items_as_every_list_does(monkeypatch):
 
 # -- plugin engines: one loader, one clear message, exit 2 in conform and report ---------------
 
-@pytest.fixture
-def nothing_measured(monkeypatch):
-    """Fail the test if conform or report start working before refusing --engines."""
-    from reports import accuracy
-    from reports.commands import conform
-
-    def boom(*a, **k):
-        raise AssertionError("the command started working before refusing its arguments")
-
-    monkeypatch.setattr(conform, "run_spec_proofs", boom)
-    monkeypatch.setattr(conform, "run_engines", boom)
-    monkeypatch.setattr(accuracy, "measure", boom)
-
-
 def _plugins(folder):
     """{case: (--engines value, words of the refusal)} for broken plugins under ``folder``."""
     (folder / "engine.txt").write_text("class Cls: pass\n")
@@ -164,7 +150,7 @@ def _plugins(folder):
                                   "syntax error", "raises on import",
                                   "module with a syntax error", "missing file"])
 @pytest.mark.parametrize("command", [["conform", "--ops", "tanh"], ["report", "--ops", "exp"]])
-def test_a_broken_plugin_path_is_a_usage_error(capsys, nothing_measured, monkeypatch, tmp_path,
+def test_a_broken_plugin_path_is_a_usage_error(capsys, nothing_runs, monkeypatch, tmp_path,
                                                case, command):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

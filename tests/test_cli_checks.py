@@ -9,20 +9,6 @@ import pytest
 from reports.cli import main
 
 
-@pytest.fixture
-def nothing_runs(monkeypatch):
-    """Make every expensive step fail loudly, so a test proves it was never reached."""
-    from reports import accuracy
-    from reports.commands import conform
-
-    def boom(*a, **k):
-        raise AssertionError("the command started working before refusing its arguments")
-
-    monkeypatch.setattr(conform, "run_spec_proofs", boom)
-    monkeypatch.setattr(conform, "run_engines", boom)
-    monkeypatch.setattr(accuracy, "measure", boom)
-
-
 def _run(capsys, *argv):
     code = main(list(argv))
     out = capsys.readouterr()

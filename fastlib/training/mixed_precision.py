@@ -24,6 +24,7 @@ from fastlib.training.algorithms import BatchResult, correct_count, evaluate_mod
 from fastlib.training.clipping import clip_gradients
 from fastlib.training.epochs import run_batches
 from fastlib.training.loss_scale import LossScale, resolve_loss_scale
+from optable.formats import FORMATS as FORMATS_BY_NAME
 
 __all__ = ["FORMATS", "MixedPrecision", "check_dtype_name", "resolve", "attach", "round_to",
            "forward16", "evaluate", "round_inputs"]
@@ -244,10 +245,6 @@ def attach(ctx, algo, mp: MixedPrecision, data_parallel):
     return replace(inner, run_epoch=run_epoch, evaluate=evaluate16)
 
 
-#: the largest finite value of each 16-bit format
-LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
-
-
 def round_inputs(x, fmt, what="inputs") -> np.ndarray:
     """A run's float inputs as the format holds them (integer indices unchanged).
 
@@ -274,5 +271,5 @@ def _check_range(x, rounded, fmt, what):
         wider = ("train in dtype='bfloat16' (float32's range)" if fmt == "float16"
                  else "train in float32 (leave dtype out)")
         raise ValueError(f"{what}: {int(overflow.sum())} value(s) are beyond {fmt}'s range "
-                         f"(largest finite {LARGEST[fmt]:g}), the first at index {at} "
+                         f"(largest finite {FORMATS_BY_NAME[fmt].max:g}), the first at index {at} "
                          f"({x[at]:g}); scale the data (e.g. standardise it), or {wider}")
