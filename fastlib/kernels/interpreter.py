@@ -58,53 +58,90 @@ EpochUpdate = collections.namedtuple("EpochUpdate", "kind coeffs clip_mode clip"
 # NOTE: compile time. Numba links each callee's optimised module into its caller and optimises
 # and emits the whole again, so every level of calls between a leaf kernel and the epoch costs
 # one more pass over all the code below it. The rows are inlined into ``_piece`` at Numba's IR
-# level (each has one call site), and ``epoch`` calls ``_piece`` by address
-# (``fastlib.kernels.native_call``): before, the parallel loop's body, its two wrappers and the
-# epoch each optimised and emitted all of ``_piece`` again (a cold float64 LSTM run took 73 s
-# of processor time then, 50 s since).
+# level (each has one call site); ``_piece`` calls each kind's kernel, and ``epoch`` calls
+# ``_piece``, by address (``fastlib.kernels.native_call``), so no level optimises and emits the
+# code of another again. Before, the parallel loop's body, its two wrappers and the epoch each
+# rebuilt all of ``_piece`` (a cold float64 LSTM run took 73 s of processor time then, 50 s
+# after the epoch's call), and ``_piece`` rebuilt every kind's kernels, whether or not the
+# program had the kind: 8 of its 14 s per dtype. A row calls the very machine code a layer
+# calls.
+
+#: The row kernels ``_piece`` calls by address, in the order of their index in the ``kernels``
+#: table (:func:`row_kernels`; the names below): the instruction kind, the kernel, and what its
+#: call site below passes, by letter: a piece's activation-dtype matrix (``M``, a slot or block
+#: view) or vector (``V``), its token ids ``T``, ``acc``, ``tmp`` and ``sc`` rows (``A``,
+#: ``W``, ``S``), an int64 ``i``, an activation-dtype scalar ``f``, a float64 ``d`` (a row's
+#: ``eps``) and a bool ``b``.
+ROW_KERNELS = (
+    (ins.EMBEDDING, kd.embedding_forward, "TMM"),
+    (ins.DENSE, kd.dense_forward, "MMVMMif"),
+    (ins.LAYER_NORM, kd.layer_norm_forward, "MVVdMVM"),
+    (ins.RMS_NORM, kd.rms_norm_forward, "MVdVM"),
+    (ins.SWIGLU, kd.swiglu_forward, "MMMMMM"),
+    (ins.ATTENTION, ka.attention_forward, "MMVMVMMMVMiiifbiS"),
+    (ins.RNN, kr.recurrent_forward, "MMMVMMMMMMiibbiS"),
+    (ins.EMBEDDING, kd.embedding_backward, "TMMAiii"),
+    (ins.DENSE, kd.dense_backward, "MMMMMMMVAMiWif"),
+    (ins.LAYER_NORM, kd.layer_norm_backward, "MMVVMiVVA"),
+    (ins.RMS_NORM, kd.rms_norm_backward, "MMVVMiVA"),
+    (ins.SWIGLU, kd.swiglu_backward, "MMMMMMMMMMMiW"),
+    (ins.ATTENTION, ka.attention_backward, "MMMMMMMMMMVMVAMiWiiifbiS"),
+    (ins.RNN, kr.recurrent_backward, "MMMMMMMMMMMMMVAMiWiibbiS"),
+)
+(EMBEDDING_FORWARD, DENSE_FORWARD, LAYER_NORM_FORWARD, RMS_NORM_FORWARD, SWIGLU_FORWARD,
+ ATTENTION_FORWARD, RECURRENT_FORWARD, EMBEDDING_BACKWARD, DENSE_BACKWARD, LAYER_NORM_BACKWARD,
+ RMS_NORM_BACKWARD, SWIGLU_BACKWARD, ATTENTION_BACKWARD, RECURRENT_BACKWARD) = range(
+    len(ROW_KERNELS))
+
+
+@njit(inline="always")
+def _entry(kernels, k):
+    return kernels[k, 0], kernels[k, 1]
+
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _forward_row(r, slots, blocks, n, w, act, tok, sc):
+def _forward_row(r, slots, blocks, n, w, act, tok, sc, kernels):
     """Row ``r`` forward over the piece's ``n`` samples."""
     op = r.op
     steps = slots[r.x].steps
     y = slot_view(act, slots[r.y], n)
     if op == ins.EMBEDDING:
-        kd.embedding_forward(tok[:n * steps], block_matrix(w, blocks[r.weight]), y)
+        call_compiled(_entry(kernels, EMBEDDING_FORWARD),
+                      (tok[:n * steps], block_matrix(w, blocks[r.weight]), y))
         return
     x = slot_view(act, slots[r.x], n)
     if op == ins.DENSE:
-        kd.dense_forward(x, block_matrix(w, blocks[r.weight]), block_vector(w, blocks[r.bias]),
-                         slot_view(act, slots[r.pre], n), y, r.activation,
-                         act.dtype.type(r.slope))
+        call_compiled(_entry(kernels, DENSE_FORWARD), (
+            x, block_matrix(w, blocks[r.weight]), block_vector(w, blocks[r.bias]),
+            slot_view(act, slots[r.pre], n), y, r.activation, act.dtype.type(r.slope)))
     elif op == ins.LAYER_NORM:
-        kd.layer_norm_forward(x, block_vector(w, blocks[r.weight]),
-                              block_vector(w, blocks[r.bias]), r.eps,
-                              slot_view(act, slots[r.xhat], n), slot_column(act, slots[r.rstd], n),
-                              y)
+        call_compiled(_entry(kernels, LAYER_NORM_FORWARD), (
+            x, block_vector(w, blocks[r.weight]), block_vector(w, blocks[r.bias]), r.eps,
+            slot_view(act, slots[r.xhat], n), slot_column(act, slots[r.rstd], n), y))
     elif op == ins.RMS_NORM:
-        kd.rms_norm_forward(x, block_vector(w, blocks[r.weight]), r.eps,
-                            slot_column(act, slots[r.rrms], n), y)
+        call_compiled(_entry(kernels, RMS_NORM_FORWARD), (
+            x, block_vector(w, blocks[r.weight]), r.eps, slot_column(act, slots[r.rrms], n), y))
     elif op == ins.SWIGLU:
-        kd.swiglu_forward(x, block_matrix(w, blocks[r.w_gate_up]),
-                          block_matrix(w, blocks[r.w_down]), slot_view(act, slots[r.gate_up], n),
-                          slot_view(act, slots[r.gated], n), y)
+        call_compiled(_entry(kernels, SWIGLU_FORWARD), (
+            x, block_matrix(w, blocks[r.w_gate_up]), block_matrix(w, blocks[r.w_down]),
+            slot_view(act, slots[r.gate_up], n), slot_view(act, slots[r.gated], n), y))
     elif op == ins.ATTENTION:
-        ka.attention_forward(x, block_matrix(w, blocks[r.w_qkv]), block_vector(w, blocks[r.b_qkv]),
-                             block_matrix(w, blocks[r.w_o]), block_vector(w, blocks[r.b_o]),
-                             slot_view(act, slots[r.qkv], n), slot_view(act, slots[r.att], n),
-                             slot_view(act, slots[r.probs], n), act[:0], y, n, steps, r.heads,
-                             act.dtype.type(r.scale), r.causal != 0, n, sc)
+        call_compiled(_entry(kernels, ATTENTION_FORWARD), (
+            x, block_matrix(w, blocks[r.w_qkv]), block_vector(w, blocks[r.b_qkv]),
+            block_matrix(w, blocks[r.w_o]), block_vector(w, blocks[r.b_o]),
+            slot_view(act, slots[r.qkv], n), slot_view(act, slots[r.att], n),
+            slot_view(act, slots[r.probs], n), act[:0], y, n, steps, r.heads,
+            act.dtype.type(r.scale), r.causal != 0, n, sc))
     elif op == ins.RNN or op == ins.LSTM:
         gates = slot_view(act, slots[r.gates], n)
         lstm = op == ins.LSTM
         # an RNN has no cells: its gates stand in for the LSTM's cell buffers (never read)
         cs = slot_view(act, slots[r.cells], n) if lstm else gates
         tcs = slot_view(act, slots[r.cell_tanh], n) if lstm else gates
-        kr.recurrent_forward(x, block_matrix(w, blocks[r.w_ih]), block_matrix(w, blocks[r.w_hh]),
-                             block_vector(w, blocks[r.bias]), gates,
-                             slot_view(act, slots[r.states], n), cs, tcs, y, gates, n, steps,
-                             lstm, r.every_state != 0, n, sc)
+        call_compiled(_entry(kernels, RECURRENT_FORWARD), (
+            x, block_matrix(w, blocks[r.w_ih]), block_matrix(w, blocks[r.w_hh]),
+            block_vector(w, blocks[r.bias]), gates, slot_view(act, slots[r.states], n), cs, tcs,
+            y, gates, n, steps, lstm, r.every_state != 0, n, sc))
     elif op == ins.ADD:
         x2 = slot_view(act, slots[r.x2], n)
         for i in range(y.shape[0]):
@@ -122,51 +159,50 @@ def _forward_row(r, slots, blocks, n, w, act, tok, sc):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _backward_row(r, slots, blocks, n, w, act, gact, tok, part, acc, tmp, sc):
+def _backward_row(r, slots, blocks, n, w, act, gact, tok, part, acc, tmp, sc, kernels):
     """Row ``r`` backward: its parameters' gradients into ``part`` (every entry written), its
     inputs' cotangents into ``gact`` by their modes."""
     op = r.op
     steps = slots[r.x].steps
     g = slot_view(gact, slots[r.y], n)
     if op == ins.EMBEDDING:
-        kd.embedding_backward(tok[:n * steps], g, block_matrix(part, blocks[r.weight]), acc, n,
-                              steps, n)
+        call_compiled(_entry(kernels, EMBEDDING_BACKWARD), (
+            tok[:n * steps], g, block_matrix(part, blocks[r.weight]), acc, n, steps, n))
         return
     x = slot_view(act, slots[r.x], n)
     gx = slot_view(gact, slots[r.x], n)
     mode = r.grad_x
     if op == ins.DENSE:
-        kd.dense_backward(x, block_matrix(w, blocks[r.weight]), slot_view(act, slots[r.pre], n),
-                          slot_view(act, slots[r.y], n), g, g,
-                          block_matrix(part, blocks[r.weight]), block_vector(part, blocks[r.bias]),
-                          acc, gx, mode, tmp, r.activation, act.dtype.type(r.slope))
+        call_compiled(_entry(kernels, DENSE_BACKWARD), (
+            x, block_matrix(w, blocks[r.weight]), slot_view(act, slots[r.pre], n),
+            slot_view(act, slots[r.y], n), g, g, block_matrix(part, blocks[r.weight]),
+            block_vector(part, blocks[r.bias]), acc, gx, mode, tmp, r.activation,
+            act.dtype.type(r.slope)))
     elif op == ins.LAYER_NORM:
-        kd.layer_norm_backward(g, slot_view(act, slots[r.xhat], n),
-                               slot_column(act, slots[r.rstd], n),
-                               block_vector(w, blocks[r.weight]), gx, mode,
-                               block_vector(part, blocks[r.weight]),
-                               block_vector(part, blocks[r.bias]), acc)
+        call_compiled(_entry(kernels, LAYER_NORM_BACKWARD), (
+            g, slot_view(act, slots[r.xhat], n), slot_column(act, slots[r.rstd], n),
+            block_vector(w, blocks[r.weight]), gx, mode, block_vector(part, blocks[r.weight]),
+            block_vector(part, blocks[r.bias]), acc))
     elif op == ins.RMS_NORM:
-        kd.rms_norm_backward(g, x, slot_column(act, slots[r.rrms], n),
-                             block_vector(w, blocks[r.weight]), gx, mode,
-                             block_vector(part, blocks[r.weight]), acc)
+        call_compiled(_entry(kernels, RMS_NORM_BACKWARD), (
+            g, x, slot_column(act, slots[r.rrms], n), block_vector(w, blocks[r.weight]), gx,
+            mode, block_vector(part, blocks[r.weight]), acc))
     elif op == ins.SWIGLU:
-        kd.swiglu_backward(x, block_matrix(w, blocks[r.w_gate_up]),
-                           block_matrix(w, blocks[r.w_down]), slot_view(act, slots[r.gate_up], n),
-                           slot_view(act, slots[r.gated], n), g,
-                           slot_view(gact, slots[r.gated], n), slot_view(gact, slots[r.gate_up], n),
-                           block_matrix(part, blocks[r.w_gate_up]),
-                           block_matrix(part, blocks[r.w_down]), gx, mode, tmp)
+        call_compiled(_entry(kernels, SWIGLU_BACKWARD), (
+            x, block_matrix(w, blocks[r.w_gate_up]), block_matrix(w, blocks[r.w_down]),
+            slot_view(act, slots[r.gate_up], n), slot_view(act, slots[r.gated], n), g,
+            slot_view(gact, slots[r.gated], n), slot_view(gact, slots[r.gate_up], n),
+            block_matrix(part, blocks[r.w_gate_up]), block_matrix(part, blocks[r.w_down]), gx,
+            mode, tmp))
     elif op == ins.ATTENTION:
-        ka.attention_backward(x, block_matrix(w, blocks[r.w_qkv]), block_matrix(w, blocks[r.w_o]),
-                              slot_view(act, slots[r.qkv], n), slot_view(act, slots[r.att], n),
-                              slot_view(act, slots[r.probs], n), g,
-                              slot_view(gact, slots[r.att], n), slot_view(gact, slots[r.qkv], n),
-                              block_matrix(part, blocks[r.w_qkv]),
-                              block_vector(part, blocks[r.b_qkv]),
-                              block_matrix(part, blocks[r.w_o]), block_vector(part, blocks[r.b_o]),
-                              acc, gx, mode, tmp, n, steps, r.heads, act.dtype.type(r.scale),
-                              r.causal != 0, n, sc)
+        call_compiled(_entry(kernels, ATTENTION_BACKWARD), (
+            x, block_matrix(w, blocks[r.w_qkv]), block_matrix(w, blocks[r.w_o]),
+            slot_view(act, slots[r.qkv], n), slot_view(act, slots[r.att], n),
+            slot_view(act, slots[r.probs], n), g, slot_view(gact, slots[r.att], n),
+            slot_view(gact, slots[r.qkv], n), block_matrix(part, blocks[r.w_qkv]),
+            block_vector(part, blocks[r.b_qkv]), block_matrix(part, blocks[r.w_o]),
+            block_vector(part, blocks[r.b_o]), acc, gx, mode, tmp, n, steps, r.heads,
+            act.dtype.type(r.scale), r.causal != 0, n, sc))
     elif op == ins.RNN or op == ins.LSTM:
         gates = slot_view(act, slots[r.gates], n)
         lstm = op == ins.LSTM
@@ -175,12 +211,12 @@ def _backward_row(r, slots, blocks, n, w, act, gact, tok, part, acc, tmp, sc):
         # the gates' cotangents in the cotangent buffer's gates slot (the rows are already the
         # cells' layout, so no copy is needed)
         dz = slot_view(gact, slots[r.gates], n)
-        kr.recurrent_backward(x, block_matrix(w, blocks[r.w_ih]), block_matrix(w, blocks[r.w_hh]),
-                              gates, slot_view(act, slots[r.states], n), cs, tcs, g, g, dz, dz,
-                              block_matrix(part, blocks[r.w_ih]),
-                              block_matrix(part, blocks[r.w_hh]),
-                              block_vector(part, blocks[r.bias]), acc, gx, mode, tmp, n, steps,
-                              lstm, r.every_state != 0, n, sc)
+        call_compiled(_entry(kernels, RECURRENT_BACKWARD), (
+            x, block_matrix(w, blocks[r.w_ih]), block_matrix(w, blocks[r.w_hh]), gates,
+            slot_view(act, slots[r.states], n), cs, tcs, g, g, dz, dz,
+            block_matrix(part, blocks[r.w_ih]), block_matrix(part, blocks[r.w_hh]),
+            block_vector(part, blocks[r.bias]), acc, gx, mode, tmp, n, steps, lstm,
+            r.every_state != 0, n, sc))
     elif op == ins.ADD:
         kd.pass_grad(g, gx, mode)
         kd.pass_grad(g, slot_view(gact, slots[r.x2], n), r.grad_x2)
@@ -222,7 +258,7 @@ def _gather(plan, data, first, n, act, tok):
 
 
 @njit(cache=True, error_model="numpy")
-def _piece(p, start, nb, n_mean, plan, data, state, bufs):
+def _piece(p, start, nb, n_mean, plan, data, state, bufs, kernels):
     """Forward, loss terms and backward of piece ``p`` of the batch at ``start``."""
     first = start + p * plan.piece
     n = min(plan.piece, nb - p * plan.piece)
@@ -230,7 +266,7 @@ def _piece(p, start, nb, n_mean, plan, data, state, bufs):
     act, gact, tok = bufs.act[p], bufs.gact[p], bufs.tok[p]
     _gather(plan, data, first, n, act, tok)
     for k in range(rows.shape[0]):
-        _forward_row(rows[k], slots, blocks, n, state.w, act, tok, bufs.sc[p])
+        _forward_row(rows[k], slots, blocks, n, state.w, act, tok, bufs.sc[p], kernels)
     out = slots[plan.output_slot]
     # the output's rows (t * n + s) and their targets' rows (sample-major: sample * steps + t)
     target = bufs.target_rows[p, :n * out.steps]
@@ -244,14 +280,14 @@ def _piece(p, start, nb, n_mean, plan, data, state, bufs):
         return                          # the epoch stops at this batch; no gradient needed
     for k in range(rows.shape[0] - 1, -1, -1):
         _backward_row(rows[k], slots, blocks, n, state.w, act, gact, tok, bufs.part[p],
-                      bufs.acc[p], bufs.tmp[p], bufs.sc[p])
+                      bufs.acc[p], bufs.tmp[p], bufs.sc[p], kernels)
 
 
 # ---------------------------------------------------------------------------------------------
 # the epoch
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def epoch(plan, data, state, bufs, update, piece_entry):
+def epoch(plan, data, state, bufs, update, piece_entry, kernels):
     """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
 
     Per step: the pieces' region, the loss (the pieces' terms added in piece order), and the
@@ -288,7 +324,8 @@ def epoch(plan, data, state, bufs, update, piece_entry):
         threads = min(plan.threads, n_pieces)
         if threads == 1:                # no region: no thread hand-off for a one-piece batch
             for p in range(n_pieces):
-                call_compiled(piece_entry, (p, start, nb, n_mean, plan, data, state, bufs))
+                call_compiled(piece_entry, (p, start, nb, n_mean, plan, data, state, bufs,
+                                            kernels))
         else:
             kopt.leave_ftz(old_fp)
             for t in prange(threads):
@@ -302,7 +339,7 @@ def epoch(plan, data, state, bufs, update, piece_entry):
                         EpochData(features, tok_in, classes, values, order),
                         EpochState(w, a, b, g),
                         EpochBuffers(part, act, gact, tok, acc, tmp, sc, target_rows, totals,
-                                     corrects, sumsq)))
+                                     corrects, sumsq), kernels))
                 kopt.leave_ftz(old)
             kopt.enter_ftz()
         total = 0.0
@@ -330,10 +367,31 @@ def epoch(plan, data, state, bufs, update, piece_entry):
     return loss_sum, correct_sum, skipped, updates, -1, 0.0
 
 
-def piece_entry(plan, data, state, bufs):
-    """The native entry of :func:`_piece` for these arguments' types (``epoch``'s last
-    argument): compiled once, on its own, and called by address from the epoch."""
+def row_kernels(plan, bufs):
+    """The native entries of the row kernels ``plan``'s program runs (``epoch``'s last
+    argument): an int64 ``(len(ROW_KERNELS), 2)`` table of (address, key), zero for a kind the
+    program lacks (its kernel is not compiled; a call would raise, never run)."""
+    from fastlib.compile_once import native_entry
+
+    kinds = set(int(op) for op in plan.tables.rows["op"])
+    if ins.LSTM in kinds:
+        kinds.add(ins.RNN)             # one recurrent kernel serves both
+    act = bufs.act[0]
+    dtype = act.dtype
+    samples = {"M": np.zeros((2, 2), dtype), "V": np.zeros(2, dtype), "T": bufs.tok[0],
+               "A": bufs.acc[0], "W": bufs.tmp[0], "S": bufs.sc[0], "i": np.int64(0),
+               "f": dtype.type(0), "d": np.float64(0), "b": True}
+    table = np.zeros((len(ROW_KERNELS), 2), np.int64)
+    for k, (kind, kernel, arguments) in enumerate(ROW_KERNELS):
+        if kind in kinds:
+            table[k] = native_entry(kernel, *(samples[a] for a in arguments))
+    return table
+
+
+def piece_entry(plan, data, state, bufs, kernels):
+    """The native entry of :func:`_piece` for these arguments' types (``epoch``'s
+    ``piece_entry``): compiled once, on its own, and called by address from the epoch."""
     from fastlib.compile_once import native_entry
 
     zero = np.int64(0)
-    return native_entry(_piece, zero, zero, zero, zero, plan, data, state, bufs)
+    return native_entry(_piece, zero, zero, zero, zero, plan, data, state, bufs, kernels)

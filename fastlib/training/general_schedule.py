@@ -89,7 +89,7 @@ def run(ctx, prog, x, y, order):
     state = ki.EpochState(w, slots[0], slots[1], part)
     data = ki.EpochData(features, tokens, classes, values, order)
     args = (plan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype),
-            _piece_entry(ctx, prog, bs, plan, data, state, bufs))
+            *_entries(ctx, prog, bs, plan, data, state, bufs))
     with single_threaded_blas():
         stats = compiled_for(ki.epoch, *args)(*args)
     # a sequence output's rows are its positions: the accuracy counts each sample once
@@ -97,12 +97,14 @@ def run(ctx, prog, x, y, order):
                         out_steps)
 
 
-def _piece_entry(ctx, prog, bs, plan, data, state, bufs):
-    """The piece kernel's native entry, found once per run and shape: typing the arguments
-    again took a millisecond, a third of a small epoch (the entry's key still checks them)."""
+def _entries(ctx, prog, bs, plan, data, state, bufs):
+    """The piece kernel's native entry and its row kernels' table, found once per run and
+    shape: typing the arguments again took a millisecond, a third of a small epoch (the
+    entries' keys still check them)."""
     key = ("general_piece_entry", id(prog), bs)
     if key not in ctx.scratch:
-        ctx.scratch[key] = ki.piece_entry(plan, data, state, bufs)
+        kernels = ki.row_kernels(plan, bufs)
+        ctx.scratch[key] = (ki.piece_entry(plan, data, state, bufs, kernels), kernels)
     return ctx.scratch[key]
 
 
