@@ -50,27 +50,47 @@ def _user_wide_dir() -> pathlib.Path | None:
     return pathlib.Path(local) / "numba" / "Cache" if local else None
 
 
+def _source_dirs(root):
+    return sorted({p.parent for p in root.rglob("*.py")})
+
+
+def _dirs_under(base, root):
+    """The folders Numba derives under cache root ``base`` for each source directory of
+    ``root``: ``numba.core.caching``'s ``<dirname>_<sha1 of the directory path>`` layout."""
+    dirs = []
+    for d in _source_dirs(root):
+        absolute = str(d.resolve())
+        hashed = hashlib.sha1(absolute.encode()).hexdigest()
+        dirs.append(base / f"{os.path.basename(absolute)}_{hashed}")
+    return dirs
+
+
 def cache_dirs(root: pathlib.Path = PACKAGE_DIR) -> list[pathlib.Path]:
     """Every directory where Numba may keep cached kernels of the modules under ``root``.
 
     The in-tree ``__pycache__`` folders (Numba's default), and the folders Numba derives from
     each source directory under ``NUMBA_CACHE_DIR`` (when set) and under its user-wide cache
-    (used when the package folder is read-only): ``numba.core.caching``'s
-    ``<dirname>_<sha1 of the directory path>`` layout.
+    (used when the package folder is read-only).
     """
-    source_dirs = sorted({p.parent for p in root.rglob("*.py")})
-    dirs = [d / "__pycache__" for d in source_dirs]
+    dirs = [d / "__pycache__" for d in _source_dirs(root)]
     bases = [pathlib.Path(os.environ["NUMBA_CACHE_DIR"])] if os.environ.get("NUMBA_CACHE_DIR") \
         else []
     user_wide = _user_wide_dir()
     if user_wide is not None:
         bases.append(user_wide)
     for base in bases:
-        for d in source_dirs:
-            absolute = str(d.resolve())
-            hashed = hashlib.sha1(absolute.encode()).hexdigest()
-            dirs.append(base / f"{os.path.basename(absolute)}_{hashed}")
+        dirs.extend(_dirs_under(base, root))
     return dirs
+
+
+def _dirs_stamped_by(stamp, root):
+    """The folders whose kernels ``stamp`` vouches for: the in-tree ones for the stamp in the
+    package's ``__pycache__``, else those under the stamp's own cache root. Each place Numba
+    may cache in has its own stamp, so a run with another ``NUMBA_CACHE_DIR`` leaves the
+    kernels of the others alone (it used to delete them: the next ordinary run was cold)."""
+    if stamp.parent == root / "__pycache__":
+        return [d / "__pycache__" for d in _source_dirs(root)]
+    return _dirs_under(stamp.parent, root)
 
 
 def _stamp_path(root: pathlib.Path) -> pathlib.Path | None:
@@ -106,7 +126,7 @@ def ensure_fresh_cache(root: pathlib.Path = PACKAGE_DIR) -> bool:
             return False
     except OSError:
         pass
-    for folder in cache_dirs(root):
+    for folder in _dirs_stamped_by(stamp, root):
         if not folder.is_dir():
             continue
         for pattern in ("*.nbi", "*.nbc"):

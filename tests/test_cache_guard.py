@@ -84,3 +84,18 @@ def test_the_package_itself_is_stamped():
     # importing fastlib ran the guard: the stamp beside the cache matches today's sources
     stamp = cache_guard._stamp_path(cache_guard.PACKAGE_DIR)
     assert stamp is not None and stamp.read_text().strip() == cache_guard.source_fingerprint()
+
+
+def test_another_cache_dir_leaves_the_in_tree_kernels_alone(tmp_path, monkeypatch):
+    # a run with its own NUMBA_CACHE_DIR (a first-run measurement, a CI job) has its own stamp:
+    # it must not delete the kernels the ordinary runs keep beside the sources
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    root = fake_package(tmp_path)
+    cache_guard.ensure_fresh_cache(root)
+    plant_cache(root)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert cache_guard.ensure_fresh_cache(root)     # no stamp there yet: its folders cleaned
+    assert len(cached_files(root)) == 2
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    assert not cache_guard.ensure_fresh_cache(root)
+    assert len(cached_files(root)) == 2
