@@ -133,3 +133,17 @@ def test_training_subjects_are_split_by_dtype_and_queued_first():
         [("train", "Dense", "float64")],
         [("exact", "tanh", "float64"), ("exact", "tanh", "float32"), ("jvp", "tanh", "float64")],
         [("exact", "exp", "float64")]]
+
+
+def test_training_tasks_alternate_float64_and_float32():
+    # two workers that start together take different dtypes (different kernels): in plan
+    # order both took float64 layers and compiled the same kernels side by side
+    from reports.conformance import workers
+    from reports.conformance.runner import Row
+
+    rows = [Row("train", name, "fastlib", dtype, None) for name, dtype in [
+        ("Dense", "float64"), ("RNN", "float64"), ("LSTM", "float64"),
+        ("generic", "float32"), ("mixed MLP", "bfloat16")]]
+    order = [(g[0].name, g[0].dtype) for g in workers._tasks(rows)]
+    assert order == [("Dense", "float64"), ("generic", "float32"), ("RNN", "float64"),
+                     ("mixed MLP", "bfloat16"), ("LSTM", "float64")]

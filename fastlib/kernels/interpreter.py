@@ -57,14 +57,13 @@ EpochUpdate = collections.namedtuple("EpochUpdate", "kind coeffs clip_mode clip"
 
 # NOTE: compile time. Numba links each callee's optimised module into its caller and optimises
 # and emits the whole again, so every level of calls between a leaf kernel and the epoch costs
-# one more pass over all the code below it. The rows are inlined into ``_piece`` at Numba's IR
-# level (each has one call site); ``_piece`` calls each kind's kernel, and ``epoch`` calls
-# ``_piece``, by address (``fastlib.kernels.native_call``), so no level optimises and emits the
-# code of another again. Before, the parallel loop's body, its two wrappers and the epoch each
-# rebuilt all of ``_piece`` (a cold float64 LSTM run took 73 s of processor time then, 50 s
-# after the epoch's call), and ``_piece`` rebuilt every kind's kernels, whether or not the
-# program had the kind: 8 of its 14 s per dtype. A row calls the very machine code a layer
-# calls.
+# one more pass over all the code below it. The rows call each kind's kernel, and ``epoch``
+# calls ``_piece``, by address (``fastlib.kernels.native_call``): no level rebuilds a kernel's
+# code. Before, the parallel loop's body, its two wrappers and the epoch each rebuilt all of
+# ``_piece`` (a cold float64 LSTM run: 73 s of processor time, then 50 s), and ``_piece``
+# rebuilt every kind's kernels, the program's or not (then 37 s). A row calls the very machine
+# code a layer calls. The rows are ordinary calls, not inlined at Numba's IR level, which
+# copied and typed their bodies again (a second more per dtype).
 
 #: The row kernels ``_piece`` calls by address, in the order of their index in the ``kernels``
 #: table (:func:`row_kernels`; the names below): the instruction kind, the kernel, and what its
@@ -99,7 +98,7 @@ def _entry(kernels, k):
     return kernels[k, 0], kernels[k, 1]
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _forward_row(r, slots, blocks, n, w, act, tok, sc, kernels):
     """Row ``r`` forward over the piece's ``n`` samples."""
     op = r.op
@@ -158,7 +157,7 @@ def _forward_row(r, slots, blocks, n, w, act, tok, sc, kernels):
         raise ValueError("compiled program: unknown op code in a forward row")
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _backward_row(r, slots, blocks, n, w, act, gact, tok, part, acc, tmp, sc, kernels):
     """Row ``r`` backward: its parameters' gradients into ``part`` (every entry written), its
     inputs' cotangents into ``gact`` by their modes."""

@@ -81,18 +81,29 @@ def _prove(kind, name):
 
 def _tasks(rows):
     """Rows grouped by (engine, subject), a training subject also by dtype; the training
-    tasks first, then the others in the order of each group's first row.
+    tasks first, float64 and float32 (with the 16-bit formats) taken in turn, then the others
+    in the order of each group's first row.
 
     NOTE: the longest tasks first, so that the run does not end with one worker compiling a
     training epoch (a minute per dtype) while the others are idle; a training subject's dtypes
-    call different kernels, so each is a task of its own and two workers compile them at once.
+    call different kernels, so each is a task of its own, and the dtypes alternate: workers
+    that start together start on different dtypes, and do not compile the same kernels side
+    by side (in plan order, both began with float64 layers and compiled their Dense and
+    recurrent kernels twice).
     """
     groups = {}
     for row in rows:
         engine, kind, subject, dtype = row_key(row)
         groups.setdefault((kind == "train", engine, subject, dtype if kind == "train" else None),
                           []).append(row)
-    return sorted(groups.values(), key=lambda group: group[0].kind != "train")
+    lanes = {}       # float64, and float32 with the 16-bit formats (computed in float32)
+    for group in groups.values():
+        if group[0].kind == "train":
+            lanes.setdefault(group[0].dtype == "float64", []).append(group)
+    training = []
+    for turn in range(max((len(lane) for lane in lanes.values()), default=0)):
+        training.extend(lane[turn] for lane in lanes.values() if turn < len(lane))
+    return training + [g for g in groups.values() if g[0].kind != "train"]
 
 
 def _pool(workers):
