@@ -96,3 +96,33 @@ def test_a_run_finds_its_epoch_s_entry_once(kind, monkeypatch):
         # SwiGLU or embedding kernel is compiled for an LSTM model), each found once
         assert sorted(calls) == ["_piece", "dense_backward", "dense_forward",
                                  "recurrent_backward", "recurrent_forward"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_row_kind_calls_its_kernel_with_the_declared_arguments(dtype, monkeypatch):
+    # interpreter.ROW_KERNELS says by letter what each row's call site passes; a letter that
+    # disagrees (a float64 eps declared as the activation dtype, a vector as a matrix) gives an
+    # entry for other types, and the call's key check raises. One program of every kind, in
+    # both dtypes, calls every row kernel forward and backward.
+    import fastlib
+    from fastlib import compile_once
+    from fastlib.kernels import interpreter
+
+    found = []
+    real = compile_once.native_entry
+
+    def counted(dispatcher, *args):
+        found.append(dispatcher)
+        return real(dispatcher, *args)
+
+    monkeypatch.setattr(compile_once, "native_entry", counted)
+    rng = np.random.default_rng(0)
+    model = fastlib.Sequential([
+        fastlib.Embedding(7, 4), fastlib.LayerNorm(4), fastlib.RMSNorm(4),
+        fastlib.SwiGLU(4, 6, 4), fastlib.MultiHeadAttention(4, 2), fastlib.LSTM(4, 3),
+        fastlib.Dense(3, 2)], dtype=dtype, seed=0)
+    result = fastlib.train(model, rng.integers(0, 7, (12, 3)), rng.integers(0, 2, 12), 1, 4,
+                           0.01, "cross_entropy", verbose=False)
+    assert result.path == "program"
+    assert np.isfinite(result.loss_history[-1])
+    assert {kernel for _, kernel, _ in interpreter.ROW_KERNELS} <= set(found)
