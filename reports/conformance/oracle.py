@@ -53,15 +53,6 @@ def _split(values):
     return hi.reshape(shape), lo.reshape(shape)
 
 
-def as_float64(x):
-    """Float inputs as float64 (exact for float32 and the 16-bit formats); integer class
-    indices unchanged."""
-    import optable
-
-    x = np.asarray(x)
-    return x.astype(np.float64) if optable.formats.is_float(x.dtype) else x
-
-
 def _key(kind, name, arrays, params):
     h = hashlib.sha1(f"{kind}|{name}|{sorted((params or {}).items())!r}".encode())
     for a in arrays:
@@ -73,15 +64,17 @@ def _key(kind, name, arrays, params):
 
 def referee_version() -> str:
     """A hash of the referee's code (spec, reflib, optable, the conformance checks and the
-    accuracy report's sources) and of the mpmath, SymPy, NumPy and Python versions: what an
-    exact value may depend on besides its inputs (computed once per process)."""
+    accuracy report's sources) and of the mpmath (with its integer backend: a value pickled
+    over GMP's integers needs gmpy2 to load), SymPy, NumPy and Python versions: what an exact
+    value may depend on besides its inputs (computed once per process)."""
     if not _VERSION:
         import platform
 
         import mpmath
         import sympy
 
-        h = hashlib.sha1(f"{DPS}|{mpmath.__version__}|{sympy.__version__}|{np.__version__}|"
+        h = hashlib.sha1(f"{DPS}|{mpmath.__version__}|{mpmath.libmp.BACKEND}|"
+                         f"{sympy.__version__}|{np.__version__}|"
                          f"{platform.python_version()}".encode())
         for part in _REFEREE_CODE:
             path = _ROOT / part
