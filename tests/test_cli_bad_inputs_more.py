@@ -130,6 +130,8 @@ def _plugins(folder):
     (folder / "engine.txt").write_text("class Cls: pass\n")
     (folder / "broken_engine.py").write_text("x = 1\ny = (\n")
     (folder / "raising_engine.py").write_text("raise RuntimeError('needs a licence')\n")
+    (folder / "building_raises.py").write_text(
+        "class Cls:\n    def __init__(self):\n        raise RuntimeError('needs a key')\n")
     (folder / "a_folder").mkdir()
     return {
         "text file": ("./engine.txt:Cls", ["./engine.txt is not a .py file"]),
@@ -143,12 +145,15 @@ def _plugins(folder):
         "module with a syntax error": ("broken_engine:Cls", [
             "module 'broken_engine': cannot import it: SyntaxError in ", "at line 2"]),
         "missing file": ("./nowhere.py:Cls", ["./nowhere.py: no such file"]),
+        "raises when built": ("./building_raises.py:Cls", [
+            "engine './building_raises.py:Cls': cannot build it: RuntimeError: needs a key"]),
     }
 
 
 @pytest.mark.parametrize("case", ["text file", "text file, no separator", "folder",
                                   "syntax error", "raises on import",
-                                  "module with a syntax error", "missing file"])
+                                  "module with a syntax error", "missing file",
+                                  "raises when built"])
 @pytest.mark.parametrize("command", [["conform", "--ops", "tanh"], ["report", "--ops", "exp"]])
 def test_a_broken_plugin_path_is_a_usage_error(capsys, nothing_runs, monkeypatch, tmp_path,
                                                case, command):

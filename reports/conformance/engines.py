@@ -559,10 +559,15 @@ def _working_problems(engine, dtypes):
     return problems
 
 
-def _instantiate(obj):
-    """An engine from a class, a zero-argument factory or an instance; checked."""
+def _instantiate(obj, name):
+    """An engine from a class, a zero-argument factory or an instance; checked. A class or
+    factory that raises is refused as a broken plugin is, with what it raised in one line."""
     if inspect.isclass(obj) or (callable(obj) and not hasattr(obj, "forward")):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as exc:  # noqa: BLE001 - the user's constructor failed: say how, once
+            raise UnknownEngineError(f"engine {name!r}: cannot build it: "
+                                     f"{type(exc).__name__}: {exc}") from None
     return check_engine(obj)
 
 
@@ -594,7 +599,7 @@ def get_engine(name):
     entry = ENGINES.get(name)
     if entry is None:
         if ":" in name:
-            return _instantiate(_import_target(name))
+            return _instantiate(_import_target(name), name)
         close = difflib.get_close_matches(name, list(ENGINES), n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise UnknownEngineError(f"unknown engine {name!r}{hint} (engines: "
@@ -602,7 +607,7 @@ def get_engine(name):
     reason = entry.reason()
     if reason:
         raise EngineUnavailableError(f"engine {name!r} is unavailable: {reason}")
-    return _instantiate(_import_target(entry.target))
+    return _instantiate(_import_target(entry.target), name)
 
 
 def engine_status(name):
