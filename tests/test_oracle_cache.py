@@ -86,6 +86,14 @@ def test_an_edit_to_the_referee_starts_a_fresh_folder(monkeypatch, tmp_path):
     (tmp_path / "spec" / "module.py").write_text("y = 3\n")    # a formula edited
     monkeypatch.setattr(oracle, "_VERSION", [])
     assert oracle.referee_version() != before
+    import mpmath
+
+    edited = oracle.referee_version()
+    # pickles over GMP's integers load only where gmpy2 does: another backend, another folder
+    other = "python" if mpmath.libmp.BACKEND != "python" else "gmpy"
+    monkeypatch.setattr(mpmath.libmp, "BACKEND", other)
+    monkeypatch.setattr(oracle, "_VERSION", [])
+    assert oracle.referee_version() != edited
 
 
 def test_other_versions_unused_for_a_week_are_removed(monkeypatch, tmp_path):

@@ -32,11 +32,11 @@ CODES = optable.codes(UNARY_OPS)
 _UNKNOWN = "unknown unary op code (not a code of optable's unary ops):"
 
 
-# NOTE: the element functions and each op's loop are inlined by LLVM (``forceinline``: its
-# ``alwaysinline``, before the loop vectoriser), not at Numba's IR level, which copied and typed
-# each body again inside every branch: the family's kernels compile in a fifth less time,
-# with the same machine loops (the same bits on every op, direction and dtype; the same speed)
-_ELEMENT_JIT = {"error_model": "numpy", "fastmath": _FM, "forceinline": True}
+# NOTE: the element functions and each op's loop are inlined by LLVM (``scalar.INLINED``), not
+# at Numba's IR level, which copied and typed each body again inside every branch: the family's
+# kernels compile in a fifth less time, with the same machine loops (the same bits on every op,
+# direction and dtype; the same speed)
+_ELEMENT_JIT = S.INLINED
 
 
 def _scalar(name, suffix):

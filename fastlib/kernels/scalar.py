@@ -33,10 +33,11 @@ from fastlib.kernels.vecmath import fnormpdf as normpdf
 from fastlib.kernels.vecmath import ftanh as tanh
 
 _FM = config.FASTMATH
-# NOTE: LLVM's inlining (``forceinline``: its ``alwaysinline``), not Numba's IR inlining, which
-# copies and types a body again at every call site: each function is typed once per signature,
-# and LLVM still inlines it before the loop vectoriser runs
-_INLINED = {"error_model": "numpy", "fastmath": _FM, "forceinline": True}
+#: Options of a small function every loop inlines: LLVM's inlining (``forceinline``: its
+#: ``alwaysinline``), not Numba's IR inlining, which copies and types a body again at every call
+#: site. Each function is typed once per signature, and LLVM still inlines it before the loop
+#: vectoriser runs (``fastlib.kernels.elementwise`` uses the same).
+INLINED = {"error_model": "numpy", "fastmath": _FM, "forceinline": True}
 _SQRT_2_OVER_PI = 0.79788456080286535588
 _GELU_TANH_A = 0.044715
 
@@ -413,7 +414,7 @@ def sqrt_vjp(x, g):
 _INF32 = np.float32(np.inf)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
+@njit(cache=True, **INLINED)
 def _sqrt_vjp32(x, g):
     # r0 = 1 / sqrt(x) in float32 (relative error ~1e-7), one Newton step in float64 (~1e-14).
     # (float64 sqrt and division instead take 3x as long.) x = 0 or inf: r0 = inf or 0 is
@@ -433,7 +434,7 @@ def _sqrt_vjp_typer(x, g):
     return None
 
 
-overload(sqrt_vjp, jit_options=_INLINED)(_sqrt_vjp_typer)
+overload(sqrt_vjp, jit_options=INLINED)(_sqrt_vjp_typer)
 
 
 # --- VJPs g * f'(x) of the elementwise ops, rounded once -----------------------------------
@@ -498,13 +499,13 @@ def gelu_tanh_vjp(x, g):
 _EXP64_ZERO = 745.2
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
+@njit(cache=True, **INLINED)
 def _exp_neg64(a):
     """exp(-a) for float64 a >= 0 (0 beyond 745.2, inf included), vectorisable."""
     return _exp64(-a) if a < _EXP64_ZERO else 0.0
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
+@njit(cache=True, **INLINED)
 def _sigmoid_vjp32(x, g):
     # g e / (1 + e)^2, e = exp(-|x|), in float64
     e = _exp_neg64(abs(np.float64(x)))
@@ -513,7 +514,7 @@ def _sigmoid_vjp32(x, g):
     return y if x == x else x
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
+@njit(cache=True, **INLINED)
 def _exp_vjp32(x, g):
     # g exp(x) in float64 (``_exp64``: relative error < 1e-14), rounded once to float32; the
     # float32 formula rounds exp(x) and then the product. Beyond float32's exp range ``_exp64``
@@ -524,7 +525,7 @@ def _exp_vjp32(x, g):
     return y if x == x else x
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
+@njit(cache=True, **INLINED)
 def _tanh_vjp32(x, g):
     # g 4e / (1 + e)^2, e = exp(-2|x|), in float64, rounded once (the float32 formula rounds
     # five times); |x| beyond 372.6 gives e = 0 (and 0 for the result in float32 too).
@@ -539,7 +540,7 @@ def _tanh_vjp32(x, g):
     return y if x == x else x
 
 
-@njit(cache=True, error_model="numpy", fastmath=_FM, forceinline=True)
+@njit(cache=True, **INLINED)
 def _silu_vjp32(x, g):
     # g s (1 + x sigmoid(-x)) in float64; 0 where s is 0 (x = -inf: its limit)
     xd = np.float64(x)
@@ -677,15 +678,15 @@ def _vjp_typer(f32_impl, f64_impl):
     return typer
 
 
-overload(exp_vjp, jit_options=_INLINED)(_vjp_typer(lambda x, g: _exp_vjp32(x, g),
-                                              lambda x, g: g * exp_df(x)))
-overload(tanh_vjp, jit_options=_INLINED)(_vjp_typer(lambda x, g: _tanh_vjp32(x, g),
-                                               lambda x, g: g * tanh_df(x)))
-overload(sigmoid_vjp, jit_options=_INLINED)(_vjp_typer(lambda x, g: _sigmoid_vjp32(x, g),
-                                                  lambda x, g: g * sigmoid_df(x)))
-overload(silu_vjp, jit_options=_INLINED)(_vjp_typer(lambda x, g: _silu_vjp32(x, g),
-                                               lambda x, g: _silu_vjp64(x, g)))
-overload(gelu_vjp, jit_options=_INLINED)(_vjp_typer(lambda x, g: g * gelu_df(x),
-                                               lambda x, g: _gelu_vjp64(x, g)))
-overload(gelu_tanh_vjp, jit_options=_INLINED)(_vjp_typer(lambda x, g: g * gelu_tanh_df(x),
-                                                    lambda x, g: _gelu_tanh_vjp64(x, g)))
+overload(exp_vjp, jit_options=INLINED)(_vjp_typer(lambda x, g: _exp_vjp32(x, g),
+                                                  lambda x, g: g * exp_df(x)))
+overload(tanh_vjp, jit_options=INLINED)(_vjp_typer(lambda x, g: _tanh_vjp32(x, g),
+                                                   lambda x, g: g * tanh_df(x)))
+overload(sigmoid_vjp, jit_options=INLINED)(_vjp_typer(lambda x, g: _sigmoid_vjp32(x, g),
+                                                      lambda x, g: g * sigmoid_df(x)))
+overload(silu_vjp, jit_options=INLINED)(_vjp_typer(lambda x, g: _silu_vjp32(x, g),
+                                                   lambda x, g: _silu_vjp64(x, g)))
+overload(gelu_vjp, jit_options=INLINED)(_vjp_typer(lambda x, g: g * gelu_df(x),
+                                                   lambda x, g: _gelu_vjp64(x, g)))
+overload(gelu_tanh_vjp, jit_options=INLINED)(_vjp_typer(lambda x, g: g * gelu_tanh_df(x),
+                                                        lambda x, g: _gelu_tanh_vjp64(x, g)))
