@@ -387,3 +387,19 @@ def test_checkpoint_paths_are_checked_before_the_first_epoch(tmp_path):
     refused_before_training(TypeError, "checkpoint must be a file path", mlp(), x, y, 2, 8, 0.1,
                             "cross_entropy", checkpoint=5)
     assert [p.name for p in tmp_path.iterdir()] == ["run.npz"] and not list(folder.iterdir())
+
+
+def test_the_range_check_counts_every_chunk_and_names_the_first_value(monkeypatch):
+    # the check reads the inputs a few rows at a time (no rounded copy of the data set): the
+    # count and the first index must be those of the whole array, whatever the chunk size
+    from fastlib.training import mixed_precision
+
+    monkeypatch.setattr(mixed_precision, "_CHUNK_VALUES", 8)     # two rows of 4 per chunk
+    x = np.zeros((20, 4), np.float32)
+    x[3, 1], x[3, 2], x[17, 0] = 7e4, -1e5, np.inf       # inf itself is not an overflow
+    x[11, 3] = 65504.0                                   # float16's largest finite value
+    with pytest.raises(ValueError, match=r"x: 2 value\(s\) are beyond float16's range "
+                                         r"\(largest finite 65504\), the first at index "
+                                         r"\(3, 1\) \(70000\)"):
+        mixed_precision.check_inputs(x, "float16", "x")
+    mixed_precision.check_inputs(x[4:], "float16", "x")      # inf and 65504 pass

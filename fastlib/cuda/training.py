@@ -127,6 +127,8 @@ class DeviceRun:
             self._allocate(ctx, x, y)
             if mp is not None:   # mixed precision: the rows read the masters rounded
                 self.mixed = DeviceMixed(mp, self.w.shape[0])
+                if not self.model.takes_indices:   # the inputs as the format holds them
+                    self.mixed.round_in_place(self.x)
         self.t = int(ctx.opt_state.t)
         self.recurrence = recurrent.Recurrence()
         self.lowered = Lowered(self.program, self.mixed.w16 if self.mixed else self.w, self.g,

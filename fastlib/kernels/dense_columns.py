@@ -57,14 +57,16 @@ Precision = collections.namedtuple(
 
 
 @njit(cache=True, error_model="numpy")
-def _gather(x, order, start, r0, r1, a_in):
+def _gather(x, order, start, r0, r1, a_in, fmt):
     """Rows ``r0:r1`` of the batch at ``start``: ``a_in[i] = x[order[start + i]]`` (flat
-    ``a_in``, rows of ``x.shape[1]``)."""
+    ``a_in``, rows of ``x.shape[1]``), rounded to the 16-bit format ``fmt`` unless it is -1
+    (a mixed run's inputs are rounded batch by batch: no rounded copy of the data set)."""
     width = x.shape[1]
     for i in range(r0, r1):
         r = order[start + i]
         for k in range(width):
             a_in[i * width + k] = x[r, k]
+    half.round_in_place(fmt, a_in[r0 * width:r1 * width])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +284,7 @@ def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, stat
             call_compiled(work, (plan, layer, forward, update, p, nb, a_in, state, bufs, upd, c,
                                  total, prec, unscale))
         if next_batch:
-            _gather(x, order, next_start, np.int64(0), next_nb, a_next)
+            _gather(x, order, next_start, np.int64(0), next_nb, a_next, prec.code)
         kopt.leave_ftz(old)
         return
     # NOTE: a parallel loop takes arrays and scalars only (no tuples of arrays): the named
@@ -307,7 +309,7 @@ def _pair_region(threads, layer, forward, update, nb, n_pieces, a_in, plan, stat
                                  c, total, mprec, unscale))
         if next_batch:
             _gather(x, order, next_start, (t * next_nb) // threads,
-                    ((t + 1) * next_nb) // threads, a_next)
+                    ((t + 1) * next_nb) // threads, a_next, fmt)
         kopt.leave_ftz(old)
 
 
@@ -358,7 +360,7 @@ def epoch(plan, data, state, bufs, update, prec, work):
     # not literals: Numba compiles a callee once per distinct literal argument, and the three
     # calls below once cost three compiles of the largest kernel, and of each callee, per dtype
     yes, no, zero = np.bool_(True), np.bool_(False), np.int64(0)
-    _gather(x, order, zero, zero, min(bs, n_samples), bufs.a_in[:in_size])
+    _gather(x, order, zero, zero, min(bs, n_samples), bufs.a_in[:in_size], prec.code)
     no_gather = (x, order, zero, zero, bufs.a_in)
     for start in range(0, n_samples, bs):
         nb = min(bs, n_samples - start)

@@ -147,6 +147,16 @@ class Layer:
                 out[f"{i}.{name}"] = value
         return out
 
+    def clear_history(self):
+        """Drop what the last forward kept for a backward (its input, pre-activations and any
+        other saved arrays), in this layer and every child; a backward before the next forward
+        then says so. Evaluation calls it when it ends: its outputs are not kept alive."""
+        self._out_shape = None
+        for name in [n for n in vars(self) if n.startswith("hist_") or n == "_cache"]:
+            setattr(self, name, None)
+        for child in self._children:
+            child.clear_history()
+
     def reset_parameters(self, seed=None, rng=None):
         """Re-draw every parameter from one generator, this layer first, then children in order.
 

@@ -256,4 +256,9 @@ def evaluate_model(model, x: np.ndarray, y: np.ndarray, loss_type: str,
         total += losses.loss_value(loss_type, pred, yb, check=False) * xb.shape[0]
         acc = losses.accuracy(loss_type, pred, yb, check=False)
         correct = None if acc is None or correct is None else correct + float(acc) * xb.shape[0]
+    # NOTE: the layers' saved arrays of the last chunk would stay alive through the next epoch
+    # (a compiled epoch never reads them): as large as a chunk's activations
+    clear = getattr(model, "clear_history", None)
+    if clear is not None:
+        clear()
     return total / n, (None if correct is None else correct / n)

@@ -108,7 +108,12 @@ class DivergenceMonitor:
     # -- the probe batch -------------------------------------------------------------------------
     def _probe(self):
         k = min(self.data.x.shape[0], DivergenceRules.PROBE_ROWS)
-        return self.data.x[:k], None if self.data.y is None else self.data.y[:k]
+        x = self.data.x[:k]
+        if self.data.fmt is not None:     # a mixed run's inputs, as its steps read them
+            from fastlib.training.mixed_precision import round_batch
+
+            x = round_batch(x, self.data.fmt)
+        return x, None if self.data.y is None else self.data.y[:k]
 
     def _probe_loss(self):
         """The model's loss on the probe batch (no RNG drawn, no weight changed), or None.
@@ -145,6 +150,9 @@ class DivergenceMonitor:
             warn(f"divergence rule max_grad is off for this run: the loss gradient on the "
                  f"probe batch cannot be computed ({exc})")
             return None
+        clear = getattr(self.model, "clear_history", None)
+        if clear is not None:   # the probe's saved arrays are not the run's to keep
+            clear()
         return max_abs(grads.values(), finite_only=True)
 
     def _target_scale(self):

@@ -1,14 +1,14 @@
 """Mixed-precision training: 16-bit weights and activations over float32 master weights.
 
 ``train(..., dtype="bfloat16")`` (or ``"float16"``) keeps the model's float32 parameters as the
-masters the optimizer updates. Each step rounds them to the format (nearest even), runs the
-forward with every layer's output rounded to it, computes the loss in float32, and runs the
-backward on the (scaled) loss cotangent with every layer's input cotangent and every parameter
-gradient rounded to the format; the gradients are unscaled in float32, checked, clipped and
-applied to the masters. Layers compute in float32 between those points, as fastlib's ops do in
-16 bits. A Dense MLP's epochs run compiled, in the MLP schedule's column epoch, which rounds
-at the same points (``TrainingResult.path`` ``"program"``); other models go batch by batch
-(``"generic"``), as does ``fused=False``; ``device="cuda"`` rounds there (``fastlib.cuda.mixed``).
+masters the optimizer updates. Each step rounds them and its batch of inputs to the format
+(nearest even; the data set is never copied), runs the forward with every layer's output
+rounded, the loss in float32, and the backward on the (scaled) loss cotangent with every input
+cotangent and parameter gradient rounded; the gradients are unscaled in float32, checked,
+clipped and applied to the masters. Layers compute in float32 between those points. A Dense
+MLP's epochs run compiled in the MLP schedule's column epoch, rounding at the same points
+(``TrainingResult.path`` ``"program"``); other models go batch by batch (``"generic"``), as
+does ``fused=False``; ``device="cuda"`` rounds there (``fastlib.cuda.mixed``).
 docs/training.md, section "Mixed precision".
 """
 from __future__ import annotations
@@ -27,7 +27,8 @@ from fastlib.training.loss_scale import LossScale, resolve_loss_scale
 from optable.formats import FORMATS as FORMATS_BY_NAME
 
 __all__ = ["FORMATS", "MixedPrecision", "check_dtype_name", "resolve", "attach", "round_to",
-           "forward16", "evaluate", "round_inputs"]
+           "forward16", "evaluate", "round_inputs", "round_batch", "check_inputs",
+           "input_chunks"]
 
 #: the 16-bit formats a run may train in (the masters are float32)
 FORMATS = ("bfloat16", "float16")
@@ -167,6 +168,7 @@ def _train_one_batch(ctx, x, y) -> BatchResult:
     mp = ctx.scratch["mixed_precision"]
     fmt, scaler = mp.fmt, mp.scale
     scale = 1.0 if scaler is None else float(ctx.state["loss_scale"])
+    x = round_batch(x, fmt)
     with _Rounded(ctx.params, fmt):
         pred = forward16(ctx.model, x, fmt)
         loss, dpred = losses.loss_value_and_grad(ctx.loss_type, pred, y, check=False)
@@ -199,6 +201,9 @@ class _Forward16:
 
     def forward(self, x):
         return forward16(self.model, round_to(x, self.fmt), self.fmt)
+
+    def clear_history(self):
+        self.model.clear_history()
 
 
 def evaluate(model, x, y, loss_type, fmt):
@@ -262,14 +267,68 @@ def round_inputs(x, fmt, what="inputs") -> np.ndarray:
     return rounded
 
 
-def _check_range(x, rounded, fmt, what):
+def round_batch(x, fmt) -> np.ndarray:
+    """One batch of a run's inputs as the format holds them (float32; integer indices
+    unchanged): a run rounds its inputs batch by batch, never the whole data set at once."""
+    x = np.asarray(x)
+    return x if x.dtype.kind in "iu" else round_to(x, fmt)
+
+
+#: rows per chunk of :func:`input_chunks` (at most about this many values at a time)
+_CHUNK_VALUES = 1 << 16
+
+
+def input_chunks(x, fmt):
+    """``(row slice, rounded float32 rows)`` over the float array ``x``, a few rows at a time:
+    what a whole-set pass (range check, fingerprint) reads without a rounded copy of it."""
+    x = np.asarray(x)
+    row = max(1, int(np.prod(x.shape[1:], dtype=np.int64)))
+    step = max(1, _CHUNK_VALUES // row)
+    for start in range(0, max(x.shape[0], 1), step):
+        rows = slice(start, min(start + step, x.shape[0]))
+        yield rows, round_to(x[rows], fmt)
+
+
+def check_inputs(x, fmt, what="inputs") -> None:
+    """Refuse float inputs that the 16-bit format ``fmt`` cannot hold (checked chunk by chunk;
+    integer indices pass).
+
+    Raises
+    ------
+    ValueError
+        A finite input beyond the format's range, as :func:`round_inputs` names it.
+    """
+    x = np.asarray(x)
+    if x.dtype.kind in "iu":
+        return
+    count, first = 0, None
+    for rows, rounded in input_chunks(x, fmt):
+        overflow = _overflow(x[rows], rounded)
+        if overflow.any():
+            count += int(overflow.sum())
+            if first is None:
+                at = tuple(int(i) for i in np.argwhere(overflow)[0])
+                first = (at[0] + rows.start,) + at[1:]
+    if count:
+        _refuse(x, count, first, fmt, what)
+
+
+def _overflow(x, rounded):
     # NOTE: an input rounded to Inf makes the first loss Inf, and the run would stop blaming
     # the learning rate; the data is what must change
-    overflow = np.isinf(rounded) & np.isfinite(x)
+    return np.isinf(rounded) & np.isfinite(x)
+
+
+def _check_range(x, rounded, fmt, what):
+    overflow = _overflow(x, rounded)
     if overflow.any():
-        at = tuple(int(i) for i in np.argwhere(overflow)[0])
-        wider = ("train in dtype='bfloat16' (float32's range)" if fmt == "float16"
-                 else "train in float32 (leave dtype out)")
-        raise ValueError(f"{what}: {int(overflow.sum())} value(s) are beyond {fmt}'s range "
-                         f"(largest finite {FORMATS_BY_NAME[fmt].max:g}), the first at index {at} "
-                         f"({x[at]:g}); scale the data (e.g. standardise it), or {wider}")
+        _refuse(x, int(overflow.sum()), tuple(int(i) for i in np.argwhere(overflow)[0]), fmt,
+                what)
+
+
+def _refuse(x, count, at, fmt, what):
+    wider = ("train in dtype='bfloat16' (float32's range)" if fmt == "float16"
+             else "train in float32 (leave dtype out)")
+    raise ValueError(f"{what}: {count} value(s) are beyond {fmt}'s range "
+                     f"(largest finite {FORMATS_BY_NAME[fmt].max:g}), the first at index {at} "
+                     f"({x[at]:g}); scale the data (e.g. standardise it), or {wider}")

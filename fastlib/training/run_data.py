@@ -22,6 +22,9 @@ class RunData:
     y: np.ndarray | None
     x_val: np.ndarray | None
     y_val: np.ndarray | None
+    #: a mixed-precision run's 16-bit format: the float inputs are what it rounds batch by
+    #: batch (None: the model's own dtype)
+    fmt: str | None = None
 
     @property
     def validated(self) -> bool:
@@ -32,7 +35,8 @@ class RunData:
     def fingerprint(self) -> dict:
         """Shape, dtype and a hash of each array (compared when a checkpoint is resumed;
         hashed once per run)."""
-        return {name: _fingerprint(a) for name, a in (
+        inputs = ("x", "x_val")
+        return {name: _fingerprint(a, self.fmt if name in inputs else None) for name, a in (
             ("x", self.x), ("y", self.y), ("x_val", self.x_val), ("y_val", self.y_val))
             if a is not None}
 
@@ -139,16 +143,28 @@ def _last_layer(model):
     return model
 
 
-def _fingerprint(a):
+def _fingerprint(a, fmt=None):
+    """``dtype[shape]:hash`` of ``a``; with a 16-bit ``fmt``, of its float values as the run
+    rounds them (float32), hashed chunk by chunk: no rounded copy of the data set is made."""
+    from fastlib.training.mixed_precision import input_chunks
+
     a = np.ascontiguousarray(a)
-    digest = hashlib.blake2b(memoryview(a).cast("B"), digest_size=8).hexdigest()
-    return f"{a.dtype.str}{list(a.shape)}:{digest}"
+    if fmt is None or a.dtype.kind in "iu":
+        digest = hashlib.blake2b(memoryview(a).cast("B"), digest_size=8).hexdigest()
+        return f"{a.dtype.str}{list(a.shape)}:{digest}"
+    h = hashlib.blake2b(digest_size=8)
+    for _, rounded in input_chunks(a, fmt):
+        h.update(memoryview(rounded).cast("B"))
+    return f"{np.dtype(np.float32).str}{list(a.shape)}:{h.hexdigest()}"
 
 
 def in_format(data: RunData, fmt: str) -> RunData:
-    """``data`` with its float inputs rounded to the 16-bit format ``fmt`` (mixed precision);
-    a ValueError names an input beyond the format's range (``mixed_precision.round_inputs``)."""
-    from fastlib.training.mixed_precision import round_inputs
+    """``data`` for a mixed-precision run in the 16-bit ``fmt``: the same arrays (each batch is
+    rounded as it is read), checked to lie in the format's range; a ValueError names an input
+    beyond it (``mixed_precision.check_inputs``)."""
+    from fastlib.training.mixed_precision import check_inputs
 
-    x_val = None if data.x_val is None else round_inputs(data.x_val, fmt, "x_val")
-    return RunData(round_inputs(data.x, fmt, "x"), data.y, x_val, data.y_val)
+    check_inputs(data.x, fmt, "x")
+    if data.x_val is not None:
+        check_inputs(data.x_val, fmt, "x_val")
+    return RunData(data.x, data.y, data.x_val, data.y_val, fmt)

@@ -3,9 +3,9 @@
 Per format: seconds per epoch (the median over every epoch but each run's first; the formats'
 runs interleaved), the test accuracy after training (one run per seed, ``--repeats`` seeds),
 the bytes the format needs for the parameters and the activations between layers (float32
-masters included for a 16-bit run), and the peak of NumPy's allocations during one epoch as
-``tracemalloc`` traces it (what fastlib holds: its compiled epoch keeps 16-bit values in
-float32 storage). Every format runs on the compiled program (the MLP schedule), so the ratios
+masters included for a 16-bit run), and the peak of NumPy's allocations over one steady-state
+epoch as ``tracemalloc`` traces it (what fastlib holds: its compiled epoch keeps 16-bit values
+in float32 storage). Every format runs on the compiled program (the MLP schedule), so the ratios
 are the cost of the format alone; ``--device cuda`` trains each on the device instead.
 """
 from __future__ import annotations
@@ -40,13 +40,14 @@ def _model(dtype, seed):
                                      dtype=model_dtype, seed=seed)
 
 
-def _train(model, x, y, dtype, fused, epochs, seed, device="cpu"):
+def _train(model, x, y, dtype, fused, epochs, seed, device="cpu", callbacks=None):
     import fastlib
 
     precision = dtype if dtype in ("bfloat16", "float16") else None
     return fastlib.train(model, x, y, epochs, DEFAULTS["batch_size"], DEFAULTS["lr"],
                          "cross_entropy", optimizer=DEFAULTS["optimizer"], seed=seed,
-                         verbose=False, dtype=precision, fused=fused, device=device)
+                         verbose=False, dtype=precision, fused=fused, device=device,
+                         callbacks=callbacks)
 
 
 def _accuracy(model, x, y, dtype):
@@ -71,14 +72,23 @@ def _stored_bytes(model, dtype, batch):
 
 
 def _traced_peak(x, y, dtype, fused):
-    """Peak bytes of NumPy's allocations (``tracemalloc``) during one epoch, past the first."""
+    """Peak bytes of NumPy's allocations (``tracemalloc``) over one epoch of a run in its steady
+    state: from the end of its first epoch to the end of its second (what the run holds, its
+    optimizer state and masters included, plus the epoch's own allocations); the run's set-up
+    (its divergence probe on a few hundred rows) is not an epoch's cost."""
     model = _model(dtype, 0)
     _train(model, x, y, dtype, fused, 1, 0)      # compiled and warmed, outside the trace
+    peaks = []
+
+    def mark(epoch, logs):
+        if not peaks:
+            tracemalloc.reset_peak()
+        peaks.append(tracemalloc.get_traced_memory()[1])
+
     tracemalloc.start()
     try:
-        tracemalloc.reset_peak()
-        _train(model, x, y, dtype, fused, 1, 1)
-        return tracemalloc.get_traced_memory()[1]
+        _train(_model(dtype, 1), x, y, dtype, fused, 2, 1, callbacks=[mark])
+        return peaks[-1]
     finally:
         tracemalloc.stop()
 
