@@ -240,3 +240,21 @@ def test_the_cuda_twin_converts_bit_for_bit_under_the_simulator():
 def test_the_cuda_twin_converts_every_pattern_under_the_simulator():
     for line in _simulate("--every", timeout=3600):
         assert line["ok"], line
+
+
+@pytest.mark.parametrize("factor", [2.0 ** -10, 0.7, 3.0e4])
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_round_then_scale_in_one_pass_is_rounding_then_a_float32_product(name, factor):
+    # a mixed run's gradient is rounded and unscaled in one pass: it must equal ml_dtypes'
+    # rounding followed by NumPy's float32 multiplication, bit for bit (NaN payloads included,
+    # as the multiplication quiets them)
+    bits = boundary_patterns(name)
+    x = bits.view(np.float32)
+    f = np.float32(factor)
+    with np.errstate(all="ignore"):
+        want = (_ml_round(bits, FORMATS[name]).view(np.float32) * f).view(np.uint32)
+    got = x.copy()
+    half.round_scale_in_place(half.CODES[name], got, f)
+    bad = np.flatnonzero(got.view(np.uint32) != want)
+    assert bad.size == 0, [(hex(bits[i]), hex(got.view(np.uint32)[i]), hex(want[i]))
+                           for i in bad[:5]]

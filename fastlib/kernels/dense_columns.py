@@ -252,12 +252,10 @@ def _piece_work(plan, layer, forward, update, p, nb, a_in, state, bufs, upd, c, 
     if not forward:
         _backward_piece(plan, layer, p, nb, prec.w16, state.g, a_in, bufs, prec.code)
         if layer == 0:
-            if prec.code >= 0:
-                gp = state.g[lo:hi]
-                half.round_in_place(prec.code, gp)
-                if prec.scaled:
-                    for i in range(gp.shape[0]):
-                        gp[i] = gp[i] * unscale
+            if prec.scaled:     # rounded and unscaled in one pass
+                half.round_scale_in_place(prec.code, state.g[lo:hi], unscale)
+            else:
+                half.round_in_place(prec.code, state.g[lo:hi])
             bufs.sumsq[p] = kopt._sum_squares(state.g[lo:hi])
         return
     if update:

@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 from fastlib import config
 
 __all__ = ["SOURCES", "CODES", "widen", "narrow", "widen_bits", "narrow_bits", "round_float32",
-           "round_in_place", "round_into",
+           "round_in_place", "round_scale_in_place", "round_into",
            "bfloat16_to_float32", "float32_to_bfloat16", "float16_to_float32",
            "float32_to_float16"]
 
@@ -238,12 +238,43 @@ def _round_bits(code, bits):
             bits[i] = _round_float16_bits(bits[i])
 
 
+@intrinsic
+def _scaled_bits(typingctx, bits, factor):
+    """float32 bits of the float32 whose bits are ``bits`` (uint32) times ``factor`` (one
+    float32 multiplication, as ``value * factor`` is)."""
+    if bits != types.uint32 or factor != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        return builder.bitcast(builder.fmul(builder.bitcast(args[0], f32), args[1]), _I32)
+
+    return types.uint32(types.uint32, types.float32), codegen
+
+
+@njit(cache=True, nogil=True)
+def _round_scale_bits(code, bits, factor):
+    """:func:`_round_bits`, each rounded value then multiplied by ``factor``: one pass."""
+    if code == _BF16:
+        for i in range(bits.size):
+            bits[i] = _scaled_bits(_round_bfloat16_bits(bits[i]), factor)
+    else:
+        for i in range(bits.size):
+            bits[i] = _scaled_bits(_round_float16_bits(bits[i]), factor)
+
+
 @njit(cache=True, nogil=True)
 def _round_chunk(code, src, dst, lo, hi):
+    """``dst[lo:hi]`` = ``src[lo:hi]`` rounded (bit patterns): one pass, which LLVM vectorizes
+    behind its own overlap check (a copy, then :func:`_round_bits` in place, took 1.5x as
+    long)."""
     s, d = src[lo:hi], dst[lo:hi]
-    for i in range(d.size):      # (a slice assignment would copy through a temporary)
-        d[i] = s[i]
-    _round_bits(code, d)
+    if code == _BF16:
+        for i in range(d.size):
+            d[i] = _round_bfloat16_bits(s[i])
+    else:
+        for i in range(d.size):
+            d[i] = _round_float16_bits(s[i])
 
 
 @njit(cache=True, nogil=True)
@@ -253,6 +284,15 @@ def round_in_place(code, a):
     dtype, float32 or float64) leaves ``a`` as it is. For compiled kernels."""
     if code >= 0:
         _round_bits(code, a.view(np.uint32))
+
+
+@njit(cache=True, nogil=True)
+def round_scale_in_place(code, a, factor):
+    """``a`` (1-D contiguous float32) rounded to the format ``code``, each value then
+    multiplied by the float32 ``factor`` (a mixed run's gradient, unscaled), in place and in
+    one pass over ``a``; a negative ``code`` leaves ``a`` as it is. For compiled kernels."""
+    if code >= 0:
+        _round_scale_bits(code, a.view(np.uint32), np.float32(factor))
 
 
 @njit(cache=True, nogil=True)
