@@ -128,3 +128,41 @@ def test_without_a_writable_temporary_folder_it_compiles_without_a_lock(tmp_path
 
     assert compile_once.compiled_for(twice, 1.5) is twice
     assert len(twice.overloads) == 1 and twice(1.5) == 3.0
+
+
+# ---------------------------------------------------------------------------------------------
+# call_typed: the overload the arguments' types choose, found without typing them again
+
+def test_call_typed_picks_the_overload_each_kind_of_argument_types_to():
+    import collections
+
+    import numpy as np
+    from numba import njit
+
+    from fastlib.compile_once import call_typed
+
+    Pair = collections.namedtuple("Pair", "a b")
+
+    @njit
+    def describe(x, pair, k):
+        # what Numba typed: the dtype's width, the first column's sum, and k's kind
+        return x.itemsize, x[:, 0].sum() + pair.a[0] + pair.b, k * 2
+
+    c = np.arange(6, dtype=np.float32).reshape(3, 2)
+    pair = Pair(np.ones(1), 1.5)
+    # C-contiguous, Fortran-ordered, strided, read-only and float64 arrays; int and float k
+    strided = np.arange(12.0).reshape(3, 4)[:, ::2]
+    read_only = c.copy()
+    read_only.flags.writeable = False
+    cases = [(c, 2), (np.asfortranarray(c), 2), (strided, 2), (read_only, 2),
+             (c.astype(np.float64), 2), (c, 2.5), (c, np.float32(2.5))]
+    for x, k in cases:
+        assert call_typed(describe, x, pair, k) == describe.py_func(x, pair, k)
+    # a second round finds each overload by its key (no new one compiled) with the same result
+    before = len(describe.overloads)
+    for x, k in cases:
+        assert call_typed(describe, x, pair, k) == describe.py_func(x, pair, k)
+    assert len(describe.overloads) == before
+    # every kind got its own overload: the key told them apart
+    assert before == len({(a.dtype, a.flags.c_contiguous, a.flags.f_contiguous,
+                           a.flags.writeable, type(k)) for a, k in cases})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastlib.compile_once import compiled_for
+from fastlib.compile_once import call_typed
 from fastlib.kernels import instructions as ins
 from fastlib.kernels import interpreter as ki
 from fastlib.kernels import skeleton as sk
@@ -91,7 +91,7 @@ def run(ctx, prog, x, y, order):
     args = (plan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype),
             *_entries(ctx, prog, bs, plan, data, state, bufs))
     with single_threaded_blas():
-        stats = compiled_for(ki.epoch, *args)(*args)
+        stats = call_typed(ki.epoch, *args)
     # a sequence output's rows are its positions: the accuracy counts each sample once
     return finish_epoch(ctx, prog, w, slots, stats, n, bs, "general", prog.piece_plan,
                         out_steps)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastlib.compile_once import compiled_for
+from fastlib.compile_once import call_typed
 from fastlib.kernels import dense_columns as kc
 from fastlib.kernels import half
 from fastlib.kernels import instructions as ins
@@ -202,7 +202,7 @@ def run(ctx, plan, x, y, order):
         ctx.scratch[key] = kc.piece_work_entry(cplan, state, bufs, update, prec)
     args = (cplan, data, state, bufs, update, prec, ctx.scratch[key])
     with single_threaded_blas():
-        out = compiled_for(kc.epoch, *args)(*args)
+        out = call_typed(kc.epoch, *args)
     _keep_scale(ctx, prec)
     return finish_epoch(ctx, plan, w, slots, out, n, bs, "mlp", plan.piece_plan)
 
