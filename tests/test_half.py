@@ -217,6 +217,67 @@ def test_parallel_and_serial_conversions_agree():
         assert np.array_equal(half.widen_bits(wide, name), _ml_widen(wide, dtype))
 
 
+_PORTABLE = """
+import sys
+import numpy as np
+from numba import njit
+sys.path.insert(0, "tests")
+import test_half as t
+from fastlib.kernels import half
+from fastlib.kernels import optim as kopt
+
+@njit
+def under_ftz(code, a):
+    old = kopt.enter_ftz()
+    half.round_in_place(code, a)
+    kopt.leave_ftz(old)
+
+assert not half._F16C, "NUMBA_CPU_NAME=generic should take the portable float16 path"
+for name, dtype in t.FORMATS.items():
+    bits = t.boundary_patterns(name)
+    want = t._ml_round(bits, dtype)
+    for got in t._rounded_both_ways(bits, name):
+        assert np.array_equal(got, want), name
+    got = bits.view(np.float32).copy()
+    under_ftz(half.CODES[name], got)
+    assert np.array_equal(got.view(np.uint32), want), name
+print("portable path ok")
+"""
+
+
+def test_the_portable_rounding_path_without_f16c_is_ml_dtypes_rounding():
+    # where the target has F16C (x86 since 2012) float16 rounds by its two conversions; a
+    # target without them (NUMBA_CPU_NAME=generic here) takes the float32-operations path,
+    # held here to the same patterns, with and without flush-to-zero
+    env = dict(os.environ, NUMBA_CPU_NAME="generic")
+    env.pop("NUMBA_CPU_FEATURES", None)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _PORTABLE], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and "portable path ok" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_rounding_under_flush_to_zero_keeps_subnormal_halves(name):
+    # the training kernels round with FTZ/DAZ set: float16's subnormals (2**-24 .. 2**-14)
+    # are normal float32 numbers and must survive, whichever path rounds them
+    from numba import njit
+
+    from fastlib.kernels import optim as kopt
+
+    @njit
+    def under_ftz(code, a):
+        old = kopt.enter_ftz()
+        half.round_in_place(code, a)
+        kopt.leave_ftz(old)
+
+    bits = boundary_patterns(name)
+    got = bits.view(np.float32).copy()
+    under_ftz(half.CODES[name], got)
+    want = _ml_round(bits, FORMATS[name])
+    assert np.array_equal(got.view(np.uint32), want)
+
+
 # ---------------------------------------------------------------------------------------------
 # the CUDA twin, under the simulator
 

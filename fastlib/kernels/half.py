@@ -157,9 +157,10 @@ def _narrow_parallel(code, src, dst, nchunks):
 # The round trip float32 -> format -> float32, as straight-line selects on 32-bit lanes that
 # the compiler vectorizes (the training kernels round every output, cotangent, gradient and
 # weight of a step: the conversions above, one value at a time, cost 1.5 ns (bfloat16) and
-# 6 ns (float16) a value; these 0.2 and 0.4 ns). Written as LLVM instructions because Numba
-# widens uint32 arithmetic to 64 bits, which halves the lanes. Each equals widening the
-# narrowed value on every float32 (tests/test_half.py, against ml_dtypes).
+# 6 ns (float16) a value; these 0.2 and 0.4 ns, float16 0.2 ns by F16C's conversions where
+# the target has them). Written as LLVM instructions because Numba widens uint32 arithmetic
+# to 64 bits, which halves the lanes. Each equals widening the narrowed value on every
+# float32 (tests/test_half.py, against ml_dtypes; both float16 paths, with flush-to-zero).
 
 _I32 = ir.IntType(32)
 
@@ -187,15 +188,55 @@ def _round_bfloat16_bits(typingctx, bits):
     return types.uint32(types.uint32), codegen
 
 
+def _target_has_f16c():
+    """Whether the code Numba generates may use x86's F16C conversions (VCVTPS2PH, VCVTPH2PS):
+    the host has them and Numba targets the host (a CPU named by ``NUMBA_CPU_NAME`` without
+    ``NUMBA_CPU_FEATURES`` listing them is taken to lack them: the portable path then)."""
+    from llvmlite import binding as llvm
+    from numba.core import config as numba_config
+
+    if numba_config.CPU_FEATURES is not None:
+        return "+f16c" in numba_config.CPU_FEATURES
+    if numba_config.CPU_NAME is not None:
+        return False
+    try:
+        return bool(llvm.get_host_cpu_features().get("f16c", False))
+    except RuntimeError:      # pragma: no cover - a host LLVM cannot describe
+        return False
+
+
+_F16C = _target_has_f16c()
+
+
+def _f16c_round(builder, b):
+    """float16 rounding by the hardware: float32 -> half -> float32 (nearest even from MXCSR,
+    which fastlib leaves at it; the narrowing ignores FTZ and the widening DAZ, so subnormal
+    halves survive a kernel's flush-to-zero mode), NaN set as the bit path sets it."""
+    f32 = ir.FloatType()
+    rounded = builder.bitcast(builder.fpext(builder.fptrunc(builder.bitcast(b, f32),
+                                                            ir.HalfType()), f32), _I32)
+    a = builder.and_(b, _k(_ABS32))
+    # a NaN keeps the top 10 bits of its payload, the lowest of them set when all are clear:
+    # its top bits are at least inf's, so the larger of them and inf's with that bit
+    top = builder.and_(a, _k(0xFFFFE000))
+    quiet = _k(_INF32 | 0x2000)
+    nan = builder.or_(builder.xor(b, a),
+                      builder.select(builder.icmp_unsigned(">", top, quiet), top, quiet))
+    return builder.select(builder.icmp_unsigned(">", a, _k(_INF32)), nan, rounded)
+
+
 @intrinsic
 def _round_float16_bits(typingctx, bits):
     """float32 bits of the float32 bits ``bits`` (uint32) rounded to float16: nearest even,
     through the subnormals; from 65520 on inf; NaN keeps the top of its payload (as the
-    conversions do)."""
+    conversions do). By F16C's two conversions where the target has them (:data:`_F16C`),
+    else by the float32 operations below; the two agree on every pattern (tests/test_half.py)."""
     if bits != types.uint32:
         return None
 
     def codegen(context, builder, signature, args):
+        if _F16C:
+            return _f16c_round(builder, args[0])
         f32 = ir.FloatType()
         b = args[0]
         a = builder.and_(b, _k(_ABS32))
