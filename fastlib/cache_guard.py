@@ -121,6 +121,12 @@ def ensure_fresh_cache(root: pathlib.Path = PACKAGE_DIR) -> bool:
     if stamp is None:
         return False  # nowhere writable: Numba cannot cache either
     fingerprint = source_fingerprint(root)
+    if root == PACKAGE_DIR:
+        # the kernels' products call the BLAS chosen at import by its symbols' integer width:
+        # machine code compiled for another choice must not be loaded
+        from fastlib import blas_choice
+
+        fingerprint += " | " + blas_choice.describe()
     try:
         if stamp.read_text().strip() == fingerprint:
             return False

@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from fastlib.config import FASTMATH
+from fastlib.kernels.blas import dot_into
 from fastlib.kernels.dense import add_bias, column_sums_into, input_grad
 from fastlib.kernels.instructions import row_index
 from fastlib.kernels.reduce import _block_sum
@@ -66,7 +67,7 @@ def _block_forward(qkv, s, c0, d, samples, group, scale, causal, p, att, lse, sc
     slices them away."""
     steps = p.shape[0]
     qh, kh, vh, oh = _head_block(qkv, s, c0, d, samples, group, steps, sc)
-    np.dot(qh, kh.T, p)
+    dot_into(qh, kh.T, p)
     for i in range(steps):
         last = i + 1 if causal else steps
         full = p[i]
@@ -86,7 +87,7 @@ def _block_forward(qkv, s, c0, d, samples, group, scale, causal, p, att, lse, sc
             full[j] = 0.0
         if lse.shape[0] > 0:
             lse[i] = m + np.log(total)
-    np.dot(p, vh, oh)
+    dot_into(p, vh, oh)
     _scatter_cols(oh, s, c0, samples, group, att)
 
 
@@ -104,10 +105,10 @@ def _block_backward(qkv, s, c0, d, samples, group, scale, causal, p, gatt, dqkv,
     steps = p.shape[0]
     qh, kh, vh, doh = _head_block(qkv, s, c0, d, samples, group, steps, sc)
     _gather_cols(gatt, s, c0, samples, group, doh)
-    np.dot(p.T, doh, vh)                      # vh now holds dv
+    dot_into(p.T, doh, vh)                      # vh now holds dv
     _scatter_cols(vh, s, 2 * d + c0, samples, group, dqkv)
     _gather_cols(qkv, s, 2 * d + c0, samples, group, vh)     # v again
-    np.dot(doh, vh.T, dp)
+    dot_into(doh, vh.T, dp)
     for i in range(steps):
         last = i + 1 if causal else steps
         pr = p[i]
@@ -119,9 +120,9 @@ def _block_backward(qkv, s, c0, d, samples, group, scale, causal, p, gatt, dqkv,
             dr[j] = pr[j] * (dr[j] - total) * scale
         for j in range(last, steps):
             dr[j] = 0.0
-    np.dot(dp, kh, doh)                       # dq
+    dot_into(dp, kh, doh)                       # dq
     _scatter_cols(doh, s, c0, samples, group, dqkv)
-    np.dot(dp.T, qh, doh)                     # dk
+    dot_into(dp.T, qh, doh)                     # dk
     _scatter_cols(doh, s, d + c0, samples, group, dqkv)
 
 
@@ -138,7 +139,7 @@ def attention_forward(x, w_qkv, b_qkv, w_o, b_o, qkv, att, probs, lse, y, sample
     ``steps`` rows (layout ``group``). Kept for the backward: ``qkv`` (rows, 3d), ``att``
     (rows, d), ``probs`` (samples * heads * T, T); ``lse`` (samples * heads * T, or empty)
     the score rows' log-sum-exps. ``sc``: 4 T dh entries of scratch."""
-    np.dot(x, w_qkv, qkv)
+    dot_into(x, w_qkv, qkv)
     add_bias(qkv, b_qkv)
     d = att.shape[1]
     dh = d // heads
@@ -148,7 +149,7 @@ def attention_forward(x, w_qkv, b_qkv, w_o, b_o, qkv, att, probs, lse, y, sample
             _block_forward(qkv, s, h * dh, d, samples, group, scale, causal,
                            _probs(probs, s, h, heads, steps), att,
                            lse[o:o + steps] if lse.shape[0] > 0 else lse, sc[:4 * steps * dh])
-    np.dot(att, w_o, y)
+    dot_into(att, w_o, y)
     add_bias(y, b_o)
 
 
@@ -159,9 +160,9 @@ def attention_backward(x, w_qkv, w_o, qkv, att, probs, g, gatt, dqkv, gw_qkv, gb
     :func:`attention_forward` from the output's cotangent ``g``; ``gatt``, ``dqkv`` receive
     the heads' and the projections' cotangents; ``acc`` is float64 (3d); ``sc`` holds
     4 T dh + T^2 entries."""
-    np.dot(att.T, g, gw_o)
+    dot_into(att.T, g, gw_o)
     column_sums_into(g, gb_o, acc)
-    np.dot(g, w_o.T, gatt)
+    dot_into(g, w_o.T, gatt)
     d = att.shape[1]
     dh = d // heads
     dp = sc[4 * steps * dh:4 * steps * dh + steps * steps].reshape((steps, steps))
@@ -170,6 +171,6 @@ def attention_backward(x, w_qkv, w_o, qkv, att, probs, g, gatt, dqkv, gw_qkv, gb
             _block_backward(qkv, s, h * dh, d, samples, group, scale, causal,
                             _probs(probs, s, h, heads, steps), gatt, dqkv, dp,
                             sc[:4 * steps * dh])
-    np.dot(x.T, dqkv, gw_qkv)
+    dot_into(x.T, dqkv, gw_qkv)
     column_sums_into(dqkv, gb_qkv, acc)
     input_grad(dqkv, w_qkv.T, gx, mode, tmp)

@@ -20,6 +20,7 @@ from numba import njit
 import optable
 from fastlib.config import FASTMATH
 from fastlib.kernels import scalar
+from fastlib.kernels.blas import dot_into
 from fastlib.kernels.instructions import GRAD_ADD, GRAD_SKIP, GRAD_WRITE, row_index
 from fastlib.kernels.vecmath import fexp, like
 
@@ -264,7 +265,7 @@ def outer(u, v, out):
 def weight_gradient(a, d, out):
     """``out = a^T d``: BLAS, or the outer product at one row."""
     if a.shape[0] > 1:
-        np.dot(a.T, d, out)
+        dot_into(a.T, d, out)
     else:
         outer(a[0], d[0], out)
 
@@ -275,11 +276,11 @@ def input_grad(a, bt, gx, mode, tmp):
     if mode == GRAD_SKIP:
         return
     if mode == GRAD_WRITE:
-        np.dot(a, bt, gx)
+        dot_into(a, bt, gx)
         return
     rows, cols = gx.shape
     t = tmp[:rows * cols].reshape((rows, cols))
-    np.dot(a, bt, t)
+    dot_into(a, bt, t)
     for i in range(rows):
         gr = gx[i]
         tr = t[i]
@@ -307,7 +308,7 @@ def pass_grad(g, gx, mode):
 @njit(cache=True, error_model="numpy")
 def dense_forward(x, w, b, pre, post, code, slope):
     """``pre = x @ w + b``, ``post = f(pre)`` (``post`` is ``pre`` when linear)."""
-    np.dot(x, w, pre)
+    dot_into(x, w, pre)
     bias_activation(pre, b, post, code, slope)
 
 
@@ -327,14 +328,14 @@ def dense_backward(x, w, pre, post, g, gpre, gw, gb, acc, gx, mode, tmp, code, s
 @njit(cache=True, error_model="numpy", fastmath=_FASTMATH)
 def swiglu_forward(x, w_gu, w_down, au, hidden, y):
     """``au = x @ [w_gate | w_up]``, ``hidden = silu(a) * u``, ``y = hidden @ w_down``."""
-    np.dot(x, w_gu, au)
+    dot_into(x, w_gu, au)
     rows, hid = hidden.shape
     for i in range(rows):
         ar = au[i]
         hr = hidden[i]
         for j in range(hid):
             hr[j] = scalar.silu_f(ar[j]) * ar[hid + j]
-    np.dot(hidden, w_down, y)
+    dot_into(hidden, w_down, y)
 
 
 @njit(cache=True, error_model="numpy", fastmath=_FASTMATH)
@@ -342,8 +343,8 @@ def swiglu_backward(x, w_gu, w_down, au, hidden, g, dhidden, dau, gw_gu, gw_down
                     tmp):
     """``da = dh u silu'(a)``, ``du = dh silu(a)`` into ``dau``; the weight gradients; the
     input's cotangent ``dau @ [w_gate | w_up]^T`` by ``mode``."""
-    np.dot(g, w_down.T, dhidden)
-    np.dot(hidden.T, g, gw_down)
+    dot_into(g, w_down.T, dhidden)
+    dot_into(hidden.T, g, gw_down)
     rows, hid = hidden.shape
     for i in range(rows):
         ar = au[i]
@@ -353,7 +354,7 @@ def swiglu_backward(x, w_gu, w_down, au, hidden, g, dhidden, dau, gw_gu, gw_down
             a = ar[j]
             out[j] = dr[j] * ar[hid + j] * scalar.silu_df(a)
             out[hid + j] = dr[j] * scalar.silu_f(a)
-    np.dot(x.T, dau, gw_gu)
+    dot_into(x.T, dau, gw_gu)
     input_grad(dau, w_gu.T, gx, mode, tmp)
 
 

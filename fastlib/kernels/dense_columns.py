@@ -24,6 +24,7 @@ from fastlib.kernels import half
 from fastlib.kernels import optim as kopt
 from fastlib.kernels import skeleton as sk
 from fastlib.kernels.batch_loss import batch_mean, loss_terms
+from fastlib.kernels.blas import dot_into
 from fastlib.kernels.dense import backward_epilogue, fast_activate, weight_gradient
 from fastlib.kernels.interpreter import EpochState, EpochUpdate
 from fastlib.kernels.native_call import call_compiled
@@ -101,7 +102,7 @@ def _forward_piece(plan, layer, p, nb, w, a_in, bufs, fmt):
     pre_p = bufs.pre[op:op + nb * width].reshape((nb, width))
     post_p = bufs.post[op:op + nb * width].reshape((nb, width))
     ow = plan.w_off[layer, p]
-    np.dot(a_prev, w[ow:ow + din * width].reshape((din, width)), pre_p)
+    dot_into(a_prev, w[ow:ow + din * width].reshape((din, width)), pre_p)
     bias = w[plan.b_off[layer, p]:plan.b_off[layer, p] + width]
     code = plan.codes[layer]
     for i in range(nb):
@@ -114,7 +115,7 @@ def _forward_piece(plan, layer, p, nb, w, a_in, bufs, fmt):
         d2 = plan.dims[layer + 2]
         ow2 = plan.w_off[layer + 1, p]
         oq = plan.part_off[layer + 1] + p * plan.batch_size * d2
-        np.dot(post_p, w[ow2:ow2 + width * d2].reshape((width, d2)),
+        dot_into(post_p, w[ow2:ow2 + width * d2].reshape((width, d2)),
                bufs.part[oq:oq + nb * d2].reshape((nb, d2)))
 
 
@@ -142,7 +143,7 @@ def _backward_piece(plan, layer, p, nb, w, g, a_in, bufs, fmt):
         ow2 = plan.w_off[layer + 1, p]
         weight_gradient(bufs.post[op:op + nb * width].reshape((nb, width)), g2,
                         g[ow2:ow2 + width * d2].reshape((width, d2)))
-        np.dot(g2, w[ow2:ow2 + width * d2].reshape((width, d2)).T, gp)
+        dot_into(g2, w[ow2:ow2 + width * d2].reshape((width, d2)).T, gp)
         half.round_in_place(fmt, bufs.gout[op:op + nb * width])
     else:
         dz = bufs.dz[:nb * plan.dims[n_layers]].reshape((nb, plan.dims[n_layers]))
@@ -159,7 +160,7 @@ def _backward_piece(plan, layer, p, nb, w, g, a_in, bufs, fmt):
                     g[ow:ow + din * width].reshape((din, width)))
     if layer > 0:
         oq = plan.part_off[layer] + p * bs * din
-        np.dot(gp, w[ow:ow + din * width].reshape((din, width)).T,
+        dot_into(gp, w[ow:ow + din * width].reshape((din, width)).T,
                bufs.part[oq:oq + nb * din].reshape((nb, din)))
 
 

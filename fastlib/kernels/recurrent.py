@@ -15,6 +15,7 @@ from numba import njit
 
 from fastlib.config import FASTMATH
 from fastlib.kernels import scalar
+from fastlib.kernels.blas import dot_into
 from fastlib.kernels.dense import add_bias, column_sums_into, input_grad, weight_gradient
 from fastlib.kernels.instructions import row_index
 from fastlib.kernels.vecmath import like
@@ -43,7 +44,7 @@ def rnn_forward(hs, w_hh, z, steps, nb):
     zp = z[:nb]
     for t in range(steps):
         if t > 0:
-            np.dot(hs[(t - 1) * nb:t * nb], w_hh, zp)
+            dot_into(hs[(t - 1) * nb:t * nb], w_hh, zp)
         for b in range(nb):
             h = hs[t * nb + b]
             if t == 0:
@@ -82,7 +83,7 @@ def rnn_backward(gout, seq, hs, w_hh, dpre, carry, steps, nb):
                 for j in range(hidden):
                     out[j] = cr[j] * (like(h[j], 1.0) - h[j] * h[j])
         if t > 0:
-            np.dot(dpre[t * nb:(t + 1) * nb], w_hh.T, cr_all)
+            dot_into(dpre[t * nb:(t + 1) * nb], w_hh.T, cr_all)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_FASTMATH)
@@ -97,7 +98,7 @@ def lstm_forward(gates, w_hh, cs, tcs, hs, z, steps, nb):
     zp = z[:nb]
     for t in range(steps):
         if t > 0:
-            np.dot(hs[(t - 1) * nb:t * nb], w_hh, zp)
+            dot_into(hs[(t - 1) * nb:t * nb], w_hh, zp)
         for b in range(nb):
             r = t * nb + b
             g = gates[r]
@@ -194,7 +195,7 @@ def lstm_backward(gout, seq, gates, cs, tcs, w_hh, dz, dh_carry, dc_carry, steps
                     do[j] = dh * tc[j] * go[j] * (one - go[j])
                     dcc[j] = dc * gf
         if t > 0:
-            np.dot(dz[t * nb:(t + 1) * nb], w_hh.T, dhc_all)
+            dot_into(dz[t * nb:(t + 1) * nb], w_hh.T, dhc_all)
 
 
 # -- a layer's (or a program row's) forward and backward -------------------------------------
@@ -230,10 +231,10 @@ def recurrent_forward(x, w_ih, w_hh, bias, gates, hs, cs, tcs, y, work, samples,
     cells = _cells(samples, group)
     width, hidden = gates.shape[1], hs.shape[1]
     if cells == group:
-        np.dot(x, w_ih, gates)
+        dot_into(x, w_ih, gates)
         add_bias(gates, bias)
     else:
-        np.dot(x, w_ih, work)
+        dot_into(x, w_ih, work)
         add_bias(work, bias)
         _relayout(work, gates, samples, steps, group, cells)
     z = sc[:cells * width].reshape((cells, width))
