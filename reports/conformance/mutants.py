@@ -262,8 +262,8 @@ MUTANTS = (
            "    for p in range(1, min(n_pieces, 1)):\n", ("train",)),
     Mutant("compiled-lstm-step-carry", "the compiled LSTM backward drops the hidden-state "
            "gradient carried from step 1 into step 0", "kernels/recurrent.py",
-           "        if t > 0:\n            np.dot(dz[t * nb:(t + 1) * nb], w_hh.T, dhc_all)",
-           "        if t > 1:\n            np.dot(dz[t * nb:(t + 1) * nb], w_hh.T, dhc_all)",
+           "        if t > 0:\n            dot_into(dz[t * nb:(t + 1) * nb], w_hh.T, dhc_all)",
+           "        if t > 1:\n            dot_into(dz[t * nb:(t + 1) * nb], w_hh.T, dhc_all)",
            ("train",)),
     Mutant("compiled-recurrent-block-norm", "the compiled epochs' skeleton's gradient norm "
            "counts the first update block only", "kernels/skeleton.py",
@@ -390,7 +390,9 @@ MUTANTS = (
     # -- the same two in the compiled MLP epoch (fastlib/kernels/dense_columns.py) -------------
     Mutant("compiled-loss-scale-not-undone", "the compiled MLP epoch in mixed precision leaves "
            "the loss scale on the gradient (rounded, never multiplied by the reciprocal)",
-           "kernels/dense_columns.py", "gp[i] = gp[i] * unscale", "gp[i] = gp[i]",
+           "kernels/dense_columns.py",
+           "half.round_scale_in_place(prec.code, state.g[lo:hi], unscale)",
+           "half.round_in_place(prec.code, state.g[lo:hi])",
            ("loss scale", "mixed MLP")),
     Mutant("compiled-skipped-step-not-skipped", "the compiled MLP epoch counts a step with an "
            "inf/NaN gradient as skipped (and the loss scale backs off) but still applies it",
