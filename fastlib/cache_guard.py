@@ -38,6 +38,18 @@ def source_fingerprint(root: pathlib.Path = PACKAGE_DIR) -> str:
     return digest.hexdigest()
 
 
+def stamp_text(root: pathlib.Path = PACKAGE_DIR) -> str:
+    """What the stamp beside the cache records: the sources' fingerprint and, for fastlib, the
+    BLAS its kernels call (``fastlib.blas_choice``: machine code compiled for one library's
+    integer width must not be loaded under another's)."""
+    text = source_fingerprint(root)
+    if root == PACKAGE_DIR:
+        from fastlib import blas_choice
+
+        text += " | " + blas_choice.stamp()
+    return text
+
+
 def _user_wide_dir() -> pathlib.Path | None:
     """Numba's fallback cache root when the package folder is read-only (its ``appdirs``
     user cache folder), computed here so that ``import fastlib`` does not import Numba."""
@@ -120,13 +132,7 @@ def ensure_fresh_cache(root: pathlib.Path = PACKAGE_DIR) -> bool:
     stamp = _stamp_path(root)
     if stamp is None:
         return False  # nowhere writable: Numba cannot cache either
-    fingerprint = source_fingerprint(root)
-    if root == PACKAGE_DIR:
-        # the kernels' products call the BLAS chosen at import by its symbols' integer width:
-        # machine code compiled for another choice must not be loaded
-        from fastlib import blas_choice
-
-        fingerprint += " | " + blas_choice.describe()
+    fingerprint = stamp_text(root)
     try:
         if stamp.read_text().strip() == fingerprint:
             return False

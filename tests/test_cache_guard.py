@@ -83,7 +83,11 @@ def test_numba_cache_dir_is_cleaned_too(tmp_path, monkeypatch):
 def test_the_package_itself_is_stamped():
     # importing fastlib ran the guard: the stamp beside the cache matches today's sources
     stamp = cache_guard._stamp_path(cache_guard.PACKAGE_DIR)
-    assert stamp is not None and stamp.read_text().strip() == cache_guard.source_fingerprint()
+    assert stamp is not None and stamp.read_text().strip() == cache_guard.stamp_text()
+    # the stamp names the BLAS the kernels were compiled to call
+    from fastlib import blas_choice
+
+    assert stamp.read_text().strip().endswith(blas_choice.stamp())
 
 
 def test_another_cache_dir_leaves_the_in_tree_kernels_alone(tmp_path, monkeypatch):

@@ -75,8 +75,8 @@ def train(model, x, y, epochs=MISSING, batch_size=MISSING, learning_rate=None,
         Validation data, evaluated after every epoch (or ``validation_data=(x_val, y_val)``).
     optimizer : str or fastlib.optim.Optimizer
         A name of ``fastlib.optim.OPTIMIZERS`` (the registry ``optable.optimizers``
-        declares) or an instance with hyperparameters. The default is DataCode's plain
-        gradient descent (``verigrad train`` picks its own).
+        declares) or an instance with hyperparameters.
+        The default is SGD, DataCode's (``verigrad train``'s is Adam).
     lr, loss, validation_data :
         Keyword aliases of ``learning_rate``, ``loss_type`` and ``(x_val, y_val)``.
     seed : int

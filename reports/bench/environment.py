@@ -71,7 +71,7 @@ def _loaded_by(path):
     for part in reversed(parts[:-1]):
         if part.endswith(".libs") or part in ("numpy", "scipy", "torch", "lib"):
             name = part[:-len(".libs")] if part.endswith(".libs") else part
-            return {"scipy": "SciPy (Numba's np.dot)", "numpy": "NumPy"}.get(name, name)
+            return {"scipy": "SciPy", "numpy": "NumPy"}.get(name, name)
     return "unknown"
 
 
@@ -111,8 +111,10 @@ def describe(library, threads=True):
 
 def environment(environ=None):
     """The facts the header prints, as a dict for the JSON reports."""
-    return {"blas": blas_libraries(), "usable_cores": usable_cores(),
-            "warnings": kernel_warnings(environ)}
+    from fastlib import blas_choice
+
+    return {"blas": blas_libraries(), "kernels_blas": blas_choice.describe(),
+            "usable_cores": usable_cores(), "warnings": kernel_warnings(environ)}
 
 
 def header_lines(env=None, threads=True):
@@ -135,5 +137,7 @@ def header_lines(env=None, threads=True):
         lines = ["BLAS: " + ";\n  ".join(libs)]
     else:
         lines = ["BLAS: unknown (threadpoolctl is not installed: pip install threadpoolctl)"]
+    if env.get("kernels_blas"):
+        lines.append(f"fastlib's kernels multiply through: {env['kernels_blas']}")
     lines.append(f"cores this process may use: {env['usable_cores']}")
     return lines + [wrap(w, indent="  ") for w in env["warnings"]]

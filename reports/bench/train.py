@@ -194,7 +194,8 @@ def _limit_threads(threads, engines=()):
     and XLA (before JAX is imported)."""
     import numba
     # NOTE: threadpoolctl pins the BLAS libraries loaded now: SciPy's, the one Numba's np.dot
-    # (fastlib's kernels, layers included) calls, is loaded here so that it is pinned too
+    # calls (fastlib's kernels under VERIGRAD_BLAS=numba), is loaded here so that it is pinned
+    # too; NumPy's, the one they call otherwise (fastlib.blas_choice), is loaded already
     import scipy.linalg.cython_blas  # noqa: F401
     from threadpoolctl import threadpool_limits
 

@@ -21,6 +21,10 @@ class Variable(NamedTuple):
 
 
 VARIABLES = (
+    Variable("VERIGRAD_BLAS", "numba", "NumPy's own OpenBLAS where it exports CBLAS "
+             "(`fastlib.blas_choice`), else Numba's np.dot",
+             "`numba`: fastlib's kernels multiply matrices through Numba's np.dot (SciPy's "
+             "OpenBLAS) instead", "performance.md"),
     Variable("VERIGRAD_MNIST_DIR", "DIR", "the user cache (`~/.cache/verigrad/mnist` on Linux), "
              "then `../shared/data/mnist`, whichever holds the files",
              "the folder with the four MNIST idx files (train, bench, the MNIST tests)",
