@@ -39,7 +39,6 @@ def _layouts(rng, dtype):
     }
 
 
-@pytest.mark.filterwarnings("ignore::numba.NumbaPerformanceWarning")  # the np.dot fallback
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_every_layout_is_the_product_within_the_dot_product_bound(dtype):
     rng = np.random.default_rng(5)
@@ -52,6 +51,15 @@ def test_every_layout_is_the_product_within_the_dot_product_bound(dtype):
         gamma = k * u / (1 - k * u)
         bound = gamma * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))
         assert np.all(np.abs(out - exact) <= bound), name
+
+
+def test_an_operand_of_neither_layout_is_refused_not_misread():
+    if blas_choice.choice() is None:
+        pytest.skip("no CBLAS of NumPy's here: dot_into is np.dot, which takes any layout")
+    big = np.ones((10, 12), np.float32)
+    out = np.zeros((4, 3), np.float32)
+    with pytest.raises(ValueError, match="neither rows with unit stride"):
+        _product(big[:4, ::2], big[:6, :3], out)        # every other column: no unit stride
 
 
 def test_the_choice_is_stated_and_numpys_library_is_taken_when_it_exports_cblas():
