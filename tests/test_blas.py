@@ -62,6 +62,14 @@ def test_an_operand_of_neither_layout_is_refused_not_misread():
         _product(big[:4, ::2], big[:6, :3], out)        # every other column: no unit stride
 
 
+def test_mismatched_shapes_are_refused_as_np_dot_refuses_them():
+    a, b = np.ones((3, 4), np.float32), np.ones((5, 2), np.float32)
+    with pytest.raises(ValueError, match="incompatible"):
+        _product(a, b, np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match="incompatible"):
+        _product(a, np.ones((4, 2), np.float32), np.zeros((2, 2), np.float32))
+
+
 def test_the_choice_is_stated_and_numpys_library_is_taken_when_it_exports_cblas():
     c = blas_choice.choice()
     if c is None:

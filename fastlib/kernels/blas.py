@@ -71,6 +71,10 @@ if _CHOICE is not None:
         """``out[:] = a @ b`` for 2-D arrays of one float dtype (``out`` with unit-stride rows;
         each operand rows with unit stride, or the transpose of such), by the chosen
         library's ``?gemm``."""
+        # NOTE: as np.dot does: ?gemm would read and write past mismatched operands
+        if b.shape[0] != a.shape[1] or out.shape[0] != a.shape[0] or \
+                out.shape[1] != b.shape[1]:
+            raise ValueError("dot_into: incompatible shapes for out = a @ b")
         if a.shape[1] == 0:         # an empty inner dimension: the product is zero
             out[:, :] = 0.0
             return
