@@ -70,14 +70,21 @@ def test_mismatched_shapes_are_refused_as_np_dot_refuses_them():
         _product(a, np.ones((4, 2), np.float32), np.zeros((2, 2), np.float32))
 
 
-def test_the_choice_is_stated_and_numpys_library_is_taken_when_it_exports_cblas():
-    c = blas_choice.choice()
-    if c is None:
-        assert blas.USING == "numba np.dot"
+def test_numpys_library_is_taken_when_it_exports_cblas():
+    import ctypes
+
+    assert blas.CHOICE == blas_choice.choice()      # the kernels call what is stated
+    # an independent look: any OpenBLAS file of NumPy's wheel with a CBLAS sgemm must be taken
+    exported = [p for p in blas_choice._candidates()
+                if any(hasattr(ctypes.CDLL(str(p)), s) for s, _, _ in blas_choice._SYMBOLS)]
+    if os.environ.get("VERIGRAD_BLAS", "").strip().lower() == "numba" or not exported:
+        assert blas.CHOICE is None
+        assert blas_choice.describe() == "numba np.dot (SciPy's BLAS)"
     else:
+        c = blas.CHOICE
+        assert c is not None and c.path in map(str, exported)
         assert c.int_bits in (32, 64) and c.sgemm and c.dgemm
-        assert c.path in blas.USING and c.names[0] in blas.USING
-    assert blas_choice.describe()
+        assert c.names[0] in blas_choice.describe() and c.names[0] in blas_choice.stamp()
 
 
 def test_verigrad_blas_numba_keeps_numbas_np_dot(tmp_path):
@@ -85,8 +92,8 @@ def test_verigrad_blas_numba_keeps_numbas_np_dot(tmp_path):
     env = dict(os.environ, VERIGRAD_BLAS="numba", NUMBA_CACHE_DIR=str(tmp_path))
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     code = ("from fastlib import blas_choice\nfrom fastlib.kernels import blas\n"
-            "print(blas.USING, '|', blas_choice.describe())")
+            "print(blas.CHOICE, '|', blas_choice.describe())")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "numba np.dot | numba np.dot (SciPy's BLAS)"
+    assert proc.stdout.strip() == "None | numba np.dot (SciPy's BLAS)"

@@ -17,18 +17,18 @@ from numba import njit, types
 
 from fastlib.blas_choice import choice
 
-__all__ = ["dot_into", "USING"]
+__all__ = ["dot_into", "CHOICE"]
 
-_CHOICE = choice()
-#: what the kernels' products call (``blas_choice.describe``'s words)
-USING = "numba np.dot" if _CHOICE is None else f"{_CHOICE.names[0]} ({_CHOICE.path})"
+#: the library the kernels' products call (``blas_choice.choice()`` when this module was
+#: imported; None: Numba's ``np.dot``)
+CHOICE = choice()
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
-if _CHOICE is not None:
-    llvm.add_symbol("verigrad_sgemm", _CHOICE.sgemm)
-    llvm.add_symbol("verigrad_dgemm", _CHOICE.dgemm)
-    _I = types.int64 if _CHOICE.int_bits == 64 else types.int32
+if CHOICE is not None:
+    llvm.add_symbol("verigrad_sgemm", CHOICE.sgemm)
+    llvm.add_symbol("verigrad_dgemm", CHOICE.dgemm)
+    _I = types.int64 if CHOICE.int_bits == 64 else types.int32
     _E = types.int32          # CBLAS's enums are C ints
     _P = types.intp           # a data pointer, passed as its address
     _sgemm = types.ExternalFunction("verigrad_sgemm", types.void(

@@ -260,10 +260,9 @@ def round_inputs(x, fmt, what="inputs") -> np.ndarray:
         format's largest finite value and the fix.
     """
     x = np.asarray(x)
-    if x.dtype.kind in "iu":
-        return x
-    rounded = round_to(x, fmt)
-    _check_range(x, rounded, fmt, what)
+    rounded = round_batch(x, fmt)
+    if rounded is not x:
+        _check_range(x, rounded, fmt, what)
     return rounded
 
 

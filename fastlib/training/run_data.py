@@ -146,12 +146,12 @@ def _last_layer(model):
 def _fingerprint(a, fmt=None):
     """``dtype[shape]:hash`` of ``a``; with a 16-bit ``fmt``, of its float values as the run
     rounds them (float32), hashed chunk by chunk: no rounded copy of the data set is made."""
-    from fastlib.training.mixed_precision import input_chunks
-
     a = np.ascontiguousarray(a)
     if fmt is None or a.dtype.kind in "iu":
         digest = hashlib.blake2b(memoryview(a).cast("B"), digest_size=8).hexdigest()
         return f"{a.dtype.str}{list(a.shape)}:{digest}"
+    from fastlib.training.mixed_precision import input_chunks
+
     h = hashlib.blake2b(digest_size=8)
     for _, rounded in input_chunks(a, fmt):
         h.update(memoryview(rounded).cast("B"))
