@@ -137,6 +137,51 @@ def test_thresholds_below_a_healthy_run_fire_after_the_epoch_that_crosses_them(d
         assert np.array_equal(model.parameters()[k], v), k
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("side, fires", [(0.999, True), (1.001, False)])
+def test_max_grad_reads_the_gradient_of_the_epochs_last_step(digits, fused, side, fires):
+    # one step per epoch (the batch is the whole set): the last step's gradient is the loss
+    # gradient at the initial weights over every sample, computed here on the layers' path;
+    # a threshold a tenth of a percent under its largest entry fires, one over it does not
+    # (the summation orders differ by float32 roundings, far below 1e-3)
+    from fastlib.grad import value_and_grad
+
+    x, y = digits.x_train, digits.y_train
+    _, grads = value_and_grad(_model(), x, y, "cross_entropy")
+    largest = max(float(np.max(np.abs(g))) for g in grads.values())
+    rules = {name: None for name in DivergenceRules.RULES} | {"max_grad": side * largest}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = fastlib.train(_model(), x, y, 1, len(x), 0.1, "cross_entropy", optimizer="SGD",
+                          fused=fused, verbose=False, divergence=rules)
+    assert r.fused == fused
+    assert r.diverged == fires and (r.divergence_rule == "max_grad") == fires
+    assert any("max_grad" in str(w.message) for w in caught) == fires
+
+
+@pytest.mark.parametrize("kw, probes", [({"fused": True}, False), ({"fused": False}, False),
+                                       ({"algorithm": "targetprop"}, True)],
+                         ids=["bp-fused", "bp-batches", "targetprop"])
+def test_the_gradient_probe_runs_only_for_steps_without_a_loss_gradient(digits, monkeypatch, kw,
+                                                                        probes):
+    # back-propagation's steps keep their gradient: no extra pass over the probe batch (it cost
+    # 30% of a short LSTM epoch); Target Propagation's do not, and the probe still serves it
+    import fastlib.grad
+
+    calls = []
+    original = fastlib.grad.value_and_grad
+
+    def counted(*args, **kw):
+        calls.append(1)
+        return original(*args, **kw)
+
+    monkeypatch.setattr(fastlib.grad, "value_and_grad", counted)
+    r = fastlib.train(_model(), digits.x_train, digits.y_train, 2, 32, 0.1, "cross_entropy",
+                      optimizer="SGD", verbose=False, **kw)
+    assert not r.diverged and r.epochs_run == 2
+    assert len(calls) == (2 if probes else 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # healthy runs: the defaults never stop them
 

@@ -61,11 +61,16 @@ class BatchResult(NamedTuple):
         accuracy (mse) or the algorithm has none.
     skipped : bool
         True when the update was skipped (non-finite gradient).
+    gradient : mapping of str to ndarray, or None
+        The step's loss gradient keyed like the parameters (after clipping; as computed when
+        the step was skipped), or None when the algorithm takes none: the divergence rule
+        ``max_grad`` reads the epoch's last one (``fastlib.training.divergence``).
     """
 
     loss: float
     correct: float | None = None
     skipped: bool = False
+    gradient: Any = None
 
 
 @dataclass
@@ -83,6 +88,8 @@ class EpochStats:
     path: str = "generic"      # which path ran it: "program" (compiled) or "generic"
     schedule: str | None = None  # the program's schedule ("mlp" or "general")
     piece_plan: dict | None = None  # the program's piece plan (piece_plan.PiecePlan)
+    # the arrays of the last step's loss gradient (BatchResult.gradient), None: no step gave one
+    gradient: Any = None
 
     def add(self, result: BatchResult, n: int) -> None:
         self.loss_sum += float(result.loss) * n
@@ -92,6 +99,8 @@ class EpochStats:
         else:
             self.correct += float(result.correct)
         self.skipped += int(result.skipped)
+        if result.gradient is not None:
+            self.gradient = list(result.gradient.values())
 
     @property
     def loss(self) -> float:

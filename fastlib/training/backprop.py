@@ -34,9 +34,9 @@ def bp_train_one_batch(ctx: StepContext, x: np.ndarray, y: np.ndarray) -> BatchR
     grads = {k: np.ascontiguousarray(grads[k]) for k in ctx.params}
     info = clip_gradients(grads, ctx.config.gradient_clip, ctx.config.clip_mode)
     if not info.finite:
-        return BatchResult(loss, correct, True)
+        return BatchResult(loss, correct, True, grads)
     ctx.opt_state = ctx.optimizer.update(ctx.params, grads, ctx.opt_state, lr=ctx.lr)
-    return BatchResult(loss, correct, False)
+    return BatchResult(loss, correct, False, grads)
 
 
 def _bp_run_epoch(ctx, x, y, order):

@@ -422,9 +422,9 @@ class _Session:
             off += p.size
         info = clip_gradients(grads, ctx.config.gradient_clip, ctx.config.clip_mode)
         if not info.finite:
-            return BatchResult(loss, correct, True)
+            return BatchResult(loss, correct, True, grads)
         ctx.opt_state = ctx.optimizer.update(ctx.params, grads, ctx.opt_state, lr=ctx.lr)
-        return BatchResult(loss, correct, False)
+        return BatchResult(loss, correct, False, grads)
 
     def reduce(self, leaves, m, dtype, step):
         """The batch gradient: the tree sum of every rank's block gradients, on every rank."""

@@ -158,15 +158,17 @@ class DivergenceRules:
     max_weight : float or None, default 1e6
         ``"max_weight"``: some parameter's magnitude is above this (or not finite).
     max_grad : float or None, default 1e8
-        ``"max_grad"``: some finite entry of the loss gradient on the probe batch (the first
-        ``PROBE_ROWS`` training samples) is above this in magnitude (non-finite gradients are
-        the skipped steps' business). For ``mse`` the threshold is ``max_grad * max(1, RMS(y))``.
-        Only for algorithms trained on a loss (not ``"cd"``).
+        ``"max_grad"``: some finite entry of the loss gradient of the epoch's last step (as
+        clipped; for an algorithm whose steps take no loss gradient, such as ``"targetprop"``,
+        the gradient on the probe batch, the first ``PROBE_ROWS`` training samples) is above
+        this in magnitude (non-finite gradients are the skipped steps' business). For ``mse``
+        the threshold is ``max_grad * max(1, RMS(y))``. Only for algorithms trained on a loss
+        (not ``"cd"``), and not on the device (the weights stay there).
 
     Notes
     -----
     The defaults are far from any healthy run: in the documented MNIST, digits, TargetProp and CD
-    runs the epoch loss never exceeds 2.4 nor its best so far, weights stay below 2.1 and probe
+    runs the epoch loss never exceeds 2.4 nor its best so far, weights stay below 2.1 and
     gradients below 0.6 (tests hold these runs to the defaults), while a cross-entropy run at
     SGD rate 1e3 has a first-epoch loss of 4.5e8.
     """

@@ -66,14 +66,15 @@ def epoch_update(ctx, n_batches, dtype):
     return EpochUpdate(ctx.optimizer.kind, coeffs, clip_mode, float(clip))
 
 
-def finish_epoch(ctx, layout, w, slots, out, n, bs, schedule, plan, correct_per_row=1.0):
+def finish_epoch(ctx, layout, w, slots, out, n, bs, schedule, plan, g, correct_per_row=1.0):
     """Write the epoch's parameters and state back and return its :class:`EpochStats`.
 
     ``out`` is the kernels' ``(loss_sum, correct, skipped, updates, diverged, bad_loss)``;
     ``diverged`` is the batch that stopped the epoch (-1: none). ``correct_per_row`` divides
     the correct count (a schedule whose rows are time steps reports per-sequence accuracy
     sums). ``schedule`` names the schedule that ran the program and ``plan`` is its
-    :class:`~fastlib.training.piece_plan.PiecePlan`, both reported in the stats.
+    :class:`~fastlib.training.piece_plan.PiecePlan`, both reported in the stats; ``g`` is the
+    flat gradient of the epoch's last step (the stats' ``gradient``).
     """
     loss_sum, correct, skipped, updates, diverged, bad_loss = out
     layout.unflatten(w, ctx.params)
@@ -87,4 +88,4 @@ def finish_epoch(ctx, layout, w, slots, out, n, bs, schedule, plan, correct_per_
                       correct=None if ctx.loss_type == "mse" else float(correct) / correct_per_row,
                       count=samples, skipped=int(skipped), diverged_batch=int(diverged),
                       diverged_loss=float(bad_loss), fused=True, path="program",
-                      schedule=schedule, piece_plan=plan.to_dict())
+                      schedule=schedule, piece_plan=plan.to_dict(), gradient=[g])

@@ -93,7 +93,7 @@ def run(ctx, prog, x, y, order):
     with single_threaded_blas():
         stats = call_typed(ki.epoch, *args)
     # a sequence output's rows are its positions: the accuracy counts each sample once
-    return finish_epoch(ctx, prog, w, slots, stats, n, bs, "general", prog.piece_plan,
+    return finish_epoch(ctx, prog, w, slots, stats, n, bs, "general", prog.piece_plan, part,
                         out_steps)
 
 

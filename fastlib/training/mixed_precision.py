@@ -185,12 +185,12 @@ def _train_one_batch(ctx, x, y) -> BatchResult:
     if scaler is not None:
         scaler.update(ctx.state, found_inf)
     if found_inf:
-        return BatchResult(loss, correct, True)
+        return BatchResult(loss, correct, True, grads)
     info = clip_gradients(grads, ctx.config.gradient_clip, ctx.config.clip_mode)
     if not info.finite:
-        return BatchResult(loss, correct, True)
+        return BatchResult(loss, correct, True, grads)
     ctx.opt_state = ctx.optimizer.update(ctx.params, grads, ctx.opt_state, lr=ctx.lr)
-    return BatchResult(loss, correct, False)
+    return BatchResult(loss, correct, False, grads)
 
 
 class _Forward16:

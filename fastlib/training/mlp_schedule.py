@@ -204,7 +204,7 @@ def run(ctx, plan, x, y, order):
     with single_threaded_blas():
         out = call_typed(kc.epoch, *args)
     _keep_scale(ctx, prec)
-    return finish_epoch(ctx, plan, w, slots, out, n, bs, "mlp", plan.piece_plan)
+    return finish_epoch(ctx, plan, w, slots, out, n, bs, "mlp", plan.piece_plan, state.g)
 
 
 def _precision(ctx, w):

@@ -383,9 +383,9 @@ MUTANTS = (
     Mutant("skipped-step-not-skipped", "a step whose scaled gradient overflowed is counted as "
            "skipped (and the scale backs off) but the optimizer still takes it",
            "training/mixed_precision.py",
-           "    if found_inf:\n        return BatchResult(loss, correct, True)\n",
+           "    if found_inf:\n        return BatchResult(loss, correct, True, grads)\n",
            "    if found_inf:\n        ctx.opt_state = ctx.optimizer.update(ctx.params, grads, "
-           "ctx.opt_state, lr=ctx.lr)\n        return BatchResult(loss, correct, True)\n",
+           "ctx.opt_state, lr=ctx.lr)\n        return BatchResult(loss, correct, True, grads)\n",
            ("loss scale", "mixed MLP")),
     # -- the same two in the compiled MLP epoch (fastlib/kernels/dense_columns.py) -------------
     Mutant("compiled-loss-scale-not-undone", "the compiled MLP epoch in mixed precision leaves "
