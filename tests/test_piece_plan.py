@@ -139,9 +139,10 @@ def test_threads_never_exceed_the_pieces_or_the_cores(monkeypatch):
 
 def test_the_schedules_choose_from_the_cores_and_the_shapes():
     # sample pieces: one per core down to one sample each; recurrent pieces of at most
-    # PIECE sequences (batch 32: 4 pieces of 8 on one or two cores)
-    assert [general_schedule.machine_pieces(32, 64, True, c) for c in (1, 2, 16, 64)] == \
-        [4, 4, 16, 32]
+    # PIECE sequences (batch 32: 2 pieces of 16 on one or two cores)
+    assert general_schedule.PIECE == 16
+    assert [general_schedule.machine_pieces(32, 64, True, c) for c in (1, 2, 4, 16, 64)] == \
+        [2, 2, 4, 16, 32]
     # no recurrent row: one piece below MIN_PIECE_ROWS rows, else one per core (at most a
     # sample each)
     rows = general_schedule.MIN_PIECE_ROWS

@@ -24,11 +24,15 @@ _FASTMATH = set(FASTMATH)
 
 # NOTE: the sequences of one cell group when the rows' layout is not already the cells' (the
 # layers), and the most sequences a piece of a compiled program with a recurrent row holds
-# when the machine chooses the plan (fastlib.training.piece_plan). Eight rows suit OpenBLAS's
-# small-matrix kernel for the per-step product (measured: 8 x 128 @ 128 x 512, one thread,
-# 3.0-3.3 ms over 63 steps in pieces of 8, 4.0 ms as one 32-row product, 6.4-6.7 ms in pieces
-# of 16). The piece plan, not the threads, fixes every summation order of the compiled paths.
-PIECE = 8
+# when the machine chooses the plan (fastlib.training.piece_plan). Measured through NumPy's
+# OpenBLAS (fastlib.kernels.blas), one thread, the per-step product R x 128 @ 128 x 512 costs
+# 2.97 / 2.18 / 1.86 us a row at 8 / 16 / 32 rows (its transpose for the cotangents 3.36 /
+# 2.20 / 1.81), and the LSTM benchmark's epoch on two cores took 0.35 s in pieces of 16
+# against 0.39 s in pieces of 8 at batch 32, 0.33 against 0.39 s at batch 128. Sixteen takes
+# most of the gain and leaves a batch of 32 a piece per core on two cores (with SciPy's
+# OpenBLAS, which lacks the small-matrix kernels, 8 was best). The piece plan, not the
+# threads, fixes every summation order of the compiled paths.
+PIECE = 16
 
 
 # -- the cells: one group of nb sequences, time-major (row t * nb + b), caller-owned buffers ----
