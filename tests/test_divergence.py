@@ -240,3 +240,27 @@ def test_the_readme_runs_are_not_stopped_by_the_defaults(argv, capsys, monkeypat
         assert cli.main(["train", *argv]) == 0
     assert checked and not any(checked)  # the rules ran after every epoch, none fired
     assert "diverged" not in capsys.readouterr().out
+
+
+def test_probes_and_validation_of_a_compiled_run_hold_blas_to_one_thread(digits):
+    # a product of a multi-threaded OpenBLAS leaves its workers spinning after it returns;
+    # between compiled epochs (whose own threads run the pieces) the passes through the
+    # layers must not wake them: every forward outside the epochs sees one BLAS thread
+    from threadpoolctl import threadpool_info
+
+    model = _model()
+    seen = []
+    forward = model.forward
+
+    def recording(x):
+        seen.append([lib["num_threads"] for lib in threadpool_info()
+                     if lib["user_api"] == "blas"])
+        return forward(x)
+
+    model.forward = recording
+    r = fastlib.train(model, digits.x_train, digits.y_train, 2, 32, 1e-3, "cross_entropy",
+                      optimizer="Adam", verbose=False, fused=True, x_val=digits.x_test,
+                      y_val=digits.y_test)
+    assert r.path == "program"
+    assert len(seen) >= 3           # the untrained-loss probe and two validation passes
+    assert all(counts and set(counts) == {1} for counts in seen), seen

@@ -19,6 +19,7 @@ from fastlib.training import early_stopping
 from fastlib.training.algorithms import evaluate_model
 from fastlib.training.backends import max_abs
 from fastlib.training.early_stopping import DivergenceRules
+from fastlib.training.epoch_state import single_threaded_blas
 from fastlib.training.notices import warn
 
 __all__ = ["DivergenceMonitor", "Verdict"]
@@ -111,6 +112,11 @@ class DivergenceMonitor:
                               " lower the learning rate, clip gradients or check the data")
 
     # -- the probe batch -------------------------------------------------------------------------
+    # NOTE (speed): the probe's products run on the calling thread. A product of NumPy's
+    # multi-threaded OpenBLAS leaves its workers spinning for a while after it returns, and a
+    # compiled epoch starting then ran its second piece on a core they held: the MNIST MLP's
+    # two-piece epoch took 0.14-0.16 s of 19,200 samples after the untrained-loss probe
+    # against 0.08 s without it (docs/performance.md, "What an epoch spends outside its steps")
     def _probe(self):
         k = min(self.data.x.shape[0], DivergenceRules.PROBE_ROWS)
         x = self.data.x[:k]
@@ -132,7 +138,8 @@ class DivergenceMonitor:
             return None
         evaluate = self.algo.evaluate or evaluate_model
         try:
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"), \
+                    single_threaded_blas():
                 loss = float(evaluate(self.model, x, y, self.loss_type)[0])
         except (ValueError, TypeError, AttributeError, NotImplementedError):
             return None
@@ -147,7 +154,8 @@ class DivergenceMonitor:
 
         x, y = self._probe()
         try:
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"), \
+                    single_threaded_blas():
                 _, grads = value_and_grad(self.model, x, y, self.loss_type)
         except (ValueError, TypeError, NotImplementedError, AttributeError) as exc:
             # a model the loss gradient cannot be taken of (a custom layer or algorithm): the

@@ -24,6 +24,7 @@ from fastlib.training.arguments import MISSING, check_lr, normalise
 from fastlib.training.callbacks import Callbacks, epoch_logs
 from fastlib.training.divergence import DivergenceMonitor
 from fastlib.training.early_stopping import PlateauPolicy
+from fastlib.training.epoch_state import single_threaded_blas
 from fastlib.training.notices import warn
 from fastlib.training.plateau import PlateauRun
 from fastlib.training.progress import Progress, progress_mode
@@ -359,4 +360,9 @@ class _Run:
         if not self.data.validated:
             return None, None
         evaluate = self.algo.evaluate or evaluate_model
-        return evaluate(self.model, self.data.x_val, self.data.y_val, self.ctx.loss_type)
+        if self.result.path != "program":
+            return evaluate(self.model, self.data.x_val, self.data.y_val, self.ctx.loss_type)
+        # the compiled epochs' threads run the pieces: BLAS workers woken here would still be
+        # spinning when the next epoch starts (the NOTE in fastlib.training.divergence)
+        with single_threaded_blas():
+            return evaluate(self.model, self.data.x_val, self.data.y_val, self.ctx.loss_type)
