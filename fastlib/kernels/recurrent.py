@@ -24,14 +24,15 @@ _FASTMATH = set(FASTMATH)
 
 # NOTE: the sequences of one cell group when the rows' layout is not already the cells' (the
 # layers), and the most sequences a piece of a compiled program with a recurrent row holds
-# when the machine chooses the plan (fastlib.training.piece_plan). Measured through NumPy's
-# OpenBLAS (fastlib.kernels.blas), one thread, the per-step product R x 128 @ 128 x 512 costs
-# 2.97 / 2.18 / 1.86 us a row at 8 / 16 / 32 rows (its transpose for the cotangents 3.36 /
-# 2.20 / 1.81), and the LSTM benchmark's epoch on two cores took 0.35 s in pieces of 16
-# against 0.39 s in pieces of 8 at batch 32, 0.33 against 0.39 s at batch 128. Sixteen takes
-# most of the gain and leaves a batch of 32 a piece per core on two cores (with SciPy's
-# OpenBLAS, which lacks the small-matrix kernels, 8 was best). The piece plan, not the
-# threads, fixes every summation order of the compiled paths.
+# when the machine chooses the plan (fastlib.training.piece_plan). A property of the per-step
+# product's shape on one thread, not of the core count (with more cores than batch / PIECE
+# the plan takes one piece per core, smaller): through NumPy's OpenBLAS (fastlib.kernels.blas)
+# R x 128 @ 128 x 512 costs 2.97 / 2.18 / 1.86 us a row at 8 / 16 / 32 rows (its transpose
+# for the cotangents 3.36 / 2.20 / 1.81); sixteen takes most of that gain while a batch of 32
+# still splits into two pieces. Checked on the LSTM benchmark's epoch (two cores): 0.35 s in
+# pieces of 16 against 0.39 s in pieces of 8 at batch 32. With SciPy's OpenBLAS, which lacks
+# the small-matrix kernels, 8 was best. The piece plan, not the threads, fixes every
+# summation order of the compiled paths.
 PIECE = 16
 
 

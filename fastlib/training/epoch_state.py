@@ -20,10 +20,11 @@ _BLAS = {}
 def single_threaded_blas():
     """A context in which BLAS runs on the calling thread only (our threads run the pieces).
 
-    NOTE: Numba's ``np.dot`` calls SciPy's OpenBLAS; two of our threads each calling a
-    multi-threaded OpenBLAS took 100x longer (its workers spin and contend), and OpenBLAS's own
-    split of these small products is no faster than ours. The controller is built once, after
-    SciPy's BLAS is loaded, because building it scans every loaded library (~1 ms).
+    NOTE: the kernels' products call NumPy's OpenBLAS (``fastlib.kernels.blas``), or SciPy's
+    through Numba's ``np.dot``; two of our threads each calling a multi-threaded OpenBLAS took
+    100x longer (its workers spin and contend), and OpenBLAS's own split of these small
+    products is no faster than ours. The controller limits every BLAS loaded; it is built
+    once, after SciPy's is loaded, because building it scans every loaded library (~1 ms).
     """
     if "controller" not in _BLAS:
         import scipy.linalg.cython_blas  # noqa: F401 - load the library Numba's np.dot uses

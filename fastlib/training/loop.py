@@ -360,9 +360,8 @@ class _Run:
         if not self.data.validated:
             return None, None
         evaluate = self.algo.evaluate or evaluate_model
-        if self.result.path != "program":
-            return evaluate(self.model, self.data.x_val, self.data.y_val, self.ctx.loss_type)
         # the compiled epochs' threads run the pieces: BLAS workers woken here would still be
         # spinning when the next epoch starts (the NOTE in fastlib.training.divergence)
-        with single_threaded_blas():
+        compiled = self.result.path == "program"
+        with single_threaded_blas() if compiled else contextlib.nullcontext():
             return evaluate(self.model, self.data.x_val, self.data.y_val, self.ctx.loss_type)
