@@ -10,6 +10,12 @@ DONE = b"done"        # the rank finished training
 CLAIMED = b"claimed"  # the rank reported its own failure and claimed it
 GRACE = 0.5           # seconds a sentinel that cannot tell waits for the first one's claim
 KEEP = 3.0            # seconds a claim stays (every other sentinel looks within GRACE), then goes
+# NOTE: how much earlier than every other sentinel of its host a sentinel must have woken to
+# call its rank the first death when it found them all dead already: mpiexec kills the others
+# only after it has seen the first one die, and a rank's teardown takes milliseconds more
+# (measured here: the killed ranks' sentinels woke 14-25 ms after the first's), while ranks
+# that die together wake their sentinels within scheduling jitter
+FIRST_BY = 0.005
 
 
 def alive(pid):
@@ -114,6 +120,48 @@ def _forget_claim(path):
         pass
 
 
+def _wake_path(claim_path, pid):
+    return f"{claim_path}.woke-{pid}"
+
+
+def _note_wake(claim_path, pid, woke):
+    """Write the time this sentinel saw its rank die (for :func:`_woke_first`); the path, or
+    None when it could not be written."""
+    path = _wake_path(claim_path, pid)
+    try:
+        with open(path, "w") as f:
+            f.write(repr(woke))
+    except OSError:
+        return None
+    return path
+
+
+def _woke_first(claim_path, woke, peers):
+    """Whether every other rank's sentinel here noted a wake at least FIRST_BY after
+    ``woke`` (False when one noted none: it may still run, or cannot tell)."""
+    for peer in peers:
+        try:
+            with open(_wake_path(claim_path, peer)) as f:
+                theirs = float(f.read())
+        except (OSError, ValueError):
+            return False
+        if theirs < woke + FIRST_BY:
+            return False
+    return True
+
+
+def _forget(path, wait=True):
+    """Remove a wake note once the other sentinels have read it (within GRACE of theirs)."""
+    if path is None:
+        return
+    if wait:
+        time.sleep(KEEP)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def main(argv):
     rank, size, host, pid, claim_path, out_path = argv[:6]
     peers = [int(p) for p in argv[6:]]
@@ -131,11 +179,20 @@ def main(argv):
             pass
         _forget_claim(claim_path)
         return 0
+    woke = time.monotonic()
+    noted = _note_wake(claim_path, pid, woke)
     who = f"rank {rank} of {size} (pid {pid} on {host})"
     first = any(alive(p) for p in peers)
     if not first:  # the others here are gone too (or there are none): let the first claim
+        # NOTE: on a busy host a sentinel may wake after mpiexec has already killed the
+        # others; when every other sentinel here woke FIRST_BY later, this one's rank still
+        # died first (each sentinel has noted its time within GRACE)
         time.sleep(GRACE)
+        first = bool(peers) and _woke_first(claim_path, woke, peers)
+        if not first and peers:
+            time.sleep(GRACE)
     if not claim(claim_path, f"{who} died\n"):
+        _forget(noted)
         return 0  # an earlier failure on this host was claimed (and reported) first
     if first:
         msg = (f"{who} died during training without a word (killed by a signal: SIGKILL, "
@@ -152,6 +209,7 @@ def main(argv):
     except OSError:  # the launcher is gone: nobody to tell
         pass
     _forget_claim(claim_path)
+    _forget(noted, wait=False)
     return 0
 
 
