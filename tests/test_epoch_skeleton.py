@@ -24,7 +24,7 @@ def _step(parts, clip_mode=sk.CLIP_NONE, clip=0.0, threads=1):
     sgd = optim.SGD(lr=LR)
     empty = np.zeros(0)
     applied = sk.end_step(threads, CUTS, PIECES, parts, g, sumsq, sgd.kind, w, empty, empty,
-                          sgd.coefficients(1), clip_mode, clip)
+                          sgd.coefficients(1), clip_mode, clip, sk.model_precision(w), 1.0)
     return applied, w, g, sumsq
 
 

@@ -46,15 +46,8 @@ ColumnPlan = collections.namedtuple(
 #: float64 bias sums ``acc64`` (pieces + 1, widest layer); the sums of squares ``sumsq``.
 ColumnBuffers = collections.namedtuple(
     "ColumnBuffers", "a_in post pre gout part logits dz acc64 sumsq")
-#: The run's precision: the 16-bit format's ``code`` (``half.CODES``; -1: the model's own
-#: dtype, nothing rounded), the weights ``w16`` that the forward and backward read (the
-#: masters ``EpochState.w`` rounded to the format; ``w`` itself when ``code`` is -1), and the
-#: loss scale: its running state, one-entry arrays updated in place (the ``scale`` as float64,
-#: the ``clean`` steps in a row and the ``skips`` as int64), whether the run has one
-#: (``scaled``), its ``growth`` and ``backoff`` factors, its growth ``interval`` and whether it
-#: is ``dynamic`` (``fastlib.training.loss_scale``).
-Precision = collections.namedtuple(
-    "Precision", "code w16 scale clean skips scaled growth backoff interval dynamic")
+#: The run's precision (the skeleton's: every compiled epoch reads the same record).
+Precision = sk.Precision
 
 
 @njit(cache=True, error_model="numpy")
@@ -261,8 +254,7 @@ def _piece_work(plan, layer, forward, update, p, nb, a_in, state, bufs, upd, c, 
         return
     if update:
         sk.update_block(lo, hi, upd.kind, state.w, state.g, state.a, state.b, c, upd.clip_mode,
-                        upd.clip, total)
-        half.round_into(prec.code, state.w[lo:hi], prec.w16[lo:hi])
+                        upd.clip, total, prec.code, prec.w16)
     if layer >= 0:
         _forward_piece(plan, layer, p, nb, prec.w16, a_in, bufs, prec.code)
 

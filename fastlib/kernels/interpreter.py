@@ -5,9 +5,11 @@ Per batch, one parallel region runs every piece on one thread: its samples gathe
 (row ``t * n + s``), the rows forward, the loss terms of its output rows, the rows backward
 into its partial gradient; then the pieces' terms are added in piece order and the skeleton
 (:mod:`fastlib.kernels.skeleton`) sums the partials, guards, clips and updates. Each row runs
-its kind's one forward and one backward kernel, the kernels the layers call. The arguments
-are named tuples (:data:`EpochPlan`, :data:`EpochData`, :data:`EpochState`,
-:data:`EpochBuffers`, :data:`EpochUpdate`). The story: docs/architecture.md, "Training".
+its kind's one forward and one backward kernel, the kernels the layers call. In mixed
+precision (``skeleton.Precision``) the rows read the 16-bit weights and the inputs, each
+unit's output and input cotangent, the scaled loss cotangent and the summed gradient are
+rounded as the per-batch path rounds them. The arguments are named tuples (:data:`EpochPlan`
+and the others below). The story: docs/architecture.md, "Training".
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from numba import njit, prange
 
 from fastlib.kernels import attention as ka
 from fastlib.kernels import dense as kd
+from fastlib.kernels import half
 from fastlib.kernels import instructions as ins
 from fastlib.kernels import optim as kopt
 from fastlib.kernels import recurrent as kr
@@ -31,10 +34,12 @@ from fastlib.kernels.native_call import call_compiled
 #: The program and how a batch is cut: ``tables`` (``instructions.ProgramTables``), the model
 #: input's and output's slots, positions per sample, the batch size, samples per ``piece``,
 #: ``threads``, the loss code (``optable.losses.LOSS_CODES``), the update blocks' ``cuts``
-#: (``skeleton.block_cuts``), and whether the input is token ids.
+#: (``skeleton.block_cuts``), whether the input is token ids, and per row the slots a mixed run
+#: rounds (``rounds``, int64 ``(rows, 2)``: the values of column 0's slot after the row's
+#: forward, the cotangent of column 1's slot after its backward; -1: none).
 EpochPlan = collections.namedtuple(
     "EpochPlan", "tables input_slot output_slot steps batch_size piece threads loss_code cuts "
-                 "tokens")
+                 "tokens rounds")
 #: The epoch's data: ``features`` (N, steps * width) or ``tokens`` (N, steps) (the other one
 #: empty), the targets as class indices ``classes`` or rows ``values`` (one per output row of
 #: a sample, sample-major), and the sample ``order``.
@@ -236,9 +241,9 @@ def _backward_row(r, slots, blocks, n, w, act, gact, tok, part, acc, tmp, sc, ke
 # one piece: gather, forward, loss, backward
 
 @njit(cache=True, error_model="numpy")
-def _gather(plan, data, first, n, act, tok):
+def _gather(plan, data, first, n, act, tok, code):
     """The piece's samples ``order[first:first + n]``, time-major: token ids into ``tok``, or
-    features into the input slot."""
+    features into the input slot (rounded to the 16-bit format ``code`` unless it is -1)."""
     steps = plan.steps
     if plan.tokens:
         for s in range(n):
@@ -254,18 +259,32 @@ def _gather(plan, data, first, n, act, tok):
             dst = xin[t * n + s]
             for j in range(width):
                 dst[j] = src[t * width + j]
+    _round_slot(code, act, plan.tables.slots[plan.input_slot], n)
 
 
 @njit(cache=True, error_model="numpy")
-def _piece(p, start, nb, n_mean, plan, data, state, bufs, kernels):
-    """Forward, loss terms and backward of piece ``p`` of the batch at ``start``."""
+def _round_slot(code, buf, slot, n):
+    """The ``n`` samples' entries of ``slot`` in the piece's buffer ``buf`` rounded to the
+    16-bit format ``code`` in place (-1: left as they are)."""
+    if code >= 0:
+        half.round_in_place(code, buf[slot.offset:slot.offset + n * slot.steps * slot.width])
+
+
+@njit(cache=True, error_model="numpy")
+def _piece(p, start, nb, n_mean, plan, data, state, bufs, prec, kernels):
+    """Forward, loss terms and backward of piece ``p`` of the batch at ``start``, reading the
+    weights ``prec.w16`` (the masters themselves in the model's dtype) and rounding as the
+    run's precision ``prec`` says (the module's doc)."""
     first = start + p * plan.piece
     n = min(plan.piece, nb - p * plan.piece)
     rows, slots, blocks = plan.tables
     act, gact, tok = bufs.act[p], bufs.gact[p], bufs.tok[p]
-    _gather(plan, data, first, n, act, tok)
+    code, w = prec.code, prec.w16
+    _gather(plan, data, first, n, act, tok, code)
     for k in range(rows.shape[0]):
-        _forward_row(rows[k], slots, blocks, n, state.w, act, tok, bufs.sc[p], kernels)
+        _forward_row(rows[k], slots, blocks, n, w, act, tok, bufs.sc[p], kernels)
+        if plan.rounds[k, 0] >= 0:
+            _round_slot(code, act, slots[plan.rounds[k, 0]], n)
     out = slots[plan.output_slot]
     # the output's rows (t * n + s) and their targets' rows (sample-major: sample * steps + t)
     target = bufs.target_rows[p, :n * out.steps]
@@ -277,22 +296,33 @@ def _piece(p, start, nb, n_mean, plan, data, state, bufs, kernels):
         slot_view(gact, out, n), n_mean)
     if not math.isfinite(bufs.totals[p]):
         return                          # the epoch stops at this batch; no gradient needed
+    if code >= 0:       # the loss cotangent, scaled, in the format
+        if prec.scaled:
+            dz = slot_view(gact, out, n)
+            factor = dz.dtype.type(prec.scale[0])
+            for i in range(dz.shape[0]):
+                for j in range(dz.shape[1]):
+                    dz[i, j] = dz[i, j] * factor
+        _round_slot(code, gact, out, n)
     for k in range(rows.shape[0] - 1, -1, -1):
-        _backward_row(rows[k], slots, blocks, n, state.w, act, gact, tok, bufs.part[p],
+        _backward_row(rows[k], slots, blocks, n, w, act, gact, tok, bufs.part[p],
                       bufs.acc[p], bufs.tmp[p], bufs.sc[p], kernels)
+        if plan.rounds[k, 1] >= 0:
+            _round_slot(code, gact, slots[plan.rounds[k, 1]], n)
 
 
 # ---------------------------------------------------------------------------------------------
 # the epoch
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def epoch(plan, data, state, bufs, update, piece_entry, kernels):
+def epoch(plan, data, state, bufs, update, prec, piece_entry, kernels):
     """Train one epoch; returns (loss_sum, correct, skipped, updates, diverged_batch, loss).
 
     Per step: the pieces' region, the loss (the pieces' terms added in piece order), and the
-    skeleton's end of the step. Each piece runs :func:`_piece` through ``piece_entry``
-    (:func:`piece_entry`): not linked in (``fastlib.kernels.native_call``). ``correct`` counts output rows (one per position of a
-    sequence output). NaN/Inf rules as the generic path: a non-finite loss returns at once
+    skeleton's end of the step, in the run's precision ``prec`` (``skeleton.Precision``).
+    Each piece runs :func:`_piece` through ``piece_entry`` (:func:`piece_entry`): not linked
+    in (``fastlib.kernels.native_call``). ``correct`` counts output rows (one per position of
+    a sequence output). NaN/Inf rules as the generic path: a non-finite loss returns at once
     (the caller restores the weights); a non-finite gradient skips the update (``skipped``).
     """
     # NOTE: flush-to-zero (see fastlib.kernels.optim) for the serial parts, and inside every
@@ -304,11 +334,12 @@ def epoch(plan, data, state, bufs, update, piece_entry, kernels):
     rows, slots, blocks = plan.tables
     input_slot, output_slot, steps, batch_size = (plan.input_slot, plan.output_slot,
                                                   plan.steps, plan.batch_size)
-    piece, plan_threads, loss_code, cuts, tokens = (plan.piece, plan.threads, plan.loss_code,
-                                                    plan.cuts, plan.tokens)
+    piece, plan_threads, loss_code, cuts, tokens, rounds = (
+        plan.piece, plan.threads, plan.loss_code, plan.cuts, plan.tokens, plan.rounds)
     features, tok_in, classes, values, order = data
     w, a, b, g = state
     part, act, gact, tok, acc, tmp, sc, target_rows, totals, corrects, sumsq = bufs
+    fmt, w16, scale, clean, skips, scaled, growth, backoff, interval, dynamic = prec
     n_samples = data.order.shape[0]
     out = plan.tables.slots[plan.output_slot]
     loss_sum = 0.0
@@ -321,9 +352,12 @@ def epoch(plan, data, state, bufs, update, piece_entry, kernels):
         n_pieces = -(-nb // plan.piece)
         n_mean = nb * out.steps
         threads = min(plan.threads, n_pieces)
+        # the gradient's unscale factor: the reciprocal in float64, rounded once to the dtype
+        # (as torch.amp.GradScaler.unscale_ takes it)
+        unscale = state.g.dtype.type(1.0 / prec.scale[0])
         if threads == 1:                # no region: no thread hand-off for a one-piece batch
             for p in range(n_pieces):
-                call_compiled(piece_entry, (p, start, nb, n_mean, plan, data, state, bufs,
+                call_compiled(piece_entry, (p, start, nb, n_mean, plan, data, state, bufs, prec,
                                             kernels))
         else:
             kopt.leave_ftz(old_fp)
@@ -331,14 +365,16 @@ def epoch(plan, data, state, bufs, update, piece_entry, kernels):
                 old = kopt.enter_ftz()  # per worker thread: the control word is thread-local
                 mine = EpochPlan(ins.ProgramTables(rows, slots, blocks), input_slot,
                                  output_slot, steps, batch_size, piece, plan_threads, loss_code,
-                                 cuts, tokens)
+                                 cuts, tokens, rounds)
                 for p in range(t, n_pieces, threads):
                     call_compiled(piece_entry, (
                         p, start, nb, n_mean, mine,
                         EpochData(features, tok_in, classes, values, order),
                         EpochState(w, a, b, g),
                         EpochBuffers(part, act, gact, tok, acc, tmp, sc, target_rows, totals,
-                                     corrects, sumsq), kernels))
+                                     corrects, sumsq),
+                        sk.Precision(fmt, w16, scale, clean, skips, scaled, growth, backoff,
+                                     interval, dynamic), kernels))
                 kopt.leave_ftz(old)
             kopt.enter_ftz()
         total = 0.0
@@ -355,7 +391,8 @@ def epoch(plan, data, state, bufs, update, piece_entry, kernels):
         kopt.leave_ftz(old_fp)
         applied = sk.end_step(plan.threads, plan.cuts, n_pieces, bufs.part, state.g, bufs.sumsq,
                               update.kind, state.w, state.a, state.b,
-                              update.coeffs[updates:updates + 1], update.clip_mode, update.clip)
+                              update.coeffs[updates:updates + 1], update.clip_mode, update.clip,
+                              prec, unscale)
         kopt.enter_ftz()
         batch += 1
         if not applied:
@@ -387,10 +424,11 @@ def row_kernels(plan, bufs):
     return table
 
 
-def piece_entry(plan, data, state, bufs, kernels):
+def piece_entry(plan, data, state, bufs, prec, kernels):
     """The native entry of :func:`_piece` for these arguments' types (``epoch``'s
     ``piece_entry``): compiled once, on its own, and called by address from the epoch."""
     from fastlib.compile_once import native_entry
 
     zero = np.int64(0)
-    return native_entry(_piece, zero, zero, zero, zero, plan, data, state, bufs, kernels)
+    return native_entry(_piece, zero, zero, zero, zero, plan, data, state, bufs, prec,
+                        kernels)

@@ -6,15 +6,20 @@ of squares (:func:`reduce_region`); the guard, which adds the blocks' sums in bl
 skips a step whose gradient is not finite (:func:`guard`); clipping and the optimizer per
 block (:func:`update_block`, :func:`update_region`). The blocks (:func:`block_cuts`) depend on
 the parameter count only, so the result is the same for any number of threads; every region
-runs with flush-to-zero on. The story: docs/architecture.md, "The epoch skeleton".
+runs with flush-to-zero on. A mixed-precision run (:data:`Precision`) rounds each summed
+block to its 16-bit format (and unscales it) before its sum of squares, and each updated
+block of masters into the 16-bit weights the next step reads. The story:
+docs/architecture.md, "The epoch skeleton".
 """
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
 from numba import njit, prange
 
+from fastlib.kernels import half
 from fastlib.kernels import optim as kopt
 
 # clipping modes of the kernels
@@ -25,6 +30,16 @@ CLIP_NONE, CLIP_VALUE, CLIP_NORM = range(3)
 # results: the sums of squares add per block), large enough that a block costs far more than
 # its share of a parallel region's start.
 BLOCK = 1 << 14
+
+#: The run's precision, for every compiled epoch: the 16-bit format's ``code``
+#: (``half.CODES``; -1: the model's own dtype, nothing rounded), the weights ``w16`` that the
+#: forward and backward read (the masters ``w`` rounded to the format; ``w`` itself when
+#: ``code`` is -1), and the loss scale: its running state, one-entry arrays updated in place
+#: (the ``scale`` as float64, the ``clean`` steps in a row and the ``skips`` as int64), whether
+#: the run has one (``scaled``), its ``growth`` and ``backoff`` factors, its growth
+#: ``interval`` and whether it is ``dynamic`` (``fastlib.training.loss_scale``).
+Precision = collections.namedtuple(
+    "Precision", "code w16 scale clean skips scaled growth backoff interval dynamic")
 
 
 def block_cuts(n):
@@ -52,20 +67,23 @@ def clip_flat(g, clip_mode, clip, total):
 
 
 @njit(cache=True, error_model="numpy")
-def update_block(lo, hi, kind, w, g, a, b, c, clip_mode, clip, total):
+def update_block(lo, hi, kind, w, g, a, b, c, clip_mode, clip, total, code, w16):
     """Clip entries ``lo:hi`` of the gradient and apply the optimizer ``kind`` (coefficients
     ``c``: the step's row of the coefficient table, ``table[k:k + 1]``) to the same entries of
-    the parameters ``w`` and its state ``a``, ``b``."""
+    the parameters ``w`` and its state ``a``, ``b``; in a 16-bit format ``code`` (-1: none)
+    the updated entries rounded into ``w16``."""
     gp = g[lo:hi]
     clip_flat(gp, clip_mode, clip, total)
     # empty state arrays (optimizers without them) stay empty when sliced
     kopt.update_elements(kind, w[lo:hi], gp, a[lo:hi], b[lo:hi], c)
+    half.round_into(code, w[lo:hi], w16[lo:hi])
 
 
 @njit(cache=True, error_model="numpy")
-def reduce_block(k, cuts, n_pieces, part, g, sumsq):
+def reduce_block(k, cuts, n_pieces, part, g, sumsq, code, scaled, unscale):
     """Block ``k`` of the gradient: the pieces' partials ``part[p]`` added in piece order into
-    ``g``; its float64 sum of squares into ``sumsq[k]``."""
+    ``g``; in a 16-bit format ``code`` (-1: none) rounded to it and, with a loss scale
+    (``scaled``), multiplied by ``unscale``; its float64 sum of squares into ``sumsq[k]``."""
     lo, hi = cuts[k], cuts[k + 1]
     dst = g[lo:hi]
     src = part[0, lo:hi]
@@ -75,23 +93,27 @@ def reduce_block(k, cuts, n_pieces, part, g, sumsq):
         src = part[p, lo:hi]
         for i in range(hi - lo):
             dst[i] += src[i]
+    if scaled:      # rounded and unscaled in one pass
+        half.round_scale_in_place(code, dst, unscale)
+    else:
+        half.round_in_place(code, dst)
     sumsq[k] = kopt._sum_squares(dst)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def reduce_region(threads, cuts, n_pieces, part, g, sumsq):
+def reduce_region(threads, cuts, n_pieces, part, g, sumsq, code, scaled, unscale):
     """:func:`reduce_block` of every block, ``threads`` at a time."""
     n_blocks = cuts.shape[0] - 1
     if threads == 1:
         old = kopt.enter_ftz()
         for k in range(n_blocks):
-            reduce_block(k, cuts, n_pieces, part, g, sumsq)
+            reduce_block(k, cuts, n_pieces, part, g, sumsq, code, scaled, unscale)
         kopt.leave_ftz(old)
         return
     for t in prange(threads):
         old = kopt.enter_ftz()  # per worker thread: the control word is thread-local
         for k in range(t, n_blocks, threads):
-            reduce_block(k, cuts, n_pieces, part, g, sumsq)
+            reduce_block(k, cuts, n_pieces, part, g, sumsq, code, scaled, unscale)
         kopt.leave_ftz(old)
 
 
@@ -126,29 +148,49 @@ def scale_after_step(scale, clean, skips, found_inf, growth, backoff, interval, 
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def update_region(threads, cuts, kind, w, g, a, b, c, clip_mode, clip, total):
+def update_region(threads, cuts, kind, w, g, a, b, c, clip_mode, clip, total, code, w16):
     """:func:`update_block` of every block, ``threads`` at a time."""
     n_blocks = cuts.shape[0] - 1
     if threads == 1:
         old = kopt.enter_ftz()
         for k in range(n_blocks):
-            update_block(cuts[k], cuts[k + 1], kind, w, g, a, b, c, clip_mode, clip, total)
+            update_block(cuts[k], cuts[k + 1], kind, w, g, a, b, c, clip_mode, clip, total,
+                         code, w16)
         kopt.leave_ftz(old)
         return
     for t in prange(threads):
         old = kopt.enter_ftz()  # per worker thread: the control word is thread-local
         for k in range(t, n_blocks, threads):
-            update_block(cuts[k], cuts[k + 1], kind, w, g, a, b, c, clip_mode, clip, total)
+            update_block(cuts[k], cuts[k + 1], kind, w, g, a, b, c, clip_mode, clip, total,
+                         code, w16)
         kopt.leave_ftz(old)
 
 
 @njit(cache=True, error_model="numpy")
-def end_step(threads, cuts, n_pieces, part, g, sumsq, kind, w, a, b, c, clip_mode, clip):
-    """The end of a step whose pieces each left a partial gradient in ``part``: sum, guard,
-    clip and update. Returns True when the step was applied, False when it was skipped."""
+def end_step(threads, cuts, n_pieces, part, g, sumsq, kind, w, a, b, c, clip_mode, clip, prec,
+             unscale):
+    """The end of a step whose pieces each left a partial gradient in ``part``: sum (in the
+    run's :data:`Precision` ``prec``: rounded, and times ``unscale`` under a loss scale),
+    guard, clip and update (rounding the masters into ``prec.w16``); a loss scale moves after
+    the guard (:func:`scale_after_step`). Returns True when the step was applied, False when
+    it was skipped."""
     block_threads = min(threads, cuts.shape[0] - 1)
-    reduce_region(block_threads, cuts, n_pieces, part, g, sumsq)
+    reduce_region(block_threads, cuts, n_pieces, part, g, sumsq, prec.code, prec.scaled,
+                  unscale)
     total, apply = guard(sumsq, g)
+    if prec.scaled:
+        scale, clean, skips = scale_after_step(prec.scale[0], prec.clean[0], prec.skips[0],
+                                               not apply, prec.growth, prec.backoff,
+                                               prec.interval, prec.dynamic)
+        prec.scale[0], prec.clean[0], prec.skips[0] = scale, clean, skips
     if apply:
-        update_region(block_threads, cuts, kind, w, g, a, b, c, clip_mode, clip, total)
+        update_region(block_threads, cuts, kind, w, g, a, b, c, clip_mode, clip, total,
+                      prec.code, prec.w16)
     return apply
+
+
+def model_precision(w):
+    """The :data:`Precision` of a run in the model's own dtype: nothing rounded, ``w`` read
+    as it is, no loss scale."""
+    return Precision(-1, w, np.ones(1), np.zeros(1, np.int64), np.zeros(1, np.int64), False,
+                     1.0, 1.0, 1, False)

@@ -1,6 +1,6 @@
 """What every schedule of the compiled program does around its kernel call: the run's parameters and
 optimizer state in and out of flat buffers, the epoch's optimizer coefficients and clipping,
-BLAS held to the calling thread, and the epoch's statistics.
+its precision and loss scale, BLAS held to the calling thread, and the epoch's statistics.
 
 Each schedule supplies a layout with ``flatten(arrays) -> flat`` and ``unflatten(flat, arrays)``.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fastlib.kernels import half
 from fastlib.kernels import skeleton as sk
 from fastlib.kernels.batch_loss import CE
 from fastlib.kernels.interpreter import EpochUpdate
@@ -54,6 +55,34 @@ def flat_state(ctx, layout, dtype):
     while len(slots) < 2:
         slots.append(np.zeros(0, dtype))
     return w, slots
+
+
+def epoch_precision(ctx, w):
+    """The epoch's ``skeleton.Precision``: the model's own dtype, or the run's mixed precision
+    (``ctx.scratch["mixed_precision"]``): the masters ``w`` rounded to its format, and its loss
+    scale's running state taken from the run's algorithm state."""
+    mp = ctx.scratch.get("mixed_precision")
+    if mp is None:
+        return sk.model_precision(w)
+    code, w16 = half.CODES[mp.fmt], half.round_float32(w, mp.fmt)
+    scale = mp.scale
+    if scale is None:     # no loss scale: its fields are never read
+        return sk.model_precision(w)._replace(code=code, w16=w16)
+    st = ctx.state
+    return sk.Precision(code, w16, np.array([float(st["loss_scale"])]),
+                        np.array([int(st["loss_scale_clean_steps"])], np.int64),
+                        np.array([int(st["loss_scale_skips"])], np.int64), True,
+                        float(scale.growth_factor), float(scale.backoff_factor),
+                        int(scale.growth_interval), bool(scale.dynamic))
+
+
+def keep_loss_scale(ctx, prec):
+    """The loss scale's running state after the epoch, back into the run's algorithm state
+    (a checkpoint holds it there)."""
+    if prec.scaled:
+        ctx.state.update(loss_scale=float(prec.scale[0]),
+                         loss_scale_clean_steps=int(prec.clean[0]),
+                         loss_scale_skips=int(prec.skips[0]))
 
 
 def epoch_update(ctx, n_batches, dtype):

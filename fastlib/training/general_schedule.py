@@ -3,7 +3,9 @@
 
 It runs every program the MLP schedule (:mod:`fastlib.training.mlp_schedule`) declines:
 recurrent chains, attention, norms, SwiGLU, ``Parallel`` joins, Dense chains on ``(N, T, d)``
-data. The long story: docs/architecture.md, "Training".
+data, in the model's dtype or in mixed precision (16-bit weights, unit outputs, cotangents
+and gradients over float32 masters, rounded where the per-batch path rounds them). The long
+story: docs/architecture.md, "Training".
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from fastlib.kernels import interpreter as ki
 from fastlib.kernels import skeleton as sk
 from fastlib.kernels.recurrent import PIECE
 from fastlib.training import piece_plan
-from fastlib.training.epoch_state import (epoch_inputs, epoch_update, finish_epoch, flat_state,
+from fastlib.training.epoch_state import (epoch_inputs, epoch_precision, epoch_update,
+                                          finish_epoch, flat_state, keep_loss_scale,
                                           single_threaded_blas)
 from fastlib.training.piece_plan import piece_threads
 from fastlib.training.schedules import register_schedule
@@ -33,10 +36,9 @@ _RECURRENT = frozenset((ins.RNN, ins.LSTM))
 
 
 def plan_from_program(ctx, program, x):
-    """The program sized for this run's pieces, with its piece plan; it takes every program
-    of a run in the model's own dtype (a mixed-precision run's rows are not rounded here: the
-    per-batch mixed path trains the models the MLP schedule does not take)."""
-    if ctx.scratch.get("mixed_precision") is not None:
+    """The program sized for this run's pieces, with its piece plan; it takes every program,
+    and in mixed precision every one whose rows say where its units end (``Program.rounds``)."""
+    if ctx.scratch.get("mixed_precision") is not None and program.rounds is None:
         return None
     bs = min(ctx.config.batch_size, x.shape[0])
     steps = program.steps
@@ -84,27 +86,29 @@ def run(ctx, prog, x, y, order):
     piece = prog.max_samples
     plan = ki.EpochPlan(prog.tables, prog.input_slot, prog.output_slot, prog.steps, bs, piece,
                         piece_threads(-(-bs // piece)), LOSS_CODES[ctx.loss_type],
-                        sk.block_cuts(prog.param_size), prog.tokens)
+                        sk.block_cuts(prog.param_size), prog.tokens, prog.rounds)
     part, bufs = _buffers(ctx, prog, bs, plan.cuts)
     state = ki.EpochState(w, slots[0], slots[1], part)
     data = ki.EpochData(features, tokens, classes, values, order)
-    args = (plan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype),
-            *_entries(ctx, prog, bs, plan, data, state, bufs))
+    prec = epoch_precision(ctx, w)
+    args = (plan, data, state, bufs, epoch_update(ctx, -(-n // bs), dtype), prec,
+            *_entries(ctx, prog, bs, plan, data, state, bufs, prec))
     with single_threaded_blas():
         stats = call_typed(ki.epoch, *args)
+    keep_loss_scale(ctx, prec)
     # a sequence output's rows are its positions: the accuracy counts each sample once
     return finish_epoch(ctx, prog, w, slots, stats, n, bs, "general", prog.piece_plan, part,
                         out_steps)
 
 
-def _entries(ctx, prog, bs, plan, data, state, bufs):
+def _entries(ctx, prog, bs, plan, data, state, bufs, prec):
     """The piece kernel's native entry and its row kernels' table, found once per run and
     shape: typing the arguments again took a millisecond, a third of a small epoch (the
     entries' keys still check them)."""
     key = ("general_piece_entry", id(prog), bs)
     if key not in ctx.scratch:
         kernels = ki.row_kernels(plan, bufs)
-        ctx.scratch[key] = (ki.piece_entry(plan, data, state, bufs, kernels), kernels)
+        ctx.scratch[key] = (ki.piece_entry(plan, data, state, bufs, prec, kernels), kernels)
     return ctx.scratch[key]
 
 

@@ -5,11 +5,11 @@ masters the optimizer updates. Each step rounds them and its batch of inputs to 
 (nearest even; the data set is never copied), runs the forward with every layer's output
 rounded, the loss in float32, and the backward on the (scaled) loss cotangent with every input
 cotangent and parameter gradient rounded; the gradients are unscaled in float32, checked,
-clipped and applied to the masters. Layers compute in float32 between those points. A Dense
-MLP's epochs run compiled in the MLP schedule's column epoch, rounding at the same points
-(``TrainingResult.path`` ``"program"``); other models go batch by batch (``"generic"``), as
-does ``fused=False``; ``device="cuda"`` rounds there (``fastlib.cuda.mixed``).
-docs/training.md, section "Mixed precision".
+clipped and applied to the masters. Layers compute in float32 between those points. A model
+the compiled program takes runs its epochs compiled, rounding at the same points
+(``TrainingResult.path`` ``"program"``: the MLP schedule's column epoch or the interpreter);
+``fused=False`` goes batch by batch (``"generic"``); ``device="cuda"`` rounds there
+(``fastlib.cuda.mixed``). docs/training.md, section "Mixed precision".
 """
 from __future__ import annotations
 
@@ -235,8 +235,8 @@ def attach(ctx, algo, mp: MixedPrecision, data_parallel):
         if mp.scale is not None:     # a fresh run's first scale (a resumed one has its own)
             mp.scale.start(ctx.state)
         before = int(ctx.state.get("loss_scale_skips", 0))
-        # bp's own epoch: compiled when a schedule takes the model in mixed precision (the MLP
-        # one), else None
+        # bp's own epoch: compiled when a schedule takes the model in mixed precision, else
+        # None
         stats = algo.run_epoch(ctx, x, y, order)
         if stats is None:
             stats = run_batches(ctx, inner, x, y, order)

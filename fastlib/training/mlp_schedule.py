@@ -14,12 +14,12 @@ import numpy as np
 
 from fastlib.compile_once import call_typed
 from fastlib.kernels import dense_columns as kc
-from fastlib.kernels import half
 from fastlib.kernels import instructions as ins
 from fastlib.kernels.interpreter import EpochData, EpochState
 from fastlib.layers.activations import LEAKY_SLOPE
 from fastlib.training import piece_plan
-from fastlib.training.epoch_state import (epoch_inputs, epoch_update, finish_epoch, flat_state,
+from fastlib.training.epoch_state import (epoch_inputs, epoch_precision, epoch_update,
+                                          finish_epoch, flat_state, keep_loss_scale,
                                           single_threaded_blas)
 from fastlib.training.piece_plan import piece_threads
 from fastlib.training.schedules import ScheduleError, register_schedule
@@ -191,7 +191,7 @@ def run(ctx, plan, x, y, order):
     data = EpochData(np.ascontiguousarray(x), np.zeros((0, 0), np.int64), classes, values,
                      order)
     state = EpochState(w, slots[0], slots[1], np.zeros_like(w))
-    prec = _precision(ctx, w)
+    prec = epoch_precision(ctx, w)
     # one piece too: a multi-threaded BLAS under one piece could use cores the plan leaves
     # idle, and its hand-offs made the small products slower with more threads
     update = epoch_update(ctx, -(-n // bs), dtype)
@@ -203,35 +203,8 @@ def run(ctx, plan, x, y, order):
     args = (cplan, data, state, bufs, update, prec, ctx.scratch[key])
     with single_threaded_blas():
         out = call_typed(kc.epoch, *args)
-    _keep_scale(ctx, prec)
+    keep_loss_scale(ctx, prec)
     return finish_epoch(ctx, plan, w, slots, out, n, bs, "mlp", plan.piece_plan, state.g)
-
-
-def _precision(ctx, w):
-    """The epoch's ``dense_columns.Precision``: the model's own dtype, or the run's mixed
-    precision (``ctx.scratch["mixed_precision"]``): the masters ``w`` rounded to its format,
-    and its loss scale's running state taken from the run's algorithm state."""
-    mp = ctx.scratch.get("mixed_precision")
-    code, w16 = (-1, w) if mp is None else (half.CODES[mp.fmt], half.round_float32(w, mp.fmt))
-    scale = None if mp is None else mp.scale
-    if scale is None:     # no loss scale: its fields are never read
-        return kc.Precision(code, w16, np.ones(1), np.zeros(1, np.int64),
-                            np.zeros(1, np.int64), False, 1.0, 1.0, 1, False)
-    st = ctx.state
-    return kc.Precision(code, w16, np.array([float(st["loss_scale"])]),
-                        np.array([int(st["loss_scale_clean_steps"])], np.int64),
-                        np.array([int(st["loss_scale_skips"])], np.int64), True,
-                        float(scale.growth_factor), float(scale.backoff_factor),
-                        int(scale.growth_interval), bool(scale.dynamic))
-
-
-def _keep_scale(ctx, prec):
-    """The loss scale's running state after the epoch, back into the run's algorithm state
-    (a checkpoint holds it there)."""
-    if prec.scaled:
-        ctx.state.update(loss_scale=float(prec.scale[0]),
-                         loss_scale_clean_steps=int(prec.clean[0]),
-                         loss_scale_skips=int(prec.skips[0]))
 
 
 register_schedule("mlp", plan_from_program, run)

@@ -66,6 +66,12 @@ class Program:
     layout : dict
         ``name -> (block, col0, col1, shape)``: the block that holds the parameter and its
         columns there.
+    rounds : numpy.ndarray or None
+        int64 ``(rows, 2)``: per row, the slot whose values a mixed-precision run rounds after
+        the row's forward (the last row writing a unit's output) and the slot whose cotangent
+        it rounds after the row's backward (the first row reading a unit's input), -1 for
+        none: the units are the model's own children when it is a Sequential, else the model
+        (``fastlib.training.mixed_precision``). None when the rows cannot say it.
     """
 
     def __init__(self, model, dtype, steps, max_samples, d_in, tokens, d_in_seq):
@@ -79,6 +85,7 @@ class Program:
         self.act_size = 0
         self.param_size = 0
         self.layout = {}
+        self._unit_outputs = []
         # the data has a time axis when it is tokens or (N, T, d), not when it is (N, d)
         seq_in = tokens or d_in_seq
         self.input_slot = self._slot(1 if tokens else d_in, steps if seq_in else 1)
@@ -93,6 +100,7 @@ class Program:
         check_program(self.tables, act_size=self.act_size, param_size=self.param_size,
                       samples=max_samples, input_slot=self.input_slot)
         self.scratch = ins.scratch_sizes(self.tables.rows, self.tables.slots, max_samples)
+        self.rounds = self._rounding_rows(self._unit_outputs or [self.output_slot])
 
     def sized_for(self, max_samples):
         """The same model's program with slots for pieces of ``max_samples`` samples (the
@@ -183,6 +191,8 @@ class Program:
         if kind is Sequential:
             for i, child in enumerate(layer.layers):
                 src = self._emit(child, src, f"{prefix}{i}.")
+                if layer is self._args[0]:     # the model's own children: its units
+                    self._unit_outputs.append(src[0])
             return src
         if kind is Parallel:
             return self._parallel(layer, src, prefix)
@@ -255,6 +265,23 @@ class Program:
                             col0=c0)
             c0 += o[1]
         return out
+
+    def _rounding_rows(self, unit_outputs):
+        """:attr:`rounds` for the units whose output slots are ``unit_outputs``, in order."""
+        rows = self.tables.rows
+        rounds = np.full((len(rows), 2), -1, np.int64)
+        for s in unit_outputs:
+            if s == self.input_slot:
+                continue           # a unit without rows: the input is rounded on the way in
+            writers = [k for k in range(len(rows)) if rows[k]["y"] == s]
+            rounds[writers[-1], 0] = s
+            if s == self.output_slot:
+                continue           # the loss cotangent is rounded where it is formed
+            k = next((k for k in range(len(rows)) if s in (rows[k]["x"], rows[k]["x2"])), None)
+            if k is None or rounds[k, 1] not in (-1, s):
+                return None
+            rounds[k, 1] = s
+        return rounds
 
     def _grad_modes(self):
         """Per row and input: write the cotangent, add it (a later reader, in forward order,
