@@ -399,6 +399,17 @@ MUTANTS = (
            "kernels/dense_columns.py",
            "        if not apply:\n            skipped += 1\n            continue\n",
            "        if not apply:\n            skipped += 1\n", ("loss scale", "mixed MLP")),
+    # -- and in the interpreter, whose steps end in the skeleton (fastlib/kernels/skeleton.py) --
+    Mutant("interpreter-loss-scale-not-undone", "the interpreter's step end in mixed "
+           "precision leaves the loss scale on the summed gradient (rounded, never multiplied "
+           "by the reciprocal)", "kernels/skeleton.py",
+           "        half.round_scale_in_place(code, dst, unscale)",
+           "        half.round_in_place(code, dst)", ("loss scale", "mixed MLP")),
+    Mutant("interpreter-skipped-step-not-skipped", "the interpreter's step end counts a step "
+           "with an inf/NaN gradient as skipped (and the loss scale backs off) but still "
+           "applies it", "kernels/skeleton.py",
+           "    if apply:\n        update_region(", "    if True:\n        update_region(",
+           ("loss scale", "mixed MLP")),
 )
 
 

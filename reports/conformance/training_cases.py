@@ -40,8 +40,10 @@ class EpochCase:
     clipping is active and the threshold is a number both dtypes hold exactly. ``path`` is
     ``"fused"`` (must take the whole-epoch fused path), ``"pieces"`` (the same, cut into
     ``pieces`` pieces, default :data:`PIECES_PATH_PLAN`, whatever the size), ``"compiled"``
-    (must take a whole-epoch compiled path: the attention models'), ``"generic"``
-    (``fused=False``: the per-batch loop) or ``"cuda"`` (``device="cuda"``: fastlib-cuda).
+    (must take a whole-epoch compiled path: the attention models'), ``"general"`` (must take
+    the general schedule, the other schedules set aside: an MLP in the interpreter),
+    ``"generic"`` (``fused=False``: the per-batch loop) or ``"cuda"`` (``device="cuda"``:
+    fastlib-cuda).
     """
 
     config: dict
@@ -619,9 +621,10 @@ def _row_peak(config, seed, x, y, loss):
 
 
 @st.composite
-def mixed_cases(draw, fmt, paths=("generic", "fused", "pieces")):
+def mixed_cases(draw, fmt, paths=("generic", "fused", "pieces", "general")):
     """A Dense MLP trained in mixed ``fmt`` for two epochs, on one of ``paths``: the per-batch
-    path, the compiled MLP epoch (whole, or cut into pieces) or the device (``"cuda"``).
+    path, the compiled MLP epoch (whole, or cut into pieces), the interpreter (the general
+    schedule) or the device (``"cuda"``).
     float16 runs under a dynamic loss scale 8
     to 16 times below the overflow of every batch's backward at the start (so no step sits
     near it; ``loss_scale_cases`` crosses it on purpose)."""
@@ -646,13 +649,13 @@ def mixed_cases(draw, fmt, paths=("generic", "fused", "pieces")):
                      **_options(draw, n))
 
 
-def loss_scale_cases(paths=("generic", "fused")):
+def loss_scale_cases(paths=("generic", "fused", "general")):
     """float16 runs whose loss scale starts 2**3.5 times above the overflow of the backward:
     four skipped steps (the scale halved each time), then a growth every two clean steps that
     overflows again, so skips, backoffs and growths alternate, each step a factor sqrt(2)
     clear of the threshold; one batch per epoch, so a skipped step repeats the same batch.
-    Each runs on every one of ``paths`` (default: the per-batch path and the compiled MLP
-    epoch; ``("cuda",)``: the device)."""
+    Each runs on every one of ``paths`` (default: the per-batch path, the compiled MLP epoch
+    and the interpreter; ``("cuda",)``: the device)."""
     import fastlib
     from reports.conformance.mixed_training import scaled_peak
 

@@ -560,6 +560,20 @@ def _plan(case):
 
 def _train(case, model, x, y, clip):
     import fastlib
+    from fastlib import config
+
+    # the "general" path: the general schedule alone (fastlib.config.SCHEDULES)
+    before = config.SCHEDULES
+    if case.path == "general":
+        config.SCHEDULES = ("general",)
+    try:
+        return _train_call(case, model, x, y, clip)
+    finally:
+        config.SCHEDULES = before
+
+
+def _train_call(case, model, x, y, clip):
+    import fastlib
 
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -661,6 +675,8 @@ def check_epochs(case: EpochCase):
         result.fail(f"fastlib.train did not take a whole-epoch compiled path ({case.label})")
     if case.path == "generic" and run.fused:
         result.fail("fastlib.train(fused=False) took the fused path")
+    if case.path == "general" and run.schedule != "general":
+        result.fail(f"fastlib.train ran schedule {run.schedule!r}, not the general one")
     if rec is not None:
         _check_order(result, case, ref, rec.batches, bs)
     _check_precision(result, case, ref, run)
