@@ -1,15 +1,15 @@
 """Mixed precision in the interpreter: every compiled model trains in bfloat16 and float16.
 
 Independent source: the per-batch mixed path (``fused=False``: the layers' own forward and
-backward, each unit's output, input cotangent and parameter gradient rounded by NumPy through
-``ml_dtypes``-exact rounding; ``tests/test_mixed_precision.py`` watches its rounding points, and
-the conformance 16-bit ``train`` rows hold it, and the general schedule, to exact
-trajectories). A Dense MLP run in the general schedule at one piece computes the very
-products of the per-batch path, so the two agree bit for bit. Sequence models lay their rows
-out time-major and cut batches into pieces, so their float32 sums run in another order; a sum
-that lands on the other side of a 16-bit rounding moves one value by one 16-bit unit. They are
-held to be far nearer the per-batch run than the nearest wrong run, the one that rounds
-nothing (float32 throughout): a rounding point missed or added moves a run that far.
+backward, each unit's output, input cotangent and parameter gradient rounded through NumPy;
+``tests/test_mixed_precision.py`` watches its rounding points and holds a Dense MLP in the
+general schedule to it bit for bit). Sequence models lay their rows out time-major and cut
+batches into pieces, so their float32 sums run in another order, and a sum on the other side
+of a 16-bit rounding moves one value by one 16-bit unit. They train with SGD, whose step the
+two paths take alike (Adam's is computed in another order: an ulp of a master can flip the
+master's 16-bit rounding, and Adam's normalised step makes that 1% of a step) and are held to
+be far nearer the per-batch run than the nearest wrong run, the one that rounds nothing
+(float32 throughout): a rounding point missed or added moves a run that far.
 """
 from __future__ import annotations
 
@@ -17,58 +17,14 @@ import numpy as np
 import pytest
 
 import fastlib
-from fastlib import config
 from fastlib.layers import (LSTM, RNN, Dense, Embedding, LayerNorm, MultiHeadAttention,
                             Parallel, RMSNorm, Sequential, SwiGLU)
 
 
-def _run(model, x, y, loss, general=False, **kw):
-    before = config.SCHEDULES
-    if general:
-        config.SCHEDULES = ("general",)
-    try:
-        return fastlib.train(model, x, y, kw.pop("epochs", 3), kw.pop("batch_size", 8),
-                             kw.pop("lr", 1e-2), loss, optimizer=kw.pop("optimizer", "Adam"),
-                             seed=0, verbose=False, divergence=False, **kw)
-    finally:
-        config.SCHEDULES = before
-
-
-def _mlp():
-    return Sequential([Dense(4, 6, "relu"), Dense(6, 5, "sigmoid"), Dense(5, 3)],
-                      dtype=np.float32, seed=0)
-
-
-def _data(n=14, seed=4):
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((n, 4)).astype(np.float32), rng.integers(0, 3, n)
-
-
-@pytest.mark.parametrize("fmt, loss_scale", [("bfloat16", None), ("float16", None),
-                                             ("float16", {"init_scale": 2.0 ** 30}),
-                                             ("bfloat16", 8.0)])
-def test_an_mlp_in_the_general_schedule_is_the_per_batch_mixed_path_bit_for_bit(fmt,
-                                                                                 loss_scale):
-    # 2**30 makes the first steps overflow float16 (skipped, the scale halved each time)
-    x, y = _data()
-    runs = []
-    for general in (True, False):
-        model = _mlp()
-        r = _run(model, x, y, "cross_entropy", general, fused=general, dtype=fmt,
-                 loss_scale=loss_scale, batch_size=4, optimizer="SGD", lr=0.3,
-                 gradient_clip=0.5, clip_mode="norm")
-        runs.append((model.parameters(), r))
-    (pa, ra), (pb, rb) = runs
-    assert (ra.path, ra.schedule, rb.path) == ("program", "general", "generic")
-    assert ra.piece_plan["pieces"] == 1
-    # the loss is summed in float64 by the kernel, in float32 per batch: float32's roundoff
-    assert ra.loss_history == pytest.approx(rb.loss_history, rel=4 * 2.0 ** -24)
-    assert (ra.skipped_steps, ra.loss_scale, ra.loss_scale_skips) == \
-        (rb.skipped_steps, rb.loss_scale, rb.loss_scale_skips)
-    if loss_scale == {"init_scale": 2.0 ** 30}:
-        assert ra.loss_scale_skips > 0
-    for k in pa:
-        assert np.array_equal(pa[k].view(np.uint32), pb[k].view(np.uint32)), k
+def _run(model, x, y, loss, **kw):
+    return fastlib.train(model, x, y, kw.pop("epochs", 3), kw.pop("batch_size", 8),
+                         kw.pop("lr", 1e-2), loss, optimizer=kw.pop("optimizer", "Adam"),
+                         seed=0, verbose=False, divergence=False, **kw)
 
 
 def _tokens_lstm_attention():
@@ -77,9 +33,11 @@ def _tokens_lstm_attention():
 
 
 def _residual_swiglu():
-    """A unit that is a Parallel (add) of a Dense and a nested Sequential, then a recurrent
-    unit with every state, then a Dense head: units of several rows, a join, a residual."""
-    return Sequential([Parallel([Dense(6, 6, "tanh"), Sequential([RMSNorm(6), SwiGLU(6, 8, 6)])],
+    """A Dense unit; a unit that is a Parallel (add) of a Dense and a nested Sequential, whose
+    input (the first unit's output) two rows read; a recurrent unit with every state; a Dense
+    head: units of several rows, a join, an input cotangent summed from two readers."""
+    return Sequential([Dense(6, 6, "tanh"),
+                       Parallel([Dense(6, 6, "tanh"), Sequential([RMSNorm(6), SwiGLU(6, 8, 6)])],
                                 "add"), RNN(6, 6, True), Dense(6, 6)],
                       dtype=np.float32, seed=3)
 
@@ -118,10 +76,10 @@ def test_sequence_models_train_compiled_in_16_bits_as_the_per_batch_path_does(
         fmt, loss_scale, make, kind, pieces):
     x, y, loss = _sequence_data(kind)
     per_batch, compiled, plain = make(), make(), make()
-    kw = dict(dtype=fmt, loss_scale=loss_scale)
+    kw = dict(dtype=fmt, loss_scale=loss_scale, optimizer="SGD", lr=0.1)
     rb = _run(per_batch, x, y, loss, fused=False, **kw)
     ra = _run(compiled, x, y, loss, **kw, **({} if pieces is None else {"pieces": pieces}))
-    _run(plain, x, y, loss)                      # float32 throughout: nothing rounded
+    _run(plain, x, y, loss, optimizer="SGD", lr=0.1)    # float32 throughout: nothing rounded
     assert (ra.path, ra.schedule, ra.precision) == ("program", "general", fmt)
     assert rb.path == "generic"
     assert (ra.skipped_steps, ra.loss_scale, ra.loss_scale_skips) == \
@@ -133,19 +91,21 @@ def test_sequence_models_train_compiled_in_16_bits_as_the_per_batch_path_does(
 
 
 def test_a_program_says_where_its_units_end():
-    # units: Parallel (rows 0-3: Dense, RMSNorm, SwiGLU, Add), RNN (row 4), Dense (row 5)
+    # units: Dense (row 0), Parallel (rows 1-4: Dense, RMSNorm, SwiGLU, Add), RNN (row 5),
+    # Dense (row 6)
+    from fastlib.kernels import instructions as ins
     from fastlib.training.program import Program
 
     prog = Program(_residual_swiglu(), np.dtype(np.float32), 5, 4, 6, False, True)
     rows, rounds = prog.tables.rows, prog.rounds
-    ops = [int(r["op"]) for r in rows]
-    assert len(ops) == 6
+    assert [int(r["op"]) for r in rows] == [ins.DENSE, ins.DENSE, ins.RMS_NORM, ins.SWIGLU,
+                                            ins.ADD, ins.RNN, ins.DENSE]
+    y = [int(r["y"]) for r in rows]
     # forward: the last row writing each unit's output; backward: the first row reading a
-    # unit's input (the Parallel's input is the model's: its cotangent is not computed)
-    assert [int(s) for s in rounds[:, 0]] == [-1, -1, -1, int(rows[3]["y"]), int(rows[4]["y"]),
-                                              int(rows[5]["y"])]
-    assert [int(s) for s in rounds[:, 1]] == [-1, -1, -1, -1, int(rows[4]["x"]),
-                                              int(rows[5]["x"])]
+    # unit's input (rows 1 and 2 read the Parallel's: row 1, whose backward comes last; the
+    # first unit's input is the model's, whose cotangent is not computed)
+    assert [int(s) for s in rounds[:, 0]] == [y[0], -1, -1, -1, y[4], y[5], y[6]]
+    assert [int(s) for s in rounds[:, 1]] == [-1, y[0], -1, -1, -1, y[4], y[5]]
 
 
 def test_a_resumed_run_continues_the_loss_scale_bit_for_bit(tmp_path):

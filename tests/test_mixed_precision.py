@@ -161,10 +161,16 @@ def _deep_mlp(seed=0):
                                              ("float16", {"init_scale": 2.0 ** 30}),
                                              ("bfloat16", 8.0)])
 @pytest.mark.parametrize("make", [_mlp, _deep_mlp], ids=["two layers", "three layers"])
-def test_the_compiled_mlp_epoch_is_the_per_batch_mixed_path_bit_for_bit(fmt, loss_scale, make):
+@pytest.mark.parametrize("schedule", ["mlp", "general"])
+def test_the_compiled_mlp_epoch_is_the_per_batch_mixed_path_bit_for_bit(fmt, loss_scale, make,
+                                                                        schedule, monkeypatch):
     # the per-batch path rounds layer by layer (the first test watches it); the compiled
-    # epoch must round at the same points, unscale, skip and grow the scale the same way.
+    # epoch must round at the same points, unscale, skip and grow the scale the same way:
+    # the MLP schedule's column epoch, and the interpreter (the general schedule alone), whose
+    # one piece computes the very products of the per-batch path.
     # 2**30 makes the first steps overflow float16 (skipped, the scale halved each time)
+    if schedule == "general":
+        monkeypatch.setattr(fastlib.config, "SCHEDULES", ("general",))
     x, y = _data(14, seed=4)
     runs = []
     for fused in (True, False):
@@ -173,7 +179,8 @@ def test_the_compiled_mlp_epoch_is_the_per_batch_mixed_path_bit_for_bit(fmt, los
                  fused=fused, gradient_clip=0.5, clip_mode="norm", lr=0.3)
         runs.append((model.parameters(), r))
     (pa, ra), (pb, rb) = runs
-    assert (ra.path, rb.path) == ("program", "generic")
+    assert (ra.path, ra.schedule, rb.path) == ("program", schedule, "generic")
+    assert ra.piece_plan["pieces"] == 1
     # the reported loss is summed in float64 by the kernel, in float32 per batch: float32's
     # roundoff over a batch of 4 (the gradients, which carry the run, are compared exactly)
     assert ra.loss_history == pytest.approx(rb.loss_history, rel=4 * 2.0 ** -24)

@@ -392,13 +392,7 @@ def epoch(plan, data, state, bufs, update, prec, work):
             return loss_sum, correct_sum, skipped, updates, batch, loss
         loss_sum += loss * nb
         correct_sum += correct
-        if prec.code >= 0:  # the loss cotangent, scaled, in the format
-            if prec.scaled:
-                factor = dz.dtype.type(prec.scale[0])
-                for i in range(nb):
-                    for j in range(c_out):
-                        dz[i, j] = dz[i, j] * factor
-            half.round_in_place(prec.code, bufs.dz[:nb * c_out])
+        sk.loss_cotangent_in_format(prec, bufs.dz[:nb * c_out])
         for layer in range(last - last % 2, -1, -2):
             if layer + 1 < n_layers:
                 _join_backward(plan, layer + 1, nb, n_pieces, state.g, bufs, prec.code)

@@ -296,14 +296,7 @@ def _piece(p, start, nb, n_mean, plan, data, state, bufs, prec, kernels):
         slot_view(gact, out, n), n_mean)
     if not math.isfinite(bufs.totals[p]):
         return                          # the epoch stops at this batch; no gradient needed
-    if code >= 0:       # the loss cotangent, scaled, in the format
-        if prec.scaled:
-            dz = slot_view(gact, out, n)
-            factor = dz.dtype.type(prec.scale[0])
-            for i in range(dz.shape[0]):
-                for j in range(dz.shape[1]):
-                    dz[i, j] = dz[i, j] * factor
-        _round_slot(code, gact, out, n)
+    sk.loss_cotangent_in_format(prec, gact[out.offset:out.offset + n * out.steps * out.width])
     for k in range(rows.shape[0] - 1, -1, -1):
         _backward_row(rows[k], slots, blocks, n, w, act, gact, tok, bufs.part[p],
                       bufs.acc[p], bufs.tmp[p], bufs.sc[p], kernels)

@@ -189,6 +189,21 @@ def end_step(threads, cuts, n_pieces, part, g, sumsq, kind, w, a, b, c, clip_mod
     return apply
 
 
+@njit(cache=True, error_model="numpy")
+def loss_cotangent_in_format(prec, dz):
+    """The loss cotangent ``dz`` (1-D contiguous) as a mixed run's backward starts from it, in
+    place: times the loss scale (when ``prec.scaled``), then rounded to the format (nothing
+    when ``prec.code`` is -1). Scaling first is the point: it lifts small cotangents out of
+    float16's subnormals before the rounding."""
+    if prec.code < 0:
+        return
+    if prec.scaled:
+        factor = dz.dtype.type(prec.scale[0])
+        for i in range(dz.shape[0]):
+            dz[i] = dz[i] * factor
+    half.round_in_place(prec.code, dz)
+
+
 def model_precision(w):
     """The :data:`Precision` of a run in the model's own dtype: nothing rounded, ``w`` read
     as it is, no loss scale."""
