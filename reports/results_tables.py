@@ -200,23 +200,28 @@ def bench_train(doc):
 
 
 def bench_precision(doc):
-    """``verigrad bench train --dtypes --json``: per precision, s/epoch, test accuracy and the
-    bytes of parameters and activations, each against float32."""
+    """``verigrad bench train --dtypes --json``: per precision, s/epoch, test loss and accuracy
+    (``-`` for a regression loss) and the bytes of parameters and activations, each against
+    float32."""
     data = doc["data"]
     rows = []
     for r in data["results"]:
-        acc = ", ".join(f"{100 * a:.2f}" for a in r["test_accuracies"])
+        accs = r.get("test_accuracies")
         rows.append([r["case"], r["path"], _num(r["s_per_epoch"], 3),
-                     _num(r.get("time_over_float32"), 3), f"{100 * r['test_accuracy']:.2f}",
-                     acc, _num(None if r.get("accuracy_minus_float32") is None
-                               else 100 * r["accuracy_minus_float32"], 2),
+                     _num(r.get("time_over_float32"), 3),
+                     _num(r.get("test_loss"), 4), _num(r.get("test_loss_over_float32"), 4),
+                     "-" if r["test_accuracy"] is None else f"{100 * r['test_accuracy']:.2f}",
+                     "-" if not accs else ", ".join(f"{100 * a:.2f}" for a in accs),
+                     _num(None if r.get("accuracy_minus_float32") is None
+                          else 100 * r["accuracy_minus_float32"], 2),
                      _num((r["parameter_bytes"] + r["activation_bytes"]) / 1024, 3),
                      _num(r.get("bytes_over_float32"), 3),
                      _num(None if r.get("traced_peak_bytes") is None
                           else r["traced_peak_bytes"] / 1024, 4)])
-    header = ["case", "path", "s/epoch", "/ float32", "test acc %", "per seed",
-              "- float32 (points)", "param+act KiB", "/ float32", "traced peak KiB"]
-    return _table(header, rows) + _provenance(doc)
+    header = ["case", "path", "s/epoch", "/ float32", "test loss", "/ float32", "test acc %",
+              "per seed", "- float32 (points)", "param+act KiB", "/ float32",
+              "traced peak KiB"]
+    return f"{data['model']}.\n\n" + _table(header, rows) + _provenance(doc)
 
 
 def peers_summary(doc):

@@ -9,7 +9,11 @@ from reports.cli import main
 
 @pytest.mark.parametrize("argv, message", [
     (["bench", "train", "--dtypes", "bfloat61"], "did you mean 'bfloat16'"),
-    (["bench", "train", "--dtypes", "float16", "--model", "lstm"], "drop --model"),
+    (["bench", "train", "--dtypes", "float16", "--batch-sizes", "64"], "drop --batch-sizes"),
+    (["bench", "train", "--dtypes", "float16", "--max-steps", "9"], "drop --max-steps"),
+    (["bench", "train", "--dtypes", "float16", "--samples", "9"], "drop --samples (the digits"),
+    (["bench", "train", "--dtypes", "float16", "--model", "lstm", "--batch-sizes", "8"],
+     "drop --batch-sizes"),
     (["bench", "train", "--dtypes", "float16", "--engines", "torch"], "drop --engines"),
     (["bench", "train", "--dtypes", "float16", "--threads", "1,2"],
      "drop --threads with several counts"),
@@ -81,3 +85,52 @@ def test_a_small_run_reports_every_format_and_counts_its_bytes(tmp_path, monkeyp
     table = bench_precision({"data": report, "command": "verigrad bench train --dtypes",
                              "date": "now", "machine": {}})
     assert "| float16 | program |" in table
+
+
+def test_a_sequence_model_is_measured_in_every_format_and_its_bytes_counted(tmp_path,
+                                                                              monkeypatch):
+    """``--model lstm``: the benchmark's LSTM on its generated sequences, every format on the
+    compiled program; its bytes counted by hand from the layers' sizes."""
+    from reports.bench import precision
+
+    monkeypatch.setattr(precision, "SEQUENCE_EPOCHS", 2)
+    out = tmp_path / "lstm.json"
+    assert main(["bench", "train", "--dtypes", "float32", "bfloat16", "float16", "--model",
+                 "lstm", "--samples", "40", "--repeats", "1", "--no-progress", "--json",
+                 str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["model"].startswith("LSTM(32 -> 128")
+    assert report["settings"]["samples"] == 40 and report["settings"]["test_samples"] == 8
+    rows = {r["case"]: r for r in report["results"]}
+    assert {r["path"] for r in rows.values()} == {"program"}
+    # LSTM(32 -> 128): four gates' input and recurrent weights and one bias each; Dense 128->10
+    params = 4 * 128 * (32 + 128) + 4 * 128 + 128 * 10 + 10
+    acts = 32 * (128 + 10)          # the last state and the logits, 32 sequences
+    assert rows["float32"]["parameter_bytes"] == 4 * params
+    assert rows["float32"]["activation_bytes"] == 4 * acts
+    for fmt in ("bfloat16", "float16"):
+        assert rows[fmt]["parameter_bytes"] == (2 + 4) * params
+        assert rows[fmt]["activation_bytes"] == 2 * acts
+        assert np.isfinite(rows[fmt]["test_loss"]) and 0.0 <= rows[fmt]["test_accuracy"] <= 1.0
+
+
+def test_a_regression_model_reports_its_loss_and_no_accuracy(tmp_path, monkeypatch, capsys):
+    from reports.bench import precision
+    from reports.results_tables import bench_precision
+
+    monkeypatch.setattr(precision, "SEQUENCE_EPOCHS", 2)
+    out = tmp_path / "att.json"
+    assert main(["bench", "train", "--dtypes", "float32", "bfloat16", "--model", "attention",
+                 "--samples", "10", "--repeats", "1", "--no-progress", "--json",
+                 str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = {r["case"]: r for r in report["results"]}
+    assert rows["bfloat16"]["test_accuracy"] is None               # mse: no accuracy
+    assert rows["bfloat16"]["accuracy_minus_float32"] is None
+    assert np.isclose(rows["bfloat16"]["test_loss_over_float32"],
+                      rows["bfloat16"]["test_loss"] / rows["float32"]["test_loss"])
+    # every layer's output: 32 sequences of 64 positions of width 64, three layers
+    assert rows["float32"]["activation_bytes"] == 4 * 3 * 32 * 64 * 64
+    table = bench_precision({"data": report, "command": "verigrad bench train --dtypes",
+                             "date": "now", "machine": {}})
+    assert "| bfloat16 | program |" in table and report["model"] in table

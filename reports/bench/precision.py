@@ -1,12 +1,14 @@
-"""`verigrad bench train --dtypes`: the digits MLP trained in each precision, measured.
+"""`verigrad bench train --dtypes`: one model trained in each precision, measured.
 
-Per format: seconds per epoch (the median over every epoch but each run's first; the formats'
-runs interleaved), the test accuracy after training (one run per seed, ``--repeats`` seeds),
-the bytes the format needs for the parameters and the activations between layers (float32
-masters included for a 16-bit run), and the peak of NumPy's allocations over one steady-state
-epoch as ``tracemalloc`` traces it (what fastlib holds: its compiled epoch keeps 16-bit values
-in float32 storage). Every format runs on the compiled program (the MLP schedule), so the ratios
-are the cost of the format alone; ``--device cuda`` trains each on the device instead.
+The digits MLP (``verigrad train``'s), or with ``--model lstm|attention|transformer`` that
+benchmark model on its generated data (a fifth more held out for the test). Per format: seconds
+per epoch (median over every epoch but each run's first; the formats' runs interleaved), the
+test loss and accuracy after training (one run per seed), the bytes the format needs for the
+parameters and the activations between the model's layers (float32 masters included for a
+16-bit run), and the peak of NumPy's allocations over one steady-state epoch (``tracemalloc``:
+what fastlib holds; its compiled epochs keep 16-bit values in float32 storage). Every format
+runs on the compiled program, so the ratios are the cost of the format alone; ``--device cuda``
+trains each on the device instead.
 """
 from __future__ import annotations
 
@@ -15,15 +17,31 @@ import os
 import statistics
 import time
 import tracemalloc
+import types
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["run", "DEFAULTS", "case_names"]
+__all__ = ["run", "DEFAULTS", "SEQUENCE_EPOCHS", "case_names"]
 
 #: ``verigrad train``'s defaults on the digits (64-128-10 ReLU MLP, Adam, batches of 32)
 DEFAULTS = {"hidden": 128, "epochs": 20, "batch_size": 32, "lr": 1e-3, "optimizer": "Adam",
             "repeats": 3}
+#: epochs per run for a sequence model (its epoch is a hundred digits epochs)
+SEQUENCE_EPOCHS = 4
 _WIDTH = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class Subject(NamedTuple):
+    """What the runs train: ``build(dtype, seed)`` makes the model, trained on ``train`` and
+    tested on ``test`` (each ``(x, y)``) with ``loss`` for ``epochs`` epochs."""
+    description: str
+    data: str
+    build: object
+    loss: str
+    train: tuple
+    test: tuple
+    epochs: int
 
 
 def case_names(dtypes):
@@ -31,7 +49,30 @@ def case_names(dtypes):
     return [(d, d, True) for d in dtypes]
 
 
-def _model(dtype, seed):
+def subject(model_name=None, samples=None):
+    """The digits MLP (``model_name`` None or ``"mlp"``), else the benchmark model of that name
+    with ``samples`` training sequences (its default when None)."""
+    if model_name in (None, "mlp"):
+        from fastlib import datasets
+
+        split = datasets.load_digits(None)
+        return Subject(f"digits MLP 64-{DEFAULTS['hidden']}-10 relu", "digits", _digits_mlp,
+                       "cross_entropy", (split.x_train, split.y_train),
+                       (split.x_test, split.y_test), DEFAULTS["epochs"])
+    from reports.bench.models import load
+
+    module = load(model_name)
+    n = samples or module.SAMPLES
+    x, y, source = module.data(types.SimpleNamespace(samples=n + max(n // 5, 1), data_dir=None))
+
+    def build(dtype, seed):
+        return module.build(seed, dtype=np.float64 if dtype == "float64" else np.float32)
+
+    return Subject(module.DESCRIPTION, source, build, module.LOSS, (x[:n], y[:n]),
+                   (x[n:], y[n:]), SEQUENCE_EPOCHS)
+
+
+def _digits_mlp(dtype, seed):
     import fastlib
 
     model_dtype = np.float64 if dtype == "float64" else np.float32
@@ -40,44 +81,60 @@ def _model(dtype, seed):
                                      dtype=model_dtype, seed=seed)
 
 
-def _train(model, x, y, dtype, fused, epochs, seed, device="cpu", callbacks=None):
+def _train(model, subj, dtype, fused, epochs, seed, device="cpu", callbacks=None):
     import fastlib
 
     precision = dtype if dtype in ("bfloat16", "float16") else None
+    x, y = subj.train
     return fastlib.train(model, x, y, epochs, DEFAULTS["batch_size"], DEFAULTS["lr"],
-                         "cross_entropy", optimizer=DEFAULTS["optimizer"], seed=seed,
+                         subj.loss, optimizer=DEFAULTS["optimizer"], seed=seed,
                          verbose=False, dtype=precision, fused=fused, device=device,
                          callbacks=callbacks)
 
 
-def _accuracy(model, x, y, dtype):
+def _outputs(model, shape):
+    """The shape of each of ``model``'s layers' outputs (a Sequential's own layers; else the
+    model's output) for an input of ``shape``."""
+    layers = getattr(model, "layers", None) or [model]
+    shapes = []
+    for layer in layers:
+        shape = layer.infer_shape(shape)
+        shapes.append(shape)
+    return shapes
+
+
+def _evaluate(model, subj, dtype):
+    """(test loss, test accuracy or None) of the trained ``model``, in the run's format."""
     from fastlib import losses
     from fastlib.training import algorithms, mixed_precision
 
+    x, y = subj.test
     # the targets as the loss reads them unchecked (train normalises its own once)
-    y = losses.validate_targets("cross_entropy", np.zeros((len(y), 10), np.float32), y)
+    out = _outputs(model, x.shape)[-1]
+    y = losses.validate_targets(subj.loss, np.zeros(out, np.float32), y)
     if dtype in ("bfloat16", "float16"):
-        return mixed_precision.evaluate(model, x, y, "cross_entropy", dtype)[1]
-    return algorithms.evaluate_model(model, x.astype(model.dtype), y, "cross_entropy")[1]
+        return mixed_precision.evaluate(model, x, y, subj.loss, dtype)
+    if x.dtype.kind == "f":
+        x = x.astype(model.dtype)
+    return algorithms.evaluate_model(model, x, y, subj.loss)
 
 
-def _stored_bytes(model, dtype, batch):
+def _stored_bytes(model, dtype, batch, sample_shape):
     """(parameter bytes, activation bytes per batch) the format needs: the parameters in the
     format (plus float32 masters for a 16-bit run), every layer's output at ``batch`` rows."""
     params = sum(v.size for v in model.parameters().values())
-    acts = batch * sum(layer.out_width(None) for layer in model.layers)
+    acts = sum(int(np.prod(s)) for s in _outputs(model, (batch,) + tuple(sample_shape)))
     width = _WIDTH[dtype]
     masters = 4 * params if dtype in ("bfloat16", "float16") else 0
     return width * params + masters, width * acts
 
 
-def _traced_peak(x, y, dtype, fused):
+def _traced_peak(subj, dtype, fused):
     """Peak bytes of NumPy's allocations (``tracemalloc``) over one epoch of a run in its steady
     state: from the end of its first epoch to the end of its second (what the run holds, its
     optimizer state and masters included, plus the epoch's own allocations); the run's set-up
     (its divergence probe on a few hundred rows) is not an epoch's cost."""
-    model = _model(dtype, 0)
-    _train(model, x, y, dtype, fused, 1, 0)      # compiled and warmed, outside the trace
+    _train(subj.build(dtype, 0), subj, dtype, fused, 1, 0)   # compiled and warmed, untraced
     peaks = []
 
     def mark(epoch, logs):
@@ -87,38 +144,42 @@ def _traced_peak(x, y, dtype, fused):
 
     tracemalloc.start()
     try:
-        _train(_model(dtype, 1), x, y, dtype, fused, 2, 1, callbacks=[mark])
+        _train(subj.build(dtype, 1), subj, dtype, fused, 2, 1, callbacks=[mark])
         return peaks[-1]
     finally:
         tracemalloc.stop()
 
 
-def _measure(cases, data, repeats, progress, device="cpu", epochs=None):
+def _measure(cases, subj, repeats, progress, device="cpu"):
     """One row per case. The runs are interleaved, seed by seed, every case in turn, so that a
     change in the machine's speed during the benchmark falls on every case alike. On
     ``device="cuda"`` no traced peak (the device's memory is not NumPy's): None."""
-    epochs = epochs or DEFAULTS["epochs"]
-    x, y, x_test, y_test = data
-    runs = {label: {"seconds": [], "accuracy": [], "path": None} for label, _, _ in cases}
+    runs = {label: {"seconds": [], "loss": [], "accuracy": [], "path": None}
+            for label, _, _ in cases}
     for seed in range(repeats):
         for label, dtype, fused in cases:
             progress(f"{label} seed {seed}")
-            model = _model(dtype, seed)
-            result = _train(model, x, y, dtype, fused, epochs, seed, device)
+            model = subj.build(dtype, seed)
+            result = _train(model, subj, dtype, fused, subj.epochs, seed, device)
             run = runs[label]
             run["seconds"] += list(result.epoch_times[1:])   # each run's first epoch compiles
-            run["accuracy"].append(_accuracy(model, x_test, y_test, dtype))
+            loss, accuracy = _evaluate(model, subj, dtype)
+            run["loss"].append(float(loss))
+            run["accuracy"].append(accuracy)
             run["path"] = result.path
     rows = []
     for label, dtype, fused in cases:
         run = runs[label]
-        params, acts = _stored_bytes(_model(dtype, 0), dtype, DEFAULTS["batch_size"])
+        params, acts = _stored_bytes(subj.build(dtype, 0), dtype, DEFAULTS["batch_size"],
+                                     subj.train[0].shape[1:])
+        scored = None not in run["accuracy"]
         rows.append({"case": label, "dtype": dtype, "path": run["path"],
                      "s_per_epoch": statistics.median(run["seconds"]),
-                     "test_accuracy": statistics.fmean(run["accuracy"]),
-                     "test_accuracies": run["accuracy"], "parameter_bytes": params,
-                     "activation_bytes": acts,
-                     "traced_peak_bytes": (_traced_peak(x, y, dtype, fused)
+                     "test_loss": statistics.fmean(run["loss"]), "test_losses": run["loss"],
+                     "test_accuracy": statistics.fmean(run["accuracy"]) if scored else None,
+                     "test_accuracies": run["accuracy"] if scored else None,
+                     "parameter_bytes": params, "activation_bytes": acts,
+                     "traced_peak_bytes": (_traced_peak(subj, dtype, fused)
                                            if device == "cpu" else None)})
     return rows
 
@@ -131,29 +192,32 @@ def _loadavg():
 
 
 def run(args, dtypes) -> int:
-    """Measure every format of ``dtypes`` on the digits; print the table (and ``--json``)."""
-    from fastlib import datasets
+    """Measure every format of ``dtypes`` on the digits MLP (or ``--model``'s benchmark model);
+    print the table (and ``--json``)."""
     from reports.bench import environment
     from reports.commands.arguments import progress_enabled
     from reports.commands.progress import ProgressLine
 
     repeats = args.repeats or DEFAULTS["repeats"]
-    split = datasets.load_digits(None)
-    data = (split.x_train, split.y_train, split.x_test, split.y_test)
+    subj = subject(getattr(args, "model", None), getattr(args, "samples", None))
     line = ProgressLine(enabled=progress_enabled(args))
     load_start = _loadavg()
     start = time.perf_counter()
-    rows = _measure(case_names(dtypes), data, repeats, line.update, args.device)
+    rows = _measure(case_names(dtypes), subj, repeats, line.update, args.device)
     line.finish("")
     base = next((r for r in rows if r["case"] == "float32"), None)
     for r in rows:
         if base is not None:
             r["time_over_float32"] = r["s_per_epoch"] / base["s_per_epoch"]
-            r["accuracy_minus_float32"] = r["test_accuracy"] - base["test_accuracy"]
+            r["test_loss_over_float32"] = r["test_loss"] / base["test_loss"]
+            r["accuracy_minus_float32"] = (None if r["test_accuracy"] is None
+                                           else r["test_accuracy"] - base["test_accuracy"])
             r["bytes_over_float32"] = ((r["parameter_bytes"] + r["activation_bytes"])
                                        / (base["parameter_bytes"] + base["activation_bytes"]))
-    report = {"model": f"digits MLP 64-{DEFAULTS['hidden']}-10 relu", "data": "digits",
-              "settings": dict(DEFAULTS, repeats=repeats), "dtypes": list(dtypes),
+    report = {"model": subj.description, "data": subj.data,
+              "settings": dict(DEFAULTS, epochs=subj.epochs, repeats=repeats,
+                               samples=len(subj.train[0]), test_samples=len(subj.test[0])),
+              "dtypes": list(dtypes),
               "threads": args.threads[0] if args.threads else None, "device": args.device,
               "environment": environment.environment(),
               "load_average": {"start": load_start, "end": _loadavg()},
@@ -169,14 +233,16 @@ def _print(report):
     print(f"{report['model']}, {report['settings']['epochs']} epochs of batches of "
           f"{report['settings']['batch_size']}, {report['settings']['repeats']} seeds; load "
           f"average {report['load_average']['start']} -> {report['load_average']['end']}")
-    print(f"{'case':<18} {'path':<8} {'s/epoch':>8} {'x f32':>6} {'test acc':>8} "
-          f"{'-f32 pts':>8} {'param+act KiB':>13} {'traced peak KiB':>15}")
+    print(f"{'case':<18} {'path':<8} {'s/epoch':>8} {'x f32':>6} {'test loss':>9} "
+          f"{'test acc':>8} {'-f32 pts':>8} {'param+act KiB':>13} {'traced peak KiB':>15}")
     for r in report["results"]:
         ratio = r.get("time_over_float32")
         delta = r.get("accuracy_minus_float32")
+        acc = r["test_accuracy"]
         print(f"{r['case']:<18} {r['path']:<8} {r['s_per_epoch']:8.4f} "
               f"{'-' if ratio is None else format(ratio, '6.2f'):>6} "
-              f"{100 * r['test_accuracy']:8.2f} "
+              f"{r['test_loss']:9.4f} "
+              f"{'-' if acc is None else format(100 * acc, '8.2f'):>8} "
               f"{'-' if delta is None else format(100 * delta, '+8.2f'):>8} "
               f"{(r['parameter_bytes'] + r['activation_bytes']) / 1024:13.1f} "
               f"{_kib(r['traced_peak_bytes']):>15}")

@@ -91,9 +91,10 @@ def add_arguments(parser):
       metavar="N", default=[1, 2], help="with --distributed: rank counts, spaces or commas")
     a("--blocks", type=shared.positive_int, metavar="N", default=8,
       help="with --distributed: blocks per batch")
-    shared.add_dtypes(parser, help="the digits MLP (verigrad train's) in each precision: "
-                      "float32 float64 bfloat16 float16 (16-bit: mixed precision over float32 "
-                      "masters); s/epoch, test accuracy, parameter and activation memory",
+    shared.add_dtypes(parser, help="the digits MLP (verigrad train's; with --model lstm, "
+                      "attention or transformer that model) in each precision: float32 float64 "
+                      "bfloat16 float16 (16-bit: mixed precision over float32 masters); "
+                      "s/epoch, test loss and accuracy, parameter and activation memory",
                       default_text="none (the engines' table)")
     shared.add_progress(parser, "progress line (case, engine, round)")
 
@@ -125,14 +126,19 @@ def validate(args):
             if used:
                 return f"{flag} applies only with --distributed"
     if getattr(args, "dtypes", None):
+        digits = args.model in (None, "mlp")
         for flag, used in (("--distributed", args.distributed), ("--engines", args.engines),
-                           ("--model", args.model not in (None, "mlp")),
+                           ("--batch-sizes", args.batch_sizes is not None),
+                           ("--max-steps", args.max_steps is not None),
+                           ("--samples (the digits have their own split)",
+                            digits and args.samples is not None),
                            ("--threads with several counts", len(args.threads) > 1)):
             if used:
-                return (f"--dtypes trains the digits MLP with fastlib (on the CPU, or the "
-                        f"device with --device cuda), one thread count: drop {flag}")
+                return (f"--dtypes trains one model with fastlib (the digits MLP, or --model's) "
+                        f"in batches of 32 (on the CPU, or the device with --device cuda), one "
+                        f"thread count: drop {flag}")
         if simulated:
-            return ("--dtypes with --device cuda trains the digits MLP for 20 epochs per "
+            return ("--dtypes with --device cuda trains the model for whole epochs per "
                     "format and seed, hours on numba's CUDA simulator: run it on a GPU")
     if getattr(args, "profile", False) and args.device != "cuda":
         return "--profile times fastlib-cuda's launches: it needs --device cuda"

@@ -4,11 +4,11 @@ Each module ``reports.bench.models.<name>`` gives
 
 - ``DESCRIPTION``: one line naming the model, loss, optimizer and dtype;
 - ``BATCH_SIZES`` and ``SAMPLES``: the defaults of ``--batch-sizes`` and ``--samples``;
-- ``build(seed)``: the fastlib model (every engine starts from its initial parameters);
+- ``build(seed)`` and ``LOSS``: the fastlib model (every engine starts from its initial
+  parameters; the sequence models' also takes ``dtype``) and its loss;
 - ``data(args) -> (x, y, source)``: the training data in fastlib's format;
 - ``ENGINES``: engine name -> ``bench(x, y, bs, max_steps, seed=0) -> common.Run``;
 - ``missing(engine)``: None, or the line saying why that engine cannot run here.
-
 :data:`MODELS` is the one list of names the command line accepts.
 """
 from __future__ import annotations

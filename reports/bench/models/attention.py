@@ -10,20 +10,21 @@ from reports.bench.models import common
 
 DESCRIPTION = ("causal MultiHeadAttention(64, 4) + LayerNorm(64) + SwiGLU(64, 128, 64), mse, "
                "Adam lr=1e-3, float32, 64 positions")
+LOSS = "mse"
 BATCH_SIZES = "1,32,128"
 SAMPLES = 1024
 POSITIONS, D_MODEL, HEADS, HIDDEN = 64, 64, 4, 128
 LN_EPS = 1e-5
 
 
-def build(seed=0):
-    """The fastlib model."""
+def build(seed=0, dtype=np.float32):
+    """The fastlib model (in ``dtype``)."""
     import fastlib
 
     return fastlib.Sequential([fastlib.MultiHeadAttention(D_MODEL, HEADS, causal=True),
                                fastlib.LayerNorm(D_MODEL),
                                fastlib.SwiGLU(D_MODEL, HIDDEN, D_MODEL)],
-                              dtype=np.float32, seed=seed)
+                              dtype=dtype, seed=seed)
 
 
 def data(args):
@@ -106,7 +107,7 @@ def jax_swiglu(p, prefix, x):
 # ---------------------------------------------------------------------------------------------
 
 def bench_fastlib(x, y, bs, max_steps, seed=0):
-    return common.bench_fastlib(build, "mse", x, y, bs, max_steps, seed)
+    return common.bench_fastlib(build, LOSS, x, y, bs, max_steps, seed)
 
 
 def _torch_setup(seed):
@@ -147,7 +148,7 @@ def bench_jax(x, y, bs, max_steps, seed=0):
 
 CPU_ENGINES = ("fastlib", "torch", "jax")
 ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch, "jax": bench_jax,
-           **common.cuda_engines(build, "mse", _torch_setup, _torch_mse)}
+           **common.cuda_engines(build, LOSS, _torch_setup, _torch_mse)}
 
 
 def missing(engine):

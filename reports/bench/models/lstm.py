@@ -10,17 +10,18 @@ from reports.bench.models import common
 
 DESCRIPTION = ("LSTM(32 -> 128, last state) + Dense(128 -> 10), cross_entropy, Adam lr=1e-3, "
                "float32, 64 steps")
+LOSS = "cross_entropy"
 BATCH_SIZES = "1,32,128"
 SAMPLES = 1024
 STEPS, FEATURES, HIDDEN, CLASSES = 64, 32, 128, 10
 
 
-def build(seed=0):
-    """The fastlib model."""
+def build(seed=0, dtype=np.float32):
+    """The fastlib model (in ``dtype``)."""
     import fastlib
 
     return fastlib.Sequential([fastlib.LSTM(FEATURES, HIDDEN), fastlib.Dense(HIDDEN, CLASSES)],
-                              dtype=np.float32, seed=seed)
+                              dtype=dtype, seed=seed)
 
 
 def data(args):
@@ -32,7 +33,7 @@ def data(args):
 
 
 def bench_fastlib(x, y, bs, max_steps, seed=0):
-    return common.bench_fastlib(build, "cross_entropy", x, y, bs, max_steps, seed)
+    return common.bench_fastlib(build, LOSS, x, y, bs, max_steps, seed)
 
 
 def _torch_setup(seed):
@@ -59,7 +60,7 @@ def _torch_setup(seed):
     return setup
 
 
-_torch_loss = common.torch_loss("cross_entropy")
+_torch_loss = common.torch_loss(LOSS)
 
 
 def bench_torch(x, y, bs, max_steps, seed=0):
@@ -97,7 +98,7 @@ def bench_jax(x, y, bs, max_steps, seed=0):
 
 CPU_ENGINES = ("fastlib", "torch", "jax")
 ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch, "jax": bench_jax,
-           **common.cuda_engines(build, "cross_entropy", _torch_setup, _torch_loss,
+           **common.cuda_engines(build, LOSS, _torch_setup, _torch_loss,
                                  common.class_indices)}
 
 

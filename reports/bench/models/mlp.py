@@ -19,6 +19,7 @@ import numpy as np
 from reports.bench.models import common
 
 DESCRIPTION = "784-128-10 relu, cross_entropy, Adam lr=1e-3, float32"
+LOSS = "cross_entropy"
 BATCH_SIZES = "1,32,64,128"
 SAMPLES = 60000
 SIZES = (784, 128, 10)
@@ -53,7 +54,7 @@ def data(args):
 # ---------------------------------------------------------------------------------------------
 
 def bench_fastlib(x, y, bs, max_steps, seed=0):
-    return common.bench_fastlib(build, "cross_entropy", x, y, bs, max_steps, seed)
+    return common.bench_fastlib(build, LOSS, x, y, bs, max_steps, seed)
 
 
 def bench_numpy(x, y, bs, max_steps, seed=0):
@@ -101,7 +102,7 @@ def _torch_setup(seed):
     return common.torch_relu_mlp_setup(build, seed)
 
 
-_torch_loss = common.torch_loss("cross_entropy")
+_torch_loss = common.torch_loss(LOSS)
 
 
 def bench_torch(x, y, bs, max_steps, seed=0):
@@ -133,7 +134,7 @@ def bench_jax(x, y, bs, max_steps, seed=0):
 
 ENGINES = {"fastlib": bench_fastlib, "numpy": bench_numpy, "torch": bench_torch,
            "jax": bench_jax,
-           **common.cuda_engines(build, "cross_entropy", _torch_setup, _torch_loss,
+           **common.cuda_engines(build, LOSS, _torch_setup, _torch_loss,
                                  common.class_indices)}
 CPU_ENGINES = ("fastlib", "numpy", "torch", "jax")
 

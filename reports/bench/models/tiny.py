@@ -13,6 +13,7 @@ import numpy as np
 from reports.bench.models import common
 
 DESCRIPTION = "6-5-3 relu, cross_entropy, Adam lr=1e-3, float32 (the simulator's model)"
+LOSS = "cross_entropy"
 BATCH_SIZES = "4"
 SAMPLES = 8
 SIZES = (6, 5, 3)
@@ -35,14 +36,14 @@ def data(args):
 
 
 def bench_fastlib(x, y, bs, max_steps, seed=0):
-    return common.bench_fastlib(build, "cross_entropy", x, y, bs, max_steps, seed)
+    return common.bench_fastlib(build, LOSS, x, y, bs, max_steps, seed)
 
 
 def _torch_setup(seed):
     return common.torch_relu_mlp_setup(build, seed)
 
 
-_torch_loss = common.torch_loss("cross_entropy")
+_torch_loss = common.torch_loss(LOSS)
 
 
 def bench_torch(x, y, bs, max_steps, seed=0):
@@ -52,7 +53,7 @@ def bench_torch(x, y, bs, max_steps, seed=0):
 
 CPU_ENGINES = ("fastlib", "torch")
 ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch,
-           **common.cuda_engines(build, "cross_entropy", _torch_setup, _torch_loss,
+           **common.cuda_engines(build, LOSS, _torch_setup, _torch_loss,
                                  common.class_indices)}
 
 

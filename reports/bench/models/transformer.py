@@ -12,6 +12,7 @@ from reports.bench.models import common
 DESCRIPTION = ("decoder block: Embedding(29, 64) + [LayerNorm + causal MultiHeadAttention(64, 4)]"
                " + [LayerNorm + SwiGLU(64, 128, 64)] (residual) + LayerNorm + Dense(64, 29), "
                "next-char binary_cross_entropy_with_logits, Adam lr=1e-3, float32, 64 chars")
+LOSS = "binary_cross_entropy_with_logits"
 BATCH_SIZES = "1,32,128"
 SAMPLES = 1024
 ALPHABET = " .,abcdefghijklmnopqrstuvwxyz"
@@ -55,8 +56,8 @@ def generated_text(chars, seed=0):
     return "".join(parts)[:chars]
 
 
-def build(seed=0):
-    """The fastlib model, shortcut weights set to the identity."""
+def build(seed=0, dtype=np.float32):
+    """The fastlib model (in ``dtype``), shortcut weights set to the identity."""
     import fastlib as fl
 
     model = fl.Sequential([
@@ -70,7 +71,7 @@ def build(seed=0):
                     combine="add"),
         fl.LayerNorm(D_MODEL),
         fl.Dense(D_MODEL, VOCAB),
-    ], dtype=np.float32, seed=seed)
+    ], dtype=dtype, seed=seed)
     params = model.parameters()
     for shortcut in ("1.0.weight", "2.0.weight"):
         params[shortcut][...] = np.eye(D_MODEL, dtype=params[shortcut].dtype)
@@ -92,7 +93,7 @@ def data(args):
 
 
 def bench_fastlib(x, y, bs, max_steps, seed=0):
-    return common.bench_fastlib(build, "binary_cross_entropy_with_logits", x, y, bs, max_steps,
+    return common.bench_fastlib(build, LOSS, x, y, bs, max_steps,
                                 seed)
 
 
@@ -119,7 +120,7 @@ def _torch_setup(seed):
     return setup
 
 
-_torch_loss = common.torch_loss("binary_cross_entropy_with_logits")
+_torch_loss = common.torch_loss(LOSS)
 
 
 def bench_torch(x, y, bs, max_steps, seed=0):
@@ -149,7 +150,7 @@ def bench_jax(x, y, bs, max_steps, seed=0):
 
 CPU_ENGINES = ("fastlib", "torch", "jax")
 ENGINES = {"fastlib": bench_fastlib, "torch": bench_torch, "jax": bench_jax,
-           **common.cuda_engines(build, "binary_cross_entropy_with_logits", _torch_setup,
+           **common.cuda_engines(build, LOSS, _torch_setup,
                                  _torch_loss)}
 
 
