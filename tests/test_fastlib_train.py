@@ -693,3 +693,18 @@ def test_algorithm_hooks_init_evaluate_and_state_survive_a_checkpoint(tmp_path):
     assert r.val_loss_history == [4.0, 4.0] and r.val_accuracy_history == [0.5, 0.5]
     r = fastlib.train(mlp(), x, y, 3, 10, 0.1, "cross_entropy", x[:4], y[:4], resume=ck, **kw)
     assert r.loss_history[-1] == (7 * 10 + 8 * 10 + 9 * 3) / 23  # the count went on from 6
+
+
+def test_float_targets_of_a_token_model_are_kept_in_the_models_dtype():
+    """Integer inputs (token ids) do not decide the targets' dtype: a float32 model's float
+    targets stay float32 (exact, no float64 copy of twice the size)."""
+    from fastlib.training import algorithms, run_data
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 5, (12, 3))
+    y = rng.uniform(0.2, 0.8, (12, 3, 2)).astype(np.float32)
+    model = fastlib.Sequential([fastlib.Embedding(5, 4), fastlib.Dense(4, 2)],
+                               dtype=np.float32, seed=0)
+    data = run_data.check_data(model, algorithms.get_algorithm("bp"), "mse", x, y, x[:4], y[:4])
+    for got, want in ((data.y, y), (data.y_val, y[:4])):
+        assert got.dtype == np.float32 and np.array_equal(got, want)

@@ -63,13 +63,13 @@ class MultiHeadAttention(AttentionShell, Layer):
         # (fastlib.targetprop reads q, k and lse)
         self._cache = (qkv[:, :, :d], qkv[:, :, d:2 * d], qkv[:, :, 2 * d:],
                        lse.reshape(batch, heads, steps), scale)
-        self._kept = (x2, qkv.reshape(rows, 3 * d), att, probs)
+        self.hist_kept = (x2, qkv.reshape(rows, 3 * d), att, probs)
         self._out_shape = x.shape
         return y.reshape(batch, steps, d)
 
     def backward(self, grad_out, need_input_grad=True):
         g = np.ascontiguousarray(self._cotangent(grad_out))
-        x2, qkv, att, probs = self._kept
+        x2, qkv, att, probs = self.hist_kept
         scale = self._cache[4]
         p = self._params
         batch, steps, d = self.hist_in.shape

@@ -55,13 +55,13 @@ class LayerNorm(_Norm):
     def _forward(self, x2, y):
         """Kept: x-hat (returned) and each row's 1/std."""
         xhat = np.empty_like(x2)
-        self._rstd = np.empty(x2.shape[0], dtype=self.dtype)
+        self.hist_rstd = np.empty(x2.shape[0], dtype=self.dtype)
         kernels.layer_norm_forward(x2, self._params["weight"], self._params["bias"], self.eps,
-                                   xhat, self._rstd, y)
+                                   xhat, self.hist_rstd, y)
         return xhat
 
     def _backward(self, g, x2, dx, mode, grads):
-        kernels.layer_norm_backward(g, self.hist_pre, self._rstd, self._params["weight"], dx,
+        kernels.layer_norm_backward(g, self.hist_pre, self.hist_rstd, self._params["weight"], dx,
                                     mode, grads["weight"], grads["bias"],
                                     np.empty(2 * self.d, np.float64))
 
@@ -127,13 +127,13 @@ class Softmax(Layer):
             e = np.exp(shifted)
             y = e / e.sum(axis=self.axis, keepdims=True)
         self.hist_in, self.hist_pre = x, None
-        self._out = y
+        self.hist_out = y
         self._out_shape = y.shape
         return y
 
     def backward(self, grad_out, need_input_grad=True):
         g = self._cotangent(grad_out)
-        y = self._out
+        y = self.hist_out
         if not need_input_grad:
             return None, {}
         # NOTE: the softmax Jacobian-vector product y * (g - sum(g * y)) along the axis

@@ -47,7 +47,7 @@ class SwiGLU(Layer):
         y = np.empty((rows, self.out), self.dtype)
         kernels.swiglu_forward(x2, self._stacked(), self._params["w_down"], au, hidden, y)
         self.hist_in, self.hist_pre = x, au
-        self._hidden = hidden
+        self.hist_hidden = hidden
         y = y if x.ndim == 2 else y.reshape(x.shape[:-1] + (self.out,))
         self._out_shape = y.shape
         return y
@@ -60,7 +60,7 @@ class SwiGLU(Layer):
         gw_down = np.empty((h, self.out), self.dtype)
         dx, mode = input_cotangent(need_input_grad, rows, self.d, self.dtype)
         kernels.swiglu_backward(as_matrix(x, self.d), self._stacked(), self._params["w_down"], au,
-                                self._hidden, g, np.empty((rows, h), self.dtype),
+                                self.hist_hidden, g, np.empty((rows, h), self.dtype),
                                 np.empty((rows, 2 * h), self.dtype), gw_gu, gw_down, dx, mode,
                                 np.empty(0, self.dtype))
         grads = {"w_gate": np.ascontiguousarray(gw_gu[:, :h]),

@@ -111,7 +111,11 @@ def _check_targets(loss_type, model, x, y, what):
     out_shape = tuple(model.infer_shape(x.shape))
     # A zero "prediction" of the model's output shape (a broadcast view, no memory) lets the
     # loss module check the target format, class ranges and batch size before training starts.
-    pred_like = np.broadcast_to(np.zeros((), dtype=x.dtype), out_shape)
+    # Its dtype is the model's (what the targets are converted to): token inputs are integers,
+    # and their model's float targets would otherwise be widened to float64, twice the memory.
+    dtype = getattr(model, "dtype", None)
+    pred_like = np.broadcast_to(np.zeros((), dtype=x.dtype if dtype is None else dtype),
+                                out_shape)
     return np.ascontiguousarray(losses.validate_targets(loss_type, pred_like, y))
 
 
