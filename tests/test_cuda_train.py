@@ -104,14 +104,15 @@ def test_conformance_train_rows_of_fastlib_cuda(tmp_path):
     rows = json.loads(out.read_text())
     rows = rows["rows"] if isinstance(rows, dict) else rows
     train = [r for r in rows if r["check"] == "train" and r["engine"] == "fastlib-cuda"]
-    # every layer kind and the fused MLP, in both dtypes; mixed MLPs in both 16-bit formats
-    # and the loss-scale runs
+    # every layer kind and the fused MLP, in both dtypes; mixed MLPs in both 16-bit formats,
+    # the loss-scale runs and each format's step-by-step rounding points
     from reports.conformance.strategies import LAYER_KINDS
     wide = [r for r in train if r["dtype"] in ("float32", "float64")]
     assert len(wide) == 2 * (len(LAYER_KINDS) + 1), [r["name"] for r in wide]
     narrow = sorted((r["name"], r["dtype"]) for r in train if r not in wide)
     assert narrow == [("loss scale", "float16"), ("mixed MLP", "bfloat16"),
-                      ("mixed MLP", "float16")], narrow
+                      ("mixed MLP", "float16"), ("rounding points", "bfloat16"),
+                      ("rounding points", "float16")], narrow
     bad = [(r["name"], r["dtype"], r["detail"]) for r in train if r["status"] != "pass"]
     assert not bad, bad
     assert proc.returncode == 0, proc.stdout[-3000:]

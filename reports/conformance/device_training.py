@@ -205,7 +205,8 @@ def device_train_rows(kinds):
 def mixed_rows():
     """The device's mixed-precision ``train`` rows: drawn Dense MLPs in bfloat16 and float16
     and the loss-scale runs that skip, back off and grow, held against the exact replayed run
-    exactly as fastlib's own (``training_rows.check_epochs``, path ``"cuda"``)."""
+    exactly as fastlib's own (``training_rows.check_epochs``, path ``"cuda"``), and each step's
+    rounding points against the float64 replay (``rounding_points``)."""
     from reports.conformance import training_cases as tc
     from reports.conformance.rows import Row, run_cases, run_property
     from reports.conformance.training_rows import check_epochs, reproduction
@@ -218,4 +219,10 @@ def mixed_rows():
         rows.append(Row("train", "mixed MLP", ENGINE, fmt, run))
     rows.append(Row("train", "loss scale", ENGINE, "float16", lambda profile, seed: run_cases(
         tc.loss_scale_cases(paths=("cuda",)), check_epochs, lambda i, case: reproduction(case))))
+    from reports.conformance.rounding_points import check_rounding_points, rounding_cases
+    for fmt in ("bfloat16", "float16"):
+        rows.append(Row("train", "rounding points", ENGINE, fmt,
+                        lambda profile, seed, fmt=fmt: run_cases(
+                            rounding_cases(fmt, paths=("cuda",)), check_rounding_points,
+                            lambda i, case: reproduction(case))))
     return rows

@@ -410,6 +410,34 @@ MUTANTS = (
            "applies it", "kernels/skeleton.py",
            "    if apply:\n        update_region(", "    if True:\n        update_region(",
            ("loss scale", "mixed MLP")),
+    # -- a rounding point of a mixed-precision step skipped, on each path: within the format's
+    # roundoff of the exact run (the rows above pass them); the step-by-step replay does not
+    Mutant("mixed-output-not-rounded", "the per-batch mixed path leaves each layer's output "
+           "in float32 (never rounded to the 16-bit format)", "training/mixed_precision.py",
+           "x = round_to(unit.forward(x), fmt)", "x = unit.forward(x)", ("rounding points",)),
+    Mutant("mixed-cotangent-not-rounded", "the per-batch mixed path passes each layer's input "
+           "cotangent down unrounded", "training/mixed_precision.py",
+           "            g = round_to(g, fmt)", "            g = g", ("rounding points",)),
+    Mutant("mixed-masters-not-rounded", "the per-batch mixed path's forward and backward read "
+           "the float32 masters, not their 16-bit values", "training/mixed_precision.py",
+           "            round_to(v, self.fmt, out=v)", "            pass",
+           ("rounding points",)),
+    Mutant("compiled-output-not-rounded", "the compiled MLP epoch stores a column layer's "
+           "output unrounded", "kernels/dense_columns.py",
+           "half.round_in_place(fmt, bufs.post[op:op + nb * width])   # the layer's output, "
+           "stored", "pass", ("rounding points",)),
+    Mutant("interpreter-output-not-rounded", "the interpreter leaves each unit's output "
+           "unrounded", "kernels/interpreter.py",
+           "            _round_slot(code, act, slots[plan.rounds[k, 0]], n)",
+           "            pass", ("rounding points",)),
+    Mutant("interpreter-cotangent-not-rounded", "the interpreter leaves each unit's input "
+           "cotangent unrounded", "kernels/interpreter.py",
+           "            _round_slot(code, gact, slots[plan.rounds[k, 1]], n)",
+           "            pass", ("rounding points",)),
+    Mutant("masters-not-rounded-into-w16", "both compiled epochs copy the updated masters into "
+           "the weights the next step reads, unrounded", "kernels/skeleton.py",
+           "    half.round_into(code, w[lo:hi], w16[lo:hi])", "    w16[lo:hi] = w[lo:hi]",
+           ("rounding points",)),
 )
 
 

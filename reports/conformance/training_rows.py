@@ -558,8 +558,7 @@ def _plan(case):
     return PIECES_PATH_PLAN if case.path == "pieces" else None
 
 
-def _train(case, model, x, y, clip):
-    import fastlib
+def _train(case, model, x, y, clip, callbacks=()):
     from fastlib import config
 
     # the "general" path: the general schedule alone (fastlib.config.SCHEDULES)
@@ -567,12 +566,12 @@ def _train(case, model, x, y, clip):
     if case.path == "general":
         config.SCHEDULES = ("general",)
     try:
-        return _train_call(case, model, x, y, clip)
+        return _train_call(case, model, x, y, clip, callbacks)
     finally:
         config.SCHEDULES = before
 
 
-def _train_call(case, model, x, y, clip):
+def _train_call(case, model, x, y, clip, callbacks=()):
     import fastlib
 
     with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -585,7 +584,7 @@ def _train_call(case, model, x, y, clip):
                              **({} if _plan(case) is None else {"pieces": _plan(case)}),
                              # the divergence rules' probe forwards would count as batches in
                              # the order check; they draw no RNG and change no weight
-                             divergence=False, **_precision(case))
+                             divergence=False, callbacks=callbacks, **_precision(case))
 
 
 def _precision(case):
@@ -844,5 +843,11 @@ def train_rows(kinds):
         rows.append(row("mixed MLP", fmt, lambda fmt=fmt: tc.mixed_cases(fmt)))
     rows.append(Row("train", "loss scale", "fastlib", "float16", lambda profile, seed: run_cases(
         tc.loss_scale_cases(), check_epochs, lambda i, case: reproduction(case))))
+    from reports.conformance.rounding_points import check_rounding_points, rounding_cases
+    for fmt in ("bfloat16", "float16"):
+        rows.append(Row("train", "rounding points", "fastlib", fmt,
+                        lambda profile, seed, fmt=fmt: run_cases(
+                            rounding_cases(fmt), check_rounding_points,
+                            lambda i, case: reproduction(case))))
     from reports.conformance.layer_sums import bias_sum_rows
     return rows + bias_sum_rows()
