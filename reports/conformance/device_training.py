@@ -223,6 +223,7 @@ def mixed_rows():
     for fmt in ("bfloat16", "float16"):
         rows.append(Row("train", "rounding points", ENGINE, fmt,
                         lambda profile, seed, fmt=fmt: run_cases(
-                            rounding_cases(fmt, paths=("cuda",)), check_rounding_points,
+                            rounding_cases(fmt, ("cuda",), sequences=False),
+                            check_rounding_points,
                             lambda i, case: reproduction(case))))
     return rows

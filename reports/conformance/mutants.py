@@ -434,6 +434,10 @@ MUTANTS = (
            "cotangent unrounded", "kernels/interpreter.py",
            "            _round_slot(code, gact, slots[plan.rounds[k, 1]], n)",
            "            pass", ("rounding points",)),
+    Mutant("rounds-first-writer", "the interpreter rounds a unit's output after the first row "
+           "that writes it, not the last (a residual join adds to it after)",
+           "training/program.py", "rounds[writers[-1], 0] = s", "rounds[writers[0], 0] = s",
+           ("rounding points",)),
     Mutant("masters-not-rounded-into-w16", "both compiled epochs copy the updated masters into "
            "the weights the next step reads, unrounded", "kernels/skeleton.py",
            "    half.round_into(code, w[lo:hi], w16[lo:hi])", "    w16[lo:hi] = w[lo:hi]",
