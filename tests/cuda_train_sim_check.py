@@ -1240,8 +1240,10 @@ def _mixed_bench(report):
     saved = dict(precision.DEFAULTS)
     precision.DEFAULTS.update(hidden=4, batch_size=4)
     try:
-        rows = precision._measure(precision.case_names(["float32", "float16"]), (x, y, x, y),
-                                  1, lambda text: None, "cuda", epochs=2)
+        subject = precision.Subject("tiny digits MLP", "random", precision._digits_mlp,
+                                    "cross_entropy", (x, y), (x, y), 2)
+        rows = precision._measure(precision.case_names(["float32", "float16"]), subject, 1,
+                                  lambda text: None, "cuda")
     finally:
         precision.DEFAULTS.clear()
         precision.DEFAULTS.update(saved)

@@ -219,11 +219,5 @@ def mixed_rows():
         rows.append(Row("train", "mixed MLP", ENGINE, fmt, run))
     rows.append(Row("train", "loss scale", ENGINE, "float16", lambda profile, seed: run_cases(
         tc.loss_scale_cases(paths=("cuda",)), check_epochs, lambda i, case: reproduction(case))))
-    from reports.conformance.rounding_points import check_rounding_points, rounding_cases
-    for fmt in ("bfloat16", "float16"):
-        rows.append(Row("train", "rounding points", ENGINE, fmt,
-                        lambda profile, seed, fmt=fmt: run_cases(
-                            rounding_cases(fmt, ("cuda",), sequences=False),
-                            check_rounding_points,
-                            lambda i, case: reproduction(case))))
-    return rows
+    from reports.conformance.rounding_points import rounding_rows
+    return rows + rounding_rows(ENGINE, ("cuda",), sequences=False)

@@ -19,7 +19,7 @@ from reports.conformance.mixed_training import scaled_peak
 from reports.conformance.training_cases import EpochCase
 
 __all__ = ["EPOCHS", "STEPS_PER_EPOCH", "FLIP_SHARE", "FLIP_FLOOR", "replay_step",
-           "rounding_cases", "check_rounding_points"]
+           "rounding_cases", "check_rounding_points", "rounding_rows"]
 
 #: epochs per case, each of two steps (two batches of half the rows, in order): a compiled
 #: epoch rounds the masters into the weights its next step reads inside the epoch
@@ -235,3 +235,16 @@ def check_rounding_points(case):
         result.measures.append(Measure(f"epoch {e + 1} entries off the replay", float(off),
                                        float(bound), off <= bound, note, unit="entries"))
     return result
+
+
+def rounding_rows(engine, paths=("generic", "fused", "pieces", "general"), sequences=True):
+    """The ``train`` rows ``rounding points [bfloat16|float16]`` of ``engine`` (``runner.Row``
+    objects): :func:`rounding_cases` on ``paths``, each held by :func:`check_rounding_points`."""
+    from reports.conformance.rows import Row, run_cases
+    from reports.conformance.training_rows import reproduction
+
+    return [Row("train", "rounding points", engine, fmt,
+                lambda profile, seed, fmt=fmt: run_cases(
+                    rounding_cases(fmt, paths, sequences), check_rounding_points,
+                    lambda i, case: reproduction(case)))
+            for fmt in ("bfloat16", "float16")]

@@ -182,9 +182,10 @@ def _tape_row(engine_name):
 
 
 def _train_rows(kinds):
+    from reports.conformance.rounding_points import rounding_rows
     from reports.conformance.training_rows import train_rows
 
-    return train_rows(kinds)
+    return train_rows(kinds) + rounding_rows("fastlib")
 
 
 def _algorithm_rows(engine_name):

@@ -843,11 +843,5 @@ def train_rows(kinds):
         rows.append(row("mixed MLP", fmt, lambda fmt=fmt: tc.mixed_cases(fmt)))
     rows.append(Row("train", "loss scale", "fastlib", "float16", lambda profile, seed: run_cases(
         tc.loss_scale_cases(), check_epochs, lambda i, case: reproduction(case))))
-    from reports.conformance.rounding_points import check_rounding_points, rounding_cases
-    for fmt in ("bfloat16", "float16"):
-        rows.append(Row("train", "rounding points", "fastlib", fmt,
-                        lambda profile, seed, fmt=fmt: run_cases(
-                            rounding_cases(fmt), check_rounding_points,
-                            lambda i, case: reproduction(case))))
     from reports.conformance.layer_sums import bias_sum_rows
     return rows + bias_sum_rows()
