@@ -79,3 +79,18 @@ def test_clear_history_drops_every_array_a_forward_kept(name):
     assert not left, f"{name} keeps arrays past clear_history: {left}"
     with pytest.raises(Exception, match="forward"):   # and a backward says what is missing
         layer.backward(np.ones(out.shape, np.float32))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["per-batch", "compiled"])
+def test_a_finished_run_leaves_no_saved_arrays(fused):
+    # the per-batch path saves each batch's activations for its backward; the last batch's
+    # are dead weight once train returns (as large as a batch's activations)
+    import fastlib
+
+    model = Sequential([LSTM(3, 4), Dense(4, 2)], seed=0)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((12, 5, 3)).astype(np.float32)
+    y = rng.integers(0, 2, 12)
+    fastlib.train(model, x, y, 2, 4, 1e-2, "cross_entropy", fused=fused, verbose=False)
+    params = list(model.parameters().values())
+    assert not _arrays(model, params, "model", set())

@@ -279,6 +279,8 @@ class _Run:
             progress = Progress(self.verbose, self.epochs, self.start_epoch,
                                 f"train {self.algo.name}")
             stack.callback(progress.close)
+            # the last batch's saved arrays (a per-batch run's) are no use once training ends
+            stack.callback(_drop_history, self.ctx.model)
             self.callbacks.begin({"epochs": self.epochs, "start_epoch": self.start_epoch})
             self.divergence.start(self.start_epoch, self.initial_loss)
             for epoch in range(self.start_epoch + 1, self.epochs + 1):
@@ -365,3 +367,10 @@ class _Run:
         compiled = self.result.path == "program"
         with single_threaded_blas() if compiled else contextlib.nullcontext():
             return evaluate(self.model, self.data.x_val, self.data.y_val, self.ctx.loss_type)
+
+
+def _drop_history(model):
+    """Free what ``model``'s layers saved for a backward pass (a model without any: nothing)."""
+    clear = getattr(model, "clear_history", None)
+    if clear is not None:
+        clear()
