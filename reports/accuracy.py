@@ -1364,7 +1364,8 @@ def bar(report, engine="fastlib", rival="torch"):
     - ``float64``: max ULP error on well-conditioned elements <= ``FEW_ULPS``;
     - ``float32``: median ULP error <= the ``rival``'s on the same inputs (when measured);
     - ``storage``: the same in each 16-bit format measured (bfloat16, float16);
-    - ``correct_rounding``: on ``SINGLE_ROUNDING_OPS``, every element correctly rounded.
+    - ``correct_rounding``: on ``SINGLE_ROUNDING_OPS``, every element correctly rounded (in
+      every format measured).
 
     Returns
     -------
@@ -1396,8 +1397,8 @@ def bar(report, engine="fastlib", rival="torch"):
             entry = _median_against(report, op, engine, rival, dtype)
             if entry is not None:
                 out["storage"].append(entry)
-        if op in SINGLE_ROUNDING_OPS:
-            for dtype in DTYPES:
+        if op in SINGLE_ROUNDING_OPS:   # in the 16-bit formats too: float32 inside, one rounding
+            for dtype in DTYPES + tuple(STORAGE):
                 r = _find(report, op, engine, dtype)
                 if r is None or r["status"] == "unsupported":
                     continue

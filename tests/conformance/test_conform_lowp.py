@@ -305,6 +305,24 @@ def test_the_report_measures_16_bit_formats_in_their_own_ulps():
         assert rows[dtype]["n"] > 0
 
 
+def test_the_bar_holds_single_rounding_ops_correctly_rounded_in_16_bits():
+    # square's VJP 2 x g of 16-bit x and g is exact in float32 (at most 22 significant bits):
+    # one rounding to the format gives the nearest 16-bit number on every element, and a
+    # truncating conversion misses some
+    from reports import accuracy
+
+    config = accuracy.Config.quick_config(dtypes=("bfloat16", "float16"), ops=("square",),
+                                          fd_steps=())
+    report = {"ops": {"square": accuracy.measure_op(
+        "square", [engines.get_engine("fastlib"), Truncating()], config)}}
+    fastlib_bar = accuracy.bar(report)["correct_rounding"]
+    assert {(e["dtype"], e["status"]) for e in fastlib_bar} == {("bfloat16", "pass"),
+                                                               ("float16", "pass")}
+    truncated = {e["dtype"]: e for e in accuracy.bar(report, "truncating")["correct_rounding"]}
+    assert truncated["bfloat16"]["status"] == "fail"
+    assert accuracy.as_float(truncated["bfloat16"]["correctly_rounded"]) < 1.0
+
+
 def test_the_floor_rounds_the_exact_value_once_to_the_format():
     from reports import accuracy
 
