@@ -63,6 +63,20 @@ def _check_target_array(loss_type, target):
     return t
 
 
+def _in_dtype(loss_type, t, dtype):
+    """The finite targets ``t`` in the prediction's ``dtype``; a ValueError for a target beyond
+    that dtype's range (it would become Inf, and the run would stop on a non-finite loss that
+    blames the learning rate)."""
+    with np.errstate(over="ignore"):
+        out = t.astype(dtype, copy=False)
+    if out is not t and out.dtype.kind == "f" and not np.isfinite(out).all():
+        at = _first_bad(~np.isfinite(out))
+        raise ValueError(f"{loss_type}: target {t[at]:g} at index {at} is beyond "
+                         f"{out.dtype}'s range (largest finite {float(np.finfo(out.dtype).max):g});"
+                         f" rescale the targets, or build the model with dtype=np.float64")
+    return out
+
+
 def _class_indices(loss_type, t, n, c):
     """Flat int64 class indices from ``t`` of shape ``(n, 1)`` or ``(n,)``, checked."""
     if t.dtype.kind == "f":
@@ -144,7 +158,7 @@ def _validated(name, pred, t):
             raise ValueError(f"categorical_cross_entropy expects one-hot targets "
                              f"{_batch_dims(ps)}, got {_batch_dims(t.shape)}: convert class "
                              f"indices with fastlib.onehot(y, {ps[1]}), or use cross_entropy")
-        t = t.astype(pred.dtype, copy=False)
+        t = _in_dtype(name, t, pred.dtype)
         sums = t.sum(axis=1, dtype=np.float64)
         if (t < 0).any() or (np.abs(sums - 1.0) > _ROW_SUM_TOL).any():
             row = int(np.argmax((t < 0).any(axis=1) | (np.abs(sums - 1.0) > _ROW_SUM_TOL)))
@@ -155,7 +169,7 @@ def _validated(name, pred, t):
     if t.shape != ps:
         raise ValueError(f"{name} expects targets of the prediction's shape {_dims(ps)}, got "
                          f"{_dims(t.shape)}; reshape them (e.g. y.reshape{ps})")
-    t = t.astype(pred.dtype, copy=False)
+    t = _in_dtype(name, t, pred.dtype)
     if name.startswith("binary_cross_entropy"):
         outside = (t < 0) | (t > 1)
         if outside.any():

@@ -5,8 +5,9 @@ first epoch (no callback hears the run begin, the weights are untouched); the ac
 spellings beside each refusal still train. Covered: ``binary_cross_entropy`` on a model whose
 outputs cannot be probabilities, flags given as strings, ``train_sh``'s policy values, a model
 or callback of the wrong kind, inputs beyond a format's range (float16, float32) and labels or
-token ids beyond int64, empty and ragged data, ``train_val_split``'s arguments, and paths that
-are folders or lie in missing folders.
+token ids beyond int64, empty and ragged data, ``train_val_split``'s arguments, paths that
+are folders or lie in missing folders, targets beyond the model's dtype, starting weights that
+hold NaN, and a first batch whose loss overflows before any step.
 """
 from __future__ import annotations
 
@@ -403,3 +404,66 @@ def test_the_range_check_counts_every_chunk_and_names_the_first_value(monkeypatc
                                          r"\(3, 1\) \(70000\)"):
         mixed_precision.check_inputs(x, "float16", "x")
     mixed_precision.check_inputs(x[4:], "float16", "x")      # inf and 65504 pass
+
+
+# ---------------------------------------------------------------------------------------------
+# targets beyond the model's dtype, starting weights that are not finite, a first batch that
+# overflows before any step
+
+def test_a_target_beyond_float32_is_named_with_its_argument():
+    x, _ = data()
+    y = np.zeros((20, 3))
+    y[2, 1] = 1e200
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # no NumPy overflow warning on the way
+        message = refused_before_training(
+            ValueError, r"^y: mse: target 1e\+200 at index \(2, 1\) is beyond float32's range",
+            mlp(dtype=np.float32), x.astype(np.float32), y, 1, 8, 0.1, "mse")
+        assert "dtype=np.float64" in message
+        refused_before_training(
+            ValueError, r"^y_val: mse: target -1e\+39 at index \(0, 0\)", mlp(dtype=np.float32),
+            x.astype(np.float32), np.zeros((20, 3)), 1, 8, 0.1, "mse",
+            x_val=x[:2].astype(np.float32), y_val=np.full((2, 3), -1e39))
+    # the same values fit a float64 model
+    fastlib.train(mlp(), x, y / 1e190, 1, 8, 1e-3, "mse", verbose=False, divergence=False)
+
+
+def test_a_validation_input_the_model_refuses_is_named_x_val():
+    x, y = data()
+    with pytest.raises(ValueError, match=r"^x_val: .*4 features"):
+        fastlib.train(mlp(), x, y, 1, 8, 0.1, "cross_entropy", x_val=x[:2, :3], y_val=y[:2],
+                      verbose=False)
+
+
+def test_starting_weights_that_hold_nan_are_refused_before_training():
+    x, y = data()
+    model = mlp()
+    model.parameters()["1.bias"][2] = np.nan
+    heard = Heard()
+    with pytest.raises(ValueError, match=r"parameter '1\.bias' holds nan at index \(2,\) before "
+                                         r"training"):
+        fastlib.train(model, x, y, 1, 8, 0.1, "cross_entropy", callbacks=[heard], verbose=False)
+    assert not heard.began
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["compiled", "per-batch"])
+def test_a_first_batch_that_overflows_float16_does_not_blame_the_learning_rate(fused):
+    # 6e4 is a float16 number, but the layer's output on it, 4 * 6e4 * 0.5, is not: the run
+    # stops on the first batch, before any step, and says so
+    _, y = data()
+    x = np.full((20, 4), 6e4, np.float32)
+    model = fastlib.Sequential([fastlib.Dense(4, 3)], seed=0)
+    model.parameters()["0.weight"][...] = 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastlib.DivergenceWarning)
+        result = fastlib.train(model, x, y, 2, 8, 1e-3, "cross_entropy", dtype="float16",
+                               fused=fused, verbose=False)
+    assert result.diverged and "epoch 1, batch 1" in result.stop_reason
+    assert "before any update" in result.stop_reason and "65504" in result.stop_reason
+    assert "lower the learning rate" not in result.stop_reason
+    # a run that diverges after steps still points at the learning rate
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastlib.DivergenceWarning)
+        later = fastlib.train(mlp(dtype=np.float32), np.ones((20, 4), np.float32), y, 3, 4,
+                              1e30, "cross_entropy", fused=fused, verbose=False)
+    assert later.diverged and "lower the learning rate" in later.stop_reason

@@ -15,9 +15,12 @@ import math
 import numbers
 from dataclasses import dataclass
 
+import numpy as np
+
 from fastlib.training.options import TrainOptions
 
-__all__ = ["MISSING", "CallArguments", "normalise", "check_lr", "check_model"]
+__all__ = ["MISSING", "CallArguments", "normalise", "check_lr", "check_model",
+           "check_parameters"]
 
 # a keyword this close to one of train's own names is taken for a misspelling of it, even when
 # the algorithm accepts any option (difflib's ratio: 'epoch' / 'epochs' is 0.91)
@@ -140,6 +143,25 @@ def check_model(fn, model):
                         f"chain them in a container: fastlib.Sequential([...])")
     raise TypeError(f"{name}(): model must be a fastlib layer or container, e.g. "
                     f"fastlib.Sequential([fastlib.Dense(4, 3)]), got {type(model).__name__}")
+
+
+def check_parameters(params):
+    """Refuse starting weights that hold NaN or Inf (``{name: array}``, the model's).
+
+    Raises
+    ------
+    ValueError
+        Naming the first such parameter and entry. Without it the first batch's loss is NaN
+        and the divergence rule stops the run, blaming the learning rate, and "restores"
+        weights that still hold the NaN.
+    """
+    for name, value in params.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            at = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+            raise ValueError(f"parameter {name!r} holds {arr[at]} at index {at} before "
+                             "training: the model's weights must be finite; rebuild the model "
+                             "or load finite weights (load_parameters refuses NaN/Inf)")
 
 
 def normalise(fn, *, model, epochs, batch_size, learning_rate, lr, loss_type, loss, x_val, y_val,

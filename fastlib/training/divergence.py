@@ -24,6 +24,12 @@ from fastlib.training.notices import warn
 
 __all__ = ["DivergenceMonitor", "Verdict"]
 
+#: the advice when the run's first batch already gives a non-finite loss
+_NO_STEP_YET = ("it came before any update, so the learning rate is not the cause: the "
+                "starting weights give a non-finite loss on this batch. Check the data's scale "
+                "(in a float16 run, any layer output beyond 65504 overflows: scale the data or "
+                "train in bfloat16) and the starting weights")
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -32,6 +38,7 @@ class Verdict:
     rule: str
     what: str
     loss: float
+    advice: str = "lower the learning rate, clip gradients or check the data"
 
 
 class DivergenceMonitor:
@@ -61,6 +68,7 @@ class DivergenceMonitor:
         """Before the first epoch to run: remember the weights after ``epoch`` and measure the
         untrained loss (a fresh run) or take the one a checkpoint kept."""
         self.initial_loss = initial_loss
+        self._first_epoch = epoch + 1
         if self.rules is not None and epoch == 0:
             self.initial_loss = self._probe_loss()
         self.accept(epoch)
@@ -75,8 +83,12 @@ class DivergenceMonitor:
         if stats.diverged_batch >= 0:
             # recorded as inf, whichever non-finite value it was (the stop reason names it):
             # histories compare equal across paths that overflow alike
-            return Verdict("non_finite_loss", f"non-finite loss ({stats.diverged_loss}) at "
-                           f"epoch {epoch}, batch {stats.diverged_batch + 1}", math.inf)
+            what = (f"non-finite loss ({stats.diverged_loss}) at epoch {epoch}, batch "
+                    f"{stats.diverged_batch + 1}")
+            if epoch == self._first_epoch and stats.diverged_batch == 0:
+                # no step has been taken: the learning rate cannot be the cause
+                return Verdict("non_finite_loss", what, math.inf, _NO_STEP_YET)
+            return Verdict("non_finite_loss", what, math.inf)
         if self.rules is None:
             return None
         losses = [v for v in earlier if v is not None and math.isfinite(v)]
@@ -109,7 +121,7 @@ class DivergenceMonitor:
         result.restored_epoch = good_epoch
         result.divergence_rule = verdict.rule
         result.stop_reason = (f"{verdict.what}: training stopped and {where} were restored;"
-                              " lower the learning rate, clip gradients or check the data")
+                              f" {verdict.advice}")
 
     # -- the probe batch -------------------------------------------------------------------------
     # NOTE (speed): the probe's products run on the calling thread. A product of NumPy's

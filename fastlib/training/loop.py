@@ -20,7 +20,7 @@ from fastlib import optim
 from fastlib.errors import DivergenceWarning
 from fastlib.training import backends, checkpointing, epochs, mixed_precision, run_data
 from fastlib.training.algorithms import StepContext, TrainConfig, evaluate_model, get_algorithm
-from fastlib.training.arguments import MISSING, check_lr, normalise
+from fastlib.training.arguments import MISSING, check_lr, check_parameters, normalise
 from fastlib.training.callbacks import Callbacks, epoch_logs
 from fastlib.training.divergence import DivergenceMonitor
 from fastlib.training.early_stopping import PlateauPolicy
@@ -221,6 +221,8 @@ class _Run:
         progress_mode(verbose, None)     # a bad value is refused now, not after an epoch
         self.verbose = verbose
         params = model.parameters()
+        if resume is None:   # resumed weights come from the checkpoint, which is checked
+            check_parameters(params)
         self.ctx = StepContext(model, params, loss_type, opt, opt.init(params), lr, config,
                                np.random.default_rng(seed))
         self.result = TrainingResult()

@@ -5,6 +5,7 @@ loss's target check against the model's output shape, so batches skip both check
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 from dataclasses import dataclass
@@ -96,7 +97,8 @@ def _as_inputs(model, x, what):
     if arr.ndim > 0 and arr.shape[0] == 0:
         extra = " (or leave the validation data out)" if what == "x_val" else ""
         raise ValueError(f"{what} has no samples (shape {arr.shape}); pass at least one{extra}")
-    arr = model.check_input(arr)
+    with _naming(what):
+        arr = model.check_input(arr)
     return np.ascontiguousarray(arr)
 
 
@@ -116,7 +118,20 @@ def _check_targets(loss_type, model, x, y, what):
     dtype = getattr(model, "dtype", None)
     pred_like = np.broadcast_to(np.zeros((), dtype=x.dtype if dtype is None else dtype),
                                 out_shape)
-    return np.ascontiguousarray(losses.validate_targets(loss_type, pred_like, y))
+    with _naming(what):
+        return np.ascontiguousarray(losses.validate_targets(loss_type, pred_like, y))
+
+
+@contextlib.contextmanager
+def _naming(what):
+    """Prefix a ValueError from the checks with the argument it is about (``x_val: ...``): the
+    layers and the losses name themselves, not which of the run's arrays they were given."""
+    try:
+        yield
+    except ValueError as exc:
+        if str(exc).startswith(f"{what}:"):
+            raise
+        raise ValueError(f"{what}: {exc}") from None
 
 
 def _check_probability_output(model):
