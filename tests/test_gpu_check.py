@@ -52,7 +52,8 @@ def test_the_file_is_named_by_date_and_gpu():
 
 def test_a_broken_stage_is_reported_and_the_run_fails(tmp_path):
     # two stages only (the bench stage's machinery is tests/test_bench_cuda.py's): cheap
-    proc, result, md = simulate(tmp_path, "--stages", "versions,digits", "--break", "digits")
+    proc, result, md = simulate(tmp_path, "--stages", "versions,warmup,digits", "--break",
+                                "digits")
     assert proc.returncode == 1
     assert set(result) >= {"date", "gpu", "simulate", "row_stack_shim", "budget_s", "seconds",
                            "versions", "stages", "passed", "failed", "ok"}
@@ -70,6 +71,9 @@ def test_a_broken_stage_is_reported_and_the_run_fails(tmp_path):
     versions = stages["versions"]
     assert versions["status"] == "pass", versions
     assert versions["data"]["fastlib_cuda_available"] and versions["data"]["numpy"]
+    warmup = stages["warmup"]   # its record of the compiles must be JSON (a Signature was not)
+    assert warmup["status"] == "pass", warmup
+    assert warmup["data"]["models"] == ["tiny"] and warmup["data"]["signatures_compiled"] > 0
     # stages not selected are listed as skipped, not dropped
     assert stages["conform-seed0"]["status"] == "skipped"
     assert "not selected" in stages["conform-seed0"]["detail"]
@@ -148,11 +152,11 @@ def test_a_conform_stage_fails_on_a_failed_row_not_on_an_unsupported_one(tmp_pat
              "status": "unsupported"},
             {"engine": "fastlib", "name": "relu", "dtype": "float64", "check": "vjp",
              "status": "fail"}]  # another engine's row: not this stage's
-    (tmp_path / "conform-0.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "conform-seed0.json").write_text(json.dumps({"rows": rows}))
     ok = gpu_check.judge(_raw("conform-seed0"), str(tmp_path))
     assert ok["status"] == "pass" and "1/2 fastlib-cuda rows pass, 1 unsupported" in ok["detail"]
     rows.append({"engine": "fastlib-cuda", "name": "tanh", "dtype": "float32", "check": "vjp",
                  "status": "fail"})
-    (tmp_path / "conform-0.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "conform-seed0.json").write_text(json.dumps({"rows": rows}))
     bad = gpu_check.judge(_raw("conform-seed0"), str(tmp_path))
     assert bad["status"] == "fail" and bad["data"]["not_passed"] == ["tanh float32 vjp: fail"]

@@ -10,7 +10,8 @@ its box is stopped and reported as ``timeout``; the child is stopped at the budg
 stage it did not reach is ``skipped``. Stages: ``versions`` (the GPU, driver, numba,
 numba-cuda, NumPy, PyTorch; whether fastlib.cuda can compile, and whether it bridged NumPy
 2.5's missing ``row_stack``); ``warmup`` (one short run of every benchmark model, compiling
-what the later stages launch); ``conform-seed0/1`` (``verigrad conform`` of fastlib-cuda);
+what the later stages launch); ``conform-seed0`` (``verigrad conform`` of fastlib-cuda),
+``conform-16bit`` (the same in bfloat16 and float16: ops and mixed-precision training rows);
 ``frame-ops``, ``frame-train`` (tests/cuda_sim_check.py's GEMM checks, tests/cuda_train_sim_check.py
 on the device); ``digits`` (CPU and GPU test accuracy within one sample); ``bench-<model>``
 (``verigrad bench train --device cuda``, steady state, with the per-step counts).
@@ -44,12 +45,12 @@ DIGITS_EPOCHS = 5
 # compiles dominate a first run, so the stages that compile come first and get the long boxes
 # (the warm-up: the bench models' float32 kernels; conform-seed0: every op and layer kind in
 # float32 and float64), and the later stages find their kernels compiled
-BOXES = {"versions": 30, "warmup": 150, "conform-seed0": 180, "conform-seed1": 30,
+BOXES = {"versions": 30, "warmup": 150, "conform-seed0": 170, "conform-16bit": 40,
          "frame-ops": 20, "frame-train": 60, "digits": 30, "bench-mlp": 15, "bench-lstm": 15,
          "bench-attention": 15, "bench-transformer": 15}
 BUDGET_S = 570  # the whole checklist: the boxes and the process's start, in one 10-min command
 # under the simulator: the same stages, tiny; one bench model
-SIMULATED_BOXES = {"versions": 60, "warmup": 120, "conform-seed0": 120, "conform-seed1": 120,
+SIMULATED_BOXES = {"versions": 60, "warmup": 120, "conform-seed0": 120, "conform-16bit": 120,
                    "frame-ops": 120, "frame-train": 240, "digits": 120, "bench-tiny": 120}
 SIMULATED_BUDGET_S = 1200
 
@@ -137,20 +138,18 @@ import fastlib
 from fastlib.cuda import device
 from reports.bench.models import load
 models = sys.argv[1].split(",")
-LOSSES = {"mlp": "cross_entropy", "tiny": "cross_entropy", "lstm": "cross_entropy",
-          "attention": "mse", "transformer": "binary_cross_entropy_with_logits"}
 t0 = time.perf_counter()
 for name in models:
     model = load(name)
     class Args:
         samples, data_dir = 8, None
     x, y, _ = model.data(Args)
-    fastlib.train(model.build(0), x[:4], y[:4], 1, 2, 1e-3, LOSSES[name], optimizer="Adam",
+    fastlib.train(model.build(0), x[:4], y[:4], 1, 2, 1e-3, model.LOSS, optimizer="Adam",
                   verbose=False, device="cuda")
 out = {"models": models, "seconds": round(time.perf_counter() - t0, 2),
        "signatures_compiled": len(device.COMPILES),
        "compile_seconds": round(sum(c[2] for c in device.COMPILES), 2),
-       "compiled": [[n, sig, round(t, 3)] for n, sig, t in device.COMPILES]}
+       "compiled": [[n, str(sig), round(t, 3)] for n, sig, t in device.COMPILES]}
 print("GPU_CHECK " + json.dumps(out))
 """
 
@@ -184,12 +183,16 @@ def stage_commands(simulate, tmp):
     flag = _conform_engine_flag()
     stages = {"versions": ["-c", VERSIONS_CODE],
               "warmup": ["-c", WARMUP_CODE, ",".join(("tiny",) if simulate else BENCH_MODELS)]}
-    for seed in (0, 1):
-        cmd = ["-m", "reports", "conform", flag, "fastlib-cuda", "--no-proofs", "--seed",
-               str(seed), "--json", os.path.join(tmp, f"conform-{seed}.json"), "--no-progress"]
+    # float32 and float64, then the 16-bit formats (their kernels are float32's, compiled by
+    # then, plus the rounding and the loss scale's)
+    for stage, dtypes in (("conform-seed0", ()), ("conform-16bit", ("bfloat16", "float16"))):
+        cmd = ["-m", "reports", "conform", flag, "fastlib-cuda", "--no-proofs", "--seed", "0",
+               "--json", os.path.join(tmp, f"{stage}.json"), "--no-progress"]
+        if dtypes:
+            cmd += ["--dtypes", *dtypes]
         if simulate:
             cmd += ["--ops", "relu"]
-        stages[f"conform-seed{seed}"] = cmd
+        stages[stage] = cmd
     ops = ["tests/cuda_sim_check.py"] + (["--only", "relu"] if simulate else [])
     frame = ["tests/cuda_train_sim_check.py"] + (["--only", "frame"] if simulate else [])
     stages["frame-ops"], stages["frame-train"] = ops, frame
@@ -361,7 +364,7 @@ def judge(raw, tmp):
                           f"{data['compile_seconds']} s ({data['seconds']} s for "
                           f"{', '.join(data['models'])})")
         elif name.startswith("conform-"):
-            path = os.path.join(tmp, f"conform-{name[-1]}.json")
+            path = os.path.join(tmp, f"{name}.json")
             if os.path.exists(path):
                 with open(path) as fh:
                     rows = json.load(fh)
