@@ -28,8 +28,9 @@ from fastlib.errors import CorruptFileError
 from fastlib.model_schema import MAX_DEPTH as _MAX_NESTING
 
 __all__ = ["save_model", "write_archive", "read_archive", "model_entries",
-           "check_model_entries", "max_load_bytes", "ArrayHeader", "CorruptFileError",
-           "stale_temporaries", "temporary_prefix", "current_umask", "json_depth",
+           "check_model_entries", "check_finite", "max_load_bytes", "ArrayHeader",
+           "CorruptFileError", "stale_temporaries", "temporary_prefix", "current_umask",
+           "json_depth",
            "MODEL_FORMAT", "CHECKPOINT_FORMAT", "VERSION", "DEFAULT_MAX_BYTES", "MAX_BYTES_ENV"]
 
 MODEL_FORMAT = "verigrad-model"
@@ -412,6 +413,24 @@ def _check_format(meta, formats, path):
         raise CorruptFileError(path, f"{META}.version", f"format version {version} was "
                                f"written by a newer verigrad; this one reads versions up to "
                                f"{VERSION}: upgrade verigrad")
+
+
+def check_finite(path, arrays: dict) -> None:
+    """Refuse the file at ``path`` when a float array of ``arrays`` (``{member: array}``) holds
+    NaN or Inf: weights and optimizer state that cannot train (a run that diverges keeps its
+    last good weights, so a checkpoint of one is finite).
+
+    Raises
+    ------
+    fastlib.errors.CorruptFileError
+        Naming the member and the first such entry.
+    """
+    for name, arr in arrays.items():
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            at = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+            raise CorruptFileError(path, name, f"holds {arr[at]} at index {at}: saved weights "
+                                   "and optimizer state must be finite; load an earlier "
+                                   "checkpoint or a model saved before the values broke")
 
 
 def _read_data(archive, info, header, name, path) -> np.ndarray:

@@ -28,6 +28,7 @@ def build_model(meta: dict, arrays: dict, path="<memory>"):
     except Exception as exc:  # noqa: BLE001 - a constructor refusing a value from the file
         raise CorruptFileError(path, f"{io.META}.architecture", f"does not build a model "
                                f"({io.describe(exc)})") from None
+    io.check_finite(path, {io.PARAM + n: arrays[io.PARAM + n] for n in names})
     model.load_parameters({n: arrays[io.PARAM + n] for n in names})
     return model
 

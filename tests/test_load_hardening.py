@@ -233,3 +233,36 @@ def test_idx_gzip_bomb_is_read_only_as_far_as_the_header_declares(tmp_path):
     path.write_bytes(gzip.compress(data))
     with pytest.raises(CorruptFileError, match="unexpected bytes after"):
         read_idx(path, 2051)
+
+
+def _poison(prefix):
+    """A member edit: the first member under ``prefix`` gets a NaN at its first entry."""
+    def edit(members):
+        name = next(n for n in members if n.startswith(prefix))
+        arr = np.load(pyio.BytesIO(members[name])).copy()
+        arr.flat[0] = np.nan
+        buf = pyio.BytesIO()
+        np.save(buf, arr)
+        members[name] = buf.getvalue()
+    return edit
+
+
+def test_weights_or_optimizer_state_holding_nan_name_the_file_and_member(tmp_path):
+    path = tmp_path / "m.npz"
+    _mlp().save(path)
+    _rewrite(path, edit_members=_poison("param/"))
+    _refused(path, "param/", "holds nan at index (0", "must be finite")
+    x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    y = np.arange(8).reshape(-1, 1) % 2
+    ck = tmp_path / "ck.npz"
+    fastlib.train(_mlp(), x, y, 1, 4, 0.01, "cross_entropy", optimizer="Adam", checkpoint=ck,
+                  verbose=False)
+    good = ck.read_bytes()
+    for prefix in ("param/", "opt/"):
+        ck.write_bytes(good)
+        _rewrite(ck, edit_members=_poison(prefix))
+        _refused(ck, prefix, "holds nan", loader=checkpoint.load_checkpoint)
+        # and through train's resume, before any epoch
+        with pytest.raises(CorruptFileError, match=prefix):
+            fastlib.train(_mlp(), x, y, 2, 4, 0.01, "cross_entropy", optimizer="Adam",
+                          resume=ck, verbose=False)

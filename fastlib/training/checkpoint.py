@@ -94,6 +94,8 @@ def load_checkpoint(path, *, max_bytes=None) -> Checkpoint:
         path, formats=(io.CHECKPOINT_FORMAT,), max_bytes=max_bytes,
         check=lambda m, h: _check_entries(m, h, path, max_bytes))
     names = meta["parameters"]
+    io.check_finite(path, {k: v for k, v in arrays.items()
+                           if k.startswith((io.PARAM, _OPT, _BEST))})
     slots = {s: {n: arrays[f"{_OPT}{s}/{n}"] for n in names} for s in meta["opt_slots"]}
     params = {n: arrays["param/" + n] for n in names}
     best = ({n: arrays[_BEST + n] for n in names} if meta["has_best"] else None)
