@@ -90,15 +90,22 @@ def load_digits(split: str | None = None, dtype=np.float32):
     ----------
     split : {"train", "test"} or None
         None returns both splits as :class:`Splits`; a name returns that :class:`Split`.
-    dtype : numpy float dtype
-        dtype of the features (float32 by default, float64 for reference comparisons).
+    dtype : {float32, float64}
+        dtype of the features (float32 by default, float64 for reference comparisons), as a
+        numpy type, a ``np.dtype`` or its name.
 
     Returns
     -------
     Splits or Split
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``dtype`` is not a dtype, or not float32 or float64; ``split`` is not a split's name.
     """
     from sklearn.datasets import load_digits as _sk_load_digits  # bundled with scikit-learn
 
+    dtype = _check_dtype(dtype)
     _check_split(split, allow_none=True)
     bunch = _sk_load_digits()
     x = (bunch.data / 16.0).astype(dtype)
@@ -394,8 +401,8 @@ def load_mnist(split: str | None = "train", path=None, dtype=np.float32, downloa
         environment variable ``VERIGRAD_MNIST_DIR``, else the user cache folder
         (:func:`mnist_cache_dir`), else ``../shared/data/mnist`` relative to the working
         directory, the first that holds the files (:func:`mnist_dir`).
-    dtype : numpy float dtype
-        dtype of the images (float32 by default).
+    dtype : {float32, float64}
+        dtype of the images (float32 by default), as a numpy type, a ``np.dtype`` or its name.
     download : bool
         Fetch the files missing from that folder (the cache when none holds them) first, each
         checked against its published SHA-256 (:func:`download_mnist`).
@@ -415,10 +422,15 @@ def load_mnist(split: str | None = "train", path=None, dtype=np.float32, downloa
     OSError, fastlib.errors.CorruptFileError
         With ``download``: the server cannot be reached, or a file is cut short or does not
         hash to its published SHA-256 (nothing is kept).
-    ValueError
-        A file is truncated, not gzip/IDX, has the wrong magic number, wrong sizes, labels out
-        of 0..9, or image and label counts that differ (the message names the file).
+    TypeError, ValueError
+        ``dtype`` is not a dtype, or not float32 or float64 (checked before any file is looked
+        for); ``split`` is not a split's name.
+    ValueError, fastlib.errors.CorruptFileError
+        A file is truncated, not gzip/IDX, has the wrong magic number, wrong sizes, no image or
+        no label, labels out of 0..9, or image and label counts that differ (the message names
+        the file).
     """
+    dtype = _check_dtype(dtype)
     _check_split(split, allow_none=True)
     folder = mnist_dir(path, download=download, url=url)
     if split is None:
@@ -429,10 +441,19 @@ def load_mnist(split: str | None = "train", path=None, dtype=np.float32, downloa
 
 
 def _load_mnist_split(folder: pathlib.Path, split: str, dtype) -> Split:
+    from fastlib.errors import CorruptFileError
+
     images_name, labels_name = MNIST_FILES[split]
     images_file, labels_file = _find(folder, images_name), _find(folder, labels_name)
     images = read_idx(images_file, IDX_IMAGES_MAGIC)
     labels = read_idx(labels_file, IDX_LABELS_MAGIC)
+    # an IDX header may declare 0 items, but an empty split is no data set: read as one, a
+    # training run would go through every epoch and fail only on the empty test split
+    for file, held, what in ((images_file, images, "images"), (labels_file, labels, "labels")):
+        if held.shape[0] == 0:
+            raise CorruptFileError(file, "header", f"holds 0 {what} (the published {split} "
+                                   f"split has {MNIST_COUNTS[split]}); the file is cut short "
+                                   "or not MNIST: fetch it again")
     if images.shape[1:] != (28, 28):
         raise ValueError(f"{images_file}: MNIST images are 28x28, this file holds "
                          f"{images.shape[1]}x{images.shape[2]} images")
@@ -552,6 +573,32 @@ def _size_problem(shape, expected, body, gzipped=False):
                 f"{body}")
     extra = "more" if gzipped else body - expected
     return f"{extra} unexpected bytes after the {shape} data; the file is corrupt"
+
+
+#: the feature dtypes the loaders return: the formats models compute in (a 16-bit model trains
+#: in mixed precision over float32 data)
+FEATURE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _check_dtype(dtype) -> np.dtype:
+    """``dtype`` as a ``np.dtype``, refused unless it is float32 or float64.
+
+    An integer dtype would truncate the [0, 1] pixels to 0/1 (or fail in numpy's division),
+    and ``np.dtype(None)`` would quietly mean float64, so both are refused here, before any
+    file is read.
+    """
+    wanted = "dtype must be float32 or float64"
+    if dtype is None:
+        raise TypeError(f"{wanted}, got None; pass np.float32 (the default) or np.float64")
+    try:
+        found = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise TypeError(f"{wanted}, got {dtype!r}, which is not a dtype; pass np.float32 or "
+                        "'float32' (the default), np.float64 or 'float64'") from None
+    if found not in FEATURE_DTYPES:
+        raise ValueError(f"{wanted}, got {found.name}: the features are pixels scaled to "
+                         "[0, 1]; pass np.float32 (the default) or np.float64")
+    return found
 
 
 def _check_split(split, allow_none: bool) -> None:

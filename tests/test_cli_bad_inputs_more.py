@@ -111,7 +111,8 @@ def test_hidden_without_a_width_is_a_usage_error(capsys, no_training, hidden, al
     assert f"--hidden needs at least one width, e.g. 128 or 128,64; got {hidden!r}" in err
 
 
-def test_hidden_drops_blank_items_as_every_list_does(monkeypatch):
+def test_hidden_takes_spaces_around_its_widths(monkeypatch):
+    # an empty width is refused (tests/test_cli_bad_input.py): widths are positional
     seen = {}
 
     def record(args):
@@ -119,7 +120,7 @@ def test_hidden_drops_blank_items_as_every_list_does(monkeypatch):
         return 0
 
     monkeypatch.setattr(train, "_run", record)
-    assert main(["train", "--hidden", "32,,16,"]) == 0
+    assert main(["train", "--hidden", " 32, 16 "]) == 0
     assert seen["hidden"] == [32, 16]
 
 

@@ -248,10 +248,13 @@ def run_engines(args, out=None, proofs=(), on_proofs=None, on_compiled=None):
         print(f"verigrad conform: {exc}", file=sys.stderr)
         return [], [], 2
     rows = order_rows(rows, args.first)
+    named = set(args.engines or ())
 
     def print_unavailable():
         for status in statuses:
-            if not status.available:
+            # with no row to run, the closing "nothing to check" line names an engine asked
+            # for by name and why it cannot run: said there, once
+            if not status.available and (rows or status.name not in named):
                 print(f"engine {status.name}: unavailable: {status.reason}", file=out)
 
     if not proofs:
@@ -304,8 +307,7 @@ def run_engines(args, out=None, proofs=(), on_proofs=None, on_compiled=None):
     if done:
         print(rows_table(done), file=out)
     else:
-        print("nothing to check: no available engine has a row that matches the filters",
-              file=out)
+        print(_nothing_to_check(statuses, named), file=out)
     failed = [r for r in done if r.result.status in ("FAIL", "error")]
     for row in failed:
         detail = "\n".join("  " + line for line in row.result.detail.strip().splitlines())
@@ -319,6 +321,16 @@ def run_engines(args, out=None, proofs=(), on_proofs=None, on_compiled=None):
                 if not s.available and args.engines and s.name in args.engines]
     code = 1 if failed or (explicit and len(explicit) == len(statuses)) else 0
     return done, statuses, code
+
+
+def _nothing_to_check(statuses, named):
+    """The line of a run without a row: an engine named with ``--engines`` that cannot run
+    here, with its reason (no GPU, a package missing), else the filters that left nothing."""
+    missing = [s for s in statuses if not s.available and s.name in named]
+    if not missing:
+        return "nothing to check: no available engine has a row that matches the filters"
+    return "nothing to check: " + "; ".join(f"engine {s.name} is unavailable: {s.reason}"
+                                            for s in missing)
 
 
 def _proof_subjects(ops):

@@ -30,16 +30,21 @@ DATA_DEFAULTS = {"digits": {"epochs": 20, "batch_size": 32},
 
 
 def _hidden(text):
-    # blank items are dropped, as in every list of the grammar ("128," is 128); a list with
-    # no width left would silently train a model without a hidden layer (or crash cd)
+    # widths are positional (layer i is item i), so unlike a list of names an empty item is
+    # refused, never dropped: "12,,4" is a missing width, and dropping it trained 64-12-4-10
+    items = text.split(",")
+    if not any(s.strip() for s in items):
+        raise argparse.ArgumentTypeError(f"--hidden needs at least one width, e.g. 128 or "
+                                         f"128,64; got {text!r}")
+    empty = next((i for i, s in enumerate(items, 1) if not s.strip()), None)
+    if empty is not None:
+        raise argparse.ArgumentTypeError(f"--hidden {text!r} has an empty width (item {empty}); "
+                                         "give one width per hidden layer, e.g. 128 or 128,64")
     try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
+        sizes = [int(s) for s in items]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--hidden takes comma-separated widths like 128,64; "
                                          f"got {text!r}") from None
-    if not sizes:
-        raise argparse.ArgumentTypeError(f"--hidden needs at least one width, e.g. 128 or "
-                                         f"128,64; got {text!r}")
     if any(s < 1 for s in sizes):
         raise argparse.ArgumentTypeError(f"--hidden widths must be >= 1, got {text!r}")
     return sizes
@@ -293,7 +298,27 @@ def _check_paths(args):
         value = getattr(args, option)
         if value:
             problems.append(checks.writable_file(value, f"--{option}"))
+    if args.plot:
+        problems.append(_plot_format_problem(args.plot))
     return next((p for p in problems if p), None)
+
+
+def _plot_format_problem(path):
+    """Why matplotlib cannot write the ``--plot`` file (None: it can), told by its extension:
+    savefig picks the format from it, and would otherwise refuse only after the last epoch."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    known = ", ".join(formats)
+    extension = os.path.splitext(path)[1][1:]
+    if not extension:
+        # savefig would add ".png" and write another file than the one named
+        return (f"--plot {path}: has no file extension to tell matplotlib the format; name "
+                f"the file {path}.png or give another extension it writes: {known}")
+    if extension.lower() not in formats:
+        return (f"--plot {path}: matplotlib cannot write the format {extension!r}; give the "
+                f"file an extension it writes: {known} (e.g. .png)")
+    return None
 
 
 _MIXED = ("bfloat16", "float16")
@@ -495,6 +520,10 @@ def _run(args) -> int:
         (rank, ranks), distributed = dist.world(), dist.DataParallel(blocks=args.blocks)
     if args.resume:     # validate held its kind and dtype against the flags
         model = fastlib.load(args.resume)
+        problem = _features_problem(args, model, data.x_train.shape[1])
+        if problem:
+            print(f"verigrad train: {problem}", file=sys.stderr)
+            return 2
     else:
         model = _mlp(data.x_train.shape[1], args.hidden, classes, args.activation, loss, dtype,
                      args.seed)
@@ -567,6 +596,30 @@ def _run(args) -> int:
     return _status(result)
 
 
+def _features_problem(args, model, features):
+    """Why the ``--resume`` model cannot take the data's ``features`` per sample (None: it can).
+
+    Checked once the data is read (its width is the loader's) and before the first epoch: a
+    model built for other data would otherwise fail inside its first layer after compiling,
+    without naming the checkpoint.
+    """
+    fix = "resume with the data it was trained on"
+    needs = getattr(model, "in_width", None)
+    if needs is None:   # a model whose first layer takes any width: ask the whole model
+        try:
+            model.infer_shape((1, features))
+        except ValueError as exc:
+            return (f"--resume {args.resume}: its model does not take the {args.data} data "
+                    f"({features} features): {exc}; {fix}")
+        except NotImplementedError:     # a layer that cannot tell: its first batch checks
+            return None
+        return None
+    if needs != features:
+        return (f"--resume {args.resume}: its model takes {needs} input features but the "
+                f"{args.data} data has {features}; {fix}")
+    return None
+
+
 def _describe(model, classes, activation):
     """The banner's words for ``model``: ``MLP 64-128-10 relu`` (and its output layer's
     activation when that is not linear), else, for a resumed model of another shape, its
@@ -622,6 +675,10 @@ def _run_cd(args, data, train, val, epochs, batch_size, dtype, t0) -> int:
     rbm_cls = fastlib.RBM        # importing fastlib.rbm also lets fastlib.load rebuild an RBM
     rbm = (fastlib.load(args.resume) if args.resume else
            rbm_cls(data.x_train.shape[1], args.hidden[0], dtype=dtype, seed=args.seed))
+    problem = _features_problem(args, rbm, data.x_train.shape[1]) if args.resume else None
+    if problem:
+        print(f"verigrad train: {problem}", file=sys.stderr)
+        return 2
     print(wrap(f"verigrad train: {args.data} images ({len(train.x)} train, "
                f"{0 if val is None else len(val.x)} validation), RBM {rbm.visible}-{rbm.hidden}, "
                f"CD-{args.cd_k}, {args.optimizer} lr={args.lr:g}, batch {batch_size}, "
