@@ -222,6 +222,16 @@ def test_train_sh_names_a_policy_value_of_the_wrong_type(kwargs, words):
                             fn=fastlib.train_sh, **kwargs)
 
 
+def test_train_sh_refuses_a_min_lr_above_its_learning_rate():
+    x, y = data()
+    refused_before_training(ValueError, r"min_lr=1 is above the learning rate 0\.1",
+                            mlp(), x, y, 1, 8, 0.1, "cross_entropy", fn=fastlib.train_sh,
+                            monitor="loss", min_lr=1.0)
+    # equal is a floor the first reduction crosses: taken (it stops at the first plateau)
+    fastlib.train_sh(mlp(), x, y, 1, 8, 0.1, "cross_entropy", monitor="loss", min_lr=0.1,
+                     verbose=False)
+
+
 # ---------------------------------------------------------------------------------------------
 # the model and the callbacks
 
@@ -467,3 +477,30 @@ def test_a_first_batch_that_overflows_float16_does_not_blame_the_learning_rate(f
         later = fastlib.train(mlp(dtype=np.float32), np.ones((20, 4), np.float32), y, 3, 4,
                               1e30, "cross_entropy", fused=fused, verbose=False)
     assert later.diverged and "lower the learning rate" in later.stop_reason
+
+
+@pytest.mark.parametrize("last, loss, binary", [
+    (lambda: fastlib.Dense(5, 3, "softmax"), "cross_entropy", False),
+    (lambda: fastlib.Softmax(), "categorical_cross_entropy", False),
+    (lambda: fastlib.Dense(5, 3, "sigmoid"), "binary_cross_entropy_with_logits", True)])
+def test_a_logit_loss_on_squashed_outputs_warns_before_training(last, loss, binary):
+    x, y = data()
+    layers = [fastlib.Dense(4, 5, "relu"), last()]
+    if isinstance(layers[-1], fastlib.Softmax):
+        layers.insert(1, fastlib.Dense(5, 3))
+    model = fastlib.Sequential(layers, seed=0)
+    targets = (binary_targets() if binary else
+               fastlib.onehot(y.ravel(), 3) if loss == "categorical_cross_entropy" else y)
+    heard = Heard()
+    with pytest.warns(UserWarning, match=rf"{loss} takes logits .* squashed twice") as got:
+        fastlib.train(model, x, targets, 1, 8, 0.1, loss, callbacks=[heard], verbose=False)
+    assert heard.began and got[0].filename == __file__   # it trains, and points at this call
+
+
+def test_a_logit_loss_on_logits_and_bce_on_probabilities_do_not_warn():
+    x, y = data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        fastlib.train(mlp(), x, y, 1, 8, 0.1, "cross_entropy", verbose=False)
+        fastlib.train(mlp("sigmoid"), x, binary_targets(), 1, 8, 0.1, "binary_cross_entropy",
+                      verbose=False)

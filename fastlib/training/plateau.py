@@ -28,7 +28,13 @@ class PlateauRun:
         self.restored = False
 
     def start(self, lr) -> None:
-        """A fresh run starts the policy at the run's learning rate."""
+        """A fresh run starts the policy at the run's learning rate; a ValueError when
+        ``min_lr`` lies above it (the floor would be reached at once, or never be a floor)."""
+        if self.policy.min_lr > lr:
+            raise ValueError(f"min_lr={self.policy.min_lr:g} is above the learning rate "
+                             f"{lr:g}: the rate only falls from there, so the first reduction "
+                             "would stop the run; pass a min_lr below the learning rate (the "
+                             "default is 1e-6)")
         self.policy.lr = lr
 
     def settings(self) -> dict:

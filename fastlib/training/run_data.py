@@ -70,6 +70,8 @@ def check_data(model, algo, loss_type, x, y, x_val, y_val) -> RunData:
         y_val = None if y_val is None else np.asarray(y_val)
     if loss_type == "binary_cross_entropy" and algo.needs_targets:
         _check_probability_output(model)
+    if algo.needs_targets:
+        _warn_squashed_logits(model, loss_type)
     return RunData(x, y, x_val, y_val)
 
 
@@ -151,6 +153,30 @@ def _check_probability_output(model):
                      f"[{low:g}, {high:g}]: end the model with a sigmoid (a Dense with "
                      f"activation='sigmoid', or a Softmax), or use "
                      f"binary_cross_entropy_with_logits on logits")
+
+
+#: the losses that take logits, and what they apply to them
+_LOGIT_LOSSES = {"cross_entropy": "a log-softmax", "categorical_cross_entropy": "a log-softmax",
+                 "binary_cross_entropy_with_logits": "a log-sigmoid"}
+
+
+def _warn_squashed_logits(model, loss_type):
+    """Warn when a loss that takes logits meets a model whose outputs lie in [0, 1] (a softmax or
+    sigmoid last layer): the loss squashes them again, so its gradients are flattened and
+    training crawls (as Keras warns for ``from_logits``). A warning, not a refusal: it trains,
+    just badly."""
+    from fastlib.training.notices import warn
+
+    applies = _LOGIT_LOSSES.get(loss_type)
+    bounds = model.output_range
+    if applies is None or bounds is None or not (bounds[0] >= 0 and bounds[1] <= 1):
+        return
+    instead = ("or keep it and use binary_cross_entropy, which takes probabilities"
+               if loss_type.startswith("binary") else "and apply softmax when predicting")
+    warn(f"{loss_type} takes logits and applies {applies} itself, but the model ends in "
+         f"{_last_layer(model)!r}, whose outputs already lie in [0, 1]: they are squashed "
+         f"twice. End the model with a linear layer (activation='linear'), {instead}",
+         UserWarning)
 
 
 def _last_layer(model):
