@@ -297,4 +297,4 @@ def cd_evaluate(model, x, y, loss_type):
 
 
 register_algorithm("cd", cd_train_one_batch, needs_targets=False, evaluate=cd_evaluate,
-                   run_epoch=_cd_run_epoch, overwrite=True)
+                   run_epoch=_cd_run_epoch, overwrite=True, options=("cd_k",))

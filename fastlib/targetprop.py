@@ -484,4 +484,8 @@ def _init(ctx):
     _run_state(ctx)
 
 
-register_algorithm("targetprop", targetprop_train_one_batch, init=_init, overwrite=True)
+# its options declared, so train() takes every field by name (a field close to one of train's
+# own keywords, gradient_scale to gradient_clip, was refused as a misspelling)
+register_algorithm("targetprop", targetprop_train_one_batch, init=_init, overwrite=True,
+                   options=("targetprop_config",) + tuple(f.name for f in fields(
+                       TargetPropConfig)))
