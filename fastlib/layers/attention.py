@@ -41,7 +41,7 @@ class MultiHeadAttention(AttentionShell, Layer):
         return (np.concatenate((p["w_q"], p["w_k"], p["w_v"]), axis=1),
                 np.concatenate((p["b_q"], p["b_k"], p["b_v"])))
 
-    def forward(self, x):
+    def _run(self, x):
         p = self._params
         batch, steps, d = x.shape
         x2 = np.ascontiguousarray(x).reshape(batch * steps, d)

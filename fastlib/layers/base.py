@@ -73,7 +73,8 @@ class Layer:
     """Base of every fastlib layer and container.
 
     Subclasses set ``_params`` (local name -> array, in declaration order) or ``_children``, and
-    implement ``forward``, ``backward``, ``infer_shape`` and ``get_config``.
+    implement ``_run`` (the unchecked forward; the inherited ``forward`` checks its input
+    first), ``backward``, ``infer_shape`` and ``get_config``.
 
     Attributes
     ----------
@@ -251,18 +252,13 @@ class Layer:
         """Return ``x`` as the array ``forward`` expects, or raise a clear error.
 
         Checks the dtype (TypeError), NaN/Inf (ValueError), and every layer's shape
-        (``infer_shape``, ValueError naming the layer and both shapes).
+        (``infer_shape``, ValueError naming the layer and both shapes). ``forward`` makes the
+        same dtype-kind and shape checks (``check_forward``), but neither converts nor scans.
         """
         owner = type(self).__name__
         arr = np.asarray(x)
-        if self.takes_indices:
-            if arr.dtype.kind == "b" or arr.dtype.kind not in "fiu":
-                raise TypeError(f"{owner}: expects integer indices, got dtype {arr.dtype}")
-        else:
-            if arr.dtype.kind not in "f":
-                hint = f"x.astype(np.{self.dtype.name})"
-                raise TypeError(f"{owner}: expects a floating-point input of dtype {self.dtype}, "
-                                f"got {arr.dtype} with shape {arr.shape}; cast it with {hint}")
+        self._check_kind(arr, owner)
+        if not self.takes_indices:
             given = arr
             if arr.dtype != self.dtype:
                 # NOTE: a float input of the other precision is converted to the model's dtype
@@ -272,11 +268,58 @@ class Layer:
                     arr = arr.astype(self.dtype)
             if not np.isfinite(arr).all():
                 raise self._non_finite_input(given, arr)
-        if arr.ndim == 0 or arr.size == 0:
+        self._check_shape(arr, owner)
+        return np.ascontiguousarray(arr)  # the kernels are compiled for C-contiguous arrays
+
+    def check_forward(self, x):
+        """Refuse an input ``forward`` cannot take; O(1): metadata only, no pass over the data.
+
+        ``x`` must be an ndarray of this layer's dtype exactly (integer indices, or floats
+        holding them, for a model that starts with ``Embedding``), not a scalar, not empty, and
+        of a shape every layer accepts (``infer_shape``). The rules and their messages are
+        those of ``check_input`` (which ``model(x)`` runs), less what only ``check_input`` does:
+        converting array-likes and the other float precision, and scanning for NaN/Inf.
+        """
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{self._forward_owner()}.forward: expects a numpy array, got "
+                            f"{type(x).__name__}; call the model, model(x), to validate and "
+                            "convert array-likes")
+        if x.dtype != self.dtype:
+            owner = self._forward_owner()
+            self._check_kind(x, owner)
+            if not self.takes_indices:
+                raise TypeError(f"{owner}: input dtype {x.dtype} differs from the layer's "
+                                f"{self.dtype}; convert with x.astype(np.{self.dtype.name}) "
+                                "(model(x) converts it for you)")
+        if x.ndim == 0 or x.size == 0:
+            self._check_shape(x, self._forward_owner())  # raises, naming the problem
+        self.infer_shape(x.shape)
+
+    def _forward_owner(self):
+        """How ``forward``'s checks name the layer: its sizes when it has any (``Dense(4, 3)``)."""
+        return self._shape_label() if self._label_attrs else type(self).__name__
+
+    def _check_kind(self, arr, owner):
+        """TypeError unless ``arr``'s dtype is of a kind this layer takes: integers (or whole
+        floats) for indices, else a float (the precision is ``check_input``'s/``forward``'s)."""
+        if self.takes_indices:
+            if arr.dtype.kind == "b" or arr.dtype.kind not in "fiu":
+                raise TypeError(f"{owner}: expects integer indices, got dtype {arr.dtype}")
+        elif arr.dtype.kind not in "f":
+            hint = f"x.astype(np.{self.dtype.name})"
+            raise TypeError(f"{owner}: expects a floating-point input of dtype {self.dtype}, "
+                            f"got {arr.dtype} with shape {arr.shape}; cast it with {hint}")
+
+    def _check_shape(self, arr, owner):
+        """ValueError unless ``arr``'s shape fits: not a scalar, every layer's ``infer_shape``
+        (which names an empty sequence as such), then at least one example."""
+        if arr.ndim == 0:
             raise ValueError(f"{owner}: input of shape {arr.shape} is empty or a scalar; pass a "
                              "batch with at least one example")
         self.infer_shape(arr.shape)
-        return np.ascontiguousarray(arr)  # the kernels are compiled for C-contiguous arrays
+        if arr.size == 0:
+            raise ValueError(f"{owner}: input of shape {arr.shape} is empty or a scalar; pass a "
+                             "batch with at least one example")
 
     def _non_finite_input(self, given, converted):
         """The ValueError for an input whose conversion holds NaN or Inf: the data's own, or a
@@ -294,8 +337,25 @@ class Layer:
 
     # -- the protocol -------------------------------------------------------------------------
     def forward(self, x):
-        """Unchecked forward on an array that ``check_input`` accepted; records history."""
-        raise NotImplementedError(f"{type(self).__name__} must implement forward")
+        """Forward on an array of this layer's dtype and shape; records history for backward.
+
+        Refuses, with the error ``model(x)`` gives, an input it cannot take (``check_forward``:
+        O(1) checks of the type, dtype, rank and shape, no pass over the data), then runs the
+        unchecked ``_run``. Unlike ``model(x)`` it neither converts nor looks for NaN/Inf.
+        """
+        self.check_forward(x)
+        return self._run(x)
+
+    def _run(self, x):
+        """The unchecked forward, on an array ``check_forward`` accepted; records history.
+
+        fastlib's layers implement this (containers call their children's ``_run``: the
+        container's ``check_forward`` already checked every child). A layer that overrides
+        ``forward`` itself (the older protocol) is run through it, unchecked.
+        """
+        if type(self).forward is Layer.forward:
+            raise NotImplementedError(f"{type(self).__name__} must implement _run (or forward)")
+        return self.forward(x)
 
     def backward(self, grad_out, need_input_grad=True):
         """Gradients from the history of the last forward.
@@ -322,14 +382,18 @@ class Layer:
         input's last axis must be ``in_width`` (and its rank ``_input_rank`` when set), and the
         output is the input with that axis replaced by ``out_width``.
         """
-        if self._in_attr is None:
+        in_attr, out_attr = self._in_attr, self._out_attr
+        if in_attr is None:
             raise NotImplementedError(f"{type(self).__name__} must implement infer_shape")
-        width, label = self.in_width, self._shape_label()
-        if self._input_rank == 3:
-            require_sequence(shape, width, label, self._feature_name)
-        else:
-            require_last(shape, width, label, self._feature_name, ndim=self._input_rank)
-        return tuple(shape[:-1]) + (self.out_width(width),)
+        # NOTE (speed): forward runs this on every batch, so the declared widths are read
+        # directly (what in_width / out_width return) and the label is formatted on failure only
+        width, rank = getattr(self, in_attr), self._input_rank
+        if rank == 3:
+            if len(shape) != 3 or shape[-1] != width or shape[1] < 1:
+                require_sequence(shape, width, self._shape_label(), self._feature_name)
+        elif (rank is not None and len(shape) != rank) or not shape or shape[-1] != width:
+            require_last(shape, width, self._shape_label(), self._feature_name, ndim=rank)
+        return tuple(shape[:-1]) + (width if out_attr is None else getattr(self, out_attr),)
 
     def get_config(self):
         """Architecture as a plain dict with a ``"type"`` key (``fastlib.layers.from_config``)."""

@@ -121,10 +121,10 @@ class Sequential(_Container):
             shape = self._infer_child(i, shape)
         return shape
 
-    def forward(self, x):
+    def _run(self, x):
         self.hist_in = x
         for child in self._children:
-            x = child.forward(x)
+            x = child._run(x)
         self._out_shape = x.shape
         return x
 
@@ -218,9 +218,9 @@ class Parallel(_Container):
             out = y
         return out
 
-    def forward(self, x):
+    def _run(self, x):
         self.hist_in = x
-        outs = [child.forward(x) for child in self._children]
+        outs = [child._run(x) for child in self._children]
         if self.combine == "concat":
             self._widths = [o.shape[-1] for o in outs]
             total = np.concatenate(outs, axis=-1)

@@ -64,7 +64,7 @@ class Dense(Layer):
         """The bounds of its activation's values (``optable``'s activation table)."""
         return optable.ACTIVATIONS[self.activation].values
 
-    def forward(self, x):
+    def _run(self, x):
         w, b = self._params["weight"], self._params["bias"]
         x2 = as_matrix(x, self.in_features)
         pre = np.empty((x2.shape[0], self.out_features), self.dtype)

@@ -58,7 +58,7 @@ class Embedding(Layer):
                              "vocabulary size (num)")
         return arr.astype(np.int64, copy=False)
 
-    def forward(self, x):
+    def _run(self, x):
         idx = np.ascontiguousarray(self.indices(x))
         self.hist_in, self.hist_pre = idx, None
         self._out_shape = idx.shape + (self.dim,)

@@ -21,7 +21,7 @@ class _Norm(NormShell, Layer):
         super().__init__(dtype)
         self._setup(d, eps, seed, rng)
 
-    def forward(self, x):
+    def _run(self, x):
         x2 = as_matrix(x, self.d)
         y = np.empty_like(x2)
         self.hist_in, self.hist_pre = x, self._forward(x2, y)
@@ -116,7 +116,7 @@ class Softmax(Layer):
                              f"{len(shape)} dimensions (shape {tuple(shape)})")
         return tuple(shape)
 
-    def forward(self, x):
+    def _run(self, x):
         if self.axis in (-1, x.ndim - 1):
             x2 = as_matrix(np.ascontiguousarray(x), x.shape[-1])
             y = np.empty_like(x2)

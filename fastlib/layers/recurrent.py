@@ -29,7 +29,7 @@ class _Recurrent(RecurrentShell, Layer):
         out = super().infer_shape(shape)
         return out if self.return_sequences else (out[0], out[2])
 
-    def forward(self, x):
+    def _run(self, x):
         batch, steps, _ = x.shape
         rows, width = batch * steps, self._gates * self.hidden_size
         p = self._params

@@ -39,7 +39,7 @@ class SwiGLU(Layer):
         every call, so that in-place updates of the parameters are always seen)."""
         return np.concatenate((self._params["w_gate"], self._params["w_up"]), axis=1)
 
-    def forward(self, x):
+    def _run(self, x):
         x2 = as_matrix(x, self.d)
         rows = x2.shape[0]
         au = np.empty((rows, 2 * self.hidden), self.dtype)
