@@ -22,6 +22,9 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 def check_dtype(dtype, owner):
     """A layer's or a tape's dtype as a numpy dtype: float32 or float64, else a TypeError."""
+    if dtype is None:   # NumPy reads None as float64: a silent switch from the float32 default
+        raise TypeError(f"{owner}: dtype must be float32 or float64, got None; pass "
+                        "dtype=np.float32 or dtype=np.float64 (or leave it out for the default)")
     try:
         resolved = np.dtype(dtype)
     except TypeError as exc:

@@ -11,6 +11,8 @@ import re
 import numpy as np
 import pytest
 
+import fastlib
+
 from fastlib.layers import (LSTM, RNN, Dense, Embedding, LayerNorm, MultiHeadAttention,
                             Parallel, RMSNorm, Sequential, Softmax, SwiGLU)
 
@@ -187,3 +189,15 @@ def test_a_non_contiguous_input_of_the_right_dtype_is_still_taken():
     x = np.asfortranarray(np.random.default_rng(0).standard_normal((3, 4)).astype(F32))
     model = Sequential([Dense(4, 3), LayerNorm(3)])
     np.testing.assert_array_equal(model.forward(x), model(x))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: fastlib.Dense(3, 2, dtype=None),
+    lambda: fastlib.Sequential([fastlib.Dense(3, 2)], dtype=None),
+    lambda: fastlib.LSTM(3, 2, dtype=None),
+    lambda: fastlib.Tape(dtype=None)], ids=["Dense", "Sequential", "LSTM", "Tape"])
+def test_dtype_none_is_refused_not_read_as_float64(make):
+    # np.dtype(None) is float64: a layer built with dtype=None used to switch silently from
+    # the float32 default to float64
+    with pytest.raises(TypeError, match=r"dtype must be float32 or float64, got None"):
+        make()
