@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import fastlib
-
 from fastlib.layers import (LSTM, RNN, Dense, Embedding, LayerNorm, MultiHeadAttention,
                             Parallel, RMSNorm, Sequential, Softmax, SwiGLU)
 
