@@ -142,6 +142,22 @@ class Engine:
         self._require(name)
         return tuple(self._vjp(name, inputs, grad, **params))
 
+    # -- optional: the value its VJP computes on the way -----------------------------------
+    @property
+    def fused_value(self):
+        """True when the engine implements ``_value_and_vjp``: the forward value that its VJP
+        computes on the way (a loss and its gradient in one pass), which training uses and
+        the suite then holds to the forward's bound (optional)."""
+        return callable(getattr(self, "_value_and_vjp", None))
+
+    def value_and_vjp(self, name, inputs, grad, **params):
+        """``(forward value, cotangents)`` in one call (optional; see :attr:`fused_value`)."""
+        self._require(name)
+        if not self.fused_value:
+            raise UnsupportedOpError(f"{self.name}: no value_and_vjp provided")
+        value, grads = self._value_and_vjp(name, inputs, grad, **params)
+        return value, tuple(grads)
+
     # -- optional: forward mode and second order ----------------------------------------------
     def supports_derivative(self, op, derivative):
         """``(True, "")`` when the engine's ``derivative`` (``"jvp2"``: J t, ``"hvp"``: H t)
@@ -285,6 +301,11 @@ class FastlibEngine(Engine):
 
         return fastlib.vjp(name, inputs, grad, **params)
 
+    def _value_and_vjp(self, name, inputs, grad, **params):
+        from fastlib import ops
+
+        return ops.value_and_vjp(name, inputs, grad, **params)
+
     def _jvp(self, name, inputs, tangents, **params):
         import fastlib
 
@@ -327,6 +348,9 @@ class FastlibCudaEngine(FastlibEngine):
     def second_order(self):
         """False: fastlib's jvp/hvp (inherited) run on the CPU, not on the device."""
         return False
+
+    #: fastlib's value_and_vjp (inherited) runs on the CPU, not on the device
+    _value_and_vjp = None
 
     @property
     def rounded_once(self):

@@ -359,6 +359,15 @@ MUTANTS = (
            "float32 (a running sum that drops terms below half an ulp of the total)",
            "layers/dense.py", "np.empty(self.out_features, np.float64), gin, mode,",
            "np.empty(self.out_features, self.dtype), gin, mode,", ("Dense bias sum",)),
+    Mutant("dense-relu-derivative-leaky", "a relu Dense's backward takes leaky_relu's "
+           "derivative (the slope, not 0, where the pre-activation is negative) on every path",
+           "kernels/dense.py", "        return scalar.relu_df(z)\n",
+           "        return scalar.leaky_relu_df(z, slope)\n", ("kinked Dense",)),
+    Mutant("bce-logits-fused-value-linear-part", "binary_cross_entropy_with_logits' value "
+           "computed with its gradient (what training reads) drops the linear part; the "
+           "forward alone keeps it", "kernels/loss.py",
+           "        terms[i] = lin + np.float64(_log1p_unit(ei))\n",
+           "        terms[i] = np.float64(_log1p_unit(ei))\n", ("exact",)),
     Mutant("maximum-nan-routing", "maximum sends the gradient to b where a is NaN (the forward "
            "still returns a's NaN)", "kernels/binary.py",
            "return x >= y or x != x", "return x >= y", ("maximum NaN routing",)),

@@ -272,6 +272,15 @@ def check_call(engine, ex, kinks="strict"):
         m = _oracle.measure("output", out, exact.out, a_out, dtype)
         result.measures.append(replace(m, where=_where(ex, np.shape(exact.out[0]), m.index))
                                if m.index is not None else m)
+    if getattr(engine, "fused_value", False):
+        # the value a VJP computes on the way (a loss with its gradient) is what training
+        # reads: held to the forward's bound, as the forward is
+        both = _call(result, "value_and_vjp", lambda: engine.value_and_vjp(
+            ex.name, list(ex.inputs), ex.grad, **ex.params))
+        if both is not None:
+            m = _oracle.measure("output with the vjp", both[0], exact.out, a_out, dtype)
+            result.measures.append(replace(m, where=_where(ex, np.shape(exact.out[0]), m.index))
+                                   if m.index is not None else m)
     grads = _call(result, "vjp", lambda: engine.vjp(ex.name, list(ex.inputs), ex.grad,
                                                      **ex.params))
     if grads is None:

@@ -15,7 +15,7 @@ from reports.conformance.strategies import dense_chain, layer_block
 
 __all__ = ["EpochCase", "moved_parameters", "tolerance_targets", "epoch_cases", "fused_cases", "recurrent_cases", "attention_cases",
            "boundary_cases", "kernel_boundaries", "OPTIMIZERS", "LAYER_KINDS", "mixed_cases",
-           "loss_scale_cases"]
+           "loss_scale_cases", "kinked_cases", "KINKED"]
 
 OPTIMIZERS = tuple(optable.OPTIMIZERS)
 LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNorm", "RMSNorm",
@@ -25,6 +25,8 @@ LAYER_KINDS = ("Dense", "RNN", "LSTM", "MultiHeadAttention", "SwiGLU", "LayerNor
 # their own rows)
 SMOOTH = tuple(n for n, a in optable.ACTIVATIONS.items()
                if a.op != "softmax" and not optable.OPS[a.op].kinks)
+# ... and the kinked ones, held where no pre-activation comes near a kink (kinked_cases)
+KINKED = tuple(n for n, a in optable.ACTIVATIONS.items() if optable.OPS[a.op].kinks)
 # the compiled paths' Dense activations are the op table's elementwise ones
 # (fastlib.kernels.instructions.ELEMENTWISE_ACTIVATIONS): every smooth activation but softmax
 FUSED_SMOOTH = tuple(n for n in SMOOTH if optable.OPS[optable.ACTIVATIONS[n].op].category ==
@@ -337,6 +339,51 @@ def _attention(d, heads, causal):
     return {"type": "Sequential", "layers": [
         {"type": "MultiHeadAttention", "d_model": d, "heads": heads, "causal": causal},
         {"type": "Dense", "in_features": d, "out_features": 2, "activation": "linear"}]}
+
+
+#: how far from its kink every pre-activation of a kinked case lies
+KINK_MARGIN = 0.25
+
+
+def kinked_cases(dtype):
+    """A relu and a leaky_relu Dense (into a linear one) on every CPU path, one whole-batch
+    SGD step each, with inputs chosen so that every pre-activation of the kinked layer lies at
+    least :data:`KINK_MARGIN` from 0, on both sides of it.
+
+    The random cases train smooth activations only (a rounding may carry a pre-activation
+    across a kink, an O(1) change that is no accuracy error). Here none can: the step's
+    gradient is taken at the initial weights, which the seed gives every engine alike
+    (``reflib.models.from_config``), and the margin is many orders above any rounding of them,
+    so a derivative wrong on one side of the kink (relu' = slope for z < 0, say) fails.
+    """
+    from reflib.models import from_config
+
+    cases = []
+    for k, activation in enumerate(KINKED):
+        for path in ("generic", "fused", "pieces", "general"):
+            seed = 20261129 + 10 * k
+            rng = np.random.default_rng(seed)
+            width, hidden, classes, n = 3, 4, 2, 6
+            config = {"type": "Sequential", "layers": [
+                {"type": "Dense", "in_features": width, "out_features": hidden,
+                 "activation": activation},
+                {"type": "Dense", "in_features": hidden, "out_features": classes,
+                 "activation": "linear"}]}
+            params = from_config(config, seed=seed).parameters()
+            w, b = np.asarray(params["0.weight"]), np.asarray(params["0.bias"])
+            rows = []
+            while len(rows) < n:
+                row = rng.uniform(-2, 2, size=width)
+                if np.all(np.abs(row @ w + b) >= KINK_MARGIN):
+                    rows.append(row)
+            x = np.array(rows)
+            pre = x @ w + b
+            assert (pre < 0).any() and (pre > 0).any(), "both sides of the kink"
+            loss = "mse" if k % 2 == 0 else "cross_entropy"
+            cases.append(EpochCase(config, x, _targets(rng, loss, classes, (n, classes)), loss,
+                                   seed, dtype, optimizer="SGD", lr=0.05, batch_size=n,
+                                   epochs=1, path=path, label=f"{activation} Dense {path}"))
+    return cases
 
 
 def boundary_cases(dtype):

@@ -820,11 +820,10 @@ def train_rows(kinds):
             return run_property(strategy(), check_epochs, n, seed, reproduction)
         return Row("train", name, "fastlib", dtype, run)
 
-    def fixed(dtype):
+    def fixed(dtype, name="boundaries", cases=tc.boundary_cases):
         def run(profile, seed):
-            return run_cases(tc.boundary_cases(dtype), check_epochs,
-                             lambda i, case: reproduction(case))
-        return Row("train", "boundaries", "fastlib", dtype, run)
+            return run_cases(cases(dtype), check_epochs, lambda i, case: reproduction(case))
+        return Row("train", name, "fastlib", dtype, run)
 
     rows = [row(kind, "float64", lambda kind=kind: tc.epoch_cases(kind)) for kind in kinds]
     rows.append(row("fused MLP", "float64", lambda: st.sampled_from(["fused", "pieces"]).flatmap(
@@ -839,6 +838,8 @@ def train_rows(kinds):
         lambda k: tc.epoch_cases(k, "float32"))))
     rows.append(row("compiled attention", "float32", lambda: tc.attention_cases("float32")))
     rows.append(fixed("float32"))
+    for dtype in ("float64", "float32"):
+        rows.append(fixed(dtype, "kinked Dense", tc.kinked_cases))
     for fmt in ("bfloat16", "float16"):
         rows.append(row("mixed MLP", fmt, lambda fmt=fmt: tc.mixed_cases(fmt)))
     rows.append(Row("train", "loss scale", "fastlib", "float16", lambda profile, seed: run_cases(
