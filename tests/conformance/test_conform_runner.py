@@ -127,7 +127,7 @@ def test_unknown_and_unavailable_engines(capsys):
     if not fc.is_available():
         code = main(["conform", "--engines", "fastlib-cuda", "--no-proofs", "--no-progress"])
         out = capsys.readouterr().out
-        assert code == 1 and "fastlib-cuda: unavailable" in out
+        assert code == 1 and "engine fastlib-cuda is unavailable" in out
         assert fc.unavailable_reason() in out
 
 
