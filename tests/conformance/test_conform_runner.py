@@ -155,7 +155,7 @@ def test_plan_covers_every_op_and_check_for_the_default_engines():
     assert trains == set(LAYER_KINDS) | {"fused MLP", "generic", "boundaries",
                                            "compiled recurrent", "compiled attention",
                                            "Dense bias sum", "mixed MLP", "loss scale",
-                                           "rounding points"}
+                                           "rounding points", "kinked Dense"}
     assert {(r.engine, r.name) for r in rows if r.kind == "program"} == {
         ("reflib", "program random networks"), ("fastlib", "program random networks")}
     nan_rows = {(r.engine, r.dtype) for r in rows if r.name == "maximum NaN routing"}
