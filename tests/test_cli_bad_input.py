@@ -9,22 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from reports.cli import build_parser, main
+from reports.cli import build_parser
 from reports.commands import train
+from tests.test_cli_bad_inputs_more import no_training, run  # noqa: F401 - a fixture
 from tests.test_datasets import write_split
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out = capsys.readouterr()
-    assert "Traceback" not in out.out + out.err, out.err
-    return code, out.out, out.err
-
-
-@pytest.fixture
-def no_training(monkeypatch):
-    """Fail the test if `verigrad train` gets past its usage checks."""
-    monkeypatch.setattr(train, "_run", lambda args: pytest.fail("trained before refusing"))
 
 
 @pytest.fixture
