@@ -187,6 +187,11 @@ def test_checkpoint_fields_are_validated(tmp_path):
         (lambda m: {**m, "optimizer": {"name": "Adamm"}}, ["__meta__.optimizer"]),
         (lambda m: {**m, "opt_slots": ["m"]}, ["__meta__.opt_slots"]),
         (lambda m: {**m, "history": {**m["history"], "loss": "low"}}, ["history.loss"]),
+        # one entry per epoch done: a file claiming more epochs than it records is corrupt
+        (lambda m: {**m, "epoch": 5}, ["history.loss", "1 entries", "5 epoch"]),
+        (lambda m: {**m, "history": {**m["history"], "lr": []}}, ["history.lr", "0 entries"]),
+        (lambda m: {**m, "history": {**m["history"], "val_loss": [1.0, 2.0],
+                                     "val_acc": [0.5, 0.5]}}, ["history.val_loss", "2"]),
         (lambda m: {**m, "policy": {"monitor": "vibes"}}, ["__meta__.policy"]),
     ]:
         ck.write_bytes(good)

@@ -158,6 +158,16 @@ def _check_entries(meta, headers, path, max_bytes):
             raise bad(f"history.{key}", "must be a list of numbers")
     if not _is_int(h.get("skipped")) or not isinstance(h.get("fused"), bool):
         raise bad("history", "needs 'skipped' (a whole number) and 'fused' (true or false)")
+    # a run records one entry per epoch done; validation may have joined on a resume, so its
+    # lists may be shorter (never longer), and a resume continues from these lengths
+    done = meta["epoch"]
+    for key in ("loss", "acc", "epoch_times", "lr"):
+        if len(h[key]) != done:
+            raise bad(f"history.{key}", f"holds {len(h[key])} entries for the {done} epoch(s) "
+                      "the file says are done")
+    if len(h["val_loss"]) != len(h["val_acc"]) or len(h["val_loss"]) > done:
+        raise bad("history.val_loss", f"holds {len(h['val_loss'])} entries and val_acc "
+                  f"{len(h['val_acc'])}, for {done} epoch(s) done")
     expected = {}
     for slot in meta["opt_slots"]:
         expected.update({f"{_OPT}{slot}/{n}": shape for n, shape in declared.items()})
