@@ -160,10 +160,13 @@ def _validated(name, pred, t):
                              f"indices with fastlib.onehot(y, {ps[1]}), or use cross_entropy")
         t = _in_dtype(name, t, pred.dtype)
         sums = t.sum(axis=1, dtype=np.float64)
-        if (t < 0).any() or (np.abs(sums - 1.0) > _ROW_SUM_TOL).any():
-            row = int(np.argmax((t < 0).any(axis=1) | (np.abs(sums - 1.0) > _ROW_SUM_TOL)))
+        negative = (t < 0).any(axis=1)
+        if negative.any() or (np.abs(sums - 1.0) > _ROW_SUM_TOL).any():
+            row = int(np.argmax(negative | (np.abs(sums - 1.0) > _ROW_SUM_TOL)))
+            what = (f"row {row} holds {t[row].min():g} at class {int(np.argmin(t[row]))}"
+                    if negative[row] else f"row {row} sums to {sums[row]:g}")
             raise ValueError(f"categorical_cross_entropy expects one-hot (or probability) rows: "
-                             f"non-negative and summing to 1; row {row} sums to {sums[row]:g}. "
+                             f"non-negative and summing to 1; {what}. "
                              "Use fastlib.onehot(y, num_classes) for class indices")
         return t
     if t.shape != ps:

@@ -518,6 +518,43 @@ def test_clear_errors(index):
             call()
 
 
+def test_load_parameters_refuses_values_beyond_the_model_dtype_and_changes_nothing():
+    # 1e39 is finite as given (float64) but has no float32 value: it would load as inf
+    model = Sequential([Dense(2, 2)], seed=0)
+    before = {k: v.copy() for k, v in model.parameters().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no NumPy overflow warning either: one clear error
+        with pytest.raises(ValueError, match=r"'0.weight' holds 1e\+39, beyond float32's range"):
+            model.load_parameters({"0.weight": np.full((2, 2), 1e39), "0.bias": np.zeros(2)})
+    for name, value in model.parameters().items():
+        np.testing.assert_array_equal(value, before[name])
+    wide = Sequential([Dense(2, 2)], seed=0, dtype=np.float64)
+    wide.load_parameters({"0.weight": np.full((2, 2), 1e39), "0.bias": np.zeros(2)})
+    assert wide.parameters()["0.weight"][0, 0] == 1e39
+
+
+def test_a_container_warns_before_redrawing_loaded_or_shared_weights():
+    # PyTorch's and Keras's containers keep their children's weights; fastlib's draws them
+    # from its seed (reflib's draws), so losing loaded weights, or changing another model
+    # that holds the same layer, is said out loud
+    loaded = Dense(3, 2)
+    loaded.load_parameters({"weight": np.ones((3, 2)), "bias": np.zeros(2)})
+    with pytest.warns(UserWarning, match=r"layer 0 \(Dense\) holds weights set by "
+                                         r"load_parameters"):
+        Sequential([loaded], seed=0)
+    shared = Dense(3, 2)
+    first = Sequential([shared], seed=0)
+    before = first(np.ones((1, 3), np.float32))
+    with pytest.warns(UserWarning, match=r"layer 1 \(Dense\) already belongs to another model"):
+        Parallel([Dense(3, 2), shared], "add", seed=5)
+    assert not np.array_equal(first(np.ones((1, 3), np.float32)), before)   # as warned
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # fresh layers, nesting, a load after building: quiet
+        model = Sequential([Sequential([Dense(2, 2)]), Dense(2, 2)], seed=1)
+        model.load_parameters(model.parameters())
+        Sequential([Dense(2, 2)], seed=0).reset_parameters(3)
+
+
 def test_float64_input_to_float32_model_is_converted():
     layer = Dense(3, 2, seed=0)
     x = np.random.default_rng(0).standard_normal((2, 3))

@@ -202,8 +202,9 @@ ERRORS = [
     ("categorical_cross_entropy", np.zeros((2, 3)), np.array([[0.5, 0.2, 0.1], [0, 0, 1]]),
      "categorical_cross_entropy expects one-hot (or probability) rows: non-negative and summing "
      "to 1; row 0 sums to 0.8"),
-    ("categorical_cross_entropy", np.zeros((2, 3)), np.array([[1.5, -0.5, 0], [0, 0, 1]]),
-     "row 0 sums to 1"),
+    # a row that sums to 1 but holds a negative entry: the message names the entry
+    ("categorical_cross_entropy", np.zeros((2, 3)), np.array([[0, 0, 1], [1.5, -0.5, 0]]),
+     "row 1 holds -0.5 at class 1"),
 ]
 
 

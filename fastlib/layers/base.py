@@ -164,6 +164,7 @@ class Layer:
         The arrays are refilled in place, so views from ``parameters()`` stay valid.
         """
         gen = make_rng(seed, rng)
+        self._weights_loaded = False
         fresh = {name: np.asarray(v, dtype=self.dtype) for name, v in
                  self._init_parameters(gen).items()}
         if self._params and self._params.keys() == fresh.keys():
@@ -224,9 +225,19 @@ class Layer:
             if not np.all(np.isfinite(arr)):
                 raise ValueError(f"{owner}.load_parameters: parameter {name!r} contains NaN or "
                                  "Inf")
-            staged[name] = arr
+            # converted here and checked again: 1e39 is finite in float64 but inf in float32
+            with np.errstate(over="ignore"):   # the overflow is reported below, by name
+                converted = arr.astype(current[name].dtype)
+            if not np.all(np.isfinite(converted)):
+                biggest = float(np.max(np.abs(arr)))
+                raise ValueError(f"{owner}.load_parameters: parameter {name!r} holds {biggest:.4g},"
+                                 f" beyond {current[name].dtype.name}'s range (max "
+                                 f"{float(np.finfo(current[name].dtype).max):.4g}); rescale it or "
+                                 "build the model in float64")
+            staged[name] = converted
         for name, arr in staged.items():  # all checked first: a failed load changes nothing
-            np.copyto(current[name], arr, casting="unsafe")
+            np.copyto(current[name], arr)
+        self._weights_loaded = True   # a container built around this layer warns on redrawing
 
     def num_parameters(self):
         """Total number of scalar parameters."""

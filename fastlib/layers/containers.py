@@ -7,6 +7,8 @@ BackwardPolymorphic) and their gradients out under the same dotted names
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from fastlib.layers.base import Layer, check_dtype
@@ -28,6 +30,31 @@ def check_children(layers, owner):
     return layers
 
 
+def _warn_redraw(owner, children):
+    """Warn before a container redraws weights its user may mean to keep: weights set by
+    ``load_parameters`` (PyTorch's and Keras's containers keep their children's weights; this
+    one draws every weight from its seed, as reflib does), or a layer already inside another
+    model, whose outputs the redraw changes too."""
+    for i, child in enumerate(children):
+        loaded = [layer for layer in _walk(child) if getattr(layer, "_weights_loaded", False)]
+        if loaded:
+            warnings.warn(f"{owner}: layer {i} ({type(child).__name__}) holds weights set by "
+                          "load_parameters, and building the container redraws every weight "
+                          f"from its seed; load them after building: {owner}(...)"
+                          ".load_parameters(...)", UserWarning, stacklevel=4)
+        elif getattr(child, "_contained", False):
+            warnings.warn(f"{owner}: layer {i} ({type(child).__name__}) already belongs to "
+                          "another model, and building this container redraws its weights, "
+                          "changing that model too; build a new layer for each model",
+                          UserWarning, stacklevel=4)
+
+
+def _walk(layer):
+    yield layer
+    for child in layer._children:
+        yield from _walk(child)
+
+
 def _prefixed(index, grads, into):
     for name, value in grads.items():
         into[f"{index}.{name}"] = value
@@ -40,8 +67,10 @@ class _Container(Layer):
         owner = type(self).__name__
         super().__init__(check_dtype(dtype, owner))
         self._children = check_children(layers, owner)
+        _warn_redraw(owner, self._children)
         for child in self._children:
             child._set_dtype(self.dtype)
+            child._contained = True
         self.reset_parameters(seed, rng)
 
     @property
