@@ -19,8 +19,9 @@ from reports.conformance.strategies import OpExample, representable
 __all__ = ["special_cases", "CATEGORIES"]
 
 CATEGORIES = ("saturation", "logits ±1e4", "tiny", "huge", "zeros", "kinks", "ties",
-              "long reduction", "long row", "long elementwise", "broadcast", "broadcast sum", "zero cotangent", "dominant logit",
-              "targets at the domain's edge")
+              "long reduction", "long row", "long elementwise", "broadcast", "broadcast sum",
+              "zero cotangent", "dominant logit", "targets at the domain's edge",
+              "confident negatives", "offset rows")
 
 SATURATING = optable.names(saturating=True)       # the op table's flags
 SCALE_FREE = optable.names(scale_free=True)
@@ -191,10 +192,21 @@ def _raw_cases(name, dtype):
                       [a([below, below, subnormal, subnormal]), a([1.0, 0.0, 0.0, 1.0])], {}))
         # a loss of tiny terms only (about 1e-20): log(1 - p) instead of log1p(-p) returns 0
         cases.append(("tiny", [a([1e-20, 3e-21, below]), a([0.0, 0.0, 1.0])], {}))
+        # confident negatives, every term -log(1 - p) for small p (a classifier's usual
+        # state): 1 - p rounds away p's last digits, so log(1 - p) is off by about eps / p
+        # relative where log1p(-p) is not (float16 has normal numbers only from 6.1e-5)
+        confident = ([1e-4, 2e-4, 5e-4, 1e-3, 3e-4] if fmt.tiny > 1e-6 else
+                     [1e-4, 2e-4, 3e-5, 5e-4, 1e-6, 1e-7])
+        cases.append(("confident negatives", [a(confident), np.zeros(len(confident))], {}))
     if name == "binary_cross_entropy_with_logits":
         cases.append(("dominant logit", [a([40.0 if f64 else 16.0, -40.0 if f64 else -16.0]),
                                          a([1.0, 0.0])], {}))
     if name in ("layer_norm", "rms_norm"):
+        # rows whose mean is large against their spread (2**(p/2) + N(0, 1)): a one-pass
+        # variance E[x²] - E[x]² cancels there to about its own size
+        rng = np.random.default_rng(13)
+        offset = 2.0 ** (fmt.precision // 2)
+        cases.append(("offset rows", [offset + rng.standard_normal((3, 64))], {}))
         cases += [("zeros", [a([[0.0, 0.0, 0.0], [3.0, 3.0, 3.0]])], {}),
                   ("huge", [a([[1.0, 2.0, 4.0]]) * huge], {}),
                   ("tiny", [a([[1.0, -2.0, 4.0]]) * tiny], {"eps": 1e-5})]
