@@ -91,12 +91,14 @@ def silu(F, x):
 
 
 def silu_vjp(F, x, out, g):
-    s = F.sigmoid(x)
-    return (g * s * (1 + x * (1 - s)),)
+    # 1 - sigmoid(x) taken as sigmoid(-x): no cancellation once sigmoid(x) saturates
+    return (g * F.sigmoid(x) * (1 + x * F.sigmoid(-x)),)
 
 
 def _std_normal_cdf(F, x):
-    return (1 + F.erf(x / F.sqrt(F.const(2)))) / 2
+    # erfc(-x / sqrt 2) / 2, not (1 + erf(x / sqrt 2)) / 2: no cancellation in the lower tail,
+    # where float64 would return 0 from x < -8.3 on (the exact Phi(-30) is 4.9e-198)
+    return F.erfc(-x / F.sqrt(F.const(2))) / 2
 
 
 def gelu(F, x):
@@ -109,22 +111,25 @@ def gelu_vjp(F, x, out, g):
     return (g * (_std_normal_cdf(F, x) + x * phi),)
 
 
-def _gelu_tanh_inner(F, x):
-    c = F.sqrt(2 / F.pi())
-    k = F.const(GELU_TANH_CUBIC)
-    return c, k, F.tanh(c * (x + k * x * x * x))
-
-
 def gelu_tanh(F, x):
-    _, _, t = _gelu_tanh_inner(F, x)
-    return x * (1 + t) / 2
+    # (1 + tanh u) / 2 = sigmoid(2u): the same function without the cancellation of 1 + tanh u
+    # for x < 0
+    c, k = _gelu_tanh_constants(F)
+    return x * F.sigmoid(2 * c * (x + k * x * x * x))
+
+
+def _gelu_tanh_constants(F):
+    return F.sqrt(2 / F.pi()), F.const(GELU_TANH_CUBIC)
 
 
 def gelu_tanh_vjp(F, x, out, g):
-    # u = c (x + k x^3); d/dx [x (1 + tanh u) / 2] = (1 + tanh u)/2 + x (1 - tanh^2 u) u' / 2
-    c, k, t = _gelu_tanh_inner(F, x)
-    du = c * (1 + 3 * k * x * x)
-    return (g * ((1 + t) + x * (1 - t * t) * du) / 2,)
+    # u = c (x + k x^3), s = sigmoid(2u): d/dx [x s] = s + x s sigmoid(-2u) 2u'
+    # ((1 - tanh^2 u) / 2 = 2 s sigmoid(-2u), without forming 1 - tanh^2)
+    c, k = _gelu_tanh_constants(F)
+    u2 = 2 * c * (x + k * x * x * x)
+    s = F.sigmoid(u2)
+    du2 = 2 * c * (1 + 3 * k * x * x)
+    return (g * (s + x * s * F.sigmoid(-u2) * du2),)
 
 
 def tanh(F, x):
@@ -132,7 +137,10 @@ def tanh(F, x):
 
 
 def tanh_vjp(F, x, out, g):
-    return (g * (1 - out * out),)
+    # sech^2 x = 4e / (1 + e)^2 with e = exp(-2|x|), not 1 - tanh^2 x, which cancels to 0
+    # once tanh x rounds to +-1 (|x| > 19 in float64: the exact slope is still 1e-16 there)
+    e = F.exp(-2 * np.where(x < 0, -x, x))
+    return (g * 4 * e / ((1 + e) * (1 + e)),)
 
 
 def sigmoid(F, x):
@@ -140,7 +148,8 @@ def sigmoid(F, x):
 
 
 def sigmoid_vjp(F, x, out, g):
-    return (g * out * (1 - out),)
+    # sigmoid(x) sigmoid(-x), not out (1 - out), which cancels once out rounds to 1
+    return (g * F.sigmoid(x) * F.sigmoid(-x),)
 
 
 def softplus(F, x):

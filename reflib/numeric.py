@@ -94,9 +94,14 @@ class NumpyFunctions:
         import scipy.special
         return np.float64(scipy.special.erf(x))
 
+    @staticmethod
+    def erfc(x):
+        import scipy.special
+        return np.float64(scipy.special.erfc(x))
+
 
 #: The elementary functions every numeric offers (``F.exp(x)``, ...), in this order.
-ELEMENTARY_NAMES = ("exp", "log", "log1p", "sqrt", "tanh", "erf")
+ELEMENTARY_NAMES = ("exp", "log", "log1p", "sqrt", "tanh", "erf", "erfc")
 
 
 def elementwise_method(name):
@@ -197,7 +202,7 @@ class Exact:
     def _map(name, x):
         return np.asarray(np.frompyfunc(getattr(mpmath, name), 1, 1)(x), dtype=object)
 
-    exp, log, log1p, sqrt, tanh, erf = map(elementwise_method, ELEMENTARY_NAMES)
+    exp, log, log1p, sqrt, tanh, erf, erfc = map(elementwise_method, ELEMENTARY_NAMES)
 
     def pi(self):
         return +mpmath.pi

@@ -169,6 +169,7 @@ ELEMENTARY = {
     "sqrt": (math.sqrt, lambda x, y: 0.5 / y if y > 0 else math.inf),
     "tanh": (math.tanh, lambda x, y: 1.0 - y * y),
     "erf": (math.erf, lambda x, y: 2.0 / _SQRT_PI * math.exp(-x * x)),
+    "erfc": (math.erfc, lambda x, y: -2.0 / _SQRT_PI * math.exp(-x * x)),
 }
 
 
@@ -280,7 +281,7 @@ class RunningError:
     def _map(self, name, x):
         return np.asarray(np.frompyfunc(self._functions[name], 1, 1)(x), dtype=object)
 
-    exp, log, log1p, sqrt, tanh, erf = map(elementwise_method, ELEMENTARY_NAMES)
+    exp, log, log1p, sqrt, tanh, erf, erfc = map(elementwise_method, ELEMENTARY_NAMES)
 
     def pi(self):
         return Bounded(math.pi, self.u * math.pi)   # pi is never a binary float: rounded once

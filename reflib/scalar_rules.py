@@ -172,7 +172,8 @@ class ObjectNumeric:
         fn = getattr(self._dual, dual_fn) if isinstance(dual_fn, str) else dual_fn
         return np.asarray(np.frompyfunc(lambda v: self._apply(fn, v), 1, 1)(x), dtype=object)
 
-    exp, log, sqrt, tanh, erf = map(elementwise_method, ("exp", "log", "sqrt", "tanh", "erf"))
+    exp, log, sqrt, tanh, erf, erfc = map(elementwise_method,
+                                          ("exp", "log", "sqrt", "tanh", "erf", "erfc"))
 
     def log1p(self, x):
         # NOTE: the value by the base's log1p (no 1 + x rounding); the slope log'(1 + x)

@@ -10,6 +10,7 @@ never pays for SymPy.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from reports.commands.arguments import Parser
@@ -76,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         # a file the user named cannot be used: a message, not a traceback
         print(f"verigrad {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (``verigrad spec --list | head``): stop quietly, as cat does;
+        # stdout is pointed at devnull so that the interpreter's final flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,7 +21,7 @@ def _lift(fn, nin=1):
 
 
 # The scalar functions every backend supplies, with their number of arguments.
-SCALAR_FUNCTIONS = {"exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "erf": 1, "abs": 1, "sign": 1,
+SCALAR_FUNCTIONS = {"exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "erf": 1, "erfc": 1, "abs": 1, "sign": 1,
                     "maximum": 2, "gt": 2, "ge": 2, "where": 3}
 
 
@@ -65,6 +65,7 @@ class MpmathBackend(_Backend):
     def __init__(self):
         self._install(dict(
             exp=mpmath.exp, log=mpmath.log, sqrt=mpmath.sqrt, tanh=mpmath.tanh, erf=mpmath.erf,
+            erfc=mpmath.erfc,
             abs=mpmath.fabs, sign=mpmath.sign,
             maximum=lambda a, b: a if a >= b else b,
             gt=lambda a, b: bool(a > b), ge=lambda a, b: bool(a >= b),
@@ -99,6 +100,7 @@ class SympyBackend(_Backend):
             self._sp = sympy
             self._install(dict(
                 exp=sympy.exp, log=sympy.log, sqrt=sympy.sqrt, tanh=sympy.tanh, erf=sympy.erf,
+                erfc=sympy.erfc,
                 abs=sympy.Abs, sign=sympy.sign, maximum=sympy.Max,
                 gt=sympy.StrictGreaterThan, ge=sympy.GreaterThan,
                 where=lambda c, a, b: sympy.Piecewise((a, c), (b, True))))

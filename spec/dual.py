@@ -113,7 +113,7 @@ class DualBackend(_Backend):
         # NOTE: SymPy's backend installs its functions on first use of .sp
         if hasattr(b, "sp"):
             b.sp  # noqa: B018
-        exp, log, sqrt, tanh, erf = b.exp, b.log, b.sqrt, b.tanh, b.erf
+        exp, log, sqrt, tanh, erf, erfc = b.exp, b.log, b.sqrt, b.tanh, b.erf, b.erfc
 
         def where(c, x, y):
             if not (isinstance(x, Dual) or isinstance(y, Dual)):
@@ -135,6 +135,7 @@ class DualBackend(_Backend):
             sqrt=_unary(sqrt, lambda x, v: 1 / (2 * v)),
             tanh=_unary(tanh, lambda x, v: 1 - v**2),
             erf=_unary(erf, lambda x, v: 2 * exp(-x**2) / sqrt(b.pi)),
+            erfc=_unary(erfc, lambda x, v: -2 * exp(-x**2) / sqrt(b.pi)),
             # abs'(x) = sign(x), sign(0) = 0: the registry's convention for abs. Numerically
             # (not in the proofs, which exclude the point) abs at exactly 0 takes its right
             # derivative, as maximum's tie rule takes max(x, 0)'s: bce_with_logits' smooth

@@ -118,15 +118,49 @@ def _transcendental(name, x, g, p, y, G, acc=1.0):
         return K * (1 + ax) * ay, [K * (1 + ax) * aG]
     if name == "log":
         return K * (ay + 1), [K * aG]
-    with np.errstate(over="ignore", under="ignore"):
-        sig = 1 / (1 + np.exp(-np.clip(x, -700, 700)))
+    # Each bound is the op's conditioning at x: the forward K(|y| + |x f'(x)|), the VJP
+    # g f'(x) held to K(|G| + |x f''(x)| |g|) (what rounding x by eps moves it by). Both are
+    # relative to the entry's own size wherever f' and f'' fall off together, as they do in
+    # every saturating tail: there a VJP formed from the rounded output (s (1 - s),
+    # 1 - tanh²) has lost every digit, and it fails, where a stable form keeps a few ulp.
+    d1, d2 = _slopes(name, x)
+    return K * (ay + ax * np.abs(d1)), [K * (aG + ax * np.abs(d2) * ag)]
+
+
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_GELU_TANH_A = 0.044715
+
+
+def _slopes(name, x):
+    """(f'(x), f''(x)) of a smooth activation, in float64, from forms without cancellation
+    (each sigmoid taken as the pair sigma(z), sigma(-z), never as 1 - sigma(z))."""
+    from scipy.special import expit, ndtr
+
     if name == "tanh":
-        return K * (ay + ax * (1 - y ** 2)), [K * (aG + 2 * ag)]
-    if name == "sigmoid":
-        return K * (ay + ax * sig * (1 - sig)), [K * (aG + 0.5 * ag)]
-    if name == "softplus":
-        return K * (ay + ax * sig), [K * (aG + ag)]
-    return K * (ay + ax), [K * (aG + ag)]           # silu gelu gelu_tanh
+        e = np.exp(-2 * np.abs(x))
+        d1 = 4 * e / (1 + e) ** 2
+        return d1, -2 * np.tanh(x) * d1
+    if name in ("sigmoid", "softplus", "silu"):
+        s, sm = expit(x), expit(-x)
+        if name == "sigmoid":
+            return s * sm, s * sm * (sm - s)
+        if name == "softplus":
+            return s, s * sm
+        return s * (1 + x * sm), s * sm * (2 + x * (sm - s))
+    if name == "gelu":
+        pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        # pdf = 0 where x² overflows: the limits are 0 (not 0 * inf)
+        return ndtr(x) + x * pdf, np.where(pdf != 0, pdf * (2 - x * x), 0.0)
+    if name == "gelu_tanh":
+        u2 = 2 * _SQRT_2_OVER_PI * (x + _GELU_TANH_A * x ** 3)
+        s, sm = expit(u2), expit(-u2)
+        t = s * sm
+        du2 = 2 * _SQRT_2_OVER_PI * (1 + 3 * _GELU_TANH_A * x * x)
+        curve = 12 * _SQRT_2_OVER_PI * _GELU_TANH_A * x * x
+        with np.errstate(invalid="ignore"):     # t = 0 where x³ overflows: the limit is 0
+            return (np.where(t != 0, s + x * t * du2, s),
+                    np.where(t != 0, t * (2 * du2 + curve + x * du2 ** 2 * (sm - s)), 0.0))
+    raise KeyError(f"no slopes for the transcendental op {name!r}")
 
 
 def _reduction(name, x, g, p, y, G, acc=1.0):

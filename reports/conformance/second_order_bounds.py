@@ -150,6 +150,8 @@ class ErrBackend(_Backend):
             sqrt=_function(mpmath.sqrt, lambda x, v: 1 / (2 * v) if v else 0),
             tanh=_function(mpmath.tanh, lambda x, v: 1 - v * v),
             erf=_function(mpmath.erf, lambda x, v: 2 * mpmath.exp(-x * x) / mpmath.sqrt(mpmath.pi)),
+            erfc=_function(mpmath.erfc,
+                           lambda x, v: -2 * mpmath.exp(-x * x) / mpmath.sqrt(mpmath.pi)),
             abs=lambda a: Err(abs(Err.of(a).v), Err.of(a).e),
             sign=lambda a: Err(mpmath.sign(Err.of(a).v), mpmath.mpf(0)),
             maximum=maximum,
