@@ -81,9 +81,11 @@ FORMULAS = {
     "leaky_relu": lambda x, negative_slope=0.01: _v(
         lambda v: v if v > 0 else mpmath.mpf(negative_slope) * v)(x),
     "silu": lambda x: _v(lambda v: v / (1 + mpmath.exp(-v)))(x),
-    "gelu": lambda x: _v(lambda v: v / 2 * (1 + mpmath.erf(v / SQRT2())))(x),
-    "gelu_tanh": lambda x: _v(lambda v: v / 2 * (1 + mpmath.tanh(  # constant: the decimal
-        mpmath.sqrt(2 / mpmath.pi) * (v + mpmath.mpf("0.044715") * v ** 3))))(x),
+    # the lower tails without cancellation (1 + erf(-30 / sqrt 2) is 1e-197: 80 digits of
+    # 1 + erf keep none of it): erfc, and (1 + tanh u) / 2 as 1 / (1 + exp(-2u))
+    "gelu": lambda x: _v(lambda v: v / 2 * mpmath.erfc(-v / SQRT2()))(x),
+    "gelu_tanh": lambda x: _v(lambda v: v / (1 + mpmath.exp(  # constant: the decimal
+        -2 * mpmath.sqrt(2 / mpmath.pi) * (v + mpmath.mpf("0.044715") * v ** 3))))(x),
     "tanh": lambda x: _v(mpmath.tanh)(x),
     "sigmoid": lambda x: _v(lambda v: 1 / (1 + mpmath.exp(-v)))(x),
     "softplus": lambda x: _v(lambda v: mpmath.log1p(mpmath.exp(v)))(x),
@@ -143,16 +145,17 @@ def exact_element(op, inputs, grad, params, what, index):
     # f(x + h) - f(x - h) keeps 50 of them after cancelling against f's own size
     h = (abs(base) if base else mpmath.mpf(1)) * mpmath.mpf(10) ** -30
     digits = DPS + max(0, int(-mpmath.log10(h)))
-    with mpmath.workdps(digits):
 
-        def phi(e):
-            moved = list(args)
-            moved[k] = args[k].copy()
-            moved[k][index] = base + e
-            out = np.asarray(fn(*moved, **params), dtype=object).reshape(-1)
-            return mpmath.fsum(gi * oi for gi, oi in zip(g, out))
+    def phi(e):
+        moved = list(args)
+        moved[k] = args[k].copy()
+        moved[k][index] = base + e
+        out = np.asarray(fn(*moved, **params), dtype=object).reshape(-1)
+        return mpmath.fsum(gi * oi for gi, oi in zip(g, out))
 
-        return mpmath.diff(phi, 0, h=h)
+    # NOTE: a slope far below the function's own size (sigmoid'(700) = 1e-304 beside 1) loses
+    # that many digits to the difference: the precision grows until two rounds agree
+    return _until_settled(lambda: mpmath.diff(phi, 0, h=h), lambda: phi(0), digits)
 
 
 # ---------------------------------------------------------------------------------------------
