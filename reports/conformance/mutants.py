@@ -368,6 +368,29 @@ MUTANTS = (
            "forward alone keeps it", "kernels/loss.py",
            "        terms[i] = lin + np.float64(_log1p_unit(ei))\n",
            "        terms[i] = np.float64(_log1p_unit(ei))\n", ("exact",)),
+    # -- conditioning: results that lose their relative accuracy where the op saturates ----
+    Mutant("sigmoid-vjp-from-output", "sigmoid' formed from the output, s (1 - s) (PyTorch's "
+           "way: 0 once s rounds to 1, 4000 ulp off at x = 10)", "kernels/scalar.py",
+           "    e = exp(-abs(x))\n    d = like(x, 1.0) + e\n    return e / (d * d)\n",
+           "    s = _sigmoid_pair(x)[0]\n    return s * (like(x, 1.0) - s)\n",
+           ("sigmoid",)),
+    Mutant("tanh-vjp-from-output", "tanh' formed from the output, 1 - tanh², which cancels to 0 "
+           "once tanh rounds to ±1", "kernels/scalar.py",
+           "    e = exp(like(x, -2.0) * abs(x))\n    d = like(x, 1.0) + e\n"
+           "    return like(x, 4.0) * e / (d * d)\n",
+           "    t = tanh(x)\n    return like(x, 1.0) - t * t\n", ("tanh",)),
+    Mutant("gelu-phi-through-erf", "float32 gelu's Phi as (1 + erf(x / sqrt 2)) / 2, which "
+           "cancels in the lower tail (0 from x = -8.3)", "kernels/vecmath.py",
+           "    y = np.float32(half if xd < 0 else 1.0 - half)\n",
+           "    y = np.float32(0.5 * (1.0 + math.erf(xd * _SQRT1_2)))\n", ("gelu",)),
+    Mutant("layer-norm-one-pass-variance", "layer_norm's variance as mean(x²) - mean(x)², "
+           "which cancels on rows whose mean is large against their spread",
+           "kernels/norm.py",
+           "            t = np.float64(v[j]) - mu\n            dev[j] = t * t\n"
+           "        r = 1.0 / math.sqrt(_pairwise_sum(dev, 0, d) / d + eps)\n",
+           "            dev[j] = np.float64(v[j]) * np.float64(v[j])\n"
+           "        r = 1.0 / math.sqrt(_pairwise_sum(dev, 0, d) / d - mu * mu + eps)\n",
+           ("layer_norm",)),
     Mutant("maximum-nan-routing", "maximum sends the gradient to b where a is NaN (the forward "
            "still returns a's NaN)", "kernels/binary.py",
            "return x >= y or x != x", "return x >= y", ("maximum NaN routing",)),
