@@ -522,6 +522,12 @@ def check_model_entries(meta: dict, headers: dict, path, max_bytes=None) -> dict
         if h.dtype != dtype:
             raise CorruptFileError(path, PARAM + name, f"stored as {h.dtype.str}, the "
                                    f"metadata says {dtype_name}")
+    # loaded exactly or refused: weights the architecture has no place for are not dropped
+    extra = [m for m in headers if m.startswith(PARAM) and m[len(PARAM):] not in declared]
+    if extra:
+        raise CorruptFileError(path, extra[0], f"weights of a parameter the architecture does "
+                               f"not declare (it declares {_short(list(declared))}); the file "
+                               "was edited or written by another program")
     limit = max_load_bytes(max_bytes)
     need = sum(math.prod(shape) for shape in declared.values()) * dtype.itemsize
     if need > limit:

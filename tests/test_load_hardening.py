@@ -271,3 +271,22 @@ def test_weights_or_optimizer_state_holding_nan_name_the_file_and_member(tmp_pat
         with pytest.raises(CorruptFileError, match=prefix):
             fastlib.train(_mlp(), x, y, 2, 4, 0.01, "cross_entropy", optimizer="Adam",
                           resume=ck, verbose=False)
+
+
+def test_weights_the_architecture_does_not_declare_are_refused_not_dropped(tmp_path):
+    # a model file is loaded exactly or refused: an extra param/ member (a third layer's
+    # weights written into a two-layer file) would otherwise be ignored in silence
+    path = tmp_path / "m.npz"
+    _mlp().save(path)
+
+    def add_member(members):
+        buf = pyio.BytesIO()
+        np.save(buf, np.ones((2, 2), np.float32))
+        members["param/2.weight.npy"] = buf.getvalue()
+
+    _rewrite(path, edit_members=add_member)
+    _refused(path, "param/2.weight", "does not declare")
+    model = _mlp()
+    model.save(path)                       # the untouched file still loads, exactly
+    for name, value in fastlib.load(path).parameters().items():
+        np.testing.assert_array_equal(value, model.parameters()[name])

@@ -101,9 +101,10 @@ def resume(path, *, model, ctx, result, settings, plateau, epochs, mismatch) -> 
     c = ckpt_mod.load_checkpoint(path)
     dtype = np.dtype(model.dtype).name
     if c.architecture != model.get_config() or c.dtype != dtype:
-        raise ValueError(f"resume: {path} holds a {c.dtype} model {c.architecture}, which is "
-                         f"not this {dtype} model {model.get_config()}; build the same model "
-                         "to resume")
+        where = (f"dtype: {c.dtype!r} saved, {dtype!r} now" if c.dtype != dtype else
+                 _first_difference(c.architecture, model.get_config()))
+        raise ValueError(f"resume: {path} holds another model than this one ({where}); build "
+                         f"the same model to resume (saved: {_clip(c.architecture)})")
     saved_opt = optim.from_config(c.optimizer)
     if type(saved_opt) is not type(ctx.optimizer):
         raise ValueError(f"resume: {path} was trained with {saved_opt.name}, but optimizer="
@@ -130,6 +131,30 @@ def resume(path, *, model, ctx, result, settings, plateau, epochs, mismatch) -> 
         warn(f"resume: the checkpoint already has {c.epoch} epochs and epochs={epochs}; "
              "nothing to train")
     return Resumed(c.epoch, epochs, c.history.get("initial_loss"), c.best_params)
+
+
+def _first_difference(saved, now, where="model"):
+    """Where two layer configs first differ, as ``path: saved value, value now``."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        for key in list(saved) + [k for k in now if k not in saved]:
+            if saved.get(key, _ABSENT) != now.get(key, _ABSENT):
+                return _first_difference(saved.get(key, _ABSENT), now.get(key, _ABSENT),
+                                         f"{where}.{key}")
+    if isinstance(saved, list) and isinstance(now, list) and len(saved) == len(now):
+        for i, (a, b) in enumerate(zip(saved, now)):
+            if a != b:
+                return _first_difference(a, b, f"{where}[{i}]")
+    if isinstance(saved, list) and isinstance(now, list):
+        return f"{where}: {len(saved)} entries saved, {len(now)} now"
+    return f"{where}: {_clip(saved)} saved, {_clip(now)} now"
+
+
+_ABSENT = "(absent)"
+
+
+def _clip(value, limit=200):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _restore_state(c, model, ctx, plateau):
