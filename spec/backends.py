@@ -21,8 +21,8 @@ def _lift(fn, nin=1):
 
 
 # The scalar functions every backend supplies, with their number of arguments.
-SCALAR_FUNCTIONS = {"exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "erf": 1, "erfc": 1, "abs": 1, "sign": 1,
-                    "maximum": 2, "gt": 2, "ge": 2, "where": 3}
+SCALAR_FUNCTIONS = {"exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "erf": 1, "erfc": 1, "abs": 1,
+                    "sign": 1, "maximum": 2, "gt": 2, "ge": 2, "where": 3}
 
 
 class _Backend:
