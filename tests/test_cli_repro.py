@@ -76,3 +76,15 @@ def test_a_failing_rows_printed_command_fails_it_again(tmp_path, capsys, monkeyp
     rows = [line for line in again.splitlines() if line.startswith("| ") and "FAIL" in line]
     assert len(rows) == 1 and rows[0].startswith("| special | maximum NaN")
     assert "1 checks (1 FAIL)" in again
+
+
+def test_an_ops_selection_keeps_the_ops_rows_with_longer_names(tmp_path, capsys, monkeypatch):
+    # `--ops maximum` runs maximum's NaN routing row too: an engine that drops a NaN (as
+    # torch.where(a > b, a, b) does) passed every row that selection ran
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nan_engine.py").write_text(NAN_DROPPING, encoding="utf-8")
+    code = main(["conform", "--engines", "nan_engine.py:NanDropping", "--ops", "maximum",
+                 "--dtypes", "float64", "--no-proofs", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "FAILED: special maximum NaN routing [nan-dropping float64]" in out
