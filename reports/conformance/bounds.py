@@ -94,7 +94,9 @@ def _arithmetic(name, x, g, p, y, G, acc=1.0):
                 "maximum": (1.0, 1.0, 0.0, 0.0),
                 "mul": (np.abs(ab[1]), np.abs(ab[0]), 1.0, 1.0)}
     if name == "div":
-        da, db = 1 / np.abs(ab[1]), np.abs(ab[0]) / ab[1] ** 2
+        # |a| / b² as (|a| / |b|) / |b|: b² alone leaves float64's range for |b| beyond 1e154
+        # (or below 1e-154) where the slope itself does not
+        da, db = 1 / np.abs(ab[1]), (np.abs(ab[0]) / np.abs(ab[1])) / np.abs(ab[1])
         ca, cb = 0.5, 2.0
     else:
         da, db, ca, cb = partials[name]

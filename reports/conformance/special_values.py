@@ -21,7 +21,8 @@ __all__ = ["special_cases", "CATEGORIES"]
 CATEGORIES = ("saturation", "logits ±1e4", "tiny", "huge", "zeros", "kinks", "ties",
               "long reduction", "long row", "long elementwise", "broadcast", "broadcast sum",
               "zero cotangent", "dominant logit", "targets at the domain's edge",
-              "confident negatives", "offset rows")
+              "confident negatives", "offset rows", "divisor squared out of range",
+              "near targets")
 
 SATURATING = optable.names(saturating=True)       # the op table's flags
 SCALE_FREE = optable.names(scale_free=True)
@@ -125,6 +126,13 @@ def _raw_cases(name, dtype):
         rng = np.random.default_rng(7)
         cases.append(("broadcast sum", [rng.standard_normal((BROADCAST_ROWS, 1)),
                                         rng.standard_normal((1, BROADCAST_COLS))], {}))
+        if name == "div":
+            # divisors whose square underflows or overflows the format (b is representable,
+            # b * b is not): d/db = -g a / b² formed as -g a / (b * b) is inf or 0 there, and
+            # -g (a / b) / b is not
+            small, big = np.sqrt(fmt.tiny) / 256, np.sqrt(fmt.max) * 256
+            cases.append(("divisor squared out of range", [a([small, big, 2.0]),
+                                                           a([small, big, big])], {}))
     if name in ("sum", "mean"):
         v = np.full(LONG, _half_ulp(dtype))
         v[0] = 1.0
@@ -151,6 +159,11 @@ def _raw_cases(name, dtype):
         cases += [("long reduction", [v, np.zeros(LONG)], {}),
                   ("huge", [a([huge, -huge]) * 1e-1, a([-huge, 1.0]) * 1e-1], {}),
                   ("zeros", [a([0.0, 1.0]), a([0.0, 1.0])], {})]
+        # predictions within a few ulp of their targets, far from 0: the loss is the square
+        # of a tiny difference; p² - 2pt + t² cancels to noise (or below 0) there
+        rng = np.random.default_rng(17)
+        p = 3 + rng.standard_normal(8)
+        cases.append(("near targets", [p, p * (1 + 2.0 ** -(fmt.precision - 4))], {}))
     if name in ("logsumexp", "softmax", "log_softmax"):
         rows = a([[1e4, -1e4, 0.0, 1e4], [-1e4, -1e4, -1e4, -1e4], [1000.0, 1001.0, 1002.0, 0.0]])
         axis = {"axis": -1} if name != "logsumexp" else {"axis": 1}
