@@ -77,6 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         # a file the user named cannot be used: a message, not a traceback
         print(f"verigrad {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:
+        # verigrad's own code returns its exit code; a SystemExit here comes from code it ran
+        # (a plug-in engine calling sys.exit): the run did not finish, which must not read as
+        # a pass (exit 0 with no table)
+        print(f"verigrad {args.command}: error: code the run called (a plug-in engine?) "
+              f"raised SystemExit({exc.code!r}) before the run finished; nothing was checked "
+              "to the end. An engine should raise an exception, which the suite reports as a "
+              "failing row", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # the reader went away (``verigrad spec --list | head``): stop quietly, as cat does;
         # stdout is pointed at devnull so that the interpreter's final flush cannot fail again

@@ -66,11 +66,28 @@ def supports_in(engine, op, dtype):
     """``(True, "")`` when ``engine`` runs ``op`` in ``dtype``, else ``(False, reason)``: its
     ``supports`` and, where it has one, its optional ``supports_in(op, dtype)`` (an engine
     whose kernels exist for some formats only, as Paddle's CPU kernels in bfloat16)."""
-    ok, reason = engine.supports(op)
+    ok, reason = _claim(engine, "supports", op)
     per_format = getattr(engine, "supports_in", None)
     if ok and callable(per_format):
-        return per_format(op, np.dtype(dtype))
+        return _claim(engine, "supports_in", op, np.dtype(dtype))
     return ok, reason
+
+
+def _claim(engine, method, *args):
+    """``engine.<method>(*args)`` as the protocol's ``(bool, str)``; a claim that raises or
+    has another shape is a broken plugin, refused naming the engine, the call and the fix (the
+    plan needs every claim before any row runs, so it cannot become a failing row)."""
+    call = f"{getattr(engine, 'name', type(engine).__name__)!s}: {method}" \
+           f"({', '.join(repr(str(a)) for a in args)})"
+    try:
+        got = getattr(engine, method)(*args)
+    except Exception as exc:  # noqa: BLE001 - the plugin's own error, named
+        raise UnknownEngineError(f"engine {call} raised {type(exc).__name__}: {exc}; it must "
+                                 "return (True, '') or (False, 'why not')") from None
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], (bool, np.bool_))):
+        raise UnknownEngineError(f"engine {call} returned {got!r}; it must return (True, '') "
+                                 "or (False, 'why not')")
+    return bool(got[0]), got[1]
 
 
 def registry_ops():
@@ -494,7 +511,7 @@ def _import_file(shown):
     sys.modules[mod_name] = module      # the module's own dataclasses and pickles look it up
     try:
         spec_.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the user's file failed: say how, once
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file failed: say how
         del sys.modules[mod_name]
         raise UnknownEngineError(f"{shown}: cannot import it: {_import_failure(exc, path)}") \
             from None
@@ -513,7 +530,7 @@ def _import_module(target, module_name):
                 f"engine {target!r}: cannot import module {module_name!r} ({exc}); put it on "
                 f"PYTHONPATH or run from its directory") from None
         failure = exc
-    except Exception as exc:  # noqa: BLE001 - the user's module failed: say how, once
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module failed: say how
         failure = exc
     raise UnknownEngineError(f"module {module_name!r}: cannot import it: "
                              f"{_import_failure(failure)}") from None
@@ -589,7 +606,7 @@ def _instantiate(obj, name):
     if inspect.isclass(obj) or (callable(obj) and not hasattr(obj, "forward")):
         try:
             obj = obj()
-        except Exception as exc:  # noqa: BLE001 - the user's constructor failed: say how, once
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the constructor failed: say how
             raise UnknownEngineError(f"engine {name!r}: cannot build it: "
                                      f"{type(exc).__name__}: {exc}") from None
     return check_engine(obj)

@@ -114,6 +114,8 @@ def nonfinite_call(result, call, rejects, failure, fix):
         result.conventions.append(f"{rejects} ({type(exc).__name__})")
     except Exception as exc:
         result.fail(f"{failure}{type(exc).__name__}: {exc} ({fix})")
+    except SystemExit as exc:   # as _call: a failing row, not the end of the suite
+        result.fail(f"{failure}SystemExit({exc.code!r}) ({fix})")
     return None
 
 
@@ -139,10 +141,26 @@ def _call(result, what, fn):
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            return fn()
+            value = fn()
     except Exception as exc:  # the engine's own error: report it, do not crash the suite
         result.fail(f"{what} raised {type(exc).__name__}: {exc}")
         return None
+    except SystemExit as exc:  # an engine that ends the process would end the suite silently
+        result.fail(f"{what} called sys.exit({exc.code!r}); raise an exception instead")
+        return None
+    # no call of the protocol returns None: the callers would have nothing to measure, and a
+    # silent skip would read as a pass
+    if value is None:
+        result.fail(f"{what} returned None; return its result (docs/engines.md, the protocol)")
+    elif what in _SEQUENCES and not isinstance(value, (tuple, list)):
+        result.fail(f"{what} must return a tuple with one entry per input (None where an input "
+                    f"has no gradient); got {type(value).__name__}")
+        return None
+    return value
+
+
+#: the calls whose result is one entry per input
+_SEQUENCES = ("vjp", "hvp")
 
 
 def declared_no_gradient(engine, name):
