@@ -38,9 +38,10 @@ def add_arguments(parser):
     shared.add_engines(parser, help="engines to check: reflib fastlib fastlib-cuda torch jax, "
                                     "'all', or a plugin module:Class",
                        default_text="reflib fastlib fastlib-cuda")
-    shared.add_ops(parser, help="only these ops (or optimizers, layer kinds, or checks: exact "
-                                "jvp special jvp2 hvp optimizer tape train targetprop cd "
-                                "program; with --mutants: mutant keys)")
+    shared.add_ops(parser, help="only these ops (with their rows of longer names, e.g. "
+                                "maximum's `maximum NaN routing`; or optimizers, layer kinds, "
+                                "or checks: exact jvp special jvp2 hvp optimizer tape train "
+                                "targetprop cd program; with --mutants: mutant keys)")
     shared.add_dtypes(parser, help="only these dtypes: float32 float64 bfloat16 float16",
                       default_text="every dtype each engine computes in or stores")
     shared.add_json(parser, help="also write the rows as JSON to FILE")
