@@ -21,7 +21,7 @@ import optable
 __all__ = [
     "Engine", "EngineProtocol", "EngineStatus", "ENGINES", "UnsupportedOpError",
     "EngineUnavailableError", "UnknownEngineError", "get_engine", "available_engines",
-    "engine_status", "check_engine", "registry_ops", "DEFAULT_ENGINES", "supports_in",
+    "engine_status", "check_engine", "registry_ops", "DEFAULT_ENGINES", "supports_in", "claim",
 ]
 
 FLOAT32 = np.dtype(np.float32)
@@ -66,14 +66,14 @@ def supports_in(engine, op, dtype):
     """``(True, "")`` when ``engine`` runs ``op`` in ``dtype``, else ``(False, reason)``: its
     ``supports`` and, where it has one, its optional ``supports_in(op, dtype)`` (an engine
     whose kernels exist for some formats only, as Paddle's CPU kernels in bfloat16)."""
-    ok, reason = _claim(engine, "supports", op)
+    ok, reason = claim(engine, "supports", op)
     per_format = getattr(engine, "supports_in", None)
     if ok and callable(per_format):
-        return _claim(engine, "supports_in", op, np.dtype(dtype))
+        return claim(engine, "supports_in", op, np.dtype(dtype))
     return ok, reason
 
 
-def _claim(engine, method, *args):
+def claim(engine, method, *args):
     """``engine.<method>(*args)`` as the protocol's ``(bool, str)``; a claim that raises or
     has another shape is a broken plugin, refused naming the engine, the call and the fix (the
     plan needs every claim before any row runs, so it cannot become a failing row)."""

@@ -131,8 +131,8 @@ def _optimizer_rows(engine, ref, dtypes, names):
     rows = []
     supports = getattr(engine, "supports_optimizer", None)
     for name in names:
-        ok, reason = supports(name) if supports else (False, "the engine has no "
-                                                             "optimizer_step")
+        ok, reason = (_engines.claim(engine, "supports_optimizer", name) if supports else
+                      (False, "the engine has no optimizer_step"))
         for dtype in dtypes:
             dt = np.dtype(dtype).name
             if not ok:

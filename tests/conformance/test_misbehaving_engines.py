@@ -74,3 +74,13 @@ def test_an_engine_that_exits_at_import_is_refused(tmp_path, capsys):
     got = main(["conform", "--engines", f"{path}:E", "--ops", "tanh", "--no-progress"])
     err = capsys.readouterr().err
     assert got == 2 and "cannot import it: SystemExit: 0" in err, err
+
+
+def test_a_supports_optimizer_that_raises_is_refused_by_name(tmp_path, capsys):
+    body = ("def supports_optimizer(self, name):\n        raise RuntimeError('no table')\n\n"
+            "    def optimizer_step(self, name, w, g, state, t, **hyper):\n        return w, state")
+    path = _engine_file(tmp_path, "OptimizerRaises", body)
+    got = main(["conform", "--engines", f"{path}:OptimizerRaises", "--ops", "SGD", "--dtypes",
+                "float64", "--no-proofs", "--no-progress", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert got == 2 and "supports_optimizer('SGD') raised RuntimeError: no table" in err, err
