@@ -30,7 +30,7 @@ from fastlib.model_schema import MAX_DEPTH as _MAX_NESTING
 __all__ = ["save_model", "write_archive", "read_archive", "model_entries",
            "check_model_entries", "check_finite", "max_load_bytes", "ArrayHeader",
            "CorruptFileError", "stale_temporaries", "temporary_prefix", "current_umask",
-           "json_depth",
+           "json_depth", "short_repr",
            "MODEL_FORMAT", "CHECKPOINT_FORMAT", "VERSION", "DEFAULT_MAX_BYTES", "MAX_BYTES_ENV"]
 
 MODEL_FORMAT = "verigrad-model"
@@ -508,12 +508,12 @@ def check_model_entries(meta: dict, headers: dict, path, max_bytes=None) -> dict
     except SchemaError as exc:
         raise CorruptFileError(path, f"{META}.{exc.where}", exc.problem) from None
     if names != list(declared):
-        raise CorruptFileError(path, f"{META}.parameters", f"lists {_short(names)} but the "
-                               f"architecture declares {_short(list(declared))}")
+        raise CorruptFileError(path, f"{META}.parameters", f"lists {short_repr(names)} but "
+                               f"the architecture declares {short_repr(list(declared))}")
     missing = [n for n in names if PARAM + n not in headers]
     if missing:
         raise CorruptFileError(path, PARAM + missing[0], f"weights missing for parameters "
-                               f"{_short(missing)}")
+                               f"{short_repr(missing)}")
     for name, shape in declared.items():
         h = headers[PARAM + name]
         if tuple(h.shape) != shape:
@@ -526,8 +526,8 @@ def check_model_entries(meta: dict, headers: dict, path, max_bytes=None) -> dict
     extra = [m for m in headers if m.startswith(PARAM) and m[len(PARAM):] not in declared]
     if extra:
         raise CorruptFileError(path, extra[0], f"weights of a parameter the architecture does "
-                               f"not declare (it declares {_short(list(declared))}); the file "
-                               "was edited or written by another program")
+                               f"not declare (it declares {short_repr(list(declared))}); the "
+                               "file was edited or written by another program")
     limit = max_load_bytes(max_bytes)
     need = sum(math.prod(shape) for shape in declared.values()) * dtype.itemsize
     if need > limit:
@@ -537,7 +537,8 @@ def check_model_entries(meta: dict, headers: dict, path, max_bytes=None) -> dict
     return declared
 
 
-def _short(value, limit=120) -> str:
+def short_repr(value, limit=120) -> str:
+    """``repr(value)``, cut to ``limit`` characters (and "...") for a one-line message."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
 

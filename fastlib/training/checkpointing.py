@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastlib import optim
+from fastlib.io import short_repr
 from fastlib.training import checkpoint as ckpt_mod
 from fastlib.training.early_stopping import PlateauPolicy
 from fastlib.training.notices import warn
@@ -104,7 +105,7 @@ def resume(path, *, model, ctx, result, settings, plateau, epochs, mismatch) -> 
         where = (f"dtype: {c.dtype!r} saved, {dtype!r} now" if c.dtype != dtype else
                  _first_difference(c.architecture, model.get_config()))
         raise ValueError(f"resume: {path} holds another model than this one ({where}); build "
-                         f"the same model to resume (saved: {_clip(c.architecture)})")
+                         f"the same model to resume (saved: {short_repr(c.architecture)})")
     saved_opt = optim.from_config(c.optimizer)
     if type(saved_opt) is not type(ctx.optimizer):
         raise ValueError(f"resume: {path} was trained with {saved_opt.name}, but optimizer="
@@ -146,15 +147,10 @@ def _first_difference(saved, now, where="model"):
                 return _first_difference(a, b, f"{where}[{i}]")
     if isinstance(saved, list) and isinstance(now, list):
         return f"{where}: {len(saved)} entries saved, {len(now)} now"
-    return f"{where}: {_clip(saved)} saved, {_clip(now)} now"
+    return f"{where}: {short_repr(saved)} saved, {short_repr(now)} now"
 
 
 _ABSENT = "(absent)"
-
-
-def _clip(value, limit=200):
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _restore_state(c, model, ctx, plateau):

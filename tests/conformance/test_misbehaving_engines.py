@@ -84,3 +84,16 @@ def test_a_supports_optimizer_that_raises_is_refused_by_name(tmp_path, capsys):
                 "float64", "--no-proofs", "--no-progress", "--workers", "1"])
     err = capsys.readouterr().err
     assert got == 2 and "supports_optimizer('SGD') raised RuntimeError: no table" in err, err
+
+
+def test_a_system_exit_the_run_did_not_catch_exits_1_with_a_message(monkeypatch, capsys):
+    # the backstop: code the run calls raises SystemExit(0) past every row's own catch; the
+    # process must not exit 0 with no table
+    from reports.commands import spec as spec_command
+
+    def exits(args):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(spec_command, "run", exits)
+    assert main(["spec", "--list"]) == 1
+    assert "raised SystemExit(0) before the run finished" in capsys.readouterr().err
